@@ -1,0 +1,169 @@
+"""Findings of the save-time checks and the one registry of their codes.
+
+Every check reports a `Finding`: where (file and line), a stable code from `CODES`, what is wrong,
+what was expected and how to fix it. Codes never change meaning once released; the registry is
+printed by `handler validate --codes` and listed in docs/checks.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["CODES", "Code", "Finding", "Severity", "did_you_mean"]
+
+
+class Severity(enum.StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True, slots=True)
+class Code:
+    id: str
+    severity: Severity
+    title: str
+
+
+def _registry(*codes: Code) -> dict[str, Code]:
+    table = {c.id: c for c in codes}
+    assert len(table) == len(codes), "duplicate finding code"
+    return table
+
+
+E, W = Severity.ERROR, Severity.WARNING
+
+CODES: dict[str, Code] = _registry(
+    # files
+    Code("F001", E, "the file is not valid TOML or JSON"),
+    Code("F002", E, "apiVersion is missing or names another kind"),
+    Code("F003", E, "name differs from the file or folder name"),
+    Code("F004", E, "a field is unknown, missing or has the wrong type"),
+    Code("F005", W, "a file in the config tree is not read by anything"),
+    # interfaces
+    Code("I001", E, "an object schema is open (S2)"),
+    Code("I002", E, "a schema is not valid JSON Schema 2020-12"),
+    Code("I003", E, "a $ref does not resolve"),
+    Code("I004", E, "[errors] is missing or lacks unavailable (S3)"),
+    Code("I005", E, "an error code is not snake_case (S3)"),
+    Code("I006", E, "a handler-file format is on a non-string property (S4)"),
+    Code("I007", E, "a tool name does not start with the interface name (S5)"),
+    Code("I008", E, "a schema declares a feature flag (S6)"),
+    Code("I009", E, "the version folder and the version field differ"),
+    Code("I010", E, "a published version was changed"),
+    Code("I011", E, "a tool does not state its action class in annotations"),
+    Code("I012", E, "two tools share a name"),
+    Code("I013", E, "a conformance case is malformed"),
+    Code("I014", E, "an interface version lacks interface.toml or tools.json"),
+    # connectors
+    Code("N001", E, "implements names an interface version that does not exist"),
+    Code("N002", E, "an egress entry is not host:port"),
+    Code("N003", E, "a connector supplies tool descriptions (S1)"),
+    Code("N004", E, "[run] names neither a command nor a builtin"),
+    Code("N005", E, "[wrap] maps a tool the connector does not implement"),
+    # bindings
+    Code("B001", E, "the binding's connector does not exist"),
+    Code("B002", E, "a required secret slot is not filled"),
+    Code("B003", E, "a secret slot holds a literal value"),
+    Code("B004", E, "a secret slot is not declared by the connector"),
+    Code("B005", E, "a setting is not declared by the connector"),
+    Code("B006", E, "egress widens the connector's"),
+    Code("B007", E, "a limit loosens the interface's"),
+    Code("B008", E, "pricing names a tool the connector does not serve"),
+    Code("B009", E, "a required setting is not filled"),
+    Code("B010", E, "a binding names both or neither of connector and addon"),
+    # profiles
+    Code("P001", E, "a selected binding does not exist"),
+    Code("P002", E, "the binding's connector does not implement the interface version"),
+    Code("P003", E, "an interface is selected twice"),
+    Code("P004", E, "routing names an unknown member"),
+    Code("P005", E, "routing names a channel outside the Slack allow-list"),
+    Code("P006", E, "routing to none contradicts pins or approve rules"),
+    Code("P007", E, "the template does not exist"),
+    Code("P008", E, "a rule names an unknown service or action"),
+    Code("P009", E, "a pin names a service the profile does not use"),
+    Code("P010", E, "a services key names an unknown interface"),
+    Code("P011", E, "the selected binding is not a connector binding"),
+    Code("P012", E, "the group is not declared in org.toml"),
+    Code("P013", E, "scope is empty or climbs out with '..'"),
+    # org
+    Code("O001", E, "a required interface is not bound for a profile"),
+    Code("O002", E, "a policy scope names something that does not exist"),
+    Code("O003", E, "a policy approver names an unknown member or channel"),
+    Code("O004", E, "a group lists an unknown member"),
+    Code("O005", W, "no member is an owner, so unrouted holds have no approver"),
+    Code("O006", E, "a default names an unknown template, interface or binding"),
+    Code("O007", W, "org.toml is missing, so there are no owners, defaults or caps"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing a person should fix, at `file:line`."""
+
+    code: str
+    file: str
+    line: int
+    message: str
+    expected: str = ""
+    fix: str = ""
+
+    @property
+    def severity(self) -> Severity:
+        return CODES[self.code].severity
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity is Severity.ERROR
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "code": self.code,
+            "severity": self.severity.value,
+            "message": self.message,
+            "expected": self.expected,
+            "fix": self.fix,
+        }
+
+    def render_text(self) -> str:
+        head = f"{self.file}:{self.line}: {self.code} {self.message}"
+        if self.severity is Severity.WARNING:
+            head = f"{self.file}:{self.line}: {self.code} warning: {self.message}"
+        lines = [head]
+        if self.expected:
+            lines.append(f"  expected: {self.expected}")
+        if self.fix:
+            lines.append(f"  fix: {self.fix}")
+        return "\n".join(lines)
+
+    def render_github(self) -> str:
+        level = "error" if self.is_error else "warning"
+        body = self.message
+        if self.expected:
+            body += f"\nexpected: {self.expected}"
+        if self.fix:
+            body += f"\nfix: {self.fix}"
+        return f"::{level} file={_escape_property(self.file)},line={self.line},title={self.code}::{_escape_data(body)}"
+
+
+def _escape_data(text: str) -> str:
+    # GitHub workflow commands: %, CR and LF are escaped in the message.
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' when `name` is close to one of `known`, else ''."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (f.file, f.line, f.code, f.message))

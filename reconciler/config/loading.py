@@ -1,0 +1,253 @@
+"""Loading a revision of the config tree into a checked, resolved, immutable `Snapshot`.
+
+`Loader` is what the CLI, the reconciler and the tests call. It keeps what it parsed keyed by each
+file's path and content hash, so a reload after a one-file change parses and checks that file only;
+the cross-file checks then run on the whole tree, which is cheap (dictionary look-ups).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.config.cases import Case, CaseError, parse_case
+from reconciler.config.checks import check_tree
+from reconciler.config.findings import Finding, sort_findings
+from reconciler.config.models import (
+    BindingFile,
+    ConnectorFile,
+    InterfaceFile,
+    OrgFile,
+    ProfileFile,
+    TemplateFile,
+    Tool,
+)
+from reconciler.config.parsing import Document, parse_document, validate_model
+from reconciler.config.resolving import resolve_profiles
+from reconciler.config.schemas import check_tools
+from reconciler.config.snapshot import (
+    BUILTIN_TEMPLATES,
+    Binding,
+    Connector,
+    InterfaceVersion,
+    Profile,
+    Snapshot,
+    frozen_map,
+)
+from reconciler.config.sources import Blob, FolderSource, TreeSource
+from reconciler.config.validity import (
+    check_binding_file,
+    check_connector_file,
+    check_interface_file,
+    check_named,
+    check_profile_file,
+)
+
+__all__ = ["Loader", "load_snapshot"]
+
+_IFACE = re.compile(r"^catalog/interfaces/([^/]+)/([^/]+)/(.+)$")
+_CONNECTOR = re.compile(r"^catalog/connectors/([^/]+)/(.+)$")
+_CONFIG = re.compile(r"^config/(bindings|profiles|templates)/([^/]+)\.toml$")
+
+
+@dataclass
+class _Parsed:
+    """What one file yielded: its document, its model (or tools, or cases) and its own findings."""
+
+    doc: Document | None
+    value: Any
+    findings: list[Finding] = field(default_factory=list)
+
+
+def load_snapshot(source: TreeSource | str) -> Snapshot:
+    """Load one revision (a folder path or any `TreeSource`) with a fresh loader."""
+    return Loader().load(FolderSource(source) if isinstance(source, str) else source)
+
+
+class Loader:
+    """Loads revisions; remembers parsed files by (path, content hash) between loads."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str], _Parsed] = {}
+        self._next: dict[tuple[str, str], _Parsed] = {}
+
+    def load(self, source: TreeSource) -> Snapshot:
+        revision, files = source.read()
+        self._next = {}
+        try:
+            return self._assemble(revision, files)
+        finally:
+            self._cache = self._next  # forget files that left the tree
+
+    def _parse(self, blob: Blob, build: Any) -> _Parsed:
+        key = (blob.path, blob.sha)
+        parsed = self._cache.get(key) or self._next.get(key)
+        if parsed is None:
+            doc, value, finding = parse_document(blob.path, blob.sha, blob.data)
+            if finding is not None or doc is None:
+                parsed = _Parsed(doc, None, [finding] if finding else [])
+            else:
+                parsed = build(doc, value)
+        self._next[key] = parsed
+        return parsed
+
+    def _assemble(self, revision: str, files: Mapping[str, Blob]) -> Snapshot:
+        findings: list[Finding] = []
+        documents: dict[str, Document] = {}
+
+        def take(blob: Blob, build: Any) -> Any:
+            parsed = self._parse(blob, build)
+            findings.extend(parsed.findings)
+            if parsed.doc is not None:
+                documents[blob.path] = parsed.doc
+            return parsed.value
+
+        iface_files: dict[tuple[str, str], dict[str, Blob]] = {}
+        connector_files: dict[str, dict[str, Blob]] = {}
+        bindings: dict[str, Binding] = {}
+        profiles: dict[str, ProfileFile] = {}
+        profile_files: dict[str, str] = {}
+        templates: dict[str, TemplateFile] = dict(BUILTIN_TEMPLATES)
+        org: OrgFile | None = None
+
+        for path, blob in files.items():
+            if m := _IFACE.match(path):
+                iface_files.setdefault((m[1], m[2]), {})[m[3]] = blob
+            elif m := _CONNECTOR.match(path):
+                connector_files.setdefault(m[1], {})[m[2]] = blob
+            elif m := _CONFIG.match(path):
+                kind, name = m[1], m[2]
+                if kind == "bindings":
+                    model = take(blob, lambda d, v, n=name: _model(d, v, BindingFile, check_binding_file, n))
+                    if model is not None:
+                        bindings[name] = Binding(name, model, path, blob.sha)
+                elif kind == "profiles":
+                    model = take(blob, lambda d, v, n=name: _model(d, v, ProfileFile, check_profile_file, n))
+                    if model is not None:
+                        profiles[name], profile_files[name] = model, path
+                else:
+                    model = take(blob, lambda d, v, n=name: _model(d, v, TemplateFile, check_named, n))
+                    if model is not None:
+                        templates[name] = model
+            elif path == "config/org.toml":
+                org = take(blob, lambda d, v: _model(d, v, OrgFile, None, None))
+            elif not path.startswith("catalog/"):
+                findings.append(Finding("F005", path, 1, "this file is not part of any config kind and is ignored",
+                                        "config/org.toml, config/bindings/*.toml, config/profiles/*.toml or "
+                                        "config/templates/*.toml", "move or remove the file"))
+
+        interfaces: dict[str, InterfaceVersion] = {}
+        for (name, folder), group in sorted(iface_files.items()):
+            iface = self._interface(name, folder, group, take, findings)
+            if iface is not None:
+                interfaces[iface.key] = iface
+
+        connectors: dict[str, Connector] = {}
+        for name, group in sorted(connector_files.items()):
+            folder = f"catalog/connectors/{name}"
+            manifest = group.get("connector.toml")
+            if manifest is None:
+                continue  # a folder of shared code, not a connector
+            spec = take(manifest, lambda d, v, n=name: _model(d, v, ConnectorFile, check_connector_file, n))
+            if spec is not None:
+                connectors[name] = Connector(spec, folder, _folder_hash(group))
+
+        partial = Snapshot(
+            revision=revision,
+            interfaces=frozen_map(interfaces),
+            connectors=frozen_map(connectors),
+            bindings=frozen_map(bindings),
+            profiles=frozen_map({n: Profile(n, p, profile_files[n]) for n, p in profiles.items()}),
+            templates=frozen_map(templates),
+            org=org,
+            documents=frozen_map(documents),
+        )
+        resolved, resolve_findings = resolve_profiles(partial)
+        findings.extend(resolve_findings)
+        findings.extend(check_tree(partial))
+        return Snapshot(
+            revision=revision,
+            interfaces=partial.interfaces,
+            connectors=partial.connectors,
+            bindings=partial.bindings,
+            profiles=frozen_map(resolved),
+            templates=partial.templates,
+            org=org,
+            findings=tuple(sort_findings(findings)),
+            documents=partial.documents,
+        )
+
+    def _interface(self, name: str, folder: str, group: dict[str, Blob], take: Any,
+                   findings: list[Finding]) -> InterfaceVersion | None:
+        where = f"catalog/interfaces/{name}/{folder}"
+        spec_blob, tools_blob = group.get("interface.toml"), group.get("tools.json")
+        if spec_blob is None or tools_blob is None:
+            missing = "interface.toml" if spec_blob is None else "tools.json"
+            findings.append(Finding("I014", f"{where}/{missing}", 1, f"interface version {name}/{folder} has no "
+                                    f"{missing}", "interface.toml and tools.json in every version folder",
+                                    f"add {where}/{missing}"))
+            return None
+        spec = take(spec_blob, lambda d, v: _model(d, v, InterfaceFile, check_interface_file, (name, folder)))
+        tools = take(tools_blob, lambda d, v: _tools(d, v, name))
+        if spec is None or tools is None:
+            return None
+        cases: tuple[Case, ...] = ()
+        if cases_blob := group.get("conformance/cases.toml"):
+            cases = take(cases_blob, _cases) or ()
+        fixtures = {p.removeprefix("conformance/"): b.data for p, b in group.items()
+                    if p.startswith("conformance/") and p != "conformance/cases.toml"}
+        skills = tuple(sorted({p.split("/")[1] for p in group if p.startswith("skills/") and p.count("/") >= 2}))
+        contract = {p: b.sha for p, b in group.items() if p in ("interface.toml", "tools.json") or p.startswith("skills/")}
+        return InterfaceVersion(
+            key=f"{spec.name}/v{spec.version}",
+            spec=spec,
+            tools=tuple(tools),
+            folder=where,
+            skills=skills,
+            cases=cases,
+            fixtures=frozen_map(fixtures),
+            content_hash=_folder_hash(group),
+            contract_files=frozen_map(contract),
+        )
+
+
+def _model(doc: Document, value: Any, model: type[Any], check: Any, context: Any) -> _Parsed:
+    api = model.model_fields["apiVersion"].annotation.__args__[0]
+    spec, findings = validate_model(doc, value, model, api)
+    if spec is not None and check is not None:
+        findings.extend(check(doc, spec, context))
+    return _Parsed(doc, spec, findings)
+
+
+def _tools(doc: Document, value: Any, interface: str) -> _Parsed:
+    tools: list[Tool]
+    tools, findings = check_tools(doc, value, interface)
+    return _Parsed(doc, tools, findings)
+
+
+def _cases(doc: Document, value: Any) -> _Parsed:
+    raw = value.get("case", [])
+    findings: list[Finding] = []
+    cases: list[Case] = []
+    unknown = [k for k in value if k != "case"]
+    for key in unknown:
+        findings.append(Finding("I013", doc.path, doc.line_of(key), f"unknown key '{key}' in cases.toml",
+                                "only [[case]] tables", "write each case as a [[case]] table"))
+    for index, item in enumerate(raw if isinstance(raw, list) else []):
+        try:
+            cases.append(parse_case(item))
+        except CaseError as exc:
+            findings.append(Finding("I013", doc.path, doc.line_of("case", index, *exc.key), str(exc),
+                                    "a case in the grammar of docs/conformance.md",
+                                    "see docs/conformance.md for every assertion with an example"))
+    return _Parsed(doc, tuple(cases), findings)
+
+
+def _folder_hash(files: Mapping[str, Blob]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(f"{path}\0{files[path].sha}\n".encode())
+    return digest.hexdigest()

@@ -1,0 +1,329 @@
+"""The data model of the config tree: one pydantic model per file kind of the design (§4).
+
+Models are frozen and refuse unknown keys, so a typo is a finding rather than a silently ignored
+value. They describe the shape of one file; whether the files agree with each other is the job of
+`checks`. Field names follow the files (camelCase where the files use it).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "ActionClass",
+    "Annotations",
+    "BindingFile",
+    "Caps",
+    "ConnectorFile",
+    "Defaults",
+    "Group",
+    "InterfaceFile",
+    "Limits",
+    "Member",
+    "OrgCaps",
+    "OrgFile",
+    "Outcome",
+    "Policy",
+    "PolicyScope",
+    "PolicyWhen",
+    "ProfileFile",
+    "Routing",
+    "Rule",
+    "RunSpec",
+    "SandboxSpec",
+    "SecretRef",
+    "SecretSlot",
+    "SettingSpec",
+    "SlackSpec",
+    "TemplateFile",
+    "Tool",
+    "WrapSpec",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class ActionClass(enum.StrEnum):
+    READ = "read"
+    WRITE = "write"
+    DESTRUCTIVE = "destructive"
+
+
+class Outcome(enum.StrEnum):
+    """What governance does with a call: the decision words of the design."""
+
+    AUTO = "auto"
+    APPROVE = "approve"
+    BLOCK = "block"
+
+
+# --- interfaces ---------------------------------------------------------------------------------
+
+
+class Limits(_Model):
+    maxFileBytes: int | None = Field(default=None, gt=0)
+    timeoutSeconds: float | None = Field(default=None, gt=0)
+    maxConcurrent: int | None = Field(default=None, gt=0)
+    maxCallsPerRun: int | None = Field(default=None, gt=0)
+
+
+class InterfaceFile(_Model):
+    apiVersion: Literal["handler.interface/v1"]
+    name: str
+    version: int = Field(ge=1)
+    description: str
+    limits: Limits = Limits()
+    errors: dict[str, str] = {}
+
+
+class Annotations(_Model):
+    model_config = ConfigDict(frozen=True, extra="allow")
+    title: str | None = None
+    readOnlyHint: bool | None = None
+    destructiveHint: bool | None = None
+    idempotentHint: bool | None = None
+    openWorldHint: bool | None = None
+
+
+class Tool(_Model):
+    """One MCP tool exactly as agents see it."""
+
+    name: str
+    title: str | None = None
+    description: str
+    inputSchema: dict[str, Any]
+    outputSchema: dict[str, Any] | None = None
+    annotations: Annotations = Annotations()
+
+    @property
+    def action_class(self) -> ActionClass:
+        """read / write / destructive from the standard MCP hints; unstated counts as destructive."""
+        if self.annotations.readOnlyHint:
+            return ActionClass.READ
+        if self.annotations.destructiveHint is False:
+            return ActionClass.WRITE
+        return ActionClass.DESTRUCTIVE
+
+
+# --- connectors ---------------------------------------------------------------------------------
+
+
+class SecretSlot(_Model):
+    env: str
+    required: bool = False
+    description: str = ""
+
+
+class SettingSpec(_Model):
+    env: str
+    required: bool = False
+    description: str = ""
+    default: str | None = None
+
+
+class RunSpec(_Model):
+    command: list[str] | None = None
+    transport: Literal["stdio", "socket"] = "stdio"
+    builtin: str | None = None
+
+
+class WrapSpec(_Model):
+    """Run an existing MCP server under the interface's names: interface tool → server tool."""
+
+    tools: dict[str, str]
+    reshape: str | None = None
+
+
+class SandboxSpec(_Model):
+    memoryMb: int | None = Field(default=None, gt=0)
+    cpuSeconds: int | None = Field(default=None, gt=0)
+    fileBytes: int | None = Field(default=None, gt=0)
+
+
+class ConnectorFile(_Model):
+    apiVersion: Literal["handler.connector/v1"]
+    name: str
+    description: str = ""
+    implements: list[str]
+    egress: list[str] = []
+    secretSlots: dict[str, SecretSlot] = {}
+    settings: dict[str, SettingSpec] = {}
+    run: RunSpec = RunSpec()
+    wrap: WrapSpec | None = None
+    sandbox: SandboxSpec = SandboxSpec()
+
+
+# --- bindings -----------------------------------------------------------------------------------
+
+
+class SecretRef(_Model):
+    """Where a secret comes from; exactly one of the three. A literal value is never accepted."""
+
+    command: list[str] | None = Field(default=None, min_length=1)
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretRef:
+        given = [k for k in ("command", "env", "file") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a secret reference names exactly one of command, env or file")
+        return self
+
+
+class BindingFile(_Model):
+    apiVersion: Literal["handler.binding/v1"]
+    name: str | None = None
+    connector: str | None = None
+    addon: str | None = None
+    description: str = ""
+    # A plain string here is a literal secret: kept in the model so the check can point at it.
+    secrets: dict[str, SecretRef | str] = {}
+    settings: dict[str, str | int | float | bool] = {}
+    egress: list[str] | None = None
+    pricing: dict[str, float] = {}
+    limits: Limits | None = None
+
+
+# --- profiles -----------------------------------------------------------------------------------
+
+
+class Routing(_Model):
+    to: Literal["member", "slack", "caller", "none"]
+    member: str | None = None
+    channel: str | None = None
+
+    @model_validator(mode="after")
+    def _target(self) -> Routing:
+        if self.to == "member" and not self.member:
+            raise ValueError('routing to = "member" needs member = "<member id>"')
+        if self.to == "slack" and not self.channel:
+            raise ValueError('routing to = "slack" needs channel = "#channel"')
+        return self
+
+
+class Rule(_Model):
+    service: str | None = None
+    action: str | None = None
+    outcome: Literal["allow", "approve", "block"]
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Rule:
+        if (self.service is None) == (self.action is None):
+            raise ValueError("a rule names exactly one of service or action")
+        return self
+
+    @property
+    def decision(self) -> Outcome:
+        return Outcome.AUTO if self.outcome == "allow" else Outcome(self.outcome)
+
+
+class Caps(_Model):
+    monthly_usd: float | None = Field(default=None, ge=0)
+    instance_usd: float | None = Field(default=None, ge=0)
+
+
+class ProfileFile(_Model):
+    apiVersion: Literal["handler.profile/v1"]
+    name: str | None = None
+    description: str = ""
+    group: str | None = None
+    scope: str
+    template: str | None = None
+    services: dict[str, str] = {}
+    pins: list[str] = []
+    routing: Routing | None = None
+    rules: list[Rule] = []
+    caps: Caps = Caps()
+
+
+# --- org and templates --------------------------------------------------------------------------
+
+
+class Member(_Model):
+    email: str | None = None
+    slack: str | None = None
+    owner: bool = False
+
+
+class Group(_Model):
+    members: list[str] = []
+    description: str = ""
+
+
+class Defaults(_Model):
+    template: str | None = None
+    services: dict[str, str] = {}
+
+
+class SlackSpec(_Model):
+    channels: list[str] = []
+
+
+class PolicyScope(_Model):
+    action: str | None = None
+    service: str | None = None
+    profile: str | None = None
+    group: str | None = None
+    org: bool | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> PolicyScope:
+        given = [k for k in ("action", "service", "profile", "group", "org") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a policy scope names exactly one of action, service, profile, group or org")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("action", "service", "profile", "group", "org") if getattr(self, k) is not None)
+
+
+class PolicyWhen(_Model):
+    cost_above: float | None = None
+    cost_below: float | None = None
+
+
+class Policy(_Model):
+    name: str
+    scope: PolicyScope
+    when: PolicyWhen | None = None
+    approver: Routing | None = None
+    priority: int = 0
+
+
+class OrgCaps(_Model):
+    monthly_usd: float | None = Field(default=None, ge=0)
+
+
+class OrgFile(_Model):
+    apiVersion: Literal["handler.org/v1"]
+    name: str
+    description: str = ""
+    requires: list[str] = []
+    defaults: Defaults = Defaults()
+    members: dict[str, Member] = {}
+    groups: dict[str, Group] = {}
+    slack: SlackSpec = SlackSpec()
+    policies: list[Policy] = []
+    caps: OrgCaps = OrgCaps()
+    suspended: bool = False
+    prepaid: bool = False
+    allowEmpty: bool = False
+
+
+class TemplateFile(_Model):
+    apiVersion: Literal["handler.template/v1"]
+    name: str
+    description: str = ""
+    read: Outcome
+    write: Outcome
+    destructive: Outcome
+
+    def outcome_for(self, action_class: ActionClass) -> Outcome:
+        return {ActionClass.READ: self.read, ActionClass.WRITE: self.write}.get(action_class, self.destructive)

@@ -1,0 +1,142 @@
+"""The plan: what changes for each profile between two revisions (`handler plan`, the PR summary).
+
+Each profile is described as plain data — its selections (interface → binding and version), the
+outcome of every tool by template, rules and pins, its routing and caps — and the plan is the
+difference of two descriptions, so it reads the same in text and JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.config.models import ActionClass
+from reconciler.config.posture import tool_posture
+from reconciler.config.snapshot import Profile, Snapshot
+
+__all__ = ["Plan", "ProfilePlan", "describe_profile", "plan_changes"]
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    profile: str
+    status: str  # "added", "removed", "changed"
+    changes: tuple[str, ...]
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    base: str | None
+    head: str
+    profiles: tuple[ProfilePlan, ...]
+    recheck: dict[str, list[str]] = field(default_factory=dict)  # interface version → connectors
+
+    @property
+    def empty(self) -> bool:
+        return not self.profiles and not self.recheck
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "base": self.base,
+            "head": self.head,
+            "changed": not self.empty,
+            "profiles": [{"profile": p.profile, "status": p.status, "changes": list(p.changes),
+                          "before": p.before, "after": p.after} for p in self.profiles],
+            "recheck": self.recheck,
+        }
+
+    def render_text(self) -> str:
+        if self.empty:
+            return f"No changes ({self.base or 'nothing'} → {self.head})."
+        lines = [f"Plan {self.base or '(empty)'} → {self.head}:"]
+        for p in self.profiles:
+            lines.append(f"  profile {p.profile} ({p.status})")
+            lines.extend(f"    {c}" for c in p.changes)
+        for key, connectors in self.recheck.items():
+            lines.append(f"  conformance of {key} changed: re-check {', '.join(connectors) or '(no connector)'}")
+        return "\n".join(lines)
+
+
+def describe_profile(snapshot: Snapshot, profile: Profile) -> dict[str, Any]:
+    """A profile as plain data: what it resolves to and what each tool's calls would get."""
+    template = snapshot.template_for(profile)
+    services: dict[str, Any] = {}
+    for name, sel in sorted(profile.selections.items()):
+        iface = snapshot.interfaces[sel.key]
+        tools = {t.name: tool_posture(snapshot, profile, name, t.name, t.action_class).outcome.value
+                 for t in iface.tools}
+        services[name] = {"interface": sel.key, "binding": sel.binding, "from": sel.origin, "tools": tools}
+    routing = profile.spec.routing.model_dump(exclude_none=True) if profile.spec.routing else None
+    return {
+        "template": template.name,
+        "classes": {c.value: template.outcome_for(c).value for c in ActionClass},
+        "services": services,
+        "pins": list(profile.spec.pins),
+        "routing": routing,
+        "caps": profile.spec.caps.model_dump(exclude_none=True),
+    }
+
+
+def plan_changes(base: Snapshot | None, head: Snapshot) -> Plan:
+    """What differs for each profile from `base` (None: an empty tree) to `head`."""
+    from reconciler.config.freezing import recheck_needed
+
+    before = {n: describe_profile(base, p) for n, p in base.profiles.items()} if base else {}
+    after = {n: describe_profile(head, p) for n, p in head.profiles.items()}
+    plans: list[ProfilePlan] = []
+    for name in sorted({*before, *after}):
+        old, new = before.get(name), after.get(name)
+        if old == new:
+            continue
+        status = "added" if old is None else "removed" if new is None else "changed"
+        plans.append(ProfilePlan(name, status, tuple(_changes(old or {}, new or {})), old, new))
+    return Plan(base.revision if base else None, head.revision, tuple(plans), recheck_needed(base, head) if base else {})
+
+
+def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    if old.get("template") != new.get("template") or old.get("classes") != new.get("classes"):
+        out.append(f"template: {_template(old)} → {_template(new)}")
+    old_s, new_s = old.get("services", {}), new.get("services", {})
+    for name in sorted({*old_s, *new_s}):
+        a, b = old_s.get(name), new_s.get(name)
+        if a == b:
+            continue
+        if a is None:
+            out.append(f"{name}: + {_selection(b)}")
+        elif b is None:
+            out.append(f"{name}: - {_selection(a)}")
+        else:
+            if (a["binding"], a["interface"]) != (b["binding"], b["interface"]):
+                out.append(f"{name}: {_selection(a)} → {_selection(b)}")
+            for tool in sorted({*a["tools"], *b["tools"]}):
+                x, y = a["tools"].get(tool), b["tools"].get(tool)
+                if x != y:
+                    out.append(f"{name}: {tool} {x or '(none)'} → {y or '(none)'}")
+    if (old.get("pins") or []) != (new.get("pins") or []):
+        out.append(f"pins: {old.get('pins') or []} → {new.get('pins') or []}")
+    if old.get("routing") != new.get("routing"):
+        out.append(f"routing: {_routing(old.get('routing'))} → {_routing(new.get('routing'))}")
+    if (old.get("caps") or {}) != (new.get("caps") or {}):
+        out.append(f"caps: {old.get('caps') or {}} → {new.get('caps') or {}}")
+    return out
+
+
+def _template(d: dict[str, Any]) -> str:
+    if not d:
+        return "(none)"
+    classes = ", ".join(f"{k} {v}" for k, v in d["classes"].items())
+    return f"{d['template']} ({classes})"
+
+
+def _selection(s: dict[str, Any]) -> str:
+    tools = ", ".join(f"{t} {o}" for t, o in s["tools"].items())
+    return f"{s['binding']} ({s['interface']}; {tools})"
+
+
+def _routing(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "default (policies, else owners)"
+    return " ".join(f"{k}={v}" for k, v in r.items())

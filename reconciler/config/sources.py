@@ -1,0 +1,149 @@
+"""Where a config tree is read from: a folder on disk or a commit of a git repository.
+
+Both give the same thing, a map of tree-relative path → `Blob` with git's blob hash, so a tree read
+from a folder and the same tree read from a commit hash alike and load to equal snapshots. Only the
+folders the config lives in are read (`catalog/interfaces`, `catalog/connectors`, `config`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from reconciler.config.errors import SourceError
+
+__all__ = ["TREE_FOLDERS", "Blob", "FolderSource", "GitSource", "TreeSource", "blob_sha", "tree_revision"]
+
+TREE_FOLDERS = ("catalog/interfaces", "catalog/connectors", "config")
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    path: str
+    sha: str  # git's blob hash of `data`
+    data: bytes
+
+
+class TreeSource(Protocol):
+    """Anything that can hand over the files of one revision of a config tree."""
+
+    def read(self) -> tuple[str, dict[str, Blob]]:
+        """Return (revision, files by tree-relative path)."""
+        ...
+
+
+def blob_sha(data: bytes) -> str:
+    """The hash git gives a blob with these bytes."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def tree_revision(files: dict[str, Blob]) -> str:
+    """A content address for a set of files, for trees that are not a commit."""
+    digest = hashlib.sha1(usedforsecurity=False)
+    for path in sorted(files):
+        digest.update(f"{path}\0{files[path].sha}\n".encode())
+    return "tree:" + digest.hexdigest()[:12]
+
+
+class FolderSource:
+    """A config tree in a folder. Files whose size and mtime did not change are not read again."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._stat_cache: dict[str, tuple[int, int, Blob]] = {}
+
+    def read(self) -> tuple[str, dict[str, Blob]]:
+        if not self.root.is_dir():
+            raise SourceError(f"{self.root} is not a folder; give the root of a config tree (it holds config/)")
+        files: dict[str, Blob] = {}
+        seen: dict[str, tuple[int, int, Blob]] = {}
+        for folder in TREE_FOLDERS:
+            self._walk(self.root / folder, folder, files, seen)
+        self._stat_cache = seen
+        return tree_revision(files), files
+
+    def _walk(self, path: Path, rel: str, files: dict[str, Blob], seen: dict[str, tuple[int, int, Blob]]) -> None:
+        try:
+            entries = list(os.scandir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            if entry.name.startswith(".") or entry.name == "__pycache__":
+                continue
+            child = f"{rel}/{entry.name}"
+            if entry.is_dir(follow_symlinks=False):
+                self._walk(Path(entry.path), child, files, seen)
+            elif entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                cached = self._stat_cache.get(child)
+                if cached and cached[0] == st.st_mtime_ns and cached[1] == st.st_size:
+                    blob = cached[2]
+                else:
+                    data = Path(entry.path).read_bytes()
+                    blob = Blob(child, blob_sha(data), data)
+                seen[child] = (st.st_mtime_ns, st.st_size, blob)
+                files[child] = blob
+
+
+class GitSource:
+    """A config tree at a commit of a git repository, read from the commit's tree (no checkout).
+
+    `subdir` is where the config root sits inside the repository ('' for its top).
+    """
+
+    def __init__(self, repo: str | os.PathLike[str], ref: str, subdir: str = "") -> None:
+        import git  # GitPython is slow to import; only git sources pay for it
+
+        try:
+            self.repo = git.Repo(repo, search_parent_directories=True)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
+            raise SourceError(f"{repo} is not inside a git repository; --base needs one") from exc
+        self.ref = ref
+        self.subdir = subdir.strip("/")
+        self._blobs: dict[str, Blob] = {}
+
+    @classmethod
+    def for_folder(cls, root: str | os.PathLike[str], ref: str) -> GitSource:
+        """The commit `ref` of the repository holding folder `root`, at root's place in it."""
+        source = cls(root, ref)
+        top = Path(source.repo.working_tree_dir or ".").resolve()
+        source.subdir = Path(root).resolve().relative_to(top).as_posix().strip(".")
+        return source
+
+    def read(self) -> tuple[str, dict[str, Blob]]:
+        import git
+
+        try:
+            commit = self.repo.commit(self.ref)
+        except (git.BadName, ValueError) as exc:
+            raise SourceError(f"'{self.ref}' is not a commit, branch or tag of {self.repo.git_dir}") from exc
+        tree = commit.tree
+        if self.subdir:
+            try:
+                tree = tree / self.subdir
+            except KeyError:
+                return commit.hexsha, {}
+        files: dict[str, Blob] = {}
+        cache: dict[str, Blob] = {}
+        for folder in TREE_FOLDERS:
+            try:
+                sub = tree / folder
+            except KeyError:
+                continue
+            for item in sub.traverse():
+                if item.type != "blob" or item.mode == 0o120000:  # skip symlinks, as the folder source does
+                    continue
+                rel = f"{folder}/{item.path[len(sub.path) + 1:]}" if sub.path else item.path
+                if any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
+                    continue
+                blob = self._blobs.get(item.hexsha)
+                if blob is None or blob.path != rel:
+                    data = item.data_stream.read()
+                    blob = Blob(rel, item.hexsha, data)
+                cache[item.hexsha] = blob
+                files[rel] = blob
+        self._blobs = cache
+        return commit.hexsha, files
