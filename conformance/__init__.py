@@ -1,0 +1,1 @@
+"""The conformance runner: interface cases and schema fuzzing through the real router."""

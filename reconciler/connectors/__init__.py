@@ -1,0 +1,1 @@
+"""The connectors room of the control plane (design §3)."""

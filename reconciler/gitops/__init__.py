@@ -1,0 +1,1 @@
+"""The gitops room of the control plane (design §3)."""

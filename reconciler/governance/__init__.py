@@ -1,0 +1,1 @@
+"""Governance: the decision, holds, spend and the store (design §7)."""

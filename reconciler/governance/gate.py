@@ -1,0 +1,85 @@
+"""The seam between the router's call pipeline and governance (design §2 step 5, §7).
+
+The router asks a `Gate` to admit every call before dispatch and to settle it after; it serves the
+built-in `handler_status` and `handler_decide` tools by asking the gate too. `OpenGate` admits
+everything and is what runs when no store is configured; the governance room's `Governor` is the
+real gate (decision, holds, spend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from reconciler.config.snapshot import Snapshot
+
+__all__ = ["Admission", "CallRequest", "Executor", "Gate", "HoldStatus", "OpenGate", "Settlement"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """One tools/call after validation, as governance sees it (arguments only for holds)."""
+
+    profile: str
+    instance: str
+    parent_instance: str | None
+    interface: str  # "ocr/v1"
+    tool: str
+    binding: str
+    arguments: Mapping[str, Any]
+    estimated_cost: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    status: Literal["executed", "pending", "blocked"]  # executed = run it now
+    message: str = ""
+    request_id: str | None = None
+    token: Any = None  # the gate's own handle (a spend reservation) passed back to settle()
+    trace: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    charged: float = 0.0
+    remaining: float | None = None  # budget left, when a cap or balance applies
+
+
+@dataclass(frozen=True, slots=True)
+class HoldStatus:
+    """What `handler_status` reports for a request id."""
+
+    status: Literal["pending", "executed", "rejected", "failed", "blocked", "unknown"]
+    message: str = ""
+    result: Mapping[str, Any] | None = field(default=None)
+
+
+# Runs a held call after approval through the router's steps 6-10; returns (ok, structured result or error).
+Executor = Callable[[CallRequest], Awaitable[tuple[bool, Mapping[str, Any]]]]
+
+
+class Gate(Protocol):
+    async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission: ...
+
+    async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement: ...
+
+    async def status(self, request_id: str, caller: CallRequest) -> HoldStatus: ...
+
+    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus: ...
+
+
+class OpenGate:
+    """Admits every call at once and holds nothing: the pipeline without governance."""
+
+    async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
+        return Admission("executed", "no governance configured")
+
+    async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
+        return Settlement(charged=actual_cost or 0.0 if ok else 0.0)
+
+    async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
+        return HoldStatus("unknown", f"no request '{request_id}': nothing is ever held without governance")
+
+    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
+        return HoldStatus("unknown", f"no request '{request_id}': nothing is ever held without governance")

@@ -1,0 +1,1 @@
+"""The router room of the control plane (design §3)."""

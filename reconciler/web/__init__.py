@@ -1,0 +1,1 @@
+"""The web room of the control plane (design §3)."""
