@@ -98,13 +98,24 @@ def _print_findings(findings: list[Finding], fmt: str, head: Snapshot) -> None:
     errors = sum(1 for f in findings if f.is_error)
     warnings = len(findings) - errors
     if fmt == "json":
-        print(json.dumps({"revision": head.revision, "errors": errors, "warnings": warnings,
-                          "findings": [f.to_dict() for f in findings]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "revision": head.revision,
+                    "errors": errors,
+                    "warnings": warnings,
+                    "findings": [f.to_dict() for f in findings],
+                },
+                indent=2,
+            )
+        )
         return
     for f in findings:
         print(f.render_github() if fmt == "github" else f.render_text())
-    summary = (f"{len(head.interfaces)} interface versions, {len(head.connectors)} connectors, "
-               f"{len(head.bindings)} bindings, {len(head.profiles)} profiles")
+    summary = (
+        f"{len(head.interfaces)} interface versions, {len(head.connectors)} connectors, "
+        f"{len(head.bindings)} bindings, {len(head.profiles)} profiles"
+    )
     if fmt == "github":
         print(f"handler validate: {errors} error(s), {warnings} warning(s) in {summary}")
     elif findings:

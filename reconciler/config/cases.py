@@ -64,7 +64,7 @@ def parse_case(raw: Any) -> Case:
             raise CaseError(f"unknown key '{key}' in a case; known: {', '.join(sorted(_CASE_KEYS))}", (key,))
     name, tool = raw.get("name"), raw.get("tool")
     if not isinstance(name, str) or not name:
-        raise CaseError("a case needs name = \"...\"", ("name",))
+        raise CaseError('a case needs name = "..."', ("name",))
     if not isinstance(tool, str) or not tool:
         raise CaseError(f"case '{name}' needs tool = \"<tool name>\"", ("tool",))
     inp = raw.get("input", {})

@@ -29,7 +29,8 @@ class Code:
 
 def _registry(*codes: Code) -> dict[str, Code]:
     table = {c.id: c for c in codes}
-    assert len(table) == len(codes), "duplicate finding code"
+    if len(table) != len(codes):
+        raise ValueError("two finding codes share an id")
     return table
 
 

@@ -26,17 +26,28 @@ def check_frozen(base: Snapshot, head: Snapshot) -> list[Finding]:
             continue
         latest = max([*base.versions_of(old.name), *head.versions_of(old.name)])
         successor = f"{old.name}/v{latest + 1}"
-        changed = sorted(p for p in {*old.contract_files, *new.contract_files}
-                         if old.contract_files.get(p) != new.contract_files.get(p))
+        changed = sorted(
+            p
+            for p in {*old.contract_files, *new.contract_files}
+            if old.contract_files.get(p) != new.contract_files.get(p)
+        )
         for rel in changed:
             path = f"{new.folder}/{rel}"
             line = _first_changed_line(base, head, path)
-            what = "added" if rel not in old.contract_files else "removed" if rel not in new.contract_files else "changed"
-            findings.append(Finding(
-                "I010", path, line, f"{key} is published (it exists at the base revision) and {rel} was {what}",
-                f"{key} unchanged: a published version is frozen, even for an added optional field",
-                f"revert {rel} and put the change in a new version, catalog/interfaces/{old.name}/v{latest + 1}/ "
-                f"({successor})"))
+            what = (
+                "added" if rel not in old.contract_files else "removed" if rel not in new.contract_files else "changed"
+            )
+            findings.append(
+                Finding(
+                    "I010",
+                    path,
+                    line,
+                    f"{key} is published (it exists at the base revision) and {rel} was {what}",
+                    f"{key} unchanged: a published version is frozen, even for an added optional field",
+                    f"revert {rel} and put the change in a new version, catalog/interfaces/{old.name}/v{latest + 1}/ "
+                    f"({successor})",
+                )
+            )
     return findings
 
 

@@ -144,7 +144,7 @@ def _toml_dotted_key(s: _Scanner, stop: str) -> KeyPath:
             parts.append(s.read_quoted())
         elif c == ".":
             s.advance()
-        elif c == stop or c == "\n":
+        elif c in (stop, "\n"):
             return tuple(parts)
         else:
             start = s.pos

@@ -135,9 +135,16 @@ class Loader:
             elif path == "config/org.toml":
                 org = take(blob, lambda d, v: _model(d, v, OrgFile, None, None))
             elif not path.startswith("catalog/"):
-                findings.append(Finding("F005", path, 1, "this file is not part of any config kind and is ignored",
-                                        "config/org.toml, config/bindings/*.toml, config/profiles/*.toml or "
-                                        "config/templates/*.toml", "move or remove the file"))
+                findings.append(
+                    Finding(
+                        "F005",
+                        path,
+                        1,
+                        "this file is not part of any config kind and is ignored",
+                        "config/org.toml, config/bindings/*.toml, config/profiles/*.toml or config/templates/*.toml",
+                        "move or remove the file",
+                    )
+                )
 
         interfaces: dict[str, InterfaceVersion] = {}
         for (name, folder), group in sorted(iface_files.items()):
@@ -180,15 +187,23 @@ class Loader:
             documents=partial.documents,
         )
 
-    def _interface(self, name: str, folder: str, group: dict[str, Blob], take: Any,
-                   findings: list[Finding]) -> InterfaceVersion | None:
+    def _interface(
+        self, name: str, folder: str, group: dict[str, Blob], take: Any, findings: list[Finding]
+    ) -> InterfaceVersion | None:
         where = f"catalog/interfaces/{name}/{folder}"
         spec_blob, tools_blob = group.get("interface.toml"), group.get("tools.json")
         if spec_blob is None or tools_blob is None:
             missing = "interface.toml" if spec_blob is None else "tools.json"
-            findings.append(Finding("I014", f"{where}/{missing}", 1, f"interface version {name}/{folder} has no "
-                                    f"{missing}", "interface.toml and tools.json in every version folder",
-                                    f"add {where}/{missing}"))
+            findings.append(
+                Finding(
+                    "I014",
+                    f"{where}/{missing}",
+                    1,
+                    f"interface version {name}/{folder} has no {missing}",
+                    "interface.toml and tools.json in every version folder",
+                    f"add {where}/{missing}",
+                )
+            )
             return None
         spec = take(spec_blob, lambda d, v: _model(d, v, InterfaceFile, check_interface_file, (name, folder)))
         tools = take(tools_blob, lambda d, v: _tools(d, v, name))
@@ -197,10 +212,15 @@ class Loader:
         cases: tuple[Case, ...] = ()
         if cases_blob := group.get("conformance/cases.toml"):
             cases = take(cases_blob, _cases) or ()
-        fixtures = {p.removeprefix("conformance/"): b.data for p, b in group.items()
-                    if p.startswith("conformance/") and p != "conformance/cases.toml"}
+        fixtures = {
+            p.removeprefix("conformance/"): b.data
+            for p, b in group.items()
+            if p.startswith("conformance/") and p != "conformance/cases.toml"
+        }
         skills = tuple(sorted({p.split("/")[1] for p in group if p.startswith("skills/") and p.count("/") >= 2}))
-        contract = {p: b.sha for p, b in group.items() if p in ("interface.toml", "tools.json") or p.startswith("skills/")}
+        contract = {
+            p: b.sha for p, b in group.items() if p in ("interface.toml", "tools.json") or p.startswith("skills/")
+        }
         return InterfaceVersion(
             key=f"{spec.name}/v{spec.version}",
             spec=spec,
@@ -234,15 +254,30 @@ def _cases(doc: Document, value: Any) -> _Parsed:
     cases: list[Case] = []
     unknown = [k for k in value if k != "case"]
     for key in unknown:
-        findings.append(Finding("I013", doc.path, doc.line_of(key), f"unknown key '{key}' in cases.toml",
-                                "only [[case]] tables", "write each case as a [[case]] table"))
+        findings.append(
+            Finding(
+                "I013",
+                doc.path,
+                doc.line_of(key),
+                f"unknown key '{key}' in cases.toml",
+                "only [[case]] tables",
+                "write each case as a [[case]] table",
+            )
+        )
     for index, item in enumerate(raw if isinstance(raw, list) else []):
         try:
             cases.append(parse_case(item))
         except CaseError as exc:
-            findings.append(Finding("I013", doc.path, doc.line_of("case", index, *exc.key), str(exc),
-                                    "a case in the grammar of docs/conformance.md",
-                                    "see docs/conformance.md for every assertion with an example"))
+            findings.append(
+                Finding(
+                    "I013",
+                    doc.path,
+                    doc.line_of("case", index, *exc.key),
+                    str(exc),
+                    "a case in the grammar of docs/conformance.md",
+                    "see docs/conformance.md for every assertion with an example",
+                )
+            )
     return _Parsed(doc, tuple(cases), findings)
 
 

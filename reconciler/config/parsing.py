@@ -55,8 +55,18 @@ def parse_document(path: str, sha: str, data: bytes) -> tuple[Document | None, A
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return None, None, Finding("F001", path, 1, f"the file is not UTF-8 text (byte {exc.start})",
-                                   "UTF-8 encoded text", "save the file as UTF-8")
+        return (
+            None,
+            None,
+            Finding(
+                "F001",
+                path,
+                1,
+                f"the file is not UTF-8 text (byte {exc.start})",
+                "UTF-8 encoded text",
+                "save the file as UTF-8",
+            ),
+        )
     doc = Document(path, sha, text, fmt)
     try:
         value = tomllib.loads(text) if fmt == "toml" else orjson.loads(data)
@@ -64,11 +74,31 @@ def parse_document(path: str, sha: str, data: bytes) -> tuple[Document | None, A
         match = _TOML_POSITION.search(str(exc))
         line = int(match.group(1)) if match else 1
         reason = _TOML_POSITION.sub("", str(exc)).strip()
-        return doc, None, Finding("F001", path, line, f"invalid TOML: {reason}", "a valid TOML document",
-                                  "fix the syntax on that line (quotes, brackets, '=' between key and value)")
+        return (
+            doc,
+            None,
+            Finding(
+                "F001",
+                path,
+                line,
+                f"invalid TOML: {reason}",
+                "a valid TOML document",
+                "fix the syntax on that line (quotes, brackets, '=' between key and value)",
+            ),
+        )
     except orjson.JSONDecodeError as exc:
-        return doc, None, Finding("F001", path, exc.lineno, f"invalid JSON: {exc.msg} (column {exc.colno})",
-                                  "a valid JSON document", "fix the syntax on that line (commas, quotes, brackets)")
+        return (
+            doc,
+            None,
+            Finding(
+                "F001",
+                path,
+                exc.lineno,
+                f"invalid JSON: {exc.msg} (column {exc.colno})",
+                "a valid JSON document",
+                "fix the syntax on that line (commas, quotes, brackets)",
+            ),
+        )
     return doc, value, None
 
 
@@ -77,8 +107,16 @@ def validate_model(doc: Document, value: Any, model: type[M], api_version: str) 
     if not isinstance(value, dict) or value.get("apiVersion") != api_version:
         got = value.get("apiVersion") if isinstance(value, dict) else None
         what = f"apiVersion is {got!r}" if got is not None else "apiVersion is missing"
-        return None, [Finding("F002", doc.path, doc.line_of("apiVersion"), f"{what}; this file must be a {api_version}",
-                              f'apiVersion = "{api_version}"', f'put apiVersion = "{api_version}" at the top of the file')]
+        return None, [
+            Finding(
+                "F002",
+                doc.path,
+                doc.line_of("apiVersion"),
+                f"{what}; this file must be a {api_version}",
+                f'apiVersion = "{api_version}"',
+                f'put apiVersion = "{api_version}" at the top of the file',
+            )
+        ]
     try:
         return model.model_validate(value), []
     except ValidationError as exc:
@@ -93,16 +131,33 @@ def model_finding(doc: Document, err: Any, known: set[str]) -> Finding:
     kind = err["type"]
     if kind == "extra_forbidden":
         key = str(loc[-1]) if loc else ""
-        return Finding("F004", doc.path, line, f"unknown key '{where}'{did_you_mean(key, known)}",
-                       "only the keys this kind of file defines (see docs/config.md)",
-                       f"remove '{key}' or correct its spelling")
+        return Finding(
+            "F004",
+            doc.path,
+            line,
+            f"unknown key '{where}'{did_you_mean(key, known)}",
+            "only the keys this kind of file defines (see docs/config.md)",
+            f"remove '{key}' or correct its spelling",
+        )
     if kind == "missing":
-        return Finding("F004", doc.path, line, f"'{where}' is required but missing",
-                       f"a value for '{where}'", f"add {loc[-1]} = ... to the file")
+        return Finding(
+            "F004",
+            doc.path,
+            line,
+            f"'{where}' is required but missing",
+            f"a value for '{where}'",
+            f"add {loc[-1]} = ... to the file",
+        )
     given = err.get("input")
     shown = repr(given) if isinstance(given, str | int | float | bool) else type(given).__name__
-    return Finding("F004", doc.path, line, f"'{where}' is invalid: {err['msg']} (given {shown})",
-                   _expected_from(err), f"correct the value of '{where}'")
+    return Finding(
+        "F004",
+        doc.path,
+        line,
+        f"'{where}' is invalid: {err['msg']} (given {shown})",
+        _expected_from(err),
+        f"correct the value of '{where}'",
+    )
 
 
 def _expected_from(err: Any) -> str:

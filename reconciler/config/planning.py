@@ -42,8 +42,16 @@ class Plan:
             "base": self.base,
             "head": self.head,
             "changed": not self.empty,
-            "profiles": [{"profile": p.profile, "status": p.status, "changes": list(p.changes),
-                          "before": p.before, "after": p.after} for p in self.profiles],
+            "profiles": [
+                {
+                    "profile": p.profile,
+                    "status": p.status,
+                    "changes": list(p.changes),
+                    "before": p.before,
+                    "after": p.after,
+                }
+                for p in self.profiles
+            ],
             "recheck": self.recheck,
         }
 
@@ -65,8 +73,9 @@ def describe_profile(snapshot: Snapshot, profile: Profile) -> dict[str, Any]:
     services: dict[str, Any] = {}
     for name, sel in sorted(profile.selections.items()):
         iface = snapshot.interfaces[sel.key]
-        tools = {t.name: tool_posture(snapshot, profile, name, t.name, t.action_class).outcome.value
-                 for t in iface.tools}
+        tools = {
+            t.name: tool_posture(snapshot, profile, name, t.name, t.action_class).outcome.value for t in iface.tools
+        }
         services[name] = {"interface": sel.key, "binding": sel.binding, "from": sel.origin, "tools": tools}
     routing = profile.spec.routing.model_dump(exclude_none=True) if profile.spec.routing else None
     return {
@@ -92,7 +101,9 @@ def plan_changes(base: Snapshot | None, head: Snapshot) -> Plan:
             continue
         status = "added" if old is None else "removed" if new is None else "changed"
         plans.append(ProfilePlan(name, status, tuple(_changes(old or {}, new or {})), old, new))
-    return Plan(base.revision if base else None, head.revision, tuple(plans), recheck_needed(base, head) if base else {})
+    return Plan(
+        base.revision if base else None, head.revision, tuple(plans), recheck_needed(base, head) if base else {}
+    )
 
 
 def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

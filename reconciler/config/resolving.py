@@ -25,9 +25,14 @@ def resolve_profiles(snapshot: Snapshot) -> tuple[dict[str, Profile], list[Findi
             iface = key.split("/")[0]
             if iface in chosen:
                 doc = snapshot.documents[profile.file]
-                f = Finding("P003", profile.file, doc.line_of("services", key), f"interface '{iface}' is selected "
-                            f"twice ('{chosen[iface][0]}' and '{key}')", "one binding per interface in a profile",
-                            f"keep one of the keys '{chosen[iface][0]}' and '{key}'")
+                f = Finding(
+                    "P003",
+                    profile.file,
+                    doc.line_of("services", key),
+                    f"interface '{iface}' is selected twice ('{chosen[iface][0]}' and '{key}')",
+                    "one binding per interface in a profile",
+                    f"keep one of the keys '{chosen[iface][0]}' and '{key}'",
+                )
                 findings[(f.file, f.line, f.code)] = f
                 continue
             chosen[iface] = (key, binding, profile.file, ("services", key))
@@ -46,32 +51,55 @@ def resolve_profiles(snapshot: Snapshot) -> tuple[dict[str, Profile], list[Findi
     return out, list(findings.values())
 
 
-def _resolve(snapshot: Snapshot, iface: str, key: str, binding_name: str, file: str,
-             at: tuple[str | int, ...]) -> tuple[Selection | None, Finding | None]:
+def _resolve(
+    snapshot: Snapshot, iface: str, key: str, binding_name: str, file: str, at: tuple[str | int, ...]
+) -> tuple[Selection | None, Finding | None]:
     doc = snapshot.documents.get(file)
     line = doc.line_of(*at) if doc else 1
     origin = "profile" if file.startswith("config/profiles/") else "org default"
     known = sorted({i.name for i in snapshot.interfaces.values()})
     if iface not in known:
         code = "P010" if origin == "profile" else "O006"
-        return None, Finding(code, file, line, f"'{key}' names no interface{did_you_mean(iface, known)}",
-                             f"one of: {', '.join(known)}", "correct the key or add the interface to the catalog")
+        return None, Finding(
+            code,
+            file,
+            line,
+            f"'{key}' names no interface{did_you_mean(iface, known)}",
+            f"one of: {', '.join(known)}",
+            "correct the key or add the interface to the catalog",
+        )
     pinned = "/" in key
     if pinned and key not in snapshot.interfaces:
         versions = ", ".join(f"{iface}/v{v}" for v in snapshot.versions_of(iface))
         code = "P010" if origin == "profile" else "O006"
-        return None, Finding(code, file, line, f"interface version '{key}' does not exist",
-                             f"one of: {versions}", f"select '{iface}' (the highest version) or one of: {versions}")
+        return None, Finding(
+            code,
+            file,
+            line,
+            f"interface version '{key}' does not exist",
+            f"one of: {versions}",
+            f"select '{iface}' (the highest version) or one of: {versions}",
+        )
     binding = snapshot.bindings.get(binding_name)
     if binding is None:
         code = "P001" if origin == "profile" else "O006"
-        return None, Finding(code, file, line, f"binding '{binding_name}' does not exist"
-                             f"{did_you_mean(binding_name, snapshot.bindings)}",
-                             "the name of a file in config/bindings/ (without .toml)",
-                             f"create config/bindings/{binding_name}.toml or name an existing binding")
+        return None, Finding(
+            code,
+            file,
+            line,
+            f"binding '{binding_name}' does not exist{did_you_mean(binding_name, snapshot.bindings)}",
+            "the name of a file in config/bindings/ (without .toml)",
+            f"create config/bindings/{binding_name}.toml or name an existing binding",
+        )
     if binding.connector is None:
-        return None, Finding("P011", file, line, f"binding '{binding_name}' is not a connector binding (it names an "
-                             "addon)", "a binding with connector = \"...\"", "select a connector binding")
+        return None, Finding(
+            "P011",
+            file,
+            line,
+            f"binding '{binding_name}' is not a connector binding (it names an addon)",
+            'a binding with connector = "..."',
+            "select a connector binding",
+        )
     connector = snapshot.connectors.get(binding.connector)
     if connector is None:
         return None, None  # B001 on the binding says it
@@ -79,14 +107,22 @@ def _resolve(snapshot: Snapshot, iface: str, key: str, binding_name: str, file: 
         if not connector.implements(key):
             return None, _not_implemented(file, line, key, binding_name, connector.name, connector.spec.implements)
         return Selection(iface, key, binding_name, True, origin), None
-    offered = [int(k.split("/v")[1]) for k in connector.spec.implements
-               if k.split("/")[0] == iface and k in snapshot.interfaces]
+    offered = [
+        int(k.split("/v")[1])
+        for k in connector.spec.implements
+        if k.split("/")[0] == iface and k in snapshot.interfaces
+    ]
     if not offered:
         return None, _not_implemented(file, line, key, binding_name, connector.name, connector.spec.implements)
     return Selection(iface, f"{iface}/v{max(offered)}", binding_name, False, origin), None
 
 
 def _not_implemented(file: str, line: int, key: str, binding: str, connector: str, implements: list[str]) -> Finding:
-    return Finding("P002", file, line, f"binding '{binding}' runs connector '{connector}', which does not implement "
-                   f"'{key}'", f"a binding whose connector implements {key} (it implements: "
-                   f"{', '.join(implements) or 'nothing'})", f"select a binding of a connector that implements {key}")
+    return Finding(
+        "P002",
+        file,
+        line,
+        f"binding '{binding}' runs connector '{connector}', which does not implement '{key}'",
+        f"a binding whose connector implements {key} (it implements: {', '.join(implements) or 'nothing'})",
+        f"select a binding of a connector that implements {key}",
+    )

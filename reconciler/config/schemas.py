@@ -26,13 +26,34 @@ _FLAG = re.compile(r"^(supports?|has|can|capabilit|feature|enable)[_A-Z-]?", re.
 _FLAG_NAMES = frozenset({"capabilities", "features", "supports"})
 # Keywords of 2020-12 (and 2019-09) that schema-driven generators for drafts 4-7 cannot honour.
 NEW_KEYWORDS = frozenset(
-    {"prefixItems", "unevaluatedProperties", "unevaluatedItems", "dependentSchemas", "dependentRequired",
-     "$dynamicRef", "$dynamicAnchor", "minContains", "maxContains", "$recursiveRef"}
+    {
+        "prefixItems",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "dependentSchemas",
+        "dependentRequired",
+        "$dynamicRef",
+        "$dynamicAnchor",
+        "minContains",
+        "maxContains",
+        "$recursiveRef",
+    }
 )
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SCHEMA_ONE = ("additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames",
-               "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+_SCHEMA_ONE = (
+    "additionalProperties",
+    "items",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "additionalItems",
+)
 
 
 def iter_subschemas(schema: Any, path: KeyPath = ()) -> Iterator[tuple[KeyPath, dict[str, Any]]]:
@@ -75,9 +96,16 @@ def check_tools(doc: Document, value: Any, interface: str) -> tuple[list[Tool], 
     """Validate a tools.json payload for interface `interface`; return its tools and every finding."""
     findings: list[Finding] = []
     if not isinstance(value, list):
-        findings.append(Finding("F004", doc.path, 1, "tools.json is not a list of tools",
-                                "a JSON array of MCP tools, as a tools/list result's 'tools'",
-                                'wrap the tools in [ ... ]; each is {"name", "description", "inputSchema", ...}'))
+        findings.append(
+            Finding(
+                "F004",
+                doc.path,
+                1,
+                "tools.json is not a list of tools",
+                "a JSON array of MCP tools, as a tools/list result's 'tools'",
+                'wrap the tools in [ ... ]; each is {"name", "description", "inputSchema", ...}',
+            )
+        )
         return [], findings
     tools: list[Tool] = []
     seen: dict[str, int] = {}
@@ -86,24 +114,47 @@ def check_tools(doc: Document, value: Any, interface: str) -> tuple[list[Tool], 
         try:
             tool = Tool.model_validate(raw)
         except ValidationError as exc:
-            findings.extend(model_finding(doc, {**e, "loc": (index, *e["loc"])}, set(Tool.model_fields))
-                            for e in exc.errors())
+            findings.extend(
+                model_finding(doc, {**e, "loc": (index, *e["loc"])}, set(Tool.model_fields)) for e in exc.errors()
+            )
             continue
         line = doc.line_of(index, "name")
         if tool.name in seen:
-            findings.append(Finding("I012", doc.path, line, f"tool '{tool.name}' is defined twice (first at line "
-                                    f"{seen[tool.name]})", "unique tool names", "rename or remove one of them"))
+            findings.append(
+                Finding(
+                    "I012",
+                    doc.path,
+                    line,
+                    f"tool '{tool.name}' is defined twice (first at line {seen[tool.name]})",
+                    "unique tool names",
+                    "rename or remove one of them",
+                )
+            )
         seen.setdefault(tool.name, line)
         if not tool.name.startswith(prefix):
-            findings.append(Finding("I007", doc.path, line, f"tool '{tool.name}' does not start with '{prefix}'",
-                                    f"a name of the form {prefix}<verb> (S5: tools never collide across interfaces)",
-                                    f'"name": "{prefix}{tool.name.split("_")[-1]}"'))
+            findings.append(
+                Finding(
+                    "I007",
+                    doc.path,
+                    line,
+                    f"tool '{tool.name}' does not start with '{prefix}'",
+                    f"a name of the form {prefix}<verb> (S5: tools never collide across interfaces)",
+                    f'"name": "{prefix}{tool.name.split("_")[-1]}"',
+                )
+            )
         findings.extend(_check_annotations(doc, index, tool))
         findings.extend(_check_schema(doc, (index, "inputSchema"), tool.inputSchema, tool.name, required=True))
         if tool.outputSchema is None:
-            findings.append(Finding("F004", doc.path, line, f"tool '{tool.name}' has no outputSchema",
-                                    "an outputSchema, so every result can be validated (S2)",
-                                    '"outputSchema": {"type": "object", "additionalProperties": false, ...}'))
+            findings.append(
+                Finding(
+                    "F004",
+                    doc.path,
+                    line,
+                    f"tool '{tool.name}' has no outputSchema",
+                    "an outputSchema, so every result can be validated (S2)",
+                    '"outputSchema": {"type": "object", "additionalProperties": false, ...}',
+                )
+            )
         else:
             findings.extend(_check_schema(doc, (index, "outputSchema"), tool.outputSchema, tool.name, required=True))
         tools.append(tool)
@@ -114,13 +165,27 @@ def _check_annotations(doc: Document, index: int, tool: Tool) -> list[Finding]:
     hints = tool.annotations
     line = doc.line_of(index, "annotations")
     if hints.readOnlyHint is None:
-        return [Finding("I011", doc.path, line, f"tool '{tool.name}' does not state annotations.readOnlyHint",
-                        "readOnlyHint true (a read) or false (a write or destructive action)",
-                        '"annotations": {"readOnlyHint": true}')]
+        return [
+            Finding(
+                "I011",
+                doc.path,
+                line,
+                f"tool '{tool.name}' does not state annotations.readOnlyHint",
+                "readOnlyHint true (a read) or false (a write or destructive action)",
+                '"annotations": {"readOnlyHint": true}',
+            )
+        ]
     if hints.readOnlyHint is False and hints.destructiveHint is None:
-        return [Finding("I011", doc.path, line, f"tool '{tool.name}' is not read-only but does not state "
-                        "annotations.destructiveHint", "destructiveHint true (destructive) or false (a write)",
-                        '"annotations": {"readOnlyHint": false, "destructiveHint": false}')]
+        return [
+            Finding(
+                "I011",
+                doc.path,
+                line,
+                f"tool '{tool.name}' is not read-only but does not state annotations.destructiveHint",
+                "destructiveHint true (destructive) or false (a write)",
+                '"annotations": {"readOnlyHint": false, "destructiveHint": false}',
+            )
+        ]
     return []
 
 
@@ -128,40 +193,84 @@ def _check_schema(doc: Document, at: KeyPath, schema: dict[str, Any], tool: str,
     findings: list[Finding] = []
     for err in _META.iter_errors(schema):
         where = (*at, *err.absolute_path)
-        findings.append(Finding("I002", doc.path, doc.line_of(*where), f"tool '{tool}' {at[-1]} is not valid JSON "
-                                f"Schema 2020-12 at '{'/'.join(map(str, err.absolute_path)) or '(root)'}': "
-                                f"{err.message}", "a schema valid against the Draft 2020-12 meta-schema",
-                                "correct the keyword's value (see json-schema.org/draft/2020-12)"))
+        findings.append(
+            Finding(
+                "I002",
+                doc.path,
+                doc.line_of(*where),
+                f"tool '{tool}' {at[-1]} is not valid JSON "
+                f"Schema 2020-12 at '{'/'.join(map(str, err.absolute_path)) or '(root)'}': "
+                f"{err.message}",
+                "a schema valid against the Draft 2020-12 meta-schema",
+                "correct the keyword's value (see json-schema.org/draft/2020-12)",
+            )
+        )
     if findings:
         return findings
     if required and schema.get("type") != "object":
-        findings.append(Finding("F004", doc.path, doc.line_of(*at), f"tool '{tool}' {at[-1]} is not an object schema",
-                                '"type": "object" at its root, as MCP requires', 'add "type": "object"'))
+        findings.append(
+            Finding(
+                "F004",
+                doc.path,
+                doc.line_of(*at),
+                f"tool '{tool}' {at[-1]} is not an object schema",
+                '"type": "object" at its root, as MCP requires',
+                'add "type": "object"',
+            )
+        )
     for sub_path, sub in iter_subschemas(schema):
         where = (*at, *sub_path)
         line = doc.line_of(*where)
         shown = "/".join(map(str, sub_path)) or "(root)"
         if _is_object(sub) and sub.get("additionalProperties") is not False:
-            findings.append(Finding("I001", doc.path, line, f"tool '{tool}' {at[-1]}: the object at '{shown}' "
-                                    "does not close its properties (S2)", '"additionalProperties": false on every '
-                                    "object schema, nested and in $defs", 'add "additionalProperties": false'))
+            findings.append(
+                Finding(
+                    "I001",
+                    doc.path,
+                    line,
+                    f"tool '{tool}' {at[-1]}: the object at '{shown}' does not close its properties (S2)",
+                    '"additionalProperties": false on every object schema, nested and in $defs',
+                    'add "additionalProperties": false',
+                )
+            )
         fmt = sub.get("format")
         if fmt in FILE_FORMATS and _types(sub) != {"string"}:
-            findings.append(Finding("I006", doc.path, line, f"tool '{tool}' {at[-1]}: format '{fmt}' at '{shown}' "
-                                    "is on a property that is not a string (S4)", f'"type": "string" beside '
-                                    f'"format": "{fmt}"', 'make the property {"type": "string", "format": ...}'))
+            findings.append(
+                Finding(
+                    "I006",
+                    doc.path,
+                    line,
+                    f"tool '{tool}' {at[-1]}: format '{fmt}' at '{shown}' is on a property that is not a string (S4)",
+                    f'"type": "string" beside "format": "{fmt}"',
+                    'make the property {"type": "string", "format": ...}',
+                )
+            )
         for name, prop in (sub.get("properties") or {}).items():
-            if isinstance(prop, dict) and (name.lower() in _FLAG_NAMES or
-                                           (_FLAG.match(name) and _types(prop) == {"boolean"})):
-                findings.append(Finding("I008", doc.path, doc.line_of(*where, "properties", name),
-                                        f"tool '{tool}' {at[-1]}: '{name}' looks like a feature flag (S6)",
-                                        "no optional capabilities: a field every connector fills, or another "
-                                        "interface", f"remove '{name}'; make the data it guards optional instead"))
+            if isinstance(prop, dict) and (
+                name.lower() in _FLAG_NAMES or (_FLAG.match(name) and _types(prop) == {"boolean"})
+            ):
+                findings.append(
+                    Finding(
+                        "I008",
+                        doc.path,
+                        doc.line_of(*where, "properties", name),
+                        f"tool '{tool}' {at[-1]}: '{name}' looks like a feature flag (S6)",
+                        "no optional capabilities: a field every connector fills, or another interface",
+                        f"remove '{name}'; make the data it guards optional instead",
+                    )
+                )
         ref = sub.get("$ref")
         if isinstance(ref, str) and _resolve_ref(schema, ref) is None:
-            findings.append(Finding("I003", doc.path, doc.line_of(*where, "$ref"), f"tool '{tool}' {at[-1]}: $ref "
-                                    f"'{ref}' does not resolve", "a reference inside the same schema, like "
-                                    "'#/$defs/<name>'", "define the target under $defs or correct the reference"))
+            findings.append(
+                Finding(
+                    "I003",
+                    doc.path,
+                    doc.line_of(*where, "$ref"),
+                    f"tool '{tool}' {at[-1]}: $ref '{ref}' does not resolve",
+                    "a reference inside the same schema, like '#/$defs/<name>'",
+                    "define the target under $defs or correct the reference",
+                )
+            )
     return findings
 
 

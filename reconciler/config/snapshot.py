@@ -7,7 +7,7 @@ so nothing downstream re-derives them per call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -43,24 +43,36 @@ __all__ = [
 ]
 
 # The router's own codes, valid for every interface (design §6).
-ROUTER_ERRORS = MappingProxyType({
-    "invalid_arguments": "the arguments do not match the tool's inputSchema; the message says where and why",
-    "unavailable": "the service is down, timed out or misbehaved; retrying later may work",
-})
+ROUTER_ERRORS = MappingProxyType(
+    {
+        "invalid_arguments": "the arguments do not match the tool's inputSchema; the message says where and why",
+        "unavailable": "the service is down, timed out or misbehaved; retrying later may work",
+    }
+)
 
 
 def _template(name: str, description: str, read: str, write: str, destructive: str) -> TemplateFile:
-    return TemplateFile(apiVersion="handler.template/v1", name=name, description=description,
-                        read=Outcome(read), write=Outcome(write), destructive=Outcome(destructive))
+    return TemplateFile(
+        apiVersion="handler.template/v1",
+        name=name,
+        description=description,
+        read=Outcome(read),
+        write=Outcome(write),
+        destructive=Outcome(destructive),
+    )
 
 
-BUILTIN_TEMPLATES: Mapping[str, TemplateFile] = MappingProxyType({
-    "permissive": _template("permissive", "everything auto-approves", "auto", "auto", "auto"),
-    "balanced": _template("balanced", "reads run; writes and destructive actions wait for approval",
-                          "auto", "approve", "approve"),
-    "restrictive": _template("restrictive", "reads run; writes and destructive actions are refused",
-                             "auto", "block", "block"),
-})
+BUILTIN_TEMPLATES: Mapping[str, TemplateFile] = MappingProxyType(
+    {
+        "permissive": _template("permissive", "everything auto-approves", "auto", "auto", "auto"),
+        "balanced": _template(
+            "balanced", "reads run; writes and destructive actions wait for approval", "auto", "approve", "approve"
+        ),
+        "restrictive": _template(
+            "restrictive", "reads run; writes and destructive actions are refused", "auto", "block", "block"
+        ),
+    }
+)
 DEFAULT_TEMPLATE = "balanced"
 
 
@@ -161,8 +173,7 @@ class Snapshot:
     templates: Mapping[str, TemplateFile]
     org: OrgFile | None
     findings: tuple[Finding, ...] = field(default=(), compare=False)
-    documents: Mapping[str, Document] = field(default_factory=lambda: MappingProxyType({}), compare=False,
-                                              repr=False)
+    documents: Mapping[str, Document] = field(default_factory=lambda: MappingProxyType({}), compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -180,6 +191,10 @@ class Snapshot:
         """The profile's template, else the org default, else Balanced."""
         name = profile.spec.template or (self.org.defaults.template if self.org else None) or DEFAULT_TEMPLATE
         return self.templates.get(name) or BUILTIN_TEMPLATES[DEFAULT_TEMPLATE]
+
+    def tool_names(self, keys: Iterable[str]) -> set[str]:
+        """The tools of the interface versions named by `keys` (unknown keys are skipped)."""
+        return {t.name for k in keys if (iface := self.interfaces.get(k)) for t in iface.tools}
 
     def class_of(self, key: str, tool: str) -> ActionClass | None:
         iface = self.interfaces.get(key)

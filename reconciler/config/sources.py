@@ -11,7 +11,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from reconciler.config.errors import SourceError
 
@@ -133,10 +133,12 @@ class GitSource:
                 sub = tree / folder
             except KeyError:
                 continue
+            cut = len(str(sub.path)) + 1
+            item: Any
             for item in sub.traverse():
                 if item.type != "blob" or item.mode == 0o120000:  # skip symlinks, as the folder source does
                     continue
-                rel = f"{folder}/{item.path[len(sub.path) + 1:]}" if sub.path else item.path
+                rel = f"{folder}/{item.path[cut:]}"
                 if any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
                     continue
                 blob = self._blobs.get(item.hexsha)

@@ -22,7 +22,8 @@ __all__ = [
 ]
 
 _SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-_HOST = r"(\*|\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*)"
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST = rf"(\*|\[[0-9A-Fa-f:.]+\]|{_LABEL}(\.{_LABEL})*)"
 EGRESS = re.compile(rf"^{_HOST}:(\*|[0-9]{{1,5}})$")
 
 
@@ -31,30 +32,67 @@ def check_named(doc: Document, spec: object, name: str) -> list[Finding]:
     given = getattr(spec, "name", None)
     if given is None or given == name:
         return []
-    return [Finding("F003", doc.path, doc.line_of("name"), f"name is '{given}' but the file is named '{name}'",
-                    "name equal to the file or folder name", f'name = "{name}" (or rename the file)')]
+    return [
+        Finding(
+            "F003",
+            doc.path,
+            doc.line_of("name"),
+            f"name is '{given}' but the file is named '{name}'",
+            "name equal to the file or folder name",
+            f'name = "{name}" (or rename the file)',
+        )
+    ]
 
 
 def check_interface_file(doc: Document, spec: InterfaceFile, where: tuple[str, str]) -> list[Finding]:
     name, folder = where
     findings = check_named(doc, spec, name)
     if folder != f"v{spec.version}":
-        findings.append(Finding("I009", doc.path, doc.line_of("version"), f"version is {spec.version} but the "
-                                f"folder is '{folder}'", f"the folder v{spec.version} for version = {spec.version}",
-                                f"move the files to catalog/interfaces/{name}/v{spec.version}/ or set the version"))
+        findings.append(
+            Finding(
+                "I009",
+                doc.path,
+                doc.line_of("version"),
+                f"version is {spec.version} but the folder is '{folder}'",
+                f"the folder v{spec.version} for version = {spec.version}",
+                f"move the files to catalog/interfaces/{name}/v{spec.version}/ or set the version",
+            )
+        )
     if not spec.errors:
-        findings.append(Finding("I004", doc.path, 1, "[errors] is missing (S3)",
-                                "a closed list of error codes, with unavailable among them",
-                                '[errors]\nunavailable = "the service is down or out of quota; retrying later may work"'))
+        findings.append(
+            Finding(
+                "I004",
+                doc.path,
+                1,
+                "[errors] is missing (S3)",
+                "a closed list of error codes, with unavailable among them",
+                '[errors]\nunavailable = "the service is down or out of quota; retrying later may work"',
+            )
+        )
     elif "unavailable" not in spec.errors:
-        findings.append(Finding("I004", doc.path, doc.line_of("errors"), "[errors] lacks 'unavailable' (S3)",
-                                "unavailable in every interface's errors: the router returns it for outages",
-                                'unavailable = "the service is down or out of quota; retrying later may work"'))
+        findings.append(
+            Finding(
+                "I004",
+                doc.path,
+                doc.line_of("errors"),
+                "[errors] lacks 'unavailable' (S3)",
+                "unavailable in every interface's errors: the router returns it for outages",
+                'unavailable = "the service is down or out of quota; retrying later may work"',
+            )
+        )
     for code in spec.errors:
         if not _SNAKE.match(code):
             fixed = re.sub(r"[^a-z0-9]+", "_", code.lower()).strip("_") or "error"
-            findings.append(Finding("I005", doc.path, doc.line_of("errors", code), f"error code '{code}' is not "
-                                    "snake_case (S3)", "lower-case words joined by '_'", f"rename it to '{fixed}'"))
+            findings.append(
+                Finding(
+                    "I005",
+                    doc.path,
+                    doc.line_of("errors", code),
+                    f"error code '{code}' is not snake_case (S3)",
+                    "lower-case words joined by '_'",
+                    f"rename it to '{fixed}'",
+                )
+            )
     return findings
 
 
@@ -65,34 +103,62 @@ def check_connector_file(doc: Document, spec: ConnectorFile, name: str) -> list[
     run = spec.run
     if (run.command is None) == (run.builtin is None):
         what = "both a command and a builtin" if run.command else "neither a command nor a builtin"
-        findings.append(Finding("N004", doc.path, doc.line_of("run"), f"[run] names {what}",
-                                'command = [...] (with transport "stdio" or "socket") or builtin = "<name>"',
-                                '[run]\ncommand = ["python3", "main.py"]'))
+        findings.append(
+            Finding(
+                "N004",
+                doc.path,
+                doc.line_of("run"),
+                f"[run] names {what}",
+                'command = [...] (with transport "stdio" or "socket") or builtin = "<name>"',
+                '[run]\ncommand = ["python3", "main.py"]',
+            )
+        )
     return findings
 
 
 def _check_egress(doc: Document, at: tuple[str | int, ...], entry: str) -> list[Finding]:
-    m = EGRESS.match(entry)
-    if m and (m[m.lastindex or 0] == "*" or 0 < int(entry.rsplit(":", 1)[1]) < 65536):
+    port = entry.rpartition(":")[2]
+    if EGRESS.match(entry) and (port == "*" or 0 < int(port) < 65536):
         return []
-    return [Finding("N002", doc.path, doc.line_of(*at), f"egress entry '{entry}' is not host:port",
-                    "host:port, e.g. api.mistral.ai:443; '*' may stand for the host or the port",
-                    f'"{entry.split(":")[0] or "api.example.com"}:443"')]
+    return [
+        Finding(
+            "N002",
+            doc.path,
+            doc.line_of(*at),
+            f"egress entry '{entry}' is not host:port",
+            "host:port, e.g. api.mistral.ai:443; '*' may stand for the host or the port",
+            f'"{entry.split(":", maxsplit=1)[0] or "api.example.com"}:443"',
+        )
+    ]
 
 
 def check_binding_file(doc: Document, spec: BindingFile, name: str) -> list[Finding]:
     findings = check_named(doc, spec, name)
     if (spec.connector is None) == (spec.addon is None):
         what = "both connector and addon" if spec.connector else "neither connector nor addon"
-        findings.append(Finding("B010", doc.path, doc.line_of("connector"), f"the binding names {what}",
-                                "exactly one of connector = \"...\" or addon = \"...\"",
-                                'connector = "<a folder of catalog/connectors>"'))
+        findings.append(
+            Finding(
+                "B010",
+                doc.path,
+                doc.line_of("connector"),
+                f"the binding names {what}",
+                'exactly one of connector = "..." or addon = "..."',
+                'connector = "<a folder of catalog/connectors>"',
+            )
+        )
     for slot, ref in spec.secrets.items():
         if not isinstance(ref, SecretRef):
             env = slot.upper()
-            findings.append(Finding("B003", doc.path, doc.line_of("secrets", slot), f"secret slot '{slot}' holds a "
-                                    "literal value", "a reference — { command = [...] }, { env = \"NAME\" } or "
-                                    "{ file = \"path\" }", f'{slot} = {{ env = "{env}" }}'))
+            findings.append(
+                Finding(
+                    "B003",
+                    doc.path,
+                    doc.line_of("secrets", slot),
+                    f"secret slot '{slot}' holds a literal value",
+                    'a reference — { command = [...] }, { env = "NAME" } or { file = "path" }',
+                    f'{slot} = {{ env = "{env}" }}',
+                )
+            )
     for i, entry in enumerate(spec.egress or []):
         findings.extend(_check_egress(doc, ("egress", i), entry))
     return findings
@@ -102,7 +168,14 @@ def check_profile_file(doc: Document, spec: ProfileFile, name: str) -> list[Find
     findings = check_named(doc, spec, name)
     scope = PurePosixPath(spec.scope)
     if not spec.scope or ".." in scope.parts or "\\" in spec.scope:
-        findings.append(Finding("P013", doc.path, doc.line_of("scope"), f"scope '{spec.scope}' leaves the config root",
-                                "a folder path without '..', relative to the config root or absolute",
-                                f'scope = "work/{name}"'))
+        findings.append(
+            Finding(
+                "P013",
+                doc.path,
+                doc.line_of("scope"),
+                f"scope '{spec.scope}' leaves the config root",
+                "a folder path without '..', relative to the config root or absolute",
+                f'scope = "work/{name}"',
+            )
+        )
     return findings

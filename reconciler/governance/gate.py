@@ -66,7 +66,9 @@ class Gate(Protocol):
 
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus: ...
 
-    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus: ...
+    async def decide(
+        self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest
+    ) -> HoldStatus: ...
 
 
 class OpenGate:
