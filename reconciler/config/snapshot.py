@@ -163,9 +163,12 @@ class Profile:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One revision of the config tree, loaded, checked and resolved. Never mutated."""
+    """One revision of the config tree, loaded, checked and resolved. Never mutated.
 
-    revision: str
+    Two snapshots are equal when they hold the same config, whatever revision they came from.
+    """
+
+    revision: str = field(compare=False)
     interfaces: Mapping[str, InterfaceVersion]
     connectors: Mapping[str, Connector]
     bindings: Mapping[str, Binding]

@@ -1,0 +1,58 @@
+"""A tree read from a folder and from a git commit loads to the same snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from reconciler.config import FolderSource, GitSource, Loader, SourceError
+
+
+def test_folder_and_commit_give_equal_snapshots(shipped_tree: Path, git: Callable[..., str]) -> None:
+    git(shipped_tree, "init", "-q")
+    git(shipped_tree, "add", "-A")
+    git(shipped_tree, "commit", "-qm", "tree")
+    from_folder = Loader().load(FolderSource(shipped_tree))
+    from_commit = Loader().load(GitSource(shipped_tree, "HEAD"))
+    assert from_folder.ok
+    assert from_commit.ok
+    assert from_commit.revision == git(shipped_tree, "rev-parse", "HEAD")
+    assert from_folder == from_commit
+    ocr = from_commit.interfaces["ocr/v1"]
+    assert (
+        ocr.fixtures["invoice.pdf"] == (shipped_tree / "catalog/interfaces/ocr/v1/conformance/invoice.pdf").read_bytes()
+    )
+    assert ocr.content_hash == from_folder.interfaces["ocr/v1"].content_hash
+
+
+def test_commit_is_read_from_its_tree_not_the_checkout(shipped_tree: Path, git: Callable[..., str]) -> None:
+    git(shipped_tree, "init", "-q")
+    git(shipped_tree, "add", "-A")
+    git(shipped_tree, "commit", "-qm", "tree")
+    (shipped_tree / "config/bindings/ocr-local.toml").write_text("not = [valid toml\n")
+    assert not Loader().load(FolderSource(shipped_tree)).ok
+    assert Loader().load(GitSource(shipped_tree, "HEAD")).ok
+
+
+def test_tree_in_a_subfolder_of_the_repository(shipped_tree: Path, git: Callable[..., str]) -> None:
+    outer = shipped_tree.parent
+    git(outer, "init", "-q")
+    git(outer, "add", "-A")
+    git(outer, "commit", "-qm", "tree")
+    snapshot = Loader().load(GitSource.for_folder(shipped_tree, "HEAD"))
+    assert snapshot.ok
+    assert set(snapshot.profiles) == {"assistant", "auditor", "researcher"}
+
+
+def test_unknown_ref_and_missing_repository_are_source_errors(shipped_tree: Path, git: Callable[..., str]) -> None:
+    with pytest.raises(SourceError, match="not inside a git repository"):
+        GitSource(shipped_tree, "HEAD")
+    git(shipped_tree, "init", "-q")
+    git(shipped_tree, "add", "-A")
+    git(shipped_tree, "commit", "-qm", "tree")
+    with pytest.raises(SourceError, match="'no-such-branch' is not a commit"):
+        Loader().load(GitSource(shipped_tree, "no-such-branch"))
+    with pytest.raises(SourceError, match="is not a folder"):
+        FolderSource(shipped_tree / "missing").read()
