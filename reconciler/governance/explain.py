@@ -1,0 +1,61 @@
+"""`handler explain`: what a call would get now, with the trace of every layer, as text or JSON.
+
+The CLI calls `explain_call` with a loaded snapshot and the spend state read from the store (or an
+empty one when no store exists yet) and prints `render_text` or `Decision.to_dict`.
+"""
+
+from __future__ import annotations
+
+from reconciler.config.snapshot import Snapshot
+from reconciler.governance.decide import Decision, SpendState, decide_call, usd
+from reconciler.governance.errors import UnknownCallError, did_you_mean
+from reconciler.governance.rulebook import Rulebook, ToolEntry, compile_rulebook, to_micros
+
+__all__ = ["explain_call", "find_entry", "render_text"]
+
+
+def find_entry(rulebook: Rulebook, profile: str, tool: str) -> ToolEntry:
+    """The compiled entry for (profile, tool), or `UnknownCallError` saying what exists."""
+    if profile not in rulebook.profiles:
+        raise UnknownCallError(f"no profile '{profile}'{did_you_mean(profile, rulebook.profiles)}"
+                          f" (profiles: {', '.join(sorted(rulebook.profiles)) or 'none'})")
+    entry = rulebook.entry(profile, tool)
+    if entry is None:
+        tools = rulebook.profiles[profile]
+        raise UnknownCallError(f"profile '{profile}' serves no tool '{tool}'{did_you_mean(tool, tools)}"
+                          f" (its tools: {', '.join(sorted(tools)) or 'none'})")
+    return entry
+
+
+def explain_call(
+    snapshot: Snapshot,
+    profile: str,
+    tool: str,
+    *,
+    cost_usd: float | None = None,
+    instance: str = "(any instance)",
+    state: SpendState | None = None,
+    rulebook: Rulebook | None = None,
+) -> Decision:
+    """Decide a hypothetical call now; nothing is stored or reserved."""
+    book = rulebook or compile_rulebook(snapshot)
+    entry = find_entry(book, profile, tool)
+    cost = None if cost_usd is None else to_micros(cost_usd)
+    return decide_call(entry, instance, cost, state or SpendState())
+
+
+def render_text(decision: Decision, profile: str, tool: str) -> str:
+    """The decision as a person reads it: the verdict, who approves, why, then the trace."""
+    lines = [
+        f"{tool} on profile {profile} at {usd(decision.cost)}: {decision.status} (decision: {decision.outcome.value})",
+    ]
+    if decision.approver is not None:
+        lines.append(f"  approver: {decision.approver.describe()}")
+    lines.append(f"  reason:   {decision.reason}")
+    lines.append("  trace:")
+    width = max(len(s.layer) for s in decision.trace)
+    for step in decision.trace:
+        mark = "*" if step.decided else " "
+        lines.append(f"   {mark} {step.layer:<{width}}  {step.found}")
+    lines.append("  (* = the layer set or changed the outcome)")
+    return "\n".join(lines)

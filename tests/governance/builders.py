@@ -1,0 +1,66 @@
+"""Snapshots built in memory for governance tests: fast enough for hypothesis to make hundreds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from reconciler.config.models import BindingFile, InterfaceFile, OrgFile, ProfileFile, TemplateFile, Tool
+from reconciler.config.snapshot import BUILTIN_TEMPLATES, Binding, InterfaceVersion, Profile, Selection, Snapshot
+
+__all__ = ["OWNERS_ORG", "PRICES", "TOOLS", "make_snapshot"]
+
+# The interfaces every test snapshot serves: one tool per action class, and a priced search.
+TOOLS: Mapping[str, list[tuple[str, str]]] = {
+    "mail": [("mail_read", "read"), ("mail_send", "write"), ("mail_delete", "destructive")],
+    "search": [("search_query", "read")],
+}
+PRICES = {"mail": {"mail_send": 0.01}, "search": {"search_query": 0.005}}
+
+
+def _tool(name: str, cls: str) -> Tool:
+    hints = {"read": {"readOnlyHint": True}, "write": {"readOnlyHint": False, "destructiveHint": False},
+             "destructive": {"readOnlyHint": False, "destructiveHint": True}}[cls]
+    return Tool(name=name, description=name, inputSchema={"type": "object", "additionalProperties": False},
+                annotations=hints)
+
+
+def make_snapshot(
+    profiles: Mapping[str, Mapping[str, Any]],
+    org: Mapping[str, Any] | None = None,
+    templates: Mapping[str, Mapping[str, str]] | None = None,
+    revision: str = "r1",
+) -> Snapshot:
+    """A snapshot of the given profiles (ProfileFile fields) over the `TOOLS` interfaces."""
+    interfaces = {}
+    bindings = {}
+    for name, tools in TOOLS.items():
+        spec = InterfaceFile(apiVersion="handler.interface/v1", name=name, version=1, description=name,
+                             errors={"unavailable": "down"})
+        interfaces[f"{name}/v1"] = InterfaceVersion(f"{name}/v1", spec, tuple(_tool(*t) for t in tools),
+                                                    f"catalog/interfaces/{name}/v1")
+        bspec = BindingFile(apiVersion="handler.binding/v1", name=f"{name}-b", connector=f"{name}-c",
+                            pricing=PRICES[name])
+        bindings[f"{name}-b"] = Binding(f"{name}-b", bspec, f"config/bindings/{name}-b.toml")
+    built = {}
+    for pname, fields in profiles.items():
+        spec = ProfileFile.model_validate({"apiVersion": "handler.profile/v1", "name": pname, "scope": "work",
+                                           "services": {n: f"{n}-b" for n in TOOLS}, **fields})
+        selections = {n: Selection(n, f"{n}/v1", f"{n}-b", False, "profile") for n in TOOLS}
+        built[pname] = Profile(pname, spec, f"config/profiles/{pname}.toml", MappingProxyType(selections))
+    all_templates = dict(BUILTIN_TEMPLATES)
+    for tname, outcomes in (templates or {}).items():
+        all_templates[tname] = TemplateFile.model_validate({"apiVersion": "handler.template/v1", "name": tname,
+                                                            **outcomes})
+    org_file = None
+    if org is not None:
+        org_file = OrgFile.model_validate({"apiVersion": "handler.org/v1", "name": "acme", **org})
+    return Snapshot(revision, MappingProxyType(interfaces), MappingProxyType({}), MappingProxyType(bindings),
+                    MappingProxyType(built), MappingProxyType(all_templates), org_file)
+
+
+OWNERS_ORG: Mapping[str, Any] = {
+    "members": {"alice": {"owner": True}, "bob": {}, "carol": {}},
+    "slack": {"channels": ["#approvals"]},
+}
