@@ -135,10 +135,11 @@ class Finding:
         if self.severity is Severity.WARNING:
             head = f"{self.file}:{self.line}: {self.code} warning: {self.message}"
         lines = [head]
+        # A multi-line value keeps its lines under its first, so none reads as a finding of its own.
         if self.expected:
-            lines.append(f"  expected: {self.expected}")
+            lines.append("  expected: " + self.expected.replace("\n", "\n" + " " * 12))
         if self.fix:
-            lines.append(f"  fix: {self.fix}")
+            lines.append("  fix: " + self.fix.replace("\n", "\n" + " " * 7))
         return "\n".join(lines)
 
     def render_github(self) -> str:

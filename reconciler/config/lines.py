@@ -68,7 +68,9 @@ class _Scanner:
         return self.text[start:]
 
     def record(self, path: KeyPath, line: int) -> None:
-        self.lines.setdefault(path, line)
+        # [members.alice] or a.b = 1 also opens its parents: they sit on this line unless seen before.
+        for end in range(1, len(path) + 1):
+            self.lines.setdefault(path[:end], line)
 
 
 def _unescape(body: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.config.cases import Case, CaseError, parse_case
@@ -44,6 +44,7 @@ from reconciler.config.validity import (
     check_interface_file,
     check_named,
     check_profile_file,
+    split_tool_text,
 )
 
 __all__ = ["Loader", "load_snapshot"]
@@ -158,7 +159,7 @@ class Loader:
             manifest = group.get("connector.toml")
             if manifest is None:
                 continue  # a folder of shared code, not a connector
-            spec = take(manifest, lambda d, v, n=name: _model(d, v, ConnectorFile, check_connector_file, n))
+            spec = take(manifest, lambda d, v, n=name: _connector(d, v, n))
             if spec is not None:
                 connectors[name] = Connector(spec, folder, _folder_hash(group))
 
@@ -174,18 +175,11 @@ class Loader:
         )
         resolved, resolve_findings = resolve_profiles(partial)
         findings.extend(resolve_findings)
-        findings.extend(check_tree(partial))
-        return Snapshot(
-            revision=revision,
-            interfaces=partial.interfaces,
-            connectors=partial.connectors,
-            bindings=partial.bindings,
-            profiles=frozen_map(resolved),
-            templates=partial.templates,
-            org=org,
-            findings=tuple(sort_findings(findings)),
-            documents=partial.documents,
-        )
+        # The cross-file checks read each profile's resolved versions (an org default selects ocr/v1
+        # even when ocr/v2 exists), so they run on the resolved snapshot.
+        checked = replace(partial, profiles=frozen_map(resolved))
+        findings.extend(check_tree(checked))
+        return replace(checked, findings=tuple(sort_findings(findings)))
 
     def _interface(
         self, name: str, folder: str, group: dict[str, Blob], take: Any, findings: list[Finding]
@@ -240,6 +234,13 @@ def _model(doc: Document, value: Any, model: type[Any], check: Any, context: Any
     if spec is not None and check is not None:
         findings.extend(check(doc, spec, context))
     return _Parsed(doc, spec, findings)
+
+
+def _connector(doc: Document, value: Any, name: str) -> _Parsed:
+    value, s1 = split_tool_text(doc, value)
+    parsed = _model(doc, value, ConnectorFile, check_connector_file, name)
+    parsed.findings[:0] = s1
+    return parsed
 
 
 def _tools(doc: Document, value: Any, interface: str) -> _Parsed:

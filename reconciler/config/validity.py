@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
+from typing import Any
 
 from reconciler.config.findings import Finding
 from reconciler.config.models import BindingFile, ConnectorFile, InterfaceFile, ProfileFile, SecretRef
@@ -19,6 +20,7 @@ __all__ = [
     "check_interface_file",
     "check_named",
     "check_profile_file",
+    "split_tool_text",
 ]
 
 _SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
@@ -63,8 +65,8 @@ def check_interface_file(doc: Document, spec: InterfaceFile, where: tuple[str, s
             Finding(
                 "I004",
                 doc.path,
-                1,
-                "[errors] is missing (S3)",
+                doc.line_of("errors"),
+                f"[errors] is {'empty' if ('errors',) in doc.lines else 'missing'} (S3)",
                 "a closed list of error codes, with unavailable among them",
                 '[errors]\nunavailable = "the service is down or out of quota; retrying later may work"',
             )
@@ -82,7 +84,8 @@ def check_interface_file(doc: Document, spec: InterfaceFile, where: tuple[str, s
         )
     for code in spec.errors:
         if not _SNAKE.match(code):
-            fixed = re.sub(r"[^a-z0-9]+", "_", code.lower()).strip("_") or "error"
+            words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", code)  # TooLarge → too_large
+            fixed = re.sub(r"[^a-z0-9]+", "_", words.lower()).strip("_") or "error"
             findings.append(
                 Finding(
                     "I005",
@@ -114,6 +117,27 @@ def check_connector_file(doc: Document, spec: ConnectorFile, name: str) -> list[
             )
         )
     return findings
+
+
+def split_tool_text(doc: Document, value: Any) -> tuple[Any, list[Finding]]:
+    """S1: connector.toml never carries tool text. A `tools` table is N003 and is set aside, so the
+    rest of the manifest still loads (rather than an unknown-key finding that drops the connector)."""
+    if not isinstance(value, dict) or "tools" not in value:
+        return value, []
+    tools = value["tools"]
+    names = [str(n) for n in tools] if isinstance(tools, dict) and tools else [""]
+    findings = [
+        Finding(
+            "N003",
+            doc.path,
+            doc.line_of("tools", n) if n else doc.line_of("tools"),
+            f"the connector supplies tool text{f' for {n!r}' if n else ''} (S1)",
+            "no tools in connector.toml: agents read names, descriptions and schemas from the interface's tools.json",
+            "remove the [tools] table; to change what agents read, propose a new interface version",
+        )
+        for n in names
+    ]
+    return {k: v for k, v in value.items() if k != "tools"}, findings
 
 
 def _check_egress(doc: Document, at: tuple[str | int, ...], entry: str) -> list[Finding]:
@@ -173,7 +197,7 @@ def check_profile_file(doc: Document, spec: ProfileFile, name: str) -> list[Find
                 "P013",
                 doc.path,
                 doc.line_of("scope"),
-                f"scope '{spec.scope}' leaves the config root",
+                f"scope '{spec.scope}' leaves the config root" if spec.scope else "scope is empty",
                 "a folder path without '..', relative to the config root or absolute",
                 f'scope = "work/{name}"',
             )
