@@ -1,7 +1,7 @@
 """The cross-file save-time checks (design §5): do connectors, bindings, profiles and org agree?
 
-`check_tree` runs on every load; it only looks things up, so it stays cheap for large trees.
-Checks confined to one file live in `validity` and `schemas` and are cached by the loader.
+One function per object; the loader runs each again only when the object or what it refers to
+changed. Checks confined to one file live in `validity` and `schemas`.
 """
 
 from __future__ import annotations
@@ -12,22 +12,7 @@ from reconciler.config.findings import Finding, did_you_mean
 from reconciler.config.models import Limits, Routing, SecretRef
 from reconciler.config.snapshot import Binding, Connector, Profile, Snapshot
 
-__all__ = ["check_tree"]
-
-
-def check_tree(snapshot: Snapshot) -> list[Finding]:
-    """Every cross-file finding of `snapshot` (whose profiles need not be resolved yet)."""
-    findings: list[Finding] = []
-    for connector in snapshot.connectors.values():
-        findings.extend(_check_connector(snapshot, connector))
-    for binding in snapshot.bindings.values():
-        findings.extend(_check_binding(snapshot, binding))
-    for profile in snapshot.profiles.values():
-        findings.extend(_check_profile(snapshot, profile))
-    findings.extend(_check_org(snapshot))
-    for iface in snapshot.interfaces.values():
-        findings.extend(_check_cases(snapshot, iface.key))
-    return findings
+__all__ = ["check_binding", "check_cases", "check_connector", "check_org", "check_profile"]
 
 
 def _line(snapshot: Snapshot, file: str, *at: str | int) -> int:
@@ -35,7 +20,7 @@ def _line(snapshot: Snapshot, file: str, *at: str | int) -> int:
     return doc.line_of(*at) if doc else 1
 
 
-def _check_connector(snapshot: Snapshot, connector: Connector) -> Iterator[Finding]:
+def check_connector(snapshot: Snapshot, connector: Connector) -> Iterator[Finding]:
     file = f"{connector.folder}/connector.toml"
     for i, key in enumerate(connector.spec.implements):
         if key not in snapshot.interfaces:
@@ -61,7 +46,7 @@ def _check_connector(snapshot: Snapshot, connector: Connector) -> Iterator[Findi
                 )
 
 
-def _check_binding(snapshot: Snapshot, binding: Binding) -> Iterator[Finding]:
+def check_binding(snapshot: Snapshot, binding: Binding) -> Iterator[Finding]:
     file, spec = binding.file, binding.spec
     if spec.connector is None:
         return
@@ -171,7 +156,7 @@ def _check_binding_limits(snapshot: Snapshot, binding: Binding, connector: Conne
                 )
 
 
-def _check_profile(snapshot: Snapshot, profile: Profile) -> Iterator[Finding]:
+def check_profile(snapshot: Snapshot, profile: Profile) -> Iterator[Finding]:
     file, spec, org = profile.file, profile.spec, snapshot.org
     if spec.template is not None and spec.template not in snapshot.templates:
         yield Finding(
@@ -317,7 +302,7 @@ def _check_routing(snapshot: Snapshot, file: str, at: tuple[str | int, ...], rou
         )
 
 
-def _check_org(snapshot: Snapshot) -> Iterator[Finding]:
+def check_org(snapshot: Snapshot) -> Iterator[Finding]:
     org, file = snapshot.org, "config/org.toml"
     if org is None:
         if "config/org.toml" not in snapshot.documents:
@@ -393,7 +378,7 @@ def _check_org(snapshot: Snapshot) -> Iterator[Finding]:
             yield from _check_routing(snapshot, file, ("policies", i, "approver"), policy.approver)
 
 
-def _check_cases(snapshot: Snapshot, key: str) -> Iterator[Finding]:
+def check_cases(snapshot: Snapshot, key: str) -> Iterator[Finding]:
     iface = snapshot.interfaces[key]
     file = f"{iface.folder}/conformance/cases.toml"
     tools = {t.name: t for t in iface.tools}

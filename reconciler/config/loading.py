@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.config.cases import Case, CaseError, parse_case
-from reconciler.config.checks import check_tree
+from reconciler.config.checks import check_binding, check_cases, check_connector, check_org, check_profile
 from reconciler.config.findings import Finding, sort_findings
 from reconciler.config.models import (
     BindingFile,
@@ -26,7 +26,7 @@ from reconciler.config.models import (
     Tool,
 )
 from reconciler.config.parsing import Document, parse_document, validate_model
-from reconciler.config.resolving import resolve_profiles
+from reconciler.config.resolving import resolve_profile
 from reconciler.config.schemas import check_tools
 from reconciler.config.snapshot import (
     BUILTIN_TEMPLATES,
@@ -74,6 +74,7 @@ class Loader:
     def __init__(self) -> None:
         self._cache: dict[tuple[str, str], _Parsed] = {}
         self._next: dict[tuple[str, str], _Parsed] = {}
+        self._cross_cache: dict[tuple[object, ...], Any] = {}
 
     def load(self, source: TreeSource) -> Snapshot:
         revision, files = source.read()
@@ -173,13 +174,58 @@ class Loader:
             org=org,
             documents=frozen_map(documents),
         )
-        resolved, resolve_findings = resolve_profiles(partial)
-        findings.extend(resolve_findings)
-        # The cross-file checks read each profile's resolved versions (an org default selects ocr/v1
-        # even when ocr/v2 exists), so they run on the resolved snapshot.
-        checked = replace(partial, profiles=frozen_map(resolved))
-        findings.extend(check_tree(checked))
-        return replace(checked, findings=tuple(sort_findings(findings)))
+        resolved = self._cross_check(partial, findings)
+        return replace(partial, profiles=frozen_map(resolved), findings=tuple(sort_findings(findings)))
+
+    def _cross_check(self, snapshot: Snapshot, findings: list[Finding]) -> dict[str, Profile]:
+        """Resolve profiles and run the cross-file checks, reusing results whose inputs did not change.
+
+        Each object's result is keyed by its own content and the content of what it refers to, so a
+        one-binding change re-checks that binding and the profiles selecting it, not the whole tree.
+        """
+        docs = snapshot.documents
+        interfaces_id = _digest(f"{k}:{i.content_hash}" for k, i in sorted(snapshot.interfaces.items()))
+        world = _digest(
+            [
+                interfaces_id,
+                docs["config/org.toml"].sha if "config/org.toml" in docs else "-",
+                *sorted(f"{p}:{d.sha}" for p, d in docs.items() if p.startswith("config/templates/")),
+            ]
+        )
+        cache, self._cross_cache = self._cross_cache, {}
+
+        def cached(key: tuple[object, ...], compute: Any) -> Any:
+            value = cache[key] if key in cache else compute()
+            self._cross_cache[key] = value
+            return value
+
+        def binding_hashes(binding: str) -> tuple[str, str | None]:
+            found = snapshot.bindings.get(binding)
+            conn = snapshot.connectors.get(found.connector or "") if found else None
+            return (found.content_hash if found else "", conn.content_hash if conn else None)
+
+        for connector in snapshot.connectors.values():
+            key: tuple[object, ...] = ("connector", connector.name, connector.content_hash, interfaces_id)
+            findings.extend(cached(key, lambda c=connector: list(check_connector(snapshot, c))))
+        for binding in snapshot.bindings.values():
+            key = ("binding", binding.name, binding.content_hash, binding_hashes(binding.name), interfaces_id)
+            findings.extend(cached(key, lambda b=binding: list(check_binding(snapshot, b))))
+        resolved: dict[str, Profile] = {}
+        once: dict[tuple[str, int, str], Finding] = {}  # a broken org default is reported once, not per profile
+        defaults = tuple(snapshot.org.defaults.services.values()) if snapshot.org else ()
+        for name, profile in snapshot.profiles.items():
+            deps = tuple(binding_hashes(b) for b in (*profile.spec.services.values(), *defaults))
+            key = ("profile", name, docs[profile.file].sha, deps, world)
+            done, found = cached(key, lambda p=profile: _resolve_and_check(snapshot, p))
+            resolved[name] = done
+            for f in found:
+                once[(f.file, f.line, f.code)] = f
+        findings.extend(once.values())
+        # The org's checks read the resolved profiles (policy scopes name profiles).
+        findings.extend(check_org(replace(snapshot, profiles=frozen_map(resolved))))
+        for iface in snapshot.interfaces:
+            findings.extend(check_cases(snapshot, iface))
+        return resolved
 
     def _interface(
         self, name: str, folder: str, group: dict[str, Blob], take: Any, findings: list[Finding]
@@ -226,6 +272,11 @@ class Loader:
             content_hash=_folder_hash(group),
             contract_files=frozen_map(contract),
         )
+
+
+def _resolve_and_check(snapshot: Snapshot, profile: Profile) -> tuple[Profile, list[Finding]]:
+    done, findings = resolve_profile(snapshot, profile)
+    return done, [*findings, *check_profile(snapshot, done)]
 
 
 def _model(doc: Document, value: Any, model: type[Any], check: Any, context: Any) -> _Parsed:
@@ -280,6 +331,10 @@ def _cases(doc: Document, value: Any) -> _Parsed:
                 )
             )
     return _Parsed(doc, tuple(cases), findings)
+
+
+def _digest(parts: Iterable[str]) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def _folder_hash(files: Mapping[str, Blob]) -> str:

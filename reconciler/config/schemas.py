@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema_rs
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
@@ -118,25 +119,25 @@ def check_tools(doc: Document, value: Any, interface: str) -> tuple[list[Tool], 
                 model_finding(doc, {**e, "loc": (index, *e["loc"])}, set(Tool.model_fields)) for e in exc.errors()
             )
             continue
-        line = doc.line_of(index, "name")
+        name_at = (index, "name")  # lines are looked up only for findings: scanning costs more than parsing
         if tool.name in seen:
             findings.append(
                 Finding(
                     "I012",
                     doc.path,
-                    line,
-                    f"tool '{tool.name}' is defined twice (first at line {seen[tool.name]})",
+                    doc.line_of(*name_at),
+                    f"tool '{tool.name}' is defined twice (first at line {doc.line_of(seen[tool.name], 'name')})",
                     "unique tool names",
                     "rename or remove one of them",
                 )
             )
-        seen.setdefault(tool.name, line)
+        seen.setdefault(tool.name, index)
         if not tool.name.startswith(prefix):
             findings.append(
                 Finding(
                     "I007",
                     doc.path,
-                    line,
+                    doc.line_of(*name_at),
                     f"tool '{tool.name}' does not start with '{prefix}'",
                     f"a name of the form {prefix}<verb> (S5: tools never collide across interfaces)",
                     f'"name": "{prefix}{tool.name.split("_")[-1]}"',
@@ -149,7 +150,7 @@ def check_tools(doc: Document, value: Any, interface: str) -> tuple[list[Tool], 
                 Finding(
                     "F004",
                     doc.path,
-                    line,
+                    doc.line_of(*name_at),
                     f"tool '{tool.name}' has no outputSchema",
                     "an outputSchema, so every result can be validated (S2)",
                     '"outputSchema": {"type": "object", "additionalProperties": false, ...}',
@@ -163,13 +164,12 @@ def check_tools(doc: Document, value: Any, interface: str) -> tuple[list[Tool], 
 
 def _check_annotations(doc: Document, index: int, tool: Tool) -> list[Finding]:
     hints = tool.annotations
-    line = doc.line_of(index, "annotations")
     if hints.readOnlyHint is None:
         return [
             Finding(
                 "I011",
                 doc.path,
-                line,
+                doc.line_of(index, "annotations"),
                 f"tool '{tool.name}' does not state annotations.readOnlyHint",
                 "readOnlyHint true (a read) or false (a write or destructive action)",
                 '"annotations": {"readOnlyHint": true}',
@@ -180,7 +180,7 @@ def _check_annotations(doc: Document, index: int, tool: Tool) -> list[Finding]:
             Finding(
                 "I011",
                 doc.path,
-                line,
+                doc.line_of(index, "annotations"),
                 f"tool '{tool.name}' is not read-only but does not state annotations.destructiveHint",
                 "destructiveHint true (destructive) or false (a write)",
                 '"annotations": {"readOnlyHint": false, "destructiveHint": false}',
@@ -191,7 +191,9 @@ def _check_annotations(doc: Document, index: int, tool: Tool) -> list[Finding]:
 
 def _check_schema(doc: Document, at: KeyPath, schema: dict[str, Any], tool: str, *, required: bool) -> list[Finding]:
     findings: list[Finding] = []
-    for err in _META.iter_errors(schema):
+    # The compiled meta-schema answers yes/no fast; jsonschema then words the errors of a bad schema.
+    errors = [] if jsonschema_rs.meta.is_valid(schema) else list(_META.iter_errors(schema))
+    for err in errors:
         where = (*at, *err.absolute_path)
         findings.append(
             Finding(
@@ -220,14 +222,13 @@ def _check_schema(doc: Document, at: KeyPath, schema: dict[str, Any], tool: str,
         )
     for sub_path, sub in iter_subschemas(schema):
         where = (*at, *sub_path)
-        line = doc.line_of(*where)
         shown = "/".join(map(str, sub_path)) or "(root)"
         if _is_object(sub) and sub.get("additionalProperties") is not False:
             findings.append(
                 Finding(
                     "I001",
                     doc.path,
-                    line,
+                    doc.line_of(*where),
                     f"tool '{tool}' {at[-1]}: the object at '{shown}' does not close its properties (S2)",
                     '"additionalProperties": false on every object schema, nested and in $defs',
                     'add "additionalProperties": false',
@@ -239,7 +240,7 @@ def _check_schema(doc: Document, at: KeyPath, schema: dict[str, Any], tool: str,
                 Finding(
                     "I006",
                     doc.path,
-                    line,
+                    doc.line_of(*where),
                     f"tool '{tool}' {at[-1]}: format '{fmt}' at '{shown}' is on a property that is not a string (S4)",
                     f'"type": "string" beside "format": "{fmt}"',
                     'make the property {"type": "string", "format": ...}',

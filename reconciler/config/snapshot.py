@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -187,8 +188,16 @@ class Snapshot:
     def errors(self) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.is_error)
 
+    @cached_property
+    def interface_versions(self) -> Mapping[str, tuple[int, ...]]:
+        """Interface name → its versions, ascending."""
+        index: dict[str, list[int]] = {}
+        for iface in self.interfaces.values():
+            index.setdefault(iface.name, []).append(iface.version)
+        return MappingProxyType({name: tuple(sorted(v)) for name, v in index.items()})
+
     def versions_of(self, name: str) -> list[int]:
-        return sorted(i.version for i in self.interfaces.values() if i.name == name)
+        return list(self.interface_versions.get(name, ()))
 
     def template_for(self, profile: Profile) -> TemplateFile:
         """The profile's template, else the org default, else Balanced."""

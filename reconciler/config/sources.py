@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from reconciler.config.errors import SourceError
 __all__ = ["TREE_FOLDERS", "Blob", "FolderSource", "GitSource", "TreeSource", "blob_sha", "tree_revision"]
 
 TREE_FOLDERS = ("catalog/interfaces", "catalog/connectors", "config")
+_RACY_NS = 2_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,18 +56,20 @@ class FolderSource:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._stat_cache: dict[str, tuple[int, int, Blob]] = {}
+        self._now_ns = 0
 
     def read(self) -> tuple[str, dict[str, Blob]]:
         if not self.root.is_dir():
             raise SourceError(f"{self.root} is not a folder; give the root of a config tree (it holds config/)")
         files: dict[str, Blob] = {}
         seen: dict[str, tuple[int, int, Blob]] = {}
+        self._now_ns = time.time_ns()
         for folder in TREE_FOLDERS:
-            self._walk(self.root / folder, folder, files, seen)
+            self._walk(f"{self.root}/{folder}", folder, files, seen)
         self._stat_cache = seen
         return tree_revision(files), files
 
-    def _walk(self, path: Path, rel: str, files: dict[str, Blob], seen: dict[str, tuple[int, int, Blob]]) -> None:
+    def _walk(self, path: str, rel: str, files: dict[str, Blob], seen: dict[str, tuple[int, int, Blob]]) -> None:
         try:
             entries = list(os.scandir(path))
         except (FileNotFoundError, NotADirectoryError):
@@ -75,16 +79,20 @@ class FolderSource:
                 continue
             child = f"{rel}/{entry.name}"
             if entry.is_dir(follow_symlinks=False):
-                self._walk(Path(entry.path), child, files, seen)
+                self._walk(entry.path, child, files, seen)
             elif entry.is_file(follow_symlinks=False):
                 st = entry.stat(follow_symlinks=False)
                 cached = self._stat_cache.get(child)
                 if cached and cached[0] == st.st_mtime_ns and cached[1] == st.st_size:
                     blob = cached[2]
                 else:
-                    data = Path(entry.path).read_bytes()
+                    with open(entry.path, "rb") as fh:  # noqa: PTH123 - a Path per file costs more than the read
+                        data = fh.read()
                     blob = Blob(child, blob_sha(data), data)
-                seen[child] = (st.st_mtime_ns, st.st_size, blob)
+                # Like git's "racy" entries: mtimes are coarse, so a file written in the last seconds may
+                # change again without its size or mtime moving; it is not trusted from the cache yet.
+                racy = st.st_mtime_ns > self._now_ns - _RACY_NS
+                seen[child] = (-1 if racy else st.st_mtime_ns, st.st_size, blob)
                 files[child] = blob
 
 
