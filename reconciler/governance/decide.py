@@ -98,11 +98,11 @@ def guardrail_block(caps: CapSet, profile: str, instance: str, cost: int, state:
             return (name, f"Blocked by the {name} of {whose}: {usd(spent)} of {usd(cap)} spent this month (UTC), "
                           f"this call needs {usd(cost)}. Raise {where} or wait for the next month.")
     if caps.prepaid and state.balance is not None and state.balance < cost:
-        return ("prepaid balance", f"Blocked: the prepaid balance ({usd(state.balance)}) cannot cover this call "
-                                   f"({usd(cost)}). An owner tops it up with `handler balance add`.")
+        return ("prepaid balance", f"Blocked by the prepaid balance: {usd(state.balance)} left cannot cover this "
+                                   f"call ({usd(cost)}). An owner tops it up with `handler balance add`.")
     if caps.prepaid and state.balance is None and cost > 0:
-        return ("prepaid balance", f"Blocked: the org is prepaid and has no balance; this call needs {usd(cost)}. "
-                                   "An owner tops it up with `handler balance add`.")
+        return ("prepaid balance", f"Blocked by the prepaid balance: the org has none yet and this call needs "
+                                   f"{usd(cost)}. An owner tops it up with `handler balance add`.")
     return None
 
 

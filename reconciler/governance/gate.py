@@ -53,9 +53,11 @@ class HoldStatus:
     status: Literal["pending", "executed", "rejected", "failed", "blocked", "unknown"]
     message: str = ""
     result: Mapping[str, Any] | None = field(default=None)
+    charged: float | None = None  # what an executed hold cost, USD
 
 
 # Runs a held call after approval through the router's steps 6-10; returns (ok, structured result or error).
+# The connector's reported cost, when any, rides in the result's `_meta["handler/cost"]`; else the estimate is charged.
 Executor = Callable[[CallRequest], Awaitable[tuple[bool, Mapping[str, Any]]]]
 
 

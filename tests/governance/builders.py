@@ -8,8 +8,9 @@ from typing import Any
 
 from reconciler.config.models import BindingFile, InterfaceFile, OrgFile, ProfileFile, TemplateFile, Tool
 from reconciler.config.snapshot import BUILTIN_TEMPLATES, Binding, InterfaceVersion, Profile, Selection, Snapshot
+from reconciler.governance.gate import CallRequest
 
-__all__ = ["OWNERS_ORG", "PRICES", "TOOLS", "make_snapshot"]
+__all__ = ["OWNERS_ORG", "PRICES", "TOOLS", "cap_snapshot", "make_snapshot", "priced_call"]
 
 # The interfaces every test snapshot serves: one tool per action class, and a priced search.
 TOOLS: Mapping[str, list[tuple[str, str]]] = {
@@ -64,3 +65,18 @@ OWNERS_ORG: Mapping[str, Any] = {
     "members": {"alice": {"owner": True}, "bob": {}, "carol": {}},
     "slack": {"channels": ["#approvals"]},
 }
+
+
+def cap_snapshot() -> Snapshot:
+    """Profile `p` (permissive) under an org cap of $0.25: exactly fifty $0.005 searches fit.
+
+    Profile `h` (balanced, holds routed to the caller) holds every `mail_send`.
+    """
+    org = {**OWNERS_ORG, "caps": {"monthly_usd": 0.25}}
+    return make_snapshot({"p": {"template": "permissive"}, "h": {"template": "balanced", "routing": {"to": "caller"}}},
+                         org=org)
+
+
+def priced_call(instance: str = "i1", profile: str = "p", tool: str = "search_query", **arguments: Any) -> CallRequest:
+    iface = "search" if tool.startswith("search") else "mail"
+    return CallRequest(profile, instance, "parent-1", f"{iface}/v1", tool, f"{iface}-b", arguments or {"q": "x"})

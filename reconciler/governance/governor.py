@@ -1,0 +1,321 @@
+"""The real `Gate`: decides every call, holds what needs a person, reserves and settles spend.
+
+The router calls `admit` before dispatch and `settle` after, and serves `handler_status` and
+`handler_decide` through `status` and `decide`. Each admission is one store transaction: the spend
+rows are read (locked when a cap or balance applies), `decide_call` decides on exactly that state,
+and the reservation, the hold or the refusal is written with its audit row before the transaction
+ends — so no cap is overspent however many calls or routers race.
+
+Approved holds are run by a background loop (`start(executor)`): it finds approved holds in the
+store (woken by PostgreSQL NOTIFY, else a short poll), claims each atomically, checks the binding,
+explicit blocks and guardrails again on the live snapshot, runs it through the router's executor
+and records the result, exactly once. Store work runs in a small thread pool, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from reconciler.config.models import Outcome
+from reconciler.config.snapshot import Snapshot
+from reconciler.governance.auditing import record
+from reconciler.governance.decide import Decision, decide_call, guardrail_block
+from reconciler.governance.errors import HoldNotFoundError, NotAllowedError
+from reconciler.governance.gate import Admission, CallRequest, Executor, HoldStatus, Settlement
+from reconciler.governance.holds import (
+    Hold,
+    approved_ids,
+    claim_hold,
+    decide_hold,
+    finish_hold,
+    get_hold,
+    insert_hold,
+    new_request_id,
+)
+from reconciler.governance.ledger import Reservation, read_state, reserve, settle
+from reconciler.governance.listening import HoldListener
+from reconciler.governance.rulebook import Rulebook, ToolEntry, compile_rulebook, from_micros, to_micros
+from reconciler.governance.store import Store, open_store, store_url
+
+__all__ = ["Governor"]
+
+T = TypeVar("T")
+_PENDING_HINT = "It stays pending until a person decides; ask handler_status with this request_id."
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    request_id: str
+    reservation: Reservation | None
+
+
+class Governor:
+    """Governance backed by a store (SQLite or PostgreSQL); implements the router's `Gate`."""
+
+    def __init__(self, store: Store, *, poll_seconds: float = 0.25, owns_store: bool = True) -> None:
+        self.store = store
+        self.runner_id = "router-" + secrets.token_hex(6)
+        self._poll = poll_seconds
+        self._owns_store = owns_store
+        self._books: dict[int, tuple[Snapshot, Rulebook]] = {}
+        self._books_lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._executor: Executor | None = None
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="handler-store")
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._running: dict[str, asyncio.Task[bool]] = {}
+        self._listener: HoldListener | None = None
+
+    @classmethod
+    def from_env(cls, root: str | Path = ".", env: Mapping[str, str] | None = None) -> Governor:
+        """Open (and migrate, under a lock) the store named by the environment; see `store_url`."""
+        return cls(open_store(store_url(root, env)))
+
+    # --- compiled snapshots ----------------------------------------------------------------------
+
+    def rulebook(self, snapshot: Snapshot) -> Rulebook:
+        """The snapshot's compiled tables, built on first use and kept for the latest few snapshots."""
+        key = id(snapshot)
+        found = self._books.get(key)
+        if found is not None and found[0] is snapshot:
+            return found[1]
+        with self._books_lock:
+            book = compile_rulebook(snapshot)
+            if len(self._books) >= 4:
+                self._books.pop(next(iter(self._books)))
+            self._books[key] = (snapshot, book)  # the snapshot is kept so its id is not reused
+        return book
+
+    def use_snapshot(self, snapshot: Snapshot) -> None:
+        """The live snapshot, against which approved holds are checked again before they run."""
+        self._snapshot = snapshot
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # --- the Gate --------------------------------------------------------------------------------
+
+    async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
+        if self._snapshot is None or self._snapshot.revision != snapshot.revision:
+            self.use_snapshot(snapshot)
+        return await self._io(self.admit_now, snapshot, call)
+
+    def admit_now(self, snapshot: Snapshot, call: CallRequest) -> Admission:
+        """`admit` without the event loop: one store transaction."""
+        book = self.rulebook(snapshot)
+        entry = book.entry(call.profile, call.tool)
+        request_id = new_request_id()
+        if entry is None:
+            message = f"Blocked: profile {call.profile} serves no tool {call.tool} in revision {snapshot.revision}."
+            with self.store.begin() as conn:
+                record(conn, "blocked", request_id=request_id, profile=call.profile, instance=call.instance,
+                       tool=call.tool, status="blocked", detail={"reason": message})
+            return Admission("blocked", message, request_id)
+        cost = to_micros(call.estimated_cost) or entry.price
+        caps = entry.caps
+        limited = caps.prepaid or any(c is not None for c in (caps.org, caps.profile, caps.instance))
+        with self.store.begin() as conn:
+            state = read_state(self.store, conn, caps, call.profile, call.instance, lock=limited)
+            decision = decide_call(entry, call.instance, cost, state)
+            trace = tuple(s.to_dict() for s in decision.trace)
+            detail = {"reason": decision.reason, "cost": decision.cost, "binding": call.binding}
+            if decision.cap:
+                detail["cap"] = decision.cap
+            record(conn, "decided", request_id=request_id, profile=call.profile, instance=call.instance,
+                   tool=call.tool, status=decision.status, detail=detail)
+            if decision.outcome is Outcome.AUTO:
+                res = reserve(self.store, conn, caps, call.profile, call.instance, cost, request_id)
+                return Admission("executed", decision.reason, request_id, _Token(request_id, res), trace)
+            if decision.outcome is Outcome.BLOCK:
+                return Admission("blocked", decision.reason, request_id, None, trace)
+            insert_hold(conn, _hold_values(request_id, snapshot.revision, call, decision, trace))
+        return Admission("pending", f"{decision.reason} {_PENDING_HINT}", request_id, None, trace)
+
+    async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
+        token = admission.token
+        if not isinstance(token, _Token) or token.reservation is None:
+            return Settlement(0.0, None)
+        actual = None if actual_cost is None else to_micros(actual_cost)
+        charged, remaining = await self._io(settle, self.store, token.reservation, actual, ok, token.request_id)
+        return Settlement(from_micros(charged), None if remaining is None else from_micros(remaining))
+
+    async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
+        try:
+            hold = await self._io(get_hold, self.store, request_id)
+        except HoldNotFoundError:
+            return HoldStatus("unknown", f"no request '{request_id}'")
+        if caller.profile != hold.profile and caller.instance != hold.parent_instance:
+            return HoldStatus("unknown", f"no request '{request_id}'")
+        return _hold_status(hold)
+
+    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
+        try:
+            hold = await self._io(get_hold, self.store, request_id)
+        except HoldNotFoundError:
+            return HoldStatus("unknown", f"no request '{request_id}'")
+        refusal = _caller_refusal(hold, caller)
+        if refusal is not None:
+            return HoldStatus("blocked", refusal)
+        try:
+            await self._io(decide_hold, self.store, request_id, decision, f"instance {caller.instance}")
+        except NotAllowedError as exc:
+            return HoldStatus("blocked", str(exc))
+        if decision == "approve" and self._executor is not None:
+            await self.run_hold(request_id)
+        return _hold_status(await self._io(get_hold, self.store, request_id))
+
+    # --- running approved holds ------------------------------------------------------------------
+
+    async def start(self, executor: Executor) -> None:
+        """Run approved holds from now on (also those approved while no router was up)."""
+        self._executor = executor
+        self._wake = asyncio.Event()
+        if self.store.dialect == "postgresql":
+            loop = asyncio.get_running_loop()
+            wake = self._wake
+            self._listener = HoldListener(self.store, lambda: loop.call_soon_threadsafe(wake.set))
+            self._listener.start()
+        self._loop_task = asyncio.create_task(self._run_loop(), name="handler-holds")
+
+    async def _run_loop(self) -> None:
+        assert self._wake is not None  # noqa: S101 - set by start() before the task exists
+        while True:
+            self._wake.clear()
+            if self._snapshot is not None:
+                await self.run_approved()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll)
+
+    async def run_approved(self) -> int:
+        """Start every approved hold not yet running here; returns how many were started."""
+        ids = await self._io(approved_ids, self.store)
+        started = 0
+        for rid in ids:
+            if rid not in self._running:
+                task = asyncio.create_task(self.run_hold(rid))
+                self._running[rid] = task
+                task.add_done_callback(self._forget)
+                started += 1
+        return started
+
+    def _forget(self, task: asyncio.Task[bool]) -> None:
+        for rid, running in list(self._running.items()):
+            if running is task:
+                del self._running[rid]
+
+    async def run_hold(self, request_id: str) -> bool:
+        """Claim and run one approved hold; False when another runner (or an earlier run) had it."""
+        if self._executor is None or self._snapshot is None:
+            return False
+        if not await self._io(claim_hold, self.store, request_id, self.runner_id):
+            return False
+        hold = await self._io(get_hold, self.store, request_id)
+        snapshot = self._snapshot
+        recheck = await self._io(self._recheck, snapshot, hold)
+        if isinstance(recheck, str):
+            await self._io(_finish, self.store, request_id, False, None, recheck, None)
+            return True
+        call = CallRequest(hold.profile, hold.instance, hold.parent_instance, hold.interface, hold.tool,
+                           hold.binding, hold.arguments, from_micros(hold.cost))
+        try:
+            ok, result = await self._executor(call)
+        except Exception as exc:  # the router's executor failed: the hold fails, it is never retried
+            ok, result = False, {"error": "unavailable", "message": f"the call could not run: {exc}"}
+        actual = _reported_cost(result) if ok else None
+        charged, _ = await self._io(settle, self.store, recheck, actual, ok, request_id)
+        message = "" if ok else str(result.get("message") or result.get("error") or "the call failed")
+        await self._io(_finish, self.store, request_id, ok, dict(result), message, charged)
+        return True
+
+    def _recheck(self, snapshot: Snapshot, hold: Hold) -> Reservation | str:
+        """At run time: the binding, explicit blocks and guardrails again; a reservation or the reason."""
+        if hold.binding not in snapshot.bindings:
+            return f"the binding {hold.binding} this call was held on is gone from the config"
+        entry: ToolEntry | None = self.rulebook(snapshot).entry(hold.profile, hold.tool)
+        if entry is None:
+            return f"profile {hold.profile} no longer serves {hold.tool}"
+        with self.store.begin() as conn:
+            state = read_state(self.store, conn, entry.caps, hold.profile, hold.instance, lock=True)
+            blocked = guardrail_block(entry.caps, hold.profile, hold.instance, hold.cost, state)
+            if blocked is not None:
+                return f"blocked since it was approved: {blocked[1]}"
+            now = decide_call(entry, hold.instance, hold.cost, state)
+            if now.outcome is Outcome.BLOCK:
+                return f"blocked since it was approved: {now.reason}"
+            return reserve(self.store, conn, entry.caps, hold.profile, hold.instance, hold.cost, hold.id)
+
+    async def aclose(self) -> None:
+        """Stop the loop, let running holds finish, close the store."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        if self._running:
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
+        if self._listener is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._listener.stop)
+        self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        if self._owns_store:
+            self.store.close()
+
+
+def _finish(store: Store, rid: str, ok: bool, result: Mapping[str, Any] | None, message: str,
+            charged: int | None) -> None:
+    finish_hold(store, rid, ok=ok, result=result, message=message, charged=charged)
+
+
+def _reported_cost(result: Mapping[str, Any]) -> int | None:
+    meta = result.get("_meta")
+    cost = meta.get("handler/cost") if isinstance(meta, Mapping) else None
+    return to_micros(float(cost)) if isinstance(cost, int | float) else None
+
+
+def _hold_values(rid: str, revision: str, call: CallRequest, decision: Decision,
+                 trace: tuple[Mapping[str, Any], ...]) -> dict[str, Any]:
+    return {
+        "id": rid, "revision": revision, "profile": call.profile, "instance": call.instance,
+        "parent_instance": call.parent_instance, "interface": call.interface, "tool": call.tool,
+        "binding": call.binding, "arguments": dict(call.arguments), "cost": decision.cost,
+        "approver": decision.approver.to_dict() if decision.approver else None, "reason": decision.reason,
+        "trace": list(trace),
+    }
+
+
+def _caller_refusal(hold: Hold, caller: CallRequest) -> str | None:
+    """Why this MCP caller may not decide the hold (design §6: only the parent instance, never the agent)."""
+    to = (hold.approver or {}).get("to")
+    if to != "caller":
+        return (f"Blocked: hold {hold.id} is routed to {to or 'a person'}, not to a calling instance; "
+                "it is decided with `handler approvals` or the dashboard.")
+    if caller.instance == hold.instance:
+        return f"Blocked: an agent cannot decide its own hold {hold.id}."
+    if hold.parent_instance is None or caller.instance != hold.parent_instance:
+        return f"Blocked: only the instance that started the held agent may decide hold {hold.id}."
+    return None
+
+
+def _hold_status(hold: Hold) -> HoldStatus:
+    charged = None if hold.charged is None else from_micros(hold.charged)
+    if hold.state == "pending":
+        return HoldStatus("pending", f"{hold.reason} {_PENDING_HINT}")
+    if hold.state in ("approved", "running"):
+        return HoldStatus("pending", f"Approved by {hold.decided_by}; it is running now.")
+    if hold.state == "rejected":
+        return HoldStatus("rejected", f"Rejected by {hold.decided_by}.")
+    if hold.state == "executed":
+        return HoldStatus("executed", f"Approved by {hold.decided_by} and executed.", hold.result, charged)
+    return HoldStatus("failed", hold.message or "the call failed", hold.result, charged)

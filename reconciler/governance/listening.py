@@ -1,0 +1,47 @@
+"""PostgreSQL LISTEN for hold decisions, so a router runs a hold approved elsewhere at once.
+
+A daemon thread holds one psycopg connection listening on `HOLD_CHANNEL` and calls `wake()` on
+every notification; the governor's loop still polls, so a dropped connection only delays runs.
+SQLite has no such channel: routers on SQLite poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+import psycopg
+
+from reconciler.governance.store import HOLD_CHANNEL, Store
+
+__all__ = ["HoldListener"]
+
+
+class HoldListener:
+    def __init__(self, store: Store, wake: Callable[[], object]) -> None:
+        url = store.engine.url.set(drivername="postgresql")
+        self._dsn = url.render_as_string(hide_password=False)
+        self._wake = wake
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="handler-listen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {HOLD_CHANNEL}")
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=0.5):
+                            self._wake()
+            except psycopg.Error:
+                # The poll keeps holds moving; try the connection again shortly.
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(RuntimeError):
+            self._thread.join(timeout=5.0)

@@ -1,0 +1,47 @@
+"""Applying the store's Alembic migrations on an open connection (called by `Store.migrate`).
+
+The Alembic environment lives in `migrations/`; it takes the connection (already inside the
+caller's locked transaction) from the config's attributes, so no alembic.ini is needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
+
+from reconciler.governance.errors import StoreError
+
+__all__ = ["current_revision", "head_revision", "upgrade"]
+
+_SCRIPTS = Path(__file__).resolve().parent / "migrations"
+
+
+def _config(conn: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(_SCRIPTS))
+    if conn is not None:
+        config.attributes["connection"] = conn
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    if head is None:  # the package always ships its migrations; an empty folder is a broken install
+        raise StoreError(f"no migrations in {_SCRIPTS}: the installation is incomplete")
+    return head
+
+
+def current_revision(conn: Connection) -> str | None:
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(conn: Connection) -> str:
+    """Bring the schema on `conn` to the newest revision; returns it."""
+    if current_revision(conn) != head_revision():
+        command.upgrade(_config(conn), "head")
+    return head_revision()

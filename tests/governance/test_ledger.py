@@ -1,0 +1,102 @@
+"""Spend: reservations never overspend a cap, settle to the actual cost, and refund failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
+from reconciler.governance.governor import Governor
+from reconciler.governance.ledger import add_balance, current_month, read_balance, spend_report
+from reconciler.governance.rulebook import to_micros
+from reconciler.governance.store import Store, spend
+
+HERE = Path(__file__).resolve().parent
+CAP = to_micros(0.25)
+
+
+def org_spend(store: Store) -> int:
+    with store.engine.connect() as conn:
+        value = conn.execute(sa.select(spend.c.micros).where(spend.c.scope == "org:acme",
+                                                             spend.c.month == current_month())).scalar()
+    return int(value or 0)
+
+
+def test_months_are_calendar_months_in_utc() -> None:
+    assert current_month(1_767_225_599.0) == "2025-12"  # 2025-12-31 23:59:59 UTC
+    assert current_month(1_767_225_600.0) == "2026-01"
+
+
+def test_200_concurrent_calls_against_a_cap_of_50_admit_exactly_50(store: Store) -> None:
+    async def race() -> list[str]:
+        governor = Governor(store, owns_store=False)
+        snapshot = cap_snapshot()
+        admissions = await asyncio.gather(*(governor.admit(snapshot, priced_call(f"i{i % 9}")) for i in range(200)))
+        settled = await asyncio.gather(*(governor.settle(a, None, True) for a in admissions
+                                         if a.status == "executed"))
+        assert all(s.charged == 0.005 for s in settled)
+        assert min(s.remaining for s in settled if s.remaining is not None) == 0.0
+        blocked = [a.message for a in admissions if a.status == "blocked"]
+        assert all("org monthly cap" in m for m in blocked), blocked[:3]
+        await governor.aclose()
+        return [a.status for a in admissions]
+
+    statuses = asyncio.run(race())
+    assert statuses.count("executed") == 50
+    assert statuses.count("blocked") == 150
+    assert org_spend(store) == CAP
+
+
+def test_two_router_processes_sharing_the_store_admit_exactly_50(store_url: str, store: Store) -> None:
+    env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    procs = [subprocess.Popen([sys.executable, str(HERE / "racer.py"), "admit", store_url, "100"], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    outs = [p.communicate("go\n", timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    counts = [json.loads(o) for o, _ in outs]
+    assert sum(c["executed"] for c in counts) == 50
+    assert sum(c["blocked"] for c in counts) == 150
+    assert org_spend(store) == CAP
+
+
+def test_settling_charges_the_actual_cost_and_refunds_failures(store: Store) -> None:
+    async def scenario() -> None:
+        governor = Governor(store, owns_store=False)
+        snapshot = cap_snapshot()
+        first = await governor.admit(snapshot, priced_call())
+        assert (await governor.settle(first, 0.002, True)).charged == 0.002
+        failed = await governor.admit(snapshot, priced_call())
+        refunded = await governor.settle(failed, None, False)
+        assert refunded.charged == 0.0
+        assert refunded.remaining == 0.248
+        await governor.aclose()
+
+    asyncio.run(scenario())
+    assert org_spend(store) == to_micros(0.002)
+    report = {r["scope"]: r["micros"] for r in spend_report(store)}
+    assert report == {"org:acme": 2000, "profile:p": 2000, "instance:p/i1": 2000}
+
+
+def test_an_empty_prepaid_balance_blocks_and_a_top_up_admits(store: Store) -> None:
+    snapshot = make_snapshot({"p": {"template": "permissive"}}, org={**OWNERS_ORG, "prepaid": True})
+
+    async def scenario() -> None:
+        governor = Governor(store, owns_store=False)
+        refused = await governor.admit(snapshot, priced_call())
+        assert refused.status == "blocked" and "prepaid balance" in refused.message
+        add_balance(store, "acme", to_micros(0.01), "alice")
+        statuses = [(await governor.admit(snapshot, priced_call())).status for _ in range(3)]
+        assert statuses == ["executed", "executed", "blocked"]
+        await governor.aclose()
+
+    asyncio.run(scenario())
+    assert read_balance(store, "acme") == 0
