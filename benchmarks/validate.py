@@ -12,6 +12,7 @@ ratios; asserts nothing. Goals on the reference machine: full load+check < 2 s, 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -55,19 +56,30 @@ def main() -> None:
         assert snapshot.ok, snapshot.findings[:3]
         print(f"cold load+check:      median {statistics.median(cold) * 1000:8.1f} ms  (goal < 2000 ms)")
 
-        loader, source = Loader(), FolderSource(root)
-        loader.load(source)
         binding = root / "config/bindings/bind0000.toml"
         original = binding.read_text()
-        reloads = []
-        for i in range(args.repeat):
-            binding.write_text(original.replace('description = "binding 0"', f'description = "edit {i}"'))
-            start = time.perf_counter()
-            new = loader.load(source)
-            reloads.append(time.perf_counter() - start)
-            assert new.bindings["bind0000"].spec.description == f"edit {i}"
-        warm = statistics.median(reloads)
-        print(f"reload, one binding:  median {warm * 1000:8.1f} ms  (goal < 100 ms)")
+
+        def reload_times(label: str) -> float:
+            loader, source = Loader(), FolderSource(root)
+            loader.load(source)
+            reloads = []
+            for i in range(args.repeat):
+                binding.write_text(original.replace('description = "binding 0"', f'description = "{label} {i}"'))
+                start = time.perf_counter()
+                new = loader.load(source)
+                reloads.append(time.perf_counter() - start)
+                assert new.bindings["bind0000"].spec.description == f"{label} {i}"
+            return statistics.median(reloads)
+
+        # Files written in the last two seconds are re-read on every load (their mtime cannot be
+        # trusted yet); a tree checked out earlier is the usual case, so both are shown.
+        fresh = reload_times("fresh")
+        past = time.time() - 60
+        for path in root.rglob("*"):
+            os.utime(path, (past, past))
+        warm = reload_times("aged")
+        print(f"reload, one binding:  median {warm * 1000:8.1f} ms  (goal < 100 ms; files older than 2 s)")
+        print(f"  same, every file just written (re-read, racy mtimes): {fresh * 1000:8.1f} ms")
         print(f"  cold / reload ratio: {statistics.median(cold) / warm:6.1f}x")
 
         profile = (root / "config/profiles/agent00000.toml").read_text()

@@ -58,6 +58,7 @@ CODES: dict[str, Code] = _registry(
     Code("I012", E, "two tools share a name"),
     Code("I013", E, "a conformance case is malformed"),
     Code("I014", E, "an interface version lacks interface.toml or tools.json"),
+    Code("I015", W, "a schema uses a 2020-12 keyword that schema-driven fuzzing cannot honour"),
     # connectors
     Code("N001", E, "implements names an interface version that does not exist"),
     Code("N002", E, "an egress entry is not host:port"),

@@ -199,22 +199,23 @@ class Loader:
             self._cross_cache[key] = value
             return value
 
-        def binding_hashes(binding: str) -> tuple[str, str | None]:
-            found = snapshot.bindings.get(binding)
-            conn = snapshot.connectors.get(found.connector or "") if found else None
-            return (found.content_hash if found else "", conn.content_hash if conn else None)
+        binding_ids = {
+            name: f"{b.content_hash}:{c.content_hash if (c := snapshot.connectors.get(b.connector or '')) else '-'}"
+            for name, b in snapshot.bindings.items()
+        }
 
         for connector in snapshot.connectors.values():
             key: tuple[object, ...] = ("connector", connector.name, connector.content_hash, interfaces_id)
             findings.extend(cached(key, lambda c=connector: list(check_connector(snapshot, c))))
         for binding in snapshot.bindings.values():
-            key = ("binding", binding.name, binding.content_hash, binding_hashes(binding.name), interfaces_id)
+            key = ("binding", binding.name, binding_ids[binding.name], interfaces_id)
             findings.extend(cached(key, lambda b=binding: list(check_binding(snapshot, b))))
         resolved: dict[str, Profile] = {}
         once: dict[tuple[str, int, str], Finding] = {}  # a broken org default is reported once, not per profile
-        defaults = tuple(snapshot.org.defaults.services.values()) if snapshot.org else ()
+        # org.toml (defaults included) is part of `world`; its default bindings' content is added here.
+        world = _digest([world, *(binding_ids.get(b, "-") for b in _default_bindings(snapshot))])
         for name, profile in snapshot.profiles.items():
-            deps = tuple(binding_hashes(b) for b in (*profile.spec.services.values(), *defaults))
+            deps = tuple([binding_ids.get(b, "-") for b in profile.spec.services.values()])
             key = ("profile", name, docs[profile.file].sha, deps, world)
             done, found = cached(key, lambda p=profile: _resolve_and_check(snapshot, p))
             resolved[name] = done
@@ -272,6 +273,10 @@ class Loader:
             content_hash=_folder_hash(group),
             contract_files=frozen_map(contract),
         )
+
+
+def _default_bindings(snapshot: Snapshot) -> list[str]:
+    return list(snapshot.org.defaults.services.values()) if snapshot.org else []
 
 
 def _resolve_and_check(snapshot: Snapshot, profile: Profile) -> tuple[Profile, list[Finding]]:

@@ -40,6 +40,12 @@ NEW_KEYWORDS = frozenset(
         "$recursiveRef",
     }
 )
+_DRAFT7_EQUIVALENT = {
+    "prefixItems": 'use "items": [...] tuple form or an object instead of a positional array',
+    "dependentRequired": 'use "dependencies": {"a": ["b"]}',
+    "dependentSchemas": 'use "dependencies": {"a": {...}}',
+    "unevaluatedProperties": 'close the object with "additionalProperties": false',
+}
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_ONE = (
@@ -244,6 +250,18 @@ def _check_schema(doc: Document, at: KeyPath, schema: dict[str, Any], tool: str,
                     f"tool '{tool}' {at[-1]}: format '{fmt}' at '{shown}' is on a property that is not a string (S4)",
                     f'"type": "string" beside "format": "{fmt}"',
                     'make the property {"type": "string", "format": ...}',
+                )
+            )
+        for keyword in sorted(NEW_KEYWORDS.intersection(sub)):
+            findings.append(
+                Finding(
+                    "I015",
+                    doc.path,
+                    doc.line_of(*where, keyword),
+                    f"tool '{tool}' {at[-1]}: '{keyword}' at '{shown}' is a 2020-12 keyword the conformance fuzzer "
+                    "(hypothesis-jsonschema, drafts 4-7) cannot honour; its generated inputs ignore it",
+                    "keywords of drafts 4-7 where an equivalent exists",
+                    _DRAFT7_EQUIVALENT.get(keyword, "keep it if needed: the conformance report lists it as not fuzzed"),
                 )
             )
         for name, prop in (sub.get("properties") or {}).items():
