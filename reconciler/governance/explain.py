@@ -9,9 +9,11 @@ from __future__ import annotations
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.decide import Decision, SpendState, decide_call, usd
 from reconciler.governance.errors import UnknownCallError, did_you_mean
+from reconciler.governance.ledger import read_state
 from reconciler.governance.rulebook import Rulebook, ToolEntry, compile_rulebook, to_micros
+from reconciler.governance.store import Store
 
-__all__ = ["explain_call", "find_entry", "render_text"]
+__all__ = ["current_state", "explain_call", "find_entry", "render_text"]
 
 
 def find_entry(rulebook: Rulebook, profile: str, tool: str) -> ToolEntry:
@@ -34,14 +36,13 @@ def explain_call(
     *,
     cost_usd: float | None = None,
     instance: str = "(any instance)",
-    state: SpendState | None = None,
-    rulebook: Rulebook | None = None,
+    store: Store | None = None,
 ) -> Decision:
-    """Decide a hypothetical call now; nothing is stored or reserved."""
-    book = rulebook or compile_rulebook(snapshot)
-    entry = find_entry(book, profile, tool)
+    """Decide a hypothetical call now, on the store's spend this month if given; nothing is written."""
+    entry = find_entry(compile_rulebook(snapshot), profile, tool)
     cost = None if cost_usd is None else to_micros(cost_usd)
-    return decide_call(entry, instance, cost, state or SpendState())
+    state = current_state(store, entry, instance) if store is not None else SpendState()
+    return decide_call(entry, instance, cost, state)
 
 
 def render_text(decision: Decision, profile: str, tool: str) -> str:
@@ -59,3 +60,9 @@ def render_text(decision: Decision, profile: str, tool: str) -> str:
         lines.append(f"   {mark} {step.layer:<{width}}  {step.found}")
     lines.append("  (* = the layer set or changed the outcome)")
     return "\n".join(lines)
+
+
+def current_state(store: Store, entry: ToolEntry, instance: str) -> SpendState:
+    """This month's spend for the call's scopes, read without locking (for `handler explain`)."""
+    with store.begin() as conn:
+        return read_state(store, conn, entry.caps, entry.profile, instance, lock=False)

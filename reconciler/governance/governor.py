@@ -172,7 +172,9 @@ class Governor:
         except NotAllowedError as exc:
             return HoldStatus("blocked", str(exc))
         if decision == "approve" and self._executor is not None:
-            await self.run_hold(request_id)
+            # Run it here and now, so the orchestrator gets the result in the reply; the claim keeps it
+            # exactly once if the loop (or another router) reaches it first.
+            await asyncio.shield(self._spawn(request_id))
         return _hold_status(await self._io(get_hold, self.store, request_id))
 
     # --- running approved holds ------------------------------------------------------------------
@@ -200,14 +202,19 @@ class Governor:
     async def run_approved(self) -> int:
         """Start every approved hold not yet running here; returns how many were started."""
         ids = await self._io(approved_ids, self.store)
-        started = 0
-        for rid in ids:
-            if rid not in self._running:
-                task = asyncio.create_task(self.run_hold(rid))
-                self._running[rid] = task
-                task.add_done_callback(self._forget)
-                started += 1
-        return started
+        fresh = [rid for rid in ids if rid not in self._running]
+        for rid in fresh:
+            self._spawn(rid)
+        return len(fresh)
+
+    def _spawn(self, request_id: str) -> asyncio.Task[bool]:
+        """The task running this hold here: the one already started, or a new one."""
+        task = self._running.get(request_id)
+        if task is None:
+            task = asyncio.create_task(self.run_hold(request_id), name=f"hold-{request_id}")
+            self._running[request_id] = task
+            task.add_done_callback(self._forget)
+        return task
 
     def _forget(self, task: asyncio.Task[bool]) -> None:
         for rid, running in list(self._running.items()):

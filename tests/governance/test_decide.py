@@ -149,9 +149,11 @@ def test_decision_table(profile: dict[str, Any], org: dict[str, Any] | None, too
 def test_a_blocked_guardrail_names_the_cap() -> None:
     d = decide({"caps": {"monthly_usd": 0.1}}, "search_query", org=ORG, state=SpendState(profile=to_micros(0.1)))
     assert d.cap == "profile monthly cap"
-    assert "profile p" in d.reason and "$0.10" in d.reason
+    assert "profile p" in d.reason
+    assert "$0.10" in d.reason
     d = decide({}, "search_query", org={**ORG, "prepaid": True}, state=SpendState(balance=0))
-    assert d.cap == "prepaid balance" and "handler balance add" in d.reason
+    assert d.cap == "prepaid balance"
+    assert "handler balance add" in d.reason
 
 
 def test_restrictive_block_reads_like_the_seed() -> None:

@@ -59,7 +59,8 @@ def test_two_router_processes_sharing_the_store_admit_exactly_50(store_url: str,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     for p in procs:
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
     outs = [p.communicate("go\n", timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
     counts = [json.loads(o) for o, _ in outs]
@@ -92,7 +93,8 @@ def test_an_empty_prepaid_balance_blocks_and_a_top_up_admits(store: Store) -> No
     async def scenario() -> None:
         governor = Governor(store, owns_store=False)
         refused = await governor.admit(snapshot, priced_call())
-        assert refused.status == "blocked" and "prepaid balance" in refused.message
+        assert refused.status == "blocked"
+        assert "prepaid balance" in refused.message
         add_balance(store, "acme", to_micros(0.01), "alice")
         statuses = [(await governor.admit(snapshot, priced_call())).status for _ in range(3)]
         assert statuses == ["executed", "executed", "blocked"]

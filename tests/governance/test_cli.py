@@ -1,0 +1,115 @@
+"""The governance commands end to end: explain, approvals, audit, balance, spend, store migrate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from governance.builders import priced_call
+from reconciler.cli import main
+from reconciler.config import FolderSource, Loader
+from reconciler.governance.governor import Governor
+from reconciler.governance.holds import get_hold
+from reconciler.governance.store import open_store, store_url
+
+
+@pytest.fixture
+def tree(shipped_tree: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("HANDLER_STORE_URL", raising=False)
+    monkeypatch.delenv("HANDLER_STATE_DIR", raising=False)
+    return shipped_tree
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_explain_json_has_the_documented_keys(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "explain", str(tree), "--profile", "auditor", "--tool", "web_search_query",
+                       "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert {"decision", "status", "approver", "reason", "trace"} <= set(doc)
+    assert doc["decision"] == "approve"
+    assert doc["status"] == "pending"
+    assert doc["approver"] == {"to": "member", "member": "alice"}
+    assert [s["layer"] for s in doc["trace"]][:3] == ["guardrails", "rule", "template"]
+    assert not (tree / ".handler").exists()  # explain reads the store; it never creates one
+
+
+def test_explain_text_and_a_cost_over_the_cap(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "explain", str(tree), "--profile", "researcher", "--tool", "web_search_query",
+                       "--cost", "6", "--instance", "run-1")
+    assert code == 0
+    assert "blocked (decision: block)" in out
+    assert "instance cap of instance run-1 of profile researcher" in out
+    code, out, _ = run(capsys, "explain", str(tree), "--profile", "researcher", "--tool", "web_search_query",
+                       "--cost", "2")
+    assert "pending" in out
+    assert "policy 'expensive calls to alice'" in out
+
+
+def test_explain_names_what_exists_when_a_name_is_wrong(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "explain", str(tree), "--profile", "asistant", "--tool", "x")
+    assert code == 1
+    assert "did you mean 'assistant'" in err
+
+
+def test_approve_as_a_member_runs_nothing_itself_and_is_audited(tree: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = Loader().load(FolderSource(tree))
+    store = open_store(store_url(tree))
+    governor = Governor(store)
+    call = priced_call("run-1", profile="auditor", tool="web_search_query", query="acme invoices")
+    call = type(call)(call.profile, call.instance, None, "web-search/v1", call.tool, "search-brave", call.arguments)
+    rid = governor.admit_now(snapshot, call).request_id
+    governor.close()
+    assert rid is not None
+
+    code, out, _ = run(capsys, "approvals", "list", "--root", str(tree))
+    assert rid in out
+    code, out, _ = run(capsys, "approvals", "show", rid, "--root", str(tree))
+    assert "acme invoices" in out
+    assert "alice" in out
+
+    code, _, err = run(capsys, "approvals", "approve", rid, "--as", "bob", "--root", str(tree))
+    assert code == 1
+    assert "routed to member alice" in err
+    code, _, err = run(capsys, "approvals", "approve", rid, "--as", "mallory", "--root", str(tree))
+    assert code == 1
+    assert "not a member" in err
+    code, out, _ = run(capsys, "approvals", "approve", rid, "--as", "alice", "--root", str(tree))
+    assert code == 0
+    assert "approved by alice" in out
+    code, _, err = run(capsys, "approvals", "reject", rid, "--as", "alice", "--root", str(tree))
+    assert code == 1
+    assert "already decided" in err
+
+    check = open_store(store_url(tree))
+    try:
+        hold = get_hold(check, rid)
+    finally:
+        check.close()
+    assert hold.state == "approved"
+    assert hold.decided_by == "alice"
+    code, out, _ = run(capsys, "audit", "--root", str(tree), "--request", rid, "--format", "json")
+    events = [(r["event"], r["actor"]) for r in json.loads(out)]
+    assert events == [("decided", None), ("approved", "alice")]
+
+
+def test_balance_spend_and_migrate(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "store", "migrate", "--root", str(tree))
+    assert code == 0
+    assert "schema at revision 0001" in out
+    code, out, _ = run(capsys, "balance", "show", "--root", str(tree))
+    assert "$0.00" in out
+    code, out, _ = run(capsys, "balance", "add", "12.5", "--as", "alice", "--root", str(tree))
+    assert "balance now $12.50" in out
+    code, out, _ = run(capsys, "spend", "--root", str(tree))
+    assert out.startswith("No spend")
+    code, out, _ = run(capsys, "audit", "--root", str(tree))
+    assert "balance" in out
