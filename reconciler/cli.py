@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from reconciler.app import serve as serve_router
 from reconciler.config import (
     CODES,
     FolderSource,
@@ -37,6 +38,7 @@ from reconciler.governance.holds import Hold, decide_hold, get_hold, list_holds,
 from reconciler.governance.ledger import add_balance, current_month, read_balance, spend_report
 from reconciler.governance.rulebook import from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_exists, store_url
+from reconciler.router.server import Router
 
 __all__ = ["main"]
 
@@ -78,10 +80,39 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(run=_plan)
 
     _add_governance_commands(sub)
+    _add_serve_command(sub)
 
     for ep in entry_points(group="handler.commands"):
         ep.load()(sub)
     return parser
+
+
+def _add_serve_command(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="serve each profile's tools on its unix socket until stopped (SIGHUP reloads)")
+    serve.add_argument("root", nargs="?", default=".", help="the config root; default: .")
+    serve.add_argument("--run-dir", type=Path, help="where the profiles' sockets go (default: $HANDLER_RUN_DIR, else "
+                       "$XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    serve.add_argument("--state-dir", type=Path, help="the call log and connector logs (default: $HANDLER_STATE_DIR, "
+                       "else ROOT/.handler)")
+    serve.set_defaults(run=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    head = _load(args.root)
+    if head.errors:
+        _print_findings(list(head.findings), "text", head)
+        print("handler serve: not starting; the router serves only a tree without errors", file=sys.stderr)
+        return EXIT_FINDINGS
+    for finding in head.findings:
+        print(finding.render_text(), file=sys.stderr)
+
+    def ready(router: Router) -> None:
+        profiles = ", ".join(sorted(router.live.snapshot.profiles)) or "no profiles"
+        sockets = router.run_dir / "profiles"
+        print(f"handler serve: revision {head.revision[:12]}: {profiles} on {sockets}/<profile>.sock",
+              file=sys.stderr, flush=True)
+
+    return serve_router(head, root=Path(args.root), run_dir=args.run_dir, state_dir=args.state_dir, on_ready=ready)
 
 
 def _load(root: str) -> Snapshot:

@@ -1,0 +1,45 @@
+"""The failures of a connector process, as the router's error mapping (design §2 step 8) sees them.
+
+Each carries a `cause`: the word the router puts in `_meta["handler/cause"]` and in the call log
+when it turns the failure into the interface error `unavailable`. They are grouped by what happened,
+not by where: the process could not start, it died or closed its pipe, or it answered with a
+JSON-RPC error instead of a tool result.
+"""
+
+from __future__ import annotations
+
+from reconciler.config.errors import HandlerError
+
+__all__ = ["ConnectorCrashedError", "ConnectorError", "ConnectorReplyError", "ConnectorStartError"]
+
+
+class ConnectorError(HandlerError):
+    """A connector failed to produce a tool result; `cause` names how, for the log and `_meta`."""
+
+    cause = "connector_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConnectorStartError(ConnectorError):
+    """The process could not be started or did not complete the MCP handshake."""
+
+    cause = "start_failed"
+
+
+class ConnectorCrashedError(ConnectorError):
+    """The process exited or closed its output while calls were in flight; every pending call fails."""
+
+    cause = "crashed"
+
+
+class ConnectorReplyError(ConnectorError):
+    """The connector answered a call with a JSON-RPC error rather than a tool result."""
+
+    cause = "connector_error"
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"the connector answered with JSON-RPC error {code}: {message}")
+        self.code = code

@@ -1,0 +1,148 @@
+"""`handler-service <interface>`: the stdio bridge an agent runs as its MCP server (design §6).
+
+It connects to the profile's socket (`--profile`, else `HANDLER_PROFILE`) under the run folder and
+relays lines both ways without translating them, except that it adds to each request's `_meta` the
+interface it serves (`handler/interface`) and, when set, the agent's instance (`HANDLER_INSTANCE` →
+`handler/instance`) and the instance that started it (`HANDLER_PARENT_INSTANCE` →
+`handler/parentInstance`). A line it cannot parse, and one over the size cap, goes through as it is:
+the router answers it. When the agent closes stdin, the bridge closes its sending side and waits for
+the replies still owed; when the router closes, or the agent stops reading, it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from reconciler.router.places import default_run_dir, socket_path
+
+__all__ = ["main", "relay", "tag_line"]
+
+_CHUNK = 1 << 16
+_DEFAULT_MAX_LINE = 16 * 1024 * 1024
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="handler-service", description=(
+        "Serve one interface of a profile over stdio, through the router's socket for that profile."))
+    parser.add_argument("interface",
+                        help="the interface to serve, e.g. ocr (or ocr/v1; 'handler' for the built-ins)")
+    parser.add_argument("--profile", default=os.environ.get("HANDLER_PROFILE"),
+                        help="the profile whose socket to use (default: $HANDLER_PROFILE)")
+    parser.add_argument("--run-dir", type=Path, default=None, help="the router's run folder (default: "
+                        "$HANDLER_RUN_DIR, else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    args = parser.parse_args(argv)
+    if not args.profile:
+        print("handler-service: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
+        return 2
+    path = socket_path(args.run_dir or default_run_dir(), args.profile)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError as exc:
+        sock.close()
+        print(f"handler-service: no router serves profile '{args.profile}' at {path} ({exc.strerror}); "
+              "start one with `handler serve`", file=sys.stderr)
+        return 1
+    meta = {"handler/interface": args.interface}
+    for env, key in (("HANDLER_INSTANCE", "handler/instance"), ("HANDLER_PARENT_INSTANCE", "handler/parentInstance")):
+        if os.environ.get(env):
+            meta[key] = os.environ[env]
+    max_line = int(os.environ.get("HANDLER_MAX_LINE_BYTES", _DEFAULT_MAX_LINE))
+    try:
+        relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, max_line)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def relay(sock: socket.socket, in_fd: int, out_fd: int, meta: Mapping[str, str], max_line: int) -> None:
+    """Relay until the router closes the socket or `out_fd` stops taking bytes."""
+    upstream = threading.Thread(target=_upstream, args=(sock, in_fd, meta, max_line), daemon=True)
+    upstream.start()
+    try:
+        while data := sock.recv(_CHUNK):
+            _write_all(out_fd, data)
+    except OSError:
+        pass  # the agent stopped reading (EPIPE) or the socket broke: either way the session is over
+    finally:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _upstream(sock: socket.socket, fd: int, meta: Mapping[str, str], max_line: int) -> None:
+    buf = bytearray()
+    passing = False  # inside a line over the cap: forward it untouched, the router refuses it
+    try:
+        while chunk := os.read(fd, _CHUNK):
+            if passing:
+                end = chunk.find(b"\n")
+                if end < 0:
+                    sock.sendall(chunk)
+                    continue
+                sock.sendall(chunk[: end + 1])
+                passing, chunk = False, chunk[end + 1 :]
+            buf += chunk
+            out = bytearray()
+            pos = 0
+            while (end := buf.find(b"\n", pos)) >= 0:
+                out += tag_line(bytes(buf[pos : end + 1]), meta) if end - pos <= max_line else buf[pos : end + 1]
+                pos = end + 1
+            del buf[:pos]
+            if len(buf) > max_line:
+                out += buf
+                buf.clear()
+                passing = True
+            if out:
+                sock.sendall(out)
+        if buf:
+            sock.sendall(tag_line(bytes(buf) + b"\n", meta))
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
+
+
+def tag_line(line: bytes, meta: Mapping[str, str]) -> bytes:
+    """`line` with `meta` added to its `params._meta` if it is a request; otherwise unchanged."""
+    try:
+        msg: Any = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return line
+    if not isinstance(msg, dict) or "method" not in msg or "id" not in msg:
+        return line
+    params = msg.get("params")
+    if params is None:
+        msg["params"] = {"_meta": dict(meta)}
+    elif isinstance(params, dict):
+        current = params.get("_meta")
+        if current is None:
+            params["_meta"] = dict(meta)
+        elif isinstance(current, dict):
+            current.update(meta)
+        else:
+            return line
+    else:
+        return line
+    return orjson.dumps(msg, option=orjson.OPT_APPEND_NEWLINE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The built-in `handler` interface served to every profile: `handler_status` and `handler_decide` (design §6).
+
+They answer from the governance gate: the status of a held call (with the original tool's validated
+output once it ran), and the decision an orchestrator takes on a hold routed to it (`to = "caller"`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from reconciler.config.models import Annotations, Tool
+from reconciler.governance.gate import CallRequest, Gate, HoldStatus
+
+__all__ = ["BUILTIN_INTERFACE", "BUILTIN_TOOLS", "run_builtin"]
+
+BUILTIN_INTERFACE: Final = "handler"
+
+_REQUEST_ID = {"type": "string", "minLength": 1, "maxLength": 200,
+               "description": "the request_id a pending result gave"}
+_STATUS_OUTPUT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["status", "message"],
+    "properties": {
+        "status": {"enum": ["pending", "executed", "rejected", "failed", "blocked", "unknown"]},
+        "message": {"type": "string"},
+        # The held tool's own output, already validated against that tool's outputSchema: the one
+        # open object the S2 rule allows.
+        "result": {"type": "object"},
+    },
+}
+
+BUILTIN_TOOLS: Final = (
+    Tool(
+        name="handler_status",
+        description=("Tell what became of a call that was held for approval: pending, executed (with its "
+                     "result), rejected or failed. Give the request_id its pending result named."),
+        inputSchema={"type": "object", "additionalProperties": False, "required": ["request_id"],
+                     "properties": {"request_id": _REQUEST_ID}},
+        outputSchema=_STATUS_OUTPUT,
+        annotations=Annotations(readOnlyHint=True),
+    ),
+    Tool(
+        name="handler_decide",
+        description=("Approve or reject a call held for you: only the instance that started the held agent "
+                     "may decide its holds, never the held agent itself."),
+        inputSchema={"type": "object", "additionalProperties": False, "required": ["request_id", "decision"],
+                     "properties": {"request_id": _REQUEST_ID, "decision": {"enum": ["approve", "reject"]}}},
+        outputSchema=_STATUS_OUTPUT,
+        annotations=Annotations(readOnlyHint=False, destructiveHint=False),
+    ),
+)
+
+
+async def run_builtin(gate: Gate, name: str, arguments: Mapping[str, Any],
+                      caller: CallRequest) -> tuple[bool, dict[str, Any]]:
+    """Ask the gate; (is_error, structured result). Only a refused decision is an error result."""
+    request_id = str(arguments["request_id"])
+    status: HoldStatus
+    if name == "handler_status":
+        status = await gate.status(request_id, caller)
+    else:
+        status = await gate.decide(request_id, arguments["decision"], caller)
+    out: dict[str, Any] = {"status": status.status, "message": status.message}
+    if status.result is not None:
+        out["result"] = dict(status.result)
+    return name == "handler_decide" and status.status == "blocked", out

@@ -1,0 +1,314 @@
+"""Files in calls (rule S4; design §2 steps 4, 7 and 10): the agent's paths never reach a connector.
+
+`find_file_fields` runs once per snapshot: it walks a tool's `inputSchema` for string properties
+whose format is `handler-file` (an input) or `handler-output-file` (an output) and records where they
+sit. Per call, `resolve_files` checks each such value inside the profile's scope: a `..` segment, an
+absolute path outside the scope, a symbolic link leading out of it, a missing or non-regular input
+→ `invalid_arguments`; an input over `maxFileBytes` → the interface's `too_large` (else
+`invalid_arguments`). At dispatch a `CallFolder` copies inputs into a per-call folder and names the
+copies (and fresh output paths) in the arguments the connector receives; after the call it moves
+what the connector wrote into the scope at the paths the agent named, refusing a symlink, an
+oversize file or a missing one. Paths in the connector's output are mapped back to the agent's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Final
+
+import orjson
+
+from reconciler.router.errors import ToolError, invalid_arguments, unavailable
+
+__all__ = ["CallFolder", "FileArg", "FileField", "Scope", "find_file_fields", "resolve_files", "restore_paths"]
+
+ANY: Final = "*"  # a path segment meaning every item of an array
+INPUT_FORMAT: Final = "handler-file"
+OUTPUT_FORMAT: Final = "handler-output-file"
+_COPY_CHUNK = 1 << 20
+
+Where = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FileField:
+    """Where a file value sits in a tool's arguments (`ANY` for array items), and which way it goes."""
+
+    path: Where
+    output: bool
+
+
+def find_file_fields(schema: Mapping[str, Any]) -> tuple[FileField, ...]:
+    """Every `handler-file` / `handler-output-file` location of an input schema ($refs followed once)."""
+    found: dict[FileField, None] = {}
+
+    def walk(node: Any, path: Where, refs: frozenset[str]) -> None:
+        if not isinstance(node, dict):
+            return
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/") and ref not in refs:
+            walk(_pointer_target(schema, ref), path, refs | {ref})
+        fmt = node.get("format")
+        if fmt in (INPUT_FORMAT, OUTPUT_FORMAT):
+            found[FileField(path, fmt == OUTPUT_FORMAT)] = None
+        for name, sub in (node.get("properties") or {}).items():
+            walk(sub, (*path, name), refs)
+        walk(node.get("items"), (*path, ANY), refs)
+        for index, sub in enumerate(node.get("prefixItems") or ()):
+            walk(sub, (*path, index), refs)
+        for key in ("anyOf", "oneOf", "allOf"):
+            for sub in node.get(key) or ():
+                walk(sub, path, refs)
+
+    walk(schema, (), frozenset())
+    return tuple(found)
+
+
+def _pointer_target(schema: Mapping[str, Any], ref: str) -> Any:
+    node: Any = schema
+    for raw in ref[2:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def pointer(where: Where) -> str:
+    """A JSON pointer naming an argument, for messages: /files/0."""
+    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in where)
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """A profile's work folder: as configured (absolute) and with its symbolic links resolved."""
+
+    given: str
+    real: str
+
+    @classmethod
+    def from_profile(cls, root: Path, scope: str) -> Scope:
+        path = Path(scope).expanduser()
+        given = os.path.normpath(path if path.is_absolute() else root.absolute() / path)
+        return cls(given, os.path.realpath(given))
+
+    def contains(self, real_path: str) -> bool:
+        return real_path == self.real or real_path.startswith(self.real.rstrip("/") + "/")
+
+
+@dataclass(frozen=True, slots=True)
+class FileArg:
+    """One file value of a call, checked: where it is, what the agent wrote, what it names on disk."""
+
+    where: Where
+    value: str
+    target: str  # an input's real path; an output's absolute path in the scope
+    output: bool
+    size: int = 0
+
+
+def locate(node: Any, path: Where, where: Where = ()) -> Iterator[tuple[Where, Any]]:
+    """The (concrete location, value) pairs a field path names in `node`."""
+    if not path:
+        yield where, node
+        return
+    head, rest = path[0], path[1:]
+    if head == ANY:
+        if isinstance(node, list):
+            for index, item in enumerate(node):
+                yield from locate(item, rest, (*where, index))
+    elif isinstance(head, int):
+        if isinstance(node, list) and head < len(node):
+            yield from locate(node[head], rest, (*where, head))
+    elif isinstance(node, dict) and head in node:
+        yield from locate(node[head], rest, (*where, head))
+
+
+def resolve_files(fields: tuple[FileField, ...], arguments: Mapping[str, Any], scope: Scope,
+                  max_bytes: int | None, errors: frozenset[str]) -> tuple[FileArg, ...]:
+    """Step 4: check every file value of `arguments` against `scope`; the first refusal ends the call."""
+    out: list[FileArg] = []
+    for field in fields:
+        for where, value in locate(arguments, field.path):
+            if not isinstance(value, str):
+                continue  # input validation already refused a non-string
+            if field.output:
+                out.append(_resolve_output(scope, value, where))
+            else:
+                out.append(_resolve_input(scope, value, where, max_bytes, errors))
+    return tuple(out)
+
+
+def _lexical(scope: Scope, value: str, where: Where) -> str:
+    name = pointer(where)
+    if not value or "\x00" in value:
+        raise invalid_arguments(f"{name}: the path is empty or holds a NUL character; name a file in the work folder")
+    path = PurePosixPath(value)
+    if ".." in path.parts:
+        raise invalid_arguments(f"{name}: '{value}' contains '..'; name a path inside the work folder, relative to it")
+    if not path.is_absolute():
+        return os.path.normpath(os.path.join(scope.real, value))
+    normal = os.path.normpath(value)
+    for base in (scope.real, scope.given):
+        if normal == base or normal.startswith(base.rstrip("/") + "/"):
+            return scope.real + normal[len(base):]
+    raise invalid_arguments(f"{name}: '{value}' is outside the work folder; give a path relative to the work folder")
+
+
+def _leads_out(name: str, value: str) -> ToolError:
+    return invalid_arguments(f"{name}: '{value}' leads outside the work folder through a symbolic link")
+
+
+def _resolve_input(scope: Scope, value: str, where: Where, max_bytes: int | None, errors: frozenset[str]) -> FileArg:
+    name = pointer(where)
+    real = os.path.realpath(_lexical(scope, value, where))
+    if not scope.contains(real):
+        raise _leads_out(name, value)
+    try:
+        info = os.stat(real)
+    except FileNotFoundError:
+        raise invalid_arguments(f"{name}: there is no file '{value}' in the work folder") from None
+    except OSError as exc:
+        raise invalid_arguments(f"{name}: '{value}' cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise invalid_arguments(f"{name}: '{value}' is not a regular file")
+    if max_bytes is not None and info.st_size > max_bytes:
+        raise too_large(name, value, info.st_size, max_bytes, errors)
+    return FileArg(where, value, real, output=False, size=info.st_size)
+
+
+def too_large(name: str, value: str, size: int, max_bytes: int, errors: frozenset[str]) -> ToolError:
+    message = f"{name}: '{value}' is {size} bytes, over the {max_bytes} bytes this service accepts (maxFileBytes)"
+    return ToolError("too_large", message) if "too_large" in errors else invalid_arguments(message)
+
+
+def _resolve_output(scope: Scope, value: str, where: Where) -> FileArg:
+    name = pointer(where)
+    target = _lexical(scope, value, where)
+    if target == scope.real:
+        raise invalid_arguments(f"{name}: '{value}' names the work folder itself; name a file in it")
+    existing = os.path.dirname(target)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    real_parent = os.path.realpath(existing)
+    if not scope.contains(real_parent):
+        raise _leads_out(name, value)
+    if not os.path.isdir(real_parent):
+        raise invalid_arguments(f"{name}: '{value}' goes through a file as if it were a folder")
+    if os.path.lexists(target):
+        if not scope.contains(os.path.realpath(target)):
+            raise _leads_out(name, value)
+        if os.path.isdir(target):
+            raise invalid_arguments(f"{name}: '{value}' is a folder; name a file")
+    return FileArg(where, value, target, output=True)
+
+
+class CallFolder:
+    """The per-call folder of a connector process: inputs copied in, outputs written there."""
+
+    def __init__(self, base: Path, call_id: str) -> None:
+        self.path = base / call_id
+
+    def stage(self, files: tuple[FileArg, ...], arguments: Mapping[str, Any],
+              max_bytes: int | None, errors: frozenset[str]) -> tuple[dict[str, Any], dict[str, str]]:
+        """Copy inputs in; the connector's arguments (naming the copies) and copy path → agent path."""
+        self.path.mkdir(parents=True, mode=0o700)
+        args: dict[str, Any] = orjson.loads(orjson.dumps(arguments))  # a deep copy the connector may see
+        back: dict[str, str] = {}
+        for index, file in enumerate(files):
+            folder = self.path / ("out" if file.output else "in")
+            folder.mkdir(exist_ok=True, mode=0o700)
+            dest = folder / f"{index}-{os.path.basename(file.target) or 'file'}"
+            if not file.output:
+                _copy_in(file, dest, max_bytes, errors)
+            _set(args, file.where, str(dest))
+            back[str(dest)] = file.value
+        return args, back
+
+    def deliver(self, files: tuple[FileArg, ...], scope: Scope, max_bytes: int | None) -> None:
+        """Step 10: move each output the connector wrote into the scope, at the path the agent named."""
+        for index, file in enumerate(files):
+            if file.output:
+                staged = self.path / "out" / f"{index}-{os.path.basename(file.target) or 'file'}"
+                _move_out(staged, file, scope, max_bytes)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _set(node: Any, where: Where, value: str) -> None:
+    for part in where[:-1]:
+        node = node[part]
+    node[where[-1]] = value
+
+
+def _open_regular(path: str) -> tuple[int, int] | None:
+    """(fd, size) of a regular file opened without following a final symlink, else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        return None
+    return fd, info.st_size
+
+
+def _copy_in(file: FileArg, dest: Path, max_bytes: int | None, errors: frozenset[str]) -> None:
+    opened = _open_regular(file.target)
+    if opened is None:  # it changed since step 4
+        raise invalid_arguments(f"{pointer(file.where)}: '{file.value}' is no longer a regular file")
+    fd, size = opened
+    try:
+        if max_bytes is not None and size > max_bytes:
+            raise too_large(pointer(file.where), file.value, size, max_bytes, errors)
+        with os.fdopen(os.dup(fd), "rb") as src, dest.open("wb") as out:
+            shutil.copyfileobj(src, out, _COPY_CHUNK)
+    finally:
+        os.close(fd)
+
+
+def _move_out(staged: Path, file: FileArg, scope: Scope, max_bytes: int | None) -> None:
+    name = pointer(file.where)
+    if not os.path.lexists(staged):
+        raise unavailable("output_missing", f"the service reported success but wrote no file for {name}")
+    opened = _open_regular(str(staged))
+    if opened is None:
+        raise unavailable("output_invalid", f"the service wrote something other than a regular file for {name}",
+                          field=name)
+    fd, size = opened
+    try:
+        if max_bytes is not None and size > max_bytes:
+            raise unavailable("output_too_large", f"the service wrote {size} bytes for {name}, over maxFileBytes "
+                              f"({max_bytes})", field=name)
+        parent = os.path.dirname(file.target)
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        if not scope.contains(os.path.realpath(parent)):  # the folder changed under us since step 4
+            raise _leads_out(name, file.value)
+        tmp_fd, tmp = tempfile.mkstemp(dir=parent, prefix=".handler-")
+        try:
+            with os.fdopen(os.dup(fd), "rb") as src, os.fdopen(tmp_fd, "wb") as out:
+                shutil.copyfileobj(src, out, _COPY_CHUNK)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, file.target)  # replaces a symlink itself, never what it points at
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    finally:
+        os.close(fd)
+
+
+def restore_paths(value: Any, back: Mapping[str, str]) -> Any:
+    """`value` with every string equal to a connector-side path replaced by the agent's path."""
+    if isinstance(value, str):
+        return back.get(value, value)
+    if isinstance(value, dict):
+        return {k: restore_paths(v, back) for k, v in value.items()}
+    if isinstance(value, list):
+        return [restore_paths(v, back) for v in value]
+    return value

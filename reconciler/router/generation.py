@@ -1,0 +1,171 @@
+"""A snapshot compiled for serving: everything the per-call path needs, computed once per generation.
+
+`compile_generation` turns an immutable `Snapshot` into a `Generation`: for each profile and each
+interface it uses, a `View` holding the tools an agent sees (their `tools/list` payloads serialized
+once per era) and, per tool, a `ToolPlan`: the compiled `jsonschema-rs` validators, the locations of
+file arguments, the effective limits, the binding and its price. Validators are cached by the
+interface version's content hash, so a reload that leaves an interface alone compiles nothing.
+Sessions pin a `Generation` at their first request; `Router.swap` replaces the live one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import jsonschema_rs
+import orjson
+
+from reconciler.config.models import Limits, Tool
+from reconciler.config.snapshot import ROUTER_ERRORS, Snapshot, effective_limits
+from reconciler.router.builtins import BUILTIN_INTERFACE, BUILTIN_TOOLS
+from reconciler.router.errors import INVALID_PARAMS, JsonRpcError
+from reconciler.router.files import FileField, Scope, find_file_fields
+from reconciler.router.protocol import CACHE_SCOPE, LIST_TTL_MS
+
+__all__ = ["Generation", "ToolPlan", "ValidatorCache", "View", "compile_generation"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Compiled:
+    """What a tool's schemas compile to; shared by every profile that uses the interface version."""
+
+    listing: Mapping[str, Any]
+    input: jsonschema_rs.Validator
+    output: jsonschema_rs.Validator | None
+    files: tuple[FileField, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ToolPlan:
+    """Everything step 2 resolves a tool name to, for one profile."""
+
+    name: str
+    interface: str  # "ocr/v1", or "handler" for the built-ins
+    binding: str | None  # None for the built-ins
+    compiled: Compiled
+    limits: Limits
+    errors: frozenset[str]
+    price: float
+    scope: Scope
+
+    @property
+    def builtin(self) -> bool:
+        return self.binding is None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class View:
+    """What a connection of one profile sees through one interface (or through all, when none is named)."""
+
+    profile: str
+    interface: str | None
+    tools: Mapping[str, ToolPlan]
+    list_handshake: bytes  # the tools/list result, serialized
+    list_stateless: bytes  # the same with resultType, ttlMs and cacheScope
+    instructions: str
+
+
+@dataclass(frozen=True, eq=False)
+class Generation:
+    """One compiled snapshot; never changed once built."""
+
+    number: int
+    snapshot: Snapshot
+    views: Mapping[tuple[str, str | None], View]
+    interfaces_of: Mapping[str, tuple[str, ...]]  # profile → the interface names it uses
+
+    def view(self, profile: str, interface: str | None) -> View:
+        found = self.views.get((profile, interface))
+        if found is not None:
+            return found
+        if profile not in self.interfaces_of:
+            raise JsonRpcError(INVALID_PARAMS, f"profile '{profile}' is not in the configuration this session uses")
+        uses = ", ".join(self.interfaces_of[profile]) or "nothing"
+        raise JsonRpcError(INVALID_PARAMS, f"profile '{profile}' has no binding for interface '{interface}'; it uses: "
+                           f"{uses} (and the built-in '{BUILTIN_INTERFACE}')")
+
+
+class ValidatorCache:
+    """Compiled tools by (interface key, content hash), kept across generations."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[tuple[str, str, str], Compiled] = {}
+
+    def compiled(self, key: str, content_hash: str, tool: Tool) -> Compiled:
+        slot = (key, content_hash, tool.name)
+        found = self._compiled.get(slot)
+        if found is None:
+            found = self._compiled[slot] = compile_tool(tool)
+        return found
+
+    def keep_only(self, live: set[tuple[str, str, str]]) -> None:
+        self._compiled = {k: v for k, v in self._compiled.items() if k in live}
+
+
+def compile_tool(tool: Tool) -> Compiled:
+    # offline: a $ref never reaches the network; S2 makes every schema self-contained anyway.
+    return Compiled(
+        listing=MappingProxyType(tool.model_dump(mode="json", exclude_none=True, by_alias=True)),
+        input=jsonschema_rs.validator_for(tool.inputSchema, offline=True),
+        output=jsonschema_rs.validator_for(tool.outputSchema, offline=True) if tool.outputSchema else None,
+        files=find_file_fields(tool.inputSchema),
+    )
+
+
+_BUILTIN_COMPILED = {tool.name: compile_tool(tool) for tool in BUILTIN_TOOLS}
+
+
+def compile_generation(snapshot: Snapshot, number: int, root: Path, cache: ValidatorCache | None = None) -> Generation:
+    """Compile `snapshot` into generation `number`; `root` anchors relative profile scopes."""
+    cache = cache or ValidatorCache()
+    used: set[tuple[str, str, str]] = set()
+    views: dict[tuple[str, str | None], View] = {}
+    interfaces_of: dict[str, tuple[str, ...]] = {}
+    for profile in snapshot.profiles.values():
+        scope = Scope.from_profile(root, profile.spec.scope)
+        builtins = {name: ToolPlan(name, BUILTIN_INTERFACE, None, compiled, Limits(), frozenset(ROUTER_ERRORS), 0.0,
+                                   scope) for name, compiled in _BUILTIN_COMPILED.items()}
+        everything: dict[str, ToolPlan] = {}
+        descriptions: list[str] = []
+        for iface_name, selection in sorted(profile.selections.items()):
+            iface = snapshot.interfaces.get(selection.key)
+            binding = snapshot.bindings.get(selection.binding)
+            if iface is None:
+                continue
+            limits = effective_limits(iface.spec, binding.spec if binding else None)
+            pricing = binding.spec.pricing if binding else {}
+            plans: dict[str, ToolPlan] = {}
+            for tool in iface.tools:
+                used.add((iface.key, iface.content_hash, tool.name))
+                compiled = cache.compiled(iface.key, iface.content_hash, tool)
+                plans[tool.name] = ToolPlan(tool.name, iface.key, selection.binding, compiled, limits,
+                                            iface.error_codes, float(pricing.get(tool.name, 0.0)), scope)
+            everything.update(plans)
+            text = f"{iface.key}: {iface.spec.description}"
+            descriptions.append(text)
+            view = _view(profile.name, iface_name, {**plans, **builtins}, text)
+            views[(profile.name, iface_name)] = view
+            views[(profile.name, iface.key)] = view
+        interfaces_of[profile.name] = tuple(sorted(profile.selections))
+        views[(profile.name, BUILTIN_INTERFACE)] = _view(profile.name, BUILTIN_INTERFACE, builtins,
+                                                         "handler: the status and decisions of held calls")
+        views[(profile.name, None)] = _view(profile.name, None, {**everything, **builtins}, "; ".join(descriptions))
+    cache.keep_only(used)
+    return Generation(number, snapshot, MappingProxyType(views), MappingProxyType(interfaces_of))
+
+
+def _view(profile: str, interface: str | None, plans: dict[str, ToolPlan], instructions: str) -> View:
+    tools = [dict(plan.compiled.listing) for plan in plans.values()]
+    return View(
+        profile=profile,
+        interface=interface,
+        tools=MappingProxyType(plans),
+        list_handshake=orjson.dumps({"tools": tools}),
+        list_stateless=orjson.dumps({"tools": tools, "resultType": "complete", "ttlMs": LIST_TTL_MS,
+                                     "cacheScope": CACHE_SCOPE}),
+        instructions=instructions,
+    )

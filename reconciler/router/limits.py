@@ -1,0 +1,95 @@
+"""Step 6 of the call (design §2): concurrency per instance and calls per run, counted per interface.
+
+Limits come from the interface, tightened by the binding (`config.effective_limits`), and count per
+agent run: the key is (profile, instance, interface version). A call over `maxConcurrent` waits for
+a slot within its own timeout, handed over in arrival order; a call over `maxCallsPerRun` ends with
+`unavailable` at once (cause `calls_per_run`). The per-call timeout itself wraps the wait and the
+dispatch in the pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from reconciler.router.errors import ToolError, unavailable
+
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "LimitBook", "LimitKey"]
+
+DEFAULT_TIMEOUT_SECONDS = 300.0  # for an interface that states no timeoutSeconds: never wait forever
+
+LimitKey = tuple[str, str, str]  # (profile, instance, interface key)
+
+
+class LimitBook:
+    """The router's counters: calls running and calls made, per instance and interface."""
+
+    def __init__(self) -> None:
+        self._running: dict[LimitKey, int] = {}
+        self._waiting: dict[LimitKey, deque[asyncio.Future[None]]] = {}
+        self._made: dict[LimitKey, int] = {}
+
+    def count_call(self, key: LimitKey, max_calls: int | None) -> None:
+        """Count one call of this run, or refuse it when the run has made `max_calls` already."""
+        made = self._made.get(key, 0)
+        if max_calls is not None and made >= max_calls:
+            raise calls_per_run_error(max_calls, key[2])
+        self._made[key] = made + 1
+
+    def calls_made(self, key: LimitKey) -> int:
+        return self._made.get(key, 0)
+
+    def running(self, key: LimitKey) -> int:
+        return self._running.get(key, 0)
+
+    async def acquire(self, key: LimitKey, limit: int | None) -> bool:
+        """Take a slot, waiting if `limit` are taken; True when a slot was taken (release it after)."""
+        if limit is None:
+            return False
+        running = self._running.get(key, 0)
+        queue = self._waiting.get(key)
+        if running < limit and not queue:
+            self._running[key] = running + 1
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, deque()).append(future)
+        try:
+            await future  # release() hands its slot over: the running count stays as it is
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release(key)  # the slot arrived as we were cancelled: pass it on
+            else:
+                waiting = self._waiting.get(key)
+                if waiting is not None and future in waiting:
+                    waiting.remove(future)
+            raise
+        return True
+
+    def release(self, key: LimitKey) -> None:
+        queue = self._waiting.get(key)
+        while queue:
+            future = queue.popleft()
+            if not future.done():
+                future.set_result(None)
+                return
+        if queue is not None:
+            del self._waiting[key]
+        left = self._running.get(key, 1) - 1
+        if left > 0:
+            self._running[key] = left
+        else:
+            self._running.pop(key, None)
+
+
+def calls_per_run_error(max_calls: int, interface: str) -> ToolError:
+    return unavailable("calls_per_run", f"this agent run has made its {max_calls} calls of {interface} "
+                       "(maxCallsPerRun); a new run starts a new count")
+
+
+def concurrency_error(limit: int, timeout: float) -> ToolError:
+    return unavailable("concurrency", f"{limit} calls of this agent run were running for the whole "
+                       f"{timeout:g} s timeout (maxConcurrent {limit}); wait for one to finish")
+
+
+def timeout_error(timeout: float) -> ToolError:
+    return unavailable("timeout", f"the service did not answer within {timeout:g} s; retrying later may work")

@@ -1,0 +1,260 @@
+"""The call, in order (design §2 steps 2-10): one `tools/call` from a resolved name to its logged reply.
+
+Step 1 (framing) happened in `framing`; `run_tools_call` runs the rest, each step a function below:
+`resolve_tool` (2), `validate_input` (3), `resolve_files` (4, in `files`), `govern` (5),
+`take_limits` (6), `dispatch` (7), `map_errors` (8), `validate_output` (9), and `deliver` (10:
+output files, settling the cost; the log line is written whatever step ended the call). Each step
+may end the call by raising: a `JsonRpcError` (only step 2 and malformed params) or a `ToolError`,
+which becomes a tool result with `isError: true`. Nothing after the ending step runs, except the
+settlement of an admitted call and the log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import sys
+import time
+import traceback
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reconciler.config.snapshot import Snapshot
+from reconciler.connectors.errors import ConnectorError
+from reconciler.connectors.pool import ConnectorPool
+from reconciler.governance.gate import Admission, CallRequest, Gate, Settlement
+from reconciler.router.builtins import run_builtin
+from reconciler.router.calllog import CallLog, CallRecord
+from reconciler.router.errors import INVALID_PARAMS, JsonRpcError, ToolError, invalid_arguments, unavailable
+from reconciler.router.files import CallFolder, FileArg, resolve_files, restore_paths
+from reconciler.router.generation import Generation, ToolPlan, View
+from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, concurrency_error, timeout_error
+from reconciler.router.outcomes import error_result, executed_result, held_result
+
+__all__ = ["Caller", "Services", "execute_admitted", "run_tools_call"]
+
+_call_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What the pipeline uses from the router; fixed for the router's life."""
+
+    gate: Gate
+    pool: ConnectorPool
+    limits: LimitBook
+    log: CallLog
+    calls_dir: Path  # per-call folders of connector processes
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling: the profile (from the socket), the agent run and the run that started it."""
+
+    profile: str
+    instance: str
+    parent: str | None
+
+
+async def run_tools_call(svc: Services, generation: Generation, view: View, caller: Caller,
+                         params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Steps 2-10 for one tools/call; the `CallToolResult` to send, or a raised `JsonRpcError`."""
+    name, arguments = read_call_params(params)
+    started = time.perf_counter()
+    try:
+        plan = resolve_tool(view, name)
+    except JsonRpcError:
+        svc.log.write(CallRecord(caller.profile, caller.instance, view.interface or "", name[:200], None,
+                                 generation.number, started, outcome="refused", error="unknown_tool"))
+        raise
+    record = CallRecord(caller.profile, caller.instance, plan.interface, plan.name, plan.binding,
+                        generation.number, started)
+    try:
+        result = await _run_steps(svc, generation.snapshot, plan, caller, arguments, record)
+    except ToolError as exc:
+        record.outcome, record.error, record.cause = "error", exc.code, exc.cause
+        record.field = record.field or exc.field
+        result = error_result(exc)
+    except asyncio.CancelledError:
+        record.outcome = "cancelled"
+        raise
+    except Exception:  # a bug of ours must not kill the session: report it and answer unavailable
+        traceback.print_exc(file=sys.stderr)
+        internal = unavailable("internal", "the router failed while handling this call; retrying later may work")
+        record.outcome, record.error, record.cause = "error", internal.code, internal.cause
+        result = error_result(internal)
+    finally:
+        svc.log.write(record)
+    return result
+
+
+def read_call_params(params: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    name = (params or {}).get("name")
+    if not isinstance(name, str):
+        raise JsonRpcError(INVALID_PARAMS, "tools/call needs params.name, the tool's name as a string")
+    arguments = (params or {}).get("arguments")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise JsonRpcError(INVALID_PARAMS, "tools/call params.arguments must be an object")
+    return name, arguments
+
+
+def resolve_tool(view: View, name: str) -> ToolPlan:
+    """Step 2: the session's snapshot → profile → interface → tool → binding, all precomputed."""
+    plan = view.tools.get(name)
+    if plan is None:
+        known = ", ".join(view.tools)
+        raise JsonRpcError(INVALID_PARAMS, f"unknown tool '{name[:200]}'; this session serves: {known}")
+    return plan
+
+
+def validate_input(plan: ToolPlan, arguments: Mapping[str, Any]) -> None:
+    """Step 3: the arguments against the compiled inputSchema; the error says where and why (SEP-1303)."""
+    validator = plan.compiled.input
+    if validator.is_valid(arguments):
+        return
+    problems = []
+    for error in itertools.islice(validator.iter_errors(arguments), 5):
+        where = "/" + "/".join(str(p) for p in error.instance_path)
+        problems.append(f"at {where}: {error.message}")
+    raise invalid_arguments("the arguments do not match the tool's inputSchema: " + "; ".join(problems))
+
+
+async def govern(gate: Gate, snapshot: Snapshot, call: CallRequest) -> Admission:
+    """Step 5: the governance seam decides executed / pending / blocked and reserves the estimate."""
+    return await gate.admit(snapshot, call)
+
+
+async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller,
+                     arguments: dict[str, Any], record: CallRecord) -> dict[str, Any]:
+    validate_input(plan, arguments)
+    files = resolve_files(plan.compiled.files, arguments, plan.scope, plan.limits.maxFileBytes,
+                          plan.errors) if plan.compiled.files else ()
+    call = CallRequest(caller.profile, caller.instance, caller.parent, plan.interface, plan.name,
+                       plan.binding or "", arguments, plan.price)
+    if plan.builtin:
+        is_error, out = await run_builtin(svc.gate, plan.name, arguments, call)
+        if not is_error:
+            validate_output(plan, out)
+        record.outcome = "blocked" if is_error else "executed"
+        return executed_result(out, None) if not is_error else held_result(out, "blocked")
+    admission = await govern(svc.gate, snapshot, call)
+    if admission.status != "executed":
+        record.outcome, record.request_id = admission.status, admission.request_id
+        body: dict[str, Any] = {"status": admission.status, "message": admission.message}
+        if admission.status == "pending":
+            body["request_id"] = admission.request_id
+        return held_result(body, admission.status)
+    structured, settlement = await execute_admitted(svc, snapshot, plan, caller, arguments, files, admission, record)
+    return executed_result(structured, settlement)
+
+
+async def execute_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller,
+                           arguments: dict[str, Any], files: tuple[FileArg, ...], admission: Admission | None,
+                           record: CallRecord) -> tuple[dict[str, Any], Settlement | None]:
+    """Steps 6-10 of an admitted call, settled in every case; with no admission (a held call run once
+    approved, whose hold the gate settles itself) nothing is settled here."""
+    ok = False
+    actual: float | None = None
+    try:
+        async with take_limits(svc.limits, plan, caller) as timeout:
+            folder = CallFolder(svc.calls_dir, f"{os.getpid()}-{next(_call_ids)}") if files else None
+            try:
+                raw, back = await dispatch(svc, snapshot, plan, arguments, files, folder, timeout)
+                structured, actual = map_errors(plan, raw)
+                validate_output(plan, structured, record)
+                if folder is not None:
+                    await asyncio.to_thread(folder.deliver, files, plan.scope, plan.limits.maxFileBytes)
+                    structured = restore_paths(structured, back)
+            finally:
+                if folder is not None:
+                    await asyncio.to_thread(folder.remove)
+        ok = True
+    finally:
+        cost = actual if actual is not None else plan.price if ok else None
+        settlement = await svc.gate.settle(admission, cost, ok) if admission is not None else None
+        record.cost = settlement.charged if settlement is not None else cost
+    return structured, settlement
+
+
+@contextlib.asynccontextmanager
+async def take_limits(book: LimitBook, plan: ToolPlan, caller: Caller) -> AsyncIterator[float]:
+    """Step 6: count the call against the run, wait for a concurrency slot; yields the time left."""
+    key = (caller.profile, caller.instance, plan.interface)
+    limits = plan.limits
+    book.count_call(key, limits.maxCallsPerRun)
+    timeout = limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout):
+            taken = await book.acquire(key, limits.maxConcurrent)
+    except TimeoutError:
+        raise concurrency_error(limits.maxConcurrent or 0, timeout) from None
+    try:
+        yield timeout - (time.monotonic() - started)
+    finally:
+        if taken:
+            book.release(key)
+
+
+async def dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: dict[str, Any],
+                   files: tuple[FileArg, ...], folder: CallFolder | None,
+                   timeout: float) -> tuple[dict[str, Any], dict[str, str]]:
+    """Step 7: stage files, send the call to the binding's connector process (started on first use)."""
+    back: dict[str, str] = {}
+    try:
+        async with asyncio.timeout(timeout):
+            if folder is not None:
+                arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
+                                                          plan.errors)
+            connector = await svc.pool.connector_for(snapshot, plan.binding or "")
+            return await connector.call_tool(plan.name, arguments), back
+    except TimeoutError:
+        raise timeout_error(timeout) from None
+    except ConnectorError as exc:
+        raise unavailable(exc.cause, "the service failed; retrying later may work") from None
+
+
+def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:
+    """Step 8: the connector's result onto the interface's closed error list (S3); (output, its cost)."""
+    structured = raw.get("structuredContent")
+    if raw.get("isError"):
+        if isinstance(structured, dict) and isinstance(structured.get("error"), str):
+            code = structured["error"]
+            message = structured.get("message")
+            if code in plan.errors:
+                raise ToolError(code, message if isinstance(message, str) else code)
+            raise unavailable("undeclared_error", f"the service failed with '{code[:100]}', which "
+                              f"{plan.interface} does not declare; retrying later may work")
+        raise unavailable("connector_error", "the service failed without an error code; retrying later may work")
+    if not isinstance(structured, dict):
+        raise unavailable("output_invalid", "the service returned no structured result",
+                          field="/" if structured is None else "(structuredContent)")
+    meta = raw.get("_meta")
+    cost = meta.get("handler/cost") if isinstance(meta, dict) else None
+    if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
+        return structured, float(cost)
+    return structured, None
+
+
+def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None = None) -> None:
+    """Step 9: the output against the compiled outputSchema; the log names the field, never the value."""
+    validator = plan.compiled.output
+    if validator is None or validator.is_valid(structured):
+        return
+    error = next(iter(validator.iter_errors(structured)))
+    field = "/" + "/".join(str(p) for p in error.instance_path)
+    kind = error.kind
+    if kind.name == "additionalProperties":
+        extra = kind.as_dict().get("unexpected") or []
+        field = field.rstrip("/") + "/" + ",".join(str(e) for e in extra)
+    if record is not None:
+        record.keyword = kind.name
+    raise unavailable("output_invalid", "the service returned a result that does not match the interface; "
+                      "retrying later may work", field=field)
+

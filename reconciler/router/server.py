@@ -1,0 +1,217 @@
+"""The running router: one unix socket per profile, the live generation, and the swap to a new one.
+
+`Router` is what `app.serve` (and tests, and the reconcile loop) builds from a snapshot. Each profile
+gets `$HANDLER_RUN_DIR/profiles/<profile>.sock`, mode 0600: which socket a caller reached is who it
+is. `swap(snapshot)` compiles the new generation first, then replaces the live one in a single
+assignment, then opens sockets for new profiles and closes those of removed ones; sessions keep the
+generation they pinned, so calls in flight finish on theirs. `aclose` stops everything it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from reconciler.config.errors import HandlerError
+from reconciler.config.snapshot import Snapshot
+from reconciler.connectors.pool import ConnectorPool
+from reconciler.governance.gate import CallRequest, Gate, OpenGate
+from reconciler.router.calllog import CallLog, CallRecord
+from reconciler.router.errors import JsonRpcError, ToolError
+from reconciler.router.files import resolve_files
+from reconciler.router.framing import DEFAULT_MAX_LINE_BYTES, OVERSIZE, LineFramer, encode_error
+from reconciler.router.generation import Generation, ValidatorCache, compile_generation
+from reconciler.router.limits import LimitBook
+from reconciler.router.pipeline import Caller, Services, execute_admitted, validate_input
+from reconciler.router.places import MAX_SOCKET_PATH, default_state_dir, socket_path
+from reconciler.router.sessions import Session
+
+__all__ = ["Router", "RouterError"]
+
+
+class RouterError(HandlerError):
+    """The router cannot serve as asked: a socket path too long, or another router on a profile."""
+
+
+class Router:
+    """Serves every profile of the live snapshot on its socket; see the module docstring."""
+
+    def __init__(self, snapshot: Snapshot, *, root: Path, run_dir: Path, state_dir: Path | None = None,
+                 gate: Gate | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+                 call_log: bool = True) -> None:
+        self.root = root
+        self.run_dir = run_dir
+        self.max_line_bytes = max_line_bytes
+        state = state_dir if state_dir is not None else default_state_dir(root)
+        self.state_dir = state
+        self._cache = ValidatorCache()
+        self.live: Generation = compile_generation(snapshot, 1, root, self._cache)
+        self.services = Services(
+            gate=gate or OpenGate(),
+            pool=ConnectorPool(root, state, max_line_bytes),
+            limits=LimitBook(),
+            log=CallLog(state / "calls.jsonl" if call_log else None),
+            calls_dir=run_dir / "calls",
+        )
+        self._servers: dict[str, asyncio.Server] = {}
+        self._connections: set[_Connection] = set()
+
+    def socket_path(self, profile: str) -> Path:
+        return socket_path(self.run_dir, profile)
+
+    async def start(self) -> None:
+        """Create the run folder (0700) and open a socket for every profile."""
+        for folder in (self.run_dir, self.run_dir / "profiles", self.services.calls_dir):
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for profile in sorted(self.live.snapshot.profiles):
+            await self._open(profile)
+
+    async def swap(self, snapshot: Snapshot) -> Generation:
+        """Make `snapshot` live for sessions that start from now on; returns the new generation."""
+        generation = compile_generation(snapshot, self.live.number + 1, self.root, self._cache)
+        self.live = generation  # the swap itself: one assignment, nothing awaited in between
+        for profile in sorted(set(snapshot.profiles) - set(self._servers)):
+            await self._open(profile)
+        for profile in sorted(set(self._servers) - set(snapshot.profiles)):
+            await self._close_socket(profile)
+        return generation
+
+    async def _open(self, profile: str) -> None:
+        path = self.socket_path(profile)
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise RouterError(f"the socket path {path} is over {MAX_SOCKET_PATH} bytes; set HANDLER_RUN_DIR to a "
+                              "shorter folder")
+        if path.exists() or path.is_symlink():
+            if _someone_listens(path):
+                raise RouterError(f"another router already serves profile '{profile}' at {path}")
+            path.unlink()
+        loop = asyncio.get_running_loop()
+        old = os.umask(0o177)  # the socket is born 0600: no moment where others could connect
+        try:
+            server = await loop.create_unix_server(lambda: _Connection(self, profile), str(path))
+        finally:
+            os.umask(old)
+        path.chmod(0o600)
+        self._servers[profile] = server
+
+    async def _close_socket(self, profile: str) -> None:
+        server = self._servers.pop(profile)
+        server.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path(profile).unlink()
+
+    async def aclose(self) -> None:
+        """Close the sockets and sessions, stop the connector processes, close the log."""
+        for profile in list(self._servers):
+            await self._close_socket(profile)
+        for conn in list(self._connections):
+            conn.abort()
+        await asyncio.sleep(0)  # let cancelled calls log and settle before their connectors go
+        await self.services.pool.close()
+        self.services.log.close()
+
+    async def execute_held(self, call: CallRequest) -> tuple[bool, Mapping[str, Any]]:
+        """Run an approved hold through steps 4 and 6-10 on the live generation (the gate's `Executor`).
+
+        It runs on the binding recorded when the call was held; if that binding is gone, it fails.
+        The gate settles the hold itself, so this does not call `settle`.
+        """
+        generation = self.live
+        try:
+            plan = generation.view(call.profile, call.interface).tools[call.tool]
+        except (JsonRpcError, KeyError):
+            return False, {"error": "unavailable", "message": f"{call.interface} {call.tool} is no longer served "
+                           f"to profile '{call.profile}'"}
+        if call.binding != plan.binding:
+            if call.binding not in generation.snapshot.bindings:
+                return False, {"error": "unavailable", "message": f"binding '{call.binding}' is gone"}
+            plan = dataclasses.replace(plan, binding=call.binding)
+        record = CallRecord(call.profile, call.instance, plan.interface, plan.name, plan.binding, generation.number,
+                            time.perf_counter())
+        arguments = dict(call.arguments)
+        try:
+            validate_input(plan, arguments)
+            files = resolve_files(plan.compiled.files, arguments, plan.scope, plan.limits.maxFileBytes, plan.errors)
+            structured, _ = await execute_admitted(self.services, generation.snapshot, plan,
+                                                   Caller(call.profile, call.instance, call.parent_instance),
+                                                   arguments, files, None, record)
+        except ToolError as exc:
+            record.outcome, record.error, record.cause = "error", exc.code, exc.cause
+            record.field = record.field or exc.field
+            return False, {"error": exc.code, "message": exc.message}
+        finally:
+            self.services.log.write(record)
+        return True, structured
+
+
+def _someone_listens(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+class _Connection(asyncio.Protocol):
+    """Bytes in and out of one client connection; the protocol itself is the `Session`'s."""
+
+    def __init__(self, router: Router, profile: str) -> None:
+        self._router = router
+        self._framer = LineFramer(router.max_line_bytes)
+        self._transport: asyncio.Transport | None = None
+        self._session = Session(router, profile, self._write)
+        self._closing: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # a stream server gives a Transport
+        self._router._connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        for item in self._framer.feed(data):
+            if item is OVERSIZE:
+                self._write(encode_error(None, self._framer.oversize_error()))
+            else:
+                self._session.handle(item)  # type: ignore[arg-type]
+
+    def eof_received(self) -> bool:
+        # The client closed its side: finish the calls in flight, reply, then close ours.
+        self._closing = asyncio.get_running_loop().create_task(self._finish())
+        return True
+
+    async def _finish(self) -> None:
+        await self._session.drain()
+        if self._transport is not None:
+            self._transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._router._connections.discard(self)
+        self._session.abort()
+        self._transport = None
+
+    def pause_writing(self) -> None:
+        # The client is not reading its replies: stop reading its requests until it does.
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None:
+            self._transport.resume_reading()
+
+    def _write(self, data: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def abort(self) -> None:
+        self._session.abort()
+        if self._transport is not None:
+            self._transport.close()

@@ -1,0 +1,185 @@
+"""One agent session: a connection to a profile's socket, its era, its pinned generation, its calls.
+
+`Session.handle` receives each framed line. The first request pins the session to the generation
+live at that moment, so a reload only affects sessions that start after it. The era settles at the
+first request that is accepted: `initialize` opens the initialize era; a request carrying the
+2026-07-28 `_meta` envelope opens the stateless era. Quick methods are answered inline; each
+`tools/call` runs as a task, so calls of a session proceed concurrently and replies may come back
+out of order, matched by id. `notifications/cancelled` cancels a call in flight (no reply is sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from reconciler.router.errors import INVALID_REQUEST, METHOD_NOT_FOUND, JsonRpcError
+from reconciler.router.framing import (
+    IdentifiedError,
+    Message,
+    encode_error,
+    encode_raw_result,
+    encode_result,
+    parse_message,
+)
+from reconciler.router.generation import Generation, View
+from reconciler.router.pipeline import Caller, run_tools_call
+from reconciler.router.protocol import (
+    Era,
+    discover_result,
+    has_envelope,
+    initialize_result,
+    negotiate_handshake,
+    read_envelope,
+    refuse_other_era,
+)
+
+if TYPE_CHECKING:
+    from reconciler.router.server import Router
+
+__all__ = ["META_INSTANCE", "META_INTERFACE", "META_PARENT", "Session"]
+
+META_INTERFACE = "handler/interface"
+META_INSTANCE = "handler/instance"
+META_PARENT = "handler/parentInstance"
+
+_HANDSHAKE_METHODS = frozenset({"ping", "tools/list", "tools/call"})
+
+
+class Session:
+    """The protocol state of one connection; `write` sends one encoded line to the client."""
+
+    def __init__(self, router: Router, profile: str, write: Callable[[bytes], None]) -> None:
+        self.router = router
+        self.profile = profile
+        self.write = write
+        self.generation: Generation | None = None
+        self.era: Era | None = None
+        self.version: str | None = None
+        # An agent run that names no instance is one per connection, so per-run limits still apply.
+        self.default_instance = "conn-" + secrets.token_hex(6)
+        self.tasks: dict[int | str, asyncio.Task[None]] = {}
+
+    def handle(self, line: bytes) -> None:
+        try:
+            msg = parse_message(line)
+        except IdentifiedError as exc:
+            self.write(encode_error(exc.msg_id, exc))
+            return
+        except JsonRpcError as exc:
+            self.write(encode_error(None, exc))
+            return
+        if msg is None:
+            return  # a response: the router sends no requests, so there is nothing to match
+        if not msg.is_request:
+            self._notification(msg)
+            return
+        if self.generation is None:
+            self.generation = self.router.live
+        try:
+            self._request(msg, self.generation)
+        except JsonRpcError as exc:
+            self.write(encode_error(msg.id, exc))
+
+    def _request(self, msg: Message, generation: Generation) -> None:
+        method, params = msg.method, msg.params
+        if method == "initialize":
+            if self.era is Era.STATELESS:
+                raise refuse_other_era(Era.STATELESS, method, params)
+            version = negotiate_handshake(params)
+            view = self._view(generation, params)
+            self.era, self.version = Era.HANDSHAKE, version
+            self.write(encode_result(msg.id, initialize_result(version, view.instructions)))
+        elif has_envelope(params):
+            if self.era is Era.HANDSHAKE:
+                raise refuse_other_era(Era.HANDSHAKE, method, params)
+            self.version = read_envelope(params)
+            self.era = Era.STATELESS
+            self._stateless(msg, generation)
+        elif self.era is Era.STATELESS or method == "server/discover":
+            read_envelope(params)  # raises: a stateless request needs its envelope
+        elif method in _HANDSHAKE_METHODS:
+            self._handshake(msg, generation)
+        else:
+            raise _unknown_method(method)
+
+    def _handshake(self, msg: Message, generation: Generation) -> None:
+        if msg.method == "ping":
+            self.write(encode_result(msg.id, {}))
+        elif msg.method == "tools/list":
+            self.write(encode_raw_result(msg.id, self._view(generation, msg.params).list_handshake))
+        else:
+            self._start_call(msg, generation, stateless=False)
+
+    def _stateless(self, msg: Message, generation: Generation) -> None:
+        if msg.method == "server/discover":
+            self.write(encode_result(msg.id, discover_result(self._view(generation, msg.params).instructions)))
+        elif msg.method == "tools/list":
+            self.write(encode_raw_result(msg.id, self._view(generation, msg.params).list_stateless))
+        elif msg.method == "tools/call":
+            self._start_call(msg, generation, stateless=True)
+        elif msg.method == "ping":
+            raise JsonRpcError(METHOD_NOT_FOUND, "ping was removed in protocol 2026-07-28")
+        else:
+            raise _unknown_method(msg.method)
+
+    def _view(self, generation: Generation, params: Mapping[str, Any] | None) -> View:
+        meta = (params or {}).get("_meta")
+        interface = meta.get(META_INTERFACE) if isinstance(meta, dict) else None
+        return generation.view(self.profile, interface if isinstance(interface, str) else None)
+
+    def _caller(self, params: Mapping[str, Any] | None) -> Caller:
+        meta = (params or {}).get("_meta")
+        if not isinstance(meta, dict):
+            return Caller(self.profile, self.default_instance, None)
+        instance = meta.get(META_INSTANCE)
+        parent = meta.get(META_PARENT)
+        return Caller(self.profile, instance if isinstance(instance, str) and instance else self.default_instance,
+                      parent if isinstance(parent, str) and parent else None)
+
+    def _start_call(self, msg: Message, generation: Generation, *, stateless: bool) -> None:
+        if msg.id is None:  # pragma: no cover - only requests (with ids) reach here
+            return
+        view = self._view(generation, msg.params)  # an unknown interface is refused before any task starts
+        if msg.id in self.tasks:
+            raise JsonRpcError(INVALID_REQUEST, f"request id {msg.id!r} is already in use by a call in flight")
+        task = asyncio.get_running_loop().create_task(self._call(msg, generation, view, stateless))
+        self.tasks[msg.id] = task
+        key = msg.id
+        task.add_done_callback(lambda _t: self.tasks.pop(key, None))
+
+    async def _call(self, msg: Message, generation: Generation, view: View, stateless: bool) -> None:
+        try:
+            result = await run_tools_call(self.router.services, generation, view, self._caller(msg.params),
+                                          msg.params)
+        except JsonRpcError as exc:
+            self.write(encode_error(msg.id, exc))
+            return
+        if stateless:
+            result["resultType"] = "complete"
+        self.write(encode_result(msg.id, result))
+
+    def _notification(self, msg: Message) -> None:
+        if msg.method == "notifications/cancelled":
+            request_id = (msg.params or {}).get("requestId")
+            task = self.tasks.get(request_id) if isinstance(request_id, int | str) else None
+            if task is not None:
+                task.cancel()
+        # notifications/initialized and the rest need nothing from a tools-only server
+
+    async def drain(self) -> None:
+        """Wait for the calls in flight to finish and reply (the client closed its side)."""
+        while self.tasks:
+            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    def abort(self) -> None:
+        """The client is gone: cancel its calls (each still logs and settles)."""
+        for task in list(self.tasks.values()):
+            task.cancel()
+
+
+def _unknown_method(method: str) -> JsonRpcError:
+    return JsonRpcError(METHOD_NOT_FOUND, f"unknown method '{method[:100]}'; this server offers tools "
+                        "(tools/list, tools/call)")

@@ -1,0 +1,95 @@
+"""The official `mcp` SDK client through the real `handler-service` bridge and the real socket, in each mode."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from fixtures.harness import BRIDGE, bridge_params, run, serving
+from mcp import Client
+
+from reconciler.router.bridge import tag_line
+
+
+@pytest.mark.parametrize(("mode", "era"), [("legacy", "2025-11-25"), ("auto", "2026-07-28"),
+                                           ("2026-07-28", "2026-07-28")])
+def test_the_sdk_client_lists_and_calls_through_the_bridge(echo_root: Path, run_dir: Path, mode: str, era: str) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir), Client(bridge_params(run_dir, "tester", "echo"), mode=mode) as client:
+            assert client.session.protocol_version == era
+            listed = await client.list_tools()
+            names = [t.name for t in listed.tools]
+            assert names == ["echo_say", "echo_token", "echo_read", "echo_write", "echo_misbehave",
+                             "handler_status", "handler_decide"]
+            # call_tool re-validates structuredContent against the listed outputSchema itself.
+            result = await client.call_tool("echo_say", {"text": "hello", "upper": True})
+            assert not result.is_error
+            assert result.structured_content == {"text": "HELLO"}
+            assert result.meta is not None
+            assert result.meta["handler/status"] == "executed"
+            refused = await client.call_tool("echo_say", {"text": 3})
+            assert refused.is_error
+            assert refused.structured_content is not None
+            assert refused.structured_content["error"] == "invalid_arguments"
+
+    run(scenario())
+
+
+def test_the_bridge_serves_only_its_interface_and_the_builtins(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir), Client(bridge_params(run_dir, "tester", "handler"),
+                                                       mode="legacy") as client:
+            listed = await client.list_tools()
+            assert [t.name for t in listed.tools] == ["handler_status", "handler_decide"]
+            status = await client.call_tool("handler_status", {"request_id": "nope"})
+            assert status.structured_content is not None
+            assert status.structured_content["status"] == "unknown"
+
+    run(scenario())
+
+
+def test_the_bridge_names_interface_and_instances_in_meta() -> None:
+    meta = {"handler/interface": "ocr", "handler/instance": "i-1", "handler/parentInstance": "p-0"}
+    tagged = orjson.loads(tag_line(b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}\n', meta))
+    assert tagged["params"]["_meta"] == meta
+    line = b'{"jsonrpc":"2.0","id":2,"method":"x","params":{"_meta":{"progressToken":7}}}\n'
+    kept = orjson.loads(tag_line(line, meta))
+    assert kept["params"]["_meta"] == {"progressToken": 7, **meta}
+    for untouched in (b"not json\n", b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'):
+        assert tag_line(untouched, meta) == untouched
+
+
+def test_the_bridge_exits_cleanly_when_stdin_closes_after_its_requests(echo_root: Path, run_dir: Path) -> None:
+    requests = b"".join(orjson.dumps(m) + b"\n" for m in (
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo_say", "arguments": {"text": "x"}}},
+    ))
+
+    async def scenario() -> subprocess.CompletedProcess[bytes]:
+        import asyncio
+
+        async with serving(echo_root, run_dir):
+            proc = await asyncio.create_subprocess_exec(
+                BRIDGE, "echo", "--profile", "tester", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env={"HANDLER_RUN_DIR": str(run_dir), "PATH": "/usr/bin:/bin"})
+            out, err = await proc.communicate(requests)
+            return subprocess.CompletedProcess([], proc.returncode or 0, out, err)
+
+    done = run(scenario())
+    assert done.returncode == 0, done.stderr
+    replies = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [r["id"] for r in replies] == [1, 2]
+    assert replies[1]["result"]["structuredContent"] == {"text": "x"}
+
+
+def test_the_bridge_exits_when_no_router_serves_the_profile(run_dir: Path) -> None:
+    done = subprocess.run([BRIDGE, "echo", "--profile", "ghost"], input=b"", capture_output=True, check=False,
+                          env={"HANDLER_RUN_DIR": str(run_dir)}, timeout=30)
+    assert done.returncode == 1
+    assert b"no router serves profile 'ghost'" in done.stderr
+    assert sys.executable  # the bridge is the installed console script, not this interpreter
