@@ -1,0 +1,56 @@
+"""The git source: a bare mirror of the config repository, fetched on an interval or on a push.
+
+The repository may be a URL or a local path. Its refs are mirrored into the state folder, and each
+revision is read from the commit's tree (`GitSource`), never from a checkout a person may be
+editing. Fetching runs in a worker thread: GitPython calls block.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from reconciler.config import GitSource, SourceError
+from reconciler.config.sources import Blob
+
+__all__ = ["GitMirror"]
+
+log = logging.getLogger("handler.reconciler")
+
+
+class GitMirror:
+    """A bare mirror of `remote` under `folder`; `read()` gives the tree of `ref` after the last fetch."""
+
+    def __init__(self, remote: str, ref: str, folder: Path, subdir: str = "") -> None:
+        self.remote = remote
+        self.ref = ref
+        self.folder = folder
+        self.subdir = subdir
+        self._source: GitSource | None = None
+
+    def fetch(self) -> None:
+        """Clone the mirror on first use, then fetch; raises SourceError when the remote is unusable."""
+        import git
+
+        try:
+            if not (self.folder / "HEAD").exists():
+                if self.folder.exists():
+                    shutil.rmtree(self.folder)  # a clone that died half-way
+                self.folder.parent.mkdir(parents=True, exist_ok=True)
+                git.Repo.clone_from(self.remote, self.folder, mirror=True)
+            else:
+                git.Repo(self.folder).git.fetch(
+                    "--prune", "origin", "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"
+                )
+        except git.GitCommandError as exc:
+            detail = (exc.stderr or str(exc)).strip().splitlines()
+            raise SourceError(f"cannot fetch {self.remote}: {detail[-1] if detail else exc}") from exc
+        if self._source is None:
+            self._source = GitSource(self.folder, self.ref, self.subdir)
+
+    def read(self) -> tuple[str, dict[str, Blob]]:
+        if self._source is None:
+            self.fetch()
+        assert self._source is not None  # noqa: S101 - fetch() sets it or raises
+        return self._source.read()

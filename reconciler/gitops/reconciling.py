@@ -1,0 +1,172 @@
+"""The reconcile loop: load a revision → check it → guard → plan against the live one → swap → record.
+
+`Reconciler.reconcile()` is called by whatever notices a possible change (the work-tree watcher, the
+git poller, the push webhook). An invalid or refused revision is never applied: the last good
+snapshot keeps serving and the status names the failing revision and its findings. Loading and
+checking run in a worker thread, so the router keeps answering while a large tree is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from reconciler.config import HandlerError, Loader, Snapshot, TreeSource, plan_changes
+from reconciler.gitops.status import Applied, Attempt, Status, write_status
+
+__all__ = ["Reconciler", "SwapFn", "guard_emptying"]
+
+log = logging.getLogger("handler.reconciler")
+
+# Makes a checked snapshot live in the router; returns the new generation number.
+SwapFn = Callable[[Snapshot], Awaitable[int]]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def guard_emptying(live: Snapshot | None, new: Snapshot) -> str | None:
+    """Why `new` must not replace `live` without `allowEmpty = true`, or None when it may.
+
+    Like Argo CD's guard against an empty sync: a revision that removes every profile, or every
+    binding of a profile that stays in use, is far more often a mistake than a wish.
+    """
+    if live is None or (new.org is not None and new.org.allowEmpty):
+        return None
+    if live.profiles and not new.profiles:
+        return (
+            f"it removes every profile ({len(live.profiles)} served now); set allowEmpty = true in "
+            "config/org.toml if that is meant"
+        )
+    emptied = sorted(
+        name
+        for name, p in new.profiles.items()
+        if not p.selections and name in live.profiles and live.profiles[name].selections
+    )
+    if emptied:
+        return (
+            f"it removes every binding of profile(s) in use: {', '.join(emptied)}; set allowEmpty = true in "
+            "config/org.toml if that is meant"
+        )
+    return None
+
+
+class Reconciler:
+    """Keeps the router on the newest good revision of one source."""
+
+    def __init__(
+        self,
+        source: TreeSource,
+        swap: SwapFn,
+        *,
+        label: str,
+        status_file: Path | None = None,
+        live: Snapshot | None = None,
+        generation: int = 0,
+    ) -> None:
+        self.source = source
+        self._swap = swap
+        self._loader = Loader()
+        self._lock = asyncio.Lock()
+        self.status_file = status_file
+        self.live = live
+        self.status = Status(source=label)
+        if live is not None:
+            self._mark_applied(live, generation)
+        self.attempts = 0
+
+    async def reconcile(self, reason: str) -> Attempt:
+        """Bring the router to the source's current revision if it is good; return what happened."""
+        async with self._lock:  # one reconciliation at a time; the loader is not shared across threads
+            started = time.perf_counter()
+            self.attempts += 1
+            try:
+                new = await asyncio.to_thread(self._loader.load, self.source)
+            except HandlerError as exc:
+                attempt = self._attempt("(unreadable)", started, "error", reason, str(exc))
+                log.error("reconcile: cannot read the source: %s", exc)
+                return self._record(attempt)
+            if self.live is not None and new.revision == self.live.revision:
+                return self._record(self._attempt(new.revision, started, "unchanged", reason, "already applied"))
+            if not new.ok:
+                errors = new.errors
+                attempt = self._attempt(
+                    new.revision,
+                    started,
+                    "invalid",
+                    reason,
+                    f"{len(errors)} error(s); first: {errors[0].file}:{errors[0].line} "
+                    f"{errors[0].code} {errors[0].message}",
+                    findings=tuple(f.to_dict() for f in new.findings),
+                )
+                log.warning(
+                    "reconcile: revision %s is invalid (%d errors); still serving %s",
+                    new.revision,
+                    len(errors),
+                    self.live.revision if self.live else "nothing",
+                )
+                return self._record(attempt)
+            refusal = guard_emptying(self.live, new)
+            if refusal is not None:
+                log.warning("reconcile: revision %s refused: %s", new.revision, refusal)
+                return self._record(self._attempt(new.revision, started, "refused", reason, refusal))
+            plan = plan_changes(self.live, new)
+            changes = tuple(f"{p.profile}: {c}" for p in plan.profiles for c in p.changes) or (
+                ("(no change for any profile)",) if self.live is not None else ()
+            )
+            generation = await self._swap(new)
+            self.live = new
+            self._mark_applied(new, generation)
+            attempt = self._attempt(
+                new.revision,
+                started,
+                "applied",
+                reason,
+                f"generation {generation}",
+                findings=tuple(f.to_dict() for f in new.findings),
+                changes=changes,
+            )
+            log.info(
+                "reconcile: applied %s as generation %d in %.0f ms (%d profile change(s))",
+                new.revision,
+                generation,
+                attempt.duration_ms,
+                len(plan.profiles),
+            )
+            return self._record(attempt)
+
+    @staticmethod
+    def _attempt(
+        revision: str,
+        started: float,
+        result: str,
+        reason: str,
+        message: str,
+        *,
+        findings: tuple[dict[str, Any], ...] = (),
+        changes: tuple[str, ...] = (),
+    ) -> Attempt:
+        elapsed = round((time.perf_counter() - started) * 1000, 1)
+        return Attempt(revision, _now(), elapsed, result, reason, message, findings, changes)
+
+    def _mark_applied(self, snapshot: Snapshot, generation: int) -> None:
+        self.status.applied = Applied(snapshot.revision, generation, _now())
+        self.status.profiles = {
+            name: {iface: f"{sel.binding} ({sel.key})" for iface, sel in sorted(p.selections.items())}
+            for name, p in sorted(snapshot.profiles.items())
+        }
+
+    def _record(self, attempt: Attempt) -> Attempt:
+        self.status.record(attempt)
+        if self.status_file is not None:
+            try:
+                write_status(self.status_file, self.status)
+            except OSError as exc:  # a full disk must not stop the router from serving
+                log.error("reconcile: cannot write %s: %s", self.status_file, exc)
+        return attempt

@@ -1,0 +1,108 @@
+"""What the reconciler reports: the applied revision, the last attempt, readiness and a short history.
+
+One `Status` is kept in memory by the reconciler, served at `/status`, printed by `handler status`
+and written atomically to `status.json` in the state folder after every attempt, so it can be read
+by a person or a script while the service runs, and after it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Applied", "Attempt", "Status", "read_status", "write_status"]
+
+HISTORY = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One reconciliation: which revision, when, how long, and what came of it."""
+
+    revision: str
+    time: str  # ISO 8601, UTC
+    duration_ms: float
+    result: str  # "applied", "unchanged", "invalid", "refused", "error"
+    reason: str  # what started it: "start", "watch", "poll", "webhook"
+    message: str = ""
+    findings: tuple[dict[str, Any], ...] = ()
+    changes: tuple[str, ...] = ()  # the plan against the live revision, one line per change
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    revision: str
+    generation: int
+    time: str
+
+
+@dataclass
+class Status:
+    source: str  # "worktree /path" or "git URL@ref"
+    applied: Applied | None = None
+    last_attempt: Attempt | None = None
+    profiles: dict[str, dict[str, str]] = field(default_factory=dict)  # profile → interface → "binding (key)"
+    history: deque[Attempt] = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+    @property
+    def ready(self) -> bool:
+        """Serving, and serving what the source holds now."""
+        return self.applied is not None and (
+            self.last_attempt is None or self.last_attempt.result in ("applied", "unchanged")
+        )
+
+    @property
+    def reason(self) -> str:
+        if self.applied is None:
+            return "no revision has been applied yet" + (f": {self.last_attempt.message}" if self.last_attempt else "")
+        last = self.last_attempt
+        if last is not None and last.result not in ("applied", "unchanged"):
+            return (
+                f"revision {last.revision} was {last.result} ({last.message}); still serving "
+                f"{self.applied.revision} (generation {self.applied.generation})"
+            )
+        return f"serving {self.applied.revision} (generation {self.applied.generation})"
+
+    def record(self, attempt: Attempt) -> None:
+        self.last_attempt = attempt
+        self.history.appendleft(attempt)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "ready": self.ready,
+            "reason": self.reason,
+            "applied": asdict(self.applied) if self.applied else None,
+            "lastAttempt": asdict(self.last_attempt) if self.last_attempt else None,
+            "profiles": self.profiles,
+            "history": [
+                {
+                    "revision": a.revision,
+                    "time": a.time,
+                    "durationMs": a.duration_ms,
+                    "result": a.result,
+                    "reason": a.reason,
+                }
+                for a in self.history
+            ],
+        }
+
+
+def write_status(path: Path, status: Status) -> None:
+    """Replace `path` with the status as JSON, atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(status.to_dict(), indent=2) + "\n")
+    tmp.replace(path)
+
+
+def read_status(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return data

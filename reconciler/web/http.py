@@ -1,0 +1,94 @@
+"""The HTTP listener of `handler up`: `/healthz`, `/status` and the git push webhook `/hooks/git`.
+
+A Starlette app served by uvicorn inside the service's own event loop (its signal handling is left
+to the service, which stops everything in order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from reconciler.gitops.webhook import verify_signature
+
+__all__ = ["HttpListener", "build_app"]
+
+log = logging.getLogger("handler.http")
+
+
+def build_app(
+    status: Callable[[], dict[str, Any]], *, webhook_secret: bytes | None, on_push: Callable[[], Awaitable[None]] | None
+) -> Starlette:
+    """The ASGI app. `on_push` is awaited for a verified push (None: the source is not git)."""
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    async def status_route(request: Request) -> Response:
+        return JSONResponse(status())
+
+    async def hook(request: Request) -> Response:
+        body = await request.body()
+        if not webhook_secret:
+            return JSONResponse({"error": "the webhook is off: start with HANDLER_WEBHOOK_SECRET set"}, status_code=403)
+        if not verify_signature(webhook_secret, body, request.headers.get("x-hub-signature-256")):
+            log.warning(
+                "webhook: refused a request from %s with a missing or wrong X-Hub-Signature-256",
+                request.client.host if request.client else "?",
+            )
+            return JSONResponse({"error": "signature mismatch"}, status_code=401)
+        event = request.headers.get("x-github-event", "push")
+        if event == "ping":
+            return JSONResponse({"ok": True, "pong": True})
+        if event != "push" or on_push is None:
+            return JSONResponse({"ok": True, "ignored": event}, status_code=202)
+        await on_push()
+        return JSONResponse({"ok": True, "fetching": True}, status_code=202)
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/status", status_route),
+            Route("/hooks/git", hook, methods=["POST"]),
+        ]
+    )
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the service owns SIGINT/SIGTERM and stops this server itself
+
+
+class HttpListener:
+    """Runs an ASGI app on host:port as a task of the current event loop."""
+
+    def __init__(self, app: Starlette, host: str, port: int) -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+        self._server = _Server(config)
+
+    async def serve(self) -> None:
+        await self._server.serve()
+
+    @property
+    def started(self) -> bool:
+        return self._server.started
+
+    @property
+    def port(self) -> int:
+        servers = getattr(self._server, "servers", [])
+        for server in servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return self._server.config.port
+
+    def stop(self) -> None:
+        self._server.should_exit = True

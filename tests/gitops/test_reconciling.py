@@ -1,0 +1,96 @@
+"""The reconcile loop on real trees: apply, keep the last good revision, refuse emptying, record status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from reconciler.config import FolderSource
+from reconciler.gitops.reconciling import Reconciler
+from reconciler.gitops.status import read_status
+from tests.gitops.conftest import Swaps
+
+
+def _reconciler(root: Path) -> tuple[Reconciler, Swaps]:
+    swaps = Swaps()
+    return Reconciler(
+        FolderSource(root), swaps, label=f"worktree {root}", status_file=root / ".handler/status.json"
+    ), swaps
+
+
+def test_good_revisions_apply_and_a_broken_one_keeps_the_last_good(shipped_tree: Path) -> None:
+    reconciler, swaps = _reconciler(shipped_tree)
+    first = asyncio.run(reconciler.reconcile("start"))
+    assert (first.result, len(swaps.live)) == ("applied", 1)
+    assert reconciler.status.ready
+
+    profile = shipped_tree / "config/profiles/researcher.toml"
+    good = profile.read_text()
+    profile.write_text(good.replace('"ocr-local"', '"ocr-mistral-perso"'))
+    second = asyncio.run(reconciler.reconcile("watch"))
+    assert (second.result, len(swaps.live)) == ("applied", 2)
+    assert swaps.live[-1].profiles["researcher"].selections["ocr"].binding == "ocr-mistral-perso"
+    assert any("researcher: ocr: ocr-local" in c for c in second.changes)
+
+    profile.write_text(good.replace('"ocr-local"', '"ocr-nowhere"'))
+    broken = asyncio.run(reconciler.reconcile("watch"))
+    assert broken.result == "invalid"
+    assert len(swaps.live) == 2  # nothing swapped: the last good revision keeps serving
+    assert reconciler.live is swaps.live[-1]
+    assert [(f["code"], f["file"]) for f in broken.findings if f["severity"] == "error"] == [
+        ("P001", "config/profiles/researcher.toml")
+    ]
+    status = read_status(shipped_tree / ".handler/status.json")
+    assert status is not None
+    assert status["ready"] is False
+    assert status["applied"]["generation"] == 2
+    assert status["lastAttempt"]["revision"] == broken.revision
+    assert "still serving" in status["reason"]
+    assert [h["result"] for h in status["history"]] == ["invalid", "applied", "applied"]
+
+    profile.write_text(good)
+    fixed = asyncio.run(reconciler.reconcile("watch"))
+    assert (fixed.result, len(swaps.live)) == ("applied", 3)
+    assert reconciler.status.ready
+
+
+def test_an_unchanged_tree_is_not_swapped_again(shipped_tree: Path) -> None:
+    reconciler, swaps = _reconciler(shipped_tree)
+    asyncio.run(reconciler.reconcile("start"))
+    again = asyncio.run(reconciler.reconcile("poll"))
+    assert again.result == "unchanged"
+    assert len(swaps.live) == 1
+
+
+def test_removing_every_profile_is_refused_unless_org_allows_it(shipped_tree: Path) -> None:
+    reconciler, swaps = _reconciler(shipped_tree)
+    asyncio.run(reconciler.reconcile("start"))
+    saved = {p: p.read_text() for p in (shipped_tree / "config/profiles").iterdir()}
+    for path in saved:
+        path.unlink()
+    refused = asyncio.run(reconciler.reconcile("watch"))
+    assert refused.result == "refused"
+    assert "allowEmpty" in refused.message
+    assert len(swaps.live) == 1
+    org = shipped_tree / "config/org.toml"
+    org.write_text(org.read_text().replace("allowEmpty = false", "allowEmpty = true"))
+    assert asyncio.run(reconciler.reconcile("watch")).result == "applied"
+    assert swaps.live[-1].profiles == {}
+
+
+def test_emptying_one_profile_in_use_is_refused(shipped_tree: Path) -> None:
+    reconciler, swaps = _reconciler(shipped_tree)
+    asyncio.run(reconciler.reconcile("start"))
+    org = shipped_tree / "config/org.toml"
+    org.write_text(
+        org.read_text()
+        .replace('requires = ["llm/v1"]', "requires = []")
+        .replace('services = { llm = "llm-openai" }', "services = {}")
+    )
+    (shipped_tree / "config/profiles/auditor.toml").write_text(
+        'apiVersion = "handler.profile/v1"\nname = "auditor"\ngroup = "research"\nscope = "work/auditor"\n'
+    )
+    attempt = asyncio.run(reconciler.reconcile("watch"))
+    assert attempt.result == "refused", (attempt.message, json.dumps(attempt.findings)[:500])
+    assert "auditor" in attempt.message
