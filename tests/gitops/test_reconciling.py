@@ -80,7 +80,7 @@ def test_removing_every_profile_is_refused_unless_org_allows_it(shipped_tree: Pa
 
 
 def test_emptying_one_profile_in_use_is_refused(shipped_tree: Path) -> None:
-    reconciler, swaps = _reconciler(shipped_tree)
+    reconciler, _swaps = _reconciler(shipped_tree)
     asyncio.run(reconciler.reconcile("start"))
     org = shipped_tree / "config/org.toml"
     org.write_text(
