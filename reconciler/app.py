@@ -13,15 +13,21 @@ import contextlib
 import signal
 import sys
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reconciler.config import ConfigError, FolderSource, Loader, Snapshot
+from reconciler.config import ConfigError, FolderSource, GitSource, HandlerError, Loader, Snapshot, TreeSource
+from reconciler.gitops.fetching import GitMirror
+from reconciler.gitops.reconciling import Reconciler
+from reconciler.gitops.status import Attempt, read_status
+from reconciler.gitops.watching import watch_tree
 from reconciler.governance.gate import Gate
 from reconciler.router.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router
+from reconciler.web.http import HttpListener, build_app
 
-__all__ = ["run_router", "serve"]
+__all__ = ["UpOptions", "run_router", "run_up", "serve", "up"]
 
 
 def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_dir: Path | None = None,
@@ -73,3 +79,168 @@ async def _reload(router: Router, loader: Loader, root: Path) -> None:
     generation = await router.swap(snapshot)
     print(f"handler serve: generation {generation.number} (revision {snapshot.revision[:12]}) serves new sessions",
           file=sys.stderr)
+
+
+# --- handler up: the reconciler, the router and the HTTP listener in one process --------------------
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    root: str  # a folder (worktree) or a repository git can fetch (git)
+    source: str = "worktree"  # "worktree" | "git"
+    ref: str = "main"
+    interval: float = 30.0
+    run_dir: Path | None = None
+    state_dir: Path | None = None
+    http_host: str = "127.0.0.1"
+    http_port: int = 8765
+    webhook_secret: bytes | None = None
+
+
+def up(options: UpOptions, *, gate: Gate | None = None,
+       on_ready: Callable[[Router, Reconciler, HttpListener], None] | None = None) -> int:
+    """Run the whole service until SIGINT/SIGTERM; returns the exit code (1: nothing good to serve)."""
+    result: list[int] = [0]
+    _run(run_up(options, gate=gate, on_ready=on_ready, result=result))
+    return result[0]
+
+
+async def run_up(options: UpOptions, *, gate: Gate | None = None,
+                 on_ready: Callable[[Router, Reconciler, HttpListener], None] | None = None,
+                 result: list[int] | None = None, stop: asyncio.Event | None = None) -> None:
+    """The service: first reconcile (which starts the router), then follow the source until `stop`."""
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, RuntimeError):  # not the main thread (tests): the caller stops us
+            loop.add_signal_handler(sig, stop.set)
+    root = Path(options.root)
+    state_dir = options.state_dir or default_state_dir(root if options.source == "worktree" else Path.cwd())
+    run_dir = options.run_dir or default_run_dir()
+    holder: list[Router] = []
+
+    async def swap(snapshot: Snapshot) -> int:
+        if not holder:  # the first good revision starts the router
+            router = Router(snapshot, root=_tree_root(options, state_dir), run_dir=run_dir, state_dir=state_dir,
+                            gate=gate)
+            await router.start()
+            holder.append(router)
+            return router.live.number
+        return (await holder[0].swap(snapshot)).number
+
+    mirror: GitMirror | None = None
+    source: TreeSource
+    if options.source == "git":
+        mirror = GitMirror(options.root, options.ref, state_dir / "mirror.git")
+        source = mirror
+        label = f"git {options.root}@{options.ref}"
+    else:
+        source = FolderSource(root)
+        label = f"worktree {root.resolve()}"
+    reconciler = Reconciler(source, swap, label=label, status_file=state_dir / "status.json")
+    pushed = asyncio.Event()
+
+    async def on_push() -> None:
+        pushed.set()
+
+    app = build_app(reconciler.status.to_dict, webhook_secret=options.webhook_secret,
+                    on_push=on_push if mirror is not None else None)
+    listener = HttpListener(app, options.http_host, options.http_port)
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        if mirror is not None:
+            await _fetch(mirror)
+        first = await reconciler.reconcile("start")
+        if not holder and mirror is not None:
+            await _serve_last_known_good(reconciler, mirror, state_dir)
+        if not holder:
+            _report_unservable(first)
+            if result is not None:
+                result[0] = 1
+            return
+        tasks.append(asyncio.create_task(listener.serve()))
+        if mirror is not None:
+            tasks.append(asyncio.create_task(_follow_git(reconciler, mirror, options.interval, pushed, stop)))
+        else:
+            tasks.append(asyncio.create_task(watch_tree(root, reconciler.reconcile, stop)))
+        async with asyncio.timeout(10):
+            while not listener.started and not tasks[0].done():
+                await asyncio.sleep(0.01)
+        if tasks[0].done():  # the port is taken, or the address is wrong
+            tasks[0].result()
+        if on_ready is not None:
+            on_ready(holder[0], reconciler, listener)
+        await stop.wait()
+    finally:
+        stop.set()
+        listener.stop()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, timeout=5)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        if holder:
+            await holder[0].aclose()
+
+
+def _tree_root(options: UpOptions, state_dir: Path) -> Path:
+    """Where relative paths of the tree (profile scopes, connector folders) resolve."""
+    if options.source == "worktree":
+        return Path(options.root)
+    checkout = state_dir / "tree"  # a git source has no work tree: scopes live under the state folder
+    checkout.mkdir(parents=True, exist_ok=True)
+    return checkout
+
+
+async def _fetch(mirror: GitMirror) -> bool:
+    try:
+        await asyncio.to_thread(mirror.fetch)
+    except HandlerError as exc:
+        print(f"handler up: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+async def _follow_git(reconciler: Reconciler, mirror: GitMirror, interval: float, pushed: asyncio.Event,
+                      stop: asyncio.Event) -> None:
+    """Fetch every `interval` seconds, or at once after a verified push, and reconcile."""
+    while not stop.is_set():
+        waiter = asyncio.create_task(pushed.wait())
+        stopper = asyncio.create_task(stop.wait())
+        _, pending = await asyncio.wait({waiter, stopper}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if stop.is_set():
+            return
+        reason = "webhook" if pushed.is_set() else "poll"
+        pushed.clear()
+        if await _fetch(mirror):
+            await reconciler.reconcile(reason)
+
+
+async def _serve_last_known_good(reconciler: Reconciler, mirror: GitMirror, state_dir: Path) -> None:
+    """The head is not servable: start on the revision applied last time, if the mirror still has it."""
+    previous = read_status(state_dir / "status.json") or {}
+    applied = (previous.get("applied") or {}).get("revision")
+    if not applied:
+        return
+    head = reconciler.source
+    reconciler.source = GitSource(mirror.folder, applied, mirror.subdir)
+    try:
+        attempt = await reconciler.reconcile("last-known-good")
+    finally:
+        reconciler.source = head
+    if attempt.result == "applied":
+        print(f"handler up: the head is not servable; serving the last good revision {applied[:12]}",
+              file=sys.stderr)
+        await reconciler.reconcile("start")  # records the failing head in the status again
+
+
+def _report_unservable(attempt: Attempt) -> None:
+    print(f"handler up: not starting: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}",
+          file=sys.stderr)
+    for finding in attempt.findings:
+        if finding["severity"] == "error":
+            print(f"{finding['file']}:{finding['line']}: {finding['code']} {finding['message']}", file=sys.stderr)
+    print("fix the tree (`handler validate` shows every finding) and start again", file=sys.stderr)

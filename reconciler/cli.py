@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -16,7 +17,9 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from reconciler.app import UpOptions
 from reconciler.app import serve as serve_router
+from reconciler.app import up as run_service
 from reconciler.config import (
     CODES,
     FolderSource,
@@ -29,6 +32,8 @@ from reconciler.config import (
     plan_changes,
 )
 from reconciler.config.findings import Finding, sort_findings
+from reconciler.gitops.reconciling import Reconciler
+from reconciler.gitops.status import read_status
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.decide import usd
 from reconciler.governance.errors import NotAllowedError
@@ -39,6 +44,7 @@ from reconciler.governance.ledger import add_balance, current_month, read_balanc
 from reconciler.governance.rulebook import from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_exists, store_url
 from reconciler.router.server import Router
+from reconciler.web.http import HttpListener
 
 __all__ = ["main"]
 
@@ -81,10 +87,87 @@ def _build_parser() -> argparse.ArgumentParser:
 
     _add_governance_commands(sub)
     _add_serve_command(sub)
+    _add_up_commands(sub)
 
     for ep in entry_points(group="handler.commands"):
         ep.load()(sub)
     return parser
+
+
+def _add_up_commands(sub: Any) -> None:
+    up = sub.add_parser("up", help="run the service: follow the config tree (or a git ref) and serve its profiles")
+    up.add_argument("root", nargs="?", default=".", help="the config root (worktree) or a repository git can "
+                    "fetch, a path or a URL (git); default: .")
+    up.add_argument("--source", choices=["worktree", "git"], default="worktree")
+    up.add_argument("--ref", default="main", help="the branch to follow with --source git (default: main)")
+    up.add_argument("--interval", type=float, default=30.0, help="seconds between fetches with --source git")
+    up.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT", help="/healthz, /status, /hooks/git")
+    up.add_argument("--run-dir", type=Path, help="where the profiles' sockets go (default: $HANDLER_RUN_DIR)")
+    up.add_argument("--state-dir", type=Path, help="status.json, the call log, the git mirror (default: "
+                    "$HANDLER_STATE_DIR, else ROOT/.handler)")
+    up.set_defaults(run=_up)
+
+    status = sub.add_parser("status", help="what the running (or last) service applied, attempted and serves")
+    status.add_argument("root", nargs="?", default=".")
+    status.add_argument("--state-dir", type=Path)
+    status.add_argument("--format", choices=["text", "json"], default="text")
+    status.set_defaults(run=_status)
+
+
+def _up(args: argparse.Namespace) -> int:
+    host, _, port = args.http.rpartition(":")
+    if not host or not port.isdigit():
+        raise SourceError(f"--http {args.http!r} is not HOST:PORT, e.g. 127.0.0.1:8765")
+    if args.source == "worktree" and not Path(args.root, "config").is_dir():
+        raise SourceError(f"{args.root} holds no config/; give the root of a config tree, or --source git")
+    secret = os.environ.get("HANDLER_WEBHOOK_SECRET", "").encode() or None
+    options = UpOptions(root=args.root, source=args.source, ref=args.ref, interval=args.interval,
+                        run_dir=args.run_dir, state_dir=args.state_dir, http_host=host, http_port=int(port),
+                        webhook_secret=secret)
+
+    def ready(router: Router, reconciler: Reconciler, listener: HttpListener) -> None:
+        applied = reconciler.status.applied
+        sockets = router.run_dir / "profiles"
+        print(f"handler up: {reconciler.status.source}", file=sys.stderr)
+        if applied is not None:
+            print(f"  serving revision {applied.revision[:12]} as generation {applied.generation}", file=sys.stderr)
+        for name in sorted(router.live.snapshot.profiles):
+            print(f"  profile {name}: {sockets / name}.sock", file=sys.stderr)
+        print(f"  http://{host}:{listener.port}/status  (also /healthz, POST /hooks/git)", file=sys.stderr)
+        print("  an agent's MCP client runs: handler-service <interface> --profile <profile>, with "
+              f"HANDLER_RUN_DIR={router.run_dir}", file=sys.stderr)
+        print("  Ctrl-C stops everything.", file=sys.stderr, flush=True)
+
+    return run_service(options, on_ready=ready)
+
+
+def _status(args: argparse.Namespace) -> int:
+    state = args.state_dir or (Path(os.environ["HANDLER_STATE_DIR"]) if os.environ.get("HANDLER_STATE_DIR")
+                               else Path(args.root) / ".handler")
+    status = read_status(state / "status.json")
+    if status is None:
+        print(f"handler status: no status in {state}; has `handler up` run on this tree?", file=sys.stderr)
+        return EXIT_FINDINGS
+    if args.format == "json":
+        print(json.dumps(status, indent=2))
+        return EXIT_OK
+    print(f"source:  {status['source']}")
+    print(f"ready:   {'yes' if status['ready'] else 'no'} — {status['reason']}")
+    if status["applied"]:
+        a = status["applied"]
+        print(f"applied: {a['revision']} (generation {a['generation']}, {a['time']})")
+    last = status["lastAttempt"]
+    if last:
+        print(f"last:    {last['revision']} {last['result']} at {last['time']} ({last['durationMs']} ms): "
+              f"{last['message']}")
+        for f in last["findings"]:
+            print(f"  {f['file']}:{f['line']}: {f['code']} {f['message']}")
+    for name, services in status["profiles"].items():
+        print(f"profile {name}: " + ", ".join(f"{i} → {b}" for i, b in services.items()))
+    print("history:")
+    for h in status["history"]:
+        print(f"  {h['time']}  {h['result']:9}  {h['reason']:8}  {h['durationMs']:8} ms  {h['revision']}")
+    return EXIT_OK if status["ready"] else EXIT_FINDINGS
 
 
 def _add_serve_command(sub: Any) -> None:

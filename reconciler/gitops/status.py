@@ -77,19 +77,19 @@ class Status:
             "ready": self.ready,
             "reason": self.reason,
             "applied": asdict(self.applied) if self.applied else None,
-            "lastAttempt": asdict(self.last_attempt) if self.last_attempt else None,
+            "lastAttempt": _attempt_dict(self.last_attempt, full=True) if self.last_attempt else None,
             "profiles": self.profiles,
-            "history": [
-                {
-                    "revision": a.revision,
-                    "time": a.time,
-                    "durationMs": a.duration_ms,
-                    "result": a.result,
-                    "reason": a.reason,
-                }
-                for a in self.history
-            ],
+            "history": [_attempt_dict(a, full=False) for a in self.history],
         }
+
+
+def _attempt_dict(attempt: Attempt, *, full: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"revision": attempt.revision, "time": attempt.time, "durationMs": attempt.duration_ms,
+                           "result": attempt.result, "reason": attempt.reason, "message": attempt.message}
+    if full:
+        out["findings"] = list(attempt.findings)
+        out["changes"] = list(attempt.changes)
+    return out
 
 
 def write_status(path: Path, status: Status) -> None:
