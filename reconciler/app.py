@@ -120,6 +120,8 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
     holder: list[Router] = []
 
     async def swap(snapshot: Snapshot) -> int:
+        if mirror is not None:  # connectors run from their folder: the revision's files must be on disk
+            await asyncio.to_thread(mirror.export, snapshot.revision, _tree_root(options, state_dir))
         if not holder:  # the first good revision starts the router
             router = Router(snapshot, root=_tree_root(options, state_dir), run_dir=run_dir, state_dir=state_dir,
                             gate=gate)
@@ -188,9 +190,7 @@ def _tree_root(options: UpOptions, state_dir: Path) -> Path:
     """Where relative paths of the tree (profile scopes, connector folders) resolve."""
     if options.source == "worktree":
         return Path(options.root)
-    checkout = state_dir / "tree"  # a git source has no work tree: scopes live under the state folder
-    checkout.mkdir(parents=True, exist_ok=True)
-    return checkout
+    return state_dir / "tree"  # a git source has no work tree: the applied revision is exported here
 
 
 async def _fetch(mirror: GitMirror) -> bool:

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from reconciler.config import GitSource, SourceError
-from reconciler.config.sources import Blob
+from reconciler.config.sources import TREE_FOLDERS, Blob, blob_sha
 
 __all__ = ["GitMirror"]
 
@@ -48,6 +48,30 @@ class GitMirror:
             raise SourceError(f"cannot fetch {self.remote}: {detail[-1] if detail else exc}") from exc
         if self._source is None:
             self._source = GitSource(self.folder, self.ref, self.subdir)
+
+    def export(self, revision: str, dest: Path) -> None:
+        """Write the config folders of `revision` under `dest` (the service's own copy, never a person's
+        checkout), so connectors run from their folder and relative scopes have a home.
+
+        Files are written only when their content changed and files gone from the revision are removed,
+        so connector processes already running from `dest` keep their folder.
+        """
+        _, files = GitSource(self.folder, revision, self.subdir).read()
+        for rel, blob in files.items():
+            path = dest / rel
+            if path.is_file() and blob_sha(path.read_bytes()) == blob.sha:
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(blob.data)
+            tmp.replace(path)
+        for folder in TREE_FOLDERS:
+            for path in sorted((dest / folder).rglob("*"), reverse=True) if (dest / folder).exists() else []:
+                rel = path.relative_to(dest).as_posix()
+                if path.is_file() and rel not in files:
+                    path.unlink()
+                elif path.is_dir() and not any(path.iterdir()):
+                    path.rmdir()
 
     def read(self) -> tuple[str, dict[str, Blob]]:
         if self._source is None:
