@@ -80,7 +80,8 @@ class Service:
 
     @property
     def generation(self) -> int:
-        assert self.reconciler is not None and self.reconciler.status.applied is not None
+        assert self.reconciler is not None
+        assert self.reconciler.status.applied is not None
         return self.reconciler.status.applied.generation
 
     async def until(self, check: Callable[[], bool]) -> None:
@@ -268,7 +269,7 @@ def _processes_under(folder: Path) -> list[int]:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if str(Path(os.readlink(entry / "cwd"))).startswith(str(folder)):
+            if str((entry / "cwd").readlink()).startswith(str(folder)):
                 found.append(int(entry.name))
     return found
 
