@@ -92,8 +92,11 @@ def plan_changes(base: Snapshot | None, head: Snapshot) -> Plan:
     """What differs for each profile from `base` (None: an empty tree) to `head`."""
     from reconciler.config.freezing import recheck_needed
 
-    before = {n: describe_profile(base, p) for n, p in base.profiles.items()} if base else {}
-    after = {n: describe_profile(head, p) for n, p in head.profiles.items()}
+    # A profile object carried over unchanged by the loader's cache had the same inputs in both
+    # revisions (its file, its bindings, the interfaces, org and templates): nothing to describe.
+    kept = {n for n, p in head.profiles.items() if base is not None and base.profiles.get(n) is p}
+    before = {n: describe_profile(base, p) for n, p in base.profiles.items() if n not in kept} if base else {}
+    after = {n: describe_profile(head, p) for n, p in head.profiles.items() if n not in kept}
     plans: list[ProfilePlan] = []
     for name in sorted({*before, *after}):
         old, new = before.get(name), after.get(name)
