@@ -1,0 +1,204 @@
+"""The built-in llm connector against local servers speaking each vendor's wire format."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from reconciler.connectors.llm import LlmConnector, LlmSettings
+from tests.connectors.vendors import Reply, Vendor, anthropic_reply, openai_reply, serving_vendor
+
+CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "system": "Be brief", "maxTokens": 20, "temperature": 0.2}
+
+
+@pytest.fixture
+def vendor() -> Iterator[Vendor]:
+    with serving_vendor() as v:
+        yield v
+
+
+def _call(settings: LlmSettings, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        connector = LlmConnector(settings)
+        try:
+            return await connector.call_tool("llm_complete", arguments)
+        finally:
+            await connector.stop()
+
+    return asyncio.run(go())
+
+
+def _openai(vendor: Vendor, **kw: Any) -> LlmSettings:
+    return LlmSettings("openai-chat", "gpt-4o-mini", "sk-test-key", vendor.url, **kw)
+
+
+def _anthropic(vendor: Vendor, **kw: Any) -> LlmSettings:
+    return LlmSettings("anthropic", "claude-sonnet-4-5", "ant-test-key", vendor.url, **kw)
+
+
+def test_openai_chat_request_and_answer(vendor: Vendor) -> None:
+    vendor.replies.append(openai_reply("Hi!", finish="length"))
+    result = _call(_openai(vendor), CHAT)
+    assert result["isError"] is False
+    assert result["structuredContent"] == {
+        "text": "Hi!",
+        "stopReason": "max_tokens",
+        "usage": {"inputTokens": 12, "outputTokens": 5},
+    }
+    [sent] = vendor.requests
+    assert sent["path"] == "/v1/chat/completions"
+    assert sent["headers"]["authorization"] == "Bearer sk-test-key"
+    assert sent["body"] == {
+        "model": "gpt-4o-mini",
+        "max_tokens": 20,
+        "temperature": 0.2,
+        "messages": [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Say hi"}],
+    }
+
+
+def test_anthropic_messages_request_and_answer(vendor: Vendor) -> None:
+    vendor.replies.append(anthropic_reply("Hello.", stop="end_turn"))
+    result = _call(_anthropic(vendor), {"messages": [{"role": "user", "content": "Say hi"}], "system": "Brief"})
+    assert result["structuredContent"] == {
+        "text": "Hello.",
+        "stopReason": "end",
+        "usage": {"inputTokens": 9, "outputTokens": 4},
+    }
+    [sent] = vendor.requests
+    assert sent["path"] == "/v1/messages"
+    assert sent["headers"]["x-api-key"] == "ant-test-key"
+    assert sent["headers"]["anthropic-version"] == "2023-06-01"
+    assert sent["body"] == {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "system": "Brief",
+        "messages": [{"role": "user", "content": "Say hi"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("reply", "code", "words"),
+    [
+        (
+            Reply(
+                429,
+                {
+                    "error": {
+                        "message": "Rate limit reached for gpt-4o-mini",
+                        "type": "requests",
+                        "code": "rate_limit_exceeded",
+                    }
+                },
+            ),
+            "limit",
+            "Rate limit reached",
+        ),
+        (
+            Reply(
+                400,
+                {
+                    "error": {
+                        "message": "Your request was rejected",
+                        "type": "invalid_request_error",
+                        "code": "content_policy_violation",
+                    }
+                },
+            ),
+            "refused",
+            "rejected",
+        ),
+        (openai_reply("", refusal="I can't help with that."), "refused", "can't help"),
+        (openai_reply("", finish="content_filter"), "refused", "content filter"),
+        (Reply(503, {"error": {"message": "The engine is currently overloaded"}}), "unavailable", "HTTP 503"),
+        (
+            Reply(
+                401,
+                {
+                    "error": {
+                        "message": "Incorrect API key provided: sk-test-key",
+                        "type": "invalid_request_error",
+                        "code": "invalid_api_key",
+                    }
+                },
+            ),
+            "unavailable",
+            "refused the binding's key",
+        ),
+        (Reply(200, b"<html>gateway error</html>"), "unavailable", "not JSON"),
+        (Reply(200, {"choices": []}), "unavailable", "lacks choices"),
+    ],
+)
+def test_openai_failures_map_onto_the_closed_list(vendor: Vendor, reply: Reply, code: str, words: str) -> None:
+    vendor.replies.append(reply)
+    result = _call(_openai(vendor), CHAT)
+    assert result["isError"] is True
+    assert result["structuredContent"]["error"] == code
+    assert words in result["structuredContent"]["message"]
+    assert "sk-test-key" not in result["structuredContent"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("reply", "code"),
+    [
+        (
+            Reply(
+                429,
+                {
+                    "type": "error",
+                    "error": {
+                        "type": "rate_limit_error",
+                        "message": "Number of request tokens has exceeded your rate limit",
+                    },
+                },
+            ),
+            "limit",
+        ),
+        (Reply(529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}), "unavailable"),
+        (
+            Reply(500, {"type": "error", "error": {"type": "api_error", "message": "Internal server error"}}),
+            "unavailable",
+        ),
+        (anthropic_reply("", stop="refusal"), "refused"),
+    ],
+)
+def test_anthropic_failures_map_onto_the_closed_list(vendor: Vendor, reply: Reply, code: str) -> None:
+    vendor.replies.append(reply)
+    assert _call(_anthropic(vendor), CHAT)["structuredContent"]["error"] == code
+
+
+def test_a_slow_provider_is_unavailable_after_the_timeout(vendor: Vendor) -> None:
+    vendor.replies.append(Reply(200, {"choices": []}, delay=1.0))
+    result = _call(_openai(vendor, timeout=0.2), CHAT)
+    assert result["structuredContent"]["error"] == "unavailable"
+    assert "did not answer" in result["structuredContent"]["message"]
+
+
+def test_an_unreachable_provider_is_unavailable() -> None:
+    result = _call(LlmSettings("openai-chat", "m", "k", "http://127.0.0.1:9"), CHAT)
+    assert result["structuredContent"]["error"] == "unavailable"
+
+
+def test_only_offered_models_may_be_named(vendor: Vendor) -> None:
+    vendor.replies.append(openai_reply("ok"))
+    assert _call(_openai(vendor, models=("gpt-4o",)), {**CHAT, "model": "gpt-4o"})["isError"] is False
+    assert vendor.requests[-1]["body"]["model"] == "gpt-4o"
+    refused = _call(_openai(vendor), {**CHAT, "model": "o3-pro"})
+    assert refused["structuredContent"]["error"] == "refused"
+    assert len(vendor.requests) == 1  # the refused call never left the router
+
+
+def test_settings_from_the_connector_env() -> None:
+    settings = LlmSettings.from_env(
+        {
+            "LLM_ENDPOINT": "anthropic",
+            "LLM_MODEL": "claude-sonnet-4-5",
+            "LLM_API_KEY": "k",
+            "LLM_MODELS": "claude-haiku-4-5, claude-opus-4-1",
+        }
+    )
+    assert settings.models == ("claude-haiku-4-5", "claude-opus-4-1")
+    with pytest.raises(ValueError, match="not one of"):
+        LlmSettings.from_env({"LLM_ENDPOINT": "cohere"})
