@@ -16,7 +16,7 @@ import itertools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -43,11 +43,32 @@ class LaunchSpec:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 
 
-class _Pipes(asyncio.SubprocessProtocol):
-    """Splits the process's stdout into lines and reports the end of the process to its owner."""
+class _Process:
+    """One incarnation of the connector process: its pipes, its calls in flight, whether it ended.
 
-    def __init__(self, owner: StdioConnector) -> None:
+    A crash ends an incarnation; the next call starts a new one. Callbacks of an old incarnation
+    (its exit, arriving late) touch only its own state, never the new process's.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.SubprocessTransport | None = None
+        self.stdin: asyncio.WriteTransport | None = None
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.exited = asyncio.Event()
+        self.ready = False
+        self.dead = False  # stdout closed or the process killed: no reply will come any more
+
+    @property
+    def alive(self) -> bool:
+        return self.ready and not self.dead and not self.exited.is_set()
+
+
+class _Pipes(asyncio.SubprocessProtocol):
+    """Splits one process's stdout into lines and reports its end to the owner."""
+
+    def __init__(self, owner: StdioConnector, proc: _Process) -> None:
         self._owner = owner
+        self._proc = proc
         self._buf = bytearray()
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
@@ -55,100 +76,105 @@ class _Pipes(asyncio.SubprocessProtocol):
             return
         buf = self._buf
         if not buf and data.endswith(_NL) and data.count(_NL) == 1:
-            self._owner._on_line(data)  # the common case: one whole message per read
+            self._owner._on_line(self._proc, data)  # the common case: one whole message per read
             return
         buf += data
         while (end := buf.find(_NL)) >= 0:
             line = bytes(buf[:end])
             del buf[: end + 1]
-            self._owner._on_line(line)
+            self._owner._on_line(self._proc, line)
         if len(buf) > self._owner.spec.max_line_bytes:
             buf.clear()
-            self._owner._fail_all(ConnectorCrashedError(
+            self._owner._fail_all(self._proc, ConnectorCrashedError(
                 f"connector '{self._owner.spec.name}' wrote a message over {self._owner.spec.max_line_bytes} bytes"),
                 kill=True)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         if fd == 1:
-            self._owner._on_output_closed()
+            # Every reply written before the process closed stdout has been read by now; what is
+            # still pending is lost.
+            self._owner._fail_all(self._proc, ConnectorCrashedError(
+                f"connector of binding '{self._owner.spec.name}' closed its output (it exited or crashed)"), kill=True)
 
     def process_exited(self) -> None:
-        self._owner._on_exit()
+        self._proc.ready = False
+        self._proc.exited.set()
 
 
 class StdioConnector:
-    """One running connector process and the calls in flight on it."""
+    """One binding's connector: its current process and the calls in flight on it."""
 
     def __init__(self, spec: LaunchSpec) -> None:
         self.spec = spec
-        self._transport: asyncio.SubprocessTransport | None = None
-        self._stdin: asyncio.WriteTransport | None = None
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._proc = _Process()
         self._ids = itertools.count(1)
-        self._start_lock = asyncio.Lock()
-        self._ready = False
-        self._exited = asyncio.Event()
+        self._starting: asyncio.Task[None] | None = None
         self.server_info: Mapping[str, Any] = {}
 
     @property
     def running(self) -> bool:
-        return self._ready and self._transport is not None and not self._exited.is_set()
+        return self._proc.alive
 
     @property
     def pid(self) -> int | None:
-        return self._transport.get_pid() if self._transport is not None else None
+        transport = self._proc.transport
+        return transport.get_pid() if transport is not None else None
 
     async def ensure_started(self) -> None:
-        """Start the process and complete the MCP handshake, once; a no-op while it runs."""
-        if self.running:
+        """Start the process and complete the MCP handshake, once; a no-op while it runs.
+
+        The start runs as a task of its own, shielded from the caller: a call cancelled while the
+        process starts (a timeout, the agent's cancellation) never leaves a half-started process.
+        """
+        if self._proc.alive:
             return
-        async with self._start_lock:
-            if self.running:
-                return
-            await self._start()
+        if self._starting is None or self._starting.done():
+            self._starting = asyncio.get_running_loop().create_task(self._start())
+            self._starting.add_done_callback(_retrieve)
+        await asyncio.shield(self._starting)
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._transport is not None:  # a previous process that died: release its pipes
-            self._transport.close()
-            self._transport = None
-        self._exited = asyncio.Event()
-        self._ready = False
+        old = self._proc
+        if old.transport is not None:  # a previous process that died: release its pipes
+            old.transport.close()
+        proc = self._proc = _Process()
         stderr: int | Any = asyncio.subprocess.DEVNULL
         if self.spec.stderr_path:
             stderr = os.open(self.spec.stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             transport, _ = await loop.subprocess_exec(
-                lambda: _Pipes(self), *self.spec.command, cwd=self.spec.cwd, env=dict(self.spec.env),
+                lambda: _Pipes(self, proc), *self.spec.command, cwd=self.spec.cwd, env=dict(self.spec.env),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
                 start_new_session=True)
         except OSError as exc:
+            proc.dead = True
             raise ConnectorStartError(
                 f"connector of binding '{self.spec.name}' could not start ({self.spec.command[0]}): "
                 f"{exc.strerror or exc}") from None
         finally:
             if isinstance(stderr, int) and stderr >= 0:
                 os.close(stderr)
-        self._transport = transport
+        proc.transport = transport
         stdin = transport.get_pipe_transport(0)
-        if not isinstance(stdin, asyncio.WriteTransport):  # pragma: no cover - asyncio always gives one for PIPE
+        if stdin is None or not hasattr(stdin, "write"):  # uvloop's pipe transports are not asyncio subclasses
             raise ConnectorStartError(f"connector of binding '{self.spec.name}' has no stdin pipe")
-        self._stdin = stdin
+        proc.stdin = cast(asyncio.WriteTransport, stdin)
         try:
             async with asyncio.timeout(self.spec.start_timeout):
-                result = await self._request("initialize", {
+                result = await self._request(proc, "initialize", {
                     "protocolVersion": HANDSHAKE_VERSION, "capabilities": {}, "clientInfo": CLIENT_INFO})
         except TimeoutError:
-            await self.stop()
+            await self._stop_process(proc)
             raise ConnectorStartError(f"connector of binding '{self.spec.name}' did not answer initialize "
                                       f"within {self.spec.start_timeout:.0f} s") from None
         except ConnectorError as exc:
-            await self.stop()
+            await self._stop_process(proc)
             raise ConnectorStartError(f"connector of binding '{self.spec.name}' failed its handshake: "
                                       f"{exc.message}") from None
         self.server_info = result.get("serverInfo") or {}
-        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        self._ready = True
+        self._send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        proc.ready = True
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any],
                         meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -157,105 +183,114 @@ class StdioConnector:
         params: dict[str, Any] = {"name": name, "arguments": arguments}
         if meta:
             params["_meta"] = meta
-        return await self._request("tools/call", params)
+        return await self._request(self._proc, "tools/call", params)
 
-    async def _request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    async def _request(self, proc: _Process, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
         msg_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[msg_id] = future
+        proc.pending[msg_id] = future
         try:
-            self._send({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
+            self._send(proc, {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
             return await future
         except asyncio.CancelledError:
             # The router gave up on the call (timeout or the agent's cancellation): tell the connector.
-            if not self._exited.is_set():
-                with contextlib.suppress(ConnectorError):
-                    self._send({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                                "params": {"requestId": msg_id, "reason": "cancelled by the router"}})
+            with contextlib.suppress(ConnectorError):
+                self._send(proc, {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                  "params": {"requestId": msg_id, "reason": "cancelled by the router"}})
             raise
         finally:
-            self._pending.pop(msg_id, None)
+            proc.pending.pop(msg_id, None)
 
-    def _send(self, message: Mapping[str, Any]) -> None:
-        stdin = self._stdin
-        if stdin is None or stdin.is_closing() or self._exited.is_set():
+    def _send(self, proc: _Process, message: Mapping[str, Any]) -> None:
+        stdin = proc.stdin
+        if stdin is None or stdin.is_closing() or proc.dead or proc.exited.is_set():
             raise ConnectorCrashedError(f"connector of binding '{self.spec.name}' is not running")
         stdin.write(orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE))
 
-    def _on_line(self, line: bytes) -> None:
+    def _on_line(self, proc: _Process, line: bytes) -> None:
         if not line.strip():
             return
         try:
             msg = orjson.loads(line)
         except orjson.JSONDecodeError:
-            self._fail_all(ConnectorCrashedError(f"connector of binding '{self.spec.name}' wrote a line that is not "
-                                            "JSON on stdout (stdout is for MCP messages; log to stderr)"), kill=True)
+            self._fail_all(proc, ConnectorCrashedError(
+                f"connector of binding '{self.spec.name}' wrote a line that is not JSON on stdout (stdout is for "
+                "MCP messages; log to stderr)"), kill=True)
             return
         if not isinstance(msg, dict):
             return
         if "method" in msg:
-            self._answer_connector_request(msg)
+            self._answer_connector_request(proc, msg)
             return
-        future = self._pending.get(msg.get("id"))  # type: ignore[arg-type]
+        msg_id = msg.get("id")
+        future = proc.pending.get(msg_id) if isinstance(msg_id, int) else None
         if future is None or future.done():
             return  # a reply to a call the router already gave up on
         if "error" in msg:
             error = msg["error"] if isinstance(msg["error"], dict) else {}
-            future.set_exception(ConnectorReplyError(int(error.get("code", -32603)), str(error.get("message", ""))))
+            code = error.get("code")
+            future.set_exception(ConnectorReplyError(code if isinstance(code, int) else -32603,
+                                                     str(error.get("message", ""))))
         elif isinstance(msg.get("result"), dict):
             future.set_result(msg["result"])
         else:
             future.set_exception(ConnectorError("the connector's reply holds no result object"))
 
-    def _answer_connector_request(self, msg: dict[str, Any]) -> None:
-        # The router asks nothing of a connector's client features (sampling, roots); ping is answered.
+    def _answer_connector_request(self, proc: _Process, msg: dict[str, Any]) -> None:
+        # The router offers a connector no client features (sampling, roots); ping is answered.
         if "id" not in msg:
             return
         with contextlib.suppress(ConnectorError):
             if msg.get("method") == "ping":
-                self._send({"jsonrpc": "2.0", "id": msg["id"], "result": {}})
+                self._send(proc, {"jsonrpc": "2.0", "id": msg["id"], "result": {}})
             else:
-                self._send({"jsonrpc": "2.0", "id": msg["id"],
-                            "error": {"code": -32601, "message": "the router offers no client features"}})
+                self._send(proc, {"jsonrpc": "2.0", "id": msg["id"],
+                                  "error": {"code": -32601, "message": "the router offers no client features"}})
 
-    def _on_output_closed(self) -> None:
-        self._fail_all(ConnectorCrashedError(f"connector of binding '{self.spec.name}' closed its output "
-                                        "(the process exited or crashed)"), kill=True)
-
-    def _on_exit(self) -> None:
-        # Pending calls are failed when stdout reports closed, which comes after every reply the
-        # process wrote before exiting has been read: failing them here could lose a written reply.
-        self._ready = False
-        self._exited.set()
-
-    def _fail_all(self, error: ConnectorError, kill: bool) -> None:
-        self._ready = False
-        pending, self._pending = self._pending, {}
+    def _fail_all(self, proc: _Process, error: ConnectorError, kill: bool) -> None:
+        proc.ready = False
+        proc.dead = True
+        pending, proc.pending = proc.pending, {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)
-        if kill and self._transport is not None and not self._exited.is_set():
+        if kill and proc.transport is not None and not proc.exited.is_set():
             with contextlib.suppress(ProcessLookupError):
-                self._transport.kill()
+                proc.transport.kill()
 
     async def stop(self, grace: float = 2.0) -> None:
-        """Close stdin, wait `grace` seconds for the process to exit, then kill it."""
-        transport = self._transport
+        """Close stdin, wait `grace` seconds for the process to exit, then kill it (a start under way first ends)."""
+        starting = self._starting
+        if starting is not None and not starting.done():
+            await asyncio.wait([starting], timeout=self.spec.start_timeout)
+            if not starting.done():
+                starting.cancel()
+                await asyncio.wait([starting])
+        await self._stop_process(self._proc, grace)
+
+    async def _stop_process(self, proc: _Process, grace: float = 2.0) -> None:
+        transport = proc.transport
         if transport is None:
             return
-        self._ready = False
-        if self._stdin is not None and not self._stdin.is_closing():
-            self._stdin.close()
-        if not self._exited.is_set():
+        proc.ready = False
+        if proc.stdin is not None and not proc.stdin.is_closing():
+            proc.stdin.close()
+        if not proc.exited.is_set():
             try:
                 async with asyncio.timeout(grace):
-                    await self._exited.wait()
+                    await proc.exited.wait()
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     transport.kill()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(grace):
-                        await self._exited.wait()
+                        await proc.exited.wait()
         transport.close()
-        self._fail_all(ConnectorCrashedError(f"connector of binding '{self.spec.name}' was stopped"), kill=False)
-        self._transport = None
+        self._fail_all(proc, ConnectorCrashedError(f"connector of binding '{self.spec.name}' was stopped"), kill=False)
+        proc.transport = None
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    # Every caller awaiting a start may have been cancelled: read its outcome so none is reported unread.
+    if not task.cancelled():
+        task.exception()

@@ -14,17 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
-import sys
 import time
-import traceback
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.errors import ConnectorError
+from reconciler.connectors.errors import ConnectorError, ConnectorReplyError
 from reconciler.connectors.pool import ConnectorPool
 from reconciler.governance.gate import Admission, CallRequest, Gate, Settlement
 from reconciler.router.builtins import run_builtin
@@ -37,6 +36,7 @@ from reconciler.router.outcomes import error_result, executed_result, held_resul
 
 __all__ = ["Caller", "Services", "execute_admitted", "run_tools_call"]
 
+log = logging.getLogger("handler.router")
 _call_ids = itertools.count(1)
 
 
@@ -83,7 +83,7 @@ async def run_tools_call(svc: Services, generation: Generation, view: View, call
         record.outcome = "cancelled"
         raise
     except Exception:  # a bug of ours must not kill the session: report it and answer unavailable
-        traceback.print_exc(file=sys.stderr)
+        log.exception("the router failed on a call of %s %s", plan.interface, plan.name)
         internal = unavailable("internal", "the router failed while handling this call; retrying later may work")
         record.outcome, record.error, record.cause = "error", internal.code, internal.cause
         result = error_result(internal)
@@ -215,8 +215,12 @@ async def dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments:
             connector = await svc.pool.connector_for(snapshot, plan.binding or "")
             return await connector.call_tool(plan.name, arguments), back
     except TimeoutError:
-        raise timeout_error(timeout) from None
+        raise timeout_error(plan.limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS) from None
     except ConnectorError as exc:
+        # For the operator: how the process failed. A JSON-RPC error's own text may quote arguments,
+        # so only its code is told.
+        told = f"JSON-RPC error {exc.code}" if isinstance(exc, ConnectorReplyError) else exc.message
+        log.warning("binding '%s' (%s %s): %s: %s", plan.binding, plan.interface, plan.name, exc.cause, told)
         raise unavailable(exc.cause, "the service failed; retrying later may work") from None
 
 

@@ -1,0 +1,121 @@
+"""The stdio MCP client to a connector process: multiplexed calls, crashes, restarts, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures.echo_tree import CONNECTOR
+from fixtures.harness import run
+
+from reconciler.connectors.client import LaunchSpec, StdioConnector
+from reconciler.connectors.errors import ConnectorCrashedError, ConnectorReplyError, ConnectorStartError
+
+
+def spec(**extra: object) -> LaunchSpec:
+    env = {"PATH": os.environ.get("PATH", ""), "ECHO_TOKEN": "t"}
+    return LaunchSpec(name="echo-test", command=(sys.executable, str(CONNECTOR)), cwd=str(CONNECTOR.parent),
+                      env=env, **extra)  # type: ignore[arg-type]
+
+
+def test_concurrent_calls_share_one_process_and_match_their_replies() -> None:
+    async def scenario() -> None:
+        conn = StdioConnector(spec())
+        try:
+            slow = asyncio.create_task(conn.call_tool("echo_misbehave", {"mode": "sleep", "seconds": 0.3}))
+            fast = [conn.call_tool("echo_say", {"text": str(n)}) for n in range(20)]
+            results = await asyncio.gather(*fast)
+            assert [r["structuredContent"]["text"] for r in results] == [str(n) for n in range(20)]
+            assert not slow.done()
+            assert (await slow)["structuredContent"] == {"text": "slept"}
+            assert conn.server_info == {"name": "echo", "version": "1"}
+        finally:
+            await conn.stop()
+
+    run(scenario())
+
+
+def test_a_crash_fails_every_pending_call_and_the_next_call_restarts() -> None:
+    async def scenario() -> None:
+        conn = StdioConnector(spec())
+        try:
+            await conn.ensure_started()
+            first_pid = conn.pid
+            waiting = [asyncio.create_task(conn.call_tool("echo_misbehave", {"mode": "sleep", "seconds": 5}))
+                       for _ in range(3)]
+            await asyncio.sleep(0)
+            with pytest.raises(ConnectorCrashedError):
+                await conn.call_tool("echo_misbehave", {"mode": "die"})
+            for task in waiting:
+                with pytest.raises(ConnectorCrashedError):
+                    await task
+            again = await conn.call_tool("echo_say", {"text": "back"})
+            assert again["structuredContent"] == {"text": "back"}
+            assert conn.pid != first_pid
+        finally:
+            await conn.stop()
+
+    run(scenario())
+
+
+def test_a_jsonrpc_error_reply_is_a_reply_error() -> None:
+    async def scenario() -> None:
+        conn = StdioConnector(spec())
+        try:
+            with pytest.raises(ConnectorReplyError) as raised:
+                await conn.call_tool("echo_misbehave", {"mode": "rpc_error"})
+            assert raised.value.code == -32603
+            assert raised.value.cause == "connector_error"
+        finally:
+            await conn.stop()
+
+    run(scenario())
+
+
+def test_a_cancelled_call_frees_its_slot_and_the_process_lives_on() -> None:
+    async def scenario() -> None:
+        conn = StdioConnector(spec())
+        try:
+            task = asyncio.create_task(conn.call_tool("echo_misbehave", {"mode": "sleep", "seconds": 5}))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert (await conn.call_tool("echo_say", {"text": "ok"}))["structuredContent"] == {"text": "ok"}
+            assert conn._proc.pending == {}
+        finally:
+            await conn.stop()
+
+    run(scenario())
+
+
+def test_a_command_that_cannot_start_is_a_start_error(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bad = LaunchSpec(name="ghost", command=(str(tmp_path / "no-such-program"),), cwd=str(tmp_path), env={})
+        with pytest.raises(ConnectorStartError, match="could not start"):
+            await StdioConnector(bad).call_tool("x", {})
+        silent = LaunchSpec(name="mute", command=(sys.executable, "-c", "import sys; sys.stdin.read()"),
+                            cwd=str(tmp_path), env={}, start_timeout=0.3)
+        with pytest.raises(ConnectorStartError, match="did not answer initialize"):
+            await StdioConnector(silent).call_tool("x", {})
+        quits = LaunchSpec(name="quits", command=(sys.executable, "-c", "pass"), cwd=str(tmp_path), env={})
+        with pytest.raises(ConnectorStartError, match="failed its handshake"):
+            await StdioConnector(quits).call_tool("x", {})
+
+    run(scenario())
+
+
+def test_stdout_noise_is_a_crash_not_a_hang(tmp_path: Path) -> None:
+    noisy = tmp_path / "noisy.py"
+    noisy.write_text("import sys\nfor line in sys.stdin:\n    print('hello, I am not JSON', flush=True)\n")
+
+    async def scenario() -> None:
+        conn = StdioConnector(LaunchSpec(name="noisy", command=(sys.executable, str(noisy)), cwd=str(tmp_path),
+                                         env={}, start_timeout=5))
+        with pytest.raises(ConnectorStartError, match="not JSON"):
+            await conn.call_tool("x", {})
+
+    run(scenario())

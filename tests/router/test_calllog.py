@@ -1,0 +1,50 @@
+"""The call log: one JSON line per call with the fields of design §6, and never a payload or a secret."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fixtures.harness import RawClient, exchange, log_lines
+
+from reconciler.router.server import Router
+
+FIELDS = {"time", "profile", "instance", "interface", "tool", "binding", "outcome", "error", "duration_ms", "cost",
+          "generation"}
+
+
+def test_the_log_holds_neither_the_secret_nor_an_argument_value(echo_root: Path, run_dir: Path,
+                                                                echo_secret: str) -> None:
+    argument = "ARGUMENT-VALUE-a81f"
+
+    async def script(c: RawClient, router: Router) -> None:
+        token = await c.call("echo_token", {})
+        assert token["structuredContent"] == {"token": echo_secret}  # the secret reached the connector
+        assert (await c.call("echo_say", {"text": argument}))["structuredContent"] == {"text": argument}
+        await c.call("echo_say", {"text": 7, "upper": argument})  # refused: the message echoes it, the log must not
+        await c.call("echo_misbehave", {"mode": "extra"})
+        assert router.services.log.path is not None
+        logged = router.services.log.path.read_text()
+        assert echo_secret not in logged
+        assert argument not in logged
+        lines = log_lines(router)
+        assert len(lines) == 4
+        for line in lines:
+            assert set(line) - {"cause", "field", "keyword", "request_id"} == FIELDS
+            assert (line["profile"], line["interface"], line["binding"]) == ("tester", "echo/v1", "echo-local")
+            assert line["time"].endswith("Z")
+            assert line["duration_ms"] >= 0
+        assert [(x["tool"], x["outcome"], x["error"]) for x in lines] == [
+            ("echo_token", "executed", None), ("echo_say", "executed", None),
+            ("echo_say", "error", "invalid_arguments"), ("echo_misbehave", "error", "unavailable")]
+
+    exchange(echo_root, run_dir, script)
+
+
+def test_the_log_is_private_to_its_owner(echo_root: Path, run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        await c.call("echo_say", {"text": "x"})
+        assert router.services.log.path is not None
+        assert router.services.log.path.stat().st_mode & 0o777 == 0o600
+        assert router.services.log.path == echo_root / ".handler/calls.jsonl"
+
+    exchange(echo_root, run_dir, script)

@@ -1,0 +1,54 @@
+"""Step 1: lines under a cap, and the JSON-RPC error for each kind of bad message."""
+
+from __future__ import annotations
+
+import pytest
+
+from reconciler.router.errors import JsonRpcError
+from reconciler.router.framing import OVERSIZE, IdentifiedError, LineFramer, Message, encode_raw_result, parse_message
+
+
+def test_lines_are_cut_across_reads() -> None:
+    framer = LineFramer(100)
+    assert framer.feed(b'{"a":1}\n') == [b'{"a":1}\n']
+    assert framer.feed(b'{"b"') == []
+    assert framer.feed(b':2}\n{"c":3}\n{"d"') == [b'{"b":2}\n', b'{"c":3}\n']
+    assert framer.feed(b":4}\n") == [b'{"d":4}\n']
+
+
+def test_an_oversize_line_is_reported_once_and_skipped_to_its_end() -> None:
+    framer = LineFramer(10)
+    assert framer.feed(b"x" * 11) == [OVERSIZE]
+    assert framer.feed(b"x" * 50) == []
+    assert framer.feed(b'xx\n{"ok":1}\n') == [b'{"ok":1}\n']
+    assert framer.feed(b"y" * 20 + b"\nz\n") == [OVERSIZE, b"z\n"]
+    assert LineFramer(10).feed(b"0123456789\n") == [b"0123456789\n"]  # exactly the cap passes
+
+
+@pytest.mark.parametrize(("line", "code", "reply_id"), [
+    (b"nope", -32700, None),
+    (b"[]", -32600, None),
+    (b"3", -32600, None),
+    (b'{"jsonrpc":"1.0","id":1,"method":"ping"}', -32600, 1),
+    (b'{"jsonrpc":"2.0","id":true,"method":"ping"}', -32600, None),
+    (b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}', -32600, None),
+    (b'{"jsonrpc":"2.0","id":"a","method":3}', -32600, "a"),
+    (b'{"jsonrpc":"2.0","id":"a","method":"x","params":"p"}', -32600, "a"),
+    (b'{"jsonrpc":"2.0","method":"tools/call"}', -32600, None),
+])
+def test_bad_messages_get_the_right_error(line: bytes, code: int, reply_id: object) -> None:
+    with pytest.raises(JsonRpcError) as raised:
+        parse_message(line)
+    assert raised.value.code == code
+    assert (raised.value.msg_id if isinstance(raised.value, IdentifiedError) else None) == reply_id
+
+
+def test_requests_notifications_and_responses() -> None:
+    assert parse_message(b'{"jsonrpc":"2.0","id":0,"method":"ping"}') == Message("ping", None, 0, True)
+    note = parse_message(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    assert note == Message("notifications/initialized", None, None, False)
+    assert parse_message(b'{"jsonrpc":"2.0","id":4,"result":{}}') is None
+
+
+def test_a_preserialized_result_is_spliced_with_its_id() -> None:
+    assert encode_raw_result("a", b'{"tools":[]}') == b'{"jsonrpc":"2.0","id":"a","result":{"tools":[]}}\n'

@@ -1,0 +1,189 @@
+"""The call's steps 2-10 against a real connector process: validation, error mapping, the governance seam."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from fixtures.harness import RawClient, exchange, log_lines
+
+from reconciler.config.snapshot import Snapshot
+from reconciler.governance.gate import Admission, CallRequest, HoldStatus, OpenGate, Settlement
+from reconciler.router.server import Router
+
+
+def test_invalid_arguments_say_where_and_why(echo_root: Path, run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        result = await c.call("echo_say", {"text": 5, "colour": "red"})
+        assert result["isError"] is True
+        body = result["structuredContent"]
+        assert body["error"] == "invalid_arguments"
+        assert "at /text: 5 is not of type \"string\"" in body["message"]
+        assert "'colour' was unexpected" in body["message"]
+        missing = (await c.call("echo_say", {}))["structuredContent"]["message"]
+        assert "\"text\" is a required property" in missing
+        assert log_lines(router)[-1]["error"] == "invalid_arguments"
+
+    exchange(echo_root, run_dir, script)
+
+
+def test_an_unknown_tool_is_a_protocol_error_that_lists_the_tools(echo_root: Path, run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        reply = await c.request("tools/call", {"name": "ocr_extract", "arguments": {}})
+        assert reply["error"]["code"] == -32602
+        assert "echo_say" in reply["error"]["message"]
+        assert log_lines(router)[-1]["outcome"] == "refused"
+
+    exchange(echo_root, run_dir, script)
+
+
+@pytest.mark.parametrize(("mode", "code", "cause"), [
+    ("extra", "unavailable", "output_invalid"),
+    ("wrong_type", "unavailable", "output_invalid"),
+    ("no_structured", "unavailable", "output_invalid"),
+    ("die", "unavailable", "crashed"),
+    ("rpc_error", "unavailable", "connector_error"),
+    ("bad_code", "unavailable", "undeclared_error"),
+    ("error", "empty_text", None),
+])
+def test_connector_failures_map_onto_the_closed_list(echo_root: Path, run_dir: Path, mode: str, code: str,
+                                                     cause: str | None) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        result = await c.call("echo_misbehave", {"mode": mode})
+        assert result["isError"] is True
+        assert result["structuredContent"]["error"] == code
+        assert result["_meta"].get("handler/cause") == cause
+        line = log_lines(router)[-1]
+        assert (line["outcome"], line["error"], line.get("cause")) == ("error", code, cause)
+        # The connector process is restarted after a crash; the session goes on either way.
+        assert (await c.call("echo_say", {"text": "next"}))["structuredContent"] == {"text": "next"}
+
+    exchange(echo_root, run_dir, script)
+
+
+def test_an_output_mismatch_logs_the_field_never_the_value(echo_root: Path, run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        await c.call("echo_misbehave", {"mode": "extra"})
+        await c.call("echo_misbehave", {"mode": "wrong_type"})
+        extra, wrong = log_lines(router)[-2:]
+        assert (extra["field"], extra["keyword"]) == ("/secretExtra", "additionalProperties")
+        assert (wrong["field"], wrong["keyword"]) == ("/text", "type")
+        assert router.services.log.path is not None
+        text = router.services.log.path.read_text()
+        assert "VALUE-NEVER-LOGGED" not in text
+        assert "12345" not in text
+
+    exchange(echo_root, run_dir, script)
+
+
+def test_the_connector_reported_cost_is_settled(echo_root: Path, run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        result = await c.call("echo_misbehave", {"mode": "cost"})
+        assert result["_meta"]["handler/cost"] == 0.25
+        assert log_lines(router)[-1]["cost"] == 0.25
+
+    exchange(echo_root, run_dir, script)
+
+
+class RecordingGate(OpenGate):
+    """A gate that answers with a chosen status and records what the pipeline asked of it."""
+
+    def __init__(self, status: Literal["executed", "pending", "blocked"]) -> None:
+        self.status_to_give = status
+        self.admitted: list[CallRequest] = []
+        self.settled: list[tuple[Admission, float | None, bool]] = []
+        self.asked: list[tuple[str, str]] = []
+
+    async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
+        self.admitted.append(call)
+        return Admission(self.status_to_give, f"test gate says {self.status_to_give}",
+                         request_id="req-1" if self.status_to_give == "pending" else None, token="tok")  # noqa: S106 - a gate handle
+
+    async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
+        self.settled.append((admission, actual_cost, ok))
+        return Settlement(charged=actual_cost or 0.0, remaining=9.5)
+
+    async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
+        self.asked.append(("status", request_id))
+        return HoldStatus("executed", "ran", {"text": "held result"})
+
+    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
+        self.asked.append((decision, request_id))
+        return HoldStatus("blocked", "only the parent instance may decide")
+
+
+def test_the_governance_seam_admits_then_settles(echo_root: Path, run_dir: Path) -> None:
+    gate = RecordingGate("executed")
+
+    async def script(c: RawClient, router: Router) -> None:
+        result = await c.call("echo_say", {"text": "t"}, _meta={"handler/instance": "i-9",
+                                                                "handler/parentInstance": "p-1"})
+        assert result["_meta"] == {"handler/status": "executed", "handler/cost": 0.001, "handler/budget": 9.5}
+        call = gate.admitted[0]
+        assert (call.profile, call.instance, call.parent_instance) == ("tester", "i-9", "p-1")
+        assert (call.interface, call.tool, call.binding, call.estimated_cost) == ("echo/v1", "echo_say",
+                                                                                  "echo-local", 0.001)
+        assert call.arguments == {"text": "t"}
+        assert gate.settled == [(gate.settled[0][0], 0.001, True)]
+        await c.call("echo_misbehave", {"mode": "die"})
+        assert gate.settled[-1][1:] == (None, False)  # a failed call is settled as failed
+        await c.call("echo_say", {"text": 1})
+        assert len(gate.admitted) == 2  # invalid arguments end the call before governance
+
+    exchange(echo_root, run_dir, script, gate=gate)
+
+
+@pytest.mark.parametrize("status", ["pending", "blocked"])
+def test_a_hold_or_a_block_never_reaches_the_connector(echo_root: Path, run_dir: Path, status: Any) -> None:
+    gate = RecordingGate(status)
+
+    async def script(c: RawClient, router: Router) -> None:
+        result = await c.call("echo_token", {})
+        assert result["isError"] is True
+        body = result["structuredContent"]
+        assert body["status"] == status
+        assert body["message"] == f"test gate says {status}"
+        assert ("request_id" in body) == (status == "pending")
+        assert result["_meta"]["handler/status"] == status
+        assert gate.settled == []
+        assert log_lines(router)[-1]["outcome"] == status
+        assert not router.services.pool._live  # no connector process was started
+
+    exchange(echo_root, run_dir, script, gate=gate)
+
+
+def test_builtin_tools_ask_the_gate(echo_root: Path, run_dir: Path) -> None:
+    gate = RecordingGate("executed")
+
+    async def script(c: RawClient, router: Router) -> None:
+        status = await c.call("handler_status", {"request_id": "req-1"})
+        assert status["isError"] is False
+        assert status["structuredContent"] == {"status": "executed", "message": "ran",
+                                               "result": {"text": "held result"}}
+        decided = await c.call("handler_decide", {"request_id": "req-1", "decision": "approve"})
+        assert decided["isError"] is True
+        assert decided["structuredContent"]["status"] == "blocked"
+        bad = await c.call("handler_decide", {"request_id": "req-1", "decision": "maybe"})
+        assert bad["structuredContent"]["error"] == "invalid_arguments"
+        assert gate.asked == [("status", "req-1"), ("approve", "req-1")]
+
+    exchange(echo_root, run_dir, script, gate=gate)
+
+
+def test_a_held_call_runs_through_the_executor_on_its_binding(echo_root: Path, run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        call = CallRequest("tester", "i-1", None, "echo/v1", "echo_say", "echo-local", {"text": "later"})
+        ok, out = await router.execute_held(call)
+        assert (ok, dict(out)) == (True, {"text": "later"})
+        gone = CallRequest("tester", "i-1", None, "echo/v1", "echo_say", "removed-binding", {"text": "later"})
+        ok, out = await router.execute_held(gone)
+        assert not ok
+        assert "removed-binding" in str(out["message"])
+        bad: Mapping[str, Any] = {"text": 3}
+        call = CallRequest("tester", "i-1", None, "echo/v1", "echo_say", "echo-local", bad)
+        ok, out = await router.execute_held(call)
+        assert (ok, out["error"]) == (False, "invalid_arguments")
+
+    exchange(echo_root, run_dir, script)

@@ -1,0 +1,153 @@
+"""Sessions on a real socket: bad lines never end one, calls run concurrently, generations are pinned."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fixtures.harness import RawClient, load, run, serving
+
+from reconciler.router.framing import DEFAULT_MAX_LINE_BYTES
+
+
+def test_bad_lines_get_their_error_and_the_connection_lives_on(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir, max_line_bytes=4096) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            cases: list[tuple[bytes, int, Any]] = [
+                (b"{not json\n", -32700, None),
+                (b"[1, 2]\n", -32600, None),
+                (b'{"jsonrpc":"2.0","id":7,"method":"resources/list"}\n', -32601, 7),
+                (b'{"jsonrpc":"2.0","method":"tools/list"}\n', -32600, None),
+                (b'{"jsonrpc":"2.0","id":null,"method":"tools/list"}\n', -32600, None),
+                (b'{"id":8,"method":"tools/list"}\n', -32600, 8),
+                (b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":[1]}\n', -32600, 9),
+                (b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"arguments":{}}}\n', -32602, 10),
+                (b'{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"nope"}}\n', -32602, 11),
+                (b'{"jsonrpc":"2.0","id":12,"method":"x","params":{"a":"' + b"z" * 5000 + b'"}}\n', -32600, None),
+            ]
+            for line, code, reply_id in cases:
+                await c.send_bytes(line)
+                reply = await c.recv()
+                assert reply["error"]["code"] == code, (line[:60], reply)
+                assert reply["id"] == reply_id
+                assert (await c.request("ping"))["result"] == {}  # still alive
+            await c.close()
+
+    run(scenario())
+
+
+def test_an_oversize_line_split_across_reads_is_skipped_whole(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir, max_line_bytes=1024) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            await c.send_bytes(b'{"jsonrpc":"2.0","id":1,"method":"ping","x":"' + b"a" * 3000)
+            reply = await c.recv()
+            assert reply["error"]["code"] == -32600
+            assert reply["error"]["data"] == {"maxLineBytes": 1024}
+            await c.send_bytes(b"b" * 3000 + b'"}\n{"jsonrpc":"2.0","id":2,"method":"ping"}\n')
+            assert await c.recv() == {"jsonrpc": "2.0", "id": 2, "result": {}}
+            await c.close()
+
+    run(scenario())
+
+
+def test_the_default_line_cap_is_16_mib() -> None:
+    assert DEFAULT_MAX_LINE_BYTES == 16 * 1024 * 1024
+
+
+def test_calls_run_concurrently_and_replies_match_ids(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            await c.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                          "params": {"name": "echo_misbehave", "arguments": {"mode": "sleep", "seconds": 1}}})
+            await c.send({"jsonrpc": "2.0", "id": "fast", "method": "tools/call",
+                          "params": {"name": "echo_say", "arguments": {"text": "now"}}})
+            first, second = await c.recv(), await c.recv()
+            assert (first["id"], second["id"]) == ("fast", "slow")
+            assert second["result"]["structuredContent"] == {"text": "slept"}
+            await c.close()
+
+    run(scenario())
+
+
+def test_a_cancelled_call_gets_no_reply_and_is_logged(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            await c.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "echo_misbehave", "arguments": {"mode": "sleep", "seconds": 5},
+                                     "_meta": {"handler/instance": "i-cancel"}}})
+            await _wait_for(lambda: router.services.limits.running(("tester", "i-cancel", "echo/v1")))
+            await c.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}})
+            assert (await c.request("ping"))["result"] == {}  # the next reply is the ping's, not the call's
+            await c.close()
+            log = router.services.log.path
+            assert log is not None
+            await _wait_for(lambda: b'"cancelled"' in log.read_bytes())
+
+    run(scenario())
+
+
+def test_a_session_keeps_its_generation_across_a_swap(echo_root: Path, run_dir: Path, tmp_path: Path) -> None:
+    changed = tmp_path / "t2"
+    shutil.copytree(echo_root, changed)
+    binding = changed / "config/bindings/echo-local.toml"
+    binding.write_text(binding.read_text().replace("echo_say = 0.001", "echo_say = 0.5"))
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            old = await RawClient.connect(router.socket_path("tester"))
+            assert (await old.call("echo_say", {"text": "x"}))["_meta"]["handler/cost"] == 0.001
+            await old.send({"jsonrpc": "2.0", "id": "inflight", "method": "tools/call",
+                            "params": {"name": "echo_misbehave", "arguments": {"mode": "sleep", "seconds": 0.5}}})
+            generation = await router.swap(load(changed))
+            assert generation.number == 2
+            new = await RawClient.connect(router.socket_path("tester"))
+            assert (await new.call("echo_say", {"text": "y"}))["_meta"]["handler/cost"] == 0.5
+            inflight = await old.recv()
+            assert inflight["id"] == "inflight"
+            assert inflight["result"]["structuredContent"] == {"text": "slept"}
+            assert (await old.call("echo_say", {"text": "z"}))["_meta"]["handler/cost"] == 0.001
+            await old.close()
+            await new.close()
+            assert router.services.log.path is not None
+            lines = [orjson.loads(x) for x in router.services.log.path.read_bytes().splitlines()]
+            assert [(x["tool"], x["generation"]) for x in lines] == [
+                ("echo_say", 1), ("echo_say", 2), ("echo_misbehave", 1), ("echo_say", 1)]
+
+    run(scenario())
+
+
+def test_a_swap_opens_and_closes_profile_sockets(echo_root: Path, run_dir: Path, tmp_path: Path) -> None:
+    renamed = tmp_path / "t2"
+    shutil.copytree(echo_root, renamed)
+    (renamed / "config/profiles/tester.toml").rename(renamed / "config/profiles/other.toml")
+    text = (renamed / "config/profiles/other.toml").read_text().replace('"tester"', '"other"')
+    (renamed / "config/profiles/other.toml").write_text(text)
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            kept = await RawClient.connect(router.socket_path("tester"))
+            assert (await kept.request("ping"))["result"] == {}
+            await router.swap(load(renamed))
+            assert not router.socket_path("tester").exists()
+            assert router.socket_path("other").exists()
+            # A session of a removed profile lives on with its generation until it ends.
+            assert (await kept.call("echo_say", {"text": "still"}))["structuredContent"] == {"text": "still"}
+            await kept.close()
+
+    run(scenario())
+
+
+async def _wait_for(predicate: Any, deadline: float = 10.0) -> None:
+    """Poll a condition the router exposes no event for, under a deadline (no fixed sleep)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while not predicate():
+        assert loop.time() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.005)
