@@ -6,12 +6,32 @@ and by the governance room, which adds the guardrails, policies and routing that
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reconciler.config.models import ActionClass, Outcome
+from reconciler.config.models import ActionClass, Outcome, Rule
 from reconciler.config.snapshot import Profile, Snapshot
 
-__all__ = ["ToolPosture", "tool_posture"]
+__all__ = ["RuleIndex", "ToolPosture", "tool_posture"]
+
+
+@dataclass(frozen=True, slots=True)
+class RuleIndex:
+    """A profile's rules by action and by service (the first rule for a name wins), built once."""
+
+    actions: Mapping[str, Rule]
+    services: Mapping[str, Rule]
+
+    @classmethod
+    def from_profile(cls, profile: Profile) -> RuleIndex:
+        actions: dict[str, Rule] = {}
+        services: dict[str, Rule] = {}
+        for rule in profile.spec.rules:
+            if rule.action is not None:
+                actions.setdefault(rule.action, rule)
+            elif rule.service is not None:
+                services.setdefault(rule.service, rule)
+        return cls(actions, services)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,13 +42,22 @@ class ToolPosture:
 
 
 def tool_posture(
-    snapshot: Snapshot, profile: Profile, service: str, tool: str, action_class: ActionClass
+    snapshot: Snapshot,
+    profile: Profile,
+    service: str,
+    tool: str,
+    action_class: ActionClass,
+    rules: RuleIndex | None = None,
 ) -> ToolPosture:
-    """The outcome of the rule/template/pin layers for `tool` of `service` on `profile`."""
+    """The outcome of the rule/template/pin layers for `tool` of `service` on `profile`.
+
+    Pass the profile's `RuleIndex` when asking for many tools: it saves a scan of the rules per tool.
+    """
     spec = profile.spec
     base: ToolPosture | None = None
-    action_rule = next((r for r in spec.rules if r.action == tool), None)
-    service_rule = next((r for r in spec.rules if r.service == service), None)
+    index = rules or RuleIndex.from_profile(profile)
+    action_rule = index.actions.get(tool)
+    service_rule = index.services.get(service)
     if action_rule is not None:
         base = ToolPosture(
             action_rule.decision, "action rule", f"the rule for action {tool} says {action_rule.outcome}"

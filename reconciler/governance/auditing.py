@@ -16,14 +16,16 @@ from reconciler.governance.store import Store, audit, now
 
 __all__ = ["read_audit", "record"]
 
+_INSERT = sa.insert(audit)
+
 
 def record(conn: Connection, event: str, *, request_id: str | None = None, profile: str | None = None,
            instance: str | None = None, tool: str | None = None, actor: str | None = None,
            status: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
     """Append one row to the audit trail, inside the caller's transaction."""
-    conn.execute(sa.insert(audit).values(at=now(), event=event, request_id=request_id, profile=profile,
-                                         instance=instance, tool=tool, actor=actor, status=status,
-                                         detail=dict(detail or {})))
+    conn.execute(_INSERT, {"at": now(), "event": event, "request_id": request_id, "profile": profile,
+                           "instance": instance, "tool": tool, "actor": actor, "status": status,
+                           "detail": dict(detail or {})})
 
 
 def read_audit(store: Store, *, request_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:

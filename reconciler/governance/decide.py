@@ -18,7 +18,7 @@ Layers 2-4 come precomputed from `config.posture` (shared with `handler plan`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from reconciler.config.models import Outcome
 from reconciler.governance.rulebook import Approver, CapSet, ToolEntry, from_micros
@@ -57,8 +57,9 @@ class Step:
         return {"layer": self.layer, "found": self.found, "decided": self.decided}
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
+    """The outcome, who approves, why, and the trace (a tuple: built per call, so it must be cheap)."""
+
     outcome: Outcome
     approver: Approver | None
     reason: str
@@ -81,29 +82,46 @@ class Decision:
         }
 
 
+def _refused(caps: CapSet, cost: int, state: SpendState) -> bool:
+    """The guardrails' test alone, on integers: the hot path formats nothing."""
+    return (caps.suspended
+            or (caps.org is not None and state.org + cost > caps.org)
+            or (caps.profile is not None and state.profile + cost > caps.profile)
+            or (caps.instance is not None and state.instance + cost > caps.instance)
+            or (caps.prepaid and cost > (state.balance or 0)))
+
+
 def guardrail_block(caps: CapSet, profile: str, instance: str, cost: int, state: SpendState) -> tuple[str, str] | None:
-    """The guardrail that refuses this call — (cap name, reason) — or None. Layer 1, also used by the ledger."""
+    """The guardrail that refuses this call — (cap name, reason) — or None. Layer 1, also used by the ledger.
+
+    A cap refuses a call it cannot cover (spent + estimate > cap); an estimate of zero passes a full
+    cap. A prepaid org with an empty balance refuses every priced call.
+    """
+    if not _refused(caps, cost, state):
+        return None
     if caps.suspended:
         return ("org suspended", f"The org {caps.org_name} is suspended: no call runs until an owner sets "
                                  "suspended = false in config/org.toml.")
     checks = (
-        ("org monthly cap", caps.org, state.org, f"the org {caps.org_name}", "[caps] monthly_usd in config/org.toml"),
-        ("profile monthly cap", caps.profile, state.profile, f"profile {profile}",
-         f"[caps] monthly_usd in {caps.profile_file}"),
-        ("instance cap", caps.instance, state.instance, f"instance {instance} of profile {profile}",
-         f"[caps] instance_usd in {caps.profile_file}"),
+        ("org monthly cap", caps.org, state.org),
+        ("profile monthly cap", caps.profile, state.profile),
+        ("instance cap", caps.instance, state.instance),
     )
-    for name, cap, spent, whose, where in checks:
+    for name, cap, spent in checks:
         if cap is not None and spent + cost > cap:
+            whose, where = {
+                "org monthly cap": (f"the org {caps.org_name}", "[caps] monthly_usd in config/org.toml"),
+                "profile monthly cap": (f"profile {profile}", f"[caps] monthly_usd in {caps.profile_file}"),
+                "instance cap": (f"instance {instance} of profile {profile}",
+                                 f"[caps] instance_usd in {caps.profile_file}"),
+            }[name]
             return (name, f"Blocked by the {name} of {whose}: {usd(spent)} of {usd(cap)} spent this month (UTC), "
                           f"this call needs {usd(cost)}. Raise {where} or wait for the next month.")
-    if caps.prepaid and state.balance is not None and state.balance < cost:
-        return ("prepaid balance", f"Blocked by the prepaid balance: {usd(state.balance)} left cannot cover this "
-                                   f"call ({usd(cost)}). An owner tops it up with `handler balance add`.")
-    if caps.prepaid and state.balance is None and cost > 0:
+    if state.balance is None:
         return ("prepaid balance", f"Blocked by the prepaid balance: the org has none yet and this call needs "
                                    f"{usd(cost)}. An owner tops it up with `handler balance add`.")
-    return None
+    return ("prepaid balance", f"Blocked by the prepaid balance: {usd(state.balance)} left cannot cover this "
+                               f"call ({usd(cost)}). An owner tops it up with `handler balance add`.")
 
 
 def _skip(layer: str, why: str) -> Step:
@@ -111,16 +129,28 @@ def _skip(layer: str, why: str) -> Step:
 
 
 def decide_call(entry: ToolEntry, instance: str, cost: int | None, state: SpendState) -> Decision:
-    """Decide one call of `entry.tool` on `entry.profile` by `instance` at `cost` micros (None: its price)."""
+    """Decide one call of `entry.tool` on `entry.profile` by `instance` at `cost` micros (None: its price).
+
+    Only the guardrails depend on the spend state; layers 2-7 depend on the entry and on which
+    policies the cost meets, so their outcome is worked out once per entry and cost band and reused.
+    """
     est = entry.price if cost is None else cost
-    blocked = guardrail_block(entry.caps, entry.profile, instance, est, state)
-    if blocked is not None:
+    if _refused(entry.caps, est, state):
+        blocked = guardrail_block(entry.caps, entry.profile, instance, est, state)
+        assert blocked is not None  # noqa: S101 - _refused said so
         cap, reason = blocked
         skipped = (_skip(name, "not reached: a guardrail blocked") for name in LAYERS[1:])
-        trace = (Step("guardrails", reason, True), *skipped)
-        return Decision(Outcome.BLOCK, None, reason, trace, est, cap)
-    steps = [Step("guardrails", _guardrails_ok(entry.caps, est))]
+        return Decision(Outcome.BLOCK, None, reason, (Step("guardrails", reason, True), *skipped), est, cap)
+    key = entry.policies.key(est)
+    done: Decision | None = entry.memo.get(key)
+    if done is None:
+        done = entry.memo[key] = _decide_layers(entry, est)
+    return Decision(done.outcome, done.approver, done.reason, done.trace, est)
 
+
+def _decide_layers(entry: ToolEntry, est: int) -> Decision:
+    """Layers 2-7 for a call the guardrails let through."""
+    steps = [Step("guardrails", entry.guard_text)]
     posture = entry.posture
     outcome = posture.outcome
     base_layer = "rule" if posture.layer in ("action rule", "service rule") else "template"
@@ -154,7 +184,7 @@ def decide_call(entry: ToolEntry, instance: str, cost: int | None, state: SpendS
 
     holding = entry.policies.holding(est)
     if holding is None:
-        steps.append(_skip("cost policy", f"no cost-conditioned policy matches {usd(est)}"))
+        steps.append(_skip("cost policy", "no cost-conditioned policy matches this cost"))
     elif outcome is Outcome.AUTO:
         outcome = Outcome.APPROVE
         why = f"policy '{holding.name}' holds calls with {holding.describe_when()}"
@@ -184,15 +214,6 @@ def _route(entry: ToolEntry, est: int) -> tuple[Approver | None, str]:
     if entry.owners is not None:
         return entry.owners, f"routing unset and no policy names an approver: {entry.owners.describe()}"
     return None, "routing unset, no policy names an approver and the org has no owners: any member may decide"
-
-
-def _guardrails_ok(caps: CapSet, est: int) -> str:
-    parts = ["not suspended"]
-    named = [n for n, c in (("org", caps.org), ("profile", caps.profile), ("instance", caps.instance)) if c is not None]
-    parts.append(f"the {', '.join(named)} cap(s) cover {usd(est)}" if named else "no cap")
-    if caps.prepaid:
-        parts.append("the balance covers it")
-    return "; ".join(parts)
 
 
 def _block_reason(entry: ToolEntry, layer: str) -> str:

@@ -40,7 +40,7 @@ from reconciler.governance.holds import (
     insert_hold,
     new_request_id,
 )
-from reconciler.governance.ledger import Reservation, read_state, reserve, settle
+from reconciler.governance.ledger import Reservation, current_month, ensure_rows, read_state, reserve, settle
 from reconciler.governance.listening import HoldListener
 from reconciler.governance.rulebook import Rulebook, ToolEntry, compile_rulebook, from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_url
@@ -125,8 +125,10 @@ class Governor:
         cost = to_micros(call.estimated_cost) or entry.price
         caps = entry.caps
         limited = caps.prepaid or any(c is not None for c in (caps.org, caps.profile, caps.instance))
+        month = current_month()
+        ensure_rows(self.store, caps, call.profile, call.instance, month)
         with self.store.begin() as conn:
-            state = read_state(self.store, conn, caps, call.profile, call.instance, lock=limited)
+            state = read_state(self.store, conn, caps, call.profile, call.instance, lock=limited, month=month)
             decision = decide_call(entry, call.instance, cost, state)
             trace = tuple(s.to_dict() for s in decision.trace)
             detail = {"reason": decision.reason, "cost": decision.cost, "binding": call.binding}
@@ -135,7 +137,7 @@ class Governor:
             record(conn, "decided", request_id=request_id, profile=call.profile, instance=call.instance,
                    tool=call.tool, status=decision.status, detail=detail)
             if decision.outcome is Outcome.AUTO:
-                res = reserve(self.store, conn, caps, call.profile, call.instance, cost, request_id)
+                res = reserve(self.store, conn, caps, call.profile, call.instance, cost, request_id, state, month)
                 return Admission("executed", decision.reason, request_id, _Token(request_id, res), trace)
             if decision.outcome is Outcome.BLOCK:
                 return Admission("blocked", decision.reason, request_id, None, trace)
@@ -252,15 +254,18 @@ class Governor:
         entry: ToolEntry | None = self.rulebook(snapshot).entry(hold.profile, hold.tool)
         if entry is None:
             return f"profile {hold.profile} no longer serves {hold.tool}"
+        month = current_month()
+        ensure_rows(self.store, entry.caps, hold.profile, hold.instance, month)
         with self.store.begin() as conn:
-            state = read_state(self.store, conn, entry.caps, hold.profile, hold.instance, lock=True)
+            state = read_state(self.store, conn, entry.caps, hold.profile, hold.instance, lock=True, month=month)
             blocked = guardrail_block(entry.caps, hold.profile, hold.instance, hold.cost, state)
             if blocked is not None:
                 return f"blocked since it was approved: {blocked[1]}"
             now = decide_call(entry, hold.instance, hold.cost, state)
             if now.outcome is Outcome.BLOCK:
                 return f"blocked since it was approved: {now.reason}"
-            return reserve(self.store, conn, entry.caps, hold.profile, hold.instance, hold.cost, hold.id)
+            return reserve(self.store, conn, entry.caps, hold.profile, hold.instance, hold.cost, hold.id, state,
+                           month)
 
     async def aclose(self) -> None:
         """Stop the loop, let running holds finish, close the store."""

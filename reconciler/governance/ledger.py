@@ -28,6 +28,7 @@ __all__ = [
     "add_balance",
     "budget_remaining",
     "current_month",
+    "ensure_rows",
     "read_balance",
     "read_state",
     "reserve",
@@ -52,25 +53,58 @@ class Reservation:
     caps: CapSet
     profile: str
     instance: str
+    remaining: int | None  # the budget left once this reservation was made
 
 
 def scopes_for(caps: CapSet, profile: str, instance: str) -> tuple[str, str, str]:
-    """The spend rows one call counts against: org, profile, instance (sorted = lock order)."""
+    """The spend rows one call counts against: instance, org, profile (sorted = the lock order)."""
     return (f"instance:{profile}/{instance}", f"org:{caps.org_name}", f"profile:{profile}")
 
 
-def _lock_rows(store: Store, conn: Connection, scopes: tuple[str, ...], month: str, *, lock: bool) -> dict[str, int]:
-    conn.execute(store.insert_ignore(spend), [{"scope": s, "month": month, "micros": 0} for s in scopes])
-    query = sa.select(spend.c.scope, spend.c.micros).where(spend.c.month == month, spend.c.scope.in_(scopes))
-    query = query.order_by(spend.c.scope)
-    rows = conn.execute(store.for_update(query) if lock else query)
-    return {scope: int(micros) for scope, micros in rows}
+class _Statements:
+    """The ledger's statements, built once per store: SQLAlchemy then reuses their compiled form."""
+
+    def __init__(self, store: Store) -> None:
+        bp = sa.bindparam
+        rows = (sa.select(spend.c.scope, spend.c.micros)
+                .where(spend.c.month == bp("p_month"), spend.c.scope.in_(bp("p_scopes", expanding=True)))
+                .order_by(spend.c.scope))
+        self.ensure_rows = store.insert_ignore(spend)
+        self.rows, self.rows_locked = rows, store.for_update(rows)
+        balance = sa.select(balances.c.micros).where(balances.c.account == bp("p_account"))
+        self.balance, self.balance_locked = balance, store.for_update(balance)
+        self.add_spend = (sa.update(spend)
+                          .where(spend.c.month == bp("p_month"), spend.c.scope.in_(bp("p_scopes", expanding=True)))
+                          .values(micros=spend.c.micros + bp("p_cost")))
+        self.take_balance = (sa.update(balances).where(balances.c.account == bp("p_account"))
+                             .values(micros=balances.c.micros - bp("p_cost")))
+        self.insert_reservation = sa.insert(reservations)
+        self.close_reservation = (sa.update(reservations).where(reservations.c.id == bp("p_id"))
+                                  .values(charged=bp("p_charged"), state=bp("p_state")))
+        self.known: set[tuple[str, str]] = set()  # spend rows committed: (scope, month)
 
 
-def _balance(store: Store, conn: Connection, account: str, *, lock: bool) -> int | None:
-    query = sa.select(balances.c.micros).where(balances.c.account == account)
-    value = conn.execute(store.for_update(query) if lock else query).scalar_one_or_none()
-    return None if value is None else int(value)
+def _statements(store: Store) -> _Statements:
+    found = store.extras.get("ledger")
+    if not isinstance(found, _Statements):
+        found = store.extras["ledger"] = _Statements(store)
+    return found
+
+
+def ensure_rows(store: Store, caps: CapSet, profile: str, instance: str, month: str) -> None:
+    """Create the call's spend rows for `month`, in a transaction of their own, before any lock is taken.
+
+    Creating them inside the locking transaction could deadlock on PostgreSQL (one transaction holds
+    the org row and waits for another's new instance row, which waits for the org row). Once
+    committed they exist for good, so each process remembers the rows it has seen.
+    """
+    scopes = scopes_for(caps, profile, instance)
+    st = _statements(store)
+    if all((s, month) in st.known for s in scopes):
+        return
+    with store.begin() as conn:
+        conn.execute(st.ensure_rows, [{"scope": s, "month": month, "micros": 0} for s in scopes])
+    st.known.update((s, month) for s in scopes)
 
 
 def read_state(
@@ -79,54 +113,66 @@ def read_state(
     """The spend state a decision reads; with `lock`, the rows stay locked until the transaction ends."""
     month = month or current_month()
     scopes = scopes_for(caps, profile, instance)
-    rows = _lock_rows(store, conn, scopes, month, lock=lock)
-    balance = _balance(store, conn, caps.org_name, lock=lock) if caps.prepaid else None
-    return SpendState(org=rows.get(scopes[1], 0), profile=rows.get(scopes[2], 0), instance=rows.get(scopes[0], 0),
+    st = _statements(store)
+    query, params = st.rows_locked if lock else st.rows, {"p_month": month, "p_scopes": list(scopes)}
+    found = {scope: int(micros) for scope, micros in conn.execute(query, params)}
+    if len(found) < len(scopes):  # the first call of a scope this month: make its rows, then read them
+        conn.execute(st.ensure_rows, [{"scope": s, "month": month, "micros": 0} for s in scopes])
+        found = {scope: int(micros) for scope, micros in conn.execute(query, params)}
+    balance = None
+    if caps.prepaid:
+        value = conn.execute(st.balance_locked if lock else st.balance, {"p_account": caps.org_name}).scalar()
+        balance = None if value is None else int(value)
+    return SpendState(org=found.get(scopes[1], 0), profile=found.get(scopes[2], 0), instance=found.get(scopes[0], 0),
                       balance=balance)
 
 
 def reserve(
     store: Store, conn: Connection, caps: CapSet, profile: str, instance: str, cost: int, request_id: str | None,
-    month: str | None = None,
+    state: SpendState, month: str | None = None,
 ) -> Reservation:
-    """Add `cost` to every scope's row (already locked and checked by the caller) and record it."""
+    """Add `cost` to every scope's row (read, locked and checked as `state` by the caller) and record it."""
     month = month or current_month()
     scopes = scopes_for(caps, profile, instance)
+    st = _statements(store)
     if cost:
-        conn.execute(sa.update(spend).where(spend.c.month == month, spend.c.scope.in_(scopes))
-                     .values(micros=spend.c.micros + cost))
+        conn.execute(st.add_spend, {"p_month": month, "p_scopes": list(scopes), "p_cost": cost})
     account = caps.org_name if caps.prepaid else None
     if account is not None and cost:
-        conn.execute(sa.update(balances).where(balances.c.account == account).values(micros=balances.c.micros - cost))
+        conn.execute(st.take_balance, {"p_account": account, "p_cost": cost})
     rid = "res_" + secrets.token_hex(8)
-    conn.execute(sa.insert(reservations).values(id=rid, at=now(), request_id=request_id, month=month,
-                                                scopes=list(scopes), account=account, reserved=cost, charged=None,
-                                                state="reserved"))
-    return Reservation(rid, month, scopes, account, cost, caps, profile, instance)
+    conn.execute(st.insert_reservation, {"id": rid, "at": now(), "request_id": request_id, "month": month,
+                                         "scopes": list(scopes), "account": account, "reserved": cost,
+                                         "charged": None, "state": "reserved"})
+    after = SpendState(state.org + cost, state.profile + cost, state.instance + cost,
+                       None if state.balance is None else state.balance - cost)
+    return Reservation(rid, month, scopes, account, cost, caps, profile, instance, budget_remaining(caps, after))
 
 
 def settle(
     store: Store, reservation: Reservation, actual: int | None, ok: bool, request_id: str | None = None
 ) -> tuple[int, int | None]:
-    """Settle to the actual cost (None: the estimate); a failed call is released. Returns (charged, remaining)."""
+    """Settle to the actual cost (None: the estimate); a failed call is released. Returns (charged, remaining).
+
+    The remaining budget is the one seen when the call was reserved, moved by the difference: calls
+    settling at the same time on other routers are not counted in it.
+    """
     charged = (reservation.reserved if actual is None else actual) if ok else 0
     delta = charged - reservation.reserved
+    st = _statements(store)
     with store.begin() as conn:
         if delta:
-            conn.execute(sa.update(spend).where(spend.c.month == reservation.month,
-                                                spend.c.scope.in_(reservation.scopes))
-                         .values(micros=spend.c.micros + delta))
+            conn.execute(st.add_spend, {"p_month": reservation.month, "p_scopes": list(reservation.scopes),
+                                        "p_cost": delta})
             if reservation.account is not None:
-                conn.execute(sa.update(balances).where(balances.c.account == reservation.account)
-                             .values(micros=balances.c.micros - delta))
-        conn.execute(sa.update(reservations).where(reservations.c.id == reservation.id)
-                     .values(charged=charged, state="settled" if ok else "released"))
+                conn.execute(st.take_balance, {"p_account": reservation.account, "p_cost": delta})
+        conn.execute(st.close_reservation, {"p_id": reservation.id, "p_charged": charged,
+                                            "p_state": "settled" if ok else "released"})
         record(conn, "settled" if ok else "released", request_id=request_id, profile=reservation.profile,
                instance=reservation.instance, status="executed" if ok else "failed",
                detail={"reserved": reservation.reserved, "charged": charged})
-        state = read_state(store, conn, reservation.caps, reservation.profile, reservation.instance, lock=False,
-                           month=reservation.month)
-    return charged, budget_remaining(reservation.caps, state)
+    remaining = None if reservation.remaining is None else max(0, reservation.remaining - delta)
+    return charged, remaining
 
 
 def budget_remaining(caps: CapSet, state: SpendState) -> int | None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
-from reconciler.config.models import ActionClass, Policy, Routing
-from reconciler.config.posture import ToolPosture, tool_posture
+from reconciler.config.models import ActionClass, Routing
+from reconciler.config.posture import RuleIndex, ToolPosture, tool_posture
 from reconciler.config.snapshot import Profile, Snapshot
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "Approver",
     "CapSet",
     "CostIndex",
+    "PolicyView",
     "Rulebook",
     "ToolEntry",
     "compile_rulebook",
@@ -142,17 +144,54 @@ class CostIndex:
                 heapq.heappop(active)
             table[piece] = active[0][2] if active else None
 
-    def _piece(self, cost: int) -> int:
+    def piece(self, cost: int) -> int:
+        """Which elementary piece of the cost axis `cost` falls in."""
         i = bisect_left(self._bounds, cost)
         return 2 * i + 1 if i < len(self._bounds) and self._bounds[i] == cost else 2 * i
 
     def first_router(self, cost: int) -> CompiledPolicy | None:
         """The first policy by scope rank and priority that matches `cost` and names an approver."""
-        return self._first_router[self._piece(cost)]
+        return self._first_router[self.piece(cost)]
 
     def holding(self, cost: int) -> CompiledPolicy | None:
         """The first conditional policy matching `cost`: it turns an auto into an approve (layer 5)."""
-        return self._any_conditional[self._piece(cost)]
+        return self._any_conditional[self.piece(cost)]
+
+
+_EMPTY = CostIndex(())
+
+
+def _first(a: CompiledPolicy | None, b: CompiledPolicy | None) -> CompiledPolicy | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if a.rank < b.rank else b
+
+
+class PolicyView:
+    """The policies matching one tool: the profile's shared ones (profile, group, org scope) and the
+    tool's own (action, service scope), each a `CostIndex`; a lookup asks both and keeps the better rank."""
+
+    __slots__ = ("own", "shared")
+
+    def __init__(self, shared: CostIndex, own: CostIndex) -> None:
+        self.shared = shared
+        self.own = own
+
+    def key(self, cost: int) -> tuple[int, int]:
+        """Costs with the same key meet the same policies: decisions are cached per key."""
+        return (self.shared.piece(cost), self.own.piece(cost))
+
+    def first_router(self, cost: int) -> CompiledPolicy | None:
+        return _first(self.shared.first_router(cost), self.own.first_router(cost))
+
+    def holding(self, cost: int) -> CompiledPolicy | None:
+        return _first(self.shared.holding(cost), self.own.holding(cost))
+
+    @property
+    def policies(self) -> tuple[CompiledPolicy, ...]:
+        return tuple(sorted((*self.shared.policies, *self.own.policies), key=lambda p: p.rank))
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,11 +223,14 @@ class ToolEntry:
     template_outcome: str
     pinned: bool
     routing: Approver | None  # None: routing unset
-    policies: CostIndex
+    policies: PolicyView
     owners: Approver | None
     caps: CapSet
     price: int  # the binding's [pricing] estimate, micros
     binding: str
+    guard_text: str  # what the guardrail layer found when nothing blocks
+    # Decisions already worked out, per `PolicyView.key(cost)`: filled on first use by `decide_call`.
+    memo: dict[tuple[int, int], Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -203,36 +245,49 @@ class Rulebook:
         return self.entries.get((profile, tool))
 
 
-def _compile_policies(snapshot: Snapshot) -> list[tuple[Policy, CompiledPolicy]]:
+def _compile_policies(snapshot: Snapshot) -> _PolicyBuckets:
     out = []
+    scopes: list[tuple[str, str | None]] = []
     policies = snapshot.org.policies if snapshot.org else []
     for order, p in enumerate(policies):
         kind = p.scope.kind
         value = getattr(p.scope, kind)
         when = p.when
-        out.append((p, CompiledPolicy(
+        scopes.append((kind, None if kind == "org" else str(value)) if value else (kind, "\0"))
+        out.append(CompiledPolicy(
             name=p.name,
             scope="org" if kind == "org" else f"{kind} {value}",
             rank=(SCOPE_RANK[kind], -p.priority, order),
             cost_above=to_micros(when.cost_above) if when and when.cost_above is not None else None,
             cost_below=to_micros(when.cost_below) if when and when.cost_below is not None else None,
             approver=Approver.from_routing(p.approver) if p.approver else None,
-        )))
-    return out
+        ))
+    return _PolicyBuckets(out, scopes)
 
 
-def _matches(policy: Policy, profile: Profile, service: str, tool: str) -> bool:
-    scope = policy.scope
-    kind = scope.kind
-    if kind == "action":
-        return scope.action == tool
-    if kind == "service":
-        return scope.service == service
-    if kind == "profile":
-        return scope.profile == profile.name
-    if kind == "group":
-        return profile.spec.group is not None and scope.group == profile.spec.group
-    return bool(scope.org)
+class _PolicyBuckets:
+    """The org's policies by scope, so each tool finds its own without scanning them all."""
+
+    def __init__(self, policies: list[CompiledPolicy], scopes: list[tuple[str, str | None]]) -> None:
+        self.by: dict[tuple[str, str | None], list[CompiledPolicy]] = {}
+        for policy, scope in zip(policies, scopes, strict=True):
+            self.by.setdefault(scope, []).append(policy)
+        self._own: dict[tuple[str, str], CostIndex] = {}
+
+    def shared(self, profile: Profile) -> CostIndex:
+        found = [*self.by.get(("profile", profile.name), []), *self.by.get(("org", None), [])]
+        if profile.spec.group is not None:
+            found.extend(self.by.get(("group", profile.spec.group), []))
+        return CostIndex(found) if found else _EMPTY
+
+    def own(self, service: str, tool: str) -> CostIndex:
+        key = (service, tool)
+        found = [*self.by.get(("service", service), []), *self.by.get(("action", tool), [])]
+        if not found:
+            return _EMPTY
+        if key not in self._own:
+            self._own[key] = CostIndex(found)
+        return self._own[key]
 
 
 def _caps(snapshot: Snapshot, profile: Profile) -> CapSet:
@@ -247,6 +302,16 @@ def _caps(snapshot: Snapshot, profile: Profile) -> CapSet:
         suspended=bool(org and org.suspended),
         profile_file=profile.file,
     )
+
+
+def _guard_text(caps: CapSet) -> str:
+    if caps.suspended:
+        return "the org is suspended"
+    named = [n for n, c in (("org", caps.org), ("profile", caps.profile), ("instance", caps.instance)) if c is not None]
+    parts = ["not suspended", f"within the {', '.join(named)} cap(s)" if named else "no cap"]
+    if caps.prepaid:
+        parts.append("the prepaid balance covers it")
+    return "; ".join(parts)
 
 
 def _owners(snapshot: Snapshot) -> Approver | None:
@@ -267,6 +332,9 @@ def compile_rulebook(snapshot: Snapshot) -> Rulebook:
         caps = _caps(snapshot, profile)
         routing = Approver.from_routing(spec.routing) if spec.routing else None
         template = snapshot.template_for(profile)
+        rules = RuleIndex.from_profile(profile)
+        shared = policies.shared(profile)
+        guard_text = _guard_text(caps)
         names: list[str] = []
         for service, selection in profile.selections.items():
             iface = snapshot.interfaces.get(selection.key)
@@ -276,11 +344,9 @@ def compile_rulebook(snapshot: Snapshot) -> Rulebook:
             pricing = binding.spec.pricing if binding else {}
             for tool in iface.tools:
                 cls = tool.action_class
-                posture = tool_posture(snapshot, profile, service, tool.name, cls)
+                posture = tool_posture(snapshot, profile, service, tool.name, cls, rules)
                 outcome = template.outcome_for(cls)
-                rule = next((r for r in spec.rules if r.action == tool.name), None) or next(
-                    (r for r in spec.rules if r.service == service), None)
-                matching = [c for p, c in policies if _matches(p, profile, service, tool.name)]
+                rule = rules.actions.get(tool.name) or rules.services.get(service)
                 entries[(profile.name, tool.name)] = ToolEntry(
                     profile=profile.name,
                     service=service,
@@ -294,11 +360,12 @@ def compile_rulebook(snapshot: Snapshot) -> Rulebook:
                     template_outcome=outcome.value,
                     pinned=service in spec.pins,
                     routing=routing,
-                    policies=CostIndex(matching),
+                    policies=PolicyView(shared, policies.own(service, tool.name)),
                     owners=owners,
                     caps=caps,
                     price=to_micros(pricing.get(tool.name, 0.0)),
                     binding=selection.binding,
+                    guard_text=guard_text,
                 )
                 names.append(tool.name)
         tools_of[profile.name] = tuple(names)

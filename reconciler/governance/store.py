@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -136,6 +137,8 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        self.extras: dict[str, object] = {}  # per-store caches of the rooms (prepared statements)
+        self._writer = threading.Lock() if self.dialect == "sqlite" else None
         if self.dialect not in ("sqlite", "postgresql"):
             raise StoreError(f"unsupported store '{self.dialect}': use SQLite or PostgreSQL")
 
@@ -145,8 +148,18 @@ class Store:
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
-        """One write transaction (`BEGIN IMMEDIATE` on SQLite)."""
-        with self.engine.begin() as conn:
+        """One write transaction (`BEGIN IMMEDIATE` on SQLite).
+
+        On SQLite the threads of one process take turns here first: SQLite has one writer at a time,
+        and a thread waiting in its busy handler sleeps in steps of milliseconds, while one waiting
+        on this lock wakes as soon as the writer before it commits. Other processes still wait in
+        SQLite's busy handler.
+        """
+        if self._writer is None:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with self._writer, self.engine.begin() as conn:
             yield conn
 
     def insert_ignore(self, table: sa.Table) -> Any:
