@@ -23,6 +23,7 @@ from reconciler.gitops.reconciling import Reconciler
 from reconciler.gitops.status import Attempt, read_status
 from reconciler.gitops.watching import watch_tree
 from reconciler.governance.gate import Gate
+from reconciler.governance.governor import Governor
 from reconciler.router.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router
 from reconciler.web.http import HttpListener, build_app
@@ -35,9 +36,13 @@ def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_
     """Serve `snapshot` (loaded from `root`) until a signal; returns the exit code."""
     if not snapshot.ok:
         raise ConfigError(snapshot.errors)
-    router = Router(snapshot, root=root, run_dir=run_dir or default_run_dir(),
-                    state_dir=state_dir or default_state_dir(root), gate=gate)
-    _run(run_router(router, root, on_ready))
+    state = state_dir or default_state_dir(root)
+    # Governance runs unless the caller brings its own gate: the store is SQLite in the state folder,
+    # or PostgreSQL when HANDLER_STORE_URL names one (migrated at start, under a lock).
+    governor = Governor.from_env(root, state_dir=state) if gate is None else None
+    router = Router(snapshot, root=root, run_dir=run_dir or default_run_dir(), state_dir=state,
+                    gate=governor or gate)
+    _run(run_router(router, root, on_ready, governor))
     return 0
 
 
@@ -50,8 +55,13 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
 
 
-async def run_router(router: Router, root: Path, on_ready: Callable[[Router], None] | None = None) -> None:
-    """Start `router`, reload on SIGHUP, stop on SIGINT/SIGTERM, and close everything it started."""
+async def run_router(router: Router, root: Path, on_ready: Callable[[Router], None] | None = None,
+                     governor: Governor | None = None) -> None:
+    """Start `router`, reload on SIGHUP, stop on SIGINT/SIGTERM, and close everything it started.
+
+    With a `governor`, approved holds (also those approved while no router ran) run through the
+    router's `execute_held`, exactly once however many routers share the store.
+    """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loader = Loader()
@@ -60,6 +70,9 @@ async def run_router(router: Router, root: Path, on_ready: Callable[[Router], No
     loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(_reload(router, loader, root)))
     try:
         await router.start()
+        if governor is not None:
+            governor.use_snapshot(router.live.snapshot)
+            await governor.start(router.execute_held)
         if on_ready is not None:
             on_ready(router)
         await stop.wait()
@@ -67,6 +80,8 @@ async def run_router(router: Router, root: Path, on_ready: Callable[[Router], No
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(sig)
+        if governor is not None:  # first: holds running now finish through the router
+            await governor.aclose()
         await router.aclose()
 
 
@@ -77,6 +92,8 @@ async def _reload(router: Router, loader: Loader, root: Path) -> None:
               f"generation {router.live.number} (run `handler validate` to see them)", file=sys.stderr)
         return
     generation = await router.swap(snapshot)
+    if isinstance(router.services.gate, Governor):  # approved holds are checked against the live config
+        router.services.gate.use_snapshot(snapshot)
     print(f"handler serve: generation {generation.number} (revision {snapshot.revision[:12]}) serves new sessions",
           file=sys.stderr)
 
@@ -118,17 +135,24 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
     state_dir = options.state_dir or default_state_dir(root if options.source == "worktree" else Path.cwd())
     run_dir = options.run_dir or default_run_dir()
     holder: list[Router] = []
+    governor = Governor.from_env(root, state_dir=state_dir) if gate is None else None
 
     async def swap(snapshot: Snapshot) -> int:
         if mirror is not None:  # connectors run from their folder: the revision's files must be on disk
             await asyncio.to_thread(mirror.export, snapshot.revision, _tree_root(options, state_dir))
         if not holder:  # the first good revision starts the router
             router = Router(snapshot, root=_tree_root(options, state_dir), run_dir=run_dir, state_dir=state_dir,
-                            gate=gate)
+                            gate=governor or gate)
             await router.start()
             holder.append(router)
+            if governor is not None:
+                governor.use_snapshot(snapshot)
+                await governor.start(router.execute_held)
             return router.live.number
-        return (await holder[0].swap(snapshot)).number
+        number = (await holder[0].swap(snapshot)).number
+        if governor is not None:
+            governor.use_snapshot(snapshot)
+        return number
 
     mirror: GitMirror | None = None
     source: TreeSource
@@ -182,6 +206,8 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(sig)
+        if governor is not None:  # first: holds running now finish through the router
+            await governor.aclose()
         if holder:
             await holder[0].aclose()
 

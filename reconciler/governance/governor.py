@@ -76,9 +76,10 @@ class Governor:
         self._listener: HoldListener | None = None
 
     @classmethod
-    def from_env(cls, root: str | Path = ".", env: Mapping[str, str] | None = None) -> Governor:
+    def from_env(cls, root: str | Path = ".", env: Mapping[str, str] | None = None, *,
+                 state_dir: Path | None = None) -> Governor:
         """Open (and migrate, under a lock) the store named by the environment; see `store_url`."""
-        return cls(open_store(store_url(root, env)))
+        return cls(open_store(store_url(root, env, state_dir=state_dir)))
 
     # --- compiled snapshots ----------------------------------------------------------------------
 
@@ -107,7 +108,7 @@ class Governor:
     # --- the Gate --------------------------------------------------------------------------------
 
     async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
-        if self._snapshot is None or self._snapshot.revision != snapshot.revision:
+        if self._snapshot is None:  # until the router says which snapshot is live, the first one seen is
             self.use_snapshot(snapshot)
         return await self._io(self.admit_now, snapshot, call)
 

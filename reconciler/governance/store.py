@@ -118,8 +118,12 @@ HOLD_CHANNEL = "handler_holds"  # PostgreSQL NOTIFY channel: a hold was decided
 _DEFAULT_STATE_DIR = ".handler"
 
 
-def store_url(root: str | Path = ".", env: Mapping[str, str] | None = None) -> str:
-    """The store's SQLAlchemy URL: `HANDLER_STORE_URL`, else SQLite in the state folder."""
+def store_url(root: str | Path = ".", env: Mapping[str, str] | None = None, *, state_dir: Path | None = None) -> str:
+    """The store's SQLAlchemy URL: `HANDLER_STORE_URL`, else SQLite in the state folder.
+
+    The state folder is `state_dir` when the caller was given one (`--state-dir`), else
+    `$HANDLER_STATE_DIR`, else `.handler/` under the config root.
+    """
     env = os.environ if env is None else env
     url = env.get("HANDLER_STORE_URL", "").strip()
     if url:
@@ -127,7 +131,7 @@ def store_url(root: str | Path = ".", env: Mapping[str, str] | None = None) -> s
             if url.startswith(plain):
                 return "postgresql+psycopg://" + url[len(plain):]
         return url
-    state = Path(env.get("HANDLER_STATE_DIR") or Path(root) / _DEFAULT_STATE_DIR)
+    state = state_dir or Path(env.get("HANDLER_STATE_DIR") or Path(root) / _DEFAULT_STATE_DIR)
     return f"sqlite:///{state / 'handler.db'}"
 
 
