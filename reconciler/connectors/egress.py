@@ -1,0 +1,150 @@
+"""The egress allow-list proxy: a connector reaches the network only through it (design §4 `egress`).
+
+The router runs one proxy per sandboxed connector process, listening on a unix socket (a path socket
+crosses network namespaces). It speaks enough HTTP proxying for every client library: `CONNECT
+host:port` for TLS and absolute-form `GET http://host:port/...` for plain HTTP. A destination
+outside the binding's egress entries (`host:port`, `*` for a host or a port) is refused with 403
+and logged with its host and port; an allowed one is dialled from the router's network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+__all__ = ["EgressProxy", "egress_allows"]
+
+log = logging.getLogger("handler.egress")
+
+_MAX_HEAD = 64 * 1024
+_DIAL_TIMEOUT = 15.0
+
+
+def egress_allows(entries: Sequence[str], host: str, port: int) -> bool:
+    """Whether `host:port` matches one of the `host:port` entries (`*` matches any host or any port)."""
+    host = host.lower().strip("[]")
+    for entry in entries:
+        e_host, _, e_port = entry.rpartition(":")
+        e_host = e_host.lower().strip("[]")
+        if (e_host in ("*", host)) and (e_port == "*" or e_port == str(port)):
+            return True
+    return False
+
+
+class EgressProxy:
+    """Serves the allow-list for one connector process on `socket_path`."""
+
+    def __init__(self, socket_path: Path, entries: Sequence[str], owner: str) -> None:
+        self.socket_path = socket_path
+        self.entries = tuple(entries)
+        self.owner = owner  # the binding, for the log
+        self.refused: list[str] = []  # host:port refused, newest last (bounded)
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
+        self.socket_path.chmod(0o600)
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await self._handle(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            pass
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if len(head) > _MAX_HEAD:
+            await _reply(writer, 431, "Request Header Fields Too Large")
+            return
+        request_line, _, rest = head.partition(b"\r\n")
+        method, target, version = request_line.decode("latin-1").split(" ", 2)
+        if method.upper() == "CONNECT":
+            host, _, port_text = target.rpartition(":")
+            port = int(port_text)
+            forward = b""
+        else:
+            url = urlsplit(target)
+            if url.scheme != "http" or not url.hostname:
+                await _reply(writer, 400, "Bad Request: a proxy request names an absolute http:// URL")
+                return
+            host, port = url.hostname, url.port or 80
+            path = url.path or "/"
+            if url.query:
+                path += "?" + url.query
+            forward = f"{method} {path} {version}\r\n".encode("latin-1") + _strip_proxy_headers(rest)
+        if not egress_allows(self.entries, host, port):
+            self.refused.append(f"{host}:{port}")
+            del self.refused[:-100]
+            log.warning("egress refused: binding '%s' tried %s:%d, which is not in its egress", self.owner, host,
+                        port)
+            await _reply(writer, 403, f"Forbidden: {host}:{port} is not in this connector's egress")
+            return
+        try:
+            async with asyncio.timeout(_DIAL_TIMEOUT):
+                up_reader, up_writer = await asyncio.open_connection(host, port)
+        except (OSError, TimeoutError) as exc:
+            await _reply(writer, 502, f"Bad Gateway: {host}:{port} could not be reached ({exc})")
+            return
+        try:
+            if forward:
+                up_writer.write(forward)
+            else:
+                writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                await writer.drain()
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            up_writer.close()
+            with contextlib.suppress(Exception):
+                await up_writer.wait_closed()
+
+
+def _strip_proxy_headers(rest: bytes) -> bytes:
+    lines = rest.split(b"\r\n")
+    kept = [line for line in lines if not line.lower().startswith((b"proxy-connection:", b"proxy-authorization:"))]
+    return b"\r\n".join(kept)
+
+
+async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+    body = reason.encode() + b"\n"
+    writer.write(f"HTTP/1.1 {status} {reason.partition(':')[0]}\r\ncontent-type: text/plain\r\ncontent-length: "
+                 f"{len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            if writer.can_write_eof():
+                writer.write_eof()

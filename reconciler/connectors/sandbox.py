@@ -1,0 +1,91 @@
+"""How a connector process is confined: its environment, its folder, its limits, its network.
+
+- environment: only the connector's declared secrets and settings, plus PATH, LANG and a HOME in
+  the process's private folder; nothing else of the router's environment leaks in;
+- resources: address space, CPU time and file size bounded by rlimits (the connector manifest's
+  `[sandbox]`, else the defaults here);
+- network (Linux): its own network namespace, entered with `unshare --net`, so a connector with
+  `egress = []` has no network at all; declared egress goes through the router's allow-list proxy
+  (`egress.EgressProxy`) by way of the relay `netns_init` runs inside the namespace.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from reconciler.config.models import SandboxSpec
+
+__all__ = ["DEFAULT_LIMITS", "Limits", "confined_env", "limits_for", "namespaces_available", "rlimit_setter",
+           "sandboxed_command"]
+
+_PASSED = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    memory_bytes: int
+    cpu_seconds: int
+    file_bytes: int
+
+
+DEFAULT_LIMITS = Limits(memory_bytes=4 << 30, cpu_seconds=3600, file_bytes=1 << 30)
+
+
+def limits_for(spec: SandboxSpec) -> Limits:
+    """The manifest's `[sandbox]` limits, each falling back to the default."""
+    return Limits(
+        memory_bytes=spec.memoryMb * (1 << 20) if spec.memoryMb else DEFAULT_LIMITS.memory_bytes,
+        cpu_seconds=spec.cpuSeconds or DEFAULT_LIMITS.cpu_seconds,
+        file_bytes=spec.fileBytes or DEFAULT_LIMITS.file_bytes,
+    )
+
+
+def rlimit_setter(limits: Limits) -> Callable[[], None]:
+    """A preexec function that applies `limits` in the child before it runs anything."""
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+
+    return apply
+
+
+def confined_env(declared: Mapping[str, str], home: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of a connector process: what it declared, and what any process needs."""
+    source = os.environ if base is None else base
+    env = {name: source[name] for name in _PASSED if name in source}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    env["HOME"] = str(home)
+    env["TMPDIR"] = str(home / "tmp")
+    env.update(declared)
+    return env
+
+
+@functools.cache
+def namespaces_available() -> bool:
+    """Whether this machine lets the router give a process its own network namespace."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    try:
+        done = subprocess.run([unshare, "--net", "--", "true"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def sandboxed_command(command: Sequence[str], proxy_socket: Path | None) -> list[str]:
+    """`command` run in a new network namespace, reaching out only through `proxy_socket` (if any)."""
+    unshare = shutil.which("unshare") or "unshare"
+    proxy = ["--proxy", str(proxy_socket)] if proxy_socket is not None else []
+    return [unshare, "--net", "--", sys.executable, "-m", "reconciler.connectors.netns_init", *proxy, "--", *command]

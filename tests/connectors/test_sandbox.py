@@ -1,0 +1,123 @@
+"""The sandbox on this machine: no network but the allow-listed egress, a bare environment, rlimits."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.harness import short_dir
+
+from reconciler.connectors.egress import EgressProxy, egress_allows
+from reconciler.connectors.sandbox import Limits, confined_env, namespaces_available, rlimit_setter, sandboxed_command
+
+pytestmark = pytest.mark.skipif(not namespaces_available(), reason="network namespaces are unavailable here")
+
+FETCH = """
+import os, sys, urllib.request, socket
+url = sys.argv[1]
+try:
+    print("via-proxy:", urllib.request.urlopen(url, timeout=5).read().decode())
+except Exception as exc:
+    print("via-proxy failed:", getattr(exc, "code", type(exc).__name__))
+host, port = url.split("//")[1].split("/")[0].split(":")
+s = socket.socket()
+s.settimeout(2)
+print("direct:", s.connect_ex((host, int(port))))
+"""
+
+
+@pytest.fixture
+def page() -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"hello from the host"
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+async def _run_confined(script: str, url: str, egress: list[str] | None, folder: Path) -> tuple[str, list[str]]:
+    proxy = None
+    if egress is not None:
+        proxy = EgressProxy(folder / "egress.sock", egress, owner="test-binding")
+        await proxy.start()
+    home = folder / "home"
+    (home / "tmp").mkdir(parents=True)
+    command = sandboxed_command([sys.executable, "-c", script, url], proxy.socket_path if proxy else None)
+    proc = await asyncio.create_subprocess_exec(
+        *command, env=confined_env({}, home), cwd=home, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    if proxy is not None:
+        await proxy.aclose()
+    assert proc.returncode == 0, err.decode()
+    return out.decode(), proxy.refused if proxy else []
+
+
+def test_a_server_in_the_egress_is_reached_through_the_proxy_only(page: str) -> None:
+    port = page.split(":")[2].rstrip("/")
+    with short_dir() as folder:
+        out, refused = asyncio.run(_run_confined(FETCH, page, [f"127.0.0.1:{port}"], folder))
+    assert "via-proxy: hello from the host" in out
+    assert "direct: 111" in out  # the host's loopback is not the namespace's: connection refused
+    assert refused == []
+
+
+def test_a_server_outside_the_egress_is_refused_and_logged(page: str, caplog: pytest.LogCaptureFixture) -> None:
+    port = page.split(":")[2].rstrip("/")
+    with short_dir() as folder:
+        out, refused = asyncio.run(_run_confined(FETCH, page, ["api.example.com:443"], folder))
+    assert "via-proxy failed: 403" in out
+    assert refused == [f"127.0.0.1:{port}"]
+    assert f"tried 127.0.0.1:{port}" in caplog.text
+
+
+def test_no_egress_means_no_network_at_all(page: str) -> None:
+    with short_dir() as folder:
+        out, _ = asyncio.run(_run_confined(FETCH, page, None, folder))
+    assert "via-proxy failed" in out
+    assert "direct: 111" in out
+
+
+def test_the_environment_holds_only_what_was_declared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROUTER_SECRET", "must-not-leak")
+    env = confined_env({"OCR_LANGUAGES": "eng"}, tmp_path)
+    assert set(env) <= {"PATH", "LANG", "LC_ALL", "TZ", "HOME", "TMPDIR", "OCR_LANGUAGES"}
+    assert env["HOME"] == str(tmp_path)
+
+
+def test_rlimits_bound_file_size(tmp_path: Path) -> None:
+    import subprocess
+
+    limits = Limits(memory_bytes=1 << 30, cpu_seconds=30, file_bytes=1 << 16)
+    script = "open('big', 'wb').write(b'x' * (1 << 20))"
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, preexec_fn=rlimit_setter(limits), capture_output=True, check=False
+    )
+    assert done.returncode != 0
+    assert (tmp_path / "big").stat().st_size <= 1 << 16
+
+
+def test_egress_entries_match_hosts_and_ports() -> None:
+    assert egress_allows(["api.mistral.ai:443"], "API.mistral.ai", 443)
+    assert not egress_allows(["api.mistral.ai:443"], "api.mistral.ai", 80)
+    assert egress_allows(["*:587"], "smtp.example.org", 587)
+    assert egress_allows(["smtp.example.org:*"], "smtp.example.org", 2525)
+    assert not egress_allows([], "localhost", 80)
