@@ -1,0 +1,206 @@
+"""ocr-tesseract: the ocr/v1 connector on the host's Tesseract, an MCP server over stdio.
+
+The router starts it (`python3 main.py`, in this folder) and calls `ocr_extract` with `path` naming
+a copy of the agent's file in the call's own folder. PDFs are rasterized one page at a time with
+Poppler's `pdftoppm`; each page image goes through `tesseract ... tsv`, from which come both the
+page's text and its blocks (text with a pixel bbox x0, y0, x1, y1). A file that is neither a PDF
+nor an image Tesseract reads is the interface error `unsupported_format`.
+
+Settings (environment): OCR_LANGUAGES, the packs used when a call names none ("eng+fra").
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import logging
+import os
+import re
+import sys
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
+
+log = logging.getLogger("ocr-tesseract")
+
+DPI = 300
+# Two-letter codes (ISO 639-1) a call may name → Tesseract's packs (ISO 639-2/T, Tesseract's spelling).
+PACKS = {
+    "af": "afr", "ar": "ara", "bg": "bul", "ca": "cat", "cs": "ces", "da": "dan", "de": "deu", "el": "ell",
+    "en": "eng", "es": "spa", "et": "est", "eu": "eus", "fa": "fas", "fi": "fin", "fr": "fra", "ga": "gle",
+    "gl": "glg", "he": "heb", "hi": "hin", "hr": "hrv", "hu": "hun", "id": "ind", "is": "isl", "it": "ita",
+    "ja": "jpn", "ko": "kor", "lt": "lit", "lv": "lav", "nl": "nld", "no": "nor", "pl": "pol", "pt": "por",
+    "ro": "ron", "ru": "rus", "sk": "slk", "sl": "slv", "sq": "sqi", "sr": "srp", "sv": "swe", "th": "tha",
+    "tr": "tur", "uk": "ukr", "vi": "vie", "zh": "chi_sim",
+}
+# What Tesseract (through Leptonica) reads, by the file's first bytes; anything else is refused.
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"II*\x00", b"MM\x00*", b"GIF87a", b"GIF89a", b"BM")
+_PNM = re.compile(rb"^P[1-6]\s")
+_CACHE_SIZE = 64
+
+
+class InterfaceError(Exception):
+    """An error of ocr/v1's closed list, sent as isError with {"error": code, "message": ...}."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def error_result(code: str, message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=message)],
+                                structured_content={"error": code, "message": message}, is_error=True)
+
+
+def sniff(head: bytes) -> str | None:
+    """'pdf', 'image' or None, from a file's first bytes (never from its name: agents rename files)."""
+    if head.startswith(b"%PDF-"):
+        return "pdf"
+    if head.startswith(_IMAGE_MAGIC) or _PNM.match(head):
+        return "image"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image"
+    return None
+
+
+class Engine:
+    """Runs Poppler and Tesseract; remembers recent results by the file's hash and the languages."""
+
+    def __init__(self, default_languages: str) -> None:
+        self.default = default_languages or "eng"
+        self.installed: frozenset[str] = frozenset()
+        self._cache: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
+        # One thread per OCR process: the router may send several calls at once, and Tesseract's
+        # OpenMP threads fighting each other are slower than one each.
+        self.env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+
+    async def start(self) -> None:
+        done = await anyio.run_process(["tesseract", "--list-langs"], check=False, env=self.env)
+        lines = done.stdout.decode(errors="replace").splitlines()[1:]
+        self.installed = frozenset(line.strip() for line in lines if line.strip())
+        log.info("tesseract packs installed: %s", ", ".join(sorted(self.installed)) or "none")
+
+    def packs_for(self, languages: list[str] | None) -> str:
+        """The '+'-joined packs for a call's two-letter codes; installed ones only, else the setting."""
+        chosen: list[str] = []
+        for code in languages or ():
+            pack = PACKS.get(code)
+            if pack and pack in self.installed and pack not in chosen:
+                chosen.append(pack)
+        return "+".join(chosen) if chosen else self.default
+
+    async def extract(self, path: Path, languages: list[str] | None) -> dict[str, Any]:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise InterfaceError("unsupported_format", f"the file could not be read: {exc.strerror}") from None
+        kind = sniff(data[:16])
+        if kind is None:
+            raise InterfaceError("unsupported_format", "the file is not a PDF or an image (PNG, JPEG, TIFF, GIF, "
+                                 "BMP, WebP, PNM); if it is an archive, extract the document first")
+        packs = self.packs_for(languages)
+        key = (hashlib.sha256(data).hexdigest(), packs)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        with tempfile.TemporaryDirectory(prefix="ocr-") as tmp:
+            if kind == "pdf":
+                pages = [await self.ocr_image(image, packs) async for image in self.rasterize(path, Path(tmp))]
+            else:
+                pages = [await self.ocr_image(path, packs)]
+        result = {"pages": pages}
+        self._cache[key] = result
+        if len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return result
+
+    async def rasterize(self, pdf: Path, tmp: Path) -> Any:
+        """Each page of the PDF as a PNG, one page at a time (memory stays at one page)."""
+        info = await anyio.run_process(["pdfinfo", str(pdf)], check=False, env=self.env)
+        found = re.search(rb"^Pages:\s+(\d+)", info.stdout, re.MULTILINE)
+        if info.returncode != 0 or found is None:
+            raise InterfaceError("unsupported_format", "the file starts like a PDF but Poppler cannot read it "
+                                 "(damaged or encrypted)")
+        for page in range(1, int(found[1]) + 1):
+            prefix = tmp / f"page-{page}"
+            done = await anyio.run_process(
+                ["pdftoppm", "-r", str(DPI), "-png", "-singlefile", "-f", str(page), "-l", str(page), str(pdf),
+                 str(prefix)], check=False, env=self.env)
+            image = prefix.with_suffix(".png")
+            if done.returncode != 0 or not image.exists():
+                raise InterfaceError("unsupported_format", f"Poppler could not rasterize page {page} of the PDF")
+            yield image
+            image.unlink()
+
+    async def ocr_image(self, image: Path, packs: str) -> dict[str, Any]:
+        done = await anyio.run_process(["tesseract", str(image), "stdout", "-l", packs, "tsv"], check=False,
+                                       env=self.env)
+        if done.returncode != 0:
+            message = done.stderr.decode(errors="replace").strip().splitlines()
+            if any("Error in pixRead" in line or "Unsupported image" in line for line in message):
+                raise InterfaceError("unsupported_format", "the image could not be decoded")
+            raise RuntimeError(f"tesseract failed ({done.returncode}): {' / '.join(message[-3:])}")
+        return page_from_tsv(done.stdout.decode("utf-8", errors="replace"))
+
+
+def page_from_tsv(tsv: str) -> dict[str, Any]:
+    """A page's text and blocks from Tesseract's TSV: words joined into lines, lines into blocks."""
+    blocks: dict[int, dict[str, Any]] = {}
+    lines: dict[tuple[int, int, int], list[str]] = {}
+    for row in csv.DictReader(io.StringIO(tsv), delimiter="\t", quoting=csv.QUOTE_NONE):
+        try:
+            level, block = int(row["level"]), int(row["block_num"])
+            box = [int(row["left"]), int(row["top"]), int(row["width"]), int(row["height"])]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if level == 2:
+            blocks[block] = {"bbox": [box[0], box[1], box[0] + box[2], box[1] + box[3]], "lines": []}
+        elif level == 5 and (word := (row.get("text") or "").strip()):
+            lines.setdefault((block, int(row["par_num"]), int(row["line_num"])), []).append(word)
+    for (block, _, _), words in sorted(lines.items()):
+        if block in blocks:
+            blocks[block]["lines"].append(" ".join(words))
+    out = [{"text": "\n".join(b["lines"]), "bbox": b["bbox"]} for _, b in sorted(blocks.items()) if b["lines"]]
+    return {"text": "\n\n".join(b["text"] for b in out), "blocks": out}
+
+
+def build_server(engine: Engine) -> Server[Any]:
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name != "ocr_extract":
+            return error_result("unavailable", f"this connector has no tool '{params.name}'")
+        args = params.arguments or {}
+        path, languages = args.get("path"), args.get("languages")
+        if not isinstance(path, str):
+            return error_result("invalid_arguments", "path is required")
+        try:
+            output = await engine.extract(Path(path), languages if isinstance(languages, list) else None)
+        except InterfaceError as exc:
+            return error_result(exc.code, exc.message)
+        except Exception:
+            log.exception("ocr_extract failed")
+            return error_result("unavailable", "the OCR engine failed on this file; retrying later may work")
+        text = "\n\f\n".join(page["text"] for page in output["pages"])
+        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=output)
+
+    return Server("ocr-tesseract", version="1.0.0", on_call_tool=call_tool)
+
+
+async def main() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    engine = Engine(os.environ.get("OCR_LANGUAGES", "eng"))
+    await engine.start()
+    server = build_server(engine)
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+if __name__ == "__main__":
+    anyio.run(main)
