@@ -44,6 +44,7 @@ PACKS = {
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"II*\x00", b"MM\x00*", b"GIF87a", b"GIF89a", b"BM")
 _PNM = re.compile(rb"^P[1-6]\s")
 _CACHE_SIZE = 64
+_BLOCK, _WORD = 2, 5  # the `level` column of Tesseract's TSV
 
 
 class InterfaceError(Exception):
@@ -161,9 +162,9 @@ def page_from_tsv(tsv: str) -> dict[str, Any]:
             box = [int(row["left"]), int(row["top"]), int(row["width"]), int(row["height"])]
         except (KeyError, TypeError, ValueError):
             continue
-        if level == 2:
+        if level == _BLOCK:
             blocks[block] = {"bbox": [box[0], box[1], box[0] + box[2], box[1] + box[3]], "lines": []}
-        elif level == 5 and (word := (row.get("text") or "").strip()):
+        elif level == _WORD and (word := (row.get("text") or "").strip()):
             lines.setdefault((block, int(row["par_num"]), int(row["line_num"])), []).append(word)
     for (block, _, _), words in sorted(lines.items()):
         if block in blocks:
