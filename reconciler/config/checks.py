@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from reconciler.config.findings import Finding, did_you_mean
 from reconciler.config.models import Limits, Routing, SecretRef
-from reconciler.config.snapshot import Binding, Connector, Profile, Snapshot
+from reconciler.config.snapshot import RESHAPERS, Binding, Connector, Profile, Snapshot
 
 __all__ = ["check_binding", "check_cases", "check_connector", "check_org", "check_profile"]
 
@@ -44,6 +44,30 @@ def check_connector(snapshot: Snapshot, connector: Connector) -> Iterator[Findin
                     f"one of: {', '.join(sorted(served)) or '(no tools)'}",
                     "correct the tool name",
                 )
+        wrap = connector.spec.wrap
+        if wrap.reshape is not None and wrap.reshape not in RESHAPERS:
+            yield Finding(
+                "N006",
+                file,
+                _line(snapshot, file, "wrap", "reshape"),
+                f"[wrap] reshape '{wrap.reshape}' is not a reshaper the router knows"
+                f"{did_you_mean(wrap.reshape, RESHAPERS)}",
+                f"one of: {', '.join(RESHAPERS)}",
+                'reshape = "text" (text content as {"text": ...}), or omit it to pass structuredContent through',
+            )
+        codes: frozenset[str] = frozenset().union(
+            *(iface.error_codes for k in connector.spec.implements if (iface := snapshot.interfaces.get(k)))
+        )
+        if wrap.error is not None and wrap.error not in codes:
+            yield Finding(
+                "N006",
+                file,
+                _line(snapshot, file, "wrap", "error"),
+                f"[wrap] error '{wrap.error}' is not in the closed list of the interfaces it implements"
+                f"{did_you_mean(wrap.error, codes)}",
+                f"one of: {', '.join(sorted(codes))}",
+                "name an error code of the interface, or omit it (unavailable)",
+            )
 
 
 def check_binding(snapshot: Snapshot, binding: Binding) -> Iterator[Finding]:

@@ -65,6 +65,7 @@ CODES: dict[str, Code] = _registry(
     Code("N003", E, "a connector supplies tool descriptions (S1)"),
     Code("N004", E, "[run] names neither a command nor a builtin"),
     Code("N005", E, "[wrap] maps a tool the connector does not implement"),
+    Code("N006", E, "[wrap] names an unknown reshaper or an error outside the closed list"),
     # bindings
     Code("B001", E, "the binding's connector does not exist"),
     Code("B002", E, "a required secret slot is not filled"),

@@ -133,10 +133,13 @@ class RunSpec(_Model):
 
 
 class WrapSpec(_Model):
-    """Run an existing MCP server under the interface's names: interface tool → server tool."""
+    """Run an existing MCP server under the interface's names: interface tool → server tool,
+    interface argument → server argument, and a named reshaping of its results."""
 
     tools: dict[str, str]
-    reshape: str | None = None
+    arguments: dict[str, str] = {}
+    reshape: str | None = None  # one of snapshot.RESHAPERS; None = the server's structuredContent
+    error: str | None = None  # the interface error a server's failure becomes (default unavailable)
 
 
 class SandboxSpec(_Model):

@@ -32,6 +32,7 @@ from reconciler.config.parsing import Document
 __all__ = [
     "BUILTIN_TEMPLATES",
     "DEFAULT_TEMPLATE",
+    "RESHAPERS",
     "ROUTER_ERRORS",
     "Binding",
     "Connector",
@@ -42,6 +43,9 @@ __all__ = [
     "effective_limits",
     "frozen_map",
 ]
+
+# The result reshapers a `[wrap]` may name; the router implements them (connectors.wrapping).
+RESHAPERS = ("text", "json-text", "structured")
 
 # The router's own codes, valid for every interface (design §6).
 ROUTER_ERRORS = MappingProxyType(
