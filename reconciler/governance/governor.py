@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -24,43 +25,74 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.auditing import record
-from reconciler.governance.decide import Decision, decide_call, guardrail_block
+from reconciler.governance.batching import Backlog
+from reconciler.governance.decide import Decision, SpendState, Step, decide_call, guardrail_block
 from reconciler.governance.errors import HoldNotFoundError, NotAllowedError
 from reconciler.governance.gate import Admission, CallRequest, Executor, HoldStatus, Settlement
 from reconciler.governance.holds import (
+    PENDING_HINT,
     Hold,
     approved_ids,
+    caller_refusal,
     claim_hold,
     decide_hold,
     finish_hold,
     get_hold,
+    hold_status,
     insert_hold,
     new_request_id,
 )
-from reconciler.governance.ledger import Reservation, current_month, ensure_rows, read_state, reserve, settle
+from reconciler.governance.ledger import (
+    Reservation,
+    current_month,
+    ensure_rows,
+    read_state,
+    reserve,
+    scopes_for,
+    settle,
+)
 from reconciler.governance.listening import HoldListener
-from reconciler.governance.rulebook import Rulebook, ToolEntry, compile_rulebook, from_micros, to_micros
+from reconciler.governance.rulebook import CapSet, Rulebook, ToolEntry, compile_rulebook, from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_url
 
 __all__ = ["Governor"]
 
 T = TypeVar("T")
-_PENDING_HINT = "It stays pending until a person decides; ask handler_status with this request_id."
+_NO_SPEND = SpendState()
+
+
+@dataclass(frozen=True, slots=True)
+class _Unlimited:
+    """Spend of a call nothing limits: counted through the backlog, never checked."""
+
+    scopes: tuple[str, ...]
+    month: str
+    estimate: int
+    profile: str
+    instance: str
 
 
 @dataclass(frozen=True, slots=True)
 class _Token:
     request_id: str
     reservation: Reservation | None
+    unlimited: _Unlimited | None = None
+
+
+def _limits_spend(caps: CapSet) -> bool:
+    return caps.prepaid or caps.org is not None or caps.profile is not None or caps.instance is not None
 
 
 class Governor:
     """Governance backed by a store (SQLite or PostgreSQL); implements the router's `Gate`."""
 
-    def __init__(self, store: Store, *, poll_seconds: float = 0.25, owns_store: bool = True) -> None:
+    def __init__(self, store: Store, *, poll_seconds: float = 0.25, owns_store: bool = True,
+                 batch_seconds: float = 0.05) -> None:
         self.store = store
         self.runner_id = "router-" + secrets.token_hex(6)
         self._poll = poll_seconds
@@ -74,6 +106,11 @@ class Governor:
         self._loop_task: asyncio.Task[None] | None = None
         self._running: dict[str, asyncio.Task[bool]] = {}
         self._listener: HoldListener | None = None
+        self._stopping = False
+        self._backlog = Backlog()
+        self._batch_seconds = batch_seconds
+        self._flushing: asyncio.Task[None] | None = None
+        self._traces: dict[int, tuple[tuple[Step, ...], tuple[Mapping[str, Any], ...]]] = {}
 
     @classmethod
     def from_env(cls, root: str | Path = ".", env: Mapping[str, str] | None = None, *,
@@ -110,7 +147,53 @@ class Governor:
     async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         if self._snapshot is None:  # until the router says which snapshot is live, the first one seen is
             self.use_snapshot(snapshot)
+        quick = self._admit_unlimited(snapshot, call)
+        if quick is not None:
+            return quick
         return await self._io(self.admit_now, snapshot, call)
+
+    def _admit_unlimited(self, snapshot: Snapshot, call: CallRequest) -> Admission | None:
+        """Decide in memory a call that no cap or balance limits and that is not held; None otherwise."""
+        entry = self.rulebook(snapshot).entry(call.profile, call.tool)
+        if entry is None or _limits_spend(entry.caps):
+            return None
+        cost = to_micros(call.estimated_cost) or entry.price
+        decision = decide_call(entry, call.instance, cost, _NO_SPEND)
+        if decision.outcome is Outcome.APPROVE:
+            return None  # a hold is written before the agent hears of it
+        request_id = new_request_id()
+        self._backlog.add_event("decided", request_id=request_id, profile=call.profile, instance=call.instance,
+                                tool=call.tool, status=decision.status,
+                                detail={"reason": decision.reason, "cost": cost, "binding": call.binding})
+        self._flush_soon()
+        trace = self._trace_dicts(decision.trace)
+        if decision.outcome is Outcome.BLOCK:
+            return Admission("blocked", decision.reason, request_id, None, trace)
+        unlimited = _Unlimited(scopes_for(entry.caps, call.profile, call.instance), current_month(), cost,
+                               call.profile, call.instance)
+        return Admission("executed", decision.reason, request_id, _Token(request_id, None, unlimited), trace)
+
+    def _trace_dicts(self, trace: tuple[Step, ...]) -> tuple[Mapping[str, Any], ...]:
+        # Traces of cached decisions are shared objects: their wire form is worked out once each.
+        found = self._traces.get(id(trace))
+        if found is None or found[0] is not trace:
+            found = self._traces[id(trace)] = (trace, tuple(s.to_dict() for s in trace))
+        return found[1]
+
+    def _flush_soon(self) -> None:
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self._batch_seconds)  # gather what the next moments bring into one commit
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Commit the backlog of unlimited calls now (tests, shutdown)."""
+        try:
+            await self._io(self._backlog.flush, self.store)
+        except SQLAlchemyError as exc:  # the decisions stand; only their record is late or lost
+            print(f"handler: could not record {len(self._backlog)} audit/spend rows: {exc}", file=sys.stderr)
 
     def admit_now(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         """`admit` without the event loop: one store transaction."""
@@ -143,10 +226,20 @@ class Governor:
             if decision.outcome is Outcome.BLOCK:
                 return Admission("blocked", decision.reason, request_id, None, trace)
             insert_hold(conn, _hold_values(request_id, snapshot.revision, call, decision, trace))
-        return Admission("pending", f"{decision.reason} {_PENDING_HINT}", request_id, None, trace)
+        return Admission("pending", f"{decision.reason} {PENDING_HINT}", request_id, None, trace)
 
     async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
         token = admission.token
+        if isinstance(token, _Token) and token.unlimited is not None:
+            spent = token.unlimited
+            charged = (spent.estimate if actual_cost is None else to_micros(actual_cost)) if ok else 0
+            self._backlog.add_spend(spent.scopes, spent.month, charged)
+            self._backlog.add_event("settled" if ok else "released", request_id=token.request_id,
+                                    profile=spent.profile, instance=spent.instance, tool=None,
+                                    status="executed" if ok else "failed",
+                                    detail={"reserved": spent.estimate, "charged": charged})
+            self._flush_soon()
+            return Settlement(from_micros(charged), None)
         if not isinstance(token, _Token) or token.reservation is None:
             return Settlement(0.0, None)
         actual = None if actual_cost is None else to_micros(actual_cost)
@@ -160,14 +253,14 @@ class Governor:
             return HoldStatus("unknown", f"no request '{request_id}'")
         if caller.profile != hold.profile and caller.instance != hold.parent_instance:
             return HoldStatus("unknown", f"no request '{request_id}'")
-        return _hold_status(hold)
+        return hold_status(hold)
 
     async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
         try:
             hold = await self._io(get_hold, self.store, request_id)
         except HoldNotFoundError:
             return HoldStatus("unknown", f"no request '{request_id}'")
-        refusal = _caller_refusal(hold, caller)
+        refusal = caller_refusal(hold, caller)
         if refusal is not None:
             return HoldStatus("blocked", refusal)
         try:
@@ -178,7 +271,7 @@ class Governor:
             # Run it here and now, so the orchestrator gets the result in the reply; the claim keeps it
             # exactly once if the loop (or another router) reaches it first.
             await asyncio.shield(self._spawn(request_id))
-        return _hold_status(await self._io(get_hold, self.store, request_id))
+        return hold_status(await self._io(get_hold, self.store, request_id))
 
     # --- running approved holds ------------------------------------------------------------------
 
@@ -195,10 +288,12 @@ class Governor:
 
     async def _run_loop(self) -> None:
         assert self._wake is not None  # noqa: S101 - set by start() before the task exists
-        while True:
+        while not self._stopping:
             self._wake.clear()
             if self._snapshot is not None:
                 await self.run_approved()
+            if self._stopping:
+                break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll)
 
@@ -270,17 +365,28 @@ class Governor:
 
     async def aclose(self) -> None:
         """Stop the loop, let running holds finish, close the store."""
+        # The loop is told to stop rather than cancelled: a cancellation arriving as `wait_for` times
+        # out can be lost (Python 3.11), which would leave the loop running and this waiting forever.
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+            await self._loop_task
         if self._running:
             await asyncio.gather(*self._running.values(), return_exceptions=True)
         if self._listener is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._listener.stop)
+        if self._flushing is not None:  # close() below commits what it was waiting to gather
+            self._flushing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flushing
         self.close()
 
     def close(self) -> None:
+        try:
+            self._backlog.flush(self.store)
+        except SQLAlchemyError as exc:
+            print(f"handler: could not record {len(self._backlog)} audit/spend rows: {exc}", file=sys.stderr)
         self._pool.shutdown(wait=True)
         if self._owns_store:
             self.store.close()
@@ -306,29 +412,3 @@ def _hold_values(rid: str, revision: str, call: CallRequest, decision: Decision,
         "approver": decision.approver.to_dict() if decision.approver else None, "reason": decision.reason,
         "trace": list(trace),
     }
-
-
-def _caller_refusal(hold: Hold, caller: CallRequest) -> str | None:
-    """Why this MCP caller may not decide the hold (design §6: only the parent instance, never the agent)."""
-    to = (hold.approver or {}).get("to")
-    if to != "caller":
-        return (f"Blocked: hold {hold.id} is routed to {to or 'a person'}, not to a calling instance; "
-                "it is decided with `handler approvals` or the dashboard.")
-    if caller.instance == hold.instance:
-        return f"Blocked: an agent cannot decide its own hold {hold.id}."
-    if hold.parent_instance is None or caller.instance != hold.parent_instance:
-        return f"Blocked: only the instance that started the held agent may decide hold {hold.id}."
-    return None
-
-
-def _hold_status(hold: Hold) -> HoldStatus:
-    charged = None if hold.charged is None else from_micros(hold.charged)
-    if hold.state == "pending":
-        return HoldStatus("pending", f"{hold.reason} {_PENDING_HINT}")
-    if hold.state in ("approved", "running"):
-        return HoldStatus("pending", f"Approved by {hold.decided_by}; it is running now.")
-    if hold.state == "rejected":
-        return HoldStatus("rejected", f"Rejected by {hold.decided_by}.")
-    if hold.state == "executed":
-        return HoldStatus("executed", f"Approved by {hold.decided_by} and executed.", hold.result, charged)
-    return HoldStatus("failed", hold.message or "the call failed", hold.result, charged)

@@ -19,15 +19,20 @@ from sqlalchemy.engine import Connection
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.auditing import record
 from reconciler.governance.errors import HoldNotFoundError, NotAllowedError
+from reconciler.governance.gate import CallRequest, HoldStatus
+from reconciler.governance.rulebook import from_micros
 from reconciler.governance.store import Store, holds, now
 
 __all__ = [
+    "PENDING_HINT",
     "Hold",
     "approved_ids",
+    "caller_refusal",
     "claim_hold",
     "decide_hold",
     "finish_hold",
     "get_hold",
+    "hold_status",
     "insert_hold",
     "list_holds",
     "may_decide",
@@ -35,6 +40,9 @@ __all__ = [
 ]
 
 HoldState = Literal["pending", "approved", "rejected", "running", "executed", "failed"]
+
+
+PENDING_HINT = "It stays pending until a person decides; ask handler_status with this request_id."
 
 
 def new_request_id() -> str:
@@ -171,3 +179,29 @@ def finish_hold(store: Store, request_id: str, *, ok: bool, result: Mapping[str,
         record(conn, state, request_id=request_id, status=state,
                detail={"message": message, "charged": charged})
         store.notify(conn, request_id)
+
+
+def caller_refusal(hold: Hold, caller: CallRequest) -> str | None:
+    """Why this MCP caller may not decide the hold (design §6: only the parent instance, never the agent)."""
+    to = (hold.approver or {}).get("to")
+    if to != "caller":
+        return (f"Blocked: hold {hold.id} is routed to {to or 'a person'}, not to a calling instance; "
+                "it is decided with `handler approvals` or the dashboard.")
+    if caller.instance == hold.instance:
+        return f"Blocked: an agent cannot decide its own hold {hold.id}."
+    if hold.parent_instance is None or caller.instance != hold.parent_instance:
+        return f"Blocked: only the instance that started the held agent may decide hold {hold.id}."
+    return None
+
+
+def hold_status(hold: Hold) -> HoldStatus:
+    charged = None if hold.charged is None else from_micros(hold.charged)
+    if hold.state == "pending":
+        return HoldStatus("pending", f"{hold.reason} {PENDING_HINT}")
+    if hold.state in ("approved", "running"):
+        return HoldStatus("pending", f"Approved by {hold.decided_by}; it is running now.")
+    if hold.state == "rejected":
+        return HoldStatus("rejected", f"Rejected by {hold.decided_by}.")
+    if hold.state == "executed":
+        return HoldStatus("executed", f"Approved by {hold.decided_by} and executed.", hold.result, charged)
+    return HoldStatus("failed", hold.message or "the call failed", hold.result, charged)

@@ -102,3 +102,23 @@ def test_an_empty_prepaid_balance_blocks_and_a_top_up_admits(store: Store) -> No
 
     asyncio.run(scenario())
     assert read_balance(store, "acme") == 0
+
+
+def test_calls_nothing_limits_are_counted_in_a_batch_without_a_store_round_trip(store: Store) -> None:
+    snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))  # no cap, not prepaid
+
+    async def scenario() -> None:
+        governor = Governor(store, owns_store=False, batch_seconds=60)  # nothing flushes on its own here
+        admissions = [await governor.admit(snapshot, priced_call()) for _ in range(10)]
+        assert {a.status for a in admissions} == {"executed"}
+        settled = [await governor.settle(a, None, True) for a in admissions]
+        assert settled[0].charged == 0.005
+        assert settled[0].remaining is None  # nothing limits this spend
+        assert spend_report(store) == []  # not written yet
+        await governor.flush()
+        report = {r["scope"]: r["micros"] for r in spend_report(store)}
+        assert report["profile:p"] == to_micros(0.05)
+        assert report["org:acme"] == to_micros(0.05)
+        await governor.aclose()
+
+    asyncio.run(scenario())
