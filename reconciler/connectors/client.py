@@ -109,6 +109,7 @@ class StdioConnector:
         self._proc = _Process()
         self._ids = itertools.count(1)
         self._starting: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set at start: the loop the pipes live on
         self.server_info: Mapping[str, Any] = {}
 
     @property
@@ -134,7 +135,7 @@ class StdioConnector:
         await asyncio.shield(self._starting)
 
     async def _start(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         old = self._proc
         if old.transport is not None:  # a previous process that died: release its pipes
             old.transport.close()
@@ -176,29 +177,40 @@ class StdioConnector:
         self._send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
         proc.ready = True
 
-    async def call_tool(self, name: str, arguments: Mapping[str, Any],
-                        meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Run one tools/call; the raw `CallToolResult` dict, or a `ConnectorError`."""
-        await self.ensure_started()
+    async def call_tool(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
+                        deadline: float | None = None) -> dict[str, Any]:
+        """Run one tools/call; the raw `CallToolResult` dict, or a `ConnectorError`.
+
+        With a `deadline` (the loop's clock) the call fails with `TimeoutError` when it passes and the
+        connector is told the call is cancelled; a timer on the reply is far cheaper per call than a
+        timeout scope around it.
+        """
+        if not self._proc.alive:
+            await self.ensure_started()
         params: dict[str, Any] = {"name": name, "arguments": arguments}
         if meta:
             params["_meta"] = meta
-        return await self._request(self._proc, "tools/call", params)
+        return await self._request(self._proc, "tools/call", params, deadline)
 
-    async def _request(self, proc: _Process, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    async def _request(self, proc: _Process, method: str, params: Mapping[str, Any],
+                       deadline: float | None = None) -> dict[str, Any]:
         msg_id = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = self._loop or asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
         proc.pending[msg_id] = future
+        timer = loop.call_at(deadline, _expire, future) if deadline is not None else None
         try:
             self._send(proc, {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
             return await future
-        except asyncio.CancelledError:
-            # The router gave up on the call (timeout or the agent's cancellation): tell the connector.
+        except (asyncio.CancelledError, TimeoutError):
+            # The router gave up on the call (its deadline or the agent's cancellation): tell the connector.
             with contextlib.suppress(ConnectorError):
                 self._send(proc, {"jsonrpc": "2.0", "method": "notifications/cancelled",
                                   "params": {"requestId": msg_id, "reason": "cancelled by the router"}})
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             proc.pending.pop(msg_id, None)
 
     def _send(self, proc: _Process, message: Mapping[str, Any]) -> None:
@@ -288,6 +300,11 @@ class StdioConnector:
         transport.close()
         self._fail_all(proc, ConnectorCrashedError(f"connector of binding '{self.spec.name}' was stopped"), kill=False)
         proc.transport = None
+
+
+def _expire(future: asyncio.Future[dict[str, Any]]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

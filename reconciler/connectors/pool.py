@@ -16,12 +16,21 @@ from reconciler.connectors.client import DEFAULT_MAX_LINE_BYTES, LaunchSpec, Std
 from reconciler.connectors.errors import ConnectorStartError
 from reconciler.connectors.secrets import resolve_secret
 
-__all__ = ["BASE_ENV", "ConnectorPool"]
+__all__ = ["BASE_ENV", "ConnectorPool", "PoolKey", "pool_key"]
 
 # What a connector inherits from the router's environment; the rest (and every secret) is explicit.
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SYSTEMROOT")
 
-_Key = tuple[str, str, str]
+PoolKey = tuple[str, str, str]  # (binding, binding content hash, connector content hash)
+
+
+def pool_key(snapshot: Snapshot, binding_name: str) -> PoolKey | None:
+    """What identifies a binding's process in `snapshot`: its name and the content it runs with."""
+    binding = snapshot.bindings.get(binding_name)
+    connector = snapshot.connectors.get(binding.connector or "") if binding is not None else None
+    if binding is None or connector is None:
+        return None
+    return (binding_name, binding.content_hash, connector.content_hash)
 
 
 class ConnectorPool:
@@ -32,8 +41,13 @@ class ConnectorPool:
         self._root = root
         self._logs = state_dir / "connectors" if state_dir is not None else None
         self._max_line_bytes = max_line_bytes
-        self._live: dict[_Key, StdioConnector] = {}
+        self._live: dict[PoolKey, StdioConnector] = {}
         self._lock = asyncio.Lock()
+
+    def running(self, key: PoolKey | None) -> StdioConnector | None:
+        """The process of `key` (see `pool_key`) if it runs now: the per-call fast path, with no await."""
+        found = self._live.get(key) if key is not None else None
+        return found if found is not None and found.running else None
 
     async def connector_for(self, snapshot: Snapshot, binding_name: str) -> StdioConnector:
         """The running (or just started) process for `binding_name` as `snapshot` configures it."""

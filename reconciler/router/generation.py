@@ -21,6 +21,7 @@ import orjson
 
 from reconciler.config.models import Limits, Tool
 from reconciler.config.snapshot import ROUTER_ERRORS, Snapshot, effective_limits
+from reconciler.connectors.pool import PoolKey, pool_key
 from reconciler.router.builtins import BUILTIN_INTERFACE, BUILTIN_TOOLS
 from reconciler.router.errors import INVALID_PARAMS, JsonRpcError
 from reconciler.router.files import FileField, Scope, find_file_fields
@@ -51,6 +52,7 @@ class ToolPlan:
     errors: frozenset[str]
     price: float
     scope: Scope
+    pool_key: PoolKey | None = None  # the binding's connector process, found without a lookup per call
 
     @property
     def builtin(self) -> bool:
@@ -143,7 +145,8 @@ def compile_generation(snapshot: Snapshot, number: int, root: Path, cache: Valid
                 used.add((iface.key, iface.content_hash, tool.name))
                 compiled = cache.compiled(iface.key, iface.content_hash, tool)
                 plans[tool.name] = ToolPlan(tool.name, iface.key, selection.binding, compiled, limits,
-                                            iface.error_codes, float(pricing.get(tool.name, 0.0)), scope)
+                                            iface.error_codes, float(pricing.get(tool.name, 0.0)), scope,
+                                            pool_key(snapshot, selection.binding))
             everything.update(plans)
             text = f"{iface.key}: {iface.spec.description}"
             descriptions.append(text)

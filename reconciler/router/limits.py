@@ -42,15 +42,21 @@ class LimitBook:
     def running(self, key: LimitKey) -> int:
         return self._running.get(key, 0)
 
-    async def acquire(self, key: LimitKey, limit: int | None) -> bool:
-        """Take a slot, waiting if `limit` are taken; True when a slot was taken (release it after)."""
+    def try_acquire(self, key: LimitKey, limit: int | None) -> bool | None:
+        """Take a slot if one is free: True (release it after); False with no limit; None when full."""
         if limit is None:
             return False
         running = self._running.get(key, 0)
-        queue = self._waiting.get(key)
-        if running < limit and not queue:
+        if running < limit and not self._waiting.get(key):
             self._running[key] = running + 1
             return True
+        return None
+
+    async def acquire(self, key: LimitKey, limit: int | None) -> bool:
+        """Take a slot, waiting if `limit` are taken; True when a slot was taken (release it after)."""
+        taken = self.try_acquire(key, limit)
+        if taken is not None:
+            return taken
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(key, deque()).append(future)
         try:

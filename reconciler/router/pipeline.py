@@ -2,7 +2,7 @@
 
 Step 1 (framing) happened in `framing`; `run_tools_call` runs the rest, each step a function below:
 `resolve_tool` (2), `validate_input` (3), `resolve_files` (4, in `files`), `govern` (5),
-`take_limits` (6), `dispatch` (7), `map_errors` (8), `validate_output` (9), and `deliver` (10:
+`limit_and_dispatch` (6), `dispatch` (7), `map_errors` (8), `validate_output` (9), and `deliver` (10:
 output files, settling the cost; the log line is written whatever step ended the call). Each step
 may end the call by raising: a `JsonRpcError` (only step 2 and malformed params) or a `ToolError`,
 which becomes a tool result with `isError: true`. Nothing after the ending step runs, except the
@@ -12,12 +12,11 @@ settlement of an admitted call and the log line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,42 +160,44 @@ async def execute_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, ca
     approved, whose hold the gate settles itself) nothing is settled here."""
     ok = False
     actual: float | None = None
+    folder = CallFolder(svc.calls_dir, f"{os.getpid()}-{next(_call_ids)}") if files else None
     try:
-        async with take_limits(svc.limits, plan, caller) as timeout:
-            folder = CallFolder(svc.calls_dir, f"{os.getpid()}-{next(_call_ids)}") if files else None
-            try:
-                raw, back = await dispatch(svc, snapshot, plan, arguments, files, folder, timeout)
-                structured, actual = map_errors(plan, raw)
-                validate_output(plan, structured, record)
-                if folder is not None:
-                    await asyncio.to_thread(folder.deliver, files, plan.scope, plan.limits.maxFileBytes)
-                    structured = restore_paths(structured, back)
-            finally:
-                if folder is not None:
-                    await asyncio.to_thread(folder.remove)
+        raw, back = await limit_and_dispatch(svc, snapshot, plan, caller, arguments, files, folder)
+        structured, actual = map_errors(plan, raw)
+        validate_output(plan, structured, record)
+        if folder is not None:
+            await asyncio.to_thread(folder.deliver, files, plan.scope, plan.limits.maxFileBytes)
+            structured = restore_paths(structured, back)
         ok = True
     finally:
+        if folder is not None:
+            await asyncio.to_thread(folder.remove)
         cost = actual if actual is not None else plan.price if ok else None
         settlement = await svc.gate.settle(admission, cost, ok) if admission is not None else None
         record.cost = settlement.charged if settlement is not None else cost
     return structured, settlement
 
 
-@contextlib.asynccontextmanager
-async def take_limits(book: LimitBook, plan: ToolPlan, caller: Caller) -> AsyncIterator[float]:
-    """Step 6: count the call against the run, wait for a concurrency slot; yields the time left."""
+async def limit_and_dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller,
+                             arguments: dict[str, Any], files: tuple[FileArg, ...],
+                             folder: CallFolder | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Steps 6 and 7 under one deadline: the wait for a concurrency slot and the call itself."""
+    book, limits = svc.limits, plan.limits
     key = (caller.profile, caller.instance, plan.interface)
-    limits = plan.limits
-    book.count_call(key, limits.maxCallsPerRun)
+    book.count_call(key, limits.maxCallsPerRun)  # step 6: calls per run
     timeout = limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS
-    started = time.monotonic()
+    deadline = time.monotonic() + timeout  # the loop's clock (asyncio and uvloop both count CLOCK_MONOTONIC)
+    taken = book.try_acquire(key, limits.maxConcurrent)  # step 6: concurrency, at once when a slot is free
     try:
-        async with asyncio.timeout(timeout):
-            taken = await book.acquire(key, limits.maxConcurrent)
+        if taken is None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    taken = await book.acquire(key, limits.maxConcurrent)
+            except TimeoutError:
+                raise concurrency_error(limits.maxConcurrent or 0, timeout) from None
+        return await dispatch(svc, snapshot, plan, arguments, files, folder, deadline)
     except TimeoutError:
-        raise concurrency_error(limits.maxConcurrent or 0, timeout) from None
-    try:
-        yield timeout - (time.monotonic() - started)
+        raise timeout_error(timeout) from None
     finally:
         if taken:
             book.release(key)
@@ -204,18 +205,20 @@ async def take_limits(book: LimitBook, plan: ToolPlan, caller: Caller) -> AsyncI
 
 async def dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: dict[str, Any],
                    files: tuple[FileArg, ...], folder: CallFolder | None,
-                   timeout: float) -> tuple[dict[str, Any], dict[str, str]]:
+                   deadline: float) -> tuple[dict[str, Any], dict[str, str]]:
     """Step 7: stage files, send the call to the binding's connector process (started on first use)."""
-    back: dict[str, str] = {}
     try:
-        async with asyncio.timeout(timeout):
+        connector = svc.pool.running(plan.pool_key)
+        if connector is not None and folder is None:  # the common case: nothing to stage or start
+            return await connector.call_tool(plan.name, arguments, deadline=deadline), {}
+        back: dict[str, str] = {}
+        async with asyncio.timeout_at(deadline):
             if folder is not None:
                 arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
                                                           plan.errors)
-            connector = await svc.pool.connector_for(snapshot, plan.binding or "")
-            return await connector.call_tool(plan.name, arguments), back
-    except TimeoutError:
-        raise timeout_error(plan.limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS) from None
+            if connector is None:
+                connector = await svc.pool.connector_for(snapshot, plan.binding or "")
+            return await connector.call_tool(plan.name, arguments, deadline=deadline), back
     except ConnectorError as exc:
         # For the operator: how the process failed. A JSON-RPC error's own text may quote arguments,
         # so only its code is told.

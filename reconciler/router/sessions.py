@@ -61,6 +61,7 @@ class Session:
         # An agent run that names no instance is one per connection, so per-run limits still apply.
         self.default_instance = "conn-" + secrets.token_hex(6)
         self.tasks: dict[int | str, asyncio.Task[None]] = {}
+        self._loop = asyncio.get_running_loop()  # sessions are made on the loop; asked once, not per call
 
     def handle(self, line: bytes) -> None:
         try:
@@ -145,10 +146,8 @@ class Session:
         view = self._view(generation, msg.params)  # an unknown interface is refused before any task starts
         if msg.id in self.tasks:
             raise JsonRpcError(INVALID_REQUEST, f"request id {msg.id!r} is already in use by a call in flight")
-        task = asyncio.get_running_loop().create_task(self._call(msg, generation, view, stateless))
-        self.tasks[msg.id] = task
-        key = msg.id
-        task.add_done_callback(lambda _t: self.tasks.pop(key, None))
+        # The task removes itself from `tasks` when it ends (its body starts after this registration).
+        self.tasks[msg.id] = self._loop.create_task(self._call(msg, generation, view, stateless))
 
     async def _call(self, msg: Message, generation: Generation, view: View, stateless: bool) -> None:
         try:
@@ -157,6 +156,8 @@ class Session:
         except JsonRpcError as exc:
             self.write(encode_error(msg.id, exc))
             return
+        finally:
+            self.tasks.pop(msg.id, None)  # type: ignore[arg-type]  # only requests (with ids) start calls
         if stateless:
             result["resultType"] = "complete"
         self.write(encode_result(msg.id, result))
@@ -172,7 +173,11 @@ class Session:
     async def drain(self) -> None:
         """Wait for the calls in flight to finish and reply (the client closed its side)."""
         while self.tasks:
-            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+            running = list(self.tasks.items())
+            await asyncio.gather(*(task for _, task in running), return_exceptions=True)
+            for key, task in running:  # a task cancelled before it started never removed itself
+                if self.tasks.get(key) is task:
+                    del self.tasks[key]
 
     def abort(self) -> None:
         """The client is gone: cancel its calls (each still logs and settles)."""

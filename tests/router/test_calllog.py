@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fixtures.harness import RawClient, exchange, log_lines
+from fixtures.harness import RawClient, exchange, log_lines, log_text
 
 from reconciler.router.server import Router
 
@@ -22,8 +22,7 @@ def test_the_log_holds_neither_the_secret_nor_an_argument_value(echo_root: Path,
         assert (await c.call("echo_say", {"text": argument}))["structuredContent"] == {"text": argument}
         await c.call("echo_say", {"text": 7, "upper": argument})  # refused: the message echoes it, the log must not
         await c.call("echo_misbehave", {"mode": "extra"})
-        assert router.services.log.path is not None
-        logged = router.services.log.path.read_text()
+        logged = log_text(router)
         assert echo_secret not in logged
         assert argument not in logged
         lines = log_lines(router)
@@ -43,6 +42,7 @@ def test_the_log_holds_neither_the_secret_nor_an_argument_value(echo_root: Path,
 def test_the_log_is_private_to_its_owner(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         await c.call("echo_say", {"text": "x"})
+        router.services.log.flush()
         assert router.services.log.path is not None
         assert router.services.log.path.stat().st_mode & 0o777 == 0o600
         assert router.services.log.path == echo_root / ".handler/calls.jsonl"

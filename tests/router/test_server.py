@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.echo_tree import write_echo_tree
-from fixtures.harness import RawClient, load, run, serving, short_dir
+from fixtures.harness import RawClient, load, log_lines, run, serving, short_dir
 
 from reconciler.router.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router, RouterError
@@ -35,9 +35,7 @@ def test_each_profile_has_its_own_private_socket(two_profiles: Path, run_dir: Pa
                 client = await RawClient.connect(router.socket_path(profile))
                 await client.call("echo_say", {"text": profile})
                 await client.close()
-            assert router.services.log.path is not None
-            assert [line.split('"profile":"')[1].split('"')[0]
-                    for line in router.services.log.path.read_text().splitlines()] == ["alpha", "beta"]
+            assert [line["profile"] for line in log_lines(router)] == ["alpha", "beta"]
         assert not (run_dir / "profiles" / "alpha.sock").exists()
 
     run(scenario())

@@ -7,8 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import orjson
-from fixtures.harness import RawClient, load, run, serving
+from fixtures.harness import RawClient, load, log_lines, log_text, run, serving
 
 from reconciler.router.framing import DEFAULT_MAX_LINE_BYTES
 
@@ -86,9 +85,7 @@ def test_a_cancelled_call_gets_no_reply_and_is_logged(echo_root: Path, run_dir: 
             await c.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}})
             assert (await c.request("ping"))["result"] == {}  # the next reply is the ping's, not the call's
             await c.close()
-            log = router.services.log.path
-            assert log is not None
-            await _wait_for(lambda: b'"cancelled"' in log.read_bytes())
+            await _wait_for(lambda: '"cancelled"' in log_text(router))
 
     run(scenario())
 
@@ -115,8 +112,7 @@ def test_a_session_keeps_its_generation_across_a_swap(echo_root: Path, run_dir: 
             assert (await old.call("echo_say", {"text": "z"}))["_meta"]["handler/cost"] == 0.001
             await old.close()
             await new.close()
-            assert router.services.log.path is not None
-            lines = [orjson.loads(x) for x in router.services.log.path.read_bytes().splitlines()]
+            lines = log_lines(router)
             assert [(x["tool"], x["generation"]) for x in lines] == [
                 ("echo_say", 1), ("echo_say", 2), ("echo_misbehave", 1), ("echo_say", 1)]
 
