@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fixtures.harness import BRIDGE, bridge_params, run, serving
+from fixtures.harness import BRIDGE, bridge_params, log_lines, run, serving
 from mcp import Client
 
 from reconciler.router.bridge import tag_line
@@ -47,6 +47,17 @@ def test_the_bridge_serves_only_its_interface_and_the_builtins(echo_root: Path, 
             status = await client.call_tool("handler_status", {"request_id": "nope"})
             assert status.structured_content is not None
             assert status.structured_content["status"] == "unknown"
+
+    run(scenario())
+
+
+def test_the_agents_instance_reaches_the_router_through_the_bridge(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        params = bridge_params(run_dir, "tester", "echo", HANDLER_INSTANCE="run-42", HANDLER_PARENT_INSTANCE="run-1")
+        async with serving(echo_root, run_dir) as router, Client(params, mode="auto") as client:
+            await client.call_tool("echo_say", {"text": "who"})
+            line = log_lines(router)[-1]
+            assert (line["profile"], line["instance"], line["interface"]) == ("tester", "run-42", "echo/v1")
 
     run(scenario())
 

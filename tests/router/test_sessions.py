@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import orjson
 from fixtures.harness import RawClient, load, log_lines, log_text, run, serving
 
 from reconciler.router.framing import DEFAULT_MAX_LINE_BYTES
@@ -54,8 +55,24 @@ def test_an_oversize_line_split_across_reads_is_skipped_whole(echo_root: Path, r
     run(scenario())
 
 
-def test_the_default_line_cap_is_16_mib() -> None:
+def test_the_default_cap_refuses_a_line_over_16_mib_and_the_connection_lives_on(echo_root: Path,
+                                                                                run_dir: Path) -> None:
     assert DEFAULT_MAX_LINE_BYTES == 16 * 1024 * 1024
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            text = "x" * DEFAULT_MAX_LINE_BYTES
+            big = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                "params": {"name": "echo_say", "arguments": {"text": text}}}) + b"\n"
+            await c.send_bytes(big)
+            reply = await c.recv()
+            assert reply["error"]["code"] == -32600
+            assert reply["error"]["data"] == {"maxLineBytes": DEFAULT_MAX_LINE_BYTES}
+            assert (await c.request("ping"))["result"] == {}
+            await c.close()
+
+    run(scenario())
 
 
 def test_calls_run_concurrently_and_replies_match_ids(echo_root: Path, run_dir: Path) -> None:
