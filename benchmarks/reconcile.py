@@ -29,7 +29,8 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from fixtures.echo_tree import TOKEN_ENV, write_echo_tree  # noqa: E402
+from fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree  # noqa: E402
+from fixtures.echo_tree import select_binding as _select  # noqa: E402
 from fixtures.harness import RawClient  # noqa: E402
 from trees import generate_tree  # noqa: E402
 
@@ -45,22 +46,7 @@ SECRET = b"bench"
 
 
 def _tree(root: Path) -> Path:
-    write_echo_tree(root)
-    (root / "config/bindings/echo-other.toml").write_text(
-        (root / "config/bindings/echo-local.toml")
-        .read_text()
-        .replace('name = "echo-local"', 'name = "echo-other"')
-        .replace(TOKEN_ENV, OTHER_ENV)
-    )
-    return root
-
-
-def _select(root: Path, binding: str) -> None:
-    profile = root / "config/profiles/tester.toml"
-    text = profile.read_text()
-    for name in ("echo-local", "echo-other"):
-        text = text.replace(f'echo = "{name}"', f'echo = "{binding}"')
-    profile.write_text(text)
+    return add_other_binding(write_echo_tree(root), OTHER_ENV)
 
 
 def _git(cwd: Path, *args: str) -> None:

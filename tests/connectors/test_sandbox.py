@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fixtures.harness import short_dir
+from fixtures.loopback import QuietHandler, serving_http
 
 from reconciler.connectors.egress import EgressProxy, egress_allows
 from reconciler.connectors.sandbox import Limits, confined_env, namespaces_available, rlimit_setter, sandboxed_command
@@ -34,23 +32,12 @@ print("direct:", s.connect_ex((host, int(port))))
 
 @pytest.fixture
 def page() -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
-            body = b"hello from the host"
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.send_body(200, b"hello from the host")
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
+    with serving_http(Handler) as url:
+        yield f"{url}/"
 
 
 async def _run_confined(script: str, url: str, egress: list[str] | None, folder: Path) -> tuple[str, list[str]]:

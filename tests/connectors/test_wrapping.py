@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.loopback import QuietHandler, serving_http
 
 from reconciler.config.models import WrapSpec
 from reconciler.connectors.client import LaunchSpec, StdioConnector
@@ -28,26 +27,15 @@ PAGE = (
 
 @pytest.fixture
 def site() -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             if self.path != "/help":
                 self.send_error(404)
                 return
-            self.send_response(200)
-            self.send_header("content-type", "text/html")
-            self.send_header("content-length", str(len(PAGE)))
-            self.end_headers()
-            self.wfile.write(PAGE)
+            self.send_body(200, PAGE, "text/html")
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving_http(Handler) as url:
+        yield url
 
 
 def _fetch(tmp_path: Path, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree
+from fixtures.echo_tree import select_binding as _select
 from fixtures.harness import RawClient, short_dir
 
 from reconciler.app import UpOptions, run_up
@@ -46,22 +47,7 @@ def short() -> Iterator[Path]:
 
 
 def _echo_tree(root: Path) -> Path:
-    write_echo_tree(root)
-    (root / "config/bindings/echo-other.toml").write_text(
-        (root / "config/bindings/echo-local.toml")
-        .read_text()
-        .replace('name = "echo-local"', 'name = "echo-other"')
-        .replace(TOKEN_ENV, OTHER_ENV)
-    )
-    return root
-
-
-def _select(root: Path, binding: str) -> None:
-    profile = root / "config/profiles/tester.toml"
-    text = profile.read_text()
-    for name in ("echo-local", "echo-other", "echo-missing"):
-        text = text.replace(f'echo = "{name}"', f'echo = "{binding}"')
-    profile.write_text(text)
+    return add_other_binding(write_echo_tree(root), OTHER_ENV)
 
 
 class Service:
