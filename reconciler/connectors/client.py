@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -177,19 +177,23 @@ class StdioConnector:
         self._send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
         proc.ready = True
 
-    async def call_tool(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
-                        deadline: float | None = None) -> dict[str, Any]:
+    def call_tool(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
+                  deadline: float | None = None) -> Awaitable[dict[str, Any]]:
         """Run one tools/call; the raw `CallToolResult` dict, or a `ConnectorError`.
 
         With a `deadline` (the loop's clock) the call fails with `TimeoutError` when it passes and the
         connector is told the call is cancelled; a timer on the reply is far cheaper per call than a
         timeout scope around it.
         """
-        if not self._proc.alive:
-            await self.ensure_started()
         params: dict[str, Any] = {"name": name, "arguments": arguments}
         if meta:
             params["_meta"] = meta
+        if self._proc.alive:  # the common case: one coroutine per call, not two
+            return self._request(self._proc, "tools/call", params, deadline)
+        return self._start_and_request(params, deadline)
+
+    async def _start_and_request(self, params: dict[str, Any], deadline: float | None) -> dict[str, Any]:
+        await self.ensure_started()
         return await self._request(self._proc, "tools/call", params, deadline)
 
     async def _request(self, proc: _Process, method: str, params: Mapping[str, Any],

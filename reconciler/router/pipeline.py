@@ -195,9 +195,18 @@ async def limit_and_dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, 
                     taken = await book.acquire(key, limits.maxConcurrent)
             except TimeoutError:
                 raise concurrency_error(limits.maxConcurrent or 0, timeout) from None
+        connector = svc.pool.running(plan.pool_key)
+        if connector is not None and folder is None:  # step 7's common case, inline: nothing to stage or start
+            return await connector.call_tool(plan.name, arguments, deadline=deadline), {}
         return await dispatch(svc, snapshot, plan, arguments, files, folder, deadline)
     except TimeoutError:
         raise timeout_error(timeout) from None
+    except ConnectorError as exc:
+        # For the operator: how the process failed. A JSON-RPC error's own text may quote arguments,
+        # so only its code is told.
+        told = f"JSON-RPC error {exc.code}" if isinstance(exc, ConnectorReplyError) else exc.message
+        log.warning("binding '%s' (%s %s): %s: %s", plan.binding, plan.interface, plan.name, exc.cause, told)
+        raise unavailable(exc.cause, "the service failed; retrying later may work") from None
     finally:
         if taken:
             book.release(key)
@@ -207,24 +216,13 @@ async def dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments:
                    files: tuple[FileArg, ...], folder: CallFolder | None,
                    deadline: float) -> tuple[dict[str, Any], dict[str, str]]:
     """Step 7: stage files, send the call to the binding's connector process (started on first use)."""
-    try:
-        connector = svc.pool.running(plan.pool_key)
-        if connector is not None and folder is None:  # the common case: nothing to stage or start
-            return await connector.call_tool(plan.name, arguments, deadline=deadline), {}
-        back: dict[str, str] = {}
-        async with asyncio.timeout_at(deadline):
-            if folder is not None:
-                arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
-                                                          plan.errors)
-            if connector is None:
-                connector = await svc.pool.connector_for(snapshot, plan.binding or "")
-            return await connector.call_tool(plan.name, arguments, deadline=deadline), back
-    except ConnectorError as exc:
-        # For the operator: how the process failed. A JSON-RPC error's own text may quote arguments,
-        # so only its code is told.
-        told = f"JSON-RPC error {exc.code}" if isinstance(exc, ConnectorReplyError) else exc.message
-        log.warning("binding '%s' (%s %s): %s: %s", plan.binding, plan.interface, plan.name, exc.cause, told)
-        raise unavailable(exc.cause, "the service failed; retrying later may work") from None
+    back: dict[str, str] = {}
+    async with asyncio.timeout_at(deadline):
+        if folder is not None:
+            arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
+                                                      plan.errors)
+        connector = svc.pool.running(plan.pool_key) or await svc.pool.connector_for(snapshot, plan.binding or "")
+        return await connector.call_tool(plan.name, arguments, deadline=deadline), back
 
 
 def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:
