@@ -98,6 +98,27 @@ def test_the_bridge_exits_cleanly_when_stdin_closes_after_its_requests(echo_root
     assert replies[1]["result"]["structuredContent"] == {"text": "x"}
 
 
+def test_the_bridge_exits_cleanly_when_the_router_closes(echo_root: Path, run_dir: Path) -> None:
+    import asyncio
+
+    async def scenario() -> int:
+        async with serving(echo_root, run_dir) as router:
+            proc = await asyncio.create_subprocess_exec(
+                BRIDGE, "echo", "--profile", "tester", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                env={"HANDLER_RUN_DIR": str(run_dir)})
+            assert proc.stdin is not None
+            assert proc.stdout is not None
+            proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+            assert orjson.loads(await asyncio.wait_for(proc.stdout.readline(), 20)) == {
+                "jsonrpc": "2.0", "id": 1, "result": {}}
+            await router.aclose()  # the agent's stdin stays open: the router's side closes first
+            code = await asyncio.wait_for(proc.wait(), 20)
+            proc.stdin.close()
+            return code
+
+    assert run(scenario()) == 0
+
+
 def test_the_bridge_exits_when_no_router_serves_the_profile(run_dir: Path) -> None:
     done = subprocess.run([BRIDGE, "echo", "--profile", "ghost"], input=b"", capture_output=True, check=False,
                           env={"HANDLER_RUN_DIR": str(run_dir)}, timeout=30)
