@@ -11,18 +11,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import random
 import secrets
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import cedarpy
+import orjson
 import psycopg
 
+from reconciler.config import FolderSource, Loader
 from reconciler.config.models import BindingFile, InterfaceFile, OrgFile, ProfileFile, Tool
 from reconciler.config.snapshot import BUILTIN_TEMPLATES, Binding, InterfaceVersion, Profile, Selection, Snapshot
 from reconciler.governance.decide import SpendState, decide_call
@@ -30,6 +35,7 @@ from reconciler.governance.gate import CallRequest, Gate, OpenGate
 from reconciler.governance.governor import Governor
 from reconciler.governance.rulebook import compile_rulebook, to_micros
 from reconciler.governance.store import open_store
+from reconciler.router.server import Router
 
 SERVICES = 250  # x 4 tools = 1,000 tools on the profile
 CLASSES = ("read", "write", "destructive", "read")
@@ -226,9 +232,79 @@ def bench_pipeline(snapshot: Snapshot, calls: int, pg: str | None) -> None:
             finally:
                 with psycopg.connect(pg, autocommit=True) as conn:
                     conn.execute(f"DROP SCHEMA {schema} CASCADE")
-    print(f"gate admit+settle, {calls:,} calls, {concurrency} concurrent (decision, reservation, audit, settlement):")
+    print(f"the gate alone, admit+settle, {calls:,} calls, {concurrency} concurrent, profile capped "
+          "(decision, reservation, audit, settlement):")
     for name, rate in rates.items():
         print(f"              {name:32} {rate:10,.0f} calls/s")
+
+
+async def _router_rate(root: Path, run_dir: Path, gate: Gate, calls: int, sessions: int) -> float:
+    router = Router(Loader().load(FolderSource(root)), root=root, run_dir=run_dir, gate=gate, call_log=False)
+    await router.start()
+    if isinstance(gate, Governor):
+        await gate.start(router.execute_held)
+    line = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                         "params": {"name": "echo_say", "arguments": {"text": "hello"}}}) + b"\n"
+
+    async def session(n: int) -> None:
+        reader, writer = await asyncio.open_unix_connection(str(router.socket_path("tester")))
+        for _ in range(n):
+            writer.write(line)
+            await writer.drain()
+            reply = orjson.loads(await reader.readline())
+            assert reply["result"]["_meta"]["handler/status"] == "executed", reply
+        writer.close()
+
+    try:
+        await session(20)  # start the connector first
+        started = time.perf_counter()
+        await asyncio.gather(*(session(calls // sessions) for _ in range(sessions)))
+        return (calls // sessions * sessions) / (time.perf_counter() - started)
+    finally:
+        if isinstance(gate, Governor):
+            await gate.aclose()
+        await router.aclose()
+
+
+def bench_router(calls: int, pg: str | None) -> None:
+    """Calls/s through the real router (socket, validation, connector, settle) per gate."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+
+    os.environ.setdefault(TOKEN_ENV, "bench")
+    sessions = 8
+    rows: list[tuple[str, float]] = []
+    for capped in (False, True):
+        with tempfile.TemporaryDirectory(dir="/tmp", prefix="hb") as tmp:
+            root = write_echo_tree(Path(tmp) / "t")
+            if capped:
+                profile = root / "config/profiles/tester.toml"
+                profile.write_text(profile.read_text() + "\n[caps]\nmonthly_usd = 1000.0\n")
+            gates: list[tuple[str, Callable[[], Gate]]] = [
+                ("off (OpenGate)", OpenGate),
+                ("on, SQLite", lambda: Governor(open_store(f"sqlite:///{Path(tmp) / 'h.db'}"))),
+            ]
+            schema = None
+            if pg:
+                schema = "bench_" + secrets.token_hex(4)
+                with psycopg.connect(pg, autocommit=True) as conn:
+                    conn.execute(f"CREATE SCHEMA {schema}")
+                url = pg.replace("postgresql://", "postgresql+psycopg://", 1) + f"?options=-csearch_path%3D{schema}"
+                gates.append(("on, PostgreSQL", lambda u=url: Governor(open_store(u))))  # type: ignore[misc]
+            try:
+                for name, make in gates:
+                    if capped and name.startswith("off"):
+                        continue
+                    label = f"governance {name}" + (", profile capped (reserved per call)" if capped else "")
+                    rate = asyncio.run(_router_rate(root, Path(tmp) / "run", make(), calls, sessions))
+                    rows.append((label, rate))
+            finally:
+                if schema:
+                    with psycopg.connect(pg, autocommit=True) as conn:  # type: ignore[arg-type]
+                        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    print(f"full pipeline: the router on its socket -> echo connector, {sessions} sessions, {calls:,} calls:")
+    for label, rate in rows:
+        print(f"              {label:62} {rate:8,.0f} calls/s")
 
 
 def main() -> None:
@@ -236,6 +312,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--cedar-calls", type=int, default=5_000)
     parser.add_argument("--pipeline-calls", type=int, default=3_000)
+    parser.add_argument("--router-calls", type=int, default=4_000)
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test", help="'' to skip PostgreSQL")
     args = parser.parse_args()
     snapshot = build_snapshot()
@@ -244,6 +321,7 @@ def main() -> None:
     print(f"              decide_call p99 is {cedar['p99'] / ours['p99']:.0f} times below cedarpy's on the same set "
           f"(goal: p99 < 20 µs: {'met' if ours['p99'] < 20 else 'NOT met'})")
     bench_pipeline(snapshot, args.pipeline_calls, args.pg or None)
+    bench_router(args.router_calls, args.pg or None)
 
 
 if __name__ == "__main__":

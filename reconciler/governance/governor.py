@@ -150,7 +150,10 @@ class Governor:
         quick = self._admit_unlimited(snapshot, call)
         if quick is not None:
             return quick
-        return await self._io(self.admit_now, snapshot, call)
+        admission = await self._io(self.admit_now, snapshot, call)
+        if len(self._backlog):
+            self._flush_soon()
+        return admission
 
     def _admit_unlimited(self, snapshot: Snapshot, call: CallRequest) -> Admission | None:
         """Decide in memory a call that no cap or balance limits and that is not held; None otherwise."""
@@ -211,22 +214,29 @@ class Governor:
         limited = caps.prepaid or any(c is not None for c in (caps.org, caps.profile, caps.instance))
         month = current_month()
         ensure_rows(self.store, caps, call.profile, call.instance, month)
+        # Only what the cap check needs happens under the row locks (read, decide, add); the records of
+        # executed and blocked calls go to the backlog. A hold is written here, before the agent hears of it.
         with self.store.begin() as conn:
             state = read_state(self.store, conn, caps, call.profile, call.instance, lock=limited, month=month)
             decision = decide_call(entry, call.instance, cost, state)
-            trace = tuple(s.to_dict() for s in decision.trace)
-            detail = {"reason": decision.reason, "cost": decision.cost, "binding": call.binding}
+            res = None
+            if decision.outcome is Outcome.AUTO:
+                res = reserve(self.store, conn, caps, call.profile, call.instance, cost, request_id, state, month,
+                              defer=self._backlog.add_reservation)
+            trace = self._trace_dicts(decision.trace)
+            detail = {"reason": decision.reason, "cost": cost, "binding": call.binding}
             if decision.cap:
                 detail["cap"] = decision.cap
-            record(conn, "decided", request_id=request_id, profile=call.profile, instance=call.instance,
-                   tool=call.tool, status=decision.status, detail=detail)
-            if decision.outcome is Outcome.AUTO:
-                res = reserve(self.store, conn, caps, call.profile, call.instance, cost, request_id, state, month)
-                return Admission("executed", decision.reason, request_id, _Token(request_id, res), trace)
-            if decision.outcome is Outcome.BLOCK:
-                return Admission("blocked", decision.reason, request_id, None, trace)
-            insert_hold(conn, _hold_values(request_id, snapshot.revision, call, decision, trace))
-        return Admission("pending", f"{decision.reason} {PENDING_HINT}", request_id, None, trace)
+            if decision.outcome is Outcome.APPROVE:
+                insert_hold(conn, _hold_values(request_id, snapshot.revision, call, decision, cost, trace))
+                record(conn, "decided", request_id=request_id, profile=call.profile, instance=call.instance,
+                       tool=call.tool, status=decision.status, detail=detail)
+                return Admission("pending", f"{decision.reason} {PENDING_HINT}", request_id, None, trace)
+        self._backlog.add_event("decided", request_id=request_id, profile=call.profile, instance=call.instance,
+                                tool=call.tool, status=decision.status, detail=detail)
+        if res is not None:
+            return Admission("executed", decision.reason, request_id, _Token(request_id, res), trace)
+        return Admission("blocked", decision.reason, request_id, None, trace)
 
     async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
         token = admission.token
@@ -242,8 +252,15 @@ class Governor:
             return Settlement(from_micros(charged), None)
         if not isinstance(token, _Token) or token.reservation is None:
             return Settlement(0.0, None)
-        actual = None if actual_cost is None else to_micros(actual_cost)
-        charged, remaining = await self._io(settle, self.store, token.reservation, actual, ok, token.request_id)
+        res = token.reservation
+        charged = (res.reserved if actual_cost is None else to_micros(actual_cost)) if ok else 0
+        delta = charged - res.reserved
+        self._backlog.add_settlement(res.id, charged, ok, delta, res.scopes, res.month, res.account)
+        self._backlog.add_event("settled" if ok else "released", request_id=token.request_id, profile=res.profile,
+                                instance=res.instance, tool=None, status="executed" if ok else "failed",
+                                detail={"reserved": res.reserved, "charged": charged})
+        self._flush_soon()
+        remaining = None if res.remaining is None else max(0, res.remaining - delta)
         return Settlement(from_micros(charged), None if remaining is None else from_micros(remaining))
 
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
@@ -403,12 +420,12 @@ def _reported_cost(result: Mapping[str, Any]) -> int | None:
     return to_micros(float(cost)) if isinstance(cost, int | float) else None
 
 
-def _hold_values(rid: str, revision: str, call: CallRequest, decision: Decision,
+def _hold_values(rid: str, revision: str, call: CallRequest, decision: Decision, cost: int,
                  trace: tuple[Mapping[str, Any], ...]) -> dict[str, Any]:
     return {
         "id": rid, "revision": revision, "profile": call.profile, "instance": call.instance,
         "parent_instance": call.parent_instance, "interface": call.interface, "tool": call.tool,
-        "binding": call.binding, "arguments": dict(call.arguments), "cost": decision.cost,
+        "binding": call.binding, "arguments": dict(call.arguments), "cost": cost,
         "approver": decision.approver.to_dict() if decision.approver else None, "reason": decision.reason,
         "trace": list(trace),
     }

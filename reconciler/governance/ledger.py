@@ -11,6 +11,7 @@ its admission transaction) and by `handler balance` / `handler spend`.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -66,15 +67,17 @@ class _Statements:
 
     def __init__(self, store: Store) -> None:
         bp = sa.bindparam
+        # Always three scopes (see `scopes_for`): three plain parameters compile once, an expanding IN per call.
+        three: list[sa.BindParameter[str]] = [bp("p_s0"), bp("p_s1"), bp("p_s2")]
         rows = (sa.select(spend.c.scope, spend.c.micros)
-                .where(spend.c.month == bp("p_month"), spend.c.scope.in_(bp("p_scopes", expanding=True)))
+                .where(spend.c.month == bp("p_month"), spend.c.scope.in_(three))
                 .order_by(spend.c.scope))
         self.ensure_rows = store.insert_ignore(spend)
         self.rows, self.rows_locked = rows, store.for_update(rows)
         balance = sa.select(balances.c.micros).where(balances.c.account == bp("p_account"))
         self.balance, self.balance_locked = balance, store.for_update(balance)
         self.add_spend = (sa.update(spend)
-                          .where(spend.c.month == bp("p_month"), spend.c.scope.in_(bp("p_scopes", expanding=True)))
+                          .where(spend.c.month == bp("p_month"), spend.c.scope.in_(three))
                           .values(micros=spend.c.micros + bp("p_cost")))
         self.take_balance = (sa.update(balances).where(balances.c.account == bp("p_account"))
                              .values(micros=balances.c.micros - bp("p_cost")))
@@ -82,6 +85,10 @@ class _Statements:
         self.close_reservation = (sa.update(reservations).where(reservations.c.id == bp("p_id"))
                                   .values(charged=bp("p_charged"), state=bp("p_state")))
         self.known: set[tuple[str, str]] = set()  # spend rows committed: (scope, month)
+
+
+def _params(month: str, scopes: tuple[str, ...]) -> dict[str, str]:
+    return {"p_month": month, "p_s0": scopes[0], "p_s1": scopes[1], "p_s2": scopes[2]}
 
 
 def _statements(store: Store) -> _Statements:
@@ -114,7 +121,7 @@ def read_state(
     month = month or current_month()
     scopes = scopes_for(caps, profile, instance)
     st = _statements(store)
-    query, params = st.rows_locked if lock else st.rows, {"p_month": month, "p_scopes": list(scopes)}
+    query, params = st.rows_locked if lock else st.rows, _params(month, scopes)
     found = {scope: int(micros) for scope, micros in conn.execute(query, params)}
     if len(found) < len(scopes):  # the first call of a scope this month: make its rows, then read them
         conn.execute(st.ensure_rows, [{"scope": s, "month": month, "micros": 0} for s in scopes])
@@ -129,21 +136,28 @@ def read_state(
 
 def reserve(
     store: Store, conn: Connection, caps: CapSet, profile: str, instance: str, cost: int, request_id: str | None,
-    state: SpendState, month: str | None = None,
+    state: SpendState, month: str | None = None, defer: Callable[[dict[str, Any]], None] | None = None,
 ) -> Reservation:
-    """Add `cost` to every scope's row (read, locked and checked as `state` by the caller) and record it."""
+    """Add `cost` to every scope's row (read, locked and checked as `state` by the caller) and record it.
+
+    The spend rows are what caps are checked against; the reservation row only records the call, so
+    a caller may `defer` writing it (the governor's backlog) to keep the locks short.
+    """
     month = month or current_month()
     scopes = scopes_for(caps, profile, instance)
     st = _statements(store)
     if cost:
-        conn.execute(st.add_spend, {"p_month": month, "p_scopes": list(scopes), "p_cost": cost})
+        conn.execute(st.add_spend, {**_params(month, scopes), "p_cost": cost})
     account = caps.org_name if caps.prepaid else None
     if account is not None and cost:
         conn.execute(st.take_balance, {"p_account": account, "p_cost": cost})
     rid = "res_" + secrets.token_hex(8)
-    conn.execute(st.insert_reservation, {"id": rid, "at": now(), "request_id": request_id, "month": month,
-                                         "scopes": list(scopes), "account": account, "reserved": cost,
-                                         "charged": None, "state": "reserved"})
+    row = {"id": rid, "at": now(), "request_id": request_id, "month": month, "scopes": list(scopes),
+           "account": account, "reserved": cost, "charged": None, "state": "reserved"}
+    if defer is not None:
+        defer(row)
+    else:
+        conn.execute(st.insert_reservation, row)
     after = SpendState(state.org + cost, state.profile + cost, state.instance + cost,
                        None if state.balance is None else state.balance - cost)
     return Reservation(rid, month, scopes, account, cost, caps, profile, instance, budget_remaining(caps, after))
@@ -162,8 +176,7 @@ def settle(
     st = _statements(store)
     with store.begin() as conn:
         if delta:
-            conn.execute(st.add_spend, {"p_month": reservation.month, "p_scopes": list(reservation.scopes),
-                                        "p_cost": delta})
+            conn.execute(st.add_spend, {**_params(reservation.month, reservation.scopes), "p_cost": delta})
             if reservation.account is not None:
                 conn.execute(st.take_balance, {"p_account": reservation.account, "p_cost": delta})
         conn.execute(st.close_reservation, {"p_id": reservation.id, "p_charged": charged,

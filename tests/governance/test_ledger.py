@@ -75,6 +75,10 @@ def test_settling_charges_the_actual_cost_and_refunds_failures(store: Store) -> 
         snapshot = cap_snapshot()
         first = await governor.admit(snapshot, priced_call())
         assert (await governor.settle(first, 0.002, True)).charged == 0.002
+        # A settlement is committed a moment later; until then the estimate stays counted (on the cap's side).
+        early = await governor.admit(snapshot, priced_call())
+        assert (await governor.settle(early, None, False)).remaining == 0.245
+        await governor.flush()
         failed = await governor.admit(snapshot, priced_call())
         refunded = await governor.settle(failed, None, False)
         assert refunded.charged == 0.0
