@@ -1,0 +1,156 @@
+"""Judging a case's result: the assertions of docs/conformance.md evaluated on a tool's output.
+
+The grammar is parsed by `reconciler.config.cases` (a save-time check reports a malformed case);
+this module only evaluates a parsed `Case` against what the router answered. Every failed
+assertion is reported, not the first, each naming the path, what was expected and what was there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from conformance.replies import Reply
+from reconciler.config.cases import Assertion, Case
+
+__all__ = ["check_assertion", "evaluate_case", "resolve_path", "strings_in"]
+
+_MISSING = object()
+
+
+def evaluate_case(case: Case, reply: Reply) -> list[str]:
+    """What is wrong with `reply` for `case`, one line each; empty when the case passes."""
+    if case.error is not None:
+        if not reply.is_error:
+            return [f"expected the error '{case.error}', but the call succeeded with {_short(reply.output)}"]
+        if reply.error != case.error:
+            return [f"expected the error '{case.error}', got {reply.describe_error()}"]
+        return []
+    if reply.is_error:
+        return [f"expected an output, got {reply.describe_error()}"]
+    output = reply.output
+    problems: list[str] = []
+    texts = list(strings_in(output))
+    for needle in case.contains:
+        if not any(needle in text for text in texts):
+            problems.append(f"contains: no string of the output contains {needle!r}")
+    for assertion in case.assertions:
+        problems.extend(check_assertion(assertion, output))
+    return problems
+
+
+def strings_in(value: Any) -> Iterator[str]:
+    """Every string value anywhere in `value` (object keys are not values)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from strings_in(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings_in(item)
+
+
+def resolve_path(value: Any, path: tuple[str | int, ...], where: str = "") -> Iterator[tuple[str, Any]]:
+    """(concrete path, value) for each place `path` names; `*` fans out over an array's items.
+
+    A place that does not exist yields the sentinel `_MISSING`, so `exists = false` can hold.
+    """
+    if not path:
+        yield where or "(output)", value
+        return
+    head, rest = path[0], path[1:]
+    if head == "*":
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                yield from resolve_path(item, rest, _join(where, index))
+        else:
+            yield _join(where, "*"), _MISSING
+        return
+    if isinstance(head, int) and isinstance(value, list):
+        found = value[head] if -len(value) <= head < len(value) else _MISSING
+    elif isinstance(value, dict):
+        found = value.get(str(head), _MISSING)
+    else:
+        found = _MISSING
+    if found is _MISSING:
+        yield _join(where, head), _MISSING
+        return
+    yield from resolve_path(found, rest, _join(where, head))
+
+
+def check_assertion(assertion: Assertion, output: Any) -> list[str]:
+    """The failures of one assertion; `*` segments must hold for every item."""
+    problems = []
+    for where, value in resolve_path(output, assertion.path):
+        problem = _check_one(assertion.op, assertion.value, value)
+        if problem is not None:
+            problems.append(f"{where}.{assertion.op} = {assertion.value!r}: {problem}")
+    return problems
+
+
+def _check_one(op: str, expected: Any, value: Any) -> str | None:
+    if op == "exists":
+        present = value is not _MISSING
+        if present == bool(expected):
+            return None
+        return "the path is absent" if expected else f"the path is present ({_short(value)})"
+    if value is _MISSING:
+        return "the path is absent"
+    if op in ("minItems", "maxItems"):
+        if not isinstance(value, list):
+            return f"expected an array, got {_kind(value)}"
+        return _bound(op == "minItems", len(value), expected, "items")
+    if op in ("minLength", "maxLength"):
+        if not isinstance(value, str):
+            return f"expected a string, got {_kind(value)}"
+        return _bound(op == "minLength", len(value), expected, "characters")
+    if op in ("minimum", "maximum"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"expected a number, got {_kind(value)}"
+        return _bound(op == "minimum", value, expected, "")
+    if op == "equals":
+        return None if value == expected else f"the value is {_short(value)}"
+    if op == "matches":
+        if not isinstance(value, str):
+            return f"expected a string, got {_kind(value)}"
+        return None if re.search(str(expected), value) else f"{_short(value)} does not match"
+    if op == "contains":
+        if isinstance(value, str):
+            return None if str(expected) in value else f"{_short(value)} does not contain it"
+        if isinstance(value, list):
+            return None if expected in value else f"the array ({len(value)} items) does not hold it"
+        return f"expected a string or an array, got {_kind(value)}"
+    return f"unknown assertion '{op}'"  # the parser admits only the known ones
+
+
+def _bound(is_min: bool, actual: float, limit: Any, unit: str) -> str | None:
+    ok = actual >= limit if is_min else actual <= limit
+    if ok:
+        return None
+    shown = f"{actual} {unit}".strip()
+    return f"it has {shown}" if unit else f"the value is {actual}"
+
+
+def _join(where: str, segment: str | int) -> str:
+    return f"{where}.{segment}" if where else str(segment)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the string {_short(value)}"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,104 @@
+"""Case assertions (docs/conformance.md), as `conformance.cases` evaluates them: each holding and failing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conformance.cases import evaluate_case, strings_in
+from conformance.replies import Reply
+from reconciler.config.cases import parse_case
+
+OUTPUT = {
+    "pages": [{"text": "Invoice INV-2024-0042\nTotal: 50.00 EUR", "blocks": [{"text": "Total", "bbox": [1, 2, 3, 4]}]},
+              {"text": "page two", "blocks": []}],
+    "usage": {"outputTokens": 3},
+    "stopReason": "max_tokens",
+    "results": [{"url": "https://example.org"}, {"url": "http://example.com/a"}],
+    "tags": ["a", "b"],
+}
+
+
+def executed(output: Any) -> Reply:
+    return Reply({"isError": False, "structuredContent": output}, 0.01)
+
+
+def failed(code: str, cause: str | None = None) -> Reply:
+    meta = {"handler/cause": cause} if cause else {}
+    return Reply({"isError": True, "structuredContent": {"error": code, "message": "it broke"}, "_meta": meta}, 0.01)
+
+
+def case(**expect: Any) -> Any:
+    return parse_case({"name": "c", "tool": "t", "input": {}, "expect": expect})
+
+
+@pytest.mark.parametrize(("expect", "holds"), [
+    ({"pages": {"minItems": 1}}, True),
+    ({"pages": {"minItems": 3}}, False),
+    ({"results": {"maxItems": 5}}, True),
+    ({"results": {"maxItems": 1}}, False),
+    ({"pages": {"0": {"text": {"minLength": 10}}}}, True),
+    ({"pages": {"1": {"text": {"minLength": 10}}}}, False),
+    ({"stopReason": {"maxLength": 200}}, True),
+    ({"stopReason": {"maxLength": 3}}, False),
+    ({"usage": {"outputTokens": {"minimum": 1}}}, True),
+    ({"usage": {"outputTokens": {"minimum": 4}}}, False),
+    ({"usage": {"outputTokens": {"maximum": 5}}}, True),
+    ({"usage": {"outputTokens": {"maximum": 2}}}, False),
+    ({"stopReason": {"equals": "max_tokens"}}, True),
+    ({"stopReason": {"equals": "end_turn"}}, False),
+    ({"results": {"*": {"url": {"matches": "^https?://"}}}}, True),
+    ({"results": {"*": {"url": {"matches": "^https://"}}}}, False),  # the second is http: every item must hold
+    ({"pages": {"0": {"text": {"contains": "Total"}}}}, True),
+    ({"pages": {"1": {"text": {"contains": "Total"}}}}, False),
+    ({"tags": {"contains": "b"}}, True),
+    ({"tags": {"contains": "c"}}, False),
+    ({"pages": {"exists": True}}, True),
+    ({"segments": {"exists": True}}, False),
+    ({"segments": {"exists": False}}, True),
+    ({"pages": {"exists": False}}, False),
+    ({"pages": {"*": {"blocks": {"*": {"bbox": {"minItems": 4}}}}}}, True),
+    ({"contains": ["INV-2024-0042", "Total"]}, True),
+    ({"contains": ["INV-2024-0042", "Grand total"]}, False),
+])
+def test_each_assertion_holds_or_fails_as_documented(expect: dict[str, Any], holds: bool) -> None:
+    problems = evaluate_case(case(**expect), executed(OUTPUT))
+    assert (problems == []) == holds, problems
+
+
+def test_a_failure_names_the_path_the_assertion_and_what_was_there() -> None:
+    problems = evaluate_case(case(pages={"minItems": 3}, usage={"outputTokens": {"maximum": 2}}), executed(OUTPUT))
+    assert problems == ["pages.minItems = 3: it has 2 items", "usage.outputTokens.maximum = 2: the value is 3"]
+
+
+def test_every_failed_assertion_is_reported_not_the_first() -> None:
+    problems = evaluate_case(case(results={"*": {"url": {"matches": "^https://"}}}, segments={"exists": True},
+                                  contains=["nowhere"]), executed(OUTPUT))
+    assert len(problems) == 3
+    assert any("results.1.url.matches" in p for p in problems)
+
+
+def test_a_wrong_kind_of_value_is_said_plainly() -> None:
+    assert evaluate_case(case(stopReason={"minItems": 1}), executed(OUTPUT)) == [
+        "stopReason.minItems = 1: expected an array, got the string 'max_tokens'"]
+    assert evaluate_case(case(pages={"minimum": 1}), executed(OUTPUT)) == [
+        "pages.minimum = 1: expected a number, got an array"]
+
+
+def test_an_expected_error_must_be_that_code() -> None:
+    expect_error = case(error="unsupported_format")
+    assert evaluate_case(expect_error, failed("unsupported_format")) == []
+    assert evaluate_case(expect_error, failed("unavailable", "crashed")) == [
+        "expected the error 'unsupported_format', got the error 'unavailable' (the router's cause: crashed): it broke"]
+    assert evaluate_case(expect_error, executed({"pages": []})) == [
+        "expected the error 'unsupported_format', but the call succeeded with {'pages': []}"]
+
+
+def test_an_expected_output_fails_on_an_error() -> None:
+    assert evaluate_case(case(pages={"minItems": 1}), failed("too_large")) == [
+        "expected an output, got the error 'too_large': it broke"]
+
+
+def test_strings_in_reads_values_not_keys() -> None:
+    assert sorted(strings_in({"key": ["a", {"inner": "b", "n": 1}], "other": None})) == ["a", "b"]
