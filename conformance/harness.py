@@ -1,0 +1,261 @@
+"""One real router and one real connector process per test process (each pytest-xdist worker its own).
+
+`Harness.start` writes the check's workspace (see `workspace`), starts a `Router` on it in an event
+loop the harness owns, and starts the binding's connector before the first item, so its start-up
+is not charged to a call's time limit. `Harness.call` sends one `tools/call` over the profile's unix
+socket, as an agent's bridge would, and runs the loop until the reply: the router and the client
+share that loop, so nothing runs between calls and no thread is needed.
+
+A tap on the router's connector pool records what reached the connector during a call (the
+arguments it received and its raw result): how the runner proves that invalid inputs were refused
+before the connector saw them, and shows a connector's actual output when the router refused it.
+After a call the router ended with `timeout` or `crashed`, the connector is restarted, so that one
+hung or dead process does not fail the examples after it: every input is judged on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from conformance.errors import CheckError
+from conformance.replies import Dispatch, Reply
+from conformance.workspace import Subject, Workspace, build_workspace
+from reconciler.config import Snapshot, effective_limits
+from reconciler.config.errors import HandlerError
+from reconciler.connectors.client import StdioConnector
+from reconciler.connectors.errors import ConnectorError
+from reconciler.connectors.pool import ConnectorPool
+from reconciler.router.server import Router
+
+__all__ = ["NO_REPLY_MARGIN", "Harness"]
+
+NO_REPLY_MARGIN = 10.0  # seconds past the interface's own time limit before the client gives up on the router
+_RESTART_CAUSES = frozenset({"timeout", "crashed", "no_reply"})
+_T = TypeVar("_T")
+
+
+class Harness:
+    """A router serving one check's workspace, and a client per interface version's profile."""
+
+    def __init__(self, subject: Subject) -> None:
+        self.subject = subject
+        self.folder = Path(tempfile.mkdtemp(dir="/tmp", prefix="h"))  # short: unix socket paths are ~107 bytes
+        self.start_error: str | None = None
+        self._loop = _new_loop()
+        self._clients: dict[str, _LineClient] = {}
+        self._instances = itertools.count(1)
+        self._old_path = os.environ.get("PATH")
+        # The router logs each connector failure as a warning; the check reports them itself, once.
+        self._logger = logging.getLogger("handler")
+        self._old_level = self._logger.level
+        self._router: Router | None = None
+        self._tap: _Tap | None = None
+        self.workspace: Workspace | None = None
+
+    @classmethod
+    def start(cls, subject: Subject) -> Harness:
+        harness = cls(subject)
+        try:
+            harness._start()
+        except BaseException:
+            harness.close()
+            raise
+        return harness
+
+    def _start(self) -> None:
+        self.workspace = build_workspace(self.subject, self.folder / "tree")
+        # `python3` in a connector's command is the Python running the check (its venv holds the SDK),
+        # as it is for a router started from the project's environment.
+        self._logger.setLevel(logging.ERROR)
+        os.environ["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), self._old_path]))
+        self._router = Router(self.workspace.snapshot, root=self.subject.root.absolute(), run_dir=self.folder / "run",
+                              state_dir=self.folder / "state")
+        self._run(self._router.start())
+        self._tap = _Tap(self._router.services.pool)
+        self.start_error = self._run(self._tap.warm_up(self.workspace.snapshot, self.subject.binding.name))
+
+    @property
+    def connector_pid(self) -> int | None:
+        return self._tap.pid if self._tap is not None else None
+
+    def time_limit(self, key: str) -> float:
+        """The call time limit the router applies to interface version `key` on this binding."""
+        iface = self.subject.source.interfaces[key]
+        limits = effective_limits(iface.spec, self.subject.binding.spec)
+        return float(limits.timeoutSeconds or 300.0)
+
+    def call(self, key: str, tool: str, arguments: Mapping[str, Any]) -> Reply:
+        """Call `tool` of interface version `key` through the router; the reply and what reached the connector."""
+        return self._run(self._call(key, tool, arguments))
+
+    async def _call(self, key: str, tool: str, arguments: Mapping[str, Any]) -> Reply:
+        if self._router is None or self._tap is None or self.workspace is None:
+            raise CheckError("the harness was closed, or never started")
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = await _LineClient.open(
+                self._router.socket_path(self.workspace.profiles[key]))
+        self._tap.begin()
+        deadline = self.time_limit(key) + NO_REPLY_MARGIN
+        started = time.perf_counter()
+        # Each call is its own agent run, so per-run limits (maxCallsPerRun) never end a long fuzz run.
+        params = {"name": tool, "arguments": arguments, "_meta": {"handler/instance": f"check-{next(self._instances)}"}}
+        try:
+            message = await client.request("tools/call", params, deadline)
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            await client.close()
+            del self._clients[key]
+            message = {"result": {"isError": True, "_meta": {"handler/cause": "no_reply"},
+                                  "structuredContent": {"error": "unavailable", "message":
+                                                        f"the router gave no reply within {deadline:.0f} s"}}}
+        reply = Reply(result=message.get("result") or {}, seconds=time.perf_counter() - started,
+                      dispatched=self._tap.end(), protocol_error=message.get("error"))
+        if reply.cause in _RESTART_CAUSES:
+            await self._tap.restart()
+        return reply
+
+    def close(self) -> None:
+        """Stop the router and the connector, remove the workspace, restore PATH."""
+        try:
+            for client in self._clients.values():
+                self._run(client.close())
+            if self._router is not None:
+                self._run(self._router.aclose())
+        finally:
+            self._clients.clear()
+            self._router = None
+            with contextlib.suppress(RuntimeError):
+                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+            self._logger.setLevel(self._old_level)
+            if self._old_path is None:
+                os.environ.pop("PATH", None)
+            else:
+                os.environ["PATH"] = self._old_path
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return self._loop.run_until_complete(coro)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it installs
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class _LineClient:
+    """An MCP client on a profile's socket: one JSON-RPC message per line, one request at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+        self._ids = itertools.count(1)
+
+    @classmethod
+    async def open(cls, path: Path) -> _LineClient:
+        reader, writer = await asyncio.open_unix_connection(str(path), limit=64 * 1024 * 1024)
+        client = cls(reader, writer)
+        await client.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                            "clientInfo": {"name": "handler-conformance", "version": "1"}}, 30.0)
+        client._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return client
+
+    def _send(self, message: Mapping[str, Any]) -> None:
+        self._writer.write(orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE))
+
+    async def request(self, method: str, params: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+        msg_id = next(self._ids)
+        self._send({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
+        async with asyncio.timeout(timeout):
+            await self._writer.drain()
+            while True:
+                line = await self._reader.readline()
+                if not line:
+                    raise ConnectionError("the router closed the connection")
+                message = orjson.loads(line)
+                if isinstance(message, dict) and message.get("id") == msg_id:
+                    return message
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._writer.wait_closed()
+
+
+class _Tap:
+    """Records each call on the connector side of the router, by wrapping the connector's `call_tool`.
+
+    The router's pipeline reaches a connector process only through `StdioConnector.call_tool`; the
+    pool keeps one such object per binding across restarts of its process, so wrapping that one
+    object sees every dispatch, however the pipeline finds the connector.
+    """
+
+    def __init__(self, pool: ConnectorPool) -> None:
+        self._pool = pool
+        self._connector: StdioConnector | None = None
+        self._seen: list[Dispatch] = []
+
+    @property
+    def pid(self) -> int | None:
+        return self._connector.pid if self._connector is not None else None
+
+    async def warm_up(self, snapshot: Snapshot, binding: str) -> str | None:
+        """Start the binding's connector now and tap it; the reason it could not start, if it could not."""
+        try:
+            connector = await self._pool.connector_for(snapshot, binding)
+        except ConnectorError as exc:
+            return exc.message
+        self._connector = connector
+        connector.call_tool = _Tapped(connector.call_tool, self._seen)  # type: ignore[method-assign]
+        return None
+
+    def begin(self) -> None:
+        self._seen.clear()
+
+    def end(self) -> tuple[Dispatch, ...]:
+        return tuple(self._seen)
+
+    async def restart(self) -> None:
+        """A fresh connector process after a hang or a crash (the next call would start one anyway)."""
+        connector = self._connector
+        if connector is None:
+            return
+        with contextlib.suppress(HandlerError, OSError):
+            await connector.stop(grace=0.2)
+            await connector.ensure_started()
+
+
+class _Tapped:
+    """A connector's `call_tool`, recording each call and its raw result."""
+
+    def __init__(self, call_tool: Callable[..., Awaitable[dict[str, Any]]], seen: list[Dispatch]) -> None:
+        self._call_tool = call_tool
+        self._seen = seen
+
+    async def __call__(self, name: str, arguments: Mapping[str, Any], *more: Any, **options: Any) -> dict[str, Any]:
+        shown = orjson.loads(orjson.dumps(arguments))
+        try:
+            result = await self._call_tool(name, arguments, *more, **options)
+        except ConnectorError as exc:
+            self._seen.append(Dispatch(name, shown, None, f"{exc.cause}: {exc.message}"))
+            raise
+        except (TimeoutError, asyncio.CancelledError):
+            self._seen.append(Dispatch(name, shown, None, "cut off by the router (its time limit)"))
+            raise
+        self._seen.append(Dispatch(name, shown, result))
+        return result

@@ -1,0 +1,130 @@
+"""The throw-away config tree a check serves from: the connector, its binding, a profile per interface.
+
+`load_subject` reads the user's tree and finds what the check is about (the connector, the binding,
+the interface versions the connector implements), with "did you mean" for a misspelt name.
+`build_workspace` writes a small tree in a temp folder — the interface version folders, the
+connector's manifest, the binding, a minimal org, and for each interface version a permissive
+profile whose scope is a work folder holding that version's fixture files — and loads it with the
+project's own `Loader`, so the router serves it exactly as it would serve the user's tree. The
+connector process itself runs from its real folder (the router is given the user's root), so the
+code checked is the code in the tree and relative secret references resolve as in production.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from conformance.errors import CheckError
+from reconciler.config import Binding, Connector, FolderSource, InterfaceVersion, Loader, Snapshot
+
+__all__ = ["Subject", "Workspace", "build_workspace", "load_subject", "profile_name"]
+
+_SKIP = shutil.ignore_patterns(".*", "__pycache__")
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a check is about, read from the user's tree."""
+
+    root: Path
+    source: Snapshot
+    connector: Connector
+    binding: Binding
+    interfaces: tuple[InterfaceVersion, ...]  # every version the connector implements, in order
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The tree written for one router: where it is, its snapshot, and a profile per interface version."""
+
+    folder: Path
+    snapshot: Snapshot
+    profiles: MappingProxyType[str, str]  # interface key ("ocr/v1") → profile name
+    scopes: MappingProxyType[str, Path]  # interface key → the profile's work folder
+
+
+def load_subject(root: Path, connector: str, binding: str) -> Subject:
+    """Read `root` and resolve the connector and binding; `CheckError` says what is wrong and what exists."""
+    source = Loader().load(FolderSource(root))
+    found = source.connectors.get(connector)
+    if found is None:
+        raise CheckError(f"no connector '{connector}' in {root}/catalog/connectors"
+                         f"{_did_you_mean(connector, source.connectors)}")
+    chosen = source.bindings.get(binding)
+    own = sorted(name for name, b in source.bindings.items() if b.connector == connector)
+    if chosen is None:
+        hint = _did_you_mean(binding, own or list(source.bindings))
+        known = f"; bindings of '{connector}': {', '.join(own)}" if own else f"; no binding names '{connector}' yet"
+        raise CheckError(f"no binding '{binding}' in {root}/config/bindings{hint}{known}")
+    if chosen.connector != connector:
+        raise CheckError(f"binding '{binding}' configures connector '{chosen.connector}', not '{connector}'"
+                         + (f"; bindings of '{connector}': {', '.join(own)}" if own else ""))
+    missing = [key for key in found.spec.implements if key not in source.interfaces]
+    if missing:
+        raise CheckError(f"connector '{connector}' implements {', '.join(missing)}, which "
+                         f"{'is' if len(missing) == 1 else 'are'} not in {root}/catalog/interfaces")
+    folders = [found.folder, *(source.interfaces[key].folder for key in found.spec.implements)]
+    problems = [f for f in source.errors if _concerns(f.file, folders, chosen)]
+    if problems:
+        shown = "\n".join(f.render_text() for f in problems)
+        raise CheckError(f"the files of '{connector}' or '{binding}' hold errors; fix them first:\n{shown}")
+    interfaces = tuple(source.interfaces[key] for key in found.spec.implements)
+    return Subject(root, source, found, chosen, interfaces)
+
+
+def profile_name(key: str) -> str:
+    """The profile serving interface version `key` in a workspace: ocr/v1 → ocr-v1."""
+    return key.replace("/", "-")
+
+
+def build_workspace(subject: Subject, folder: Path) -> Workspace:
+    """Write the tree under `folder` (created) and load it; raises `CheckError` if it does not load clean."""
+    root = subject.root
+    for iface in subject.interfaces:
+        shutil.copytree(root / iface.folder, folder / iface.folder, ignore=_SKIP)
+    # Only the manifest: the loader needs it, while the process runs from the real folder.
+    manifest = folder / subject.connector.folder / "connector.toml"
+    manifest.parent.mkdir(parents=True)
+    shutil.copyfile(root / subject.connector.folder / "connector.toml", manifest)
+    (folder / "config/bindings").mkdir(parents=True)
+    shutil.copyfile(root / subject.binding.file, folder / "config/bindings" / Path(subject.binding.file).name)
+    (folder / "config/org.toml").write_text('apiVersion = "handler.org/v1"\nname = "conformance"\n')
+    profiles: dict[str, str] = {}
+    scopes: dict[str, Path] = {}
+    (folder / "config/profiles").mkdir()
+    for iface in subject.interfaces:
+        name = profile_name(iface.key)
+        scope = folder / "work" / name
+        scope.mkdir(parents=True)
+        for rel, data in iface.fixtures.items():
+            target = scope / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        (folder / "config/profiles" / f"{name}.toml").write_text(
+            'apiVersion = "handler.profile/v1"\n'
+            f'name = "{name}"\n'
+            f'description = "The conformance check of {iface.key}"\n'
+            f'scope = "{scope}"\n'
+            'template = "permissive"\n'
+            f'services = {{ "{iface.key}" = "{subject.binding.name}" }}\n')
+        profiles[iface.key] = name
+        scopes[iface.key] = scope
+    snapshot = Loader().load(FolderSource(folder))
+    if not snapshot.ok:
+        shown = "\n".join(f.render_text() for f in snapshot.errors)
+        raise CheckError(f"the check's own tree for '{subject.connector.name}' does not load:\n{shown}")
+    return Workspace(folder, snapshot, MappingProxyType(profiles), MappingProxyType(scopes))
+
+
+def _concerns(file: str, folders: list[str], binding: Binding) -> bool:
+    return file == binding.file or any(file.startswith(folder + "/") for folder in folders)
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
