@@ -8,6 +8,7 @@ a tool result with `isError: true` and a `structuredContent` the agent can read;
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -15,19 +16,34 @@ import orjson
 from reconciler.governance.gate import Settlement
 from reconciler.router.errors import ToolError
 
-__all__ = ["error_result", "executed_result", "held_result"]
+__all__ = ["EncodedResult", "error_result", "executed_result", "held_result"]
 
 
 def _text(structured: Any) -> list[dict[str, str]]:
     return [{"type": "text", "text": orjson.dumps(structured).decode()}]
 
 
-def executed_result(structured: dict[str, Any], settlement: Settlement | None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class EncodedResult:
+    """An executed result with its output serialized once: `content`'s text and `structuredContent`
+    are spliced from the same bytes rather than serializing the output twice (outputs can be large)."""
+
+    structured: bytes
+    meta: dict[str, Any]
+
+    def to_json(self, stateless: bool) -> bytes:
+        text = orjson.dumps(self.structured.decode())  # the output's JSON as a JSON string
+        tail = b',"resultType":"complete"}' if stateless else b"}"
+        return (b'{"content":[{"type":"text","text":' + text + b'}],"structuredContent":' + self.structured
+                + b',"isError":false,"_meta":' + orjson.dumps(self.meta) + tail)
+
+
+def executed_result(structured: dict[str, Any], settlement: Settlement | None) -> EncodedResult:
     meta: dict[str, Any] = {"handler/status": "executed"}
     if settlement is not None:
         meta["handler/cost"] = settlement.charged
         meta["handler/budget"] = settlement.remaining
-    return {"content": _text(structured), "structuredContent": structured, "isError": False, "_meta": meta}
+    return EncodedResult(orjson.dumps(structured), meta)
 
 
 def error_result(error: ToolError) -> dict[str, Any]:

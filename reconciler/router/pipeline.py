@@ -31,7 +31,7 @@ from reconciler.router.errors import INVALID_PARAMS, JsonRpcError, ToolError, in
 from reconciler.router.files import CallFolder, FileArg, resolve_files, restore_paths
 from reconciler.router.generation import Generation, ToolPlan, View
 from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, concurrency_error, timeout_error
-from reconciler.router.outcomes import error_result, executed_result, held_result
+from reconciler.router.outcomes import EncodedResult, error_result, executed_result, held_result
 
 __all__ = ["Caller", "Services", "execute_admitted", "run_tools_call"]
 
@@ -60,7 +60,7 @@ class Caller:
 
 
 async def run_tools_call(svc: Services, generation: Generation, view: View, caller: Caller,
-                         params: Mapping[str, Any] | None) -> dict[str, Any]:
+                         params: Mapping[str, Any] | None) -> dict[str, Any] | EncodedResult:
     """Steps 2-10 for one tools/call; the `CallToolResult` to send, or a raised `JsonRpcError`."""
     name, arguments = read_call_params(params)
     started = time.perf_counter()
@@ -130,7 +130,7 @@ async def govern(gate: Gate, snapshot: Snapshot, call: CallRequest) -> Admission
 
 
 async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller,
-                     arguments: dict[str, Any], record: CallRecord) -> dict[str, Any]:
+                     arguments: dict[str, Any], record: CallRecord) -> dict[str, Any] | EncodedResult:
     validate_input(plan, arguments)
     files = resolve_files(plan.compiled.files, arguments, plan.scope, plan.limits.maxFileBytes,
                           plan.errors) if plan.compiled.files else ()

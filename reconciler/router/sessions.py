@@ -25,6 +25,7 @@ from reconciler.router.framing import (
     parse_message,
 )
 from reconciler.router.generation import Generation, View
+from reconciler.router.outcomes import EncodedResult
 from reconciler.router.pipeline import Caller, run_tools_call
 from reconciler.router.protocol import (
     Era,
@@ -158,6 +159,9 @@ class Session:
             return
         finally:
             self.tasks.pop(msg.id, None)  # type: ignore[arg-type]  # only requests (with ids) start calls
+        if isinstance(result, EncodedResult):
+            self.write(encode_raw_result(msg.id, result.to_json(stateless)))
+            return
         if stateless:
             result["resultType"] = "complete"
         self.write(encode_result(msg.id, result))

@@ -21,7 +21,14 @@ def tight_root() -> Iterator[Path]:
     # The binding tightens the interface's limits: the effective ones are the binding's.
     with short_dir() as root:
         yield write_echo_tree(root / "t", limits={"timeoutSeconds": 30, "maxConcurrent": 4, "maxCallsPerRun": 100},
-                              binding_limits={"timeoutSeconds": 0.5, "maxConcurrent": 1, "maxCallsPerRun": 3})
+                              binding_limits={"maxConcurrent": 1, "maxCallsPerRun": 3})
+
+
+@pytest.fixture
+def quick_root() -> Iterator[Path]:
+    with short_dir() as root:
+        yield write_echo_tree(root / "t", limits={"timeoutSeconds": 30}, binding_limits={"timeoutSeconds": 0.5,
+                                                                                         "maxConcurrent": 1})
 
 
 def sleep(seconds: float, instance: str) -> dict[str, Any]:
@@ -29,7 +36,7 @@ def sleep(seconds: float, instance: str) -> dict[str, Any]:
             "_meta": {"handler/instance": instance}}
 
 
-def test_a_call_over_its_timeout_is_unavailable(tight_root: Path, run_dir: Path) -> None:
+def test_a_call_over_its_timeout_is_unavailable(quick_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         result = (await c.request("tools/call", sleep(5, "i-1")))["result"]
         assert result["structuredContent"]["error"] == "unavailable"
@@ -37,22 +44,52 @@ def test_a_call_over_its_timeout_is_unavailable(tight_root: Path, run_dir: Path)
         assert "0.5 s" in result["structuredContent"]["message"]
         assert log_lines(router)[-1]["cause"] == "timeout"
 
-    exchange(tight_root, run_dir, script)
+    exchange(quick_root, run_dir, script)
 
 
-def test_concurrency_is_counted_per_instance(tight_root: Path, run_dir: Path) -> None:
+@pytest.fixture
+def one_slot_root() -> Iterator[Path]:
+    with short_dir() as root:
+        yield write_echo_tree(root / "t", limits={"timeoutSeconds": 30}, binding_limits={"maxConcurrent": 1})
+
+
+def test_concurrency_is_counted_per_instance(one_slot_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
-        # maxConcurrent 1: i-1's second call waits for its first and runs out of time waiting;
-        # i-2 is another agent run and is not held back by i-1.
-        await c.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": sleep(0.3, "i-1")})
-        await c.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": sleep(0.3, "i-1")})
-        await c.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": sleep(0.05, "i-2")})
-        replies = {r["id"]: r["result"] for r in [await c.recv() for _ in range(3)]}
-        assert replies[1]["structuredContent"] == {"text": "slept"}
-        assert replies[3]["structuredContent"] == {"text": "slept"}
-        assert replies[2]["_meta"]["handler/cause"] in {"concurrency", "timeout"}
+        await c.call("echo_say", {"text": "warm"}, _meta={"handler/instance": "i-0"})  # the process is up
+        # maxConcurrent 1: i-1's quick call waits for its slow one; i-2 is another run, not held back.
+        await c.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": sleep(0.4, "i-1")})
+        await _wait_for(lambda: router.services.limits.running(("tester", "i-1", "echo/v1")) == 1)
+        await c.send({"jsonrpc": "2.0", "id": "waits", "method": "tools/call",
+                      "params": {"name": "echo_say", "arguments": {"text": "b"}, "_meta": {"handler/instance": "i-1"}}})
+        await c.send({"jsonrpc": "2.0", "id": "free", "method": "tools/call",
+                      "params": {"name": "echo_say", "arguments": {"text": "c"}, "_meta": {"handler/instance": "i-2"}}})
+        order = [(await c.recv())["id"] for _ in range(3)]
+        assert order == ["free", "slow", "waits"]
 
-    exchange(tight_root, run_dir, script)
+    exchange(one_slot_root, run_dir, script)
+
+
+def test_a_call_that_waits_past_its_timeout_for_a_slot_is_unavailable(quick_root: Path, run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        # With one timeout for every call a holder always ends before its waiter's deadline, so the
+        # test holds the instance's only slot itself.
+        key = ("tester", "i-1", "echo/v1")
+        assert router.services.limits.try_acquire(key, 1)
+        result = await c.call("echo_say", {"text": "x"}, _meta={"handler/instance": "i-1"})
+        assert result["_meta"]["handler/cause"] == "concurrency"
+        assert "maxConcurrent 1" in result["structuredContent"]["message"]
+        router.services.limits.release(key)
+        assert router.services.limits.running(key) == 0
+
+    exchange(quick_root, run_dir, script)
+
+
+async def _wait_for(predicate: Any, deadline: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while not predicate():
+        assert loop.time() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.005)
 
 
 def test_calls_per_run_are_counted_per_instance(tight_root: Path, run_dir: Path) -> None:
