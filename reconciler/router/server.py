@@ -70,6 +70,7 @@ class Router:
         """Create the run folder (0700) and open a socket for every profile."""
         for folder in (self.run_dir, self.run_dir / "profiles", self.services.calls_dir):
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _check_private(folder)
         for profile in sorted(self.live.snapshot.profiles):
             await self._open(profile)
 
@@ -149,6 +150,14 @@ class Router:
         finally:
             self.services.log.write(record)
         return True, structured
+
+
+def _check_private(folder: Path) -> None:
+    """Refuse a run folder another user owns or may write to: they could swap our sockets for theirs."""
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise RouterError(f"{folder} is owned by another user or writable by others (mode {info.st_mode & 0o777:o}); "
+                          "give HANDLER_RUN_DIR a folder of your own, mode 0700")
 
 
 def _someone_listens(path: Path) -> bool:
