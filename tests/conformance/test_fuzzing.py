@@ -38,7 +38,7 @@ from tests.conformance.shout_tree import TOOLS
 REPO = Path(__file__).resolve().parents[2]
 SHOUT_TEXT = TOOLS[0]
 OCR = json.loads((REPO / "catalog/interfaces/ocr/v1/tools.json").read_text())[0]
-SMALL = {"type": "object", "additionalProperties": False, "required": ["name"],
+SMALL: dict[str, Any] = {"type": "object", "additionalProperties": False, "required": ["name"],
          "properties": {"name": {"type": "string", "minLength": 1}, "count": {"type": "integer", "minimum": 0}}}
 
 

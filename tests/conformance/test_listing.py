@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from conformance.listing import (
     LISTING_FILE,
