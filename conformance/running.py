@@ -135,6 +135,10 @@ class CheckRun:
         """The JSON result of this run (see `reporting`)."""
         subject = self.subject
         summaries = summarize(self.results, [iface.key for iface in subject.interfaces])
+        complete = len(self.results) == self.expected_items and exitstatus in (0, 1)
+        # A partial run (-k) passes on the items it ran; a complete one also needs every interface to pass.
+        passed = exitstatus == 0 and all(item.outcome == "passed" for item in self.results) and (
+            not complete or all(s.cases_pass and s.fuzzing_pass for s in summaries.values()))
         return {
             "format": RUN_FORMAT,
             "connector": subject.connector.name,
@@ -148,8 +152,8 @@ class CheckRun:
             "seed": self.seed,
             "examples": self.examples,
             "workers": _workers(self.config),
-            "complete": len(self.results) == self.expected_items and exitstatus in (0, 1),
-            "passed": exitstatus == 0 and all(s.cases_pass and s.fuzzing_pass for s in summaries.values()),
+            "complete": complete,
+            "passed": passed,
             "interfaces": {
                 iface.key: {"interface_hash": iface.content_hash, **summaries[iface.key].to_dict()}
                 for iface in subject.interfaces

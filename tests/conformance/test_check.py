@@ -112,6 +112,14 @@ def test_2020_12_keywords_the_fuzzer_cannot_honour_are_reported(tmp_path: Path,
         "shout_text: 'prefixItems' at /properties/pair"]
 
 
+def test_a_partial_run_passes_on_what_it_ran_and_is_not_recorded(shout: Path,
+                                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    assert check_connector("shout", "shout-good", root=shout, examples=3, seed=1, select="case") == 0
+    out = capfd.readouterr().out
+    assert "shout on shout/v1: 3 of 3 items run passed (a partial run)" in out
+    assert not (shout / RESULTS_FOLDER).exists()
+
+
 def test_misnamed_connector_or_binding_gets_did_you_mean(shout: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert handler(["connector", "check", "shuot", "--binding", "shout-good", "--root", str(shout)]) == 2
     err = capsys.readouterr().err
