@@ -10,7 +10,6 @@ its admission transaction) and by `handler balance` / `handler spend`.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.governance.auditing import record
 from reconciler.governance.decide import SpendState
+from reconciler.governance.holds import new_request_id
 from reconciler.governance.rulebook import CapSet
 from reconciler.governance.store import Store, balances, now, reservations, spend
 
@@ -151,7 +151,7 @@ def reserve(
     account = caps.org_name if caps.prepaid else None
     if account is not None and cost:
         conn.execute(st.take_balance, {"p_account": account, "p_cost": cost})
-    rid = "res_" + secrets.token_hex(8)
+    rid = "res_" + new_request_id()[4:]
     row = {"id": rid, "at": now(), "request_id": request_id, "month": month, "scopes": list(scopes),
            "account": account, "reserved": cost, "charged": None, "state": "reserved"}
     if defer is not None:
