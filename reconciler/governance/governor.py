@@ -64,6 +64,7 @@ __all__ = ["Governor"]
 
 T = TypeVar("T")
 _NO_SPEND = SpendState()
+_MAX_TRACES = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +181,8 @@ class Governor:
         # Traces of cached decisions are shared objects: their wire form is worked out once each.
         found = self._traces.get(id(trace))
         if found is None or found[0] is not trace:
+            if len(self._traces) > _MAX_TRACES:  # old snapshots' decisions: let them go
+                self._traces.clear()
             found = self._traces[id(trace)] = (trace, tuple(s.to_dict() for s in trace))
         return found[1]
 
