@@ -23,10 +23,10 @@ from pathlib import Path
 import tomlkit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trees import generate_tree  # noqa: E402
+from trees import generate_tree
 
-from reconciler.config import FolderSource, Loader  # noqa: E402
-from reconciler.config.lines import toml_key_lines  # noqa: E402
+from reconciler.config import FolderSource, Loader
+from reconciler.config.lines import toml_key_lines
 
 
 def _time(fn: object, repeat: int) -> list[float]:
