@@ -48,8 +48,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = generate_tree(Path(tmp), args.interfaces, args.connectors, args.profiles)
         files = sum(1 for _ in root.rglob("*") if _.is_file())
-        print(f"tree: {args.interfaces} interfaces x 3 tools, {args.connectors} connectors + bindings, "
-              f"{args.profiles} profiles ({files} files)")
+        print(
+            f"tree: {args.interfaces} interfaces x 3 tools, {args.connectors} connectors + bindings, "
+            f"{args.profiles} profiles ({files} files)"
+        )
 
         cold = _time(lambda: Loader().load(FolderSource(root)), 3)
         snapshot = Loader().load(FolderSource(root))
@@ -87,9 +89,11 @@ def main() -> None:
         t_kit = min(_time(lambda: [tomlkit.parse(profile) for _ in range(n)], 3)) / n
         t_lib = min(_time(lambda: [tomllib.loads(profile) for _ in range(n)], 3)) / n
         t_scan = min(_time(lambda: [toml_key_lines(profile) for _ in range(n)], 3)) / n
-        print(f"one profile ({len(profile.splitlines())} lines): tomlkit {t_kit * 1e6:6.1f} us, tomllib {t_lib * 1e6:6.1f}"
-              f" us, tomllib + line scan {(t_lib + t_scan) * 1e6:6.1f} us"
-              f"  -> tomlkit / (tomllib + scan) = {t_kit / (t_lib + t_scan):4.1f}x")
+        print(
+            f"one profile ({len(profile.splitlines())} lines): tomlkit {t_kit * 1e6:6.1f} us, tomllib {t_lib * 1e6:6.1f}"
+            f" us, tomllib + line scan {(t_lib + t_scan) * 1e6:6.1f} us"
+            f"  -> tomlkit / (tomllib + scan) = {t_kit / (t_lib + t_scan):4.1f}x"
+        )
         print("  (the line scan runs only when a finding needs a line, so loads pay tomllib alone)")
 
 
