@@ -46,6 +46,34 @@ _PNM = re.compile(rb"^P[1-6]\s")
 _CACHE_SIZE = 64
 _BLOCK, _WORD = 2, 5  # the `level` column of Tesseract's TSV
 
+# ocr/v1's tool, word for word (a published interface version never changes): what tools/list
+# answers, so any MCP client can use this server and the router can see it offers what it claims.
+_BLOCK_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["text", "bbox"],
+    "properties": {"text": {"type": "string"},
+                   "bbox": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4}},
+}
+OCR_EXTRACT = types.Tool(
+    name="ocr_extract",
+    description="Extract the text of a PDF or image in the work folder, page by page.",
+    input_schema={
+        "type": "object", "additionalProperties": False, "required": ["path"],
+        "properties": {
+            "path": {"type": "string", "format": "handler-file", "description": "a file in the work folder"},
+            "languages": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{2}$"}},
+        },
+    },
+    output_schema={
+        "type": "object", "additionalProperties": False, "required": ["pages"],
+        "properties": {"pages": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["text"],
+            "properties": {"text": {"type": "string"},
+                           "blocks": {"type": "array", "items": {"$ref": "#/$defs/block"}}}}}},
+        "$defs": {"block": _BLOCK_SCHEMA},
+    },
+    annotations=types.ToolAnnotations(read_only_hint=True),
+)
+
 
 class InterfaceError(Exception):
     """An error of ocr/v1's closed list, sent as isError with {"error": code, "message": ...}."""
@@ -84,7 +112,11 @@ class Engine:
         self.env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
 
     async def start(self) -> None:
-        done = await anyio.run_process(["tesseract", "--list-langs"], check=False, env=self.env)
+        try:
+            done = await anyio.run_process(["tesseract", "--list-langs"], check=False, env=self.env)
+        except OSError as exc:  # not installed: serve anyway, every call says why it fails
+            log.error("tesseract cannot run (%s); see PROVISIONING.md", exc)
+            return
         lines = done.stdout.decode(errors="replace").splitlines()[1:]
         self.installed = frozenset(line.strip() for line in lines if line.strip())
         log.info("tesseract packs installed: %s", ", ".join(sorted(self.installed)) or "none")
@@ -174,6 +206,10 @@ def page_from_tsv(tsv: str) -> dict[str, Any]:
 
 
 def build_server(engine: Engine) -> Server[Any]:
+    async def list_tools(ctx: ServerRequestContext[Any],
+                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[OCR_EXTRACT])
+
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         if params.name != "ocr_extract":
             return error_result("unavailable", f"this connector has no tool '{params.name}'")
@@ -191,7 +227,7 @@ def build_server(engine: Engine) -> Server[Any]:
         text = "\n\f\n".join(page["text"] for page in output["pages"])
         return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=output)
 
-    return Server("ocr-tesseract", version="1.0.0", on_call_tool=call_tool)
+    return Server("ocr-tesseract", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
 
 
 async def main() -> None:
