@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -41,6 +41,7 @@ class LaunchSpec:
     stderr_path: str | None = None
     start_timeout: float = 20.0
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    on_stderr: Callable[[bytes], None] | None = None  # gets the process's stderr as it comes (else stderr_path)
 
 
 class _Process:
@@ -73,6 +74,8 @@ class _Pipes(asyncio.SubprocessProtocol):
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         if fd != 1:
+            if fd == 2 and self._owner.spec.on_stderr is not None:
+                self._owner.spec.on_stderr(data)
             return
         buf = self._buf
         if not buf and data.endswith(_NL) and data.count(_NL) == 1:
@@ -117,6 +120,11 @@ class StdioConnector:
         return self._proc.alive
 
     @property
+    def in_flight(self) -> int:
+        """How many calls wait for a reply of the current process."""
+        return len(self._proc.pending)
+
+    @property
     def pid(self) -> int | None:
         transport = self._proc.transport
         return transport.get_pid() if transport is not None else None
@@ -141,7 +149,9 @@ class StdioConnector:
             old.transport.close()
         proc = self._proc = _Process()
         stderr: int | Any = asyncio.subprocess.DEVNULL
-        if self.spec.stderr_path:
+        if self.spec.on_stderr is not None:
+            stderr = asyncio.subprocess.PIPE
+        elif self.spec.stderr_path:
             stderr = os.open(self.spec.stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             transport, _ = await loop.subprocess_exec(
@@ -191,6 +201,13 @@ class StdioConnector:
         if self._proc.alive:  # the common case: one coroutine per call, not two
             return self._request(self._proc, "tools/call", params, deadline)
         return self._start_and_request(params, deadline)
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """The connector's own `tools/list` (its first page), starting the process if needed."""
+        await self.ensure_started()
+        result = await self._request(self._proc, "tools/list", {})
+        tools = result.get("tools")
+        return [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
 
     async def _start_and_request(self, params: dict[str, Any], deadline: float | None) -> dict[str, Any]:
         await self.ensure_started()

@@ -1,25 +1,54 @@
-"""The connector processes of a router: one per binding, started on its first call, stopped at shutdown.
+"""The connector processes of a router: their lifecycle, from the first call to the last session.
 
-A process is keyed by the binding's name and the content of the binding and its connector, so a
-reload that changes either gives new sessions a new process while sessions pinned to the old
-snapshot keep theirs. Draining and stopping idle processes is the connectors issue's to add.
+One process per binding, keyed by the binding's name and the content of the binding and its
+connector (`pool_key`), started on the first call that needs it and shared by every session that
+selects it. Around it:
+
+- idle stop: a process with no call in flight and none for `idle_seconds` is stopped (the next call
+  starts it again);
+- crashes: the calls in flight when a process dies fail (`crashed` → `unavailable`); the next call
+  starts a new process, after a backoff that doubles with each crash in a row (reset once a
+  process has lived `BACKOFF_RESET_SECONDS`). A start that fails (a secret command failing, a
+  missing interface tool) fails the calls of the backoff window at once with the same error;
+- drain: the router tells the pool which keys its live generation uses (`set_live`) and which keys
+  each session pinned (`pin`/`unpin`); a key no longer live stops as soon as no session pinned to
+  it remains and no call is in flight (or when idle);
+- shutdown (`close`): every process stops, then its process group is killed, so nothing is left.
+
+The launch itself (environment, sandbox, egress proxy) is `launching.prepare_launch`'s; the check
+of a process's tools against its interfaces is `interfaces.compare_tools`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.client import DEFAULT_MAX_LINE_BYTES, LaunchSpec, StdioConnector
-from reconciler.connectors.errors import ConnectorStartError
-from reconciler.connectors.secrets import resolve_secret
+from reconciler.connectors.client import DEFAULT_MAX_LINE_BYTES, StdioConnector
+from reconciler.connectors.errors import ConnectorReplyError, ConnectorStartError
+from reconciler.connectors.interfaces import compare_tools
+from reconciler.connectors.launching import Launch, declared_env, prepare_launch
+from reconciler.connectors.llm import LlmConnector, LlmSettings
+from reconciler.connectors.wrapping import ToolCaller, WrappedConnector
 
-__all__ = ["BASE_ENV", "ConnectorPool", "PoolKey", "pool_key"]
+__all__ = ["DEFAULT_IDLE_SECONDS", "BindingStatus", "Connector", "ConnectorPool", "PoolKey", "pool_key"]
 
-# What a connector inherits from the router's environment; the rest (and every secret) is explicit.
-BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SYSTEMROOT")
+log = logging.getLogger("handler.connectors")
+
+DEFAULT_IDLE_SECONDS = 600.0  # ten minutes: a session's pauses stay warm, an abandoned connector goes
+BACKOFF_FIRST_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 30.0
+BACKOFF_RESET_SECONDS = 60.0
 
 PoolKey = tuple[str, str, str]  # (binding, binding content hash, connector content hash)
 
@@ -33,75 +62,312 @@ def pool_key(snapshot: Snapshot, binding_name: str) -> PoolKey | None:
     return (binding_name, binding.content_hash, connector.content_hash)
 
 
+class Connector(Protocol):
+    """What the pipeline calls: a running connector, in a process or inside the router."""
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def call_tool(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
+                  deadline: float | None = None) -> Awaitable[dict[str, Any]]: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class BindingStatus:
+    """What the router can report about a binding's connector: its state, why, and any drift."""
+
+    state: str  # "running" | "stopped" | "failed"
+    message: str = ""
+    drift: tuple[str, ...] = ()
+    pid: int | None = None
+
+
+class InRouter:
+    """A connector served inside the router (the built-in llm, a wrap's renaming): deadline and count."""
+
+    def __init__(self, inner: ToolCaller) -> None:
+        self.inner = inner
+        self.in_flight = 0
+
+    @property
+    def running(self) -> bool:
+        return self.inner.running
+
+    def call_tool(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
+                  deadline: float | None = None) -> Awaitable[dict[str, Any]]:
+        return self._call(name, arguments, meta, deadline)
+
+    async def _call(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None,
+                    deadline: float | None) -> dict[str, Any]:
+        self.in_flight += 1
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self.inner.call_tool(name, arguments, meta)
+        finally:
+            self.in_flight -= 1
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+
+@dataclass(eq=False)
+class _Entry:
+    key: PoolKey
+    connector: Connector | None = None
+    process: StdioConnector | None = None  # the OS process under it, if any
+    launch: Launch | None = None
+    starting: asyncio.Task[Connector] | None = None
+    last_used: float = 0.0
+    started_at: float = 0.0
+    crashes: int = 0  # in a row
+    failures: int = 0  # failed starts in a row
+    retry_at: float = 0.0
+    failure: ConnectorStartError | None = None
+    drift: tuple[str, ...] = field(default=())
+
+    @property
+    def busy(self) -> bool:
+        return (self.starting is not None and not self.starting.done()) or (
+            self.connector is not None and self.connector.in_flight > 0)
+
+
 class ConnectorPool:
-    """Finds or starts the process of a binding as a snapshot describes it."""
+    """Finds, starts, shares, stops and drains the connector processes of a router."""
 
-    def __init__(self, root: Path, state_dir: Path | None = None,
-                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+    def __init__(self, root: Path, state_dir: Path | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, *,
+                 idle_seconds: float = DEFAULT_IDLE_SECONDS, sandbox: bool = True) -> None:
         self._root = root
-        self._logs = state_dir / "connectors" if state_dir is not None else None
+        self._state = state_dir if state_dir is not None else root / ".handler"
         self._max_line_bytes = max_line_bytes
-        self._live: dict[PoolKey, StdioConnector] = {}
-        self._lock = asyncio.Lock()
+        self.idle_seconds = idle_seconds
+        self.sandbox = sandbox
+        self._live: dict[PoolKey, _Entry] = {}
+        self._pins: Counter[PoolKey] = Counter()
+        self._current: frozenset[PoolKey] | None = None  # None: every key is live
+        self.statuses: dict[str, BindingStatus] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._closed = False
 
-    def running(self, key: PoolKey | None) -> StdioConnector | None:
-        """The process of `key` (see `pool_key`) if it runs now: the per-call fast path, with no await."""
-        found = self._live.get(key) if key is not None else None
-        return found if found is not None and found.running else None
+    # --- the per-call path -------------------------------------------------------------------
+
+    def running(self, key: PoolKey | None) -> Connector | None:
+        """The connector of `key` (see `pool_key`) if it runs now: the per-call fast path, with no await."""
+        entry = self._live.get(key) if key is not None else None
+        if entry is None or entry.connector is None or not entry.connector.running:
+            return None
+        entry.last_used = time.monotonic()
+        return entry.connector
+
+    async def connector(self, snapshot: Snapshot, binding_name: str) -> Connector:
+        """The running (or just started) connector for `binding_name` as `snapshot` configures it."""
+        key = pool_key(snapshot, binding_name)
+        if key is None:
+            raise ConnectorStartError(f"binding '{binding_name}' is not a connector binding in this revision")
+        found = self.running(key)
+        if found is not None:
+            return found
+        if self._closed:
+            raise ConnectorStartError("the router is shutting down")
+        entry = self._live.get(key)
+        if entry is None:
+            entry = self._live[key] = _Entry(key)
+            self._ensure_reaper()
+        if entry.starting is None or entry.starting.done():
+            if entry.failure is not None and time.monotonic() < entry.retry_at:
+                raise ConnectorStartError(entry.failure.message)
+            # The start runs as a task of its own: a caller cancelled meanwhile leaves no half-started process.
+            entry.starting = asyncio.get_running_loop().create_task(self._start(entry, snapshot, binding_name))
+            entry.starting.add_done_callback(_retrieve)
+        connector = await asyncio.shield(entry.starting)
+        entry.last_used = time.monotonic()
+        return connector
 
     async def connector_for(self, snapshot: Snapshot, binding_name: str) -> StdioConnector:
-        """The running (or just started) process for `binding_name` as `snapshot` configures it."""
-        binding = snapshot.bindings.get(binding_name)
-        if binding is None or binding.connector is None:
-            raise ConnectorStartError(f"binding '{binding_name}' is not a connector binding in this revision")
-        connector = snapshot.connectors.get(binding.connector)
-        if connector is None:
-            raise ConnectorStartError(f"binding '{binding_name}' names connector '{binding.connector}', which is gone")
-        key = (binding_name, binding.content_hash, connector.content_hash)
-        found = self._live.get(key)
-        if found is not None and found.running:
-            return found
-        async with self._lock:
-            found = self._live.get(key)
-            if found is None:
-                found = StdioConnector(await self._launch_spec(snapshot, binding_name))
-                self._live[key] = found
-        await found.ensure_started()
-        return found
+        """The OS process of `binding_name` (started if needed): for a wrap, the wrapped server's.
 
-    async def _launch_spec(self, snapshot: Snapshot, binding_name: str) -> LaunchSpec:
+        The same object across crashes and restarts of the process, until the pool stops it (idle,
+        drained, shut down). A built-in connector has no process: `ConnectorStartError`.
+        """
+        await self.connector(snapshot, binding_name)
+        key = pool_key(snapshot, binding_name)
+        entry = self._live.get(key) if key is not None else None
+        if entry is None or entry.process is None:
+            raise ConnectorStartError(f"binding '{binding_name}' runs inside the router, with no process")
+        return entry.process
+
+    # --- sessions and generations ------------------------------------------------------------
+
+    def pin(self, keys: Iterable[PoolKey]) -> None:
+        """A session started on a generation using `keys`: they stay until it `unpin`s them."""
+        self._pins.update(keys)
+
+    def unpin(self, keys: Iterable[PoolKey]) -> None:
+        """A session ended: a key no longer live stops once no session holds it."""
+        self._pins.subtract(keys)
+        self._poke()
+
+    def set_live(self, keys: Iterable[PoolKey]) -> None:
+        """The keys the live generation uses; the others drain."""
+        self._current = frozenset(keys)
+        self._poke()
+
+    def processes(self) -> list[int]:
+        """The process ids of the running connector processes (for status and tests)."""
+        return [e.process.pid for e in self._live.values()
+                if e.process is not None and e.process.running and e.process.pid is not None]
+
+    # --- starting and stopping -----------------------------------------------------------------
+
+    async def _start(self, entry: _Entry, snapshot: Snapshot, binding_name: str) -> Connector:
+        try:
+            if entry.connector is not None and entry.process is not None:  # it ran and is gone: a crash
+                await self._restart(entry, binding_name)
+            else:
+                await self._launch(entry, snapshot, binding_name)
+        except ConnectorStartError as exc:
+            await self._retire(entry)
+            entry.failures += 1
+            entry.failure = exc
+            entry.retry_at = time.monotonic() + _backoff(entry.failures)
+            self.statuses[binding_name] = BindingStatus("failed", exc.message)
+            log.warning("connector of binding '%s' did not start: %s", binding_name, exc.message)
+            raise
+        entry.failures, entry.failure = 0, None
+        entry.started_at = entry.last_used = time.monotonic()
+        pid = entry.process.pid if entry.process is not None else None
+        self.statuses[binding_name] = BindingStatus("running", "", entry.drift, pid)
+        if entry.connector is None:  # pragma: no cover - every successful start sets it
+            raise ConnectorStartError(f"binding '{binding_name}' started nothing")
+        return entry.connector
+
+    async def _restart(self, entry: _Entry, binding_name: str) -> None:
+        """The process died: start it again (same launch, same proxy) after a backoff."""
+        if entry.process is None:  # pragma: no cover - only a process restarts
+            return
+        uptime = time.monotonic() - entry.started_at
+        entry.crashes = 1 if uptime >= BACKOFF_RESET_SECONDS else entry.crashes + 1
+        delay = _backoff(entry.crashes)
+        log.warning("connector of binding '%s' ended unexpectedly (%d in a row); restarting in %.1f s",
+                    binding_name, entry.crashes, delay)
+        old_pid = entry.process.pid
+        if old_pid is not None:  # whatever the dead process forked goes with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(old_pid, signal.SIGKILL)
+        await asyncio.sleep(delay)
+        await entry.process.ensure_started()
+
+    async def _launch(self, entry: _Entry, snapshot: Snapshot, binding_name: str) -> None:
         binding = snapshot.bindings[binding_name]
         connector = snapshot.connectors[binding.connector or ""]
         run = connector.spec.run
         if run.builtin is not None:
-            raise ConnectorStartError(f"connector '{connector.name}' is the built-in '{run.builtin}', which this "
-                                      "router does not provide yet")
-        if run.transport != "stdio" or not run.command:
-            raise ConnectorStartError(f"connector '{connector.name}' runs over '{run.transport}'; this router "
-                                      "starts stdio connectors only")
-        env = {name: os.environ[name] for name in BASE_ENV if name in os.environ}
-        for name, spec in connector.spec.settings.items():
-            value = binding.spec.settings.get(name, spec.default)
-            if value is not None:
-                env[spec.env] = _setting_text(value)
-        for slot, ref in binding.spec.secrets.items():
-            slot_spec = connector.spec.secretSlots.get(slot)
-            if slot_spec is not None:
-                env[slot_spec.env] = await resolve_secret(slot, ref, self._root)
-        stderr_path = None
-        if self._logs is not None:
-            self._logs.mkdir(parents=True, exist_ok=True, mode=0o700)
-            stderr_path = str(self._logs / f"{binding_name}.stderr.log")
-        return LaunchSpec(name=binding_name, command=tuple(run.command), cwd=str(self._root / connector.folder),
-                          env=env, stderr_path=stderr_path, max_line_bytes=self._max_line_bytes)
+            if run.builtin != "llm":
+                raise ConnectorStartError(f"binding '{binding_name}': connector '{connector.name}' names the "
+                                          f"built-in '{run.builtin}'; the router provides only 'llm'")
+            env, _ = await declared_env(binding, connector, self._root)
+            try:
+                settings = LlmSettings.from_env(env)
+            except ValueError as exc:
+                raise ConnectorStartError(f"binding '{binding_name}': {exc}") from None
+            entry.connector = InRouter(LlmConnector(settings, name=binding_name))
+            return
+        if run.transport != "stdio":
+            raise ConnectorStartError(f"binding '{binding_name}': connector '{connector.name}' runs over "
+                                      f"'{run.transport}', which this router does not start yet")
+        entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
+                                            max_line_bytes=self._max_line_bytes)
+        process = entry.process = StdioConnector(entry.launch.spec)
+        await process.ensure_started()
+        if connector.spec.wrap is None:
+            try:
+                tools: list[dict[str, Any]] | None = await process.list_tools()
+            except ConnectorReplyError:
+                tools = None  # it does not list its tools: nothing to compare
+            entry.drift = compare_tools(binding_name, tools, snapshot, connector)  # raises on a missing tool
+            entry.connector = process
+        else:
+            entry.connector = InRouter(WrappedConnector(process, connector.spec.wrap))  # type: ignore[arg-type]
+
+    async def _retire(self, entry: _Entry) -> None:
+        """Stop what an entry started (its connector, its process group, its proxy and folder)."""
+        connector, process, launch = entry.connector, entry.process, entry.launch
+        entry.connector = entry.process = entry.launch = None
+        if connector is not None:
+            with contextlib.suppress(Exception):
+                await connector.stop()
+        if process is not None:
+            pid = process.pid
+            await process.stop()
+            if pid is not None:  # whatever the connector forked outlives no stop
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+        if launch is not None:
+            await launch.cleanup()
+
+    async def _stop_entry(self, entry: _Entry, why: str) -> None:
+        self._live.pop(entry.key, None)
+        binding = entry.key[0]
+        if not any(k[0] == binding for k in self._live) and self.statuses.get(binding) is not None \
+                and self.statuses[binding].state == "running":
+            self.statuses[binding] = BindingStatus("stopped", why)
+        if entry.starting is not None and not entry.starting.done():
+            await asyncio.wait([entry.starting])
+        log.info("connector of binding '%s' stopped: %s", binding, why)
+        await self._retire(entry)
+
+    # --- idle stop and drain ---------------------------------------------------------------------
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._wake = asyncio.Event()
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _reap(self) -> None:
+        tick = min(max(self.idle_seconds / 4, 0.01), 5.0)
+        wake = self._wake or asyncio.Event()
+        while not self._closed:  # the flag, not only the cancel: a cancelled wait_for can lose the cancel
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(tick):
+                    await wake.wait()
+            wake.clear()
+            if self._closed:
+                return
+            now = time.monotonic()
+            for key, entry in list(self._live.items()):
+                if entry.busy:
+                    continue
+                if self._current is not None and key not in self._current and self._pins[key] <= 0:
+                    await self._stop_entry(entry, "its binding changed or was removed and no session uses it")
+                elif now - entry.last_used >= self.idle_seconds:
+                    await self._stop_entry(entry, f"idle for {self.idle_seconds:g} s")
 
     async def close(self) -> None:
-        """Stop every process this pool started."""
-        live, self._live = self._live, {}
-        await asyncio.gather(*(c.stop() for c in live.values()), return_exceptions=True)
+        """Stop every process this pool started; none is left behind."""
+        self._closed = True
+        self._poke()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        entries, self._live = list(self._live.values()), {}
+        await asyncio.gather(*(self._stop_entry(e, "the router stopped") for e in entries), return_exceptions=True)
 
 
-def _setting_text(value: str | int | float | bool) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+def _backoff(count: int) -> float:
+    return float(min(BACKOFF_FIRST_SECONDS * 2.0 ** max(count - 1, 0), BACKOFF_MAX_SECONDS))
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # Every caller awaiting a start may have been cancelled: read its outcome so none is reported unread.
+    if not task.cancelled():
+        task.exception()

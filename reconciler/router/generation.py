@@ -79,6 +79,7 @@ class Generation:
     snapshot: Snapshot
     views: Mapping[tuple[str, str | None], View]
     interfaces_of: Mapping[str, tuple[str, ...]]  # profile → the interface names it uses
+    pool_keys: frozenset[PoolKey] = frozenset()  # the connector processes its sessions may use
 
     def view(self, profile: str, interface: str | None) -> View:
         found = self.views.get((profile, interface))
@@ -158,7 +159,9 @@ def compile_generation(snapshot: Snapshot, number: int, root: Path, cache: Valid
                                                          "handler: the status and decisions of held calls")
         views[(profile.name, None)] = _view(profile.name, None, {**everything, **builtins}, "; ".join(descriptions))
     cache.keep_only(used)
-    return Generation(number, snapshot, MappingProxyType(views), MappingProxyType(interfaces_of))
+    keys = frozenset(plan.pool_key for view in views.values() for plan in view.tools.values()
+                     if plan.pool_key is not None)
+    return Generation(number, snapshot, MappingProxyType(views), MappingProxyType(interfaces_of), keys)
 
 
 def _view(profile: str, interface: str | None, plans: dict[str, ToolPlan], instructions: str) -> View:

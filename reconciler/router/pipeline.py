@@ -221,7 +221,7 @@ async def dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments:
         if folder is not None:
             arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
                                                       plan.errors)
-        connector = svc.pool.running(plan.pool_key) or await svc.pool.connector_for(snapshot, plan.binding or "")
+        connector = svc.pool.running(plan.pool_key) or await svc.pool.connector(snapshot, plan.binding or "")
         return await connector.call_tool(plan.name, arguments, deadline=deadline), back
 
 

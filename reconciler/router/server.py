@@ -21,7 +21,7 @@ from typing import Any
 
 from reconciler.config.errors import HandlerError
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.pool import ConnectorPool
+from reconciler.connectors.pool import DEFAULT_IDLE_SECONDS, ConnectorPool
 from reconciler.governance.gate import CallRequest, Gate, OpenGate
 from reconciler.router.calllog import CallLog, CallRecord
 from reconciler.router.errors import JsonRpcError, ToolError
@@ -45,7 +45,7 @@ class Router:
 
     def __init__(self, snapshot: Snapshot, *, root: Path, run_dir: Path, state_dir: Path | None = None,
                  gate: Gate | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                 call_log: bool = True) -> None:
+                 call_log: bool = True, sandbox: bool = True, idle_seconds: float = DEFAULT_IDLE_SECONDS) -> None:
         self.root = root
         self.run_dir = run_dir
         self.max_line_bytes = max_line_bytes
@@ -55,11 +55,12 @@ class Router:
         self.live: Generation = compile_generation(snapshot, 1, root, self._cache)
         self.services = Services(
             gate=gate or OpenGate(),
-            pool=ConnectorPool(root, state, max_line_bytes),
+            pool=ConnectorPool(root, state, max_line_bytes, idle_seconds=idle_seconds, sandbox=sandbox),
             limits=LimitBook(),
             log=CallLog(state / "calls.jsonl" if call_log else None),
             calls_dir=run_dir / "calls",
         )
+        self.services.pool.set_live(self.live.pool_keys)
         self._servers: dict[str, asyncio.Server] = {}
         self._connections: set[_Connection] = set()
 
@@ -78,6 +79,7 @@ class Router:
         """Make `snapshot` live for sessions that start from now on; returns the new generation."""
         generation = compile_generation(snapshot, self.live.number + 1, self.root, self._cache)
         self.live = generation  # the swap itself: one assignment, nothing awaited in between
+        self.services.pool.set_live(generation.pool_keys)  # the others drain as their sessions end
         for profile in sorted(set(snapshot.profiles) - set(self._servers)):
             await self._open(profile)
         for profile in sorted(set(self._servers) - set(snapshot.profiles)):

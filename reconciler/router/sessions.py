@@ -62,6 +62,7 @@ class Session:
         # An agent run that names no instance is one per connection, so per-run limits still apply.
         self.default_instance = "conn-" + secrets.token_hex(6)
         self.tasks: dict[int | str, asyncio.Task[None]] = {}
+        self._released = False
         self._loop = asyncio.get_running_loop()  # sessions are made on the loop; asked once, not per call
 
     def handle(self, line: bytes) -> None:
@@ -80,6 +81,7 @@ class Session:
             return
         if self.generation is None:
             self.generation = self.router.live
+            self.router.services.pool.pin(self.generation.pool_keys)  # its connectors drain only after it ends
         try:
             self._request(msg, self.generation)
         except JsonRpcError as exc:
@@ -184,9 +186,12 @@ class Session:
                     del self.tasks[key]
 
     def abort(self) -> None:
-        """The client is gone: cancel its calls (each still logs and settles)."""
+        """The client is gone: cancel its calls (each still logs and settles) and release its generation."""
         for task in list(self.tasks.values()):
             task.cancel()
+        if self.generation is not None and not self._released:
+            self._released = True
+            self.router.services.pool.unpin(self.generation.pool_keys)
 
 
 def _unknown_method(method: str) -> JsonRpcError:

@@ -1,19 +1,48 @@
-"""The pool: one process per binding, its environment built from settings and secrets, restarted by content."""
+"""The pool's lifecycle through the real router: shared processes, idle stop, crash restart, drain, shutdown."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fixtures.echo_tree import TOKEN_ENV
-from fixtures.harness import load, run
+from fixtures.harness import RawClient, load, run, serving
 
 from reconciler.connectors.pool import ConnectorPool
+
+DEADLINE = 15.0
+
+
+async def wait_until(predicate: Callable[[], bool], what: str) -> None:
+    """Wait for `predicate` under a deadline, checking as the loop turns (no fixed sleep)."""
+    end = time.monotonic() + DEADLINE
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def live_in_sessions(sids: set[int]) -> list[int]:
+    """Every process (zombies aside) whose session is one of `sids`: what a connector left behind."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z" and os.getsid(int(entry.name)) in sids:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def test_one_process_per_binding_with_settings_and_secrets_in_its_env(echo_root: Path, echo_secret: str) -> None:
     async def scenario() -> None:
-        pool = ConnectorPool(echo_root, echo_root / ".handler")
+        pool = ConnectorPool(echo_root, echo_root / ".handler", sandbox=False)
         try:
             snapshot = load(echo_root)
             first = await pool.connector_for(snapshot, "echo-local")
@@ -22,28 +51,115 @@ def test_one_process_per_binding_with_settings_and_secrets_in_its_env(echo_root:
             assert env["ECHO_TOKEN"] == echo_secret
             assert env["ECHO_GREETING"] == "hi"
             assert TOKEN_ENV not in env  # the router's own variables stay the router's
+            assert set(env) <= {"ECHO_TOKEN", "ECHO_GREETING", "PATH", "LANG", "LC_ALL", "TZ", "HOME", "TMPDIR"}
+            assert Path(env["HOME"]).parent == echo_root / ".handler/connectors"  # its private folder
+            assert first.spec.cwd == env["HOME"]
             assert echo_secret not in repr(first.spec)
         finally:
             await pool.close()
+        assert not Path(env["HOME"]).exists()  # the private folder goes with the process
 
     run(scenario())
 
 
-def test_a_changed_binding_gets_a_new_process(echo_root: Path, tmp_path: Path) -> None:
+def test_sessions_share_one_process_and_shutdown_leaves_none(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            clients = [await RawClient.connect(router.socket_path("tester")) for _ in range(4)]
+            for i, c in enumerate(clients):
+                assert (await c.call("echo_say", {"text": str(i)}))["structuredContent"] == {"text": str(i)}
+            pids = router.services.pool.processes()
+            assert len(pids) == 1
+            assert live_in_sessions(set(pids))  # the connector (and its sandbox helpers) run now
+            for c in clients:
+                await c.close()
+        # Killed at shutdown, the last ones may take a moment to die; none may be left running.
+        await wait_until(lambda: not live_in_sessions(set(pids)), "every connector process to end")
+
+    run(scenario())
+
+
+def test_an_idle_process_stops_and_the_next_call_starts_another(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir, idle_seconds=0.2) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            await c.call("echo_say", {"text": "a"})
+            first = router.services.pool.processes()
+            assert len(first) == 1
+            await wait_until(lambda: not router.services.pool.processes(), "the idle stop")
+            await wait_until(lambda: not live_in_sessions(set(first)), "every process of the stopped connector to end")
+            assert router.services.pool.statuses["echo-local"].state == "stopped"
+            assert (await c.call("echo_say", {"text": "b"}))["structuredContent"] == {"text": "b"}
+            assert router.services.pool.processes() != first
+            await c.close()
+
+    run(scenario())
+
+
+def test_a_crash_fails_the_calls_that_hit_it_and_later_calls_get_a_new_process(echo_root: Path,
+                                                                               run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            await c.call("echo_say", {"text": "a"})
+            before = router.services.pool.processes()
+            crashed = await c.call("echo_misbehave", {"mode": "die"})
+            assert crashed["structuredContent"]["error"] == "unavailable"
+            assert crashed["_meta"]["handler/cause"] == "crashed"
+            assert (await c.call("echo_say", {"text": "b"}))["structuredContent"] == {"text": "b"}
+            after = router.services.pool.processes()
+            assert len(after) == 1
+            assert after != before
+            await c.close()
+
+    run(scenario())
+
+
+def test_a_changed_binding_drains_when_its_last_session_ends(echo_root: Path, run_dir: Path, tmp_path: Path) -> None:
     changed = tmp_path / "t2"
     shutil.copytree(echo_root, changed)
     binding = changed / "config/bindings/echo-local.toml"
     binding.write_text(binding.read_text().replace('greeting = "hi"', 'greeting = "bonjour"'))
 
     async def scenario() -> None:
-        pool = ConnectorPool(echo_root)
-        try:
-            old = await pool.connector_for(load(echo_root), "echo-local")
-            new = await pool.connector_for(load(changed), "echo-local")
-            assert old is not new
-            assert new.spec.env["ECHO_GREETING"] == "bonjour"
-            assert old.running  # sessions pinned to the old snapshot keep theirs
-        finally:
-            await pool.close()
+        async with serving(echo_root, run_dir) as router:
+            pool = router.services.pool
+            old = await RawClient.connect(router.socket_path("tester"))
+            await old.call("echo_say", {"text": "a"})
+            (old_pid,) = pool.processes()
+            await router.swap(load(changed))
+            new = await RawClient.connect(router.socket_path("tester"))
+            await new.call("echo_say", {"text": "b"})
+            assert len(pool.processes()) == 2  # the old session keeps its process
+            await old.call("echo_say", {"text": "c"})
+            assert old_pid in pool.processes()
+            await old.close()
+            await wait_until(lambda: old_pid not in pool.processes(), "the drain of the old process")
+            assert len(pool.processes()) == 1
+            assert (await new.call("echo_say", {"text": "d"}))["structuredContent"] == {"text": "d"}
+            await new.close()
+
+    run(scenario())
+
+
+def test_a_failing_secret_command_is_unavailable_with_a_status_naming_binding_and_slot(
+        echo_root: Path, run_dir: Path) -> None:
+    binding = echo_root / "config/bindings/echo-local.toml"
+    binding.write_text(binding.read_text().replace(f'{{ env = "{TOKEN_ENV}" }}',
+                                                   '{ command = ["sh", "-c", "echo s3cr3t-out; exit 3"] }'))
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            result = await c.call("echo_say", {"text": "a"})
+            assert result["structuredContent"]["error"] == "unavailable"
+            assert result["_meta"]["handler/cause"] == "start_failed"
+            status = router.services.pool.statuses["echo-local"]
+            assert status.state == "failed"
+            assert "binding 'echo-local'" in status.message
+            assert "secret slot 'token'" in status.message
+            assert "s3cr3t-out" not in status.message
+            assert not router.services.pool.processes()
+            await c.close()
 
     run(scenario())

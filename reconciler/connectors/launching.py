@@ -1,0 +1,215 @@
+"""Building one connector process's launch from its binding, its connector and the sandbox.
+
+The pool (`pool.ConnectorPool`) calls `prepare_launch` each time it starts a binding's process. The
+launch is everything that process gets and nothing more:
+
+- a private working folder under the state folder (`connectors/<binding>.<hash>/`), its HOME and
+  its current folder, removed when the process stops;
+- the confined environment: the connector's declared settings (the binding's value, else the
+  manifest's default) and secrets (resolved now, from the binding's references), plus PATH, LANG
+  and HOME; nothing else of the router's environment;
+- rlimits from the connector's `[sandbox]` (or the defaults), set with `prlimit`;
+- on Linux, its own network namespace; the egress it may reach (the binding's `egress`, else the
+  connector's) goes through an `EgressProxy` on a unix socket; `egress = []` means no proxy and no
+  network at all. Where namespaces are unavailable, the launch is refused unless the router was
+  started with `--no-sandbox` (which warns once);
+- relative paths in `run.command` resolve against the connector's folder
+  (`command = ["python3", "main.py"]` runs the connector's own `main.py`);
+- its stderr, line by line, to the log `handler.connector` and to `connectors/<binding>.stderr.log`,
+  with every secret value masked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reconciler.config.snapshot import Binding, Connector, Snapshot
+from reconciler.connectors.client import DEFAULT_MAX_LINE_BYTES, LaunchSpec
+from reconciler.connectors.egress import EgressProxy
+from reconciler.connectors.errors import ConnectorStartError
+from reconciler.connectors.sandbox import (
+    Limits,
+    confined_env,
+    limits_for,
+    namespaces_available,
+    sandboxed_command,
+)
+from reconciler.connectors.secrets import resolve_secret
+
+__all__ = ["Launch", "StderrLog", "declared_env", "effective_egress", "limited_command", "prepare_launch",
+           "resolve_command"]
+
+log = logging.getLogger("handler.connector")
+_MAX_SOCKET_PATH = 100  # unix socket paths are capped near 107 bytes
+_MAX_STDERR_LINE = 4000
+_warned_no_sandbox = False
+
+
+@dataclass
+class Launch:
+    """One process's launch and what the pool must clean up after it."""
+
+    spec: LaunchSpec
+    folder: Path  # the private working folder
+    proxy: EgressProxy | None = None
+    secrets: tuple[str, ...] = field(default=(), repr=False)  # the values to mask in its stderr
+
+    async def cleanup(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.aclose()
+            shutil.rmtree(self.proxy.socket_path.parent, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class StderrLog:
+    """Receives a process's stderr in chunks and logs it line by line, secrets masked."""
+
+    def __init__(self, binding: str, secrets: Sequence[str], path: Path | None = None) -> None:
+        self.binding = binding
+        self.path = path  # also appended here (0600), masked the same: the binding's own stderr log
+        # Longest first: a secret containing another is masked whole.
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._buf = bytearray()
+
+    def mask(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        while (end := self._buf.find(b"\n")) >= 0:
+            line = bytes(self._buf[:end])
+            del self._buf[: end + 1]
+            self._emit(line)
+        if len(self._buf) > _MAX_STDERR_LINE * 4:  # a line with no end: log what came, in one piece
+            self._emit(bytes(self._buf))
+            self._buf.clear()
+
+    def _emit(self, line: bytes) -> None:
+        text = self.mask(line.decode(errors="replace").rstrip("\r"))
+        if not text.strip():
+            return
+        log.info("connector of binding '%s': %s", self.binding, text[:_MAX_STDERR_LINE])
+        if self.path is not None:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, (text + "\n").encode())
+            finally:
+                os.close(fd)
+
+
+async def declared_env(binding: Binding, connector: Connector, root: Path) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The connector's declared variables as this binding fills them, and the secret values among them.
+
+    A secret that cannot be resolved raises `ConnectorStartError` naming the binding and the slot.
+    """
+    env: dict[str, str] = {}
+    for name, spec in connector.spec.settings.items():
+        value = binding.spec.settings.get(name, spec.default)
+        if value is not None:
+            env[spec.env] = _setting_text(value)
+    secrets: list[str] = []
+    for slot, ref in binding.spec.secrets.items():
+        slot_spec = connector.spec.secretSlots.get(slot)
+        if slot_spec is None:
+            continue
+        try:
+            value = await resolve_secret(slot, ref, root)
+        except ConnectorStartError as exc:
+            raise ConnectorStartError(f"binding '{binding.name}': {exc.message}") from None
+        env[slot_spec.env] = value
+        secrets.append(value)
+    return env, tuple(secrets)
+
+
+def resolve_command(command: Sequence[str], folder: Path) -> list[str]:
+    """`command` with each relative path that exists in the connector's folder made absolute."""
+    out = []
+    for i, arg in enumerate(command):
+        looks_like_path = "/" in arg or i > 0
+        if looks_like_path and not arg.startswith("-") and not Path(arg).is_absolute() and (folder / arg).exists():
+            out.append(str((folder / arg).resolve()))
+        else:
+            out.append(arg)
+    return out
+
+
+def effective_egress(binding: Binding, connector: Connector) -> list[str]:
+    """The binding's egress (which may only narrow the connector's), else the connector's."""
+    return list(binding.spec.egress) if binding.spec.egress is not None else list(connector.spec.egress)
+
+
+async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, state_dir: Path, *,
+                         sandbox: bool = True, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Launch:
+    """Everything one process of `binding_name` needs; see the module docstring."""
+    binding = snapshot.bindings[binding_name]
+    connector = snapshot.connectors[binding.connector or ""]
+    run = connector.spec.run
+    if not run.command:
+        raise ConnectorStartError(f"connector '{connector.name}' has no run command")
+    if sandbox and not namespaces_available():
+        raise ConnectorStartError(
+            f"binding '{binding_name}': this machine gives no network namespaces, so connector "
+            f"'{connector.name}' cannot be sandboxed; start the router with --no-sandbox to run it unconfined")
+    declared, secrets = await declared_env(binding, connector, root)
+    digest = hashlib.sha256(f"{binding.content_hash}:{connector.content_hash}".encode()).hexdigest()[:10]
+    base = state_dir / "connectors"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder = Path(tempfile.mkdtemp(dir=base, prefix=f"{binding_name}.{digest}."))
+    (folder / "tmp").mkdir(mode=0o700)
+    env = confined_env(declared, folder)
+    command = limited_command(resolve_command(run.command, root / connector.folder), limits_for(connector.spec.sandbox))
+    proxy = None
+    if sandbox:
+        egress = effective_egress(binding, connector)
+        if egress:
+            proxy = EgressProxy(_proxy_socket(folder), egress, owner=binding_name)
+            await proxy.start()
+        command = sandboxed_command(command, proxy.socket_path if proxy is not None else None)
+    else:
+        _warn_unsandboxed()
+    stderr = StderrLog(binding_name, secrets, base / f"{binding_name}.stderr.log")
+    spec = LaunchSpec(name=binding_name, command=tuple(command), cwd=str(folder), env=env,
+                      max_line_bytes=max_line_bytes, on_stderr=stderr.feed)
+    return Launch(spec, folder, proxy, secrets)
+
+
+def limited_command(command: Sequence[str], limits: Limits) -> list[str]:
+    """`command` under `limits`, set by util-linux's `prlimit` (the router spawns from a thread, where a
+    preexec function is unsafe); where prlimit is missing the command runs unbounded, with a warning."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        log.warning("prlimit is not installed: connector processes run without memory, CPU and file-size limits")
+        return list(command)
+    return [prlimit, f"--as={limits.memory_bytes}", f"--cpu={limits.cpu_seconds}", f"--fsize={limits.file_bytes}",
+            "--", *command]
+
+
+def _proxy_socket(folder: Path) -> Path:
+    path = folder / "egress.sock"
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        return path
+    return Path(tempfile.mkdtemp(dir="/tmp", prefix="hx")) / "egress.sock"  # the state folder is too deep
+
+
+def _warn_unsandboxed() -> None:
+    global _warned_no_sandbox  # noqa: PLW0603 - one warning per router process, whatever starts first
+    if not _warned_no_sandbox:
+        _warned_no_sandbox = True
+        log.warning("connectors run WITHOUT a sandbox (--no-sandbox): no network namespace and no egress "
+                    "allow-list; their environment and rlimits are still confined")
+
+
+def _setting_text(value: str | int | float | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
