@@ -32,7 +32,7 @@ __all__ = ["UpOptions", "run_router", "run_up", "serve", "up"]
 
 
 def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_dir: Path | None = None,
-          gate: Gate | None = None, on_ready: Callable[[Router], None] | None = None) -> int:
+          gate: Gate | None = None, on_ready: Callable[[Router], None] | None = None, sandbox: bool = True) -> int:
     """Serve `snapshot` (loaded from `root`) until a signal; returns the exit code."""
     if not snapshot.ok:
         raise ConfigError(snapshot.errors)
@@ -41,7 +41,7 @@ def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_
     # or PostgreSQL when HANDLER_STORE_URL names one (migrated at start, under a lock).
     governor = Governor.from_env(root, state_dir=state) if gate is None else None
     router = Router(snapshot, root=root, run_dir=run_dir or default_run_dir(), state_dir=state,
-                    gate=governor or gate)
+                    gate=governor or gate, sandbox=sandbox)
     _run(run_router(router, root, on_ready, governor))
     return 0
 
@@ -112,6 +112,7 @@ class UpOptions:
     http_host: str = "127.0.0.1"
     http_port: int = 8765
     webhook_secret: bytes | None = None
+    sandbox: bool = True  # False: --no-sandbox, connectors run without a network namespace
 
 
 def up(options: UpOptions, *, gate: Gate | None = None,
@@ -142,6 +143,7 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
             await asyncio.to_thread(mirror.export, snapshot.revision, _tree_root(options, state_dir))
         if not holder:  # the first good revision starts the router
             router = Router(snapshot, root=_tree_root(options, state_dir), run_dir=run_dir, state_dir=state_dir,
+                            sandbox=options.sandbox,
                             gate=governor or gate)
             await router.start()
             holder.append(router)

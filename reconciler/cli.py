@@ -102,6 +102,7 @@ def _add_up_commands(sub: Any) -> None:
     up.add_argument("--ref", default="main", help="the branch to follow with --source git (default: main)")
     up.add_argument("--interval", type=float, default=30.0, help="seconds between fetches with --source git")
     up.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT", help="/healthz, /status, /hooks/git")
+    up.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
     up.add_argument("--run-dir", type=Path, help="where the profiles' sockets go (default: $HANDLER_RUN_DIR)")
     up.add_argument("--state-dir", type=Path, help="status.json, the call log, the git mirror (default: "
                     "$HANDLER_STATE_DIR, else ROOT/.handler)")
@@ -123,7 +124,7 @@ def _up(args: argparse.Namespace) -> int:
     secret = os.environ.get("HANDLER_WEBHOOK_SECRET", "").encode() or None
     options = UpOptions(root=args.root, source=args.source, ref=args.ref, interval=args.interval,
                         run_dir=args.run_dir, state_dir=args.state_dir, http_host=host, http_port=int(port),
-                        webhook_secret=secret)
+                        webhook_secret=secret, sandbox=not args.no_sandbox)
 
     def ready(router: Router, reconciler: Reconciler, listener: HttpListener) -> None:
         applied = reconciler.status.applied
@@ -170,6 +171,10 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK if status["ready"] else EXIT_FINDINGS
 
 
+_NO_SANDBOX = ("run connectors without their own network namespace (where this machine gives none); "
+               "they then reach any host, with no egress allow-list; warns once")
+
+
 def _add_serve_command(sub: Any) -> None:
     serve = sub.add_parser("serve", help="serve each profile's tools on its unix socket until stopped (SIGHUP reloads)")
     serve.add_argument("root", nargs="?", default=".", help="the config root; default: .")
@@ -177,6 +182,7 @@ def _add_serve_command(sub: Any) -> None:
                        "$XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
     serve.add_argument("--state-dir", type=Path, help="the call log and connector logs (default: $HANDLER_STATE_DIR, "
                        "else ROOT/.handler)")
+    serve.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
     serve.set_defaults(run=_serve)
 
 
@@ -195,7 +201,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"handler serve: revision {head.revision[:12]}: {profiles} on {sockets}/<profile>.sock",
               file=sys.stderr, flush=True)
 
-    return serve_router(head, root=Path(args.root), run_dir=args.run_dir, state_dir=args.state_dir, on_ready=ready)
+    return serve_router(head, root=Path(args.root), run_dir=args.run_dir, state_dir=args.state_dir, on_ready=ready,
+                        sandbox=not args.no_sandbox)
 
 
 def _load(root: str) -> Snapshot:
