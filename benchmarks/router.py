@@ -104,12 +104,20 @@ async def sdk_run(params: StdioServerParameters, calls: int, warmup: int) -> dic
         return summarize(samples, time.perf_counter() - start)
 
 
-def raw_loop(send: Any, recv_line: Any, calls: int, warmup: int) -> dict[str, float]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def raw_loop(send: Any, recv_line: Any, calls: int, warmup: int, pid: int | None = None) -> dict[str, float]:
+    """Sequential calls; with `pid`, also that process's CPU per call (steadier than latency on a busy host)."""
     samples = []
-    start = 0.0
+    start = cpu = 0.0
     for i in range(warmup + calls):
         if i == warmup:
             start = time.perf_counter()
+            cpu = cpu_seconds(pid) if pid else 0.0
         line = orjson.dumps({**CALL, "id": i}) + b"\n"
         t0 = time.perf_counter_ns()
         send(line)
@@ -117,7 +125,10 @@ def raw_loop(send: Any, recv_line: Any, calls: int, warmup: int) -> dict[str, fl
         if i >= warmup:
             samples.append(time.perf_counter_ns() - t0)
         assert b'"isError":false' in reply, reply[:300]
-    return summarize(samples, time.perf_counter() - start)
+    result = summarize(samples, time.perf_counter() - start)
+    if pid:
+        result["cpu"] = (cpu_seconds(pid) - cpu) / calls * 1e6
+    return result
 
 
 class LineSocket:
@@ -193,7 +204,9 @@ def started(command: list[str], env: dict[str, str], ready: str,
 
 
 def row(name: str, figures: dict[str, float]) -> None:
-    print(f"  {name:<52} p50 {figures['p50']:8.1f} µs   p99 {figures['p99']:8.1f} µs   {figures['rate']:9.0f} calls/s")
+    cpu = f"   {figures['cpu']:6.1f} µs CPU/call" if "cpu" in figures else ""
+    print(f"  {name:<52} p50 {figures['p50']:8.1f} µs   p99 {figures['p99']:8.1f} µs   {figures['rate']:9.0f} calls/s"
+          + cpu)
 
 
 def main() -> None:
@@ -228,7 +241,7 @@ def main() -> None:
         results["a"] = run(sdk_run(StdioServerParameters(command=connector[0], args=connector[1:]),
                                    args.calls, args.warmup))
         row("(a) SDK client -> connector", results["a"])
-    with started([sys.executable, str(base / "serve_open.py"), str(root)], env, "handler serve"):
+    with started([sys.executable, str(base / "serve_open.py"), str(root)], env, "handler serve") as router:
         if mcp:
             bridge = StdioServerParameters(command=str(BIN / "handler-service"),
                                            args=["echo", "--profile", "tester"], env={"HANDLER_RUN_DIR": str(run_dir)})
@@ -251,13 +264,14 @@ def main() -> None:
         stdout.close()
         row("direct: client -> connector", results["direct"])
         hop_path = base / "hop.sock"
-        with started([sys.executable, str(base / "forward.py"), str(hop_path), *connector], env, "ready", "stdout"):
+        with started([sys.executable, str(base / "forward.py"), str(hop_path), *connector], env, "ready",
+                     "stdout") as forwarder:
             hop = LineSocket(hop_path)
-            results["hop"] = raw_loop(hop.send, hop.recv_line, args.calls, args.warmup)
+            results["hop"] = raw_loop(hop.send, hop.recv_line, args.calls, args.warmup, forwarder.pid)
             hop.close()
         row("hop: client -> line-forwarding hop -> connector", results["hop"])
         client = LineSocket(run_dir / "profiles/tester.sock")
-        results["router"] = raw_loop(client.send, client.recv_line, args.calls, args.warmup)
+        results["router"] = raw_loop(client.send, client.recv_line, args.calls, args.warmup, router.pid)
         client.close()
         row("router: client -> router -> connector", results["router"])
         results["x8"] = run(concurrent_sessions(run_dir / "profiles/tester.sock", 8, args.calls * 4))
@@ -285,6 +299,8 @@ def main() -> None:
     added_hop = results["hop"]["p50"] - results["direct"]["p50"]
     print(f"  router adds {added_router:8.1f} µs, a plain hop adds {added_hop:8.1f} µs: "
           f"{added_router / added_hop if added_hop > 0 else float('inf'):.2f}x   (goal <= 2x)")
+    print(f"  CPU per call: the router {results['router']['cpu']:.1f} µs, the hop {results['hop']['cpu']:.1f} µs "
+          "(the process in the middle only)")
     print(f"  8 sessions: {results['x8']['rate']:.0f} validated calls/s   (goal >= 10,000)")
     with contextlib.suppress(OSError):
         subprocess.run(["rm", "-rf", str(base)], check=False)

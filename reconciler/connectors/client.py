@@ -14,9 +14,10 @@ import asyncio
 import contextlib
 import itertools
 import os
+import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
@@ -27,6 +28,7 @@ __all__ = ["HANDSHAKE_VERSION", "LaunchSpec", "StdioConnector"]
 HANDSHAKE_VERSION = "2025-11-25"  # what the router offers a connector; it may answer with an older one
 CLIENT_INFO = {"name": "handler-router", "version": "0.1.0"}
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+SWEEP_SECONDS = 0.02  # how late past its deadline a call may be failed
 _NL = b"\n"
 
 
@@ -52,10 +54,12 @@ class _Process:
     """
 
     def __init__(self) -> None:
-        self.transport: asyncio.SubprocessTransport | None = None
+        self.popen: subprocess.Popen[bytes] | None = None
         self.stdin: asyncio.WriteTransport | None = None
+        self.stdout: asyncio.ReadTransport | None = None
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self.exited = asyncio.Event()
+        self.deadlines: dict[int, float] = {}  # pending calls that must end by then (the loop's clock)
+        self.exited = asyncio.Event()  # the process was reaped
         self.ready = False
         self.dead = False  # stdout closed or the process killed: no reply will come any more
 
@@ -64,19 +68,19 @@ class _Process:
         return self.ready and not self.dead and not self.exited.is_set()
 
 
-class _Pipes(asyncio.SubprocessProtocol):
-    """Splits one process's stdout into lines and reports its end to the owner."""
+class _Reader(asyncio.Protocol):
+    """Splits one process's stdout into lines; its end fails what is pending and reaps the process.
+
+    The pipes are plain read/write pipe transports rather than a subprocess transport: uvloop hands a
+    subprocess's output to its protocol one loop iteration late, which every call would pay for.
+    """
 
     def __init__(self, owner: StdioConnector, proc: _Process) -> None:
         self._owner = owner
         self._proc = proc
         self._buf = bytearray()
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        if fd != 1:
-            if fd == 2 and self._owner.spec.on_stderr is not None:
-                self._owner.spec.on_stderr(data)
-            return
+    def data_received(self, data: bytes) -> None:
         buf = self._buf
         if not buf and data.endswith(_NL) and data.count(_NL) == 1:
             self._owner._on_line(self._proc, data)  # the common case: one whole message per read
@@ -92,16 +96,15 @@ class _Pipes(asyncio.SubprocessProtocol):
                 f"connector '{self._owner.spec.name}' wrote a message over {self._owner.spec.max_line_bytes} bytes"),
                 kill=True)
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd == 1:
-            # Every reply written before the process closed stdout has been read by now; what is
-            # still pending is lost.
-            self._owner._fail_all(self._proc, ConnectorCrashedError(
-                f"connector of binding '{self._owner.spec.name}' closed its output (it exited or crashed)"), kill=True)
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
 
-    def process_exited(self) -> None:
-        self._proc.ready = False
-        self._proc.exited.set()
+    def connection_lost(self, exc: Exception | None) -> None:
+        # Every reply written before the process closed stdout has been read by now; what is still
+        # pending is lost.
+        self._owner._fail_all(self._proc, ConnectorCrashedError(
+            f"connector of binding '{self._owner.spec.name}' closed its output (it exited or crashed)"), kill=True)
+        self._owner._reap(self._proc)
 
 
 class StdioConnector:
@@ -113,6 +116,7 @@ class StdioConnector:
         self._ids = itertools.count(1)
         self._starting: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set at start: the loop the pipes live on
+        self._sweep: asyncio.TimerHandle | None = None
         self.server_info: Mapping[str, Any] = {}
 
     @property
@@ -126,8 +130,8 @@ class StdioConnector:
 
     @property
     def pid(self) -> int | None:
-        transport = self._proc.transport
-        return transport.get_pid() if transport is not None else None
+        popen = self._proc.popen
+        return popen.pid if popen is not None else None
 
     async def ensure_started(self) -> None:
         """Start the process and complete the MCP handshake, once; a no-op while it runs.
@@ -145,32 +149,24 @@ class StdioConnector:
     async def _start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         old = self._proc
-        if old.transport is not None:  # a previous process that died: release its pipes
-            old.transport.close()
+        if old.stdin is not None:  # a previous process that died: release its pipes
+            old.stdin.close()
         proc = self._proc = _Process()
-        stderr: int | Any = asyncio.subprocess.DEVNULL
-        if self.spec.on_stderr is not None:
-            stderr = asyncio.subprocess.PIPE
-        elif self.spec.stderr_path:
-            stderr = os.open(self.spec.stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            transport, _ = await loop.subprocess_exec(
-                lambda: _Pipes(self, proc), *self.spec.command, cwd=self.spec.cwd, env=dict(self.spec.env),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                start_new_session=True)
+            popen = await asyncio.to_thread(self._spawn)
         except OSError as exc:
             proc.dead = True
             raise ConnectorStartError(
                 f"connector of binding '{self.spec.name}' could not start ({self.spec.command[0]}): "
                 f"{exc.strerror or exc}") from None
-        finally:
-            if isinstance(stderr, int) and stderr >= 0:
-                os.close(stderr)
-        proc.transport = transport
-        stdin = transport.get_pipe_transport(0)
-        if stdin is None or not hasattr(stdin, "write"):  # uvloop's pipe transports are not asyncio subclasses
-            raise ConnectorStartError(f"connector of binding '{self.spec.name}' has no stdin pipe")
-        proc.stdin = cast(asyncio.WriteTransport, stdin)
+        proc.popen = popen
+        if popen.stdin is None or popen.stdout is None:  # pragma: no cover - Popen was asked for PIPEs
+            raise ConnectorStartError(f"connector of binding '{self.spec.name}' has no pipes")
+        proc.stdin, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, popen.stdin)
+        proc.stdout, _ = await loop.connect_read_pipe(lambda: _Reader(self, proc), popen.stdout)
+        sink = self.spec.on_stderr
+        if popen.stderr is not None and sink is not None:
+            await loop.connect_read_pipe(lambda: _Stderr(sink), popen.stderr)
         try:
             async with asyncio.timeout(self.spec.start_timeout):
                 result = await self._request(proc, "initialize", {
@@ -187,13 +183,37 @@ class StdioConnector:
         self._send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
         proc.ready = True
 
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        stderr: int = subprocess.DEVNULL
+        if self.spec.on_stderr is not None:
+            stderr = subprocess.PIPE
+        elif self.spec.stderr_path:
+            stderr = os.open(self.spec.stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            return subprocess.Popen(list(self.spec.command), cwd=self.spec.cwd, env=dict(self.spec.env),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                    start_new_session=True)
+        finally:
+            if stderr >= 0:
+                os.close(stderr)
+
+    def _reap(self, proc: _Process) -> None:
+        """Wait for the process in a worker thread (its output closed: it is ending), then mark it exited."""
+        popen = proc.popen
+        if popen is None or proc.exited.is_set():
+            proc.exited.set()
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        waited = loop.run_in_executor(None, popen.wait)
+        waited.add_done_callback(lambda _f: proc.exited.set())
+
     def call_tool(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
                   deadline: float | None = None) -> Awaitable[dict[str, Any]]:
         """Run one tools/call; the raw `CallToolResult` dict, or a `ConnectorError`.
 
-        With a `deadline` (the loop's clock) the call fails with `TimeoutError` when it passes and the
-        connector is told the call is cancelled; a timer on the reply is far cheaper per call than a
-        timeout scope around it.
+        With a `deadline` (the loop's clock) the call fails with `TimeoutError` once it passes (checked
+        every `SWEEP_SECONDS`) and the connector is told the call is cancelled: one sweeping timer per
+        process instead of a timer or a timeout scope per call.
         """
         params: dict[str, Any] = {"name": name, "arguments": arguments}
         if meta:
@@ -219,7 +239,10 @@ class StdioConnector:
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         proc.pending[msg_id] = future
-        timer = loop.call_at(deadline, _expire, future) if deadline is not None else None
+        if deadline is not None:
+            proc.deadlines[msg_id] = deadline
+            if self._sweep is None:
+                self._sweep = loop.call_later(SWEEP_SECONDS, self._expire_late)
         try:
             self._send(proc, {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
             return await future
@@ -230,9 +253,21 @@ class StdioConnector:
                                   "params": {"requestId": msg_id, "reason": "cancelled by the router"}})
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
             proc.pending.pop(msg_id, None)
+            proc.deadlines.pop(msg_id, None)
+
+    def _expire_late(self) -> None:
+        """Fail the calls whose deadline passed; sweep again while calls with a deadline are pending."""
+        self._sweep = None
+        proc = self._proc
+        loop = self._loop or asyncio.get_running_loop()
+        now = loop.time()
+        for msg_id, deadline in list(proc.deadlines.items()):
+            future = proc.pending.get(msg_id)
+            if deadline <= now and future is not None and not future.done():
+                future.set_exception(TimeoutError())
+        if proc.deadlines:
+            self._sweep = loop.call_later(SWEEP_SECONDS, self._expire_late)
 
     def _send(self, proc: _Process, message: Mapping[str, Any]) -> None:
         stdin = proc.stdin
@@ -284,12 +319,13 @@ class StdioConnector:
         proc.ready = False
         proc.dead = True
         pending, proc.pending = proc.pending, {}
+        proc.deadlines = {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)
-        if kill and proc.transport is not None and not proc.exited.is_set():
+        if kill and proc.popen is not None and not proc.exited.is_set():
             with contextlib.suppress(ProcessLookupError):
-                proc.transport.kill()
+                proc.popen.kill()
 
     async def stop(self, grace: float = 2.0) -> None:
         """Close stdin, wait `grace` seconds for the process to exit, then kill it (a start under way first ends)."""
@@ -302,30 +338,37 @@ class StdioConnector:
         await self._stop_process(self._proc, grace)
 
     async def _stop_process(self, proc: _Process, grace: float = 2.0) -> None:
-        transport = proc.transport
-        if transport is None:
+        popen = proc.popen
+        if popen is None:
             return
         proc.ready = False
         if proc.stdin is not None and not proc.stdin.is_closing():
-            proc.stdin.close()
-        if not proc.exited.is_set():
-            try:
+            proc.stdin.close()  # EOF on its stdin: a well-behaved server exits
+        if popen.poll() is None:
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
-                    await proc.exited.wait()
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    transport.kill()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(grace):
-                        await proc.exited.wait()
-        transport.close()
+                    await asyncio.to_thread(popen.wait)
+        if popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                popen.kill()
+            await asyncio.to_thread(popen.wait)
+        if proc.stdout is not None:
+            proc.stdout.close()
         self._fail_all(proc, ConnectorCrashedError(f"connector of binding '{self.spec.name}' was stopped"), kill=False)
-        proc.transport = None
+        proc.exited.set()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
 
 
-def _expire(future: asyncio.Future[dict[str, Any]]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
+class _Stderr(asyncio.Protocol):
+    """Hands the process's stderr to `LaunchSpec.on_stderr` as it comes; closes at its end."""
+
+    def __init__(self, sink: Callable[[bytes], None]) -> None:
+        self._sink = sink
+
+    def data_received(self, data: bytes) -> None:
+        self._sink(data)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

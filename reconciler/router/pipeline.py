@@ -1,9 +1,10 @@
 """The call, in order (design §2 steps 2-10): one `tools/call` from a resolved name to its logged reply.
 
 Step 1 (framing) happened in `framing`; `run_tools_call` runs the rest, each step a function below:
-`resolve_tool` (2), `validate_input` (3), `resolve_files` (4, in `files`), `govern` (5),
-`limit_and_dispatch` (6), `dispatch` (7), `map_errors` (8), `validate_output` (9), and `deliver` (10:
-output files, settling the cost; the log line is written whatever step ended the call). Each step
+`resolve_tool` (2), `validate_input` (3), `resolve_files` (4, in `files`), `govern` (5), `take_slot`
+and `wait_for_slot` (6), `dispatch` (7), `map_errors` (8), `validate_output` (9), then (10) the
+output files (`CallFolder.deliver`), `Gate.settle` and the log line, which is written whatever step
+ended the call. `execute_admitted` runs 6-10 in order (and runs a held call once approved). Each step
 may end the call by raising: a `JsonRpcError` (only step 2 and malformed params) or a `ToolError`,
 which becomes a tool result with `isError: true`. Nothing after the ending step runs, except the
 settlement of an admitted call and the log line.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reconciler.config.models import Limits
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError
 from reconciler.connectors.pool import ConnectorPool
@@ -30,12 +32,13 @@ from reconciler.router.calllog import CallLog, CallRecord
 from reconciler.router.errors import INVALID_PARAMS, JsonRpcError, ToolError, invalid_arguments, unavailable
 from reconciler.router.files import CallFolder, FileArg, resolve_files, restore_paths
 from reconciler.router.generation import Generation, ToolPlan, View
-from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, concurrency_error, timeout_error
+from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, LimitKey, concurrency_error, timeout_error
 from reconciler.router.outcomes import EncodedResult, error_result, executed_result, held_result
 
 __all__ = ["Caller", "Services", "execute_admitted", "run_tools_call"]
 
 log = logging.getLogger("handler.router")
+_NO_PATHS: dict[str, str] = {}  # no connector-side paths to map back (never written to)
 _call_ids = itertools.count(1)
 
 
@@ -157,48 +160,36 @@ async def execute_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, ca
                            arguments: dict[str, Any], files: tuple[FileArg, ...], admission: Admission | None,
                            record: CallRecord) -> tuple[dict[str, Any], Settlement | None]:
     """Steps 6-10 of an admitted call, settled in every case; with no admission (a held call run once
-    approved, whose hold the gate settles itself) nothing is settled here."""
+    approved, whose hold the gate settles itself) nothing is settled here.
+
+    The wait for a concurrency slot and the call share one deadline. The common case (a slot free,
+    the process running, no files) awaits the connector right here, with no coroutine in between.
+    """
     ok = False
     actual: float | None = None
+    book, limits = svc.limits, plan.limits
+    key = (caller.profile, caller.instance, plan.interface)
+    timeout = limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS
     folder = CallFolder(svc.calls_dir, f"{os.getpid()}-{next(_call_ids)}") if files else None
+    taken: bool | None = False
     try:
-        raw, back = await limit_and_dispatch(svc, snapshot, plan, caller, arguments, files, folder)
-        structured, actual = map_errors(plan, raw)
-        validate_output(plan, structured, record)
-        if folder is not None:
+        deadline, taken = take_slot(book, key, limits)  # step 6
+        if taken is None:
+            taken = await wait_for_slot(book, key, limits, deadline)
+        connector = svc.pool.running(plan.pool_key)
+        if connector is not None and folder is None:  # step 7
+            raw, back = await connector.call_tool(plan.name, arguments, deadline=deadline), _NO_PATHS
+        else:
+            raw, back = await dispatch(svc, snapshot, plan, arguments, files, folder, deadline)
+        if taken:
+            taken = False
+            book.release(key)
+        structured, actual = map_errors(plan, raw)  # step 8
+        validate_output(plan, structured, record)  # step 9
+        if folder is not None:  # step 10: the output files
             await asyncio.to_thread(folder.deliver, files, plan.scope, plan.limits.maxFileBytes)
             structured = restore_paths(structured, back)
         ok = True
-    finally:
-        if folder is not None:
-            await asyncio.to_thread(folder.remove)
-        cost = actual if actual is not None else plan.price if ok else None
-        settlement = await svc.gate.settle(admission, cost, ok) if admission is not None else None
-        record.cost = settlement.charged if settlement is not None else cost
-    return structured, settlement
-
-
-async def limit_and_dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller,
-                             arguments: dict[str, Any], files: tuple[FileArg, ...],
-                             folder: CallFolder | None) -> tuple[dict[str, Any], dict[str, str]]:
-    """Steps 6 and 7 under one deadline: the wait for a concurrency slot and the call itself."""
-    book, limits = svc.limits, plan.limits
-    key = (caller.profile, caller.instance, plan.interface)
-    book.count_call(key, limits.maxCallsPerRun)  # step 6: calls per run
-    timeout = limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS
-    deadline = time.monotonic() + timeout  # the loop's clock (asyncio and uvloop both count CLOCK_MONOTONIC)
-    taken = book.try_acquire(key, limits.maxConcurrent)  # step 6: concurrency, at once when a slot is free
-    try:
-        if taken is None:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    taken = await book.acquire(key, limits.maxConcurrent)
-            except TimeoutError:
-                raise concurrency_error(limits.maxConcurrent or 0, timeout) from None
-        connector = svc.pool.running(plan.pool_key)
-        if connector is not None and folder is None:  # step 7's common case, inline: nothing to stage or start
-            return await connector.call_tool(plan.name, arguments, deadline=deadline), {}
-        return await dispatch(svc, snapshot, plan, arguments, files, folder, deadline)
     except TimeoutError:
         raise timeout_error(timeout) from None
     except ConnectorError as exc:
@@ -210,6 +201,32 @@ async def limit_and_dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, 
     finally:
         if taken:
             book.release(key)
+        if folder is not None:
+            await asyncio.to_thread(folder.remove)
+        cost = actual if actual is not None else plan.price if ok else None
+        settlement = await svc.gate.settle(admission, cost, ok) if admission is not None else None  # step 10
+        record.cost = settlement.charged if settlement is not None else cost
+    return structured, settlement
+
+
+def take_slot(book: LimitBook, key: LimitKey, limits: Limits) -> tuple[float, bool | None]:
+    """Step 6 without waiting: count the call against the run, take a concurrency slot if one is free.
+
+    Returns the call's deadline (the loop's clock: asyncio and uvloop both count CLOCK_MONOTONIC) and
+    whether a slot was taken (None: all are taken, wait for one).
+    """
+    book.count_call(key, limits.maxCallsPerRun)
+    deadline = time.monotonic() + (limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS)
+    return deadline, book.try_acquire(key, limits.maxConcurrent)
+
+
+async def wait_for_slot(book: LimitBook, key: LimitKey, limits: Limits, deadline: float) -> bool:
+    """Step 6, waiting: the next free slot of this run, first come first served, before the deadline."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await book.acquire(key, limits.maxConcurrent)
+    except TimeoutError:
+        raise concurrency_error(limits.maxConcurrent or 0, limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS) from None
 
 
 async def dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: dict[str, Any],
