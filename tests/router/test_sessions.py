@@ -107,6 +107,28 @@ def test_a_cancelled_call_gets_no_reply_and_is_logged(echo_root: Path, run_dir: 
     run(scenario())
 
 
+def test_a_call_of_a_client_that_disconnects_is_finished_and_logged(echo_root: Path, run_dir: Path) -> None:
+    # On a unix socket a vanished client and one that closed its sending side look the same (EOF):
+    # the calls in flight finish, as for `echo ... | handler-service`; cancelling is the client's
+    # notifications/cancelled.
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            await c.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "echo_misbehave", "arguments": {"mode": "sleep", "seconds": 0.3},
+                                     "_meta": {"handler/instance": "i-gone"}}})
+            await _wait_for(lambda: router.services.limits.running(("tester", "i-gone", "echo/v1")))
+            c.writer.transport.abort()  # the agent vanishes without a word
+            await _wait_for(lambda: '"instance":"i-gone"' in log_text(router))
+            assert log_lines(router)[-1]["outcome"] == "executed"
+            await _wait_for(lambda: not router._connections)
+            other = await RawClient.connect(router.socket_path("tester"))
+            assert (await other.call("echo_say", {"text": "still up"}))["structuredContent"] == {"text": "still up"}
+            await other.close()
+
+    run(scenario())
+
+
 def test_a_session_keeps_its_generation_across_a_swap(echo_root: Path, run_dir: Path, tmp_path: Path) -> None:
     changed = tmp_path / "t2"
     shutil.copytree(echo_root, changed)
