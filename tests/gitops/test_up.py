@@ -282,9 +282,9 @@ def test_ctrl_c_stops_everything(short: Path) -> None:
         return result
 
     assert asyncio.run(call())["structuredContent"] == {"text": "hi"}
-    assert _processes_under(root / "catalog"), "the connector process should be running"
+    assert _processes_under(root), "the connector process should be running"
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=DEADLINE) == 0
     proc.stderr.close()
-    assert _processes_under(root / "catalog") == []
+    assert _processes_under(root) == []
     assert not (short / "run/profiles/tester.sock").exists()
