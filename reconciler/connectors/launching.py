@@ -189,7 +189,7 @@ def limited_command(command: Sequence[str], limits: Limits) -> list[str]:
     if prlimit is None:
         log.warning("prlimit is not installed: connector processes run without memory, CPU and file-size limits")
         return list(command)
-    return [prlimit, f"--as={limits.memory_bytes}", f"--cpu={limits.cpu_seconds}", f"--fsize={limits.file_bytes}",
+    return [prlimit, f"--data={limits.memory_bytes}", f"--cpu={limits.cpu_seconds}", f"--fsize={limits.file_bytes}",
             "--", *command]
 
 

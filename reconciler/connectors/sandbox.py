@@ -2,8 +2,9 @@
 
 - environment: only the connector's declared secrets and settings, plus PATH, LANG and a HOME in
   the process's private folder; nothing else of the router's environment leaks in;
-- resources: address space, CPU time and file size bounded by rlimits (the connector manifest's
-  `[sandbox]`, else the defaults here);
+- resources: memory (RLIMIT_DATA: private writable memory; not RLIMIT_AS, whose address-space count
+  breaks runtimes that reserve large unmapped regions, like V8's WebAssembly), CPU time and file
+  size bounded by rlimits (the connector manifest's `[sandbox]`, else the defaults here);
 - network (Linux): its own network namespace, entered with `unshare --net`, so a connector with
   `egress = []` has no network at all; declared egress goes through the router's allow-list proxy
   (`egress.EgressProxy`) by way of the relay `netns_init` runs inside the namespace.
@@ -13,17 +14,16 @@ from __future__ import annotations
 
 import functools
 import os
-import resource
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.config.models import SandboxSpec
 
-__all__ = ["DEFAULT_LIMITS", "Limits", "confined_env", "limits_for", "namespaces_available", "rlimit_setter",
+__all__ = ["DEFAULT_LIMITS", "Limits", "confined_env", "limits_for", "namespaces_available",
            "sandboxed_command"]
 
 _PASSED = ("PATH", "LANG", "LC_ALL", "TZ")
@@ -46,17 +46,6 @@ def limits_for(spec: SandboxSpec) -> Limits:
         cpu_seconds=spec.cpuSeconds or DEFAULT_LIMITS.cpu_seconds,
         file_bytes=spec.fileBytes or DEFAULT_LIMITS.file_bytes,
     )
-
-
-def rlimit_setter(limits: Limits) -> Callable[[], None]:
-    """A preexec function that applies `limits` in the child before it runs anything."""
-
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-
-    return apply
 
 
 def confined_env(declared: Mapping[str, str], home: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:

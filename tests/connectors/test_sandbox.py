@@ -12,7 +12,8 @@ from fixtures.harness import short_dir
 from fixtures.loopback import QuietHandler, serving_http
 
 from reconciler.connectors.egress import EgressProxy, egress_allows
-from reconciler.connectors.sandbox import Limits, confined_env, namespaces_available, rlimit_setter, sandboxed_command
+from reconciler.connectors.launching import limited_command
+from reconciler.connectors.sandbox import Limits, confined_env, namespaces_available, sandboxed_command
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason="network namespaces are unavailable here")
 
@@ -95,9 +96,8 @@ def test_rlimits_bound_file_size(tmp_path: Path) -> None:
 
     limits = Limits(memory_bytes=1 << 30, cpu_seconds=30, file_bytes=1 << 16)
     script = "open('big', 'wb').write(b'x' * (1 << 20))"
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, preexec_fn=rlimit_setter(limits), capture_output=True, check=False
-    )
+    command = limited_command([sys.executable, "-c", script], limits)
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, check=False)
     assert done.returncode != 0
     assert (tmp_path / "big").stat().st_size <= 1 << 16
 

@@ -1,0 +1,122 @@
+"""Connectors through the real router: the built-in llm with handler-llm, and a wrapped third-party
+MCP server whose network is exactly its binding's egress."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.harness import RawClient, serving, short_dir
+from fixtures.loopback import QuietHandler, serving_http
+from fixtures.vendors import Reply, openai_reply, serving_vendor
+
+from reconciler.connectors.sandbox import namespaces_available
+from reconciler.router.llm_cli import EXIT_CODES
+
+REPO = Path(__file__).resolve().parents[2]
+HANDLER_LLM = str(Path(sys.executable).parent / "handler-llm")
+
+
+@pytest.fixture
+def tree() -> Iterator[Path]:
+    """The shipped config tree in a short folder (sockets live beside it)."""
+    with short_dir() as folder:
+        root = folder / "t"
+        for part in ("catalog/interfaces", "catalog/connectors", "config"):
+            shutil.copytree(REPO / part, root / part)
+        yield root
+
+
+def _set_binding(root: Path, name: str, text: str) -> None:
+    (root / f"config/bindings/{name}.toml").write_text(text)
+
+
+async def _handler_llm(run_dir: Path, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        HANDLER_LLM,
+        "--profile",
+        "assistant",
+        *args,
+        env={**os.environ, "HANDLER_RUN_DIR": str(run_dir)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def test_handler_llm_through_the_profiles_socket(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_OPENAI_KEY", "sk-from-a-reference")
+    with serving_vendor() as vendor, short_dir() as run_dir:
+        _set_binding(
+            tree,
+            "llm-openai",
+            (
+                'apiVersion = "handler.binding/v1"\nname = "llm-openai"\nconnector = "llm"\n'
+                'secrets = { api_key = { env = "TEST_OPENAI_KEY" } }\n'
+                f'settings = {{ endpoint = "openai-chat", model = "gpt-4o-mini", base_url = "{vendor.url}" }}\n'
+                "\n[pricing]\nllm_complete = 0.002\n"
+            ),
+        )
+        vendor.replies += [
+            openai_reply("Hi there."),
+            Reply(429, {"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}}),
+        ]
+
+        async def scenario() -> list[tuple[int, str, str]]:
+            async with serving(tree, run_dir):
+                return [
+                    await _handler_llm(run_dir, "Say", "hi", "--max-tokens", "20"),
+                    await _handler_llm(run_dir, "again"),
+                ]
+
+        (ok, out, _), (limited, _, err) = asyncio.run(scenario())
+        assert (ok, out) == (0, "Hi there.\n")
+        assert vendor.requests[0]["body"]["messages"] == [{"role": "user", "content": "Say hi"}]
+        assert vendor.requests[0]["headers"]["authorization"] == "Bearer sk-from-a-reference"
+        assert limited == EXIT_CODES["limit"]
+        assert "limit" in err
+
+
+@pytest.mark.skipif(not namespaces_available(), reason="network namespaces are unavailable here")
+def test_a_wrapped_server_reaches_its_egress_and_nothing_else(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The manifest runs `python3 -m mcp_server_fetch`: the test's Python has it installed.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+
+    class Page(QuietHandler):
+        def do_GET(self) -> None:
+            self.send_body(200, b"<html><body><p>The total is 50.00 EUR.</p></body></html>", "text/html")
+
+    with serving_http(Page) as allowed, serving_http(Page) as elsewhere, short_dir() as run_dir:
+        port = allowed.rsplit(":", 1)[1]
+        _set_binding(
+            tree,
+            "fetch-local",
+            (
+                'apiVersion = "handler.binding/v1"\nname = "fetch-local"\nconnector = "web-fetch-mcp"\n'
+                f'egress = ["127.0.0.1:{port}"]\n'
+            ),
+        )
+        profile = tree / "config/profiles/researcher.toml"
+        profile.write_text(profile.read_text().replace("services = {", 'services = { web-fetch = "fetch-local",'))
+
+        async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+            async with serving(tree, run_dir) as router:
+                client = await RawClient.connect(router.socket_path("researcher"))
+                reached = await client.call("web_fetch_get", {"url": f"{allowed}/invoice"})
+                refused = await client.call("web_fetch_get", {"url": f"{elsewhere}/invoice"})
+                await client.close()
+                return reached, refused
+
+        reached, refused = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert reached.get("isError") is not True, reached
+    assert "50.00 EUR" in reached["structuredContent"]["text"]
+    assert refused["isError"] is True
+    assert refused["structuredContent"]["error"] == "fetch_failed"
