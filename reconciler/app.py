@@ -161,6 +161,10 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
                             gate=governor or gate)
             await router.start()
             holder.append(router)
+            reconciler.status.connectors = lambda: {
+                name: {"state": s.state, "message": s.message, "drift": list(s.drift)}
+                for name, s in sorted(router.services.pool.statuses.items())
+            }
             if governor is not None:
                 governor.use_snapshot(snapshot)
                 await governor.start(router.execute_held)

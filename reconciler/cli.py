@@ -165,6 +165,11 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  {f['file']}:{f['line']}: {f['code']} {f['message']}")
     for name, services in status["profiles"].items():
         print(f"profile {name}: " + ", ".join(f"{i} → {b}" for i, b in services.items()))
+    for name, conn in status.get("connectors", {}).items():
+        line = f"connector of {name}: {conn['state']}" + (f" — {conn['message']}" if conn["message"] else "")
+        print(line)
+        for drift in conn["drift"]:
+            print(f"  drift: {drift}")
     print("history:")
     for h in status["history"]:
         print(f"  {h['time']}  {h['result']:9}  {h['reason']:8}  {h['durationMs']:8} ms  {h['revision']}")

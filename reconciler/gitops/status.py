@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ class Status:
     last_attempt: Attempt | None = None
     profiles: dict[str, dict[str, str]] = field(default_factory=dict)  # profile → interface → "binding (key)"
     history: deque[Attempt] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    # Per binding, what the router knows of its connector process (state, why, drift), read when reported.
+    connectors: Callable[[], dict[str, Any]] | None = None
 
     @property
     def ready(self) -> bool:
@@ -79,6 +82,7 @@ class Status:
             "applied": asdict(self.applied) if self.applied else None,
             "lastAttempt": _attempt_dict(self.last_attempt, full=True) if self.last_attempt else None,
             "profiles": self.profiles,
+            "connectors": self.connectors() if self.connectors is not None else {},
             "history": [_attempt_dict(a, full=False) for a in self.history],
         }
 

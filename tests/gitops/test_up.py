@@ -203,6 +203,8 @@ def test_saved_files_reach_new_sessions_and_bad_saves_change_nothing(short: Path
         async with running(options) as service:
             old = await service.session()
             assert await _token(old) == "token-A"
+            assert service.reconciler is not None
+            assert service.reconciler.status.to_dict()["connectors"]["echo-local"]["state"] == "running"
             _select(root, "echo-other")
             await service.until(lambda: service.generation == 2)
             assert await _token(old) == "token-A"
