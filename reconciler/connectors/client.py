@@ -17,7 +17,7 @@ import os
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -44,6 +44,7 @@ class LaunchSpec:
     start_timeout: float = 20.0
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     on_stderr: Callable[[bytes], None] | None = None  # gets the process's stderr as it comes (else stderr_path)
+    socket_path: str | None = None  # transport "socket": the connector serves MCP here (HANDLER_CONNECTOR_SOCKET)
 
 
 class _Process:
@@ -160,10 +161,13 @@ class StdioConnector:
                 f"connector of binding '{self.spec.name}' could not start ({self.spec.command[0]}): "
                 f"{exc.strerror or exc}") from None
         proc.popen = popen
-        if popen.stdin is None or popen.stdout is None:  # pragma: no cover - Popen was asked for PIPEs
+        if self.spec.socket_path is None and (popen.stdin is None or popen.stdout is None):  # pragma: no cover
             raise ConnectorStartError(f"connector of binding '{self.spec.name}' has no pipes")
-        proc.stdin, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, popen.stdin)
-        proc.stdout, _ = await loop.connect_read_pipe(lambda: _Reader(self, proc), popen.stdout)
+        if self.spec.socket_path is None:
+            proc.stdin, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, popen.stdin)
+            proc.stdout, _ = await loop.connect_read_pipe(lambda: _Reader(self, proc), popen.stdout)
+        else:
+            await self._connect_socket(proc, popen, self.spec.socket_path)
         sink = self.spec.on_stderr
         if popen.stderr is not None and sink is not None:
             await loop.connect_read_pipe(lambda: _Stderr(sink), popen.stderr)
@@ -183,6 +187,25 @@ class StdioConnector:
         self._send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
         proc.ready = True
 
+    async def _connect_socket(self, proc: _Process, popen: subprocess.Popen[bytes], path: str) -> None:
+        """Wait (within the start timeout) for the connector to listen on `path`, then speak MCP there."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.spec.start_timeout
+        while True:
+            try:
+                transport, _ = await loop.create_unix_connection(lambda: _Reader(self, proc), path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if popen.poll() is not None or loop.time() > end:
+                    await self._stop_process(proc)
+                    why = ("exited" if popen.poll() is not None
+                           else f"did not listen within {self.spec.start_timeout:.0f} s")
+                    raise ConnectorStartError(f"connector of binding '{self.spec.name}' {why} on its socket "
+                                              "(HANDLER_CONNECTOR_SOCKET)") from None
+                await asyncio.sleep(0.01)
+        proc.stdin = cast(asyncio.WriteTransport, transport)
+        proc.stdout = cast(asyncio.ReadTransport, transport)
+
     def _spawn(self) -> subprocess.Popen[bytes]:
         stderr: int = subprocess.DEVNULL
         if self.spec.on_stderr is not None:
@@ -190,9 +213,9 @@ class StdioConnector:
         elif self.spec.stderr_path:
             stderr = os.open(self.spec.stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
+            pipe = subprocess.PIPE if self.spec.socket_path is None else subprocess.DEVNULL
             return subprocess.Popen(list(self.spec.command), cwd=self.spec.cwd, env=dict(self.spec.env),
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                                    start_new_session=True)
+                                    stdin=pipe, stdout=pipe, stderr=stderr, start_new_session=True)
         finally:
             if stderr >= 0:
                 os.close(stderr)

@@ -171,14 +171,18 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
     if sandbox:
         egress = effective_egress(binding, connector)
         if egress:
-            proxy = EgressProxy(_proxy_socket(folder), egress, owner=binding_name)
+            proxy = EgressProxy(_short_socket(folder, "egress.sock"), egress, owner=binding_name)
             await proxy.start()
         command = sandboxed_command(command, proxy.socket_path if proxy is not None else None)
     else:
         _warn_unsandboxed()
+    socket_path = None
+    if run.transport == "socket":  # a path socket crosses the network namespace
+        socket_path = str(_short_socket(folder, "mcp.sock"))
+        env["HANDLER_CONNECTOR_SOCKET"] = socket_path
     stderr = StderrLog(binding_name, secrets, base / f"{binding_name}.stderr.log")
     spec = LaunchSpec(name=binding_name, command=tuple(command), cwd=str(folder), env=env,
-                      max_line_bytes=max_line_bytes, on_stderr=stderr.feed)
+                      max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path)
     return Launch(spec, folder, proxy, secrets)
 
 
@@ -193,11 +197,11 @@ def limited_command(command: Sequence[str], limits: Limits) -> list[str]:
             "--", *command]
 
 
-def _proxy_socket(folder: Path) -> Path:
-    path = folder / "egress.sock"
+def _short_socket(folder: Path, name: str) -> Path:
+    path = folder / name
     if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
         return path
-    return Path(tempfile.mkdtemp(dir="/tmp", prefix="hx")) / "egress.sock"  # the state folder is too deep
+    return Path(tempfile.mkdtemp(dir="/tmp", prefix="hx")) / name  # the state folder is too deep
 
 
 def _warn_unsandboxed() -> None:

@@ -277,9 +277,6 @@ class ConnectorPool:
                 raise ConnectorStartError(f"binding '{binding_name}': {exc}") from None
             entry.connector = InRouter(LlmConnector(settings, name=binding_name))
             return
-        if run.transport != "stdio":
-            raise ConnectorStartError(f"binding '{binding_name}': connector '{connector.name}' runs over "
-                                      f"'{run.transport}', which this router does not start yet")
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
                                             max_line_bytes=self._max_line_bytes)
         process = entry.process = StdioConnector(entry.launch.spec)

@@ -75,3 +75,18 @@ def test_stderr_reaches_the_log_with_secrets_masked(echo_root: Path, run_dir: Pa
     assert echo_secret not in stderr_log
     assert "calling the API with token ***" in caplog.text
     assert echo_secret not in caplog.text
+
+
+def test_a_socket_transport_connector_serves_on_its_socket(echo_root: Path, run_dir: Path) -> None:
+    manifest = echo_root / "catalog/connectors/echo/connector.toml"
+    manifest.write_text(manifest.read_text().replace('transport = "stdio"', 'transport = "socket"'))
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            client = await RawClient.connect(router.socket_path("tester"))
+            said = [await client.call("echo_say", {"text": str(i)}) for i in range(3)]
+            assert [r["structuredContent"] for r in said] == [{"text": "0"}, {"text": "1"}, {"text": "2"}]
+            assert router.services.pool.statuses["echo-local"].state == "running"
+            await client.close()
+
+    run(scenario())
