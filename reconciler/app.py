@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reconciler.config import ConfigError, FolderSource, GitSource, HandlerError, Loader, Snapshot, TreeSource
+from reconciler.config import ConfigError, FolderSource, GitSource, HandlerError, Snapshot, TreeSource
 from reconciler.gitops.fetching import GitMirror
 from reconciler.gitops.reconciling import Reconciler
 from reconciler.gitops.status import Attempt, read_status
@@ -78,10 +78,20 @@ async def run_router(router: Router, root: Path, on_ready: Callable[[Router], No
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    loader = Loader()
+
+    async def swap(snapshot: Snapshot) -> int:
+        generation = await router.swap(snapshot)
+        if governor is not None:  # approved holds are checked against the live config
+            governor.use_snapshot(snapshot)
+        return generation.number
+
+    # SIGHUP runs the same reconciliation as `handler up` (checks, the emptying guard, status.json).
+    reconciler = Reconciler(FolderSource(root), swap, label=f"worktree {root.resolve()}",
+                            status_file=router.state_dir / "status.json", live=router.live.snapshot,
+                            generation=router.live.number)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(_reload(router, loader, root)))
+    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(_reload(reconciler)))
     try:
         await router.start()
         if governor is not None:
@@ -99,17 +109,15 @@ async def run_router(router: Router, root: Path, on_ready: Callable[[Router], No
         await router.aclose()
 
 
-async def _reload(router: Router, loader: Loader, root: Path) -> None:
-    snapshot = loader.load(FolderSource(root))
-    if not snapshot.ok:
-        print(f"handler serve: revision {snapshot.revision[:12]} has {len(snapshot.errors)} error(s); still serving "
-              f"generation {router.live.number} (run `handler validate` to see them)", file=sys.stderr)
-        return
-    generation = await router.swap(snapshot)
-    if isinstance(router.services.gate, Governor):  # approved holds are checked against the live config
-        router.services.gate.use_snapshot(snapshot)
-    print(f"handler serve: generation {generation.number} (revision {snapshot.revision[:12]}) serves new sessions",
-          file=sys.stderr)
+async def _reload(reconciler: Reconciler) -> None:
+    attempt = await reconciler.reconcile("signal")
+    if attempt.result == "applied":
+        print(f"handler serve: {attempt.message} (revision {attempt.revision[:12]}) serves new sessions",
+              file=sys.stderr, flush=True)
+    elif attempt.result != "unchanged":
+        print(f"handler serve: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}; still "
+              f"serving the last good revision (run `handler validate` to see every finding)", file=sys.stderr,
+              flush=True)
 
 
 # --- handler up: the reconciler, the router and the HTTP listener in one process --------------------
