@@ -58,6 +58,7 @@ class _Process:
         self.popen: subprocess.Popen[bytes] | None = None
         self.stdin: asyncio.WriteTransport | None = None
         self.stdout: asyncio.ReadTransport | None = None
+        self.stderr: asyncio.ReadTransport | None = None
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.deadlines: dict[int, float] = {}  # pending calls that must end by then (the loop's clock)
         self.exited = asyncio.Event()  # the process was reaped
@@ -170,7 +171,7 @@ class StdioConnector:
             await self._connect_socket(proc, popen, self.spec.socket_path)
         sink = self.spec.on_stderr
         if popen.stderr is not None and sink is not None:
-            await loop.connect_read_pipe(lambda: _Stderr(sink), popen.stderr)
+            proc.stderr, _ = await loop.connect_read_pipe(lambda: _Stderr(sink), popen.stderr)
         try:
             async with asyncio.timeout(self.spec.start_timeout):
                 result = await self._request(proc, "initialize", {
@@ -375,8 +376,12 @@ class StdioConnector:
             with contextlib.suppress(ProcessLookupError):
                 popen.kill()
             await asyncio.to_thread(popen.wait)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        # Every pipe is closed here, not left to EOF: a process group member may still hold one open,
+        # and a loop closing with an open pipe handle fails (uvloop: EBUSY).
+        for transport in (proc.stdout, proc.stderr):
+            if transport is not None and not transport.is_closing():
+                transport.close()
+        await asyncio.sleep(0)  # let the closed transports' connection_lost callbacks run
         self._fail_all(proc, ConnectorCrashedError(f"connector of binding '{self.spec.name}' was stopped"), kill=False)
         proc.exited.set()
         if self._sweep is not None:

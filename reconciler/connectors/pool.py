@@ -353,9 +353,12 @@ class ConnectorPool:
         self._closed = True
         self._poke()
         if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+            # Not cancelled: it may be stopping a drained process, which must end whole (no pipe left open).
+            done, _ = await asyncio.wait([self._reaper], timeout=30)
+            if not done:
+                self._reaper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._reaper
         entries, self._live = list(self._live.values()), {}
         await asyncio.gather(*(self._stop_entry(e, "the router stopped") for e in entries), return_exceptions=True)
 
