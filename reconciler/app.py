@@ -216,7 +216,8 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
         if mirror is not None:
             tasks.append(asyncio.create_task(_follow_git(reconciler, mirror, options.interval, pushed, stop)))
         else:
-            tasks.append(asyncio.create_task(watch_tree(root, reconciler.reconcile, stop)))
+            note = source.note_changes if isinstance(source, FolderSource) else None
+            tasks.append(asyncio.create_task(watch_tree(root, reconciler.reconcile, stop, note=note)))
         async with asyncio.timeout(10):
             while not listener.started and not tasks[0].done():
                 await asyncio.sleep(0.01)

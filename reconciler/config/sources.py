@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,23 +53,81 @@ def tree_revision(files: dict[str, Blob]) -> str:
 
 
 class FolderSource:
-    """A config tree in a folder. Files whose size and mtime did not change are not read again."""
+    """A config tree in a folder. Files whose size and mtime did not change are not read again.
+
+    A watcher that knows which files changed says so with `note_changes`; the next read then looks
+    at those alone instead of walking the tree (a full walk still runs at least every
+    `FULL_WALK_SECONDS`, and whenever a change cannot be placed, so nothing missed stays missed).
+    """
+
+    FULL_WALK_SECONDS = 30.0
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._stat_cache: dict[str, tuple[int, int, Blob]] = {}
         self._now_ns = 0
+        self._files: dict[str, Blob] | None = None  # what the last read gave
+        self._walked_at = 0.0
+        self._pending: set[str] | None = None  # tree-relative paths noted since the last read; None: walk
+
+    def note_changes(self, paths: Iterable[str | os.PathLike[str]]) -> None:
+        """Files that changed under the root since the last read (absolute paths, as a watcher gives them)."""
+        pending = self._pending if self._pending is not None else set()
+        root = self.root.resolve()
+        for path in paths:
+            try:
+                rel = Path(path).resolve().relative_to(root).as_posix()
+            except ValueError:
+                continue  # outside the tree
+            if rel.startswith(tuple(f"{f}/" for f in TREE_FOLDERS)):
+                pending.add(rel)
+        self._pending = pending
 
     def read(self) -> tuple[str, dict[str, Blob]]:
         if not self.root.is_dir():
             raise SourceError(f"{self.root} is not a folder; give the root of a config tree (it holds config/)")
-        files: dict[str, Blob] = {}
-        seen: dict[str, tuple[int, int, Blob]] = {}
         self._now_ns = time.time_ns()
+        pending, self._pending = self._pending, None
+        if (
+            pending is not None
+            and self._files is not None
+            and time.monotonic() - self._walked_at < self.FULL_WALK_SECONDS
+        ):
+            files = self._read_changed(self._files, pending)
+            if files is not None:
+                self._files = files
+                return tree_revision(files), dict(files)
+        files = {}
+        seen: dict[str, tuple[int, int, Blob]] = {}
         for folder in TREE_FOLDERS:
             self._walk(f"{self.root}/{folder}", folder, files, seen)
         self._stat_cache = seen
-        return tree_revision(files), files
+        self._files, self._walked_at = files, time.monotonic()
+        return tree_revision(files), dict(files)
+
+    def _read_changed(self, previous: dict[str, Blob], changed: set[str]) -> dict[str, Blob] | None:
+        """`previous` with the `changed` paths read again; None when a change needs a full walk (a folder)."""
+        files = dict(previous)
+        for rel in changed:
+            if any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
+                continue
+            path = self.root / rel
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                if rel not in files and any(p.startswith(f"{rel}/") for p in files):
+                    return None  # a folder went away: walk
+                files.pop(rel, None)
+                self._stat_cache.pop(rel, None)
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                return None  # a folder was added, moved or removed: walk
+            data = path.read_bytes()
+            blob = Blob(rel, blob_sha(data), data)
+            racy = st.st_mtime_ns > self._now_ns - _RACY_NS
+            self._stat_cache[rel] = (-1 if racy else st.st_mtime_ns, st.st_size, blob)
+            files[rel] = blob
+        return files
 
     def _walk(self, path: str, rel: str, files: dict[str, Blob], seen: dict[str, tuple[int, int, Blob]]) -> None:
         try:

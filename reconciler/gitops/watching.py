@@ -31,12 +31,21 @@ def _in_tree(root: Path) -> Callable[[watchfiles.Change, str], bool]:
 
 
 async def watch_tree(
-    root: Path, on_change: Callable[[str], Awaitable[object]], stop: asyncio.Event, debounce_ms: int = 50
+    root: Path,
+    on_change: Callable[[str], Awaitable[object]],
+    stop: asyncio.Event,
+    debounce_ms: int = 50,
+    note: Callable[[set[str]], None] | None = None,
 ) -> None:
-    """Call `on_change("watch")` after each batch of saves under `root`'s config folders, until `stop`."""
+    """Call `on_change("watch")` after each batch of saves under `root`'s config folders, until `stop`.
+
+    `note`, when given, first gets the batch's paths (a `FolderSource` then reads only those).
+    """
     root = root.resolve()
     async for changes in watchfiles.awatch(
         root, watch_filter=_in_tree(root), debounce=debounce_ms, step=20, stop_event=stop, recursive=True
     ):
         log.debug("watch: %d change(s), e.g. %s", len(changes), next(iter(changes))[1])
+        if note is not None:
+            note({path for _, path in changes})
         await on_change("watch")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,3 +57,35 @@ def test_unknown_ref_and_missing_repository_are_source_errors(shipped_tree: Path
         Loader().load(GitSource(shipped_tree, "no-such-branch"))
     with pytest.raises(SourceError, match="is not a folder"):
         FolderSource(shipped_tree / "missing").read()
+
+
+def test_noted_changes_are_read_alone_and_give_what_a_full_walk_gives(shipped_tree: Path) -> None:
+    source = FolderSource(shipped_tree)
+    source.read()
+    binding = shipped_tree / "config/bindings/ocr-local.toml"
+    binding.write_text(binding.read_text().replace("description =", 'description = "noted" #'))
+    removed = shipped_tree / "config/bindings/llm-anthropic.toml"
+    removed.unlink()
+    added = shipped_tree / "catalog/interfaces/ocr/v1/conformance/extra.txt"
+    added.write_text("new fixture")
+    source.note_changes([binding, removed, added, shipped_tree / "README.md"])
+    revision, files = source.read()
+    assert files["config/bindings/ocr-local.toml"].data == binding.read_bytes()
+    assert "config/bindings/llm-anthropic.toml" not in files
+    assert files["catalog/interfaces/ocr/v1/conformance/extra.txt"].data == b"new fixture"
+    assert (revision, files) == FolderSource(shipped_tree).read()
+
+
+def test_a_removed_folder_or_an_old_walk_falls_back_to_a_full_walk(shipped_tree: Path) -> None:
+    source = FolderSource(shipped_tree)
+    source.read()
+    folder = shipped_tree / "catalog/interfaces/tts"
+    shutil.rmtree(folder)
+    source.note_changes([folder])
+    assert not any(p.startswith("catalog/interfaces/tts/") for p in source.read()[1])
+
+    unnoted = shipped_tree / "config/profiles/auditor.toml"
+    unnoted.write_text(unnoted.read_text() + "# unnoted\n")
+    source.note_changes([])
+    source.FULL_WALK_SECONDS = 0.0  # the periodic full walk is due: what the watcher missed is seen
+    assert source.read()[1]["config/profiles/auditor.toml"].data.endswith(b"# unnoted\n")
