@@ -53,6 +53,11 @@ def confined_env(declared: Mapping[str, str], home: Path, base: Mapping[str, str
     source = os.environ if base is None else base
     env = {name: source[name] for name in _PASSED if name in source}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    # `python3` in a connector's command is the Python the service runs on (its virtualenv's, with the
+    # MCP SDK), not whatever the system's PATH finds first.
+    own = str(Path(sys.executable).parent)
+    if own not in env["PATH"].split(os.pathsep):
+        env["PATH"] = own + os.pathsep + env["PATH"]
     env.setdefault("LANG", "C.UTF-8")
     env["HOME"] = str(home)
     env["TMPDIR"] = str(home / "tmp")

@@ -86,10 +86,8 @@ def test_handler_llm_through_the_profiles_socket(tree: Path, monkeypatch: pytest
 
 
 @pytest.mark.skipif(not namespaces_available(), reason="network namespaces are unavailable here")
-def test_a_wrapped_server_reaches_its_egress_and_nothing_else(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The manifest runs `python3 -m mcp_server_fetch`: the test's Python has it installed.
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-
+def test_a_wrapped_server_reaches_its_egress_and_nothing_else(tree: Path) -> None:
+    # The manifest runs `python3 -m mcp_server_fetch`: the router gives connectors its own Python first.
     class Page(QuietHandler):
         def do_GET(self) -> None:
             self.send_body(200, b"<html><body><p>The total is 50.00 EUR.</p></body></html>", "text/html")
