@@ -118,3 +118,31 @@ def test_a_wrapped_server_reaches_its_egress_and_nothing_else(tree: Path) -> Non
     assert "50.00 EUR" in reached["structuredContent"]["text"]
     assert refused["isError"] is True
     assert refused["structuredContent"]["error"] == "fetch_failed"
+
+
+@pytest.mark.skipif(not (shutil.which("tesseract") and shutil.which("pdftoppm")),
+                    reason="tesseract-ocr and poppler-utils are not installed (.ci/run installs them)")
+def test_ocr_tesseract_through_the_router_reads_honours_languages_and_size(tree: Path) -> None:
+    scope = tree / "work/auditor"
+    scope.mkdir(parents=True)
+    shutil.copy(tree / "catalog/interfaces/ocr/v1/conformance/invoice.pdf", scope / "invoice.pdf")
+    (scope / "big.pdf").write_bytes((scope / "invoice.pdf").read_bytes() + b"%" + b" " * 2000)
+    binding = tree / "config/bindings/ocr-local.toml"
+    binding.write_text(binding.read_text() + "\n[limits]\nmaxFileBytes = 2000\n")
+
+    async def scenario() -> list[dict[str, Any]]:
+        with short_dir() as run_dir:
+            async with serving(tree, run_dir) as router:
+                client = await RawClient.connect(router.socket_path("auditor"))
+                results = [await client.call("ocr_extract", {"path": "invoice.pdf", "languages": ["en"]}),
+                           await client.call("ocr_extract", {"path": "big.pdf"})]
+                await client.close()
+                return results
+
+    read, too_big = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert read.get("isError") is not True, read
+    text = " ".join(page["text"] for page in read["structuredContent"]["pages"])
+    assert "INV-2024-0042" in text
+    assert read["structuredContent"]["pages"][0]["blocks"][0]["bbox"]
+    assert too_big["isError"] is True
+    assert too_big["structuredContent"]["error"] == "too_large"
