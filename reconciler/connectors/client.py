@@ -351,6 +351,13 @@ class StdioConnector:
             with contextlib.suppress(ProcessLookupError):
                 proc.popen.kill()
 
+    async def ping(self, timeout: float) -> None:
+        """Ask the running process for a ping reply within `timeout` seconds (TimeoutError if none)."""
+        proc = self._proc
+        if not proc.alive:
+            raise ConnectorCrashedError(f"connector of binding '{self.spec.name}' is not running")
+        await asyncio.wait_for(self._request(proc, "ping", {}), timeout)
+
     async def stop(self, grace: float = 2.0) -> None:
         """Close stdin, wait `grace` seconds for the process to exit, then kill it (a start under way first ends)."""
         starting = self._starting

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.client import DEFAULT_MAX_LINE_BYTES, StdioConnector
-from reconciler.connectors.errors import ConnectorReplyError, ConnectorStartError
+from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
 from reconciler.connectors.interfaces import compare_tools
 from reconciler.connectors.launching import Launch, declared_env, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
@@ -47,6 +47,7 @@ log = logging.getLogger("handler.connectors")
 
 DEFAULT_IDLE_SECONDS = 600.0  # ten minutes: a session's pauses stay warm, an abandoned connector goes
 BACKOFF_FIRST_SECONDS = 0.1
+PROBE_SECONDS = 2.0  # how long a process suspected of hanging has to answer a ping
 BACKOFF_MAX_SECONDS = 30.0
 BACKOFF_RESET_SECONDS = 60.0
 
@@ -153,6 +154,7 @@ class ConnectorPool:
         self._reaper: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._closed = False
+        self._probes: dict[PoolKey, asyncio.Task[None]] = {}
 
     # --- the per-call path -------------------------------------------------------------------
 
@@ -187,6 +189,34 @@ class ConnectorPool:
         connector = await asyncio.shield(entry.starting)
         entry.last_used = time.monotonic()
         return connector
+
+    def suspect(self, key: PoolKey | None) -> None:
+        """A call to `key`'s process timed out: ping it, and recycle it if it does not answer.
+
+        A connector stuck on one call would otherwise hold every later call of every session; killing
+        it fails what is still in flight (`crashed`) and the next call starts a fresh process.
+        """
+        entry = self._live.get(key) if key is not None else None
+        if entry is None or entry.process is None or key in self._probes or self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._probe(entry, entry.process))
+        self._probes[entry.key] = task
+
+        def forget(_done: asyncio.Task[None], key: PoolKey = entry.key) -> None:
+            self._probes.pop(key, None)
+
+        task.add_done_callback(forget)
+
+    async def _probe(self, entry: _Entry, process: StdioConnector) -> None:
+        try:
+            await process.ping(PROBE_SECONDS)
+        except (TimeoutError, ConnectorError):
+            pid = process.pid
+            log.warning("connector of binding '%s' did not answer a ping after a call timed out; restarting it",
+                        entry.key[0])
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
 
     async def connector_for(self, snapshot: Snapshot, binding_name: str) -> StdioConnector:
         """The OS process of `binding_name` (started if needed): for a wrap, the wrapped server's.
@@ -351,6 +381,8 @@ class ConnectorPool:
     async def close(self) -> None:
         """Stop every process this pool started; none is left behind."""
         self._closed = True
+        for probe in list(self._probes.values()):
+            probe.cancel()
         self._poke()
         if self._reaper is not None:
             # Not cancelled: it may be stopping a drained process, which must end whole (no pipe left open).

@@ -191,6 +191,7 @@ async def execute_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, ca
             structured = restore_paths(structured, back)
         ok = True
     except TimeoutError:
+        svc.pool.suspect(plan.pool_key)  # a connector stuck on this call is recycled, not waited on
         raise timeout_error(timeout) from None
     except ConnectorError as exc:
         # For the operator: how the process failed. A JSON-RPC error's own text may quote arguments,

@@ -8,8 +8,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from fixtures.echo_tree import TOOLS
-from fixtures.harness import RawClient, run, serving
+from fixtures.echo_tree import TOOLS, write_echo_tree
+from fixtures.harness import RawClient, run, serving, short_dir
 
 
 def _connector_lists(root: Path, tools: list[dict[str, object]]) -> None:
@@ -90,3 +90,26 @@ def test_a_socket_transport_connector_serves_on_its_socket(echo_root: Path, run_
             await client.close()
 
     run(scenario())
+
+
+def test_a_connector_stuck_on_a_call_is_recycled_after_the_timeout(run_dir: Path) -> None:
+    with short_dir() as base:
+        root = write_echo_tree(base / "t", limits={"timeoutSeconds": 0.5})
+
+        async def scenario() -> None:
+            async with serving(root, run_dir) as router:
+                client = await RawClient.connect(router.socket_path("tester"))
+                stuck = await client.call("echo_misbehave", {"mode": "hang"})
+                assert stuck["structuredContent"]["error"] == "unavailable"
+                assert stuck["_meta"]["handler/cause"] == "timeout"
+                # Without recycling, every later call would wait behind the stuck one and time out too.
+                later = None
+                for _ in range(40):
+                    later = await client.call("echo_say", {"text": "after"})
+                    if not later.get("isError"):
+                        break
+                assert later is not None
+                assert later["structuredContent"] == {"text": "after"}
+                await client.close()
+
+        run(scenario())
