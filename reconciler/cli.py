@@ -8,11 +8,12 @@ through the `handler.commands` entry-point group, so this module never imports t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -336,8 +337,14 @@ def _add_governance_commands(sub: Any) -> None:
               ).set_defaults(run=_store_migrate)
 
 
-def _open_store(root: str) -> Store:
-    return open_store(store_url(root))
+@contextlib.contextmanager
+def _store(root: str) -> Iterator[Store]:
+    """The store of the tree at `root` (HANDLER_STORE_URL, else SQLite in its state folder), closed after."""
+    store = open_store(store_url(root))
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def _open_existing_store(root: str) -> Store | None:
@@ -377,11 +384,8 @@ def _print_hold(hold: Hold) -> None:
 
 
 def _approvals_list(args: argparse.Namespace) -> int:
-    store = _open_store(args.root)
-    try:
+    with _store(args.root) as store:
         found = list_holds(store, states=() if args.all else ("pending",))
-    finally:
-        store.close()
     if args.format == "json":
         print(json.dumps([h.to_dict() for h in found], indent=2, default=str))
         return EXIT_OK
@@ -393,11 +397,8 @@ def _approvals_list(args: argparse.Namespace) -> int:
 
 
 def _approvals_show(args: argparse.Namespace) -> int:
-    store = _open_store(args.root)
-    try:
+    with _store(args.root) as store:
         hold = get_hold(store, args.request_id)
-    finally:
-        store.close()
     if args.format == "json":
         print(json.dumps(hold.to_dict(), indent=2, default=str))
         return EXIT_OK
@@ -412,17 +413,14 @@ def _approvals_show(args: argparse.Namespace) -> int:
 
 def _approvals_decide(args: argparse.Namespace) -> int:
     snapshot = _load(args.root)
-    store = _open_store(args.root)
 
     def check(hold: Hold) -> None:
         refusal = may_decide(hold, snapshot, args.member)
         if refusal is not None:
             raise NotAllowedError(f"{args.member} may not decide {hold.id}: {refusal}")
 
-    try:
+    with _store(args.root) as store:
         hold = decide_hold(store, args.request_id, args.decision, args.member, check=check)
-    finally:
-        store.close()
     if hold.state == "approved":
         print(f"{hold.id} approved by {args.member}: a running router runs it now (or the next one that starts).")
     else:
@@ -431,11 +429,8 @@ def _approvals_decide(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    store = _open_store(args.root)
-    try:
+    with _store(args.root) as store:
         rows = read_audit(store, request_id=args.request, limit=args.limit)
-    finally:
-        store.close()
     if args.format == "json":
         print(json.dumps(rows, indent=2, default=str))
         return EXIT_OK
@@ -457,32 +452,23 @@ def _org_name(root: str) -> str:
 
 def _balance_show(args: argparse.Namespace) -> int:
     account = _org_name(args.root)
-    store = _open_store(args.root)
-    try:
+    with _store(args.root) as store:
         micros = read_balance(store, account)
-    finally:
-        store.close()
     print(f"{account}: {usd(micros or 0)} prepaid balance" + ("" if micros is not None else " (never topped up)"))
     return EXIT_OK
 
 
 def _balance_add(args: argparse.Namespace) -> int:
     account = _org_name(args.root)
-    store = _open_store(args.root)
-    try:
+    with _store(args.root) as store:
         micros = add_balance(store, account, to_micros(args.usd), args.member)
-    finally:
-        store.close()
     print(f"{account}: balance now {usd(micros)} (added {usd(to_micros(args.usd))} by {args.member})")
     return EXIT_OK
 
 
 def _spend(args: argparse.Namespace) -> int:
-    store = _open_store(args.root)
-    try:
+    with _store(args.root) as store:
         rows = spend_report(store, args.month)
-    finally:
-        store.close()
     if args.format == "json":
         print(json.dumps([{**r, "usd": from_micros(r["micros"])} for r in rows], indent=2))
         return EXIT_OK
@@ -494,10 +480,7 @@ def _spend(args: argparse.Namespace) -> int:
 
 
 def _store_migrate(args: argparse.Namespace) -> int:
-    store = _open_store(args.root)
-    try:
+    with _store(args.root) as store:
         revision = store.migrate()
         print(f"{store.url}: schema at revision {revision}")
-    finally:
-        store.close()
     return EXIT_OK

@@ -16,7 +16,6 @@ from typing import Any
 from reconciler.config.cases import Case
 from reconciler.config.findings import Finding
 from reconciler.config.models import (
-    ActionClass,
     BindingFile,
     ConnectorFile,
     InterfaceFile,
@@ -211,11 +210,6 @@ class Snapshot:
     def tool_names(self, keys: Iterable[str]) -> set[str]:
         """The tools of the interface versions named by `keys` (unknown keys are skipped)."""
         return {t.name for k in keys if (iface := self.interfaces.get(k)) for t in iface.tools}
-
-    def class_of(self, key: str, tool: str) -> ActionClass | None:
-        iface = self.interfaces.get(key)
-        found = iface.tool(tool) if iface else None
-        return found.action_class if found else None
 
 
 def effective_limits(interface: InterfaceFile, binding: BindingFile | None) -> Limits:
