@@ -4,6 +4,7 @@ MCP clients (the official `mcp` SDK client, initialize era, calling `echo_say` w
 output-schema check on every call):
   (a) the SDK client → the echo connector directly (stdio);
   (b) the SDK client → `handler-service` → the router (`handler serve`, call log on) → the connector;
+      the bridge hands the client's pipes to the router, so the router reads and writes them itself;
   (c) the SDK client → a FastMCP proxy (`fastmcp.server.create_proxy`) → the connector.
 The router alone (a blocking raw-line client, one JSON-RPC line per call):
   direct: client → the connector's stdio;

@@ -1,12 +1,17 @@
 """`handler-service <interface>`: the stdio bridge an agent runs as its MCP server (design §6).
 
-It connects to the profile's socket (`--profile`, else `HANDLER_PROFILE`) under the run folder and
-relays lines both ways without translating them, except that it adds to each request's `_meta` the
-interface it serves (`handler/interface`) and, when set, the agent's instance (`HANDLER_INSTANCE` →
-`handler/instance`) and the instance that started it (`HANDLER_PARENT_INSTANCE` →
-`handler/parentInstance`). A line it cannot parse, and one over the size cap, goes through as it is:
-the router answers it. When the agent closes stdin, the bridge closes its sending side and waits for
-the replies still owed; when the router closes, or the agent stops reading, it exits.
+It connects to the profile's socket (`--profile`, else `HANDLER_PROFILE`) under the run folder. The
+`_meta` it names are the interface it serves (`handler/interface`) and, when set, the agent's
+instance (`HANDLER_INSTANCE` → `handler/instance`) and the instance that started it
+(`HANDLER_PARENT_INSTANCE` → `handler/parentInstance`).
+
+When its stdin and stdout are pipes or sockets (as MCP clients start servers), it hands both to the
+router with those `_meta` (see `handoff`) and then only waits: the router reads the agent's requests
+and writes its replies itself, and closes the socket when the session is over, which is when the
+bridge exits. Otherwise (a terminal, a file), or if the router refuses, it relays lines both ways,
+adding the `_meta` to each request. A line it cannot parse, and one over the size cap, goes through as
+it is: the router answers it. When the agent closes stdin, the bridge closes its sending side and
+waits for the replies still owed; when the router closes, or the agent stops reading, it exits.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from typing import Any
 
 import orjson
 
+from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, attach_line, is_stream_fd
 from reconciler.router.places import default_run_dir, socket_path
 
-__all__ = ["main", "relay", "tag_line"]
+__all__ = ["hand_over", "main", "relay", "tag_line"]
 
 _CHUNK = 1 << 16
 _DEFAULT_MAX_LINE = 16 * 1024 * 1024
@@ -59,10 +65,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             meta[key] = os.environ[env]
     max_line = int(os.environ.get("HANDLER_MAX_LINE_BYTES", _DEFAULT_MAX_LINE))
     try:
-        relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, max_line)
+        if not hand_over(sock, meta):
+            relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, max_line)
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def hand_over(sock: socket.socket, meta: Mapping[str, str]) -> bool:
+    """Give the router stdin and stdout and wait until it ends the session; False if it was not possible.
+
+    After False the socket is still a line connection, ready for `relay`.
+    """
+    try:
+        if not all(is_stream_fd(os.fstat(fd).st_mode) for fd in (0, 1)):
+            return False
+        socket.send_fds(sock, [attach_line(meta)], [0, 1])
+        answer = _read_line(sock)
+    except OSError:
+        return False
+    if answer != ACCEPTED:
+        return False  # refused, or a router that does not know the handoff: its answer is not for the agent
+    # The router owns the agent's stdio now: let go of ours, so the agent sees the end when the router closes.
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    with contextlib.suppress(OSError):
+        while sock.recv(_CHUNK):
+            pass
+    sock.close()
+    return True
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    """One line from the socket, read a byte at a time so nothing after it is taken from the relay."""
+    line = bytearray()
+    while len(line) <= MAX_ATTACH_BYTES and (byte := sock.recv(1)):
+        line += byte
+        if byte == b"\n":
+            break
+    return bytes(line)
 
 
 def relay(sock: socket.socket, in_fd: int, out_fd: int, meta: Mapping[str, str], max_line: int) -> None:

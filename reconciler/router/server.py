@@ -26,12 +26,12 @@ from reconciler.governance.gate import CallRequest, Gate, OpenGate
 from reconciler.router.calllog import CallLog, CallRecord
 from reconciler.router.errors import JsonRpcError, ToolError
 from reconciler.router.files import resolve_files
-from reconciler.router.framing import DEFAULT_MAX_LINE_BYTES, OVERSIZE, LineFramer, encode_error
+from reconciler.router.framing import DEFAULT_MAX_LINE_BYTES
 from reconciler.router.generation import Generation, ValidatorCache, compile_generation
 from reconciler.router.limits import LimitBook
 from reconciler.router.pipeline import Caller, Services, execute_admitted, validate_input
 from reconciler.router.places import MAX_SOCKET_PATH, default_state_dir, socket_path
-from reconciler.router.sessions import Session
+from reconciler.router.transport import Connection, Listener
 
 __all__ = ["Router", "RouterError"]
 
@@ -61,8 +61,8 @@ class Router:
             calls_dir=run_dir / "calls",
         )
         self.services.pool.set_live(self.live.pool_keys)
-        self._servers: dict[str, asyncio.Server] = {}
-        self._connections: set[_Connection] = set()
+        self._listeners: dict[str, Listener] = {}
+        self.connections: set[Connection] = set()
 
     def socket_path(self, profile: str) -> Path:
         return socket_path(self.run_dir, profile)
@@ -80,9 +80,9 @@ class Router:
         generation = compile_generation(snapshot, self.live.number + 1, self.root, self._cache)
         self.live = generation  # the swap itself: one assignment, nothing awaited in between
         self.services.pool.set_live(generation.pool_keys)  # the others drain as their sessions end
-        for profile in sorted(set(snapshot.profiles) - set(self._servers)):
+        for profile in sorted(set(snapshot.profiles) - set(self._listeners)):
             await self._open(profile)
-        for profile in sorted(set(self._servers) - set(snapshot.profiles)):
+        for profile in sorted(set(self._listeners) - set(snapshot.profiles)):
             await self._close_socket(profile)
         return generation
 
@@ -95,27 +95,19 @@ class Router:
             if _someone_listens(path):
                 raise RouterError(f"another router already serves profile '{profile}' at {path}")
             path.unlink()
-        loop = asyncio.get_running_loop()
-        old = os.umask(0o177)  # the socket is born 0600: no moment where others could connect
-        try:
-            server = await loop.create_unix_server(lambda: _Connection(self, profile), str(path))
-        finally:
-            os.umask(old)
-        path.chmod(0o600)
-        self._servers[profile] = server
+        self._listeners[profile] = Listener(self, profile, path)
 
     async def _close_socket(self, profile: str) -> None:
-        server = self._servers.pop(profile)
-        server.close()
+        self._listeners.pop(profile).close()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path(profile).unlink()
 
     async def aclose(self) -> None:
         """Close the sockets and sessions, stop the connector processes, close the log."""
-        for profile in list(self._servers):
+        for profile in list(self._listeners):
             await self._close_socket(profile)
-        for conn in list(self._connections):
-            conn.abort()
+        for conn in list(self.connections):
+            conn.end()
         await asyncio.sleep(0)  # let cancelled calls log and settle before their connectors go
         await self.services.pool.close()
         self.services.log.close()
@@ -171,58 +163,3 @@ def _someone_listens(path: Path) -> bool:
     finally:
         probe.close()
     return True
-
-
-class _Connection(asyncio.Protocol):
-    """Bytes in and out of one client connection; the protocol itself is the `Session`'s."""
-
-    def __init__(self, router: Router, profile: str) -> None:
-        self._router = router
-        self._framer = LineFramer(router.max_line_bytes)
-        self._transport: asyncio.Transport | None = None
-        self._session = Session(router, profile, self._write)
-        self._closing: asyncio.Task[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # a stream server gives a Transport
-        self._router._connections.add(self)
-
-    def data_received(self, data: bytes) -> None:
-        for item in self._framer.feed(data):
-            if item is OVERSIZE:
-                self._write(encode_error(None, self._framer.oversize_error()))
-            else:
-                self._session.handle(item)  # type: ignore[arg-type]
-
-    def eof_received(self) -> bool:
-        # The client closed its side: finish the calls in flight, reply, then close ours.
-        self._closing = asyncio.get_running_loop().create_task(self._finish())
-        return True
-
-    async def _finish(self) -> None:
-        await self._session.drain()
-        if self._transport is not None:
-            self._transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._router._connections.discard(self)
-        self._session.abort()
-        self._transport = None
-
-    def pause_writing(self) -> None:
-        # The client is not reading its replies: stop reading its requests until it does.
-        if self._transport is not None:
-            self._transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self._transport is not None:
-            self._transport.resume_reading()
-
-    def _write(self, data: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
-
-    def abort(self) -> None:
-        self._session.abort()
-        if self._transport is not None:
-            self._transport.close()

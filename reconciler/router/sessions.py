@@ -50,12 +50,21 @@ _HANDSHAKE_METHODS = frozenset({"ping", "tools/list", "tools/call"})
 
 
 class Session:
-    """The protocol state of one connection; `write` sends one encoded line to the client."""
+    """The protocol state of one connection; `write` sends one encoded line to the client.
 
-    def __init__(self, router: Router, profile: str, write: Callable[[bytes], None]) -> None:
+    `bound` holds `_meta` keys fixed for the whole session (those the bridge hands over with the
+    agent's stdio); they win over the same keys in a request, as the bridge's tags would.
+    """
+
+    def __init__(self, router: Router, profile: str, write: Callable[[bytes], None],
+                 bound: Mapping[str, str] | None = None) -> None:
         self.router = router
         self.profile = profile
         self.write = write
+        bound = bound or {}
+        self.interface = bound.get(META_INTERFACE) or None
+        self.instance = bound.get(META_INSTANCE) or None
+        self.parent = bound.get(META_PARENT) or None
         self.generation: Generation | None = None
         self.era: Era | None = None
         self.version: str | None = None
@@ -130,18 +139,11 @@ class Session:
             raise _unknown_method(msg.method)
 
     def _view(self, generation: Generation, params: Mapping[str, Any] | None) -> View:
-        meta = (params or {}).get("_meta")
-        interface = meta.get(META_INTERFACE) if isinstance(meta, dict) else None
-        return generation.view(self.profile, interface if isinstance(interface, str) else None)
+        return generation.view(self.profile, self.interface or _meta_str(params, META_INTERFACE))
 
     def _caller(self, params: Mapping[str, Any] | None) -> Caller:
-        meta = (params or {}).get("_meta")
-        if not isinstance(meta, dict):
-            return Caller(self.profile, self.default_instance, None)
-        instance = meta.get(META_INSTANCE)
-        parent = meta.get(META_PARENT)
-        return Caller(self.profile, instance if isinstance(instance, str) and instance else self.default_instance,
-                      parent if isinstance(parent, str) and parent else None)
+        return Caller(self.profile, self.instance or _meta_str(params, META_INSTANCE) or self.default_instance,
+                      self.parent or _meta_str(params, META_PARENT))
 
     def _start_call(self, msg: Message, generation: Generation, *, stateless: bool) -> None:
         if msg.id is None:  # pragma: no cover - only requests (with ids) reach here
@@ -192,6 +194,13 @@ class Session:
         if self.generation is not None and not self._released:
             self._released = True
             self.router.services.pool.unpin(self.generation.pool_keys)
+
+
+def _meta_str(params: Mapping[str, Any] | None, key: str) -> str | None:
+    """A non-empty string under `key` in the request's `_meta`, else None."""
+    meta = params.get("_meta") if params else None
+    value = meta.get(key) if isinstance(meta, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def _unknown_method(method: str) -> JsonRpcError:

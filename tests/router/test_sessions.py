@@ -121,7 +121,7 @@ def test_a_call_of_a_client_that_disconnects_is_finished_and_logged(echo_root: P
             c.writer.transport.abort()  # the agent vanishes without a word
             await _wait_for(lambda: '"instance":"i-gone"' in log_text(router))
             assert log_lines(router)[-1]["outcome"] == "executed"
-            await _wait_for(lambda: not router._connections)
+            await _wait_for(lambda: not router.connections)
             other = await RawClient.connect(router.socket_path("tester"))
             assert (await other.call("echo_say", {"text": "still up"}))["structuredContent"] == {"text": "still up"}
             await other.close()

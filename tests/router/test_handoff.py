@@ -1,0 +1,238 @@
+"""The bridge hands the agent's stdio to the router, and falls back to relaying lines when it cannot.
+
+Every test runs the installed `handler-service` as a real subprocess against a real router socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pty
+import signal
+import socket
+import subprocess
+import tty
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from fixtures.harness import BRIDGE, DEADLINE, log_lines, serving
+
+from reconciler.router.handoff import attach_line
+from reconciler.router.server import Router
+
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+
+def line(message: dict[str, Any]) -> bytes:
+    return orjson.dumps(message) + b"\n"
+
+
+def call(msg_id: int, tool: str, arguments: dict[str, Any]) -> bytes:
+    params = {"name": tool, "arguments": arguments}
+    return line({"jsonrpc": "2.0", "id": msg_id, "method": "tools/call", "params": params})
+
+
+async def start_bridge(run_dir: Path, stdin: Any = subprocess.PIPE, **env: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        BRIDGE, "echo", "--profile", "tester", stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={"HANDLER_RUN_DIR": str(run_dir), **env})
+
+
+async def read_reply(proc: asyncio.subprocess.Process) -> dict[str, Any]:
+    assert proc.stdout is not None
+    got = await asyncio.wait_for(proc.stdout.readline(), DEADLINE)
+    assert got, "the agent's stdout ended"
+    reply: dict[str, Any] = orjson.loads(got)
+    return reply
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(DEADLINE):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+def held_by_bridge(pid: int) -> list[str]:
+    """Where the bridge's fds 0 and 1 point."""
+    return [str(Path(f"/proc/{pid}/fd/{fd}").readlink()) for fd in (0, 1)]
+
+
+def on_both_loops(scenario: Callable[[], Any]) -> None:
+    """Run the scenario on uvloop (as `handler serve` runs) and on asyncio's own loop: their pipes differ."""
+    import uvloop
+
+    for runner in (uvloop.run, asyncio.run):
+        runner(asyncio.wait_for(scenario(), 60))
+
+
+def on_uvloop(scenario: Callable[[], Any]) -> Any:
+    import uvloop
+
+    return uvloop.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_the_bridge_hands_the_agents_stdio_to_the_router(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            proc = await start_bridge(run_dir, HANDLER_INSTANCE="run-7")
+            assert proc.stdin is not None
+            assert proc.stdout is not None
+            proc.stdin.write(line(INIT) + line({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                             + call(2, "echo_say", {"text": "hi"}))
+            assert (await read_reply(proc))["result"]["protocolVersion"] == "2025-11-25"
+            assert (await read_reply(proc))["result"]["structuredContent"] == {"text": "hi"}
+            # The bridge no longer holds the agent's pipes: the router reads and writes them itself.
+            assert held_by_bridge(proc.pid) == ["/dev/null", "/dev/null"]
+            assert log_lines(router)[-1]["instance"] == "run-7"
+            proc.stdin.close()  # the agent is done: the session ends, the router closes, the bridge exits
+            assert await asyncio.wait_for(proc.stdout.read(), DEADLINE) == b""
+            assert await asyncio.wait_for(proc.wait(), DEADLINE) == 0
+            await until(lambda: not router.connections)
+
+    on_both_loops(scenario)
+
+
+def test_calls_in_flight_still_reply_after_the_agent_closes_stdin(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> bytes:
+        async with serving(echo_root, run_dir):
+            proc = await start_bridge(run_dir)
+            out, _ = await asyncio.wait_for(proc.communicate(
+                line(INIT) + call(2, "echo_misbehave", {"mode": "sleep", "seconds": 0.3})), DEADLINE)
+            assert proc.returncode == 0
+            return out
+
+    replies = [orjson.loads(reply) for reply in on_uvloop(scenario).splitlines()]
+    assert [r["id"] for r in replies] == [1, 2]
+    assert replies[1]["result"]["structuredContent"] == {"text": "slept"}
+
+
+def test_when_the_bridge_dies_the_session_ends_and_the_agent_sees_the_end(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            proc = await start_bridge(run_dir)
+            assert proc.stdin is not None
+            assert proc.stdout is not None
+            proc.stdin.write(line(INIT) + call(2, "echo_misbehave", {"mode": "sleep", "seconds": 30}))
+            await read_reply(proc)
+            await until(lambda: bool(router.connections))
+            proc.send_signal(signal.SIGKILL)
+            await asyncio.wait_for(proc.wait(), DEADLINE)
+            # The router let go of the agent's stdout (no reply is coming) and cancelled the call.
+            assert await asyncio.wait_for(proc.stdout.read(), DEADLINE) == b""
+            await until(lambda: not router.connections)
+            await until(lambda: any(entry.get("tool") == "echo_misbehave" for entry in log_lines(router)))
+            assert log_lines(router)[-1]["outcome"] == "cancelled"
+
+    on_both_loops(scenario)
+
+
+def test_an_agent_that_stops_reading_ends_its_session(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            proc = await start_bridge(run_dir)
+            assert proc.stdin is not None
+            proc.stdin.write(line(INIT))
+            await read_reply(proc)
+            proc._transport.get_pipe_transport(1).close()  # type: ignore[attr-defined]  # the agent's read end
+            proc.stdin.write(call(2, "echo_say", {"text": "into the void"}))
+            assert await asyncio.wait_for(proc.wait(), DEADLINE) == 0
+            await until(lambda: not router.connections)
+
+    on_uvloop(scenario)
+
+
+def test_an_oversize_line_from_an_attached_agent_is_refused_and_the_session_lives_on(echo_root: Path,
+                                                                                      run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir, max_line_bytes=1024):
+            proc = await start_bridge(run_dir)
+            assert proc.stdin is not None
+            proc.stdin.write(line(INIT) + b'{"pad":"' + b"x" * 3000 + b'"}\n' + call(2, "echo_say", {"text": "ok"}))
+            assert (await read_reply(proc))["id"] == 1
+            refused = await read_reply(proc)
+            assert refused["error"]["code"] == -32600
+            assert refused["error"]["data"] == {"maxLineBytes": 1024}
+            assert (await read_reply(proc))["result"]["structuredContent"] == {"text": "ok"}
+            proc.stdin.close()
+            assert await asyncio.wait_for(proc.wait(), DEADLINE) == 0
+
+    on_uvloop(scenario)
+
+
+def test_the_bridge_relays_lines_when_stdin_is_a_file(echo_root: Path, run_dir: Path, tmp_path: Path) -> None:
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(line(INIT) + call(2, "echo_say", {"text": "from a file"}))
+
+    async def scenario() -> tuple[bytes, list[dict[str, Any]]]:
+        async with serving(echo_root, run_dir) as router:
+            with requests.open("rb") as stdin:
+                proc = await start_bridge(run_dir, stdin=stdin, HANDLER_INSTANCE="run-9")
+                out, err = await asyncio.wait_for(proc.communicate(), DEADLINE)
+            assert proc.returncode == 0, err
+            return out, log_lines(router)
+
+    out, log = on_uvloop(scenario)
+    replies = [orjson.loads(reply) for reply in out.splitlines()]
+    assert [r["id"] for r in replies] == [1, 2]
+    assert replies[1]["result"]["structuredContent"] == {"text": "from a file"}
+    assert log[-1]["instance"] == "run-9"  # the relay tags each request with the agent's instance
+
+
+def test_a_relaying_bridge_exits_when_the_router_closes(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> int:
+        controller, terminal = pty.openpty()  # a terminal cannot be handed over: the bridge relays
+        tty.setraw(terminal)
+        try:
+            async with serving(echo_root, run_dir) as router:
+                proc = await start_bridge(run_dir, stdin=terminal)
+                os.write(controller, line({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+                assert await read_reply(proc) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+                assert held_by_bridge(proc.pid)[0].startswith("/dev/pts/")
+                await router.aclose()
+                return await asyncio.wait_for(proc.wait(), DEADLINE)
+        finally:
+            os.close(controller)
+            os.close(terminal)
+
+    assert on_uvloop(scenario) == 0
+
+
+@pytest.mark.parametrize("kind", ["file", "none"])
+def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_lines(
+        echo_root: Path, run_dir: Path, tmp_path: Path, kind: str) -> None:
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+
+    async def scenario(router: Router) -> None:
+        with socket.socket(socket.AF_UNIX) as sock, plain.open("rb") as reading, plain.open("wb") as writing:
+            sock.connect(str(router.socket_path("tester")))
+            sock.settimeout(DEADLINE)
+            loop = asyncio.get_running_loop()
+            fds = [reading.fileno(), writing.fileno()] if kind == "file" else []
+            await loop.run_in_executor(None, socket.send_fds, sock, [attach_line({"handler/interface": "echo"})], fds)
+            answer = orjson.loads(await loop.run_in_executor(None, recv_line, sock))
+            if kind == "file":
+                assert answer == {"handler/attached": False, "message": "the agent's stdin is not a pipe or a socket"}
+            else:  # no descriptors: the line is read as JSON-RPC, and it is not
+                assert answer["error"]["code"] == -32600
+            await loop.run_in_executor(None, sock.sendall, line({"jsonrpc": "2.0", "id": 5, "method": "ping"}))
+            assert orjson.loads(await loop.run_in_executor(None, recv_line, sock))["id"] == 5
+
+    async def outer() -> None:
+        async with serving(echo_root, run_dir) as router:
+            await scenario(router)
+
+    on_uvloop(outer)
+
+
+def recv_line(sock: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(1)
+        assert chunk, "the router closed the connection"
+        data += chunk
+    return data
