@@ -3,9 +3,10 @@
 A line holds who called what and how it ended — time, profile, instance, interface, tool, binding,
 outcome, error code, cause, duration, cost — and never arguments, results or secrets: the record
 has no field that could hold them. For an output that broke the schema it names the field and the
-schema keyword, never the value. Lines are queued and written together, one `write(2)` of whole
-lines on an `O_APPEND` file at most `FLUSH_SECONDS` after the call, so lines never interleave and a
-busy router makes one system call for many calls.
+schema keyword, never the value. Finished records are queued and written together — serialized
+then, off the call's path — in one `write(2)` of whole lines on an `O_APPEND` file at most
+`FLUSH_SECONDS` after the call, so lines never interleave and a busy router makes one system call
+for many calls.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import orjson
 
 __all__ = ["FLUSH_SECONDS", "CallLog", "CallRecord"]
 
-# Lines are written in batches: at most this long after the call, or at once past 64 KiB queued.
+# Lines are written in batches: at most this long after the call, or at once past 256 queued.
 # A router that dies loses at most this window of log lines (never a call: the log is not the store).
 FLUSH_SECONDS = 0.05
-_FLUSH_BYTES = 64 * 1024
+_FLUSH_RECORDS = 256
 
 
 @dataclass(slots=True)
@@ -45,10 +46,17 @@ class CallRecord:
     keyword: str | None = None  # which schema rule it broke
     cost: float | None = None
     request_id: str | None = None  # a hold's id, so the log and the store can be joined
+    ended: float = 0.0  # time.perf_counter() when the call ended
+    wall: float = 0.0  # time.time() when the call ended
+
+    def end(self) -> None:
+        self.ended, self.wall = time.perf_counter(), time.time()
 
     def to_line(self) -> bytes:
+        if not self.ended:
+            self.end()
         record: dict[str, Any] = {
-            "time": _utc_now(),
+            "time": _utc(self.wall),
             "profile": self.profile,
             "instance": self.instance,
             "interface": self.interface,
@@ -56,7 +64,7 @@ class CallRecord:
             "binding": self.binding,
             "outcome": self.outcome,
             "error": self.error,
-            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "duration_ms": round((self.ended - self.started) * 1000, 3),
             "cost": self.cost,
             "generation": self.generation,
         }
@@ -73,9 +81,8 @@ class CallRecord:
 _second: list[Any] = [-1, ""]  # the last whole second formatted, reused within it
 
 
-def _utc_now() -> str:
+def _utc(now: float) -> str:
     """ISO 8601 UTC with microseconds, e.g. 2026-01-02T03:04:05.123456Z; formats a new second once."""
-    now = time.time()
     whole = int(now)
     if whole != _second[0]:
         _second[0], _second[1] = whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
@@ -89,7 +96,7 @@ class CallLog:
         self.path = path
         self.flush_seconds = flush_seconds
         self._fd = -1
-        self._buffer = bytearray()
+        self._queue: list[CallRecord] = []
         self._timer: asyncio.TimerHandle | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -99,8 +106,9 @@ class CallLog:
         """Queue the call's line; it reaches the file within `flush_seconds` (one write for many calls)."""
         if self._fd < 0:
             return
-        self._buffer += record.to_line()
-        if len(self._buffer) >= _FLUSH_BYTES or self.flush_seconds <= 0:
+        record.end()
+        self._queue.append(record)
+        if len(self._queue) >= _FLUSH_RECORDS or self.flush_seconds <= 0:
             self.flush()
         elif self._timer is None:
             try:
@@ -112,9 +120,12 @@ class CallLog:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._buffer and self._fd >= 0:
-            data, self._buffer = bytes(self._buffer), bytearray()
-            os.write(self._fd, data)  # whole lines, O_APPEND: never interleaved with another writer
+        if self._queue and self._fd >= 0:
+            records, self._queue = self._queue, []
+            data = b"".join(record.to_line() for record in records)
+            view = memoryview(data)
+            while view:  # whole lines, O_APPEND: never interleaved with another writer
+                view = view[os.write(self._fd, view):]
 
     def close(self) -> None:
         self.flush()
