@@ -57,6 +57,7 @@ from reconciler.governance.ledger import (
     settle,
 )
 from reconciler.governance.listening import HoldListener
+from reconciler.governance.notices import add_notices, targets_for
 from reconciler.governance.rulebook import CapSet, Rulebook, ToolEntry, compile_rulebook, from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_url
 
@@ -231,7 +232,9 @@ class Governor:
             if decision.cap:
                 detail["cap"] = decision.cap
             if decision.outcome is Outcome.APPROVE:
-                insert_hold(conn, _hold_values(request_id, snapshot.revision, call, decision, cost, trace))
+                values = _hold_values(request_id, snapshot.revision, call, decision, cost, trace)
+                insert_hold(conn, values)
+                add_notices(conn, request_id, targets_for(values["approver"], snapshot.org))
                 record(conn, "decided", request_id=request_id, profile=call.profile, instance=call.instance,
                        tool=call.tool, status=decision.status, detail=detail)
                 return Admission("pending", f"{decision.reason} {PENDING_HINT}", request_id, None, trace)

@@ -32,6 +32,7 @@ __all__ = [
     "balances",
     "holds",
     "metadata",
+    "notices",
     "open_store",
     "reservations",
     "spend",
@@ -112,6 +113,26 @@ reservations = sa.Table(
     sa.Column("reserved", sa.BigInteger, nullable=False),
     sa.Column("charged", sa.BigInteger),
     sa.Column("state", sa.String(16), nullable=False),  # reserved | settled | released
+)
+
+# The outbox of approver notifications: one row per hold and channel target, written with the hold
+# in one transaction, so a hold is never stored without its notices; sent (and retried) by the
+# notifier of `handler up`.
+notices = sa.Table(
+    "notices", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("hold_id", sa.String(40), nullable=False, index=True),
+    sa.Column("channel", sa.String(16), nullable=False),  # email | slack
+    sa.Column("target", sa.String(320), nullable=False),  # an email address, a Slack channel
+    sa.Column("member", sa.String(200)),  # the member an email's link decides as
+    sa.Column("state", sa.String(16), nullable=False, index=True),  # pending | sending | sent | failed
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("next_at", sa.Float, nullable=False),
+    sa.Column("claimed_at", sa.Float),
+    sa.Column("sent_at", sa.Float),
+    sa.Column("ref", sa.String(200)),  # the channel's id of what was sent (a Slack message's ts)
+    sa.Column("error", sa.Text),
+    sa.UniqueConstraint("hold_id", "channel", "target", name="uq_notices_target"),
 )
 
 HOLD_CHANNEL = "handler_holds"  # PostgreSQL NOTIFY channel: a hold was decided

@@ -1,0 +1,150 @@
+"""Approver notifications as an outbox in the store: whom a hold notifies, and each notice's life.
+
+`add_notices` runs inside the transaction that stores the hold, so a hold is never stored without
+its notices, whichever router made it and whatever happens to that router next. A notifier
+(`reconciler.web.notifier`) claims due notices (`claim_due`: one conditional UPDATE each, so of
+several notifiers exactly one sends a notice), sends them, and records the outcome: `mark_sent`,
+or `mark_failed`, which retries with a growing delay up to `MAX_ATTEMPTS`. A notice claimed by a
+notifier that died is claimable again after `STALE_SECONDS`: notices are sent at least once.
+
+Targets (design §7 channels): a hold routed to a member emails that member; one posted to a Slack
+channel goes to that channel; one left to the org's owners emails every owner. A hold routed to
+the caller is decided over MCP (`handler_decide`) and notifies nobody. Every hold is also on the
+dashboard, which needs no notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.config.models import OrgFile
+from reconciler.governance.store import Store, notices, now
+
+__all__ = [
+    "MAX_ATTEMPTS",
+    "STALE_SECONDS",
+    "Notice",
+    "Target",
+    "add_notices",
+    "claim_due",
+    "list_notices",
+    "mark_failed",
+    "mark_sent",
+    "targets_for",
+]
+
+MAX_ATTEMPTS = 8
+STALE_SECONDS = 300.0
+_FIRST_RETRY_SECONDS = 5.0
+_LONGEST_RETRY_SECONDS = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    channel: str  # email | slack
+    target: str  # an address, a channel
+    member: str | None = None  # whom an email's link decides as
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    id: int
+    hold_id: str
+    channel: str
+    target: str
+    member: str | None
+    state: str
+    attempts: int
+    next_at: float
+    sent_at: float | None
+    ref: str | None
+    error: str | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Notice:
+        m = row._mapping
+        return cls(**{f.name: m[f.name] for f in fields(cls)})
+
+
+def targets_for(approver: Mapping[str, Any] | None, org: OrgFile | None) -> list[Target]:
+    """Where a hold with this approver is announced; empty when no channel reaches its approver."""
+    if not approver:
+        return []
+    to = approver.get("to")
+    if to == "slack" and isinstance(approver.get("channel"), str):
+        return [Target("slack", approver["channel"])]
+    members = org.members if org is not None else {}
+    if to == "member":
+        names = [approver.get("member")]
+    elif to == "owners":
+        names = list(approver.get("members") or [name for name, m in members.items() if m.owner])
+    else:
+        return []
+    out = []
+    for name in names:
+        member = members.get(name) if isinstance(name, str) else None
+        if member is not None and member.email:
+            out.append(Target("email", member.email, name))
+    return out
+
+
+def add_notices(conn: Connection, hold_id: str, targets: Sequence[Target]) -> None:
+    """Queue the hold's notices inside the caller's transaction (the one that inserts the hold)."""
+    if targets:
+        at = now()
+        conn.execute(sa.insert(notices), [
+            {"hold_id": hold_id, "channel": t.channel, "target": t.target, "member": t.member, "state": "pending",
+             "attempts": 0, "next_at": at} for t in targets])
+
+
+def claim_due(store: Store, channels: Sequence[str], *, limit: int = 20) -> list[Notice]:
+    """Take up to `limit` notices due now on these channels; each is claimed by exactly one caller."""
+    if not channels:
+        return []
+    at = now()
+    due = sa.or_(sa.and_(notices.c.state == "pending", notices.c.next_at <= at),
+                 sa.and_(notices.c.state == "sending", notices.c.claimed_at < at - STALE_SECONDS))
+    with store.engine.connect() as conn:
+        candidates = [(r.id, r.state) for r in conn.execute(
+            sa.select(notices.c.id, notices.c.state).where(due, notices.c.channel.in_(channels))
+            .order_by(notices.c.next_at).limit(limit))]
+    claimed = []
+    for notice_id, state in candidates:
+        with store.begin() as conn:
+            done = conn.execute(sa.update(notices).where(notices.c.id == notice_id, notices.c.state == state)
+                                .values(state="sending", claimed_at=at))
+            if done.rowcount == 1:
+                claimed.append(Notice.from_row(conn.execute(sa.select(notices).where(notices.c.id == notice_id)).one()))
+    return claimed
+
+
+def mark_sent(store: Store, notice: Notice, ref: str | None = None) -> None:
+    with store.begin() as conn:
+        conn.execute(sa.update(notices).where(notices.c.id == notice.id)
+                     .values(state="sent", sent_at=now(), attempts=notice.attempts + 1, ref=ref, error=None))
+
+
+def mark_failed(store: Store, notice: Notice, error: str, *, final: bool = False) -> str:
+    """Record a failed attempt: retried later, or `failed` for good (after `MAX_ATTEMPTS`, or `final`)."""
+    attempts = notice.attempts + 1
+    state = "failed" if final or attempts >= MAX_ATTEMPTS else "pending"
+    delay = min(_FIRST_RETRY_SECONDS * 2 ** (attempts - 1), _LONGEST_RETRY_SECONDS)
+    with store.begin() as conn:
+        conn.execute(sa.update(notices).where(notices.c.id == notice.id)
+                     .values(state=state, attempts=attempts, next_at=now() + delay, error=error[:2000]))
+    return state
+
+
+def list_notices(store: Store, hold_id: str | None = None, *, states: Sequence[str] = ()) -> list[Notice]:
+    query = sa.select(notices).order_by(notices.c.id)
+    if hold_id is not None:
+        query = query.where(notices.c.hold_id == hold_id)
+    if states:
+        query = query.where(notices.c.state.in_(states))
+    with store.engine.connect() as conn:
+        return [Notice.from_row(r) for r in conn.execute(query)]

@@ -1,0 +1,120 @@
+"""The notices outbox: whom a hold notifies, written with the hold, claimed once, retried, given up."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import sqlalchemy as sa
+
+from governance.builders import make_snapshot, priced_call
+from reconciler.governance.governor import Governor
+from reconciler.governance.notices import (
+    MAX_ATTEMPTS,
+    Target,
+    claim_due,
+    list_notices,
+    mark_failed,
+    mark_sent,
+    targets_for,
+)
+from reconciler.governance.store import Store, notices
+
+ORG = {
+    "members": {"alice": {"owner": True, "email": "alice@example.org"}, "bob": {"email": "bob@example.org"},
+                "carol": {}, "dan": {"owner": True, "email": "dan@example.org"}},
+    "slack": {"channels": ["#approvals"]},
+}
+
+
+def hold_for(store: Store, routing: dict[str, str] | None) -> str:
+    """Hold one `mail_send` of a balanced profile routed as given; returns its request id."""
+    fields = {"template": "balanced", **({"routing": routing} if routing else {})}
+    snapshot = make_snapshot({"p": fields}, org=ORG)
+
+    async def admit() -> str:
+        governor = Governor(store, owns_store=False)
+        try:
+            admission = await governor.admit(snapshot, priced_call(profile="p", tool="mail_send", to="x@example.org"))
+        finally:
+            await governor.aclose()
+        assert admission.status == "pending"
+        assert admission.request_id is not None
+        return admission.request_id
+
+    return asyncio.run(admit())
+
+
+def test_each_routing_notifies_its_approver(store: Store) -> None:
+    cases = [
+        ({"to": "member", "member": "bob"}, [("email", "bob@example.org", "bob")]),
+        ({"to": "slack", "channel": "#approvals"}, [("slack", "#approvals", None)]),
+        (None, [("email", "alice@example.org", "alice"), ("email", "dan@example.org", "dan")]),  # the owners
+        ({"to": "caller"}, []),  # decided over MCP by the parent instance
+        ({"to": "member", "member": "carol"}, []),  # no address: the dashboard is the only way
+    ]
+    for routing, expected in cases:
+        rid = hold_for(store, routing)
+        got = [(n.channel, n.target, n.member) for n in list_notices(store, rid)]
+        assert got == expected, routing
+        assert all(n.state == "pending" and n.attempts == 0 for n in list_notices(store, rid))
+
+
+def test_no_org_no_targets() -> None:
+    assert targets_for({"to": "owners", "members": []}, None) == []
+    assert targets_for({"to": "slack", "channel": "#x"}, None) == [Target("slack", "#x")]
+
+
+def test_a_notice_is_claimed_by_exactly_one_of_many_notifiers(store: Store) -> None:
+    rid = hold_for(store, {"to": "member", "member": "bob"})
+    claims: list[int] = []
+    start = threading.Barrier(6)
+
+    def claim() -> None:
+        start.wait()
+        claims.extend(n.id for n in claim_due(store, ["email"]))
+
+    threads = [threading.Thread(target=claim) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(claims) == 1
+    (notice,) = list_notices(store, rid)
+    assert notice.state == "sending"
+    assert claim_due(store, ["email"]) == []  # claimed: not due for anyone else
+    assert claim_due(store, ["slack"]) == []  # and a notifier only takes its own channels
+    mark_sent(store, notice, ref="msg-1")
+    (sent,) = list_notices(store, rid)
+    assert (sent.state, sent.attempts, sent.ref) == ("sent", 1, "msg-1")
+    assert sent.sent_at is not None
+
+
+def test_a_failed_send_is_retried_later_then_given_up(store: Store) -> None:
+    rid = hold_for(store, {"to": "member", "member": "bob"})
+    (notice,) = claim_due(store, ["email"])
+    assert mark_failed(store, notice, "connection refused") == "pending"
+    (again,) = list_notices(store, rid)
+    assert again.error == "connection refused"
+    assert again.next_at > notice.next_at  # not due at once: it waits its backoff
+    assert claim_due(store, ["email"]) == []
+    for attempt in range(2, MAX_ATTEMPTS + 1):
+        with store.begin() as conn:  # let the backoff pass
+            conn.execute(sa.update(notices).where(notices.c.hold_id == rid).values(next_at=0))
+        (notice,) = claim_due(store, ["email"])
+        state = mark_failed(store, notice, f"attempt {attempt}")
+    assert state == "failed"
+    assert list_notices(store, rid)[0].attempts == MAX_ATTEMPTS
+    with store.begin() as conn:
+        conn.execute(sa.update(notices).where(notices.c.hold_id == rid).values(next_at=0))
+    assert claim_due(store, ["email"]) == []  # failed for good: never sent again
+
+
+def test_a_notice_whose_notifier_died_is_claimed_again(store: Store) -> None:
+    rid = hold_for(store, {"to": "slack", "channel": "#approvals"})
+    (first,) = claim_due(store, ["slack"])
+    assert claim_due(store, ["slack"]) == []
+    with store.begin() as conn:  # the notifier that claimed it died long ago
+        conn.execute(sa.update(notices).where(notices.c.id == first.id).values(claimed_at=1.0))
+    (again,) = claim_due(store, ["slack"])
+    assert (again.id, again.hold_id) == (first.id, rid)
