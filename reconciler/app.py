@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -27,6 +28,7 @@ from reconciler.governance.gate import Gate
 from reconciler.governance.governor import Governor
 from reconciler.router.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router
+from reconciler.web.channels import open_channels
 from reconciler.web.http import HttpListener, build_app
 
 __all__ = ["UpOptions", "run_router", "run_up", "serve", "up"]
@@ -197,8 +199,12 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
     async def on_push() -> None:
         pushed.set()
 
+    channels = None
+    if governor is not None:  # approvals: the dashboard, signed links, Slack, and the notices outbox
+        channels = open_channels(governor.store, lambda: holder[0].live.snapshot if holder else None, state_dir,
+                                 os.environ)
     app = build_app(reconciler.status.to_dict, webhook_secret=options.webhook_secret,
-                    on_push=on_push if mirror is not None else None)
+                    on_push=on_push if mirror is not None else None, desk=channels.desk if channels else None)
     listener = HttpListener(app, options.http_host, options.http_port)
     tasks: list[asyncio.Task[Any]] = []
     try:
@@ -223,6 +229,9 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
                 await asyncio.sleep(0.01)
         if tasks[0].done():  # the port is taken, or the address is wrong
             tasks[0].result()
+        if channels is not None:
+            channels.set_public_url(f"http://{options.http_host}:{listener.port}")
+            tasks.append(asyncio.create_task(channels.notifier.run(stop)))
         if on_ready is not None:
             on_ready(holder[0], reconciler, listener)
         await stop.wait()
@@ -235,6 +244,8 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(sig)
+        if channels is not None:
+            await channels.aclose()
         if governor is not None:  # first: holds running now finish through the router
             await governor.aclose()
         if holder:

@@ -44,8 +44,10 @@ from reconciler.governance.holds import Hold, decide_hold, get_hold, list_holds,
 from reconciler.governance.ledger import add_balance, current_month, read_balance, spend_report
 from reconciler.governance.rulebook import from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_exists, store_url
+from reconciler.router.places import default_state_dir
 from reconciler.router.server import Router
 from reconciler.web.http import HttpListener
+from reconciler.web.links import LinkSigner, load_link_secret
 
 __all__ = ["main"]
 
@@ -311,6 +313,12 @@ def _add_governance_commands(sub: Any) -> None:
         act.add_argument("request_id")
         act.add_argument("--as", dest="member", required=True, metavar="MEMBER")
         act.set_defaults(run=_approvals_decide, decision=verb)
+    link = with_root(asub.add_parser("link", help="a signed link that lets a member decide a hold in the browser"))
+    link.add_argument("request_id")
+    link.add_argument("--member", required=True, help="the member the link decides as")
+    link.add_argument("--url", default=None, help="the dashboard's address as the member reaches it (default: "
+                      "$HANDLER_PUBLIC_URL, else http://127.0.0.1:8765)")
+    link.set_defaults(run=_approvals_link)
 
     trail = with_root(sub.add_parser("audit", help="the audit trail of decisions, holds and balance changes"))
     trail.add_argument("--request", metavar="ID")
@@ -425,6 +433,21 @@ def _approvals_decide(args: argparse.Namespace) -> int:
         print(f"{hold.id} approved by {args.member}: a running router runs it now (or the next one that starts).")
     else:
         print(f"{hold.id} rejected by {args.member}: the agent reads 'rejected' on its next handler_status.")
+    return EXIT_OK
+
+
+def _approvals_link(args: argparse.Namespace) -> int:
+    snapshot = _load(args.root)
+    with _store(args.root) as store:
+        hold = get_hold(store, args.request_id)
+    refusal = may_decide(hold, snapshot, args.member)
+    if refusal is not None:
+        raise NotAllowedError(f"{args.member} may not decide {hold.id}: {refusal}")
+    if hold.state != "pending":
+        raise NotAllowedError(f"hold {hold.id} was already decided: it is {hold.state}")
+    signer = LinkSigner(load_link_secret(default_state_dir(Path(args.root))))
+    base = args.url or os.environ.get("HANDLER_PUBLIC_URL") or "http://127.0.0.1:8765"
+    print(signer.url(base, hold.id, args.member))
     return EXIT_OK
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "list_notices",
     "mark_failed",
     "mark_sent",
+    "mark_skipped",
     "targets_for",
 ]
 
@@ -127,6 +128,12 @@ def mark_sent(store: Store, notice: Notice, ref: str | None = None) -> None:
     with store.begin() as conn:
         conn.execute(sa.update(notices).where(notices.c.id == notice.id)
                      .values(state="sent", sent_at=now(), attempts=notice.attempts + 1, ref=ref, error=None))
+
+
+def mark_skipped(store: Store, notice: Notice, why: str) -> None:
+    """Nothing to announce any more (the hold was decided first): the notice is closed unsent."""
+    with store.begin() as conn:
+        conn.execute(sa.update(notices).where(notices.c.id == notice.id).values(state="skipped", error=why))
 
 
 def mark_failed(store: Store, notice: Notice, error: str, *, final: bool = False) -> str:

@@ -1,4 +1,5 @@
-"""The HTTP listener of `handler up`: `/healthz`, `/status` and the git push webhook `/hooks/git`.
+"""The HTTP listener of `handler up`: `/healthz`, `/status`, the git push webhook `/hooks/git` and,
+with a governance store, the dashboard and the channels' endpoints (`dashboard`).
 
 A Starlette app served by uvicorn inside the service's own event loop (its signal handling is left
 to the service, which stops everything in order).
@@ -18,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reconciler.gitops.webhook import verify_signature
+from reconciler.web.dashboard import Desk, dashboard_routes
 
 __all__ = ["HttpListener", "build_app"]
 
@@ -25,7 +27,11 @@ log = logging.getLogger("handler.http")
 
 
 def build_app(
-    status: Callable[[], dict[str, Any]], *, webhook_secret: bytes | None, on_push: Callable[[], Awaitable[None]] | None
+    status: Callable[[], dict[str, Any]],
+    *,
+    webhook_secret: bytes | None,
+    on_push: Callable[[], Awaitable[None]] | None,
+    desk: Desk | None = None,
 ) -> Starlette:
     """The ASGI app. `on_push` is awaited for a verified push (None: the source is not git)."""
 
@@ -53,13 +59,14 @@ def build_app(
         await on_push()
         return JSONResponse({"ok": True, "fetching": True}, status_code=202)
 
-    return Starlette(
-        routes=[
-            Route("/healthz", healthz),
-            Route("/status", status_route),
-            Route("/hooks/git", hook, methods=["POST"]),
-        ]
-    )
+    routes = [
+        Route("/healthz", healthz),
+        Route("/status", status_route),
+        Route("/hooks/git", hook, methods=["POST"]),
+    ]
+    if desk is not None:
+        routes += dashboard_routes(desk, status)
+    return Starlette(routes=routes)
 
 
 class _Server(uvicorn.Server):

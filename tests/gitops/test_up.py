@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +22,13 @@ import pytest
 from fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree
 from fixtures.echo_tree import select_binding as _select
 from fixtures.harness import RawClient, short_dir
+from fixtures.service import DEADLINE, Service, running
 
-from reconciler.app import UpOptions, run_up
-from reconciler.gitops.reconciling import Reconciler
+from reconciler.app import UpOptions
 from reconciler.gitops.webhook import sign_body
-from reconciler.router.server import Router
-from reconciler.web.http import HttpListener
 
 OTHER_ENV = "HANDLER_TEST_ECHO_TOKEN_B"
 SECRET = b"push-secret"
-DEADLINE = 20.0
 
 
 @pytest.fixture(autouse=True)
@@ -48,60 +45,6 @@ def short() -> Iterator[Path]:
 
 def _echo_tree(root: Path) -> Path:
     return add_other_binding(write_echo_tree(root), OTHER_ENV)
-
-
-class Service:
-    """`run_up` as a task of the test's loop, with what its on_ready hands over."""
-
-    def __init__(self) -> None:
-        self.router: Router | None = None
-        self.reconciler: Reconciler | None = None
-        self.listener: HttpListener | None = None
-        self.ready = asyncio.Event()
-        self.stop = asyncio.Event()
-
-    def on_ready(self, router: Router, reconciler: Reconciler, listener: HttpListener) -> None:
-        self.router, self.reconciler, self.listener = router, reconciler, listener
-        self.ready.set()
-
-    @property
-    def generation(self) -> int:
-        assert self.reconciler is not None
-        assert self.reconciler.status.applied is not None
-        return self.reconciler.status.applied.generation
-
-    async def until(self, check: Callable[[], bool]) -> None:
-        async with asyncio.timeout(DEADLINE):
-            while not check():
-                await asyncio.sleep(0.02)
-
-    async def session(self) -> RawClient:
-        assert self.router is not None
-        client = await RawClient.connect(self.router.socket_path("tester"))
-        await client.request(
-            "initialize",
-            {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}},
-        )
-        await client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        return client
-
-
-@contextlib.asynccontextmanager
-async def running(options: UpOptions) -> AsyncIterator[Service]:
-    service = Service()
-    task = asyncio.create_task(run_up(options, on_ready=service.on_ready, stop=service.stop))
-    async with asyncio.timeout(DEADLINE):
-        done, _ = await asyncio.wait(
-            {task, asyncio.create_task(service.ready.wait())}, return_when=asyncio.FIRST_COMPLETED
-        )
-    if task in done:
-        task.result()
-        raise AssertionError("handler up stopped before it was ready")
-    try:
-        yield service
-    finally:
-        service.stop.set()
-        await asyncio.wait_for(task, DEADLINE)
 
 
 async def _token(client: RawClient) -> str:

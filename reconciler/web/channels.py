@@ -1,0 +1,52 @@
+"""The approval channels of `handler up`, configured from the environment: the dashboard's desk and the notifier.
+
+- `HANDLER_PUBLIC_URL`: the listener's address as approvers reach it, for links and Slack's Details
+  button (default: the listener's own);
+- `HANDLER_LINK_SECRET`: the key of signed decision links (default: one made in the state folder);
+- `HANDLER_DASHBOARD_TOKEN`: when set, the dashboard's pages ask for it;
+- `HANDLER_SMTP_URL`, `HANDLER_MAIL_FROM`: the email channel (see `mail`);
+- `HANDLER_SLACK_TOKEN`, `HANDLER_SLACK_SIGNING_SECRET`, `HANDLER_SLACK_API_URL`: Slack (see `slack`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from reconciler.config.snapshot import Snapshot
+from reconciler.governance.store import Store
+from reconciler.web.dashboard import Desk
+from reconciler.web.links import LinkSigner, load_link_secret
+from reconciler.web.mail import MailSettings
+from reconciler.web.notifier import Notifier
+from reconciler.web.slack import SlackClient, SlackSettings
+
+__all__ = ["Channels", "open_channels"]
+
+
+@dataclass
+class Channels:
+    desk: Desk
+    notifier: Notifier
+
+    def set_public_url(self, url: str) -> None:
+        """The listener's address, once it is known (a port of 0 is chosen at bind time)."""
+        if not self.notifier.public_url:
+            self.notifier.public_url = url
+
+    async def aclose(self) -> None:
+        if self.desk.slack_client is not None:
+            await self.desk.slack_client.aclose()
+
+
+def open_channels(store: Store, snapshot: Callable[[], Snapshot | None], state_dir: Path,
+                  env: Mapping[str, str]) -> Channels:
+    """Raises `MailError` for a `HANDLER_SMTP_URL` that cannot be used, before anything starts."""
+    signer = LinkSigner(load_link_secret(state_dir, env))
+    slack = SlackSettings.from_env(env)
+    client = SlackClient(slack) if slack.token or slack.signing_secret else None
+    desk = Desk(store, snapshot, signer, slack, client, env.get("HANDLER_DASHBOARD_TOKEN", "").strip() or None)
+    notifier = Notifier(store, signer, env.get("HANDLER_PUBLIC_URL", "").strip().rstrip("/"),
+                        MailSettings.from_env(env), client if slack.token else None)
+    return Channels(desk, notifier)

@@ -1,0 +1,241 @@
+"""The dashboard and the decision endpoints of the channels (design §7).
+
+Pages: `/` (status: the applied revision, the last attempt and its findings, profiles,
+connectors), `/approvals` (holds waiting, decisions made), `/approvals/<id>` (one hold in full,
+its arguments included, and its notices), `/catalog` (interfaces, their tools, connectors and
+bindings). With `HANDLER_DASHBOARD_TOKEN` set, the pages ask for it once (`?token=...`, then a
+cookie); without it they are open to whoever reaches the listener, which `handler up` binds to
+127.0.0.1 unless told otherwise.
+
+Decisions: a signed link (`links`) opens `/approvals/<id>` as its member with Approve and Reject
+buttons; only the POST decides, and it needs the link's signature, not the token. Slack posts
+clicks to `/hooks/slack`; the Slack user is the org member whose `slack` id it is. Either way the
+decision goes through `decide_hold` with `may_decide`, as the CLI's does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import hmac
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from reconciler.config.snapshot import Snapshot
+from reconciler.governance.errors import HoldNotFoundError, NotAllowedError
+from reconciler.governance.holds import Hold, decide_hold, get_hold, list_holds, may_decide
+from reconciler.governance.notices import list_notices
+from reconciler.governance.store import Store
+from reconciler.web.links import LinkSigner
+from reconciler.web.slack import SlackAction, SlackClient, SlackSettings, parse_interaction, verify_request
+
+__all__ = ["Desk", "dashboard_routes"]
+
+log = logging.getLogger("handler.http")
+_COOKIE = "handler_dashboard"
+_DECIDED = ("approved", "rejected", "running", "executed", "failed")
+
+
+@dataclass
+class Desk:
+    """What the dashboard reads and decides with."""
+
+    store: Store
+    snapshot: Callable[[], Snapshot | None]  # the live one
+    signer: LinkSigner
+    slack: SlackSettings
+    slack_client: SlackClient | None = None  # answers clicks through their response_url
+    token: str | None = None  # HANDLER_DASHBOARD_TOKEN
+
+
+def _templates() -> Environment:
+    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                      autoescape=select_autoescape(["html"]), auto_reload=False)
+    env.filters["utc"] = lambda t: "" if t is None else datetime.datetime.fromtimestamp(
+        t, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    env.filters["pretty"] = lambda v: orjson.dumps(v, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+    env.filters["approver"] = _approver_text
+    return env
+
+
+def _approver_text(approver: Mapping[str, Any] | None) -> str:
+    if not approver:
+        return "any member"
+    to = approver.get("to")
+    if to == "member":
+        return f"member {approver.get('member')}"
+    if to == "slack":
+        return f"Slack {approver.get('channel')}"
+    if to == "owners":
+        return "the owners (" + ", ".join(approver.get("members") or []) + ")"
+    return "the instance that started the agent" if to == "caller" else str(to)
+
+
+def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[Route]:
+    env = _templates()
+
+    def page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        return HTMLResponse(env.get_template(name).render(**context), status_code=status_code)
+
+    def locked(request: Request) -> Response | None:
+        """The response for a visitor without the dashboard token, or None to let them in."""
+        if not desk.token:
+            return None
+        given = request.query_params.get("token")
+        if given is not None and hmac.compare_digest(given, desk.token):
+            response = RedirectResponse(request.url.remove_query_params("token"), status_code=303)
+            response.set_cookie(_COOKIE, desk.token, httponly=True, samesite="strict")
+            return response
+        if hmac.compare_digest(request.cookies.get(_COOKIE, ""), desk.token):
+            return None
+        return HTMLResponse("<p>This dashboard asks for its token: open it once as <code>/?token=...</code> "
+                            "(the value of HANDLER_DASHBOARD_TOKEN).</p>", status_code=401)
+
+    async def overview(request: Request) -> Response:
+        if (refusal := locked(request)) is not None:
+            return refusal
+        pending = await asyncio.to_thread(list_holds, desk.store, ("pending",), 10_000)
+        return page("overview.html", status=status(), pending=len(pending))
+
+    async def approvals(request: Request) -> Response:
+        if (refusal := locked(request)) is not None:
+            return refusal
+        pending = await asyncio.to_thread(list_holds, desk.store, ("pending",))
+        decided = await asyncio.to_thread(list_holds, desk.store, _DECIDED, 10_000)
+        decided.sort(key=lambda h: h.decided_at or 0.0, reverse=True)
+        return page("approvals.html", pending=pending, decided=decided[:50])
+
+    async def catalog(request: Request) -> Response:
+        if (refusal := locked(request)) is not None:
+            return refusal
+        return page("catalog.html", interfaces=_catalog(desk.snapshot()))
+
+    async def hold_page(request: Request) -> Response:
+        hold_id = request.path_params["hold_id"]
+        member, why = desk.signer.check(hold_id, request.query_params)
+        if member is None and (refusal := locked(request)) is not None:
+            if "sig" in request.query_params:  # a link that does not hold: say why, show nothing
+                return page("hold_refused.html", status_code=403, message=why)
+            return refusal
+        try:
+            hold = await asyncio.to_thread(get_hold, desk.store, hold_id)
+        except HoldNotFoundError as exc:
+            return HTMLResponse(f"<p>{_escape(str(exc))}</p>", status_code=404)
+        message = why if member is None and "sig" in request.query_params else ""
+        return await _hold_view(hold, member, request.query_params, message, failed=bool(message))
+
+    async def _hold_view(hold: Hold, member: str | None, link: Mapping[str, str], message: str, *,
+                         failed: bool = False, status_code: int = 200) -> HTMLResponse:
+        notices = await asyncio.to_thread(list_notices, desk.store, hold.id)
+        decide_as = member if member is not None and hold.state == "pending" else None
+        if decide_as is not None and (refusal := may_decide(hold, desk.snapshot(), decide_as)) is not None:
+            decide_as, message, failed = None, refusal, True
+        return page("hold.html", status_code=status_code, hold=hold, notices=notices, decide_as=decide_as,
+                    link=link, message=message, failed=failed)
+
+    async def decide_route(request: Request) -> Response:
+        hold_id = request.path_params["hold_id"]
+        form = await request.form()
+        fields = {k: str(form.get(k, "")) for k in ("member", "expires", "sig", "decision")}
+        member, why = desk.signer.check(hold_id, fields)
+        if member is None:
+            return page("hold_refused.html", status_code=403, message=why)
+        if fields["decision"] not in ("approve", "reject"):
+            return page("hold_refused.html", status_code=400, message="the form names no decision")
+        try:
+            hold = await asyncio.to_thread(_decide, desk, hold_id, fields["decision"], member)
+        except HoldNotFoundError as exc:
+            return page("hold_refused.html", status_code=404, message=str(exc))
+        except NotAllowedError as exc:
+            hold = await asyncio.to_thread(get_hold, desk.store, hold_id)
+            return await _hold_view(hold, None, fields, str(exc), failed=True, status_code=409)
+        log.info("hold %s %s by %s (signed link)", hold_id, hold.state, member)
+        return await _hold_view(hold, None, fields, f"{hold.state.capitalize()} by {member}.")
+
+    async def slack_hook(request: Request) -> Response:
+        body = await request.body()
+        if desk.slack.signing_secret is None:
+            return JSONResponse({"error": "Slack is off: set HANDLER_SLACK_SIGNING_SECRET"}, status_code=403)
+        problem = verify_request(desk.slack.signing_secret, request.headers.get("x-slack-request-timestamp"), body,
+                                 request.headers.get("x-slack-signature"))
+        if problem is not None:
+            log.warning("slack: refused a request from %s: %s", request.client.host if request.client else "?",
+                        problem)
+            return JSONResponse({"error": problem}, status_code=401)
+        try:
+            action = parse_interaction(body)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        text, decided = await asyncio.to_thread(_decide_from_slack, desk, action)
+        if desk.slack_client is not None and action.response_url:
+            if decided:
+                await desk.slack_client.respond(action.response_url, text)
+            else:  # only the clicker sees why nothing happened
+                await desk.slack_client.respond(action.response_url, text, replace=False)
+        return Response(status_code=200)
+
+    return [
+        Route("/", overview),
+        Route("/approvals", approvals),
+        Route("/approvals/{hold_id}", hold_page, methods=["GET"]),
+        Route("/approvals/{hold_id}", decide_route, methods=["POST"]),
+        Route("/catalog", catalog),
+        Route("/hooks/slack", slack_hook, methods=["POST"]),
+    ]
+
+
+def _decide(desk: Desk, hold_id: str, decision: str, member: str) -> Hold:
+    snapshot = desk.snapshot()
+
+    def check(hold: Hold) -> None:
+        if (refusal := may_decide(hold, snapshot, member)) is not None:
+            raise NotAllowedError(refusal)
+
+    return decide_hold(desk.store, hold_id, "approve" if decision == "approve" else "reject", member, check)
+
+
+def _decide_from_slack(desk: Desk, action: SlackAction) -> tuple[str, bool]:
+    """(what to tell the channel, whether the hold was decided)."""
+    snapshot = desk.snapshot()
+    org = snapshot.org if snapshot is not None else None
+    member = next((name for name, m in (org.members.items() if org else ()) if m.slack == action.user_id), None)
+    if member is None:
+        return (f"<@{action.user_id}> is not an org member with this Slack id (members.<name>.slack in org.toml), "
+                "so the click decided nothing."), False
+    try:
+        hold = _decide(desk, action.hold_id, action.decision, member)
+    except (HoldNotFoundError, NotAllowedError) as exc:
+        return f"Nothing decided: {exc}", False
+    log.info("hold %s %s by %s (Slack)", hold.id, hold.state, member)
+    verb = "Approved" if hold.state == "approved" else "Rejected"
+    return f"{verb} by {member} (<@{action.user_id}>): {hold.profile} · {hold.tool} · request {hold.id}", True
+
+
+def _catalog(snapshot: Snapshot | None) -> list[dict[str, Any]]:
+    if snapshot is None:
+        return []
+    out = []
+    for key, iface in sorted(snapshot.interfaces.items()):
+        out.append({
+            "key": key,
+            "description": iface.spec.description,
+            "tools": iface.tools,
+            "connectors": sorted(n for n, c in snapshot.connectors.items() if key in c.spec.implements),
+            "bindings": sorted(n for n, b in snapshot.bindings.items()
+                               if (c := snapshot.connectors.get(b.connector or "")) is not None
+                               and key in c.spec.implements),
+        })
+    return out
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,0 +1,89 @@
+"""Signed decision links: a URL that lets one member decide one hold, and nothing else.
+
+An email to an approver carries `/approvals/<id>?member=<m>&expires=<t>&sig=<hmac>`. Opening it
+shows the hold and asks for confirmation; only the form's POST, which carries the same signature,
+decides — so a mail scanner that follows the link decides nothing. The signature is HMAC-SHA256
+over the hold, the member and the expiry, with `HANDLER_LINK_SECRET`, else a random key made once
+in the state folder (`link.key`, mode 0600) and kept there, so links survive a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlencode
+
+__all__ = ["LINK_DAYS", "LinkSigner", "SignedLink", "load_link_secret"]
+
+LINK_DAYS = 7  # a link decides for a week; the hold itself never expires (the dashboard and CLI still work)
+_KEY_FILE = "link.key"
+
+
+@dataclass(frozen=True, slots=True)
+class SignedLink:
+    hold_id: str
+    member: str
+    expires: int
+    sig: str
+
+    def query(self) -> str:
+        return urlencode({"member": self.member, "expires": self.expires, "sig": self.sig})
+
+
+class LinkSigner:
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < 16:
+            raise ValueError("the link secret must be at least 16 bytes")
+        self._secret = secret
+
+    def _mac(self, hold_id: str, member: str, expires: int) -> str:
+        message = f"handler-decision\n{hold_id}\n{member}\n{expires}".encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def sign(self, hold_id: str, member: str, *, days: float = LINK_DAYS, now: float | None = None) -> SignedLink:
+        expires = int((time.time() if now is None else now) + days * 86400)
+        return SignedLink(hold_id, member, expires, self._mac(hold_id, member, expires))
+
+    def url(self, base: str, hold_id: str, member: str) -> str:
+        return f"{base.rstrip('/')}/approvals/{hold_id}?{self.sign(hold_id, member).query()}"
+
+    def check(self, hold_id: str, params: Mapping[str, str], now: float | None = None) -> tuple[str | None, str]:
+        """(the member the link decides as, "") for a valid link, else (None, why not)."""
+        member, expires, sig = params.get("member", ""), params.get("expires", ""), params.get("sig", "")
+        if not (member and expires and sig):
+            return None, "this page was opened without a decision link"
+        if not expires.isdigit():
+            return None, "the link is damaged (its expiry is not a number)"
+        if not hmac.compare_digest(self._mac(hold_id, member, int(expires)), sig):
+            return None, "the link's signature does not match: it was changed, or signed with another key"
+        if int(expires) < (time.time() if now is None else now):
+            return None, "the link has expired; ask for a new one (`handler approvals link`) or use the CLI"
+        return member, ""
+
+
+def load_link_secret(state_dir: Path, env: Mapping[str, str] | None = None) -> bytes:
+    """`HANDLER_LINK_SECRET`, else the key kept in the state folder (made on first use)."""
+    env = os.environ if env is None else env
+    given = env.get("HANDLER_LINK_SECRET", "")
+    if given:
+        return given.encode()
+    path = state_dir / _KEY_FILE
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = secrets.token_hex(32).encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first: use theirs
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(key)
+    return key

@@ -1,0 +1,84 @@
+"""Sends the notices outbox: an email with a signed link to a member, a message with buttons to Slack.
+
+`handler up` runs one `Notifier` beside its HTTP listener, since the links and buttons lead back to
+it. It claims the due notices of the channels it has settings for (`HANDLER_SMTP_URL`,
+`HANDLER_SLACK_TOKEN`); notices of a channel that is not configured wait in the store until one
+is. A failed send is retried with a growing delay (see `governance.notices`); one that cannot work
+(a recipient or channel refused for good) is failed at once. Log lines name the hold, the channel
+and the error, never the call's arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from reconciler.governance.holds import get_hold
+from reconciler.governance.notices import Notice, claim_due, mark_failed, mark_sent, mark_skipped
+from reconciler.governance.store import Store
+from reconciler.web.links import LinkSigner
+from reconciler.web.mail import MailError, MailSettings, approval_message, send_mail
+from reconciler.web.slack import SlackClient, SlackError
+
+__all__ = ["Notifier"]
+
+log = logging.getLogger("handler.notify")
+
+
+@dataclass
+class Notifier:
+    store: Store
+    signer: LinkSigner
+    public_url: str
+    mail: MailSettings | None = None
+    slack: SlackClient | None = None
+    poll_seconds: float = 1.0
+
+    @property
+    def channels(self) -> list[str]:
+        return [name for name, on in (("email", self.mail is not None), ("slack", self.slack is not None)) if on]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Send what is due until `stop` is set."""
+        while not stop.is_set():
+            try:
+                busy = await self.send_due()
+            except Exception:  # the store is unreachable for a moment: the notices wait there
+                log.exception("notices: cannot read the outbox; trying again")
+                busy = 0
+            if not busy:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_seconds)
+
+    async def send_due(self) -> int:
+        """Claim and send the notices due now; how many were tried."""
+        due = await asyncio.to_thread(claim_due, self.store, self.channels)
+        for notice in due:
+            await self._send(notice)
+        return len(due)
+
+    async def _send(self, notice: Notice) -> None:
+        hold = await asyncio.to_thread(get_hold, self.store, notice.hold_id)
+        if hold.state != "pending":
+            await asyncio.to_thread(mark_skipped, self.store, notice, f"the hold was {hold.state} before it was sent")
+            return
+        try:
+            if notice.channel == "email" and self.mail is not None:
+                link = self.signer.url(self.public_url, hold.id, notice.member or "")
+                message = approval_message(hold, link, self.mail.sender, notice.target)
+                await asyncio.to_thread(send_mail, self.mail, message)
+                ref = None
+            elif notice.channel == "slack" and self.slack is not None:
+                details = f"{self.public_url.rstrip('/')}/approvals/{hold.id}"
+                ref = await self.slack.post_hold(notice.target, hold, details)
+            else:  # pragma: no cover - claim_due only hands out the channels this notifier has
+                return
+        except (MailError, SlackError) as exc:
+            state = await asyncio.to_thread(mark_failed, self.store, notice, str(exc), final=exc.permanent)
+            log.warning("notice of hold %s to %s %s failed (%s): %s", hold.id, notice.channel, notice.target,
+                        "given up" if state == "failed" else "will retry", exc)
+            return
+        await asyncio.to_thread(mark_sent, self.store, notice, ref)
+        log.info("notice of hold %s sent to %s %s", hold.id, notice.channel, notice.target)

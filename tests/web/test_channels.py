@@ -1,0 +1,379 @@
+"""Approval channels end to end: `handler up` in this loop, a real SMTP server and a Slack stand-in on loopback.
+
+An agent's call is held; the approver is told (an email with a signed link, or a Slack message with
+buttons); opening the link decides nothing; the signed POST, or a signed Slack click, decides; the
+router then runs the call once. Forged, stale or foreign requests decide nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from email.message import EmailMessage
+from email.parser import BytesParser
+from email.policy import default as default_policy
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import httpx
+import orjson
+import pytest
+from aiosmtpd.controller import Controller
+from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from fixtures.harness import RawClient, short_dir
+from fixtures.service import DEADLINE, Service, running
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from reconciler.app import UpOptions
+from reconciler.governance.notices import list_notices
+from reconciler.web.http import HttpListener
+
+ORG = '''apiVersion = "handler.org/v1"
+name = "test-org"
+
+[members.owner]
+email = "owner@example.org"
+owner = true
+
+[members.bob]
+email = "bob@example.org"
+
+[members.carol]
+slack = "U0CAROL"
+
+[slack]
+channels = ["#approvals"]
+'''
+
+PROFILE = '''apiVersion = "handler.profile/v1"
+name = "tester"
+scope = "work/tester"
+services = {{ echo = "echo-local" }}
+routing = {routing}
+'''
+
+SIGNING = "slack-signing-secret"
+HANDLER = str(Path(sys.executable).parent / "handler")
+
+
+class Mailbox:
+    """An aiosmtpd handler that keeps every message it is given."""
+
+    def __init__(self) -> None:
+        self.messages: list[EmailMessage] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.messages.append(BytesParser(policy=default_policy).parsebytes(envelope.content))  # type: ignore[arg-type]
+        return "250 OK"
+
+
+@pytest.fixture
+def mailbox() -> Iterator[tuple[Mailbox, int]]:
+    box = Mailbox()
+    with socket.socket() as probe:  # a free port: aiosmtpd checks its own start by connecting to it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    controller = Controller(box, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield box, port
+    finally:
+        controller.stop()
+
+
+class SlackStandIn:
+    """Slack's side on loopback: chat.postMessage as the Web API answers it, and a response_url."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.responses: list[dict[str, Any]] = []
+        self.fail_with: str | None = None
+
+    def app(self) -> Starlette:
+        async def post_message(request: Request) -> Response:
+            self.posts.append((dict(request.headers), orjson.loads(await request.body())))
+            if self.fail_with:
+                return JSONResponse({"ok": False, "error": self.fail_with})
+            return JSONResponse({"ok": True, "channel": "C0APPROVALS", "ts": "1700000000.000100"})
+
+        async def respond(request: Request) -> Response:
+            self.responses.append(orjson.loads(await request.body()))
+            return Response("ok")
+
+        return Starlette(routes=[Route("/api/chat.postMessage", post_message, methods=["POST"]),
+                                 Route("/respond", respond, methods=["POST"])])
+
+
+@pytest.fixture
+def tree(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv(TOKEN_ENV, "t")
+    for name in ("HANDLER_STORE_URL", "HANDLER_STATE_DIR", "HANDLER_SMTP_URL", "HANDLER_SLACK_TOKEN",
+                 "HANDLER_SLACK_SIGNING_SECRET", "HANDLER_DASHBOARD_TOKEN", "HANDLER_PUBLIC_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with short_dir() as base:
+        root = write_echo_tree(base / "t")
+        (root / "config/org.toml").write_text(ORG)
+        yield root
+
+
+def route(root: Path, routing: str) -> None:
+    (root / "config/profiles/tester.toml").write_text(PROFILE.format(routing=routing))
+
+
+def options(root: Path) -> UpOptions:
+    return UpOptions(str(root), run_dir=root.parent / "run", state_dir=root.parent / "state", http_port=0,
+                     sandbox=False)
+
+
+
+async def hold_a_write(service: Service) -> tuple[RawClient, str]:
+    """An agent session whose echo_write is held (Balanced: writes wait for a person)."""
+    client = await service.session()
+    result = await client.call("echo_write", {"text": "dear bob", "outputPath": "mail.txt"})
+    assert result["structuredContent"]["status"] == "pending", result
+    return client, result["structuredContent"]["request_id"]
+
+
+async def status_of(client: RawClient, rid: str) -> str:
+    result = await client.call("handler_status", {"request_id": rid})
+    status: str = result["structuredContent"]["status"]
+    return status
+
+
+async def until_executed(client: RawClient, rid: str) -> None:
+    async with asyncio.timeout(DEADLINE):
+        while (status := await status_of(client, rid)) != "executed":
+            assert status == "pending", status
+            await asyncio.sleep(0.05)
+
+
+def base_url(service: Service) -> str:
+    assert service.listener is not None
+    return f"http://127.0.0.1:{service.listener.port}"
+
+
+def test_an_email_with_a_signed_link_lets_its_member_decide_once(tree: Path, mailbox: tuple[Mailbox, int],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    box, port = mailbox
+    monkeypatch.setenv("HANDLER_SMTP_URL", f"smtp://127.0.0.1:{port}")
+    monkeypatch.setenv("HANDLER_MAIL_FROM", "handler@test.example")
+    route(tree, '{ to = "member", member = "bob" }')
+
+    async def scenario() -> None:
+        async with running(options(tree)) as service, httpx.AsyncClient() as http:
+            client, rid = await hold_a_write(service)
+            await service.until(lambda: bool(box.messages))
+            (mail,) = box.messages
+            assert mail["To"] == "bob@example.org"
+            assert mail["From"] == "handler@test.example"
+            assert rid in mail["Subject"]
+            body = mail.get_body().get_content()  # type: ignore[union-attr]
+            assert "dear bob" not in body  # the arguments stay on the page the link opens
+            link = re.search(r"(http://\S+/approvals/\S+)", body)
+            assert link is not None
+            url = link.group(1)
+            assert url.startswith(base_url(service) + f"/approvals/{rid}?")
+
+            page = await http.get(url)  # what a mail scanner does: it must decide nothing
+            assert page.status_code == 200
+            assert "dear bob" in page.text
+            assert "Approve as bob" in page.text
+            assert await status_of(client, rid) == "pending"
+
+            fields = {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+            forged = await http.post(url.split("?")[0], data={**fields, "member": "owner", "decision": "approve"})
+            assert forged.status_code == 403  # the signature binds the member
+            assert "signature does not match" in forged.text
+            assert await status_of(client, rid) == "pending"
+
+            done = await http.post(url.split("?")[0], data={**fields, "decision": "approve"})
+            assert done.status_code == 200, done.text
+            assert "Approved by bob" in done.text
+            again = await http.post(url.split("?")[0], data={**fields, "decision": "reject"})
+            assert again.status_code == 409
+            assert "already decided" in again.text
+            await until_executed(client, rid)
+            assert (tree / "work/tester/mail.txt").read_text() == "dear bob"
+            assert service.router is not None
+            (notice,) = list_notices(service.router.services.gate.store, rid)  # type: ignore[attr-defined]
+            assert (notice.channel, notice.target, notice.state) == ("email", "bob@example.org", "sent")
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_unreachable_mail_server_keeps_the_notice_for_a_retry(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HANDLER_SMTP_URL", "smtp://127.0.0.1:9")  # nothing listens on the discard port
+    route(tree, '{ to = "member", member = "bob" }')
+
+    async def scenario() -> None:
+        async with running(options(tree)) as service:
+            client, rid = await hold_a_write(service)
+            assert service.router is not None
+            store = service.router.services.gate.store  # type: ignore[attr-defined]
+            await service.until(lambda: list_notices(store, rid)[0].attempts == 1)
+            (notice,) = list_notices(store, rid)
+            assert notice.state == "pending"  # it will be tried again later
+            assert notice.error is not None
+            assert "cannot reach the mail server 127.0.0.1:9" in notice.error
+            assert await status_of(client, rid) == "pending"  # the hold itself is untouched
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def slack_click(user: str, rid: str, response_url: str, action: str = "handler_approve") -> bytes:
+    payload = {"type": "block_actions", "user": {"id": user, "username": user.lower()},
+               "actions": [{"action_id": action, "value": rid, "type": "button"}], "response_url": response_url}
+    return urlencode({"payload": orjson.dumps(payload).decode()}).encode()
+
+
+def signed(body: bytes, secret: str = SIGNING, at: float | None = None) -> dict[str, str]:
+    timestamp = str(int(time.time() if at is None else at))
+    mac = hmac.new(secret.encode(), b"v0:" + timestamp.encode() + b":" + body, hashlib.sha256).hexdigest()
+    return {"X-Slack-Request-Timestamp": timestamp, "X-Slack-Signature": "v0=" + mac,
+            "Content-Type": "application/x-www-form-urlencoded"}
+
+
+def test_a_slack_message_with_buttons_decides_through_a_signed_click(tree: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    slack = SlackStandIn()
+    route(tree, '{ to = "slack", channel = "#approvals" }')
+
+    async def scenario() -> None:
+        stand_in = HttpListener(slack.app(), "127.0.0.1", 0)
+        serving = asyncio.create_task(stand_in.serve())
+        await asyncio.wait_for(_started(stand_in), DEADLINE)
+        slack_url = f"http://127.0.0.1:{stand_in.port}"
+        monkeypatch.setenv("HANDLER_SLACK_TOKEN", "xoxb-test-token")
+        monkeypatch.setenv("HANDLER_SLACK_SIGNING_SECRET", SIGNING)
+        monkeypatch.setenv("HANDLER_SLACK_API_URL", slack_url + "/api")
+        try:
+            async with running(options(tree)) as service, httpx.AsyncClient() as http:
+                client, rid = await hold_a_write(service)
+                await service.until(lambda: bool(slack.posts))
+                (headers, message), = slack.posts
+                assert headers["authorization"] == "Bearer xoxb-test-token"
+                assert message["channel"] == "#approvals"
+                buttons = message["blocks"][1]["elements"]
+                assert [(b["action_id"], b.get("value")) for b in buttons[:2]] == [
+                    ("handler_approve", rid), ("handler_reject", rid)]
+                assert buttons[2]["url"] == f"{base_url(service)}/approvals/{rid}"
+                assert "dear bob" not in orjson.dumps(message).decode()  # a channel has many readers
+
+                hook = base_url(service) + "/hooks/slack"
+                click = slack_click("U0CAROL", rid, slack_url + "/respond")
+                forged = await http.post(hook, content=click, headers=signed(click, secret="not-the-secret"))  # noqa: S106
+                assert forged.status_code == 401
+                stale = await http.post(hook, content=click, headers=signed(click, at=time.time() - 600))
+                assert stale.status_code == 401
+                assert "five minutes" in stale.json()["error"]
+                stranger = slack_click("U0NOBODY", rid, slack_url + "/respond")
+                refused = await http.post(hook, content=stranger, headers=signed(stranger))
+                assert refused.status_code == 200
+                assert slack.responses[-1]["response_type"] == "ephemeral"
+                assert "not an org member" in slack.responses[-1]["text"]
+                assert await status_of(client, rid) == "pending"
+
+                done = await http.post(hook, content=click, headers=signed(click))
+                assert done.status_code == 200
+                assert slack.responses[-1]["replace_original"] is True
+                assert slack.responses[-1]["text"].startswith("Approved by carol")
+                await until_executed(client, rid)
+                assert service.router is not None
+                (notice,) = list_notices(service.router.services.gate.store, rid)  # type: ignore[attr-defined]
+                assert (notice.state, notice.ref) == ("sent", "1700000000.000100")
+                await client.close()
+        finally:
+            stand_in.stop()
+            await serving
+
+    asyncio.run(scenario())
+
+
+def test_a_channel_slack_refuses_fails_the_notice_at_once(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slack = SlackStandIn()
+    slack.fail_with = "channel_not_found"
+    route(tree, '{ to = "slack", channel = "#approvals" }')
+
+    async def scenario() -> None:
+        stand_in = HttpListener(slack.app(), "127.0.0.1", 0)
+        serving = asyncio.create_task(stand_in.serve())
+        await asyncio.wait_for(_started(stand_in), DEADLINE)
+        monkeypatch.setenv("HANDLER_SLACK_TOKEN", "xoxb-test-token")
+        monkeypatch.setenv("HANDLER_SLACK_API_URL", f"http://127.0.0.1:{stand_in.port}/api")
+        try:
+            async with running(options(tree)) as service:
+                client, rid = await hold_a_write(service)
+                assert service.router is not None
+                store = service.router.services.gate.store  # type: ignore[attr-defined]
+                await service.until(lambda: list_notices(store, rid)[0].state == "failed")
+                assert "channel_not_found" in (list_notices(store, rid)[0].error or "")
+                await client.close()
+        finally:
+            stand_in.stop()
+            await serving
+
+    asyncio.run(scenario())
+
+
+async def _started(listener: HttpListener) -> None:
+    while not listener.started:
+        await asyncio.sleep(0.01)
+
+
+def test_the_dashboard_shows_status_holds_and_catalog_and_asks_for_its_token(
+        tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    route(tree, '{ to = "member", member = "bob" }')
+    monkeypatch.setenv("HANDLER_DASHBOARD_TOKEN", "let-me-in")
+
+    async def scenario() -> None:
+        async with running(options(tree)) as service, httpx.AsyncClient() as http:
+            client, rid = await hold_a_write(service)
+            url = base_url(service)
+            assert (await http.get(url + "/")).status_code == 401
+            assert (await http.get(f"{url}/approvals/{rid}")).status_code == 401  # no token, no signed link
+            entered = await http.get(url + "/?token=let-me-in", follow_redirects=True)  # keeps the cookie
+            assert entered.status_code == 200, entered.text
+            assert "ready" in entered.text
+            assert "1 hold" in entered.text
+            listing = await http.get(url + "/approvals")
+            assert rid in listing.text
+            assert "member bob" in listing.text
+            page = await http.get(f"{url}/approvals/{rid}")
+            assert "dear bob" in page.text
+            assert "Approve as" not in page.text  # the dashboard shows; a signed link decides
+
+            env = {**os.environ, "HANDLER_STATE_DIR": str(tree.parent / "state"), "HANDLER_PUBLIC_URL": url}
+            link = await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", "owner",
+                                                            "--root", str(tree)], capture_output=True, text=True,
+                                           env=env, check=False)
+            assert link.returncode == 0, link.stderr
+            assert link.stdout.startswith(f"{url}/approvals/{rid}?member=owner&")
+            async with httpx.AsyncClient() as stranger:  # no cookie: the link alone lets the owner in
+                owner_page = await stranger.get(link.stdout.strip())
+            assert "Approve as owner" in owner_page.text
+            refused = await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", "carol",
+                                                               "--root", str(tree)], capture_output=True, text=True,
+                                              env=env, check=False)
+            assert refused.returncode != 0
+            assert "carol may not decide" in refused.stderr
+            catalog = await http.get(url + "/catalog")
+            assert "echo/v1" in catalog.text
+            assert "echo_say" in catalog.text
+            assert "echo-local" in catalog.text
+            await client.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,76 @@
+"""Signed decision links and Slack request signatures: what they accept and why they refuse."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import stat
+from pathlib import Path
+
+import orjson
+import pytest
+
+from reconciler.web.links import LinkSigner, load_link_secret
+from reconciler.web.slack import parse_interaction, verify_request
+
+KEY = b"k" * 32
+
+
+def test_a_link_decides_for_its_member_on_its_hold_until_it_expires() -> None:
+    signer = LinkSigner(KEY)
+    link = signer.sign("req_1", "bob", now=1_000_000.0)
+    params = {"member": link.member, "expires": str(link.expires), "sig": link.sig}
+    assert signer.check("req_1", params, now=1_000_000.0) == ("bob", "")
+    assert signer.check("req_2", params, now=1_000_000.0)[0] is None  # another hold
+    assert signer.check("req_1", {**params, "member": "alice"}, now=1_000_000.0)[0] is None
+    assert signer.check("req_1", {**params, "expires": str(link.expires + 86400)}, now=1_000_000.0)[0] is None
+    late, why = signer.check("req_1", params, now=link.expires + 1.0)
+    assert late is None
+    assert "expired" in why
+    assert LinkSigner(b"x" * 32).check("req_1", params, now=1_000_000.0)[0] is None  # another key
+    assert "opened without a decision link" in signer.check("req_1", {})[1]
+    assert "not a number" in signer.check("req_1", {**params, "expires": "soon"})[1]
+
+
+def test_the_link_key_is_made_once_private_and_kept(tmp_path: Path) -> None:
+    first = load_link_secret(tmp_path / "state", {})
+    assert load_link_secret(tmp_path / "state", {}) == first
+    assert stat.S_IMODE((tmp_path / "state/link.key").stat().st_mode) == 0o600
+    assert load_link_secret(tmp_path / "state", {"HANDLER_LINK_SECRET": "given-secret-of-length"}) == (
+        b"given-secret-of-length")
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        LinkSigner(b"short")
+
+
+def _sign(secret: bytes, timestamp: str, body: bytes) -> str:
+    return "v0=" + hmac.new(secret, f"v0:{timestamp}:".encode() + body, hashlib.sha256).hexdigest()
+
+
+def test_slack_requests_are_checked_for_signature_and_age() -> None:
+    body = b"payload=%7B%7D"
+    now = 1_700_000_000.0
+    good = _sign(b"s", "1700000000", body)
+    assert verify_request(b"s", "1700000000", body, good, now=now) is None
+    assert verify_request(b"s", "1700000000", body + b"x", good, now=now) is not None  # a changed body
+    assert "five minutes" in (verify_request(b"s", "1700000000", body, good, now=now + 301) or "")
+    assert "five minutes" in (verify_request(b"s", "1700000000", body, good, now=now - 301) or "")
+    assert "no X-Slack" in (verify_request(b"s", None, body, good, now=now) or "")
+    assert "does not match" in (verify_request(b"t", "1700000000", body, good, now=now) or "")
+
+
+def test_only_a_click_on_a_holds_button_is_an_action() -> None:
+    def form(payload: object) -> bytes:
+        from urllib.parse import urlencode
+
+        return urlencode({"payload": orjson.dumps(payload).decode()}).encode()
+
+    click = {"type": "block_actions", "user": {"id": "U1", "username": "ann"}, "response_url": "https://r",
+             "actions": [{"action_id": "handler_reject", "value": "req_9"}]}
+    action = parse_interaction(form(click))
+    assert (action.user_id, action.user_name, action.decision, action.hold_id, action.response_url) == (
+        "U1", "ann", "reject", "req_9", "https://r")
+    for bad in (b"", b"payload=not-json", form({**click, "type": "view_submission"}),
+                form({**click, "actions": [{"action_id": "handler_details", "value": "req_9"}]}),
+                form({**click, "user": "U1"})):
+        with pytest.raises(ValueError, match=r"payload|block_actions|button"):
+            parse_interaction(bad)
