@@ -104,7 +104,8 @@ def _add_up_commands(sub: Any) -> None:
     up.add_argument("--source", choices=["worktree", "git"], default="worktree")
     up.add_argument("--ref", default="main", help="the branch to follow with --source git (default: main)")
     up.add_argument("--interval", type=float, default=30.0, help="seconds between fetches with --source git")
-    up.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT", help="/healthz, /status, /hooks/git")
+    up.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT",
+                    help="the dashboard, /healthz, /status, /hooks/git, /hooks/slack")
     up.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
     up.add_argument("--run-dir", type=Path, help="where the profiles' sockets go (default: $HANDLER_RUN_DIR)")
     up.add_argument("--state-dir", type=Path, help="status.json, the call log, the git mirror (default: "
