@@ -28,6 +28,8 @@ _STATUS_OUTPUT = {
         # The held tool's own output, already validated against that tool's outputSchema: the one
         # open object the S2 rule allows.
         "result": {"type": "object"},
+        "charged": {"type": "number", "minimum": 0,
+                    "description": "what the held call cost once it ran, USD (0 when it failed)"},
     },
 }
 
@@ -65,4 +67,6 @@ async def run_builtin(gate: Gate, name: str, arguments: Mapping[str, Any],
     out: dict[str, Any] = {"status": status.status, "message": status.message}
     if status.result is not None:
         out["result"] = dict(status.result)
+    if status.charged is not None:
+        out["charged"] = status.charged
     return name == "handler_decide" and status.status == "blocked", out

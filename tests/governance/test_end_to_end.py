@@ -106,6 +106,7 @@ def test_an_agent_sees_executed_blocked_and_pending_then_executed_after_approval
                     await asyncio.sleep(0.05)
                 assert status.structured_content["status"] == "executed", status.structured_content
                 assert status.structured_content["result"]["bytes"] == len("dear ceo")
+                assert status.structured_content["charged"] == 0.0  # echo_write has no price
                 assert (root / "work/tester/mail.txt").read_text() == "dear ceo"
         finally:
             await governor.aclose()
