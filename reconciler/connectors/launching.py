@@ -21,6 +21,7 @@ launch is everything that process gets and nothing more:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -60,12 +61,26 @@ class Launch:
     folder: Path  # the private working folder
     proxy: EgressProxy | None = None
     secrets: tuple[str, ...] = field(default=(), repr=False)  # the values to mask in its stderr
+    socket_dirs: tuple[Path, ...] = ()  # short folders for sockets, when the working folder is too deep
+    stderr: StderrLog | None = None
+
+    async def with_fresh_secrets(self, snapshot: Snapshot, binding_name: str, root: Path) -> Launch:
+        """This launch with its secrets resolved again, so a restart picks up a rotated token.
+
+        Raises `ConnectorStartError` when a secret cannot be resolved now (the caller keeps this one).
+        """
+        binding = snapshot.bindings[binding_name]
+        declared, secrets = await declared_env(binding, snapshot.connectors[binding.connector or ""], root)
+        if self.stderr is not None:
+            self.stderr.add_secrets(secrets)
+        spec = dataclasses.replace(self.spec, env={**self.spec.env, **declared})
+        return dataclasses.replace(self, spec=spec, secrets=tuple({*self.secrets, *secrets}))
 
     async def cleanup(self) -> None:
         if self.proxy is not None:
             await self.proxy.aclose()
-            shutil.rmtree(self.proxy.socket_path.parent, ignore_errors=True)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        for folder in (*self.socket_dirs, self.folder):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class StderrLog:
@@ -77,6 +92,9 @@ class StderrLog:
         # Longest first: a secret containing another is masked whole.
         self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
         self._buf = bytearray()
+
+    def add_secrets(self, secrets: Sequence[str]) -> None:
+        self._secrets = sorted({*self._secrets, *(s for s in secrets if s)}, key=len, reverse=True)
 
     def mask(self, text: str) -> str:
         for secret in self._secrets:
@@ -168,22 +186,23 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
     env = confined_env(declared, folder)
     command = limited_command(resolve_command(run.command, root / connector.folder), limits_for(connector.spec.sandbox))
     proxy = None
+    socket_dirs: list[Path] = []
     if sandbox:
         egress = effective_egress(binding, connector)
         if egress:
-            proxy = EgressProxy(_short_socket(folder, "egress.sock"), egress, owner=binding_name)
+            proxy = EgressProxy(_short_socket(folder, "egress.sock", socket_dirs), egress, owner=binding_name)
             await proxy.start()
         command = sandboxed_command(command, proxy.socket_path if proxy is not None else None)
     else:
         _warn_unsandboxed()
     socket_path = None
     if run.transport == "socket":  # a path socket crosses the network namespace
-        socket_path = str(_short_socket(folder, "mcp.sock"))
+        socket_path = str(_short_socket(folder, "mcp.sock", socket_dirs))
         env["HANDLER_CONNECTOR_SOCKET"] = socket_path
     stderr = StderrLog(binding_name, secrets, base / f"{binding_name}.stderr.log")
     spec = LaunchSpec(name=binding_name, command=tuple(command), cwd=str(folder), env=env,
                       max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path)
-    return Launch(spec, folder, proxy, secrets)
+    return Launch(spec, folder, proxy, secrets, tuple(socket_dirs), stderr)
 
 
 def limited_command(command: Sequence[str], limits: Limits) -> list[str]:
@@ -197,11 +216,14 @@ def limited_command(command: Sequence[str], limits: Limits) -> list[str]:
             "--", *command]
 
 
-def _short_socket(folder: Path, name: str) -> Path:
+def _short_socket(folder: Path, name: str, made: list[Path]) -> Path:
+    """`folder/name`, or, when that is too long for a unix socket, a path in a new short folder (added to `made`)."""
     path = folder / name
     if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
         return path
-    return Path(tempfile.mkdtemp(dir="/tmp", prefix="hx")) / name  # the state folder is too deep
+    short = Path(tempfile.mkdtemp(dir="/tmp", prefix="hx"))  # the state folder is too deep
+    made.append(short)
+    return short / name
 
 
 def _warn_unsandboxed() -> None:

@@ -130,6 +130,7 @@ class _Entry:
     retry_at: float = 0.0
     failure: ConnectorStartError | None = None
     drift: tuple[str, ...] = field(default=())
+    snapshot: Snapshot | None = None  # the one it was launched from: a restart resolves its secrets again
 
     @property
     def busy(self) -> bool:
@@ -277,7 +278,8 @@ class ConnectorPool:
         return entry.connector
 
     async def _restart(self, entry: _Entry, binding_name: str) -> None:
-        """The process died: start it again (same launch, same proxy) after a backoff."""
+        """The process died: start it again after a backoff, in the same folder behind the same proxy,
+        with its secrets resolved anew (one that expired may be why it died)."""
         if entry.process is None:  # pragma: no cover - only a process restarts
             return
         uptime = time.monotonic() - entry.started_at
@@ -290,6 +292,12 @@ class ConnectorPool:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(old_pid, signal.SIGKILL)
         await asyncio.sleep(delay)
+        if entry.launch is not None and entry.snapshot is not None:
+            try:
+                entry.launch = await entry.launch.with_fresh_secrets(entry.snapshot, binding_name, self._root)
+                entry.process.spec = entry.launch.spec
+            except ConnectorStartError as exc:
+                log.warning("binding '%s': %s; restarting with the secrets it had", binding_name, exc)
         await entry.process.ensure_started()
 
     async def _launch(self, entry: _Entry, snapshot: Snapshot, binding_name: str) -> None:
@@ -309,6 +317,7 @@ class ConnectorPool:
             return
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
                                             max_line_bytes=self._max_line_bytes)
+        entry.snapshot = snapshot
         process = entry.process = StdioConnector(entry.launch.spec)
         await process.ensure_started()
         if connector.spec.wrap is None:
@@ -324,7 +333,7 @@ class ConnectorPool:
     async def _retire(self, entry: _Entry) -> None:
         """Stop what an entry started (its connector, its process group, its proxy and folder)."""
         connector, process, launch = entry.connector, entry.process, entry.launch
-        entry.connector = entry.process = entry.launch = None
+        entry.connector = entry.process = entry.launch = entry.snapshot = None
         if connector is not None:
             with contextlib.suppress(Exception):
                 await connector.stop()

@@ -92,6 +92,27 @@ def test_a_socket_transport_connector_serves_on_its_socket(echo_root: Path, run_
     run(scenario())
 
 
+def test_a_socket_under_a_deep_state_folder_gets_a_short_folder_that_goes_with_it(echo_root: Path,
+                                                                                   run_dir: Path) -> None:
+    manifest = echo_root / "catalog/connectors/echo/connector.toml"
+    manifest.write_text(manifest.read_text().replace('transport = "stdio"', 'transport = "socket"'))
+    deep = echo_root / ("state-" + "d" * 60) / ("s" * 40)  # too deep for a unix socket path
+
+    async def scenario() -> Path:
+        async with serving(echo_root, run_dir, state_dir=deep) as router:
+            client = await RawClient.connect(router.socket_path("tester"))
+            assert (await client.call("echo_say", {"text": "deep"}))["structuredContent"] == {"text": "deep"}
+            (process,) = [e.process for e in router.services.pool._live.values() if e.process is not None]
+            socket_path = Path(process.spec.env["HANDLER_CONNECTOR_SOCKET"])
+            assert not socket_path.is_relative_to(deep)
+            assert socket_path.parent.exists()
+            await client.close()
+        return socket_path
+
+    socket_path = run(scenario())
+    assert not socket_path.parent.exists()  # stopped with its connector, not left in /tmp
+
+
 def test_a_connector_stuck_on_a_call_is_recycled_after_the_timeout(run_dir: Path) -> None:
     with short_dir() as base:
         root = write_echo_tree(base / "t", limits={"timeoutSeconds": 0.5})

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from fixtures.echo_tree import TOKEN_ENV
 from fixtures.harness import RawClient, load, run, serving
 
@@ -160,6 +161,26 @@ def test_a_failing_secret_command_is_unavailable_with_a_status_naming_binding_an
             assert "secret slot 'token'" in status.message
             assert "s3cr3t-out" not in status.message
             assert not router.services.pool.processes()
+            await c.close()
+
+    run(scenario())
+
+
+def test_a_restart_after_a_crash_resolves_the_secrets_again(echo_root: Path, run_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "token-before")
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            assert (await c.call("echo_token", {}))["structuredContent"] == {"token": "token-before"}
+            monkeypatch.setenv(TOKEN_ENV, "token-rotated")  # the secret's source changed while it ran
+            await c.call("echo_misbehave", {"mode": "die"})
+            assert (await c.call("echo_token", {}))["structuredContent"] == {"token": "token-rotated"}
+            await c.call("echo_misbehave", {"mode": "stderr"})  # it prints its token: the new one is masked too
+            log = router.state_dir / "connectors/echo-local.stderr.log"
+            await wait_until(lambda: log.exists() and "***" in log.read_text(), "the masked stderr line")
+            assert "token-rotated" not in log.read_text()
             await c.close()
 
     run(scenario())
