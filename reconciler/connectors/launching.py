@@ -13,6 +13,9 @@ launch is everything that process gets and nothing more:
   connector's) goes through an `EgressProxy` on a unix socket; `egress = []` means no proxy and no
   network at all. Where namespaces are unavailable, the launch is refused unless the router was
   started with `--no-sandbox` (which warns once);
+- on Linux, its own mount namespace too, with the view `fs_view` computes: the router's state and
+  run folders and the user's home are empty but for the connector's own folders, code and tools
+  (see `sandbox`); where mount namespaces are unavailable it runs without one, with a warning;
 - relative paths in `run.command` resolve against the connector's folder
   (`command = ["python3", "main.py"]` runs the connector's own `main.py`);
 - its stderr, line by line, to the log `handler.connector` and to `connectors/<binding>.stderr.log`,
@@ -26,8 +29,9 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,9 +40,11 @@ from reconciler.connectors.client import DEFAULT_MAX_LINE_BYTES, LaunchSpec
 from reconciler.connectors.egress import EgressProxy
 from reconciler.connectors.errors import ConnectorStartError
 from reconciler.connectors.sandbox import (
+    FsView,
     Limits,
     confined_env,
     limits_for,
+    mounts_available,
     namespaces_available,
     sandboxed_command,
 )
@@ -51,6 +57,7 @@ log = logging.getLogger("handler.connector")
 _MAX_SOCKET_PATH = 100  # unix socket paths are capped near 107 bytes
 _MAX_STDERR_LINE = 4000
 _warned_no_sandbox = False
+_warned_no_mounts = False
 
 
 @dataclass
@@ -166,7 +173,8 @@ def effective_egress(binding: Binding, connector: Connector) -> list[str]:
 
 
 async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, state_dir: Path, *,
-                         sandbox: bool = True, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Launch:
+                         sandbox: bool = True, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+                         run_dir: Path | None = None) -> Launch:
     """Everything one process of `binding_name` needs; see the module docstring."""
     binding = snapshot.bindings[binding_name]
     connector = snapshot.connectors[binding.connector or ""]
@@ -192,7 +200,12 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
         if egress:
             proxy = EgressProxy(_short_socket(folder, "egress.sock", socket_dirs), egress, owner=binding_name)
             await proxy.start()
-        command = sandboxed_command(command, proxy.socket_path if proxy is not None else None)
+        view = None
+        if mounts_available():
+            view = fs_view(snapshot, root, connector, folder, state_dir, run_dir, binding_name, command, env)
+        else:
+            _warn_no_mounts()
+        command = sandboxed_command(command, proxy.socket_path if proxy is not None else None, view)
     else:
         _warn_unsandboxed()
     socket_path = None
@@ -203,6 +216,34 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
     spec = LaunchSpec(name=binding_name, command=tuple(command), cwd=str(folder), env=env,
                       max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path)
     return Launch(spec, folder, proxy, secrets, tuple(socket_dirs), stderr)
+
+
+def fs_view(snapshot: Snapshot, root: Path, connector: Connector, folder: Path, state_dir: Path,
+            run_dir: Path | None, binding_name: str, command: Sequence[str], env: Mapping[str, str]) -> FsView:
+    """What the connector sees (see `sandbox`): the router's run and state folders and the user's home
+    hidden; its folder and its call folder writable; its code, its Python and its PATH readable."""
+    hidden = [state_dir, Path.home()]
+    writable = [folder]
+    if run_dir is not None:
+        hidden.append(run_dir)
+        calls = run_dir / "calls" / binding_name
+        calls.mkdir(parents=True, exist_ok=True, mode=0o700)
+        writable.append(calls)
+    readable = [root / connector.folder, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent]
+    if command and Path(command[0]).is_absolute():
+        readable.append(Path(command[0]).resolve().parent)
+    readable += [Path(p) for p in env.get("PATH", "").split(os.pathsep) if p]
+    blanked = []
+    for binding in snapshot.bindings.values():
+        for ref in binding.spec.secrets.values():
+            if not isinstance(ref, str) and ref.file is not None:  # a str is a literal: refused at start
+                path = Path(ref.file).expanduser()
+                blanked.append(path if path.is_absolute() else root / path)
+
+    def real(paths: Sequence[Path]) -> tuple[str, ...]:
+        return tuple(str(p.resolve()) for p in paths if p.resolve() != Path("/"))
+
+    return FsView(real(hidden), real(writable), real(readable), real(blanked))
 
 
 def limited_command(command: Sequence[str], limits: Limits) -> list[str]:
@@ -224,6 +265,14 @@ def _short_socket(folder: Path, name: str, made: list[Path]) -> Path:
     short = Path(tempfile.mkdtemp(dir="/tmp", prefix="hx"))  # the state folder is too deep
     made.append(short)
     return short / name
+
+
+def _warn_no_mounts() -> None:
+    global _warned_no_mounts  # noqa: PLW0603 - one warning per router process
+    if not _warned_no_mounts:
+        _warned_no_mounts = True
+        log.warning("this machine gives no mount namespaces: sandboxed connectors have their own network but can "
+                    "read the router's files (its state folder, sockets and the user's home)")
 
 
 def _warn_unsandboxed() -> None:

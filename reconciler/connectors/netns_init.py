@@ -1,7 +1,12 @@
-"""The first process inside a connector's network namespace: loopback up, the egress relay, the connector.
+"""The first process inside a connector's namespaces: its view of the filesystem, loopback up, the egress
+relay, the connector.
 
-Run by the router as `unshare --net -- python -m reconciler.connectors.netns_init [--proxy SOCKET]
--- COMMAND...`. The namespace has no route out. With `--proxy`, a relay on the namespace's own
+Run by the router as `unshare --net [--mount] -- python -m reconciler.connectors.netns_init
+[--proxy SOCKET] [--fs VIEW] -- COMMAND...`. With `--fs` (a `FsView` as JSON, in a private
+mount namespace), each hidden folder gets an empty tmpfs over it and the folders the connector needs
+are bound back in from descriptors opened before (writable or read-only); files named as secrets
+get /dev/null over them. A mount that fails stops the start, saying which: a connector never runs
+with less confinement than asked. The namespace has no route out. With `--proxy`, a relay on the namespace's own
 loopback forwards each connection to the router's egress proxy through its unix socket (a path
 socket crosses namespaces), and the connector gets HTTP(S)_PROXY pointing at the relay. The
 connector inherits stdin, stdout and stderr, so MCP flows straight between it and the router; this
@@ -11,7 +16,9 @@ process forwards SIGTERM/SIGINT to it and exits with its status.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
+import json
 import os
 import signal
 import socket
@@ -20,10 +27,34 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["FsView", "apply_view", "main"]
+
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+@dataclass(frozen=True, slots=True)
+class FsView:
+    """What a connector sees of the filesystem: each `hidden` folder is empty, except the `writable`
+    and `readable` folders inside it, bound back in; each `blanked` file reads as empty."""
+
+    hidden: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()
+    readable: tuple[str, ...] = ()
+    blanked: tuple[str, ...] = ()
+
+    def to_arg(self) -> str:
+        return json.dumps({"hidden": self.hidden, "writable": self.writable, "readable": self.readable,
+                           "blanked": self.blanked})
+
+    @classmethod
+    def from_arg(cls, text: str) -> FsView:
+        data = json.loads(text)
+        return cls(*(tuple(str(p) for p in data.get(k, ())) for k in ("hidden", "writable", "readable", "blanked")))
 
 
 def _loopback_up() -> None:
@@ -58,16 +89,62 @@ def _relay(listener: socket.socket, proxy_path: str) -> None:
             threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
 
 
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    encoded = [v.encode() if v is not None else None for v in (source, target, fstype, data)]
+    if libc.mount(encoded[0], encoded[1], encoded[2], ctypes.c_ulong(flags), encoded[3]) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"cannot mount over {target}: {os.strerror(errno)}")
+
+
+def _under(path: str, folders: Sequence[str]) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def apply_view(view: FsView) -> None:
+    """Hide, bind back, blank (see the module docstring). Needs its own mount namespace."""
+    hidden = [h for h in sorted(set(view.hidden), key=len) if Path(h).is_dir()]
+    hidden = [h for i, h in enumerate(hidden) if not _under(h, hidden[:i])]  # one inside another goes with it
+    keep = sorted({(p, True) for p in view.writable} | {(p, False) for p in view.readable}, key=lambda k: len(k[0]))
+    keep = [(p, w) for p, w in keep if Path(p).is_dir() and _under(p, hidden)]
+    fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p, _ in keep}  # reachable once their parents are hidden
+    cwd = Path.cwd()
+    try:
+        for folder in hidden:
+            _mount("tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+        for path, writable in keep:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            _mount(f"/proc/self/fd/{fds[path]}", path, None, _MS_BIND | _MS_REC)
+            if not writable:
+                _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    for file in view.blanked:
+        if Path(file).is_file() and not _under(file, hidden):
+            _mount("/dev/null", file, None, _MS_BIND)
+    with contextlib.suppress(OSError):
+        os.chdir(cwd)  # through the view: the folder bound back in, not the one hidden under it
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    proxy = None
+    proxy = view = None
     if args[:1] == ["--proxy"]:
         proxy, args = args[1], args[2:]
+    if args[:1] == ["--fs"]:
+        view, args = FsView.from_arg(args[1]), args[2:]
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
         print("netns_init: no command to run", file=sys.stderr)
         return 2
+    if view is not None:
+        try:
+            apply_view(view)
+        except OSError as exc:
+            print(f"sandbox: {exc.strerror}; the connector was not started", file=sys.stderr)
+            return 126
     _loopback_up()
     env = dict(os.environ)
     if proxy is not None:

@@ -142,8 +142,9 @@ class ConnectorPool:
     """Finds, starts, shares, stops and drains the connector processes of a router."""
 
     def __init__(self, root: Path, state_dir: Path | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, *,
-                 idle_seconds: float = DEFAULT_IDLE_SECONDS, sandbox: bool = True) -> None:
+                 idle_seconds: float = DEFAULT_IDLE_SECONDS, sandbox: bool = True, run_dir: Path | None = None) -> None:
         self._root = root
+        self._run_dir = run_dir  # the router's sockets and call folders: hidden from sandboxed connectors
         self._state = state_dir if state_dir is not None else root / ".handler"
         self._max_line_bytes = max_line_bytes
         self.idle_seconds = idle_seconds
@@ -316,7 +317,7 @@ class ConnectorPool:
             entry.connector = InRouter(LlmConnector(settings, name=binding_name))
             return
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
-                                            max_line_bytes=self._max_line_bytes)
+                                            max_line_bytes=self._max_line_bytes, run_dir=self._run_dir)
         entry.snapshot = snapshot
         process = entry.process = StdioConnector(entry.launch.spec)
         await process.ensure_started()

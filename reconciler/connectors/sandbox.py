@@ -7,7 +7,13 @@
   size bounded by rlimits (the connector manifest's `[sandbox]`, else the defaults here);
 - network (Linux): its own network namespace, entered with `unshare --net`, so a connector with
   `egress = []` has no network at all; declared egress goes through the router's allow-list proxy
-  (`egress.EgressProxy`) by way of the relay `netns_init` runs inside the namespace.
+  (`egress.EgressProxy`) by way of the relay `netns_init` runs inside the namespace;
+- filesystem (Linux): its own mount namespace, where the router's private folders are empty (an
+  `FsView`): the run folder (every profile's socket, every other binding's call folders), the state
+  folder (the store, the call log, the link key, other connectors' folders and logs) and the
+  router user's home, except what the connector needs bound back in — its own folder and call
+  folder (writable), its code, the Python and the tools it runs (read-only). Files that bindings
+  name as secrets read as empty.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.config.models import SandboxSpec
+from reconciler.connectors.netns_init import FsView
 
-__all__ = ["DEFAULT_LIMITS", "Limits", "confined_env", "limits_for", "namespaces_available",
-           "sandboxed_command"]
+__all__ = ["DEFAULT_LIMITS", "FsView", "Limits", "confined_env", "limits_for", "mounts_available",
+           "namespaces_available", "sandboxed_command"]
 
 _PASSED = ("PATH", "LANG", "LC_ALL", "TZ")
 
@@ -78,8 +85,27 @@ def namespaces_available() -> bool:
     return done.returncode == 0
 
 
-def sandboxed_command(command: Sequence[str], proxy_socket: Path | None) -> list[str]:
-    """`command` run in a new network namespace, reaching out only through `proxy_socket` (if any)."""
+def sandboxed_command(command: Sequence[str], proxy_socket: Path | None, view: FsView | None = None) -> list[str]:
+    """`command` run in new network (and, with `view`, mount) namespaces, reaching out only through
+    `proxy_socket` (if any)."""
     unshare = shutil.which("unshare") or "unshare"
     proxy = ["--proxy", str(proxy_socket)] if proxy_socket is not None else []
-    return [unshare, "--net", "--", sys.executable, "-m", "reconciler.connectors.netns_init", *proxy, "--", *command]
+    fs = ["--fs", view.to_arg()] if view is not None else []
+    spaces = ["--net", "--mount", "--propagation", "private"] if view is not None else ["--net"]
+    return [unshare, *spaces, "--", sys.executable, "-m", "reconciler.connectors.netns_init", *proxy, *fs, "--",
+            *command]
+
+
+@functools.cache
+def mounts_available() -> bool:
+    """Whether this machine lets the router give a process its own mount namespace (with tmpfs mounts)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    probe = "import ctypes, sys; sys.exit(ctypes.CDLL(None, use_errno=True).mount(b'none', b'/tmp', b'tmpfs', 0, None))"
+    try:
+        done = subprocess.run([unshare, "--mount", "--propagation", "private", "--", sys.executable, "-c", probe],
+                              capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0

@@ -55,10 +55,11 @@ class Router:
         self.live: Generation = compile_generation(snapshot, 1, root, self._cache)
         self.services = Services(
             gate=gate or OpenGate(),
-            pool=ConnectorPool(root, state, max_line_bytes, idle_seconds=idle_seconds, sandbox=sandbox),
+            pool=ConnectorPool(root, state, max_line_bytes, idle_seconds=idle_seconds, sandbox=sandbox,
+                               run_dir=run_dir),
             limits=LimitBook(),
             log=CallLog(state / "calls.jsonl" if call_log else None),
-            calls_dir=run_dir / "calls",
+            calls_dir=run_dir / "calls",  # one folder per binding, so a connector sees only its own
         )
         self.services.pool.set_live(self.live.pool_keys)
         self._listeners: dict[str, Listener] = {}

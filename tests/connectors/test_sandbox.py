@@ -7,13 +7,21 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
-from fixtures.harness import short_dir
+from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from fixtures.harness import RawClient, run, serving, short_dir
 from fixtures.loopback import QuietHandler, serving_http
 
 from reconciler.connectors.egress import EgressProxy, egress_allows
 from reconciler.connectors.launching import limited_command
-from reconciler.connectors.sandbox import Limits, confined_env, namespaces_available, sandboxed_command
+from reconciler.connectors.sandbox import (
+    Limits,
+    confined_env,
+    mounts_available,
+    namespaces_available,
+    sandboxed_command,
+)
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason="network namespaces are unavailable here")
 
@@ -108,3 +116,47 @@ def test_egress_entries_match_hosts_and_ports() -> None:
     assert egress_allows(["*:587"], "smtp.example.org", 587)
     assert egress_allows(["smtp.example.org:*"], "smtp.example.org", 2525)
     assert not egress_allows([], "localhost", 80)
+
+
+def test_a_sandboxed_connector_sees_none_of_the_routers_private_files(tmp_path: Path) -> None:
+    if not mounts_available():
+        pytest.skip("mount namespaces are unavailable here")
+    with short_dir() as base:
+        root = write_echo_tree(base / "t", profiles=("tester", "other"))
+        secret_file = base / "api-key.txt"
+        secret_file.write_text("file-secret-value")
+        other = root / "config/bindings/echo-local.toml"
+        other.write_text(other.read_text().replace(f'{{ env = "{TOKEN_ENV}" }}', f'{{ file = "{secret_file}" }}'))
+        home_secret = Path.home() / f".handler-test-{base.name}"
+        home_secret.write_text("the user's credentials")
+        run_dir = base / "run"
+
+        async def scenario() -> dict[str, str]:
+            async with serving(root, run_dir) as router:  # sandboxed: the default
+                client = await RawClient.connect(router.socket_path("tester"))
+                await client.call("echo_say", {"text": "leave a line in the call log"})
+                router.services.log.flush()
+                paths = [str(run_dir / "profiles"), str(router.state_dir), str(router.state_dir / "calls.jsonl"),
+                         str(secret_file), str(home_secret), str(run_dir / "calls"), str(Path.cwd())]
+                result = await client.call("echo_misbehave", {"mode": "probe", "paths": paths})
+                token = await client.call("echo_token", {})
+                assert token["structuredContent"] == {"token": "file-secret-value"}  # its own secret, by env
+                # The S4 path still works: the call folder it is handed is its own.
+                (root / "work/tester/doc.txt").write_text("readable through the call folder")
+                read = await client.call("echo_read", {"path": "doc.txt"})
+                assert read["structuredContent"]["bytes"] == len("readable through the call folder")
+                await client.close()
+                seen: dict[str, str] = orjson.loads(result["structuredContent"]["text"])
+                return {k.replace(str(run_dir), "RUN").replace(str(router.state_dir), "STATE"): v
+                        for k, v in seen.items()}
+
+        try:
+            seen = run(scenario())
+        finally:
+            home_secret.unlink()
+    assert seen["RUN/profiles"] == "missing"  # no profile's socket to impersonate
+    assert seen["STATE"] == "folder: connectors"  # the store, the call log, the link key: gone
+    assert seen["STATE/calls.jsonl"] == "missing"
+    assert seen[str(secret_file)] == "file: "  # a file named as a secret reads as empty
+    assert seen[str(home_secret)] == "missing"
+    assert seen["RUN/calls"] == "folder: echo-local"  # its own call folders only

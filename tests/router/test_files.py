@@ -81,8 +81,8 @@ def test_the_connector_reads_a_copy_and_the_agent_sees_its_own_path(echo_root: P
         out = result["structuredContent"]
         assert out == {"bytes": 16, "sha256": hashlib.sha256(b"inside the scope").hexdigest(), "path": given}
         seen = (router.state_dir / "connectors/echo-local.stderr.log").read_text().splitlines()[-1]
-        assert seen.startswith(f"echo_read got {run_dir / 'calls'}/")  # a per-call copy, never the agent's file
-        assert list((run_dir / "calls").iterdir()) == []  # the per-call folder is gone after the call
+        assert seen.startswith(f"echo_read got {run_dir / 'calls/echo-local'}/")  # a copy, never the agent's file
+        assert list((run_dir / "calls/echo-local").iterdir()) == []  # the per-call folder is gone after the call
 
     exchange(echo_root, run_dir, script)
 
