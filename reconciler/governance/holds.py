@@ -30,6 +30,7 @@ __all__ = [
     "approved_ids",
     "caller_refusal",
     "claim_hold",
+    "count_holds",
     "decide_hold",
     "finish_hold",
     "get_hold",
@@ -38,6 +39,7 @@ __all__ = [
     "list_holds",
     "may_decide",
     "new_request_id",
+    "recent_decisions",
 ]
 
 HoldState = Literal["pending", "approved", "rejected", "running", "executed", "failed"]
@@ -109,6 +111,19 @@ def list_holds(store: Store, states: Sequence[str] = ("pending",), limit: int = 
         query = query.where(holds.c.state.in_(states))
     with store.engine.connect() as conn:
         return [Hold.from_row(r) for r in conn.execute(query)]
+
+
+def recent_decisions(store: Store, limit: int = 50) -> list[Hold]:
+    """The holds decided most recently, newest first (the dashboard's history)."""
+    query = (sa.select(holds).where(holds.c.state != "pending").order_by(holds.c.decided_at.desc()).limit(limit))
+    with store.engine.connect() as conn:
+        return [Hold.from_row(r) for r in conn.execute(query)]
+
+
+def count_holds(store: Store, state: str = "pending") -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(holds).where(holds.c.state == state)).scalar()
+                   or 0)
 
 
 def may_decide(hold: Hold, snapshot: Snapshot | None, member: str) -> str | None:

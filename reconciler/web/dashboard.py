@@ -32,7 +32,15 @@ from starlette.routing import Route
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.errors import HoldNotFoundError, NotAllowedError
-from reconciler.governance.holds import Hold, decide_hold, get_hold, list_holds, may_decide
+from reconciler.governance.holds import (
+    Hold,
+    count_holds,
+    decide_hold,
+    get_hold,
+    list_holds,
+    may_decide,
+    recent_decisions,
+)
 from reconciler.governance.notices import list_notices
 from reconciler.governance.store import Store
 from reconciler.web.links import LinkSigner
@@ -42,7 +50,6 @@ __all__ = ["Desk", "dashboard_routes"]
 
 log = logging.getLogger("handler.http")
 _COOKIE = "handler_dashboard"
-_DECIDED = ("approved", "rejected", "running", "executed", "failed")
 
 
 @dataclass
@@ -103,16 +110,15 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
     async def overview(request: Request) -> Response:
         if (refusal := locked(request)) is not None:
             return refusal
-        pending = await asyncio.to_thread(list_holds, desk.store, ("pending",), 10_000)
-        return page("overview.html", status=status(), pending=len(pending))
+        pending = await asyncio.to_thread(count_holds, desk.store, "pending")
+        return page("overview.html", status=status(), pending=pending)
 
     async def approvals(request: Request) -> Response:
         if (refusal := locked(request)) is not None:
             return refusal
         pending = await asyncio.to_thread(list_holds, desk.store, ("pending",))
-        decided = await asyncio.to_thread(list_holds, desk.store, _DECIDED, 10_000)
-        decided.sort(key=lambda h: h.decided_at or 0.0, reverse=True)
-        return page("approvals.html", pending=pending, decided=decided[:50])
+        decided = await asyncio.to_thread(recent_decisions, desk.store, 50)
+        return page("approvals.html", pending=pending, decided=decided)
 
     async def catalog(request: Request) -> Response:
         if (refusal := locked(request)) is not None:

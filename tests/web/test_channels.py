@@ -206,6 +206,9 @@ def test_an_email_with_a_signed_link_lets_its_member_decide_once(tree: Path, mai
             assert "already decided" in again.text
             await until_executed(client, rid)
             assert (tree / "work/tester/mail.txt").read_text() == "dear bob"
+            history = (await http.get(base_url(service) + "/approvals")).text
+            assert "Nothing waits for a decision." in history
+            assert re.search(rf"{rid}.*?executed.*?bob", history, re.S)
             assert service.router is not None
             (notice,) = list_notices(service.router.services.gate.store, rid)  # type: ignore[attr-defined]
             assert (notice.channel, notice.target, notice.state) == ("email", "bob@example.org", "sent")
