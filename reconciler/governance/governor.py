@@ -57,7 +57,7 @@ from reconciler.governance.ledger import (
     settle,
 )
 from reconciler.governance.listening import HoldListener
-from reconciler.governance.notices import add_notices, targets_for
+from reconciler.governance.notices import add_notices, describe, targets_for
 from reconciler.governance.rulebook import CapSet, Rulebook, ToolEntry, compile_rulebook, from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_url
 
@@ -234,10 +234,12 @@ class Governor:
             if decision.outcome is Outcome.APPROVE:
                 values = _hold_values(request_id, snapshot.revision, call, decision, cost, trace)
                 insert_hold(conn, values)
-                add_notices(conn, request_id, targets_for(values["approver"], snapshot.org))
+                targets = targets_for(values["approver"], snapshot.org)
+                add_notices(conn, request_id, targets)
                 record(conn, "decided", request_id=request_id, profile=call.profile, instance=call.instance,
                        tool=call.tool, status=decision.status, detail=detail)
-                return Admission("pending", f"{decision.reason} {PENDING_HINT}", request_id, None, trace)
+                told = " ".join(filter(None, (decision.reason, describe(targets), PENDING_HINT)))
+                return Admission("pending", told, request_id, None, trace)
         self._backlog.add_event("decided", request_id=request_id, profile=call.profile, instance=call.instance,
                                 tool=call.tool, status=decision.status, detail=detail)
         if res is not None:

@@ -32,6 +32,7 @@ __all__ = [
     "Target",
     "add_notices",
     "claim_due",
+    "describe",
     "list_notices",
     "mark_failed",
     "mark_sent",
@@ -78,7 +79,9 @@ def targets_for(approver: Mapping[str, Any] | None, org: OrgFile | None) -> list
         return []
     to = approver.get("to")
     if to == "slack" and isinstance(approver.get("channel"), str):
-        return [Target("slack", approver["channel"])]
+        allowed = org.slack.channels if org is not None else []
+        # The allow-list is checked when the config is saved; a channel off it is never posted to.
+        return [Target("slack", approver["channel"])] if not allowed or approver["channel"] in allowed else []
     members = org.members if org is not None else {}
     if to == "member":
         names = [approver.get("member")]
@@ -92,6 +95,14 @@ def targets_for(approver: Mapping[str, Any] | None, org: OrgFile | None) -> list
         if member is not None and member.email:
             out.append(Target("email", member.email, name))
     return out
+
+
+def describe(targets: Sequence[Target]) -> str:
+    """How the approver hears of a hold, for the agent's pending message ("" when no channel reaches them)."""
+    if not targets:
+        return ""
+    where = ", ".join(f"Slack {t.target}" if t.channel == "slack" else f"{t.member} by email" for t in targets)
+    return f"Notifying {where}."
 
 
 def add_notices(conn: Connection, hold_id: str, targets: Sequence[Target]) -> None:

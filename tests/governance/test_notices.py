@@ -52,6 +52,7 @@ def test_each_routing_notifies_its_approver(store: Store) -> None:
         (None, [("email", "alice@example.org", "alice"), ("email", "dan@example.org", "dan")]),  # the owners
         ({"to": "caller"}, []),  # decided over MCP by the parent instance
         ({"to": "member", "member": "carol"}, []),  # no address: the dashboard is the only way
+        ({"to": "slack", "channel": "#random"}, []),  # not on the org's allow-list: never posted to
     ]
     for routing, expected in cases:
         rid = hold_for(store, routing)

@@ -138,11 +138,12 @@ def options(root: Path) -> UpOptions:
 
 
 
-async def hold_a_write(service: Service) -> tuple[RawClient, str]:
+async def hold_a_write(service: Service, told: str = "") -> tuple[RawClient, str]:
     """An agent session whose echo_write is held (Balanced: writes wait for a person)."""
     client = await service.session()
     result = await client.call("echo_write", {"text": "dear bob", "outputPath": "mail.txt"})
     assert result["structuredContent"]["status"] == "pending", result
+    assert told in result["structuredContent"]["message"]
     return client, result["structuredContent"]["request_id"]
 
 
@@ -173,7 +174,7 @@ def test_an_email_with_a_signed_link_lets_its_member_decide_once(tree: Path, mai
 
     async def scenario() -> None:
         async with running(options(tree)) as service, httpx.AsyncClient() as http:
-            client, rid = await hold_a_write(service)
+            client, rid = await hold_a_write(service, told="Notifying bob by email.")
             await service.until(lambda: bool(box.messages))
             (mail,) = box.messages
             assert mail["To"] == "bob@example.org"
@@ -265,7 +266,7 @@ def test_a_slack_message_with_buttons_decides_through_a_signed_click(tree: Path,
         monkeypatch.setenv("HANDLER_SLACK_API_URL", slack_url + "/api")
         try:
             async with running(options(tree)) as service, httpx.AsyncClient() as http:
-                client, rid = await hold_a_write(service)
+                client, rid = await hold_a_write(service, told="Notifying Slack #approvals.")
                 await service.until(lambda: bool(slack.posts))
                 (headers, message), = slack.posts
                 assert headers["authorization"] == "Bearer xoxb-test-token"
