@@ -4,7 +4,9 @@
 its notices, whichever router made it and whatever happens to that router next. A notifier
 (`reconciler.web.notifier`) claims due notices (`claim_due`: one conditional UPDATE each, so of
 several notifiers exactly one sends a notice), sends them, and records the outcome: `mark_sent`,
-or `mark_failed`, which retries with a growing delay up to `MAX_ATTEMPTS`. A notice claimed by a
+or `mark_failed`, which retries with a growing delay up to `MAX_ATTEMPTS`. Once the hold is
+decided, however it was, a sent Slack message is claimed once more (`claim_decided`, state
+`closed`) to replace its buttons with the decision. A notice claimed by a
 notifier that died is claimable again after `STALE_SECONDS`: notices are sent at least once.
 
 Targets (design §7 channels): a hold routed to a member emails that member; one posted to a Slack
@@ -23,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.config.models import OrgFile
-from reconciler.governance.store import Store, notices, now
+from reconciler.governance.store import Store, holds, notices, now
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -31,6 +33,7 @@ __all__ = [
     "Notice",
     "Target",
     "add_notices",
+    "claim_decided",
     "claim_due",
     "describe",
     "list_notices",
@@ -156,6 +159,26 @@ def mark_failed(store: Store, notice: Notice, error: str, *, final: bool = False
         conn.execute(sa.update(notices).where(notices.c.id == notice.id)
                      .values(state=state, attempts=attempts, next_at=now() + delay, error=error[:2000]))
     return state
+
+
+def claim_decided(store: Store, channel: str, *, limit: int = 20) -> list[Notice]:
+    """Sent notices of holds decided since (for the channel to show the decision); each is taken once.
+
+    A taken notice is `closed`: whatever happens to the update, it is not taken again.
+    """
+    decided = sa.select(holds.c.id).where(holds.c.state != "pending")
+    with store.engine.connect() as conn:
+        ids = [r.id for r in conn.execute(
+            sa.select(notices.c.id).where(notices.c.channel == channel, notices.c.state == "sent",
+                                          notices.c.hold_id.in_(decided)).limit(limit))]
+    taken = []
+    for notice_id in ids:
+        with store.begin() as conn:
+            done = conn.execute(sa.update(notices).where(notices.c.id == notice_id, notices.c.state == "sent")
+                                .values(state="closed"))
+            if done.rowcount == 1:
+                taken.append(Notice.from_row(conn.execute(sa.select(notices).where(notices.c.id == notice_id)).one()))
+    return taken
 
 
 def list_notices(store: Store, hold_id: str | None = None, *, states: Sequence[str] = ()) -> list[Notice]:

@@ -125,7 +125,7 @@ notices = sa.Table(
     sa.Column("channel", sa.String(16), nullable=False),  # email | slack
     sa.Column("target", sa.String(320), nullable=False),  # an email address, a Slack channel
     sa.Column("member", sa.String(200)),  # the member an email's link decides as
-    sa.Column("state", sa.String(16), nullable=False, index=True),  # pending | sending | sent | failed | skipped
+    sa.Column("state", sa.String(16), nullable=False, index=True),  # pending, sending, sent, failed, skipped, closed
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("next_at", sa.Float, nullable=False),
     sa.Column("claimed_at", sa.Float),

@@ -44,6 +44,7 @@ from reconciler.governance.holds import (
 from reconciler.governance.notices import list_notices
 from reconciler.governance.store import Store
 from reconciler.web.links import LinkSigner
+from reconciler.web.notifier import decision_text
 from reconciler.web.slack import SlackAction, SlackClient, SlackSettings, parse_interaction, verify_request
 
 __all__ = ["Desk", "dashboard_routes"]
@@ -222,8 +223,7 @@ def _decide_from_slack(desk: Desk, action: SlackAction) -> tuple[str, bool]:
     except (HoldNotFoundError, NotAllowedError) as exc:
         return f"Nothing decided: {exc}", False
     log.info("hold %s %s by %s (Slack)", hold.id, hold.state, member)
-    verb = "Approved" if hold.state == "approved" else "Rejected"
-    return f"{verb} by {member} (<@{action.user_id}>): {hold.profile} · {hold.tool} · request {hold.id}", True
+    return f"{decision_text(hold)} (<@{action.user_id}>)", True
 
 
 def _catalog(snapshot: Snapshot | None) -> list[dict[str, Any]]:

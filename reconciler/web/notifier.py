@@ -15,14 +15,14 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from reconciler.governance.holds import get_hold
-from reconciler.governance.notices import Notice, claim_due, mark_failed, mark_sent, mark_skipped
+from reconciler.governance.holds import Hold, get_hold
+from reconciler.governance.notices import Notice, claim_decided, claim_due, mark_failed, mark_sent, mark_skipped
 from reconciler.governance.store import Store
 from reconciler.web.links import LinkSigner
 from reconciler.web.mail import MailError, MailSettings, approval_message, send_mail
 from reconciler.web.slack import SlackClient, SlackError
 
-__all__ = ["Notifier"]
+__all__ = ["Notifier", "decision_text"]
 
 log = logging.getLogger("handler.notify")
 
@@ -53,11 +53,17 @@ class Notifier:
                     await asyncio.wait_for(stop.wait(), self.poll_seconds)
 
     async def send_due(self) -> int:
-        """Claim and send the notices due now; how many were tried."""
+        """Claim and send the notices due now, and show decisions in the Slack messages; how many were handled."""
         due = await asyncio.to_thread(claim_due, self.store, self.channels)
         for notice in due:
             await self._send(notice)
-        return len(due)
+        closed = []
+        if self.slack is not None:
+            closed = await asyncio.to_thread(claim_decided, self.store, "slack")
+            for notice in closed:
+                hold = await asyncio.to_thread(get_hold, self.store, notice.hold_id)
+                await self.slack.show_decision(notice.ref or "", decision_text(hold))
+        return len(due) + len(closed)
 
     async def _send(self, notice: Notice) -> None:
         hold = await asyncio.to_thread(get_hold, self.store, notice.hold_id)
@@ -82,3 +88,10 @@ class Notifier:
             return
         await asyncio.to_thread(mark_sent, self.store, notice, ref)
         log.info("notice of hold %s sent to %s %s", hold.id, notice.channel, notice.target)
+
+
+def decision_text(hold: Hold) -> str:
+    """One line for a channel: what became of the hold, and who decided."""
+    verb = {"rejected": "Rejected"}.get(hold.state, "Approved")
+    by = f" by {hold.decided_by}" if hold.decided_by else ""
+    return f"{verb}{by}: {hold.profile} · {hold.interface} {hold.tool} · request {hold.id}"

@@ -102,7 +102,7 @@ class SlackClient:
         await self._client.aclose()
 
     async def post_hold(self, channel: str, hold: Hold, details_url: str) -> str:
-        """Post the hold to `channel`; the message's `ts` (Slack's id of it). Raises `SlackError`."""
+        """Post the hold to `channel`; "<channel id> <ts>", Slack's id of the message. Raises `SlackError`."""
         if not self._settings.token:
             raise SlackError("Slack is off: set HANDLER_SLACK_TOKEN to a bot token with chat:write")
         body = {"channel": channel, "text": f"Approval needed: {hold.profile} wants to run {hold.tool} ({hold.id})",
@@ -123,7 +123,19 @@ class SlackClient:
         if not isinstance(data, dict) or not data.get("ok"):
             error = str(data.get("error", f"HTTP {reply.status_code}")) if isinstance(data, dict) else "?"
             raise SlackError(f"Slack refused the message to {channel}: {error}", permanent=error in _PERMANENT)
-        return str(data.get("ts", ""))
+        return f"{data.get('channel', '')} {data.get('ts', '')}"
+
+    async def show_decision(self, ref: str, text: str) -> None:
+        """Replace a posted hold's message (its `ref`, "<channel id> <ts>") with the decision, buttons gone."""
+        channel, _, ts = ref.partition(" ")
+        if not (self._settings.token and channel and ts):
+            return
+        body = {"channel": channel, "ts": ts, "text": text,
+                "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]}
+        with contextlib.suppress(httpx.HTTPError):  # the decision stands; only the message stays as it was
+            await self._client.post(f"{self._settings.api_url}/chat.update", content=orjson.dumps(body),
+                                    headers={"Authorization": f"Bearer {self._settings.token}",
+                                             "Content-Type": "application/json; charset=utf-8"})
 
     async def respond(self, response_url: str, text: str, *, replace: bool = True) -> None:
         """Answer a click through its `response_url`: replace the message with `text` (the decision), or,

@@ -99,6 +99,7 @@ class SlackStandIn:
     def __init__(self) -> None:
         self.posts: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.responses: list[dict[str, Any]] = []
+        self.updates: list[dict[str, Any]] = []
         self.fail_with: str | None = None
 
     def app(self) -> Starlette:
@@ -108,11 +109,16 @@ class SlackStandIn:
                 return JSONResponse({"ok": False, "error": self.fail_with})
             return JSONResponse({"ok": True, "channel": "C0APPROVALS", "ts": "1700000000.000100"})
 
+        async def update(request: Request) -> Response:
+            self.updates.append(orjson.loads(await request.body()))
+            return JSONResponse({"ok": True})
+
         async def respond(request: Request) -> Response:
             self.responses.append(orjson.loads(await request.body()))
             return Response("ok")
 
         return Starlette(routes=[Route("/api/chat.postMessage", post_message, methods=["POST"]),
+                                 Route("/api/chat.update", update, methods=["POST"]),
                                  Route("/respond", respond, methods=["POST"])])
 
 
@@ -297,8 +303,14 @@ def test_a_slack_message_with_buttons_decides_through_a_signed_click(tree: Path,
                 assert slack.responses[-1]["text"].startswith("Approved by carol")
                 await until_executed(client, rid)
                 assert service.router is not None
+                # The message in the channel loses its buttons and says what was decided.
+                await service.until(lambda: bool(slack.updates))
+                (update,) = slack.updates
+                assert (update["channel"], update["ts"]) == ("C0APPROVALS", "1700000000.000100")
+                assert update["text"].startswith("Approved by carol")
+                assert "handler_approve" not in orjson.dumps(update).decode()
                 (notice,) = list_notices(service.router.services.gate.store, rid)  # type: ignore[attr-defined]
-                assert (notice.state, notice.ref) == ("sent", "1700000000.000100")
+                assert (notice.state, notice.ref) == ("closed", "C0APPROVALS 1700000000.000100")
                 await client.close()
         finally:
             stand_in.stop()
