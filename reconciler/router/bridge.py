@@ -78,8 +78,11 @@ def hand_over(sock: socket.socket, meta: Mapping[str, str]) -> bool:
     After False the socket is still a line connection, ready for `relay`.
     """
     try:
-        if not all(is_stream_fd(os.fstat(fd).st_mode) for fd in (0, 1)):
+        stdin, stdout = os.fstat(0), os.fstat(1)
+        if not (is_stream_fd(stdin.st_mode) and is_stream_fd(stdout.st_mode)):
             return False
+        if (stdin.st_dev, stdin.st_ino) == (stdout.st_dev, stdout.st_ino):
+            return False  # one socket both ways: an event loop cannot watch it as two pipes
         socket.send_fds(sock, [attach_line(meta)], [0, 1])
         answer = _read_line(sock)
     except OSError:

@@ -308,6 +308,9 @@ def _handoff_problem(fds: list[int]) -> str | None:
             return f"the agent's {name} is not a pipe or a socket"
         if access not in wanted:
             return f"the agent's {name} is not open for {'reading' if name == 'stdin' else 'writing'}"
+    first, second = os.fstat(fds[0]), os.fstat(fds[1])
+    if (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino):
+        return "the agent's stdin and stdout are one socket; relay its lines instead"
     return None
 
 

@@ -201,7 +201,7 @@ def test_a_relaying_bridge_exits_when_the_router_closes(echo_root: Path, run_dir
     assert on_uvloop(scenario) == 0
 
 
-@pytest.mark.parametrize("kind", ["file", "none"])
+@pytest.mark.parametrize("kind", ["file", "one-socket", "none"])
 def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_lines(
         echo_root: Path, run_dir: Path, tmp_path: Path, kind: str) -> None:
     plain = tmp_path / "plain"
@@ -212,11 +212,17 @@ def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_
             sock.connect(str(router.socket_path("tester")))
             sock.settimeout(DEADLINE)
             loop = asyncio.get_running_loop()
-            fds = [reading.fileno(), writing.fileno()] if kind == "file" else []
+            both, other = socket.socketpair()
+            fds = {"file": [reading.fileno(), writing.fileno()], "one-socket": [both.fileno()] * 2}.get(kind, [])
             await loop.run_in_executor(None, socket.send_fds, sock, [attach_line({"handler/interface": "echo"})], fds)
             answer = orjson.loads(await loop.run_in_executor(None, recv_line, sock))
+            both.close()
+            other.close()
             if kind == "file":
                 assert answer == {"handler/attached": False, "message": "the agent's stdin is not a pipe or a socket"}
+            elif kind == "one-socket":
+                assert answer["handler/attached"] is False
+                assert "one socket" in answer["message"]
             else:  # no descriptors: the line is read as JSON-RPC, and it is not
                 assert answer["error"]["code"] == -32600
             await loop.run_in_executor(None, sock.sendall, line({"jsonrpc": "2.0", "id": 5, "method": "ping"}))
@@ -236,3 +242,25 @@ def recv_line(sock: socket.socket) -> bytes:
         assert chunk, "the router closed the connection"
         data += chunk
     return data
+
+
+def test_one_socket_as_both_stdin_and_stdout_is_relayed(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        agent, server = socket.socketpair()
+        with agent, server:
+            async with serving(echo_root, run_dir):
+                proc = await asyncio.create_subprocess_exec(
+                    BRIDGE, "echo", "--profile", "tester", stdin=server, stdout=server,
+                    env={"HANDLER_RUN_DIR": str(run_dir)})
+                agent.settimeout(DEADLINE)
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(None, agent.sendall, line(INIT) + call(2, "echo_say", {"text": "one"}))
+                first = orjson.loads(await loop.run_in_executor(None, recv_line, agent))
+                second = orjson.loads(await loop.run_in_executor(None, recv_line, agent))
+                assert [first["id"], second["id"]] == [1, 2]
+                assert second["result"]["structuredContent"] == {"text": "one"}
+                assert held_by_bridge(proc.pid)[0].startswith("socket:")  # it kept the socket: it relays
+                agent.shutdown(socket.SHUT_WR)
+                assert await asyncio.wait_for(proc.wait(), DEADLINE) == 0
+
+    on_uvloop(scenario)
