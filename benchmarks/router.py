@@ -91,18 +91,27 @@ def summarize(samples_ns: list[int], wall_s: float) -> dict[str, float]:
     return {"p50": statistics.median(ordered) / 1000, "p99": p99 / 1000, "rate": len(ordered) / wall_s}
 
 
-async def sdk_run(params: StdioServerParameters, calls: int, warmup: int) -> dict[str, float]:
-    async with Client(params, mode="legacy") as client:
-        for _ in range(warmup):
-            await client.call_tool("echo_say", ARGS)
-        samples = []
-        start = time.perf_counter()
-        for _ in range(calls):
-            t0 = time.perf_counter_ns()
-            result = await client.call_tool("echo_say", ARGS)
-            samples.append(time.perf_counter_ns() - t0)
-            assert not result.is_error
-        return summarize(samples, time.perf_counter() - start)
+async def sdk_runs(clients: dict[str, StdioServerParameters], calls: int, warmup: int,
+                   rounds: int = 8) -> dict[str, dict[str, float]]:
+    """Each client's calls, interleaved in `rounds` blocks, so a slow spell of the machine hits every line alike."""
+    async with contextlib.AsyncExitStack() as stack:
+        opened = {name: await stack.enter_async_context(Client(params, mode="legacy"))
+                  for name, params in clients.items()}
+        for client in opened.values():
+            for _ in range(warmup):
+                await client.call_tool("echo_say", ARGS)
+        samples: dict[str, list[int]] = {name: [] for name in opened}
+        spent = dict.fromkeys(opened, 0.0)
+        for _ in range(rounds):
+            for name, client in opened.items():
+                start = time.perf_counter()
+                for _ in range(calls // rounds):
+                    t0 = time.perf_counter_ns()
+                    result = await client.call_tool("echo_say", ARGS)
+                    samples[name].append(time.perf_counter_ns() - t0)
+                    assert not result.is_error
+                spent[name] += time.perf_counter() - start
+        return {name: summarize(samples[name], spent[name]) for name in opened}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -237,17 +246,19 @@ def main() -> None:
     print(f"router benchmark: {args.calls} timed calls per line after {args.warmup} warm-up calls; "
           f"{os.cpu_count()} CPUs; Python {sys.version.split()[0]}")
     mcp = args.part == "all"
-    if mcp:
-        print("\nMCP clients (the official SDK client, initialize era, validating each result):")
-        results["a"] = run(sdk_run(StdioServerParameters(command=connector[0], args=connector[1:]),
-                                   args.calls, args.warmup))
-        row("(a) SDK client -> connector", results["a"])
     with started([sys.executable, str(base / "serve_open.py"), str(root)], env, "handler serve") as router:
         if mcp:
-            bridge = StdioServerParameters(command=str(BIN / "handler-service"),
-                                           args=["echo", "--profile", "tester"], env={"HANDLER_RUN_DIR": str(run_dir)})
-            results["b"] = run(sdk_run(bridge, args.calls, args.warmup))
+            print("\nMCP clients (the official SDK client, initialize era, validating each result; the three "
+                  "lines interleaved in 8 rounds):")
+            results.update(run(sdk_runs({
+                "a": StdioServerParameters(command=connector[0], args=connector[1:]),
+                "b": StdioServerParameters(command=str(BIN / "handler-service"), args=["echo", "--profile", "tester"],
+                                           env={"HANDLER_RUN_DIR": str(run_dir)}),
+                "c": StdioServerParameters(command=sys.executable, args=[str(base / "proxy.py"), *connector[1:]]),
+            }, args.calls, args.warmup)))
+            row("(a) SDK client -> connector", results["a"])
             row("(b) SDK client -> handler-service -> router -> connector", results["b"])
+            row("(c) SDK client -> FastMCP proxy -> connector", results["c"])
 
         print("\nThe router alone (a raw line client):")
         proc = subprocess.Popen(connector, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -283,11 +294,6 @@ def main() -> None:
         client.close()
         row("router, governed (`handler serve`: Governor, SQLite)", governed)
 
-    if mcp:
-        print("\nMCP clients, the peer:")
-        proxy = StdioServerParameters(command=sys.executable, args=[str(base / "proxy.py"), *connector[1:]])
-        results["c"] = run(sdk_run(proxy, args.calls, args.warmup))
-        row("(c) SDK client -> FastMCP proxy -> connector", results["c"])
     print("\nAdded latency (p50) and ratios:")
     if mcp:
         added_b = results["b"]["p50"] - results["a"]["p50"]
