@@ -1,7 +1,7 @@
 """The router's cost per call, side by side in one run (issue 3, point 8). Prints figures; asserts none.
 
 MCP clients (the official `mcp` SDK client, initialize era, calling `echo_say` with its own
-output-schema check on every call):
+output-schema check on every call; the three lines take turns, in 8 rounds):
   (a) the SDK client → the echo connector directly (stdio);
   (b) the SDK client → `handler-service` → the router (`handler serve`, call log on) → the connector;
       the bridge hands the client's pipes to the router, so the router reads and writes them itself;
