@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -42,6 +43,7 @@ from reconciler.governance.explain import explain_call
 from reconciler.governance.explain import render_text as render_explanation
 from reconciler.governance.holds import Hold, decide_hold, get_hold, list_holds, may_decide
 from reconciler.governance.ledger import add_balance, current_month, read_balance, spend_report
+from reconciler.governance.notices import list_notices
 from reconciler.governance.rulebook import from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_exists, store_url
 from reconciler.router.places import default_state_dir
@@ -408,10 +410,16 @@ def _approvals_list(args: argparse.Namespace) -> int:
 def _approvals_show(args: argparse.Namespace) -> int:
     with _store(args.root) as store:
         hold = get_hold(store, args.request_id)
+        told = list_notices(store, hold.id)
     if args.format == "json":
-        print(json.dumps(hold.to_dict(), indent=2, default=str))
+        print(json.dumps({**hold.to_dict(), "notices": [dataclasses.asdict(n) for n in told]}, indent=2,
+                         default=str))
         return EXIT_OK
     _print_hold(hold)
+    for notice in told:
+        error = f" ({notice.error})" if notice.error else ""
+        print(f"  notice:    {notice.channel} to {notice.target}: {notice.state} after {notice.attempts} "
+              f"attempt{'' if notice.attempts == 1 else 's'}{error}")
     print("  arguments:")
     print("    " + json.dumps(dict(hold.arguments), indent=2).replace("\n", "\n    "))
     if hold.result is not None:

@@ -41,6 +41,7 @@ __all__ = [
     "mark_sent",
     "mark_skipped",
     "targets_for",
+    "troubled_notices",
 ]
 
 MAX_ATTEMPTS = 8
@@ -179,6 +180,15 @@ def claim_decided(store: Store, channel: str, *, limit: int = 20) -> list[Notice
             if done.rowcount == 1:
                 taken.append(Notice.from_row(conn.execute(sa.select(notices).where(notices.c.id == notice_id)).one()))
     return taken
+
+
+def troubled_notices(store: Store, limit: int = 20) -> list[Notice]:
+    """Notices that failed for good, or whose last attempt failed: what an operator should look at."""
+    query = (sa.select(notices).where(sa.or_(notices.c.state == "failed",
+                                             sa.and_(notices.c.state == "pending", notices.c.error.is_not(None))))
+             .order_by(notices.c.id.desc()).limit(limit))
+    with store.engine.connect() as conn:
+        return [Notice.from_row(r) for r in conn.execute(query)]
 
 
 def list_notices(store: Store, hold_id: str | None = None, *, states: Sequence[str] = ()) -> list[Notice]:

@@ -41,7 +41,7 @@ from reconciler.governance.holds import (
     may_decide,
     recent_decisions,
 )
-from reconciler.governance.notices import list_notices
+from reconciler.governance.notices import list_notices, troubled_notices
 from reconciler.governance.store import Store
 from reconciler.web.links import LinkSigner
 from reconciler.web.notifier import decision_text
@@ -51,6 +51,10 @@ __all__ = ["Desk", "dashboard_routes"]
 
 log = logging.getLogger("handler.http")
 _COOKIE = "handler_dashboard"
+# Pages carry decision buttons: no framing (clickjacking), no scripts, forms post only here.
+_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+            "frame-ancestors 'none'", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
+            "Cache-Control": "no-store"}
 
 
 @dataclass
@@ -92,7 +96,7 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
     env = _templates()
 
     def page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-        return HTMLResponse(env.get_template(name).render(**context), status_code=status_code)
+        return HTMLResponse(env.get_template(name).render(**context), status_code=status_code, headers=_HEADERS)
 
     def locked(request: Request) -> Response | None:
         """The response for a visitor without the dashboard token, or None to let them in."""
@@ -112,7 +116,8 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
         if (refusal := locked(request)) is not None:
             return refusal
         pending = await asyncio.to_thread(count_holds, desk.store, "pending")
-        return page("overview.html", status=status(), pending=pending)
+        troubled = await asyncio.to_thread(troubled_notices, desk.store)
+        return page("overview.html", status=status(), pending=pending, troubled=troubled)
 
     async def approvals(request: Request) -> Response:
         if (refusal := locked(request)) is not None:

@@ -75,6 +75,7 @@ def test_approve_as_a_member_runs_nothing_itself_and_is_audited(tree: Path,
     code, out, _ = run(capsys, "approvals", "show", rid, "--root", str(tree))
     assert "acme invoices" in out
     assert "alice" in out
+    assert "notice:    email to alice@example.org: pending after 0 attempts" in out  # `handler up` sends it
 
     code, _, err = run(capsys, "approvals", "approve", rid, "--as", "bob", "--root", str(tree))
     assert code == 1

@@ -239,6 +239,12 @@ def test_an_unreachable_mail_server_keeps_the_notice_for_a_retry(tree: Path, mon
             assert notice.error is not None
             assert "cannot reach the mail server 127.0.0.1:9" in notice.error
             assert await status_of(client, rid) == "pending"  # the hold itself is untouched
+            async with httpx.AsyncClient() as http:  # the operator sees it on the overview
+                overview = await http.get(base_url(service) + "/")
+            assert "Notices that did not go out" in overview.text
+            assert "will retry" in overview.text
+            assert "cannot reach the mail server 127.0.0.1:9" in overview.text
+            assert "frame-ancestors 'none'" in overview.headers["content-security-policy"]
             await client.close()
 
     asyncio.run(scenario())
