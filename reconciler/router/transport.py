@@ -274,7 +274,11 @@ class Listener:
 
     async def _lines(self, sock: socket.socket, first: bytes) -> None:
         conn = Connection(self._router, self._profile)
-        await self._loop.connect_accepted_socket(lambda: _Lines(conn, first), sock)
+        try:
+            await self._loop.connect_accepted_socket(lambda: _Lines(conn, first), sock)
+        except BaseException:
+            conn.end()  # never made: it must not linger among the router's connections
+            raise
 
     async def _attach(self, sock: socket.socket, fds: list[int], meta: Mapping[str, str]) -> None:
         conn = Connection(self._router, self._profile, meta)

@@ -103,11 +103,11 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
         if not desk.token:
             return None
         given = request.query_params.get("token")
-        if given is not None and hmac.compare_digest(given, desk.token):
+        if given is not None and hmac.compare_digest(given.encode(), desk.token.encode()):
             response = RedirectResponse(request.url.remove_query_params("token"), status_code=303)
             response.set_cookie(_COOKIE, desk.token, httponly=True, samesite="strict")
             return response
-        if hmac.compare_digest(request.cookies.get(_COOKIE, ""), desk.token):
+        if hmac.compare_digest(request.cookies.get(_COOKIE, "").encode(), desk.token.encode()):
             return None
         return HTMLResponse("<p>This dashboard asks for its token: open it once as <code>/?token=...</code> "
                             "(the value of HANDLER_DASHBOARD_TOKEN).</p>", status_code=401)
@@ -141,7 +141,7 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
         try:
             hold = await asyncio.to_thread(get_hold, desk.store, hold_id)
         except HoldNotFoundError as exc:
-            return HTMLResponse(f"<p>{_escape(str(exc))}</p>", status_code=404)
+            return page("hold_refused.html", status_code=404, message=str(exc))
         message = why if member is None and "sig" in request.query_params else ""
         return await _hold_view(hold, member, request.query_params, message, failed=bool(message))
 
@@ -246,7 +246,3 @@ def _catalog(snapshot: Snapshot | None) -> list[dict[str, Any]]:
                                and key in c.spec.implements),
         })
     return out
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
