@@ -366,6 +366,7 @@ def test_the_dashboard_shows_status_holds_and_catalog_and_asks_for_its_token(
             client, rid = await hold_a_write(service)
             url = base_url(service)
             assert (await http.get(url + "/")).status_code == 401
+            assert (await http.get(url + "/?token=wrong-é")).status_code == 401  # any text: refused, not a crash
             assert (await http.get(f"{url}/approvals/{rid}")).status_code == 401  # no token, no signed link
             entered = await http.get(url + "/?token=let-me-in", follow_redirects=True)  # keeps the cookie
             assert entered.status_code == 200, entered.text
