@@ -140,7 +140,8 @@ def _up(args: argparse.Namespace) -> int:
             print(f"  serving revision {applied.revision[:12]} as generation {applied.generation}", file=sys.stderr)
         for name in sorted(router.live.snapshot.profiles):
             print(f"  profile {name}: {sockets / name}.sock", file=sys.stderr)
-        print(f"  http://{host}:{listener.port}/status  (also /healthz, POST /hooks/git)", file=sys.stderr)
+        print(f"  http://{host}:{listener.port}/  the dashboard: status, approvals, catalog (also /status, /healthz, "
+              "POST /hooks/git, POST /hooks/slack)", file=sys.stderr)
         print("  an agent's MCP client runs: handler-service <interface> --profile <profile>, with "
               f"HANDLER_RUN_DIR={router.run_dir}", file=sys.stderr)
         print("  Ctrl-C stops everything.", file=sys.stderr, flush=True)
