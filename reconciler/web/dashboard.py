@@ -8,7 +8,10 @@ cookie); without it they are open to whoever reaches the listener, which `handle
 127.0.0.1 unless told otherwise.
 
 Decisions: a signed link (`links`) opens `/approvals/<id>` as its member with Approve and Reject
-buttons; only the POST decides, and it needs the link's signature, not the token. Slack posts
+buttons; only the POST decides, and it needs the link's signature, not the token. Opening a valid
+link also signs its member in (a signed cookie): they may then browse the dashboard and decide,
+from each hold's page, the holds they are entitled to (the form carries a token bound to the
+session). Slack posts
 clicks to `/hooks/slack`; the Slack user is the org member whose `slack` id it is. Either way the
 decision goes through `decide_hold` with `may_decide`, as the CLI's does.
 """
@@ -43,7 +46,7 @@ from reconciler.governance.holds import (
 )
 from reconciler.governance.notices import list_notices, troubled_notices
 from reconciler.governance.store import Store
-from reconciler.web.links import LinkSigner
+from reconciler.web.links import LINK_DAYS, LinkSigner
 from reconciler.web.notifier import decision_text
 from reconciler.web.slack import SlackAction, SlackClient, SlackSettings, parse_interaction, verify_request
 
@@ -51,6 +54,7 @@ __all__ = ["Desk", "dashboard_routes"]
 
 log = logging.getLogger("handler.http")
 _COOKIE = "handler_dashboard"
+_SESSION = "handler_member"
 # Pages carry decision buttons: no framing (clickjacking), no scripts, forms post only here.
 _HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
             "frame-ancestors 'none'", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
@@ -95,12 +99,17 @@ def _approver_text(approver: Mapping[str, Any] | None) -> str:
 def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[Route]:
     env = _templates()
 
-    def page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-        return HTMLResponse(env.get_template(name).render(**context), status_code=status_code, headers=_HEADERS)
+    def page(name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:
+        who = signed_in(request)
+        return HTMLResponse(env.get_template(name).render(who=who, **context), status_code=status_code,
+                            headers=_HEADERS)
+
+    def signed_in(request: Request) -> str | None:
+        return desk.signer.session_member(request.cookies.get(_SESSION, ""))
 
     def locked(request: Request) -> Response | None:
         """The response for a visitor without the dashboard token, or None to let them in."""
-        if not desk.token:
+        if not desk.token or signed_in(request) is not None:
             return None
         given = request.query_params.get("token")
         if given is not None and hmac.compare_digest(given.encode(), desk.token.encode()):
@@ -117,61 +126,80 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
             return refusal
         pending = await asyncio.to_thread(count_holds, desk.store, "pending")
         troubled = await asyncio.to_thread(troubled_notices, desk.store)
-        return page("overview.html", status=status(), pending=pending, troubled=troubled)
+        return page("overview.html", request, status=status(), pending=pending, troubled=troubled)
 
     async def approvals(request: Request) -> Response:
         if (refusal := locked(request)) is not None:
             return refusal
         pending = await asyncio.to_thread(list_holds, desk.store, ("pending",))
         decided = await asyncio.to_thread(recent_decisions, desk.store, 50)
-        return page("approvals.html", pending=pending, decided=decided)
+        return page("approvals.html", request, pending=pending, decided=decided)
 
     async def catalog(request: Request) -> Response:
         if (refusal := locked(request)) is not None:
             return refusal
-        return page("catalog.html", interfaces=_catalog(desk.snapshot()))
+        return page("catalog.html", request, interfaces=_catalog(desk.snapshot()))
 
     async def hold_page(request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
-        member, why = desk.signer.check(hold_id, request.query_params)
-        if member is None and (refusal := locked(request)) is not None:
+        linked, why = desk.signer.check(hold_id, request.query_params)
+        if linked is None and (refusal := locked(request)) is not None:
             if "sig" in request.query_params:  # a link that does not hold: say why, show nothing
-                return page("hold_refused.html", status_code=403, message=why)
+                return page("hold_refused.html", request, status_code=403, message=why)
             return refusal
         try:
             hold = await asyncio.to_thread(get_hold, desk.store, hold_id)
         except HoldNotFoundError as exc:
-            return page("hold_refused.html", status_code=404, message=str(exc))
-        message = why if member is None and "sig" in request.query_params else ""
-        return await _hold_view(hold, member, request.query_params, message, failed=bool(message))
+            return page("hold_refused.html", request, status_code=404, message=str(exc))
+        message = why if linked is None and "sig" in request.query_params else ""
+        member = linked or signed_in(request)
+        response = await _hold_view(request, hold, member, message, failed=bool(message),
+                                    link=request.query_params if linked else None)
+        if linked is not None:  # the link signs its member in, for the other holds they may decide
+            response.set_cookie(_SESSION, desk.signer.session(linked), max_age=LINK_DAYS * 86400, httponly=True,
+                                samesite="strict")
+        return response
 
-    async def _hold_view(hold: Hold, member: str | None, link: Mapping[str, str], message: str, *,
-                         failed: bool = False, status_code: int = 200) -> HTMLResponse:
+    async def _hold_view(request: Request, hold: Hold, member: str | None, message: str, *, failed: bool = False,
+                         status_code: int = 200, link: Mapping[str, str] | None = None) -> HTMLResponse:
         notices = await asyncio.to_thread(list_notices, desk.store, hold.id)
         decide_as = member if member is not None and hold.state == "pending" else None
         if decide_as is not None and (refusal := may_decide(hold, desk.snapshot(), decide_as)) is not None:
             decide_as, message, failed = None, refusal, True
-        return page("hold.html", status_code=status_code, hold=hold, notices=notices, decide_as=decide_as,
-                    link=link, message=message, failed=failed)
+        session = request.cookies.get(_SESSION, "")
+        proof = ({k: link.get(k, "") for k in ("member", "expires", "sig")} if link is not None
+                 else {"csrf": desk.signer.csrf(session)})
+        return page("hold.html", request, status_code=status_code, hold=hold, notices=notices, decide_as=decide_as,
+                    proof=proof, message=message, failed=failed)
 
     async def decide_route(request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
         form = await request.form()
-        fields = {k: str(form.get(k, "")) for k in ("member", "expires", "sig", "decision")}
-        member, why = desk.signer.check(hold_id, fields)
+        fields = {k: str(form.get(k, "")) for k in ("member", "expires", "sig", "csrf", "decision")}
+        if fields["sig"]:  # a signed link's form
+            member, why = desk.signer.check(hold_id, fields)
+            how = "signed link"
+        else:  # a signed-in member's form
+            session = request.cookies.get(_SESSION, "")
+            member, why = desk.signer.session_member(session), "sign in first: open a decision link"
+            if member is not None and not hmac.compare_digest(fields["csrf"].encode(),
+                                                              desk.signer.csrf(session).encode()):
+                member, why = None, "the form does not belong to this session; reload the page"
+            how = "dashboard"
         if member is None:
-            return page("hold_refused.html", status_code=403, message=why)
+            return page("hold_refused.html", request, status_code=403, message=why)
         if fields["decision"] not in ("approve", "reject"):
-            return page("hold_refused.html", status_code=400, message="the form names no decision")
+            return page("hold_refused.html", request, status_code=400, message="the form names no decision")
+        link = fields if fields["sig"] else None
         try:
             hold = await asyncio.to_thread(_decide, desk, hold_id, fields["decision"], member)
         except HoldNotFoundError as exc:
-            return page("hold_refused.html", status_code=404, message=str(exc))
+            return page("hold_refused.html", request, status_code=404, message=str(exc))
         except NotAllowedError as exc:
             hold = await asyncio.to_thread(get_hold, desk.store, hold_id)
-            return await _hold_view(hold, None, fields, str(exc), failed=True, status_code=409)
-        log.info("hold %s %s by %s (signed link)", hold_id, hold.state, member)
-        return await _hold_view(hold, None, fields, f"{hold.state.capitalize()} by {member}.")
+            return await _hold_view(request, hold, None, str(exc), failed=True, status_code=409, link=link)
+        log.info("hold %s %s by %s (%s)", hold_id, hold.state, member, how)
+        return await _hold_view(request, hold, None, f"{hold.state.capitalize()} by {member}.", link=link)
 
     async def slack_hook(request: Request) -> Response:
         body = await request.body()

@@ -393,6 +393,25 @@ def test_the_dashboard_shows_status_holds_and_catalog_and_asks_for_its_token(
                                               env=env, check=False)
             assert refused.returncode != 0
             assert "carol may not decide" in refused.stderr
+
+            async with httpx.AsyncClient() as owner:  # the link signed the owner in: the dashboard is theirs
+                await owner.get(link.stdout.strip())
+                listing = await owner.get(url + "/approvals")
+                assert listing.status_code == 200  # no dashboard token needed once signed in
+                assert "signed in as owner" in listing.text
+                hold_page = await owner.get(f"{url}/approvals/{rid}")  # no link this time
+                assert "Approve as owner" in hold_page.text
+                token = re.search(r'name="csrf" value="([0-9a-f]+)"', hold_page.text)
+                assert token is not None
+                forged = await owner.post(f"{url}/approvals/{rid}", data={"csrf": "0" * 64, "decision": "reject"})
+                assert forged.status_code == 403
+                assert "does not belong to this session" in forged.text
+                done = await owner.post(f"{url}/approvals/{rid}", data={"csrf": token.group(1), "decision": "reject"})
+                assert done.status_code == 200
+                assert "Rejected by owner" in done.text
+            assert await status_of(client, rid) == "rejected"
+            anonymous = await http.post(f"{url}/approvals/{rid}", data={"csrf": token.group(1), "decision": "approve"})
+            assert anonymous.status_code == 403  # a token without its session decides nothing
             catalog = await http.get(url + "/catalog")
             assert "echo/v1" in catalog.text
             assert "echo_say" in catalog.text

@@ -74,3 +74,18 @@ def test_only_a_click_on_a_holds_button_is_an_action() -> None:
                 form({**click, "user": "U1"})):
         with pytest.raises(ValueError, match=r"payload|block_actions|button"):
             parse_interaction(bad)
+
+
+def test_a_session_signs_in_its_member_until_it_expires() -> None:
+    signer = LinkSigner(KEY)
+    cookie = signer.session("team:lead", now=1_000_000.0)  # a member id may hold a colon
+    assert signer.session_member(cookie, now=1_000_000.0) == "team:lead"
+    assert signer.session_member(cookie, now=1_000_000.0 + 8 * 86400) is None  # a week later: expired
+    _, expires, mac = cookie.rsplit(":", 2)
+    assert signer.session_member(f"owner:{expires}:{mac}", now=1_000_000.0) is None  # another member
+    assert signer.session_member("", now=1_000_000.0) is None
+    assert signer.session_member("garbage", now=1_000_000.0) is None
+    # A decision link's signature is not a session's, nor the other way round.
+    link = signer.sign("req_1", "bob", now=1_000_000.0)
+    assert signer.session_member(f"bob:{link.expires}:{link.sig}", now=1_000_000.0) is None
+    assert signer.csrf(cookie) != signer.csrf(signer.session("bob", now=1_000_000.0))
