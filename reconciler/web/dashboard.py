@@ -100,9 +100,8 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
     env = _templates()
 
     def page(name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:
-        who = signed_in(request)
-        return HTMLResponse(env.get_template(name).render(who=who, **context), status_code=status_code,
-                            headers=_HEADERS)
+        context.setdefault("who", signed_in(request))
+        return HTMLResponse(env.get_template(name).render(**context), status_code=status_code, headers=_HEADERS)
 
     def signed_in(request: Request) -> str | None:
         return desk.signer.session_member(request.cookies.get(_SESSION, ""))
@@ -169,8 +168,9 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
         session = request.cookies.get(_SESSION, "")
         proof = ({k: link.get(k, "") for k in ("member", "expires", "sig")} if link is not None
                  else {"csrf": desk.signer.csrf(session)})
+        who = link.get("member") if link is not None else None  # a link signs in with this very response
         return page("hold.html", request, status_code=status_code, hold=hold, notices=notices, decide_as=decide_as,
-                    proof=proof, message=message, failed=failed)
+                    proof=proof, message=message, failed=failed, **({"who": who} if who else {}))
 
     async def decide_route(request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
