@@ -151,11 +151,16 @@ def mark_skipped(store: Store, notice: Notice, why: str) -> None:
         conn.execute(sa.update(notices).where(notices.c.id == notice.id).values(state="skipped", error=why))
 
 
-def mark_failed(store: Store, notice: Notice, error: str, *, final: bool = False) -> str:
-    """Record a failed attempt: retried later, or `failed` for good (after `MAX_ATTEMPTS`, or `final`)."""
+def mark_failed(store: Store, notice: Notice, error: str, *, final: bool = False,
+                not_before: float | None = None) -> str:
+    """Record a failed attempt: retried later, or `failed` for good (after `MAX_ATTEMPTS`, or `final`).
+
+    `not_before` (seconds) is the channel's own word on when to come back (a rate limit's Retry-After).
+    """
     attempts = notice.attempts + 1
     state = "failed" if final or attempts >= MAX_ATTEMPTS else "pending"
     delay = min(_FIRST_RETRY_SECONDS * 2 ** (attempts - 1), _LONGEST_RETRY_SECONDS)
+    delay = max(delay, min(not_before or 0.0, _LONGEST_RETRY_SECONDS))
     with store.begin() as conn:
         conn.execute(sa.update(notices).where(notices.c.id == notice.id)
                      .values(state=state, attempts=attempts, next_at=now() + delay, error=error[:2000]))

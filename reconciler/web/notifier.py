@@ -82,7 +82,9 @@ class Notifier:
             else:  # pragma: no cover - claim_due only hands out the channels this notifier has
                 return
         except (MailError, SlackError) as exc:
-            state = await asyncio.to_thread(mark_failed, self.store, notice, str(exc), final=exc.permanent)
+            wait = exc.retry_after if isinstance(exc, SlackError) else None
+            state = await asyncio.to_thread(mark_failed, self.store, notice, str(exc), final=exc.permanent,
+                                            not_before=wait)
             log.warning("notice of hold %s to %s %s failed (%s): %s", hold.id, notice.channel, notice.target,
                         "given up" if state == "failed" else "will retry", exc)
             return

@@ -119,3 +119,12 @@ def test_a_notice_whose_notifier_died_is_claimed_again(store: Store) -> None:
         conn.execute(sa.update(notices).where(notices.c.id == first.id).values(claimed_at=1.0))
     (again,) = claim_due(store, ["slack"])
     assert (again.id, again.hold_id) == (first.id, rid)
+
+
+def test_a_channels_retry_after_is_honoured(store: Store) -> None:
+    rid = hold_for(store, {"to": "slack", "channel": "#approvals"})
+    (notice,) = claim_due(store, ["slack"])
+    mark_failed(store, notice, "Slack is rate limiting this app", not_before=120.0)
+    (waiting,) = list_notices(store, rid)
+    assert waiting.state == "pending"
+    assert waiting.next_at - notice.next_at >= 120.0  # not the first backoff's 5 s
