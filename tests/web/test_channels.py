@@ -105,6 +105,8 @@ class SlackStandIn:
     def app(self) -> Starlette:
         async def post_message(request: Request) -> Response:
             self.posts.append((dict(request.headers), orjson.loads(await request.body())))
+            if self.fail_with == "ratelimited":
+                return Response("", status_code=429, headers={"Retry-After": "120"})
             if self.fail_with:
                 return JSONResponse({"ok": False, "error": self.fail_with})
             return JSONResponse({"ok": True, "channel": "C0APPROVALS", "ts": "1700000000.000100"})
@@ -325,9 +327,11 @@ def test_a_slack_message_with_buttons_decides_through_a_signed_click(tree: Path,
     asyncio.run(scenario())
 
 
-def test_a_channel_slack_refuses_fails_the_notice_at_once(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("refusal", ["channel_not_found", "ratelimited"])
+def test_what_slack_refuses_is_given_up_or_retried_when_it_says(tree: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                refusal: str) -> None:
     slack = SlackStandIn()
-    slack.fail_with = "channel_not_found"
+    slack.fail_with = refusal
     route(tree, '{ to = "slack", channel = "#approvals" }')
 
     async def scenario() -> None:
@@ -341,8 +345,14 @@ def test_a_channel_slack_refuses_fails_the_notice_at_once(tree: Path, monkeypatc
                 client, rid = await hold_a_write(service)
                 assert service.router is not None
                 store = service.router.services.gate.store  # type: ignore[attr-defined]
-                await service.until(lambda: list_notices(store, rid)[0].state == "failed")
-                assert "channel_not_found" in (list_notices(store, rid)[0].error or "")
+                await service.until(lambda: list_notices(store, rid)[0].attempts == 1)
+                (notice,) = list_notices(store, rid)
+                if refusal == "channel_not_found":  # the same message would be refused again: given up
+                    assert notice.state == "failed"
+                    assert "channel_not_found" in (notice.error or "")
+                else:  # back when Slack said, not at the first backoff
+                    assert notice.state == "pending"
+                    assert notice.next_at >= time.time() + 100
                 await client.close()
         finally:
             stand_in.stop()
