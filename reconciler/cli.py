@@ -46,7 +46,7 @@ from reconciler.governance.ledger import add_balance, current_month, read_balanc
 from reconciler.governance.notices import list_notices
 from reconciler.governance.rulebook import from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_exists, store_url
-from reconciler.router.places import default_state_dir
+from reconciler.router.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router
 from reconciler.web.http import HttpListener
 from reconciler.web.links import LinkSigner, load_link_secret
@@ -89,6 +89,13 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--base", metavar="REF", help="compare with this git ref (default: HEAD, or nothing)")
     plan.add_argument("--format", choices=["text", "json"], default="text")
     plan.set_defaults(run=_plan)
+
+    mcp = sub.add_parser("mcp-config", help="the mcpServers entries an MCP client needs to give an agent its profile")
+    mcp.add_argument("profile")
+    mcp.add_argument("root", nargs="?", default=".")
+    mcp.add_argument("--run-dir", type=Path, default=None, help="the router's run folder (default: $HANDLER_RUN_DIR, "
+                     "else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    mcp.set_defaults(run=_mcp_config)
 
     _add_governance_commands(sub)
     _add_serve_command(sub)
@@ -221,6 +228,23 @@ def _load(root: str) -> Snapshot:
     if not Path(root, "config").is_dir() and not Path(root, "catalog").is_dir():
         raise SourceError(f"{root} holds neither config/ nor catalog/; give the root of a config tree")
     return Loader().load(FolderSource(root))
+
+
+def _mcp_config(args: argparse.Namespace) -> int:
+    """One stdio server per interface of the profile, each the bridge `handler-service <interface>`."""
+    snapshot = _load(args.root)
+    profile = snapshot.profiles.get(args.profile)
+    if profile is None:
+        known = ", ".join(sorted(snapshot.profiles))
+        raise HandlerError(f"no profile '{args.profile}' in {args.root} (profiles: {known})")
+    bridge = Path(sys.executable).parent / "handler-service"
+    run_dir = (args.run_dir or default_run_dir()).resolve()
+    servers = {}
+    for name in sorted(profile.selections):
+        servers[name] = {"command": str(bridge) if bridge.exists() else "handler-service",
+                         "args": [name, "--profile", profile.name], "env": {"HANDLER_RUN_DIR": str(run_dir)}}
+    print(json.dumps({"mcpServers": servers}, indent=2))
+    return EXIT_OK
 
 
 def _load_base(root: str, ref: str) -> Snapshot:

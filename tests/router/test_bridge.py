@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import orjson
 import pytest
 from fixtures.harness import BRIDGE, bridge_params, log_lines, run, serving
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 
 from reconciler.router.bridge import tag_line
 
@@ -125,3 +127,20 @@ def test_the_bridge_exits_when_no_router_serves_the_profile(run_dir: Path) -> No
     assert done.returncode == 1
     assert b"no router serves profile 'ghost'" in done.stderr
     assert sys.executable  # the bridge is the installed console script, not this interpreter
+
+
+def test_mcp_config_gives_a_client_everything_it_needs_to_reach_the_profile(echo_root: Path, run_dir: Path) -> None:
+    handler = str(Path(BRIDGE).parent / "handler")
+    done = subprocess.run([handler, "mcp-config", "tester", str(echo_root), "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    servers = json.loads(done.stdout)["mcpServers"]
+    assert list(servers) == ["echo"]  # one server per interface the profile uses
+    entry = servers["echo"]
+
+    async def scenario() -> list[str]:
+        params = StdioServerParameters(command=entry["command"], args=entry["args"], env=entry["env"])
+        async with serving(echo_root, run_dir), Client(params, mode="legacy") as client:
+            return [t.name for t in (await client.list_tools()).tools]
+
+    assert run(scenario())[:2] == ["echo_say", "echo_token"]
