@@ -6,7 +6,7 @@ output-schema check on every call; the three lines take turns, in 8 rounds):
   (b) the SDK client → `handler-service` → the router (`handler serve`, call log on) → the connector;
       the bridge hands the client's pipes to the router, so the router reads and writes them itself;
   (c) the SDK client → a FastMCP proxy (`fastmcp.server.create_proxy`) → the connector.
-The router alone (a blocking raw-line client, one JSON-RPC line per call):
+The router alone (a blocking raw-line client, one JSON-RPC line per call; the first three take turns):
   direct: client → the connector's stdio;
   hop:    client → a plain line-forwarding unix-socket hop (uvloop, no parsing) → the connector;
   router: client → the router's socket → the connector;
@@ -122,23 +122,43 @@ def cpu_seconds(pid: int) -> float:
 
 def raw_loop(send: Any, recv_line: Any, calls: int, warmup: int, pid: int | None = None) -> dict[str, float]:
     """Sequential calls; with `pid`, also that process's CPU per call (steadier than latency on a busy host)."""
-    samples = []
-    start = cpu = 0.0
-    for i in range(warmup + calls):
-        if i == warmup:
-            start = time.perf_counter()
-            cpu = cpu_seconds(pid) if pid else 0.0
-        line = orjson.dumps({**CALL, "id": i}) + b"\n"
+    return raw_turns({"line": (send, recv_line, pid)}, calls, warmup, rounds=1)["line"]
+
+
+def raw_turns(lines: dict[str, tuple[Any, Any, int | None]], calls: int, warmup: int,
+              rounds: int = 8) -> dict[str, dict[str, float]]:
+    """Sequential calls on each line (send, recv_line, pid of the process in the middle), the lines taking
+    turns in `rounds` blocks; with a pid, that process's CPU per call too."""
+    samples: dict[str, list[int]] = {name: [] for name in lines}
+    spent = dict.fromkeys(lines, 0.0)
+    cpu = dict.fromkeys(lines, 0.0)
+    ids = 0
+
+    def call(send: Any, recv_line: Any) -> int:
+        nonlocal ids
+        ids += 1
         t0 = time.perf_counter_ns()
-        send(line)
+        send(orjson.dumps({**CALL, "id": ids}) + b"\n")
         reply = recv_line()
-        if i >= warmup:
-            samples.append(time.perf_counter_ns() - t0)
+        took = time.perf_counter_ns() - t0
         assert b'"isError":false' in reply, reply[:300]
-    result = summarize(samples, time.perf_counter() - start)
-    if pid:
-        result["cpu"] = (cpu_seconds(pid) - cpu) / calls * 1e6
-    return result
+        return took
+
+    for send, recv_line, _ in lines.values():
+        for _ in range(warmup):
+            call(send, recv_line)
+    for _ in range(rounds):
+        for name, (send, recv_line, pid) in lines.items():
+            before, start = cpu_seconds(pid) if pid else 0.0, time.perf_counter()
+            samples[name] += [call(send, recv_line) for _ in range(calls // rounds)]
+            spent[name] += time.perf_counter() - start
+            cpu[name] += (cpu_seconds(pid) - before) if pid else 0.0
+    out = {}
+    for name, (_, _, pid) in lines.items():
+        out[name] = summarize(samples[name], spent[name])
+        if pid:
+            out[name]["cpu"] = cpu[name] / len(samples[name]) * 1e6
+    return out
 
 
 class LineSocket:
@@ -260,7 +280,7 @@ def main() -> None:
             row("(b) SDK client -> handler-service -> router -> connector", results["b"])
             row("(c) SDK client -> FastMCP proxy -> connector", results["c"])
 
-        print("\nThe router alone (a raw line client):")
+        print("\nThe router alone (a raw line client; the three lines take turns in 8 rounds):")
         proc = subprocess.Popen(connector, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         assert proc.stdin is not None
         assert proc.stdout is not None
@@ -270,21 +290,22 @@ def main() -> None:
             stdin.write(data)
             stdin.flush()
 
-        results["direct"] = raw_loop(pipe_send, stdout.readline, args.calls, args.warmup)
-        stdin.close()
-        proc.wait()
-        stdout.close()
-        row("direct: client -> connector", results["direct"])
         hop_path = base / "hop.sock"
         with started([sys.executable, str(base / "forward.py"), str(hop_path), *connector], env, "ready",
                      "stdout") as forwarder:
             hop = LineSocket(hop_path)
-            results["hop"] = raw_loop(hop.send, hop.recv_line, args.calls, args.warmup, forwarder.pid)
+            client = LineSocket(run_dir / "profiles/tester.sock")
+            results.update(raw_turns({"direct": (pipe_send, stdout.readline, None),
+                                      "hop": (hop.send, hop.recv_line, forwarder.pid),
+                                      "router": (client.send, client.recv_line, router.pid)},
+                                     args.calls, args.warmup))
             hop.close()
+            client.close()
+        stdin.close()
+        proc.wait()
+        stdout.close()
+        row("direct: client -> connector", results["direct"])
         row("hop: client -> line-forwarding hop -> connector", results["hop"])
-        client = LineSocket(run_dir / "profiles/tester.sock")
-        results["router"] = raw_loop(client.send, client.recv_line, args.calls, args.warmup, router.pid)
-        client.close()
         row("router: client -> router -> connector", results["router"])
         results["x8"] = run(concurrent_sessions(run_dir / "profiles/tester.sock", 8, args.calls * 4))
         row("router x8: 8 concurrent sessions", results["x8"])
