@@ -11,9 +11,8 @@ Decisions: a signed link (`links`) opens `/approvals/<id>` as its member with Ap
 buttons; only the POST decides, and it needs the link's signature, not the token. Opening a valid
 link also signs its member in (a signed cookie): they may then browse the dashboard and decide,
 from each hold's page, the holds they are entitled to (the form carries a token bound to the
-session). Slack posts
-clicks to `/hooks/slack`; the Slack user is the org member whose `slack` id it is. Either way the
-decision goes through `decide_hold` with `may_decide`, as the CLI's does.
+session). Slack posts clicks to `/hooks/slack`; the Slack user is the org member whose `slack` id
+it is. Every way, the decision goes through `decide_hold` with `may_decide`, as the CLI's does.
 """
 
 from __future__ import annotations
