@@ -230,7 +230,7 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
         if tasks[0].done():  # the port is taken, or the address is wrong
             tasks[0].result()
         if channels is not None:
-            channels.set_public_url(f"http://{options.http_host}:{listener.port}")
+            channels.set_public_url(options.http_host, listener.port)
             tasks.append(asyncio.create_task(channels.notifier.run(stop)))
         if on_ready is not None:
             on_ready(holder[0], reconciler, listener)

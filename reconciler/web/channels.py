@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +26,28 @@ from reconciler.web.slack import SlackClient, SlackSettings
 
 __all__ = ["Channels", "open_channels"]
 
+log = logging.getLogger("handler.notify")
+
 
 @dataclass
 class Channels:
     desk: Desk
     notifier: Notifier
 
-    def set_public_url(self, url: str) -> None:
-        """The listener's address, once it is known (a port of 0 is chosen at bind time)."""
-        if not self.notifier.public_url:
-            self.notifier.public_url = url
+    def set_public_url(self, host: str, port: int) -> None:
+        """The listener's address, once it is known (a port of 0 is chosen at bind time), unless
+        HANDLER_PUBLIC_URL gave one. A wildcard address is no place to send approvers: the machine's
+        name stands in for it, with a warning."""
+        if self.notifier.public_url:
+            return
+        if host in ("0.0.0.0", "::", ""):  # noqa: S104 - recognised here, never bound
+            name = socket.getfqdn()
+            log.warning("links in notices point at http://%s:%d; set HANDLER_PUBLIC_URL to the address approvers "
+                        "reach the dashboard at", name, port)
+            host = name
+        elif ":" in host:
+            host = f"[{host}]"
+        self.notifier.public_url = f"http://{host}:{port}"
 
     async def aclose(self) -> None:
         if self.desk.slack_client is not None:

@@ -89,3 +89,21 @@ def test_a_session_signs_in_its_member_until_it_expires() -> None:
     link = signer.sign("req_1", "bob", now=1_000_000.0)
     assert signer.session_member(f"bob:{link.expires}:{link.sig}", now=1_000_000.0) is None
     assert signer.csrf(cookie) != signer.csrf(signer.session("bob", now=1_000_000.0))
+
+
+def test_links_never_point_at_a_wildcard_address(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from reconciler.web.channels import open_channels
+
+    def public_url(host: str, env: dict[str, str]) -> str:
+        channels = open_channels(None, lambda: None, tmp_path, env)  # type: ignore[arg-type]  # no store needed
+        channels.set_public_url(host, 8765)
+        return channels.notifier.public_url
+
+    assert public_url("127.0.0.1", {}) == "http://127.0.0.1:8765"
+    assert public_url("::1", {}) == "http://[::1]:8765"
+    wildcard = "0.0.0.0"  # noqa: S104 - what `handler up --http 0.0.0.0:8765` binds
+    assert public_url(wildcard, {"HANDLER_PUBLIC_URL": "https://approvals.example.org/"}) == (
+        "https://approvals.example.org")
+    with caplog.at_level("WARNING"):
+        assert wildcard not in public_url(wildcard, {})
+    assert "set HANDLER_PUBLIC_URL" in caplog.text
