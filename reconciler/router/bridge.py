@@ -8,10 +8,11 @@ instance (`HANDLER_INSTANCE` → `handler/instance`) and the instance that start
 When its stdin and stdout are pipes or sockets (as MCP clients start servers), it hands both to the
 router with those `_meta` (see `handoff`) and then only waits: the router reads the agent's requests
 and writes its replies itself, and closes the socket when the session is over, which is when the
-bridge exits. Otherwise (a terminal, a file), or if the router refuses, it relays lines both ways,
-adding the `_meta` to each request. A line it cannot parse, and one over the size cap, goes through as
-it is: the router answers it. When the agent closes stdin, the bridge closes its sending side and
-waits for the replies still owed; when the router closes, or the agent stops reading, it exits.
+bridge exits. Otherwise (a terminal, a file, one socket as both, `--relay`), or if the router
+refuses, it relays lines both ways, adding the `_meta` to each request. A line it cannot parse, and
+one over the size cap, goes through as it is: the router answers it. When the agent closes stdin,
+the bridge closes its sending side and waits for the replies still owed; when the router closes, or
+the agent stops reading, it exits.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the profile whose socket to use (default: $HANDLER_PROFILE)")
     parser.add_argument("--run-dir", type=Path, default=None, help="the router's run folder (default: "
                         "$HANDLER_RUN_DIR, else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    parser.add_argument("--relay", action="store_true", default=os.environ.get("HANDLER_RELAY") == "1",
+                        help="relay lines instead of handing stdin and stdout to the router (default when they "
+                        "are a terminal or a file; also HANDLER_RELAY=1)")
     args = parser.parse_args(argv)
     if not args.profile:
         print("handler-service: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
@@ -65,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             meta[key] = os.environ[env]
     max_line = int(os.environ.get("HANDLER_MAX_LINE_BYTES", _DEFAULT_MAX_LINE))
     try:
-        if not hand_over(sock, meta):
+        if args.relay or not hand_over(sock, meta):
             relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, max_line)
     except KeyboardInterrupt:
         return 130

@@ -36,9 +36,10 @@ def call(msg_id: int, tool: str, arguments: dict[str, Any]) -> bytes:
     return line({"jsonrpc": "2.0", "id": msg_id, "method": "tools/call", "params": params})
 
 
-async def start_bridge(run_dir: Path, stdin: Any = subprocess.PIPE, **env: str) -> asyncio.subprocess.Process:
+async def start_bridge(run_dir: Path, stdin: Any = subprocess.PIPE, *options: str,
+                       **env: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        BRIDGE, "echo", "--profile", "tester", stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        BRIDGE, "echo", "--profile", "tester", *options, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={"HANDLER_RUN_DIR": str(run_dir), **env})
 
 
@@ -262,5 +263,21 @@ def test_one_socket_as_both_stdin_and_stdout_is_relayed(echo_root: Path, run_dir
                 assert held_by_bridge(proc.pid)[0].startswith("socket:")  # it kept the socket: it relays
                 agent.shutdown(socket.SHUT_WR)
                 assert await asyncio.wait_for(proc.wait(), DEADLINE) == 0
+
+    on_uvloop(scenario)
+
+
+def test_relay_can_be_asked_for(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            proc = await start_bridge(run_dir, subprocess.PIPE, "--relay", HANDLER_INSTANCE="run-r")
+            assert proc.stdin is not None
+            proc.stdin.write(line(INIT) + call(2, "echo_say", {"text": "relayed"}))
+            assert (await read_reply(proc))["id"] == 1
+            assert (await read_reply(proc))["result"]["structuredContent"] == {"text": "relayed"}
+            assert held_by_bridge(proc.pid)[0].startswith(("pipe:", "socket:"))  # it kept its stdio
+            assert log_lines(router)[-1]["instance"] == "run-r"  # tagged on each request instead
+            proc.stdin.close()
+            assert await asyncio.wait_for(proc.wait(), DEADLINE) == 0
 
     on_uvloop(scenario)
