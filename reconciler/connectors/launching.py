@@ -221,7 +221,8 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
 def fs_view(snapshot: Snapshot, root: Path, connector: Connector, folder: Path, state_dir: Path,
             run_dir: Path | None, binding_name: str, command: Sequence[str], env: Mapping[str, str]) -> FsView:
     """What the connector sees (see `sandbox`): the router's run and state folders and the user's home
-    hidden; its folder and its call folder writable; its code, its Python and its PATH readable."""
+    hidden; its folder and its call folder writable; its code, its Python and its PATH readable; the
+    config tree, the service's Python and code read-only."""
     hidden = [state_dir, Path.home()]
     writable = [folder]
     if run_dir is not None:
@@ -240,10 +241,14 @@ def fs_view(snapshot: Snapshot, root: Path, connector: Connector, folder: Path, 
                 path = Path(ref.file).expanduser()
                 blanked.append(path if path.is_absolute() else root / path)
 
+    # What a connector could rewrite to act later with more than its own rights: the config tree (other
+    # connectors' code), the service's Python and its own code.
+    frozen = [root, Path(sys.prefix), Path(sys.base_prefix), Path(__file__).resolve().parents[2]]
+
     def real(paths: Sequence[Path]) -> tuple[str, ...]:
         return tuple(str(p.resolve()) for p in paths if p.resolve() != Path("/"))
 
-    return FsView(real(hidden), real(writable), real(readable), real(blanked))
+    return FsView(real(hidden), real(writable), real(readable), real(blanked), real(frozen))
 
 
 def limited_command(command: Sequence[str], limits: Limits) -> list[str]:

@@ -1,16 +1,20 @@
-"""The first process inside a connector's namespaces: its view of the filesystem, loopback up, the egress
-relay, the connector.
+"""The first process inside a connector's namespaces: its view of the filesystem, loopback up, the
+egress relay, the connector.
 
 Run by the router as `unshare --net [--mount] -- python -m reconciler.connectors.netns_init
-[--proxy SOCKET] [--fs VIEW] -- COMMAND...`. With `--fs` (a `FsView` as JSON, in a private
-mount namespace), each hidden folder gets an empty tmpfs over it and the folders the connector needs
-are bound back in from descriptors opened before (writable or read-only); files named as secrets
-get /dev/null over them. A mount that fails stops the start, saying which: a connector never runs
-with less confinement than asked. The namespace has no route out. With `--proxy`, a relay on the namespace's own
-loopback forwards each connection to the router's egress proxy through its unix socket (a path
-socket crosses namespaces), and the connector gets HTTP(S)_PROXY pointing at the relay. The
-connector inherits stdin, stdout and stderr, so MCP flows straight between it and the router; this
-process forwards SIGTERM/SIGINT to it and exits with its status.
+[--proxy SOCKET] [--fs VIEW] -- COMMAND...`.
+
+With `--fs` (an `FsView` as JSON, in a private mount namespace), each frozen folder is bound onto
+itself read-only, each hidden folder gets an empty tmpfs over it, and the folders the connector
+needs are bound back in from descriptors opened before (writable or read-only); files named as
+secrets get /dev/null over them. A mount that fails stops the start, saying which: a connector
+never runs with less confinement than asked.
+
+The network namespace has no route out. With `--proxy`, a relay on the namespace's own loopback
+forwards each connection to the router's egress proxy through its unix socket (a path socket
+crosses namespaces), and the connector gets HTTP(S)_PROXY pointing at the relay. The connector
+inherits stdin, stdout and stderr, so MCP flows straight between it and the router; this process
+forwards SIGTERM/SIGINT to it and exits with its status.
 """
 
 from __future__ import annotations
@@ -40,21 +44,24 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 @dataclass(frozen=True, slots=True)
 class FsView:
     """What a connector sees of the filesystem: each `hidden` folder is empty, except the `writable`
-    and `readable` folders inside it, bound back in; each `blanked` file reads as empty."""
+    and `readable` folders inside it, bound back in; each `frozen` folder is read-only; each
+    `blanked` file reads as empty."""
 
     hidden: tuple[str, ...] = ()
     writable: tuple[str, ...] = ()
     readable: tuple[str, ...] = ()
     blanked: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
+
+    _FIELDS = ("hidden", "writable", "readable", "blanked", "frozen")
 
     def to_arg(self) -> str:
-        return json.dumps({"hidden": self.hidden, "writable": self.writable, "readable": self.readable,
-                           "blanked": self.blanked})
+        return json.dumps({name: getattr(self, name) for name in self._FIELDS})
 
     @classmethod
     def from_arg(cls, text: str) -> FsView:
         data = json.loads(text)
-        return cls(*(tuple(str(p) for p in data.get(k, ())) for k in ("hidden", "writable", "readable", "blanked")))
+        return cls(*(tuple(str(p) for p in data.get(name, ())) for name in cls._FIELDS))
 
 
 def _loopback_up() -> None:
@@ -110,6 +117,10 @@ def apply_view(view: FsView) -> None:
     fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p, _ in keep}  # reachable once their parents are hidden
     cwd = Path.cwd()
     try:
+        for folder in sorted(set(view.frozen), key=len):
+            if Path(folder).is_dir() and not _under(folder, hidden):
+                _mount(folder, folder, None, _MS_BIND | _MS_REC)
+                _mount(None, folder, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
         for folder in hidden:
             _mount("tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
         for path, writable in keep:

@@ -12,8 +12,9 @@
   `FsView`): the run folder (every profile's socket, every other binding's call folders), the state
   folder (the store, the call log, the link key, other connectors' folders and logs) and the
   router user's home, except what the connector needs bound back in — its own folder and call
-  folder (writable), its code, the Python and the tools it runs (read-only). Files that bindings
-  name as secrets read as empty.
+  folder (writable), its code, the Python and the tools it runs (read-only). The config tree, the
+  service's Python and its code are read-only, so a connector cannot rewrite another connector or
+  the router to act later with their rights. Files that bindings name as secrets read as empty.
 """
 
 from __future__ import annotations

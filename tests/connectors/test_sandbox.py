@@ -139,6 +139,11 @@ def test_a_sandboxed_connector_sees_none_of_the_routers_private_files(tmp_path: 
                 paths = [str(run_dir / "profiles"), str(router.state_dir), str(router.state_dir / "calls.jsonl"),
                          str(secret_file), str(home_secret), str(run_dir / "calls"), str(Path.cwd())]
                 result = await client.call("echo_misbehave", {"mode": "probe", "paths": paths})
+                planted = [str(root / "catalog/connectors/echo/main.py"), str(Path(sys.prefix) / "planted.pth"),
+                           str(root / "config/bindings/planted.toml")]
+                touched = await client.call("echo_misbehave", {"mode": "touch", "paths": planted})
+                assert set(orjson.loads(touched["structuredContent"]["text"]).values()) == {
+                    "refused: Read-only file system"}  # no code of another connector, nor of the router, to rewrite
                 token = await client.call("echo_token", {})
                 assert token["structuredContent"] == {"token": "file-secret-value"}  # its own secret, by env
                 # The S4 path still works: the call folder it is handed is its own.
@@ -154,6 +159,7 @@ def test_a_sandboxed_connector_sees_none_of_the_routers_private_files(tmp_path: 
             seen = run(scenario())
         finally:
             home_secret.unlink()
+            (Path(sys.prefix) / "planted.pth").unlink(missing_ok=True)  # had the freeze failed
     assert seen["RUN/profiles"] == "missing"  # no profile's socket to impersonate
     assert seen["STATE"] == "folder: connectors"  # the store, the call log, the link key: gone
     assert seen["STATE/calls.jsonl"] == "missing"
