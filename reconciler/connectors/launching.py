@@ -195,6 +195,10 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
     command = limited_command(resolve_command(run.command, root / connector.folder), limits_for(connector.spec.sandbox))
     proxy = None
     socket_dirs: list[Path] = []
+    socket_path = None
+    if run.transport == "socket":  # a path socket crosses the network namespace
+        socket_path = str(_short_socket(folder, "mcp.sock", socket_dirs))
+        env["HANDLER_CONNECTOR_SOCKET"] = socket_path
     if sandbox:
         egress = effective_egress(binding, connector)
         if egress:
@@ -202,35 +206,32 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
             await proxy.start()
         view = None
         if mounts_available():
-            view = fs_view(snapshot, root, connector, folder, state_dir, run_dir, binding_name, command, env)
+            view = fs_view(snapshot, root, folder, state_dir, run_dir, binding_name, command, env, socket_dirs)
         else:
             _warn_no_mounts()
         command = sandboxed_command(command, proxy.socket_path if proxy is not None else None, view)
     else:
         _warn_unsandboxed()
-    socket_path = None
-    if run.transport == "socket":  # a path socket crosses the network namespace
-        socket_path = str(_short_socket(folder, "mcp.sock", socket_dirs))
-        env["HANDLER_CONNECTOR_SOCKET"] = socket_path
     stderr = StderrLog(binding_name, secrets, base / f"{binding_name}.stderr.log")
     spec = LaunchSpec(name=binding_name, command=tuple(command), cwd=str(folder), env=env,
                       max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path)
     return Launch(spec, folder, proxy, secrets, tuple(socket_dirs), stderr)
 
 
-def fs_view(snapshot: Snapshot, root: Path, connector: Connector, folder: Path, state_dir: Path,
-            run_dir: Path | None, binding_name: str, command: Sequence[str], env: Mapping[str, str]) -> FsView:
+def fs_view(snapshot: Snapshot, root: Path, folder: Path, state_dir: Path, run_dir: Path | None, binding_name: str,
+            command: Sequence[str], env: Mapping[str, str], socket_dirs: Sequence[Path] = ()) -> FsView:
     """What the connector sees (see `sandbox`): the router's run and state folders and the user's home
-    hidden; its folder and its call folder writable; its code, its Python and its PATH readable; the
-    config tree, the service's Python and code read-only."""
+    hidden; its folder, its call folder and its socket folders writable; the config tree, its Python
+    and its PATH readable; the config tree, the service's Python and code read-only wherever they are."""
     hidden = [state_dir, Path.home()]
-    writable = [folder]
+    writable = [folder, *socket_dirs]
     if run_dir is not None:
         hidden.append(run_dir)
         calls = run_dir / "calls" / binding_name
         calls.mkdir(parents=True, exist_ok=True, mode=0o700)
         writable.append(calls)
-    readable = [root / connector.folder, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent]
+    code = Path(__file__).resolve().parents[2]  # the service's own code (its source tree, when installed editable)
+    readable = [root, code, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent]
     if command and Path(command[0]).is_absolute():
         readable.append(Path(command[0]).resolve().parent)
     readable += [Path(p) for p in env.get("PATH", "").split(os.pathsep) if p]
@@ -243,7 +244,7 @@ def fs_view(snapshot: Snapshot, root: Path, connector: Connector, folder: Path, 
 
     # What a connector could rewrite to act later with more than its own rights: the config tree (other
     # connectors' code), the service's Python and its own code.
-    frozen = [root, Path(sys.prefix), Path(sys.base_prefix), Path(__file__).resolve().parents[2]]
+    frozen = [root, Path(sys.prefix), Path(sys.base_prefix), code]
 
     def real(paths: Sequence[Path]) -> tuple[str, ...]:
         return tuple(str(p.resolve()) for p in paths if p.resolve() != Path("/"))

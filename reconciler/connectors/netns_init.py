@@ -109,21 +109,28 @@ def _under(path: str, folders: Sequence[str]) -> bool:
 
 
 def apply_view(view: FsView) -> None:
-    """Hide, bind back, blank (see the module docstring). Needs its own mount namespace."""
-    hidden = [h for h in sorted(set(view.hidden), key=len) if Path(h).is_dir()]
-    hidden = [h for i, h in enumerate(hidden) if not _under(h, hidden[:i])]  # one inside another goes with it
-    keep = sorted({(p, True) for p in view.writable} | {(p, False) for p in view.readable}, key=lambda k: len(k[0]))
-    keep = [(p, w) for p, w in keep if Path(p).is_dir() and _under(p, hidden)]
-    fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p, _ in keep}  # reachable once their parents are hidden
+    """Freeze, hide, bind back, blank (see the module docstring). Needs its own mount namespace.
+
+    Hiding and binding back go from the shallowest path to the deepest, so a folder bound back (the
+    config tree, under a hidden /tmp) can still have a hidden folder inside it (the state folder),
+    and that one a folder bound back again (the connector's own).
+    """
+    hidden = [h for h in set(view.hidden) if Path(h).is_dir()]
+    kept = dict.fromkeys(view.writable, True) | {p: False for p in view.readable if p not in view.writable}
+    kept = {p: w for p, w in kept.items() if Path(p).is_dir() and _under(p, hidden)}
+    fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in kept}  # reachable once their parents are hidden
     cwd = Path.cwd()
     try:
         for folder in sorted(set(view.frozen), key=len):
-            if Path(folder).is_dir() and not _under(folder, hidden):
+            if Path(folder).is_dir():
                 _mount(folder, folder, None, _MS_BIND | _MS_REC)
                 _mount(None, folder, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
-        for folder in hidden:
-            _mount("tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
-        for path, writable in keep:
+        steps: list[tuple[str, bool | None]] = [(h, None) for h in hidden] + list(kept.items())
+        for path, writable in sorted(steps, key=lambda step: (len(step[0]), step[1] is not None)):
+            if writable is None:
+                if Path(path).is_dir():  # else it is already out of sight
+                    _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+                continue
             Path(path).mkdir(parents=True, exist_ok=True)
             _mount(f"/proc/self/fd/{fds[path]}", path, None, _MS_BIND | _MS_REC)
             if not writable:
@@ -132,7 +139,7 @@ def apply_view(view: FsView) -> None:
         for fd in fds.values():
             os.close(fd)
     for file in view.blanked:
-        if Path(file).is_file() and not _under(file, hidden):
+        if Path(file).is_file():  # as seen now: a secret inside a folder bound back is blanked too
             _mount("/dev/null", file, None, _MS_BIND)
     with contextlib.suppress(OSError):
         os.chdir(cwd)  # through the view: the folder bound back in, not the one hidden under it

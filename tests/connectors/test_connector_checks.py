@@ -18,7 +18,7 @@ def _connector_lists(root: Path, tools: list[dict[str, object]]) -> None:
     listed.write_text(json.dumps(tools))
     manifest = root / "catalog/connectors/echo/connector.toml"
     text = manifest.read_text()
-    manifest.write_text(text.replace(str(root / "catalog/interfaces/echo/v1/tools.json"), str(listed)))
+    manifest.write_text(text.replace('"../../interfaces/echo/v1/tools.json"', '"../../../listed-tools.json"'))
 
 
 def test_drift_is_reported_and_agents_still_see_the_interface(echo_root: Path, run_dir: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from fixtures.loopback import QuietHandler, serving_http
 
 from reconciler.connectors.egress import EgressProxy, egress_allows
 from reconciler.connectors.launching import limited_command
+from reconciler.connectors.netns_init import FsView
 from reconciler.connectors.sandbox import (
     Limits,
     confined_env,
@@ -123,7 +126,8 @@ def test_a_sandboxed_connector_sees_none_of_the_routers_private_files(tmp_path: 
         pytest.skip("mount namespaces are unavailable here")
     with short_dir() as base:
         root = write_echo_tree(base / "t", profiles=("tester", "other"))
-        secret_file = base / "api-key.txt"
+        secret_file = root / "secrets/api-key.txt"  # inside the config tree, which the connector may read
+        secret_file.parent.mkdir()
         secret_file.write_text("file-secret-value")
         other = root / "config/bindings/echo-local.toml"
         other.write_text(other.read_text().replace(f'{{ env = "{TOKEN_ENV}" }}', f'{{ file = "{secret_file}" }}'))
@@ -137,7 +141,7 @@ def test_a_sandboxed_connector_sees_none_of_the_routers_private_files(tmp_path: 
                 await client.call("echo_say", {"text": "leave a line in the call log"})
                 router.services.log.flush()
                 paths = [str(run_dir / "profiles"), str(router.state_dir), str(router.state_dir / "calls.jsonl"),
-                         str(secret_file), str(home_secret), str(run_dir / "calls"), str(Path.cwd())]
+                         str(secret_file), str(home_secret), str(run_dir / "calls")]
                 result = await client.call("echo_misbehave", {"mode": "probe", "paths": paths})
                 planted = [str(root / "catalog/connectors/echo/main.py"), str(Path(sys.prefix) / "planted.pth"),
                            str(root / "config/bindings/planted.toml")]
@@ -166,3 +170,46 @@ def test_a_sandboxed_connector_sees_none_of_the_routers_private_files(tmp_path: 
     assert seen[str(secret_file)] == "file: "  # a file named as a secret reads as empty
     assert seen[str(home_secret)] == "missing"
     assert seen["RUN/calls"] == "folder: echo-local"  # its own call folders only
+
+
+def test_a_folder_hidden_inside_one_bound_back_stays_hidden(tmp_path: Path) -> None:
+    """A home hidden, the config tree in it bound back read-only, its state folder hidden again, the
+    connector's own folder in that bound back writable: each layer as asked."""
+    if not mounts_available():
+        pytest.skip("mount namespaces are unavailable here")
+    home = tmp_path / "home"
+    own = home / "tree/.handler/connectors/x"
+    own.mkdir(parents=True)
+    (home / "tree/.handler/handler.db").write_text("the store")
+    (home / "tree/catalog").mkdir()
+    (home / "tree/catalog/code.py").write_text("code")
+    (home / ".ssh").mkdir()
+    (home / ".ssh/id").write_text("key")
+    view = FsView(hidden=(str(home), str(home / "tree/.handler")), writable=(str(own),),
+                  readable=(str(home / "tree"),))
+    probe = f"""
+import json, os, sys
+from pathlib import Path
+from reconciler.connectors.netns_init import FsView, apply_view
+apply_view(FsView.from_arg(sys.argv[1]))
+home = Path({str(home)!r})
+def writable(p):
+    try:
+        (p / "w").write_text("w")
+        return True
+    except OSError:
+        return False
+print(json.dumps({{
+    "home": sorted(os.listdir(home)),
+    "state": sorted(os.listdir(home / "tree/.handler")),
+    "code": (home / "tree/catalog/code.py").read_text(),
+    "tree_writable": writable(home / "tree"),
+    "own_writable": writable(home / "tree/.handler/connectors/x"),
+}}))
+"""
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-c", probe,
+                           view.to_arg()], capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"home": ["tree"], "state": ["connectors"], "code": "code",
+                                       "tree_writable": False, "own_writable": True}
+    assert (own / "w").read_text() == "w"  # the connector's folder is the real one
