@@ -203,6 +203,7 @@ async def run_up(options: UpOptions, *, gate: Gate | None = None,
     if governor is not None:  # approvals: the dashboard, signed links, Slack, and the notices outbox
         channels = open_channels(governor.store, lambda: holder[0].live.snapshot if holder else None, state_dir,
                                  os.environ)
+        governor.on_hold = channels.notifier.wake
     app = build_app(reconciler.status.to_dict, webhook_secret=options.webhook_secret,
                     on_push=on_push if mirror is not None else None, desk=channels.desk if channels else None)
     listener = HttpListener(app, options.http_host, options.http_port)

@@ -113,6 +113,9 @@ class Governor:
         self._batch_seconds = batch_seconds
         self._flushing: asyncio.Task[None] | None = None
         self._traces: dict[int, tuple[tuple[Step, ...], tuple[Mapping[str, Any], ...]]] = {}
+        # Called on the event loop when a hold was stored here or (PostgreSQL) by another router: the
+        # notifier of `handler up` sends its notices at once instead of at its next poll.
+        self.on_hold: Callable[[], None] | None = None
 
     @classmethod
     def from_env(cls, root: str | Path = ".", env: Mapping[str, str] | None = None, *,
@@ -155,6 +158,8 @@ class Governor:
         admission = await self._io(self.admit_now, snapshot, call)
         if len(self._backlog):
             self._flush_soon()
+        if admission.status == "pending" and self.on_hold is not None:
+            self.on_hold()
         return admission
 
     def _admit_unlimited(self, snapshot: Snapshot, call: CallRequest) -> Admission | None:
@@ -236,6 +241,8 @@ class Governor:
                 insert_hold(conn, values)
                 targets = targets_for(values["approver"], snapshot.org)
                 add_notices(conn, request_id, targets)
+                if targets:
+                    self.store.notify(conn, request_id)  # other routers' notifiers hear of it at once
                 record(conn, "decided", request_id=request_id, profile=call.profile, instance=call.instance,
                        tool=call.tool, status=decision.status, detail=detail)
                 told = " ".join(filter(None, (decision.reason, describe(targets), PENDING_HINT)))
@@ -306,10 +313,16 @@ class Governor:
         self._wake = asyncio.Event()
         if self.store.dialect == "postgresql":
             loop = asyncio.get_running_loop()
-            wake = self._wake
-            self._listener = HoldListener(self.store, lambda: loop.call_soon_threadsafe(wake.set))
+            self._listener = HoldListener(self.store, lambda: loop.call_soon_threadsafe(self._heard))
             self._listener.start()
         self._loop_task = asyncio.create_task(self._run_loop(), name="handler-holds")
+
+    def _heard(self) -> None:
+        """A hold changed in the store, here or in another router (PostgreSQL NOTIFY)."""
+        if self._wake is not None:
+            self._wake.set()
+        if self.on_hold is not None:
+            self.on_hold()
 
     async def _run_loop(self) -> None:
         assert self._wake is not None  # noqa: S101 - set by start() before the task exists

@@ -63,4 +63,5 @@ def open_channels(store: Store, snapshot: Callable[[], Snapshot | None], state_d
     desk = Desk(store, snapshot, signer, slack, client, env.get("HANDLER_DASHBOARD_TOKEN", "").strip() or None)
     notifier = Notifier(store, signer, env.get("HANDLER_PUBLIC_URL", "").strip().rstrip("/"),
                         MailSettings.from_env(env), client if slack.token else None)
+    desk.on_decision = notifier.wake
     return Channels(desk, notifier)

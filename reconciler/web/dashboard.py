@@ -70,6 +70,7 @@ class Desk:
     slack: SlackSettings
     slack_client: SlackClient | None = None  # answers clicks through their response_url
     token: str | None = None  # HANDLER_DASHBOARD_TOKEN
+    on_decision: Callable[[], None] | None = None  # the notifier, to show the decision in Slack at once
 
 
 def _templates() -> Environment:
@@ -198,6 +199,8 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
             hold = await asyncio.to_thread(get_hold, desk.store, hold_id)
             return await _hold_view(request, hold, None, str(exc), failed=True, status_code=409, link=link)
         log.info("hold %s %s by %s (%s)", hold_id, hold.state, member, how)
+        if desk.on_decision is not None:
+            desk.on_decision()
         return await _hold_view(request, hold, None, f"{hold.state.capitalize()} by {member}.", link=link)
 
     async def slack_hook(request: Request) -> Response:
@@ -215,6 +218,8 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         text, decided = await asyncio.to_thread(_decide_from_slack, desk, action)
+        if decided and desk.on_decision is not None:
+            desk.on_decision()
         if desk.slack_client is not None and action.response_url:
             if decided:
                 await desk.slack_client.respond(action.response_url, text)

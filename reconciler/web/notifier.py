@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reconciler.governance.holds import Hold, get_hold
 from reconciler.governance.notices import Notice, claim_decided, claim_due, mark_failed, mark_sent, mark_skipped
@@ -34,23 +34,36 @@ class Notifier:
     public_url: str
     mail: MailSettings | None = None
     slack: SlackClient | None = None
-    poll_seconds: float = 1.0
+    poll_seconds: float = 5.0  # a backstop: holds stored by this router, or announced by PostgreSQL, wake it
+    _wake: asyncio.Event | None = field(default=None, init=False, repr=False)
 
     @property
     def channels(self) -> list[str]:
         return [name for name, on in (("email", self.mail is not None), ("slack", self.slack is not None)) if on]
 
+    def wake(self) -> None:
+        """A hold was just stored: look at the outbox now (call on the event loop)."""
+        if self._wake is not None:
+            self._wake.set()
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Send what is due until `stop` is set."""
-        while not stop.is_set():
-            try:
-                busy = await self.send_due()
-            except Exception:  # the store is unreachable for a moment: the notices wait there
-                log.exception("notices: cannot read the outbox; trying again")
-                busy = 0
-            if not busy:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.poll_seconds)
+        """Send what is due until `stop` is set; look again every `poll_seconds`, or at once when woken."""
+        self._wake = asyncio.Event()
+        stopping = asyncio.create_task(stop.wait())
+        stopping.add_done_callback(lambda _: self.wake())
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                try:
+                    busy = await self.send_due()
+                except Exception:  # the store is unreachable for a moment: the notices wait there
+                    log.exception("notices: cannot read the outbox; trying again")
+                    busy = 0
+                if not busy:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+        finally:
+            stopping.cancel()
 
     async def send_due(self) -> int:
         """Claim and send the notices due now, and show decisions in the Slack messages; how many were handled."""

@@ -29,7 +29,7 @@ import orjson
 import pytest
 from aiosmtpd.controller import Controller
 from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
-from fixtures.harness import RawClient, short_dir
+from fixtures.harness import RawClient, load, short_dir
 from fixtures.service import DEADLINE, Service, running
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,7 +37,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reconciler.app import UpOptions
+from reconciler.governance.gate import CallRequest
+from reconciler.governance.governor import Governor
 from reconciler.governance.notices import list_notices
+from reconciler.web.channels import open_channels
 from reconciler.web.http import HttpListener
 
 ORG = '''apiVersion = "handler.org/v1"
@@ -427,5 +430,39 @@ def test_the_dashboard_shows_status_holds_and_catalog_and_asks_for_its_token(
             assert "echo_say" in catalog.text
             assert "echo-local" in catalog.text
             await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_stored_hold_wakes_the_notifier_without_waiting_for_its_poll(tree: Path, mailbox: tuple[Mailbox, int],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    box, port = mailbox
+    monkeypatch.setenv("HANDLER_SMTP_URL", f"smtp://127.0.0.1:{port}")
+    route(tree, '{ to = "member", member = "bob" }')
+    snapshot = load(tree)
+
+    async def scenario() -> None:
+        governor = Governor.from_env(tree, state_dir=tree.parent / "state")
+        channels = open_channels(governor.store, lambda: snapshot, tree.parent / "state", os.environ)
+        channels.notifier.poll_seconds = 3600.0  # its poll alone would not come round within the test
+        channels.set_public_url("127.0.0.1", 8765)
+        governor.on_hold = channels.notifier.wake
+        stop = asyncio.Event()
+        sending = asyncio.create_task(channels.notifier.run(stop))
+        try:
+            await asyncio.sleep(0)  # the notifier looks once, finds nothing, and waits
+            call = CallRequest("tester", "run-1", None, "echo/v1", "echo_write", "echo-local",
+                               {"text": "dear bob", "outputPath": "mail.txt"})
+            held = await governor.admit(snapshot, call)
+            assert held.status == "pending"
+            async with asyncio.timeout(DEADLINE):
+                while not box.messages:
+                    await asyncio.sleep(0.02)
+            assert box.messages[0]["To"] == "bob@example.org"
+        finally:
+            stop.set()
+            await sending
+            await channels.aclose()
+            await governor.aclose()
 
     asyncio.run(scenario())
