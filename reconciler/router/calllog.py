@@ -53,8 +53,7 @@ class CallRecord:
         self.ended, self.wall = time.perf_counter(), time.time()
 
     def to_line(self) -> bytes:
-        if not self.ended:
-            self.end()
+        """The log line of an ended record (`CallLog.write` ends it)."""
         record: dict[str, Any] = {
             "time": _utc(self.wall),
             "profile": self.profile,

@@ -96,11 +96,41 @@ class Connection:
             writer.write(data)
 
 
-class _Lines(asyncio.Protocol):
+class _Reads(asyncio.Protocol):
+    """Requests coming in: framed and handled; their end lets the calls in flight finish and reply."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def data_received(self, data: bytes) -> None:
+        self._conn.received(data)
+
+    def eof_received(self) -> bool:
+        self._conn.input_ended()
+        return True  # keep the output open to send the replies still owed
+
+
+class _Writes(asyncio.BaseProtocol):
+    """Replies going out: a client that stops reading pauses its input; losing the output ends the session."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._conn.end()
+
+    def pause_writing(self) -> None:
+        self._conn.pause_input()
+
+    def resume_writing(self) -> None:
+        self._conn.resume_input()
+
+
+class _Lines(_Reads, _Writes):
     """A line connection: the socket carries requests and replies both ways."""
 
     def __init__(self, conn: Connection, first: bytes) -> None:
-        self._conn = conn
+        super().__init__(conn)
         self._first = first
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -108,55 +138,17 @@ class _Lines(asyncio.Protocol):
         if self._first:
             self._conn.received(self._first)
 
-    def data_received(self, data: bytes) -> None:
-        self._conn.received(data)
 
-    def eof_received(self) -> bool:
-        self._conn.input_ended()
-        return True  # keep our side open to send the replies still owed
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._conn.end()
-
-    def pause_writing(self) -> None:
-        self._conn.pause_input()
-
-    def resume_writing(self) -> None:
-        self._conn.resume_input()
-
-
-class _AgentInput(asyncio.Protocol):
+class _AgentInput(_Reads):
     """The agent's stdin, handed over by the bridge."""
 
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-
-    def data_received(self, data: bytes) -> None:
-        self._conn.received(data)
-
-    def eof_received(self) -> bool:
-        self._conn.input_ended()
-        return True
-
     def connection_lost(self, exc: Exception | None) -> None:
-        if exc is not None:
+        if exc is not None:  # after its end (None) the session finishes its calls; an error ends it
             self._conn.end()
 
 
-class _AgentOutput(asyncio.BaseProtocol):
+class _AgentOutput(_Writes):
     """The agent's stdout, handed over by the bridge; it is lost when the agent stops reading or we close it."""
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._conn.end()
-
-    def pause_writing(self) -> None:
-        self._conn.pause_input()
-
-    def resume_writing(self) -> None:
-        self._conn.resume_input()
 
 
 class _Lifeline(asyncio.Protocol):
