@@ -35,10 +35,13 @@ from conformance.replies import Dispatch, Reply
 from conformance.workspace import Subject, Workspace, build_workspace
 from reconciler.config import Snapshot, effective_limits
 from reconciler.config.errors import HandlerError
-from reconciler.connectors.client import StdioConnector
+from reconciler.connectors.client import ConnectorProcess
 from reconciler.connectors.errors import ConnectorError
 from reconciler.connectors.pool import ConnectorPool
 from reconciler.router.server import Router
+from reconciler.wire import meta as meta_keys
+from reconciler.wire.client import LineClient
+from reconciler.wire.errors import JsonRpcError
 
 __all__ = ["NO_REPLY_MARGIN", "Harness"]
 
@@ -55,7 +58,7 @@ class Harness:
         self.folder = Path(tempfile.mkdtemp(dir="/tmp", prefix="h"))  # short: unix socket paths are ~107 bytes
         self.start_error: str | None = None
         self._loop = _new_loop()
-        self._clients: dict[str, _LineClient] = {}
+        self._clients: dict[str, LineClient] = {}
         self._instances = itertools.count(1)
         self._old_path = os.environ.get("PATH")
         # The router logs each connector failure as a warning; the check reports them itself, once.
@@ -106,23 +109,26 @@ class Harness:
             raise CheckError("the harness was closed, or never started")
         client = self._clients.get(key)
         if client is None:
-            client = self._clients[key] = await _LineClient.open(
-                self._router.socket_path(self.workspace.profiles[key]))
+            client = self._clients[key] = await _open_client(self._router.socket_path(self.workspace.profiles[key]))
         self._tap.begin()
-        deadline = self.time_limit(key) + NO_REPLY_MARGIN
+        limit = self.time_limit(key) + NO_REPLY_MARGIN
         started = time.perf_counter()
         # Each call is its own agent run, so per-run limits (maxCallsPerRun) never end a long fuzz run.
-        params = {"name": tool, "arguments": arguments, "_meta": {"handler/instance": f"check-{next(self._instances)}"}}
+        params = {"name": tool, "arguments": arguments, "_meta": {meta_keys.INSTANCE: f"check-{next(self._instances)}"}}
+        result: dict[str, Any] = {}
+        protocol_error: dict[str, Any] | None = None
         try:
-            message = await client.request("tools/call", params, deadline)
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            await client.close()
+            result = await client.request("tools/call", params, asyncio.get_running_loop().time() + limit)
+        except JsonRpcError as exc:
+            protocol_error = exc.to_wire()
+        except (TimeoutError, ConnectionError):
+            client.close()
             del self._clients[key]
-            message = {"result": {"isError": True, "_meta": {"handler/cause": "no_reply"},
-                                  "structuredContent": {"error": "unavailable", "message":
-                                                        f"the router gave no reply within {deadline:.0f} s"}}}
-        reply = Reply(result=message.get("result") or {}, seconds=time.perf_counter() - started,
-                      dispatched=self._tap.end(), protocol_error=message.get("error"))
+            result = {"isError": True, "_meta": {meta_keys.CAUSE: "no_reply"},
+                      "structuredContent": {"error": "unavailable",
+                                            "message": f"the router gave no reply within {limit:.0f} s"}}
+        reply = Reply(result=result, seconds=time.perf_counter() - started, dispatched=self._tap.end(),
+                      protocol_error=protocol_error)
         if reply.cause in _RESTART_CAUSES:
             await self._tap.restart()
         return reply
@@ -131,7 +137,7 @@ class Harness:
         """Stop the router and the connector, remove the workspace, restore PATH."""
         try:
             for client in self._clients.values():
-                self._run(client.close())
+                client.close()
             if self._router is not None:
                 self._run(self._router.aclose())
         finally:
@@ -151,6 +157,14 @@ class Harness:
         return self._loop.run_until_complete(coro)
 
 
+async def _open_client(path: Path) -> LineClient:
+    """An MCP client on a profile's socket, as an agent's bridge would be (its replies may be large)."""
+    client = await LineClient.connect_unix(path, name="the router", max_line_bytes=64 * 1024 * 1024)
+    await client.initialize({"name": "handler-conformance", "version": "1"},
+                            deadline=asyncio.get_running_loop().time() + 30.0)
+    return client
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -159,55 +173,17 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-class _LineClient:
-    """An MCP client on a profile's socket: one JSON-RPC message per line, one request at a time."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader, self._writer = reader, writer
-        self._ids = itertools.count(1)
-
-    @classmethod
-    async def open(cls, path: Path) -> _LineClient:
-        reader, writer = await asyncio.open_unix_connection(str(path), limit=64 * 1024 * 1024)
-        client = cls(reader, writer)
-        await client.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
-                                            "clientInfo": {"name": "handler-conformance", "version": "1"}}, 30.0)
-        client._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        return client
-
-    def _send(self, message: Mapping[str, Any]) -> None:
-        self._writer.write(orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE))
-
-    async def request(self, method: str, params: Mapping[str, Any], timeout: float) -> dict[str, Any]:
-        msg_id = next(self._ids)
-        self._send({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
-        async with asyncio.timeout(timeout):
-            await self._writer.drain()
-            while True:
-                line = await self._reader.readline()
-                if not line:
-                    raise ConnectionError("the router closed the connection")
-                message = orjson.loads(line)
-                if isinstance(message, dict) and message.get("id") == msg_id:
-                    return message
-
-    async def close(self) -> None:
-        self._writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self._writer.wait_closed()
-
-
 class _Tap:
     """Records each call on the connector side of the router, by wrapping the connector's `call_tool`.
 
-    The router's pipeline reaches a connector process only through `StdioConnector.call_tool`; the
+    The router's pipeline reaches a connector process only through `ConnectorProcess.call_tool`; the
     pool keeps one such object per binding across restarts of its process, so wrapping that one
     object sees every dispatch, however the pipeline finds the connector.
     """
 
     def __init__(self, pool: ConnectorPool) -> None:
         self._pool = pool
-        self._connector: StdioConnector | None = None
+        self._connector: ConnectorProcess | None = None
         self._seen: list[Dispatch] = []
 
     @property

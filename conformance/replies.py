@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler.wire import meta as meta_keys
+
 __all__ = ["Dispatch", "Reply"]
 
 
@@ -77,7 +79,7 @@ class Reply:
     @property
     def cause(self) -> str | None:
         """Why the router itself made the call `unavailable` (`_meta["handler/cause"]`), if it did."""
-        cause = self.meta.get("handler/cause")
+        cause = self.meta.get(meta_keys.CAUSE)
         return cause if isinstance(cause, str) else None
 
     @property

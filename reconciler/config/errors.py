@@ -1,4 +1,4 @@
-"""The exception tree of the project, rooted at `HandlerError`.
+"""The config room's errors, under the project's root `HandlerError` (defined in `reconciler.wire.errors`).
 
 Every room raises from here so callers catch by what happens next: a `ConfigError` means a person
 fixes a file; a `SourceError` means the tree could not be read at all (a bad path or git ref).
@@ -9,14 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from reconciler.wire.errors import HandlerError
+
 if TYPE_CHECKING:
     from reconciler.config.findings import Finding
 
 __all__ = ["ConfigError", "HandlerError", "SourceError"]
-
-
-class HandlerError(Exception):
-    """The root of every error this project raises on purpose."""
 
 
 class SourceError(HandlerError):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reconciler.config.snapshot import Binding, Connector, Snapshot
-from reconciler.connectors.client import DEFAULT_MAX_LINE_BYTES, LaunchSpec
+from reconciler.connectors.client import LaunchSpec
 from reconciler.connectors.egress import EgressProxy
 from reconciler.connectors.errors import ConnectorStartError
 from reconciler.connectors.sandbox import (
@@ -49,6 +49,7 @@ from reconciler.connectors.sandbox import (
     sandboxed_command,
 )
 from reconciler.connectors.secrets import resolve_secret
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 
 __all__ = ["Launch", "StderrLog", "declared_env", "effective_egress", "limited_command", "prepare_launch",
            "resolve_command"]
@@ -98,7 +99,7 @@ class StderrLog:
         self.path = path  # also appended here (0600), masked the same: the binding's own stderr log
         # Longest first: a secret containing another is masked whole.
         self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-        self._buf = bytearray()
+        self._framer = LineFramer(_MAX_STDERR_LINE * 4, oversize="pass")
 
     def add_secrets(self, secrets: Sequence[str]) -> None:
         self._secrets = sorted({*self._secrets, *(s for s in secrets if s)}, key=len, reverse=True)
@@ -109,17 +110,12 @@ class StderrLog:
         return text
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
-        while (end := self._buf.find(b"\n")) >= 0:
-            line = bytes(self._buf[:end])
-            del self._buf[: end + 1]
-            self._emit(line)
-        if len(self._buf) > _MAX_STDERR_LINE * 4:  # a line with no end: log what came, in one piece
-            self._emit(bytes(self._buf))
-            self._buf.clear()
+        # A line with no end is logged in pieces as it comes, never buffered past the limit.
+        for item in self._framer.feed(data):
+            self._emit(item.data if isinstance(item, Oversize) else item)
 
     def _emit(self, line: bytes) -> None:
-        text = self.mask(line.decode(errors="replace").rstrip("\r"))
+        text = self.mask(line.decode(errors="replace").rstrip("\r\n"))
         if not text.strip():
             return
         log.info("connector of binding '%s': %s", self.binding, text[:_MAX_STDERR_LINE])

@@ -34,12 +34,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.client import DEFAULT_MAX_LINE_BYTES, StdioConnector
+from reconciler.connectors.client import ConnectorProcess
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
 from reconciler.connectors.interfaces import compare_tools
 from reconciler.connectors.launching import Launch, declared_env, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
 from reconciler.connectors.wrapping import ToolCaller, WrappedConnector
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
 __all__ = ["DEFAULT_IDLE_SECONDS", "BindingStatus", "Connector", "ConnectorPool", "PoolKey", "pool_key"]
 
@@ -120,7 +121,7 @@ class InRouter:
 class _Entry:
     key: PoolKey
     connector: Connector | None = None
-    process: StdioConnector | None = None  # the OS process under it, if any
+    process: ConnectorProcess | None = None  # the OS process under it, if any
     launch: Launch | None = None
     starting: asyncio.Task[Connector] | None = None
     last_used: float = 0.0
@@ -209,7 +210,7 @@ class ConnectorPool:
 
         task.add_done_callback(forget)
 
-    async def _probe(self, entry: _Entry, process: StdioConnector) -> None:
+    async def _probe(self, entry: _Entry, process: ConnectorProcess) -> None:
         try:
             await process.ping(PROBE_SECONDS)
         except (TimeoutError, ConnectorError):
@@ -220,7 +221,7 @@ class ConnectorPool:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
 
-    async def connector_for(self, snapshot: Snapshot, binding_name: str) -> StdioConnector:
+    async def connector_for(self, snapshot: Snapshot, binding_name: str) -> ConnectorProcess:
         """The OS process of `binding_name` (started if needed): for a wrap, the wrapped server's.
 
         The same object across crashes and restarts of the process, until the pool stops it (idle,
@@ -319,7 +320,7 @@ class ConnectorPool:
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
                                             max_line_bytes=self._max_line_bytes, run_dir=self._run_dir)
         entry.snapshot = snapshot
-        process = entry.process = StdioConnector(entry.launch.spec)
+        process = entry.process = ConnectorProcess(entry.launch.spec)
         await process.ensure_started()
         if connector.spec.wrap is None:
             try:

@@ -1,4 +1,4 @@
-"""`handler-service <interface>`: the stdio bridge an agent runs as its MCP server (design §6).
+"""`handler-service <interface>`: the stdio bridge an agent runs as its MCP server (docs/architecture.md §6).
 
 It connects to the profile's socket (`--profile`, else `HANDLER_PROFILE`) under the run folder. The
 `_meta` it names are the interface it serves (`handler/interface`) and, when set, the agent's
@@ -31,11 +31,12 @@ import orjson
 
 from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, attach_line, is_stream_fd
 from reconciler.router.places import default_run_dir, socket_path
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
+from reconciler.wire.meta import caller_meta
 
 __all__ = ["hand_over", "main", "relay", "tag_line"]
 
 _CHUNK = 1 << 16
-_DEFAULT_MAX_LINE = 16 * 1024 * 1024
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,11 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"handler-service: no router serves profile '{args.profile}' at {path} ({exc.strerror}); "
               "start one with `handler serve`", file=sys.stderr)
         return 1
-    meta = {"handler/interface": args.interface}
-    for env, key in (("HANDLER_INSTANCE", "handler/instance"), ("HANDLER_PARENT_INSTANCE", "handler/parentInstance")):
-        if os.environ.get(env):
-            meta[key] = os.environ[env]
-    max_line = int(os.environ.get("HANDLER_MAX_LINE_BYTES", _DEFAULT_MAX_LINE))
+    meta = caller_meta(args.interface, os.environ)
+    max_line = int(os.environ.get("HANDLER_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES))
     try:
         if args.relay or not hand_over(sock, meta):
             relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, max_line)
@@ -137,32 +135,16 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _upstream(sock: socket.socket, fd: int, meta: Mapping[str, str], max_line: int) -> None:
-    buf = bytearray()
-    passing = False  # inside a line over the cap: forward it untouched, the router refuses it
+    # A line over the limit goes through untouched, in pieces as it comes: the router refuses it.
+    framer = LineFramer(max_line, oversize="pass")
     try:
         while chunk := os.read(fd, _CHUNK):
-            if passing:
-                end = chunk.find(b"\n")
-                if end < 0:
-                    sock.sendall(chunk)
-                    continue
-                sock.sendall(chunk[: end + 1])
-                passing, chunk = False, chunk[end + 1 :]
-            buf += chunk
-            out = bytearray()
-            pos = 0
-            while (end := buf.find(b"\n", pos)) >= 0:
-                out += tag_line(bytes(buf[pos : end + 1]), meta) if end - pos <= max_line else buf[pos : end + 1]
-                pos = end + 1
-            del buf[:pos]
-            if len(buf) > max_line:
-                out += buf
-                buf.clear()
-                passing = True
+            out = b"".join(item.data if isinstance(item, Oversize) else tag_line(item, meta)
+                           for item in framer.feed(chunk))
             if out:
                 sock.sendall(out)
-        if buf:
-            sock.sendall(tag_line(bytes(buf) + b"\n", meta))
+        if rest := framer.take_rest():
+            sock.sendall(tag_line(rest + b"\n", meta))
     except OSError:
         pass
     finally:

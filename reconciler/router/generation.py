@@ -23,9 +23,9 @@ from reconciler.config.models import Limits, Tool
 from reconciler.config.snapshot import ROUTER_ERRORS, Snapshot, effective_limits
 from reconciler.connectors.pool import PoolKey, pool_key
 from reconciler.router.builtins import BUILTIN_INTERFACE, BUILTIN_TOOLS
-from reconciler.router.errors import INVALID_PARAMS, JsonRpcError
 from reconciler.router.files import FileField, Scope, find_file_fields
 from reconciler.router.protocol import CACHE_SCOPE, LIST_TTL_MS
+from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
 
 __all__ = ["Generation", "ToolPlan", "ValidatorCache", "View", "compile_generation"]
 

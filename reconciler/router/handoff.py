@@ -18,15 +18,16 @@ from typing import Final
 
 import orjson
 
-__all__ = ["ACCEPTED", "ATTACH_KEY", "attach_line", "is_stream_fd", "parse_attach", "refused_line"]
+from reconciler.wire.meta import ATTACH, ATTACHED
 
-ATTACH_KEY: Final = "handler/attach"
-ACCEPTED: Final = b'{"handler/attached":true}\n'
+__all__ = ["ACCEPTED", "attach_line", "is_stream_fd", "parse_attach", "refused_line"]
+
+ACCEPTED: Final = orjson.dumps({ATTACHED: True}, option=orjson.OPT_APPEND_NEWLINE)
 MAX_ATTACH_BYTES: Final = 64 * 1024
 
 
 def attach_line(meta: Mapping[str, str]) -> bytes:
-    return orjson.dumps({ATTACH_KEY: dict(meta)}, option=orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps({ATTACH: dict(meta)}, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def parse_attach(data: bytes) -> dict[str, str] | None:
@@ -37,14 +38,14 @@ def parse_attach(data: bytes) -> dict[str, str] | None:
         msg = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    meta = msg.get(ATTACH_KEY) if isinstance(msg, dict) and len(msg) == 1 else None
+    meta = msg.get(ATTACH) if isinstance(msg, dict) and len(msg) == 1 else None
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         return None
     return meta
 
 
 def refused_line(message: str) -> bytes:
-    return orjson.dumps({"handler/attached": False, "message": message}, option=orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps({ATTACHED: False, "message": message}, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def is_stream_fd(mode: int) -> bool:

@@ -1,4 +1,4 @@
-"""`handler-llm`: the llm/v1 command-line client for scripts (design §3).
+"""`handler-llm`: the llm/v1 command-line client for scripts (docs/architecture.md §3).
 
 It calls `llm_complete` through the calling profile's socket, exactly as an agent would, so the
 profile's selection, limits and governance apply. The prompt comes from the arguments or stdin; the
@@ -13,8 +13,8 @@ from a rate limit from an outage:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,11 +23,13 @@ from typing import Any
 import orjson
 
 from reconciler.router.places import default_run_dir, socket_path
+from reconciler.wire.client import LineClient
+from reconciler.wire.errors import JsonRpcError, LineClosedError
+from reconciler.wire.meta import caller_meta
 
 __all__ = ["EXIT_CODES", "main"]
 
 EXIT_CODES = {"refused": 3, "limit": 4, "unavailable": 5, "invalid_arguments": 6, "blocked": 7, "pending": 8}
-_PROTOCOL = "2025-11-25"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,34 +74,23 @@ class _ProtocolError(Exception):
 
 
 def _call(path: Path, arguments: dict[str, Any]) -> dict[str, Any]:
-    meta = {"handler/interface": "llm"}
-    for env, key in (("HANDLER_INSTANCE", "handler/instance"), ("HANDLER_PARENT_INSTANCE", "handler/parentInstance")):
-        if os.environ.get(env):
-            meta[key] = os.environ[env]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.connect(str(path))
-        stream = sock.makefile("rwb")
-        _request(stream, 1, "initialize", {"protocolVersion": _PROTOCOL, "capabilities": {},
-                                           "clientInfo": {"name": "handler-llm", "version": "1"}, "_meta": meta})
-        stream.write(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + b"\n")
-        return _request(stream, 2, "tools/call", {"name": "llm_complete", "arguments": arguments, "_meta": meta})
+    return asyncio.run(_call_async(path, arguments))
 
 
-def _request(stream: Any, msg_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    stream.write(orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}) + b"\n")
-    stream.flush()
-    while True:
-        line = stream.readline()
-        if not line:
-            raise _ProtocolError("the router closed the connection before answering")
-        reply = orjson.loads(line)
-        if reply.get("id") != msg_id:
-            continue  # a notification
-        if "error" in reply:
-            error = reply["error"]
-            raise _ProtocolError(f"the router refused {method}: {error.get('message')} ({error.get('code')})")
-        result: dict[str, Any] = reply["result"]
-        return result
+async def _call_async(path: Path, arguments: dict[str, Any]) -> dict[str, Any]:
+    meta = caller_meta("llm", os.environ)
+    client = await LineClient.connect_unix(path, name="the router")
+    method = "initialize"
+    try:
+        await client.initialize({"name": "handler-llm", "version": "1"}, meta=meta)
+        method = "tools/call"
+        return await client.request(method, {"name": "llm_complete", "arguments": arguments, "_meta": meta})
+    except LineClosedError:
+        raise _ProtocolError("the router closed the connection before answering") from None
+    except JsonRpcError as exc:
+        raise _ProtocolError(f"the router refused {method}: {exc.message} ({exc.code})") from None
+    finally:
+        client.close()
 
 
 def _report(result: dict[str, Any], *, as_json: bool) -> int:

@@ -3,7 +3,7 @@
 Executed: `structuredContent` is the connector's validated output and `content` holds its JSON as
 text; `_meta` carries `handler/status`, `handler/cost` and `handler/budget`. Every other outcome is
 a tool result with `isError: true` and a `structuredContent` the agent can read; a router-made
-`unavailable` says why in `_meta["handler/cause"]`.
+`unavailable` says why in `_meta[meta_keys.CAUSE]`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import orjson
 
 from reconciler.governance.gate import Settlement
 from reconciler.router.errors import ToolError
+from reconciler.wire import meta as meta_keys
 
 __all__ = ["EncodedResult", "error_result", "executed_result", "held_result"]
 
@@ -39,21 +40,21 @@ class EncodedResult:
 
 
 def executed_result(structured: dict[str, Any], settlement: Settlement | None) -> EncodedResult:
-    meta: dict[str, Any] = {"handler/status": "executed"}
+    meta: dict[str, Any] = {meta_keys.STATUS: "executed"}
     if settlement is not None:
-        meta["handler/cost"] = settlement.charged
-        meta["handler/budget"] = settlement.remaining
+        meta[meta_keys.COST] = settlement.charged
+        meta[meta_keys.BUDGET] = settlement.remaining
     return EncodedResult(orjson.dumps(structured), meta)
 
 
 def error_result(error: ToolError) -> dict[str, Any]:
     body = {"error": error.code, "message": error.message}
-    meta: dict[str, Any] = {"handler/status": "error"}
+    meta: dict[str, Any] = {meta_keys.STATUS: "error"}
     if error.cause is not None:
-        meta["handler/cause"] = error.cause
+        meta[meta_keys.CAUSE] = error.cause
     return {"content": _text(body), "structuredContent": body, "isError": True, "_meta": meta}
 
 
 def held_result(body: dict[str, Any], status: str) -> dict[str, Any]:
     """A hold (`pending`, with its request_id) or a refusal (`blocked`)."""
-    return {"content": _text(body), "structuredContent": body, "isError": True, "_meta": {"handler/status": status}}
+    return {"content": _text(body), "structuredContent": body, "isError": True, "_meta": {meta_keys.STATUS: status}}

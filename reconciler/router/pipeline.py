@@ -29,11 +29,13 @@ from reconciler.connectors.pool import ConnectorPool
 from reconciler.governance.gate import Admission, CallRequest, Gate, Settlement
 from reconciler.router.builtins import run_builtin
 from reconciler.router.calllog import CallLog, CallRecord
-from reconciler.router.errors import INVALID_PARAMS, JsonRpcError, ToolError, invalid_arguments, unavailable
+from reconciler.router.errors import ToolError, invalid_arguments, unavailable
 from reconciler.router.files import CallFolder, FileArg, resolve_files, restore_paths
 from reconciler.router.generation import Generation, ToolPlan, View
 from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, LimitKey, concurrency_error, timeout_error
 from reconciler.router.outcomes import EncodedResult, error_result, executed_result, held_result
+from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
+from reconciler.wire.meta import read_reported_cost
 
 __all__ = ["Caller", "Services", "execute_admitted", "run_tools_call"]
 
@@ -258,11 +260,7 @@ def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> tuple[dict[str, Any], 
     if not isinstance(structured, dict):
         raise unavailable("output_invalid", "the service returned no structured result",
                           field="/" if structured is None else "(structuredContent)")
-    meta = raw.get("_meta")
-    cost = meta.get("handler/cost") if isinstance(meta, dict) else None
-    if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
-        return structured, float(cost)
-    return structured, None
+    return structured, read_reported_cost(raw)
 
 
 def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None = None) -> None:

@@ -1,11 +1,12 @@
-"""The MCP protocol surface in both eras: versions, the per-connection era, and the shapes of results.
+"""The MCP protocol surface in both eras: the per-connection era, negotiation, and the shapes of results.
 
-The initialize era (`2024-11-05` … `2025-11-25`) negotiates a version once in `initialize`. The
-stateless era (`2026-07-28`) has no handshake: every request carries its version and the client's
-capabilities in `_meta`, `server/discover` tells what the server speaks, every result carries
-`resultType`, list results carry `ttlMs`/`cacheScope`, and a version the router does not speak gets
-`-32022` with the supported list. As in the reference SDK server, a connection's first accepted
-request settles its era; a request of the other era on it is refused (see `docs/router.md`).
+The versions themselves are the wire's (`reconciler.wire.versions`). The initialize era negotiates
+a version once in `initialize`. The stateless era (`2026-07-28`) has no handshake: every request
+carries its version and the client's capabilities in `_meta`, `server/discover` tells what the
+server speaks, every result carries `resultType`, list results carry `ttlMs`/`cacheScope`, and a
+version the router does not speak gets `-32022` with the supported list. As in the reference SDK
+server, a connection's first accepted request settles its era; a request of the other era on it is
+refused (see `docs/router.md`).
 """
 
 from __future__ import annotations
@@ -14,30 +15,26 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Final
 
-from reconciler.router.errors import INVALID_PARAMS, INVALID_REQUEST, UNSUPPORTED_PROTOCOL_VERSION, JsonRpcError
+from reconciler.wire.errors import INVALID_PARAMS, INVALID_REQUEST, UNSUPPORTED_PROTOCOL_VERSION, JsonRpcError
+from reconciler.wire.versions import (
+    HANDSHAKE_VERSIONS,
+    LATEST_HANDSHAKE,
+    META_CLIENT_CAPABILITIES,
+    META_PROTOCOL_VERSION,
+    META_SERVER_INFO,
+    MODERN_VERSIONS,
+    SUPPORTED_VERSIONS,
+)
 
 __all__ = [
-    "HANDSHAKE_VERSIONS",
     "LIST_TTL_MS",
-    "MODERN_VERSIONS",
     "SERVER_INFO",
-    "SUPPORTED_VERSIONS",
     "Era",
     "discover_result",
     "initialize_result",
     "negotiate_handshake",
     "read_envelope",
 ]
-
-HANDSHAKE_VERSIONS: Final = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
-MODERN_VERSIONS: Final = ("2026-07-28",)
-# Newest first, as the spec's own example lists them in -32022 data.
-SUPPORTED_VERSIONS: Final = (*reversed(MODERN_VERSIONS), *reversed(HANDSHAKE_VERSIONS))
-
-META_PROTOCOL_VERSION: Final = "io.modelcontextprotocol/protocolVersion"
-META_CLIENT_CAPABILITIES: Final = "io.modelcontextprotocol/clientCapabilities"
-META_CLIENT_INFO: Final = "io.modelcontextprotocol/clientInfo"
-META_SERVER_INFO: Final = "io.modelcontextprotocol/serverInfo"
 
 SERVER_INFO: Final = {"name": "handler", "title": "Handler services router", "version": "0.1.0"}
 CAPABILITIES: Final = {"tools": {"listChanged": False}}
@@ -101,7 +98,7 @@ def negotiate_handshake(params: Mapping[str, Any] | None) -> str:
     requested = (params or {}).get("protocolVersion")
     if not isinstance(requested, str):
         raise JsonRpcError(INVALID_PARAMS, "initialize needs params.protocolVersion, a string such as '2025-11-25'")
-    return requested if requested in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[-1]
+    return requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE
 
 
 def initialize_result(version: str, instructions: str | None) -> dict[str, Any]:

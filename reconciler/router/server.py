@@ -24,14 +24,15 @@ from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.pool import DEFAULT_IDLE_SECONDS, ConnectorPool
 from reconciler.governance.gate import CallRequest, Gate, OpenGate
 from reconciler.router.calllog import CallLog, CallRecord
-from reconciler.router.errors import JsonRpcError, ToolError
+from reconciler.router.errors import ToolError
 from reconciler.router.files import resolve_files
-from reconciler.router.framing import DEFAULT_MAX_LINE_BYTES
 from reconciler.router.generation import Generation, ValidatorCache, compile_generation
 from reconciler.router.limits import LimitBook
 from reconciler.router.pipeline import Caller, Services, execute_admitted, validate_input
 from reconciler.router.places import MAX_SOCKET_PATH, default_state_dir, socket_path
 from reconciler.router.transport import Connection, Listener
+from reconciler.wire.errors import JsonRpcError
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
 __all__ = ["Router", "RouterError"]
 
@@ -55,7 +56,7 @@ class Router:
         self.live: Generation = compile_generation(snapshot, 1, root, self._cache)
         self.services = Services(
             gate=gate or OpenGate(),
-            pool=ConnectorPool(root, state, max_line_bytes, idle_seconds=idle_seconds, sandbox=sandbox,
+            pool=ConnectorPool(root, state, idle_seconds=idle_seconds, sandbox=sandbox,
                                run_dir=run_dir),
             limits=LimitBook(),
             log=CallLog(state / "calls.jsonl" if call_log else None),

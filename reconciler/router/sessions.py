@@ -15,15 +15,6 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from reconciler.router.errors import INVALID_REQUEST, METHOD_NOT_FOUND, JsonRpcError
-from reconciler.router.framing import (
-    IdentifiedError,
-    Message,
-    encode_error,
-    encode_raw_result,
-    encode_result,
-    parse_message,
-)
 from reconciler.router.generation import Generation, View
 from reconciler.router.outcomes import EncodedResult
 from reconciler.router.pipeline import Caller, run_tools_call
@@ -36,15 +27,22 @@ from reconciler.router.protocol import (
     read_envelope,
     refuse_other_era,
 )
+from reconciler.wire.errors import INVALID_REQUEST, METHOD_NOT_FOUND, JsonRpcError
+from reconciler.wire.messages import (
+    IdentifiedError,
+    Message,
+    encode_error,
+    encode_raw_result,
+    encode_result,
+    parse_message,
+)
+from reconciler.wire.meta import INSTANCE, INTERFACE, PARENT_INSTANCE
 
 if TYPE_CHECKING:
     from reconciler.router.server import Router
 
-__all__ = ["META_INSTANCE", "META_INTERFACE", "META_PARENT", "Session"]
+__all__ = ["Session"]
 
-META_INTERFACE = "handler/interface"
-META_INSTANCE = "handler/instance"
-META_PARENT = "handler/parentInstance"
 
 _HANDSHAKE_METHODS = frozenset({"ping", "tools/list", "tools/call"})
 
@@ -62,9 +60,9 @@ class Session:
         self.profile = profile
         self.write = write
         bound = bound or {}
-        self.interface = bound.get(META_INTERFACE) or None
-        self.instance = bound.get(META_INSTANCE) or None
-        self.parent = bound.get(META_PARENT) or None
+        self.interface = bound.get(INTERFACE) or None
+        self.instance = bound.get(INSTANCE) or None
+        self.parent = bound.get(PARENT_INSTANCE) or None
         self.generation: Generation | None = None
         self.era: Era | None = None
         self.version: str | None = None
@@ -139,11 +137,11 @@ class Session:
             raise _unknown_method(msg.method)
 
     def _view(self, generation: Generation, params: Mapping[str, Any] | None) -> View:
-        return generation.view(self.profile, self.interface or _meta_str(params, META_INTERFACE))
+        return generation.view(self.profile, self.interface or _meta_str(params, INTERFACE))
 
     def _caller(self, params: Mapping[str, Any] | None) -> Caller:
-        return Caller(self.profile, self.instance or _meta_str(params, META_INSTANCE) or self.default_instance,
-                      self.parent or _meta_str(params, META_PARENT))
+        return Caller(self.profile, self.instance or _meta_str(params, INSTANCE) or self.default_instance,
+                      self.parent or _meta_str(params, PARENT_INSTANCE))
 
     def _start_call(self, msg: Message, generation: Generation, *, stateless: bool) -> None:
         if msg.id is None:  # pragma: no cover - only requests (with ids) reach here

@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reconciler.router.framing import OVERSIZE, LineFramer, encode_error
 from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, is_stream_fd, parse_attach, refused_line
 from reconciler.router.sessions import Session
+from reconciler.wire.framing import OVERSIZE, LineFramer
+from reconciler.wire.messages import encode_error, oversize_error
 
 if TYPE_CHECKING:
     from reconciler.router.server import Router
@@ -56,7 +57,7 @@ class Connection:
     def received(self, data: bytes) -> None:
         for item in self._framer.feed(data):
             if item is OVERSIZE:
-                self._write(encode_error(None, self._framer.oversize_error()))
+                self._write(encode_error(None, oversize_error(self._framer.max_line_bytes)))
             else:
                 self.session.handle(item)  # type: ignore[arg-type]
 

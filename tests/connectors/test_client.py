@@ -11,7 +11,7 @@ import pytest
 from fixtures.echo_tree import CONNECTOR
 from fixtures.harness import run
 
-from reconciler.connectors.client import LaunchSpec, StdioConnector
+from reconciler.connectors.client import ConnectorProcess, LaunchSpec
 from reconciler.connectors.errors import ConnectorCrashedError, ConnectorReplyError, ConnectorStartError
 
 
@@ -23,7 +23,7 @@ def spec(**extra: object) -> LaunchSpec:
 
 def test_concurrent_calls_share_one_process_and_match_their_replies() -> None:
     async def scenario() -> None:
-        conn = StdioConnector(spec())
+        conn = ConnectorProcess(spec())
         try:
             slow = asyncio.create_task(conn.call_tool("echo_misbehave", {"mode": "sleep", "seconds": 0.3}))
             fast = [conn.call_tool("echo_say", {"text": str(n)}) for n in range(20)]
@@ -40,7 +40,7 @@ def test_concurrent_calls_share_one_process_and_match_their_replies() -> None:
 
 def test_a_crash_fails_every_pending_call_and_the_next_call_restarts() -> None:
     async def scenario() -> None:
-        conn = StdioConnector(spec())
+        conn = ConnectorProcess(spec())
         try:
             await conn.ensure_started()
             first_pid = conn.pid
@@ -63,7 +63,7 @@ def test_a_crash_fails_every_pending_call_and_the_next_call_restarts() -> None:
 
 def test_a_jsonrpc_error_reply_is_a_reply_error() -> None:
     async def scenario() -> None:
-        conn = StdioConnector(spec())
+        conn = ConnectorProcess(spec())
         try:
             with pytest.raises(ConnectorReplyError) as raised:
                 await conn.call_tool("echo_misbehave", {"mode": "rpc_error"})
@@ -77,7 +77,7 @@ def test_a_jsonrpc_error_reply_is_a_reply_error() -> None:
 
 def test_a_cancelled_call_frees_its_slot_and_the_process_lives_on() -> None:
     async def scenario() -> None:
-        conn = StdioConnector(spec())
+        conn = ConnectorProcess(spec())
         try:
             task = asyncio.create_task(conn.call_tool("echo_misbehave", {"mode": "sleep", "seconds": 5}))
             await asyncio.sleep(0.05)
@@ -85,7 +85,7 @@ def test_a_cancelled_call_frees_its_slot_and_the_process_lives_on() -> None:
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert (await conn.call_tool("echo_say", {"text": "ok"}))["structuredContent"] == {"text": "ok"}
-            assert conn._proc.pending == {}
+            assert conn.in_flight == 0
         finally:
             await conn.stop()
 
@@ -96,14 +96,14 @@ def test_a_command_that_cannot_start_is_a_start_error(tmp_path: Path) -> None:
     async def scenario() -> None:
         bad = LaunchSpec(name="ghost", command=(str(tmp_path / "no-such-program"),), cwd=str(tmp_path), env={})
         with pytest.raises(ConnectorStartError, match="could not start"):
-            await StdioConnector(bad).call_tool("x", {})
+            await ConnectorProcess(bad).call_tool("x", {})
         silent = LaunchSpec(name="mute", command=(sys.executable, "-c", "import sys; sys.stdin.read()"),
                             cwd=str(tmp_path), env={}, start_timeout=0.3)
         with pytest.raises(ConnectorStartError, match="did not answer initialize"):
-            await StdioConnector(silent).call_tool("x", {})
+            await ConnectorProcess(silent).call_tool("x", {})
         quits = LaunchSpec(name="quits", command=(sys.executable, "-c", "pass"), cwd=str(tmp_path), env={})
         with pytest.raises(ConnectorStartError, match="failed its handshake"):
-            await StdioConnector(quits).call_tool("x", {})
+            await ConnectorProcess(quits).call_tool("x", {})
 
     run(scenario())
 
@@ -113,7 +113,7 @@ def test_stdout_noise_is_a_crash_not_a_hang(tmp_path: Path) -> None:
     noisy.write_text("import sys\nfor line in sys.stdin:\n    print('hello, I am not JSON', flush=True)\n")
 
     async def scenario() -> None:
-        conn = StdioConnector(LaunchSpec(name="noisy", command=(sys.executable, str(noisy)), cwd=str(tmp_path),
+        conn = ConnectorProcess(LaunchSpec(name="noisy", command=(sys.executable, str(noisy)), cwd=str(tmp_path),
                                          env={}, start_timeout=5))
         with pytest.raises(ConnectorStartError, match="not JSON"):
             await conn.call_tool("x", {})

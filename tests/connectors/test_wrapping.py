@@ -12,7 +12,7 @@ import pytest
 from fixtures.loopback import QuietHandler, serving_http
 
 from reconciler.config.models import WrapSpec
-from reconciler.connectors.client import LaunchSpec, StdioConnector
+from reconciler.connectors.client import ConnectorProcess, LaunchSpec
 from reconciler.connectors.sandbox import confined_env
 from reconciler.connectors.wrapping import WrappedConnector
 
@@ -42,7 +42,7 @@ def _fetch(tmp_path: Path, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     async def go() -> list[dict[str, Any]]:
         command = (sys.executable, "-m", "mcp_server_fetch", "--ignore-robots-txt", "--allow-private-ips")
         spec = LaunchSpec(name="web-fetch-test", command=command, cwd=str(tmp_path), env=confined_env({}, tmp_path))
-        connector = WrappedConnector(StdioConnector(spec), WRAP)
+        connector = WrappedConnector(ConnectorProcess(spec), WRAP)
         try:
             return [await connector.call_tool("web_fetch_get", args) for args in calls]
         finally:

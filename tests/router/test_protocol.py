@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from fixtures.harness import RawClient, run, serving
 
-from reconciler.router.protocol import HANDSHAKE_VERSIONS, MODERN_VERSIONS, SUPPORTED_VERSIONS
+from reconciler.wire.versions import HANDSHAKE_VERSIONS, MODERN_VERSIONS, SUPPORTED_VERSIONS
 
 ENVELOPE = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {},

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from fixtures.harness import RawClient, load, log_lines, log_text, run, serving
 
-from reconciler.router.framing import DEFAULT_MAX_LINE_BYTES
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
 
 def test_bad_lines_get_their_error_and_the_connection_lives_on(echo_root: Path, run_dir: Path) -> None:

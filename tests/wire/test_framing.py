@@ -1,11 +1,12 @@
-"""Step 1: lines under a cap, and the JSON-RPC error for each kind of bad message."""
+"""The one framer and the messages: lines under a cap, and the JSON-RPC error for each kind of bad message."""
 
 from __future__ import annotations
 
 import pytest
 
-from reconciler.router.errors import JsonRpcError
-from reconciler.router.framing import OVERSIZE, IdentifiedError, LineFramer, Message, encode_raw_result, parse_message
+from reconciler.wire.errors import JsonRpcError
+from reconciler.wire.framing import OVERSIZE, LineFramer, Oversize
+from reconciler.wire.messages import IdentifiedError, Message, encode_raw_result, parse_message
 
 
 def test_lines_are_cut_across_reads() -> None:
@@ -23,6 +24,26 @@ def test_an_oversize_line_is_reported_once_and_skipped_to_its_end() -> None:
     assert framer.feed(b'xx\n{"ok":1}\n') == [b'{"ok":1}\n']
     assert framer.feed(b"y" * 20 + b"\nz\n") == [OVERSIZE, b"z\n"]
     assert LineFramer(10).feed(b"0123456789\n") == [b"0123456789\n"]  # exactly the cap passes
+
+
+def test_in_pass_mode_an_oversize_line_comes_out_in_pieces_and_nothing_is_held() -> None:
+    framer = LineFramer(10, oversize="pass")
+    pieces = framer.feed(b"x" * 11)
+    assert [type(p) for p in pieces] == [Oversize]
+    assert pieces[0].data == b"x" * 11  # type: ignore[union-attr]
+    assert framer.buffered == 0
+    more = framer.feed(b"yy\nok\n")
+    assert [p.data if isinstance(p, Oversize) else p for p in more] == [b"yy\n", b"ok\n"]
+    assert framer.feed(b"tail") == []
+    assert framer.take_rest() == b"tail"
+    assert framer.buffered == 0
+
+
+def test_a_framer_never_buffers_more_than_its_limit() -> None:
+    framer = LineFramer(1000)
+    for _ in range(100):
+        framer.feed(b"z" * 999)
+        assert framer.buffered <= 1000
 
 
 @pytest.mark.parametrize(("line", "code", "reply_id"), [

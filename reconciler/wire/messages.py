@@ -1,88 +1,34 @@
-"""Step 1 of the call (design §2): one JSON-RPC message per line, and what to answer when a line is bad.
+"""JSON-RPC 2.0 messages on lines: parsing what arrives, encoding what goes out.
 
-`LineFramer` cuts a byte stream into lines under a size cap (default 16 MiB): a line over the cap is
-reported once as `OVERSIZE` and skipped up to its newline, so the connection lives on.
-`parse_message` turns a line into a `Message` or raises the JSON-RPC error to answer: `-32700` for
+`parse_message` turns a line into a `Message` or raises the `JsonRpcError` to answer: `-32700` for
 bytes that are not JSON, `-32600` for JSON that is not a single request or notification (a batch, a
-missing `jsonrpc`, a request with no `id` or a null one). `encode_*` write replies as lines.
+missing `jsonrpc`, a request with no `id` or a null one). The `encode_*` functions write one message
+as one line, newline included.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
-from reconciler.router.errors import INVALID_REQUEST, PARSE_ERROR, JsonRpcError
+from reconciler.wire.errors import INVALID_REQUEST, PARSE_ERROR, JsonRpcError
 
 __all__ = [
-    "DEFAULT_MAX_LINE_BYTES",
-    "OVERSIZE",
     "IdentifiedError",
-    "LineFramer",
     "Message",
     "encode_error",
+    "encode_notification",
     "encode_raw_result",
+    "encode_request",
     "encode_result",
+    "oversize_error",
     "parse_message",
 ]
 
-DEFAULT_MAX_LINE_BYTES: Final = 16 * 1024 * 1024
-_NL: Final = b"\n"
 _DUMPS_OPTS: Final = orjson.OPT_APPEND_NEWLINE
-
-
-class _Oversize:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "OVERSIZE"
-
-
-OVERSIZE: Final = _Oversize()
-
-
-class LineFramer:
-    """Buffers bytes and yields whole lines; a line longer than `max_line_bytes` yields `OVERSIZE` once."""
-
-    __slots__ = ("_buf", "_discarding", "max_line_bytes")
-
-    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
-        self.max_line_bytes = max_line_bytes
-        self._buf = bytearray()
-        self._discarding = False
-
-    def feed(self, data: bytes) -> list[bytes | _Oversize]:
-        if not self._buf and not self._discarding and data.endswith(_NL) and data.find(_NL) == len(data) - 1:
-            # The common case: exactly one whole message in one read.
-            return [data] if len(data) - 1 <= self.max_line_bytes else [OVERSIZE]
-        out: list[bytes | _Oversize] = []
-        start = 0
-        if self._discarding:
-            end = data.find(_NL)
-            if end < 0:
-                return out
-            self._discarding = False
-            start = end + 1
-        buf = self._buf
-        buf += data[start:] if start else data
-        pos = 0
-        while (end := buf.find(_NL, pos)) >= 0:
-            out.append(bytes(buf[pos : end + 1]) if end - pos <= self.max_line_bytes else OVERSIZE)
-            pos = end + 1
-        if pos:
-            del buf[:pos]
-        if len(buf) > self.max_line_bytes:
-            # Answer now rather than buffer the rest of a line that can never be accepted.
-            buf.clear()
-            self._discarding = True
-            out.append(OVERSIZE)
-        return out
-
-    def oversize_error(self) -> JsonRpcError:
-        return JsonRpcError(INVALID_REQUEST, f"the message is longer than {self.max_line_bytes} bytes, the "
-                            "router's limit for one line; it was skipped", {"maxLineBytes": self.max_line_bytes})
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +41,16 @@ class Message:
     is_request: bool
 
 
+class IdentifiedError(JsonRpcError):
+    """A JSON-RPC error about a message whose id could be read, so the reply carries that id."""
+
+    def __init__(self, error: JsonRpcError, msg_id: int | str | None) -> None:
+        super().__init__(error.code, error.message, error.data)
+        self.msg_id = msg_id
+
+
 def parse_message(line: bytes) -> Message | None:
-    """The message on `line`, or None for a response (the router sends no requests, so it ignores them).
+    """The request or notification on `line`, or None for a response (a server sends no requests).
 
     Raises `JsonRpcError`; once the line is a JSON object its error is an `IdentifiedError` carrying
     the request's id when it has a usable one, so the client can match the reply.
@@ -137,12 +91,24 @@ def _check_message(msg: dict[str, Any]) -> Message | None:
     return Message(method, params, msg_id, has_id)
 
 
-class IdentifiedError(JsonRpcError):
-    """A JSON-RPC error about a message whose id could be read, so the reply carries that id."""
+def oversize_error(max_line_bytes: int) -> JsonRpcError:
+    """The answer to a line over the limit, which was skipped to its end."""
+    return JsonRpcError(INVALID_REQUEST, f"the message is longer than {max_line_bytes} bytes, the limit for one "
+                        "line; it was skipped", {"maxLineBytes": max_line_bytes})
 
-    def __init__(self, error: JsonRpcError, msg_id: int | str | None) -> None:
-        super().__init__(error.code, error.message, error.data)
-        self.msg_id = msg_id
+
+def encode_request(msg_id: int | str, method: str, params: Mapping[str, Any] | None = None) -> bytes:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": msg_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return orjson.dumps(message, option=_DUMPS_OPTS)
+
+
+def encode_notification(method: str, params: Mapping[str, Any] | None = None) -> bytes:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        message["params"] = params
+    return orjson.dumps(message, option=_DUMPS_OPTS)
 
 
 def encode_result(msg_id: int | str | None, result: Any) -> bytes:

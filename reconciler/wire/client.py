@@ -1,0 +1,232 @@
+"""The one JSON-RPC line client: requests multiplexed by id over one byte stream.
+
+The connector client speaks it to a connector process (over its pipes or its socket), the
+conformance harness and the command-line clients (`handler-llm`) speak it to a profile's socket.
+Replies are matched to requests by id, so many calls share one stream. A request may carry a
+deadline on the loop's clock: one sweeping timer per client fails the late ones with `TimeoutError`
+(no timer per call), and a request given up on — late or cancelled — is reported to the peer with
+`notifications/cancelled`, as MCP asks. When the stream ends, every pending request fails.
+
+What a failure looks like is the user's choice: a subclass overrides `closed_error` and
+`reply_error` to raise its own types, and `bad_line`, `oversize_line` and `answer_request` to treat a
+peer's misbehaviour its own way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Self
+
+import orjson
+
+from reconciler.wire.errors import INTERNAL_ERROR, METHOD_NOT_FOUND, HandlerError, JsonRpcError, LineClosedError
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer
+from reconciler.wire.messages import encode_error, encode_notification, encode_request, encode_result
+from reconciler.wire.versions import LATEST_HANDSHAKE
+
+__all__ = ["SWEEP_SECONDS", "LineClient"]
+
+SWEEP_SECONDS: Final = 0.02  # how late past its deadline a request may be failed
+
+
+class LineClient(asyncio.Protocol):
+    """A JSON-RPC client on one stream; it is the reading side's protocol, and writes to `writer`.
+
+    For a socket (`duplex=True`) the one transport reads and writes; for a process's pipes, give the
+    write pipe with `set_writer` and connect the read pipe to this protocol.
+    """
+
+    def __init__(self, name: str = "the peer", *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+                 duplex: bool = False) -> None:
+        self.name = name  # says whose stream it is in messages
+        self.closed = False
+        self._duplex = duplex
+        self._framer = LineFramer(max_line_bytes)
+        self._reader: asyncio.BaseTransport | None = None
+        self._writer: asyncio.WriteTransport | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._deadlines: dict[int, float] = {}  # pending requests that must end by then (the loop's clock)
+        self._sweep: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    async def connect_unix(cls, path: str | Path, **options: Any) -> Self:
+        """A client on a new connection to the unix socket at `path`."""
+        loop = asyncio.get_running_loop()
+        _, client = await loop.create_unix_connection(lambda: cls(duplex=True, **options), str(path))
+        return client
+
+    @property
+    def in_flight(self) -> int:
+        """How many requests wait for their reply."""
+        return len(self._pending)
+
+    # -- what a subclass may change --------------------------------------------------------------
+
+    def closed_error(self, why: str) -> Exception:
+        """The error pending requests fail with when the stream ends or breaks."""
+        return LineClosedError(why)
+
+    def reply_error(self, error: JsonRpcError) -> Exception:
+        """The error a request fails with when the peer answers it with `error`."""
+        return error
+
+    def bad_line(self, line: bytes) -> None:
+        """The peer wrote a line that is not JSON: by default the stream is unusable."""
+        self.abort(self.closed_error(f"{self.name} wrote a line that is not JSON"))
+
+    def oversize_line(self) -> None:
+        """The peer wrote a line over the limit: by default the stream is unusable."""
+        self.abort(self.closed_error(f"{self.name} wrote a message over {self._framer.max_line_bytes} bytes"))
+
+    def answer_request(self, msg: Mapping[str, Any]) -> None:
+        """A request from the peer: `ping` is answered; this client offers no other feature."""
+        msg_id = msg["id"]
+        with contextlib.suppress(HandlerError):
+            if msg.get("method") == "ping":
+                self.send(encode_result(msg_id, {}))
+            else:
+                self.send(encode_error(msg_id, JsonRpcError(METHOD_NOT_FOUND, "this client offers no client features")))
+
+    # -- the stream ------------------------------------------------------------------------------
+
+    def set_writer(self, transport: asyncio.WriteTransport) -> None:
+        self._writer = transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._reader = transport
+        if self._duplex:
+            self._writer = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        for item in self._framer.feed(data):
+            if type(item) is bytes:
+                self._on_line(item)
+            else:
+                self.oversize_line()
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # Every reply written before the peer closed has been read by now; what is still pending is lost.
+        self._fail_pending(self.closed_error(f"{self.name} closed its output"))
+        self.closed = True
+
+    def send(self, data: bytes) -> None:
+        writer = self._writer
+        if writer is None or self.closed or writer.is_closing():
+            raise self.closed_error(f"{self.name} is not connected")
+        writer.write(data)
+
+    def close_writer(self) -> None:
+        """Close the sending side: the peer reads its end (on a socket, the whole connection closes)."""
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.close()
+
+    def abort(self, error: Exception) -> None:
+        """Fail every pending request with `error` and close the stream."""
+        self._fail_pending(error)
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        for transport in (self._writer, self._reader):
+            if transport is not None and not transport.is_closing():
+                transport.close()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+
+    # -- requests --------------------------------------------------------------------------------
+
+    async def request(self, method: str, params: Mapping[str, Any] | None = None,
+                      deadline: float | None = None) -> dict[str, Any]:
+        """Send one request and wait for its result object (`deadline`: the loop's clock)."""
+        msg_id = next(self._ids)
+        loop = self._loop or self._bind_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._pending[msg_id] = future
+        if deadline is not None:
+            self._deadlines[msg_id] = deadline
+            if self._sweep is None:
+                self._sweep = loop.call_later(SWEEP_SECONDS, self._expire_late)
+        try:
+            self.send(encode_request(msg_id, method, params))
+            return await future
+        except (asyncio.CancelledError, TimeoutError):
+            # The caller gave up (its deadline or a cancellation): tell the peer to stop working on it.
+            with contextlib.suppress(HandlerError):
+                self.send(encode_notification("notifications/cancelled",
+                                              {"requestId": msg_id, "reason": "cancelled by the client"}))
+            raise
+        finally:
+            self._pending.pop(msg_id, None)
+            self._deadlines.pop(msg_id, None)
+
+    def notify(self, method: str, params: Mapping[str, Any] | None = None) -> None:
+        self.send(encode_notification(method, params))
+
+    async def initialize(self, client_info: Mapping[str, Any], *, meta: Mapping[str, Any] | None = None,
+                         deadline: float | None = None) -> dict[str, Any]:
+        """The MCP handshake of the initialize era; the server's `initialize` result."""
+        params: dict[str, Any] = {"protocolVersion": LATEST_HANDSHAKE, "capabilities": {},
+                                  "clientInfo": dict(client_info)}
+        if meta:
+            params["_meta"] = dict(meta)
+        result = await self.request("initialize", params, deadline)
+        self.notify("notifications/initialized")
+        return result
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def _on_line(self, line: bytes) -> None:
+        try:
+            msg = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if line.strip():
+                self.bad_line(line)
+            return
+        if not isinstance(msg, dict):
+            return
+        if "method" in msg:
+            if "id" in msg:
+                self.answer_request(msg)
+            return
+        msg_id = msg.get("id")
+        future = self._pending.get(msg_id) if type(msg_id) is int else None
+        if future is None or future.done():
+            return  # a reply to a request already given up on
+        result = msg.get("result")
+        if "error" in msg:
+            future.set_exception(self.reply_error(JsonRpcError.from_wire(msg["error"])))
+        elif isinstance(result, dict):
+            future.set_result(result)
+        else:
+            future.set_exception(self.reply_error(JsonRpcError(INTERNAL_ERROR, "the reply holds no result object")))
+
+    def _expire_late(self) -> None:
+        """Fail the requests whose deadline passed; sweep again while requests with a deadline wait."""
+        self._sweep = None
+        loop = self._loop or asyncio.get_running_loop()
+        now = loop.time()
+        for msg_id, deadline in list(self._deadlines.items()):
+            future = self._pending.get(msg_id)
+            if deadline <= now and future is not None and not future.done():
+                future.set_exception(TimeoutError())
+        if self._deadlines and not self.closed:
+            self._sweep = loop.call_later(SWEEP_SECONDS, self._expire_late)
+
+    def _fail_pending(self, error: Exception) -> None:
+        pending, self._pending = self._pending, {}
+        self._deadlines = {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)

@@ -1,0 +1,61 @@
+"""The project's `_meta` keys, and reading the cost a connector reports (docs/architecture.md §6, §7).
+
+Requests carry who calls (`handler/interface`, `handler/instance`, `handler/parentInstance`: the
+bridge adds them); results carry what happened (`handler/status`, `handler/cost`, `handler/budget`,
+`handler/cause`). Every room names a key through these constants, never as a string of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+__all__ = [
+    "ATTACH",
+    "ATTACHED",
+    "BUDGET",
+    "CAUSE",
+    "COST",
+    "INSTANCE",
+    "INTERFACE",
+    "PARENT_INSTANCE",
+    "STATUS",
+    "caller_meta",
+    "read_reported_cost",
+]
+
+INTERFACE: Final = "handler/interface"
+INSTANCE: Final = "handler/instance"
+PARENT_INSTANCE: Final = "handler/parentInstance"
+STATUS: Final = "handler/status"
+COST: Final = "handler/cost"
+BUDGET: Final = "handler/budget"
+CAUSE: Final = "handler/cause"
+ATTACH: Final = "handler/attach"  # the bridge's handoff line
+ATTACHED: Final = "handler/attached"  # the router's answer to it
+
+# Where a caller's identity comes from when a client is started by whoever launches the agent.
+_CALLER_ENV: Final = (("HANDLER_INSTANCE", INSTANCE), ("HANDLER_PARENT_INSTANCE", PARENT_INSTANCE))
+
+
+def caller_meta(interface: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The `_meta` a client of the router adds to its requests: the interface, and the instances `env` names."""
+    meta = {INTERFACE: interface}
+    for name, key in _CALLER_ENV:
+        if env.get(name):
+            meta[key] = env[name]
+    return meta
+
+
+def read_reported_cost(result: Mapping[str, Any]) -> float | None:
+    """The cost in USD a connector reported in its result's `_meta`, or None when it reported none usable.
+
+    Only a finite number that is not negative counts (a boolean is not a number here): anything else is
+    treated as not reported, and the call is charged its estimate.
+    """
+    meta = result.get("_meta")
+    cost = meta.get(COST) if isinstance(meta, Mapping) else None
+    if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0 and math.isfinite(cost):
+        return float(cost)
+    return None

@@ -1,0 +1,132 @@
+"""The one line client against a real peer on a unix socket: replies matched by id, deadlines, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import orjson
+import pytest
+
+from reconciler.wire.client import LineClient
+from reconciler.wire.errors import JsonRpcError, LineClosedError
+
+Peer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _with_peer(peer: Peer, body: Callable[[LineClient, list[dict[str, object]]], Awaitable[None]],
+                     max_line_bytes: int = 1 << 20) -> None:
+    seen: list[dict[str, object]] = []
+    done = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        recording = _Recording(reader, seen)
+        try:
+            await peer(recording, writer)  # type: ignore[arg-type]
+            while await recording.readline():  # hold the line open until the client closes it
+                pass
+        finally:
+            writer.close()
+            done.set()
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+        path = Path(folder) / "peer.sock"
+        server = await asyncio.start_unix_server(serve, str(path))
+        try:
+            client = await LineClient.connect_unix(path, name="the peer", max_line_bytes=max_line_bytes)
+            try:
+                await body(client, seen)
+            finally:
+                client.close()
+            await asyncio.wait_for(done.wait(), 10)
+        finally:
+            server.close()
+
+
+class _Recording:
+    """A stream reader that also keeps every message it read."""
+
+    def __init__(self, reader: asyncio.StreamReader, seen: list[dict[str, object]]) -> None:
+        self._reader, self._seen = reader, seen
+
+    async def readline(self) -> bytes:
+        line = await self._reader.readline()
+        if line:
+            self._seen.append(orjson.loads(line))
+        return line
+
+
+def _reply(msg_id: object, result: object) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "result": result}) + b"\n"
+
+
+def test_replies_out_of_order_reach_their_own_requests() -> None:
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first, second = orjson.loads(await reader.readline()), orjson.loads(await reader.readline())
+        writer.write(_reply(second["id"], {"n": 2}) + _reply(first["id"], {"n": 1}))
+        await writer.drain()
+
+    async def body(client: LineClient, _seen: list[dict[str, object]]) -> None:
+        one, two = await asyncio.gather(client.request("a"), client.request("b"))
+        assert (one, two) == ({"n": 1}, {"n": 2})
+        assert client.in_flight == 0
+
+    asyncio.run(_with_peer(peer, body))
+
+
+def test_an_error_reply_is_a_json_rpc_error_and_a_server_ping_is_answered() -> None:
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = orjson.loads(await reader.readline())
+        writer.write(b'{"jsonrpc":"2.0","id":"p1","method":"ping"}\n')
+        await writer.drain()
+        await reader.readline()  # the client's answer to the ping
+        writer.write(orjson.dumps({"jsonrpc": "2.0", "id": request["id"],
+                                   "error": {"code": -32602, "message": "no such tool", "data": {"x": 1}}}) + b"\n")
+        await writer.drain()
+
+    async def body(client: LineClient, seen: list[dict[str, object]]) -> None:
+        with pytest.raises(JsonRpcError) as raised:
+            await client.request("tools/call", {"name": "nope"})
+        assert (raised.value.code, raised.value.message, raised.value.data) == (-32602, "no such tool", {"x": 1})
+        assert {"jsonrpc": "2.0", "id": "p1", "result": {}} in seen
+
+    asyncio.run(_with_peer(peer, body))
+
+
+def test_a_late_request_times_out_and_the_peer_is_told_it_was_cancelled() -> None:
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pass  # reads on (in `_with_peer`), never answers
+
+    async def body(client: LineClient, seen: list[dict[str, object]]) -> None:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            await client.request("slow", {}, loop.time() + 0.05)
+        for _ in range(200):
+            if any(m.get("method") == "notifications/cancelled" for m in seen):
+                break
+            await asyncio.sleep(0.01)
+        cancel = next(m for m in seen if m.get("method") == "notifications/cancelled")
+        assert cancel["params"]["requestId"] == seen[0]["id"]  # type: ignore[index]
+        assert client.in_flight == 0
+
+    asyncio.run(_with_peer(peer, body))
+
+
+@pytest.mark.parametrize("ending", [b"", b"this is not json\n", b"x" * 2000 + b"\n"])
+def test_a_peer_that_closes_or_writes_garbage_fails_what_is_pending(ending: bytes) -> None:
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.write(ending)
+        await writer.drain()
+        writer.close()  # the end of the line: the client sees it, or garbage first
+
+    async def body(client: LineClient, _seen: list[dict[str, object]]) -> None:
+        with pytest.raises(LineClosedError):
+            await client.request("anything")
+        assert client.closed
+        with pytest.raises(LineClosedError):
+            await client.request("after the end")
+
+    asyncio.run(_with_peer(peer, body, max_line_bytes=1000))

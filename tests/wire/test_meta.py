@@ -1,0 +1,34 @@
+"""The `_meta` a client adds, and the one rule for a connector's reported cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from reconciler.wire.meta import COST, INSTANCE, INTERFACE, PARENT_INSTANCE, caller_meta, read_reported_cost
+
+
+@pytest.mark.parametrize(("reported", "read"), [
+    (0.25, 0.25),
+    (0, 0.0),
+    (3, 3.0),
+    (-1, None),  # a refund is not a cost
+    (True, None),  # a boolean is not a number here
+    ("0.5", None),
+    (float("nan"), None),
+    (float("inf"), None),
+    (None, None),
+])
+def test_a_reported_cost_counts_only_as_a_finite_number_not_below_zero(reported: object, read: float | None) -> None:
+    assert read_reported_cost({"_meta": {COST: reported}}) == read
+
+
+def test_a_result_without_meta_reports_no_cost() -> None:
+    assert read_reported_cost({}) is None
+    assert read_reported_cost({"_meta": "nope"}) is None
+
+
+def test_caller_meta_names_the_interface_and_the_instances_the_environment_sets() -> None:
+    assert caller_meta("ocr", {}) == {INTERFACE: "ocr"}
+    env = {"HANDLER_INSTANCE": "run-1", "HANDLER_PARENT_INSTANCE": "boss", "OTHER": "x"}
+    assert caller_meta("ocr", env) == {INTERFACE: "ocr", INSTANCE: "run-1", PARENT_INSTANCE: "boss"}
+    assert caller_meta("ocr", {"HANDLER_INSTANCE": ""}) == {INTERFACE: "ocr"}
