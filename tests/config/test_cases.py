@@ -1,10 +1,11 @@
 """The save-time checks, case by case: each folder of cases/ is a small change to a valid base tree.
 
 A case folder holds only the files that differ from `cases/_base/` (overlaid on a copy of it), an
-optional `deleted.txt` (tree-relative paths to remove, one per line) and `expected.txt`: one
-`CODE path:line` per line, every finding the changed tree must produce and nothing else. Folder
-names start with the code they are about, so a code without a case is easy to spot (and fails
-`test_every_code_has_a_case`).
+optional `deleted.txt` (tree-relative paths to remove, one per line) and `expected.txt`: every
+finding the changed tree must produce and nothing else, whole and in order, as `handler validate`
+prints them (`path:line: CODE message`, then its `expected:` and `fix:` lines). A changed message,
+hint or place fails the case. Folder names start with the code they are about, so a code without a
+case is easy to spot (and fails `test_every_code_has_a_case`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -24,9 +24,8 @@ BASE = CASES / "_base"
 META_FILES = frozenset({"expected.txt", "deleted.txt"})
 # I010 (a published version was changed) compares two git revisions; it is tested with a repository.
 NOT_BY_CASE = frozenset({"I010"})
-_EXPECTED = re.compile(r"^(?P<code>[A-Z]\d{3}) (?P<file>\S+):(?P<line>\d+)$")
-
-Key = tuple[str, str, int]
+# The first line of a finding as the text format prints it; its other lines are indented.
+_HEAD = re.compile(r"^(?P<file>\S+):(?P<line>\d+): (?P<code>[A-Z]\d{3}) ")
 
 
 def _case_dirs() -> list[Path]:
@@ -55,23 +54,24 @@ def build_case(case: Path, dest: Path) -> Path:
     return dest
 
 
-def expected_of(case: Path) -> Counter[Key]:
-    out: Counter[Key] = Counter()
-    for number, line in enumerate((case / "expected.txt").read_text().splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        m = _EXPECTED.match(line.strip())
-        assert m, f"{case.name}/expected.txt:{number}: write 'CODE path:line', got {line!r}"
-        out[(m["code"], m["file"], int(m["line"]))] += 1
-    return out
+def expected_of(case: Path) -> str:
+    """The findings `case` must produce, as the text format prints them."""
+    return (case / "expected.txt").read_text()
+
+
+def expected_codes(case: Path) -> list[str]:
+    text = expected_of(case)
+    for number, line in enumerate(text.splitlines(), 1):
+        assert _HEAD.match(line) or line.startswith("  "), f"{case.name}/expected.txt:{number}: not a finding: {line!r}"
+    return [m["code"] for line in text.splitlines() if (m := _HEAD.match(line))]
+
+
+def render(findings: tuple[Finding, ...]) -> str:
+    return "".join(f.render_text() + "\n" for f in findings)
 
 
 def load_findings(root: Path) -> tuple[Finding, ...]:
     return Loader().load(FolderSource(root)).findings
-
-
-def _keys(findings: tuple[Finding, ...]) -> Counter[Key]:
-    return Counter((f.code, f.file, f.line) for f in findings)
 
 
 _LOADED: dict[str, tuple[Finding, ...]] = {}  # case name → findings, shared by the tests of one process
@@ -88,10 +88,7 @@ def _case_findings(name: str) -> tuple[Finding, ...]:
 @pytest.mark.parametrize("case", _case_dirs(), ids=lambda p: p.name)
 def test_case(case: Path, tmp_path: Path) -> None:
     findings = _LOADED[case.name] = load_findings(build_case(case, tmp_path / "tree"))
-    got, want = _keys(findings), expected_of(case)
-    shown = "\n".join(f.render_text() for f in findings)
-    missing, unexpected = sorted((want - got).elements()), sorted((got - want).elements())
-    assert got == want, f"missing: {missing}\nunexpected: {unexpected}\nall findings:\n{shown}"
+    assert render(findings) == expected_of(case)
 
 
 def test_base_is_clean() -> None:
@@ -110,7 +107,7 @@ def test_every_code_has_a_case() -> None:
 def test_each_case_expects_its_own_code() -> None:
     for case in _case_dirs():
         code = case.name.split("-", 1)[0]
-        assert code in {c for c, _, _ in expected_of(case)}, f"{case.name} does not expect a {code} finding"
+        assert code in expected_codes(case), f"{case.name} does not expect a {code} finding"
 
 
 def test_every_finding_can_be_acted_on() -> None:

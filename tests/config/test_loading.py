@@ -59,7 +59,13 @@ def test_reload_parses_only_the_changed_file(shipped_tree: Path) -> None:
     assert [c.args[0] for c in parse.call_args_list] == ["config/bindings/ocr-local.toml"]
     assert json_loads.call_count == 0
     assert second.bindings["ocr-local"].spec.description == "changed"
-    assert second.interfaces["ocr/v1"] is first.interfaces["ocr/v1"] or second.interfaces == first.interfaces
+    # The unchanged interface is the same, built from the very objects the first load parsed.
+    before, after = first.interfaces["ocr/v1"], second.interfaces["ocr/v1"]
+    assert after == before
+    assert after.spec is before.spec
+    assert all(a is b for a, b in zip(after.tools, before.tools, strict=True))
+    assert second.profiles["assistant"] is first.profiles["assistant"]  # none of its bindings changed
+    assert second.profiles["auditor"] is not first.profiles["auditor"]  # it selects ocr-local
 
 
 def test_unreadable_toml_is_a_finding_with_its_line(shipped_tree: Path) -> None:
