@@ -1,6 +1,7 @@
-"""Checks that need one file only, beyond its model's shape: names, versions, errors, egress, secrets.
+"""What one file shows on its own, beyond its model's shape: names, versions, errors, egress, secrets.
 
-Their findings are cached with the file's content by the loader.
+One function per kind of file, run by the loader once the file's model is built (`checks.syntax`);
+their findings are cached with the file's content. F003, I004, I005, I009, N002-N004, B003, B010, P013.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
+from reconciler.config.documents import Document
 from reconciler.config.findings import Finding
 from reconciler.config.models import BindingFile, ConnectorFile, InterfaceFile, ProfileFile, SecretRef
-from reconciler.config.parsing import Document
 
 __all__ = [
     "EGRESS",
@@ -47,6 +48,7 @@ def check_named(doc: Document, spec: object, name: str) -> list[Finding]:
 
 
 def check_interface_file(doc: Document, spec: InterfaceFile, where: tuple[str, str]) -> list[Finding]:
+    """interface.toml: its name and folder, and its closed list of errors (S3)."""
     name, folder = where
     findings = check_named(doc, spec, name)
     if folder != f"v{spec.version}":
@@ -60,6 +62,12 @@ def check_interface_file(doc: Document, spec: InterfaceFile, where: tuple[str, s
                 f"move the files to catalog/interfaces/{name}/v{spec.version}/ or set the version",
             )
         )
+    findings.extend(_check_errors(doc, spec))
+    return findings
+
+
+def _check_errors(doc: Document, spec: InterfaceFile) -> list[Finding]:
+    findings: list[Finding] = []
     if not spec.errors:
         findings.append(
             Finding(

@@ -1,7 +1,8 @@
-"""Published interface versions are frozen (design §4.3, §5): compare a revision with its base.
+"""What history shows: published interface versions are frozen (docs/architecture.md §4, §5).
 
-A version that exists at the base revision may not change its interface.toml, tools.json or
-skills/; its conformance/ may gain cases. The finding names the version to create instead.
+`handler validate --base REF` compares a revision with its base: a version that exists at the base
+may not change its interface.toml, tools.json or skills/; its conformance/ may gain cases. The
+finding names the version to create instead. I010.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import orjson
 from reconciler.config.findings import Finding
 from reconciler.config.snapshot import Snapshot
 
-__all__ = ["check_frozen", "recheck_needed"]
+__all__ = ["check_frozen"]
 
 
 def check_frozen(base: Snapshot, head: Snapshot) -> list[Finding]:
@@ -49,16 +50,6 @@ def check_frozen(base: Snapshot, head: Snapshot) -> list[Finding]:
                 )
             )
     return findings
-
-
-def recheck_needed(base: Snapshot, head: Snapshot) -> dict[str, list[str]]:
-    """Interface versions whose conformance folder changed → connectors that must be checked again."""
-    out: dict[str, list[str]] = {}
-    for key, new in head.interfaces.items():
-        old = base.interfaces.get(key)
-        if old is not None and (old.cases != new.cases or dict(old.fixtures) != dict(new.fixtures)):
-            out[key] = sorted(c.name for c in head.connectors.values() if c.implements(key))
-    return out
 
 
 def _first_changed_line(base: Snapshot, head: Snapshot, path: str) -> int:

@@ -1,50 +1,25 @@
-"""Reading one file of the tree: TOML or JSON into data, then data into its pydantic model.
+"""What one file shows on its own, first: is it TOML or JSON (F001), and is it the kind it should be,
+with the keys and types its model defines (F002, F004)?
 
-Syntax errors and model errors become findings with the line they are on, never tracebacks.
-A `Document` keeps its text so lines are found only when a finding needs one.
+The loader reads every file through `parse_document` and builds its model with `validate_model`;
+errors become findings at the line they are on, never tracebacks.
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from reconciler.config.findings import Finding, did_you_mean
-from reconciler.config.lines import KeyPath, json_key_lines, toml_key_lines
+from reconciler.config.documents import Document
+from reconciler.config.findings import Finding, suggest
 
-__all__ = ["Document", "model_finding", "parse_document", "validate_model"]
+__all__ = ["model_finding", "parse_document", "validate_model"]
 
 M = TypeVar("M", bound=BaseModel)
-
-
-@dataclass(frozen=True, eq=False)
-class Document:
-    path: str
-    sha: str
-    text: str
-    format: Literal["toml", "json"]
-
-    @cached_property
-    def lines(self) -> dict[KeyPath, int]:
-        return toml_key_lines(self.text) if self.format == "toml" else json_key_lines(self.text)
-
-    def line_of(self, *path: str | int) -> int:
-        """The line of `path`, else of its closest parent that has one, else 1."""
-        lines = self.lines
-        key = tuple(path)
-        while key:
-            line = lines.get(key)
-            if line is not None:
-                return line
-            key = key[:-1]
-        return 1
-
 
 _TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
 
@@ -55,51 +30,49 @@ def parse_document(path: str, sha: str, data: bytes) -> tuple[Document | None, A
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return (
-            None,
-            None,
-            Finding(
-                "F001",
-                path,
-                1,
-                f"the file is not UTF-8 text (byte {exc.start})",
-                "UTF-8 encoded text",
-                "save the file as UTF-8",
-            ),
-        )
+        return None, None, _not_utf8(path, exc)
     doc = Document(path, sha, text, fmt)
     try:
         value = tomllib.loads(text) if fmt == "toml" else orjson.loads(data)
     except tomllib.TOMLDecodeError as exc:
-        match = _TOML_POSITION.search(str(exc))
-        line = int(match.group(1)) if match else 1
-        reason = _TOML_POSITION.sub("", str(exc)).strip()
-        return (
-            doc,
-            None,
-            Finding(
-                "F001",
-                path,
-                line,
-                f"invalid TOML: {reason}",
-                "a valid TOML document",
-                "fix the syntax on that line (quotes, brackets, '=' between key and value)",
-            ),
-        )
+        return doc, None, _invalid_toml(path, exc)
     except orjson.JSONDecodeError as exc:
-        return (
-            doc,
-            None,
-            Finding(
-                "F001",
-                path,
-                exc.lineno,
-                f"invalid JSON: {exc.msg} (column {exc.colno})",
-                "a valid JSON document",
-                "fix the syntax on that line (commas, quotes, brackets)",
-            ),
-        )
+        return doc, None, _invalid_json(path, exc)
     return doc, value, None
+
+
+def _not_utf8(path: str, exc: UnicodeDecodeError) -> Finding:
+    return Finding(
+        "F001",
+        path,
+        1,
+        f"the file is not UTF-8 text (byte {exc.start})",
+        "UTF-8 encoded text",
+        "save the file as UTF-8",
+    )
+
+
+def _invalid_toml(path: str, exc: tomllib.TOMLDecodeError) -> Finding:
+    match = _TOML_POSITION.search(str(exc))
+    return Finding(
+        "F001",
+        path,
+        int(match.group(1)) if match else 1,
+        f"invalid TOML: {_TOML_POSITION.sub('', str(exc)).strip()}",
+        "a valid TOML document",
+        "fix the syntax on that line (quotes, brackets, '=' between key and value)",
+    )
+
+
+def _invalid_json(path: str, exc: orjson.JSONDecodeError) -> Finding:
+    return Finding(
+        "F001",
+        path,
+        exc.lineno,
+        f"invalid JSON: {exc.msg} (column {exc.colno})",
+        "a valid JSON document",
+        "fix the syntax on that line (commas, quotes, brackets)",
+    )
 
 
 def validate_model(doc: Document, value: Any, model: type[M], api_version: str) -> tuple[M | None, list[Finding]]:
@@ -125,6 +98,7 @@ def validate_model(doc: Document, value: Any, model: type[M], api_version: str) 
 
 
 def model_finding(doc: Document, err: Any, known: set[str]) -> Finding:
+    """The F004 finding for one pydantic error; `known` are the field names a misspelt key is matched to."""
     loc: tuple[str | int, ...] = tuple(p for p in err["loc"] if not (isinstance(p, str) and p[:1].isupper()))
     where = ".".join(str(p) for p in loc) or "the file"
     line = doc.line_of(*loc)
@@ -135,7 +109,7 @@ def model_finding(doc: Document, err: Any, known: set[str]) -> Finding:
             "F004",
             doc.path,
             line,
-            f"unknown key '{where}'{did_you_mean(key, known)}",
+            f"unknown key '{where}'{suggest(key, known).did_you_mean}",
             "only the keys this kind of file defines (see docs/config.md)",
             f"remove '{key}' or correct its spelling",
         )
