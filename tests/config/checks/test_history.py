@@ -1,22 +1,13 @@
-"""A published interface version is frozen: `handler validate --base REF` names the version to create."""
+"""checks.history: a published version is frozen; `handler validate --base REF` names the one to create (I010)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from reconciler.cli import main
-
-
-@pytest.fixture
-def committed(shipped_tree: Path, git: Callable[..., str]) -> Path:
-    git(shipped_tree, "init", "-q")
-    git(shipped_tree, "add", "-A")
-    git(shipped_tree, "commit", "-qm", "publish v1")
-    return shipped_tree
 
 
 def _validate(root: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, object]]:
@@ -68,17 +59,3 @@ def test_a_new_version_is_not_frozen_until_it_exists_at_the_base(
     (v2 / "tools.json").write_bytes((v1 / "tools.json").read_bytes())
     (v2 / "interface.toml").write_text((v1 / "interface.toml").read_text().replace("version = 1", "version = 2"))
     assert _validate(committed, capsys, "--base", "HEAD")[0] == 0
-
-
-def test_plan_shows_a_binding_swap_and_nothing_otherwise(committed: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", str(committed), "--base", "HEAD"]) == 0
-    assert capsys.readouterr().out.startswith("No changes")
-    profile = committed / "config/profiles/researcher.toml"
-    profile.write_text(profile.read_text().replace('"ocr-local"', '"ocr-mistral-perso"'))
-    assert main(["plan", str(committed), "--base", "HEAD", "--format", "json"]) == 0
-    plan = json.loads(capsys.readouterr().out)
-    [changed] = plan["profiles"]
-    assert changed["profile"] == "researcher"
-    assert changed["status"] == "changed"
-    assert changed["after"]["services"]["ocr"]["binding"] == "ocr-mistral-perso"
-    assert any(c.startswith("ocr: ocr-local (ocr/v1") and "→ ocr-mistral-perso" in c for c in changed["changes"])
