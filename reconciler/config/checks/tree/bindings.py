@@ -1,6 +1,8 @@
 """What a binding asks of its connector fits it: the connector exists, its secret slots and settings
 are filled and declared, and egress, limits and pricing stay within what the connector and its
 interfaces allow. B001, B002, B004-B009 (B003 and B010 need the binding file only: `checks.files`).
+
+Run by `check_tree` for each binding, again only when the binding, its connector or an interface changed.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """What a connector names exists: the interface versions it implements and, in `[wrap]`, their
 tools, a reshaper the router knows and an error of their closed list. N001, N005, N006.
+
+Run by `check_tree` for each connector, again only when the connector or an interface changed.
 """
 
 from __future__ import annotations

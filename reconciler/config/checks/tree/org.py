@@ -1,5 +1,6 @@
 """What org.toml names exists: its default template, its groups' members, an owner, and what each
-policy scopes and routes to. O002-O005, O007 (O006 of the default template: `selections`).
+policy scopes and routes to. O002, O004, O005, O007, and O003 with `routing`; the default
+template's O006 comes from `selections`. Run by `check_tree` on every load, after the profiles.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What a resolved profile names fits the tree: its template and group exist, its routing reaches
 someone and agrees with its pins and rules, its rules and pins name services it uses, and it binds
-what org.toml requires. P004-P009, P012, O001 (its selections: `selections`).
+what org.toml requires. P006, P008, P009, P012, O001; P004 and P005 come from `routing`, P007 from
+`selections`. Run by `check_tree` for each profile once `selections` has resolved it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where a routing sends holds exists: a member of org.toml, or a Slack channel it allow-lists.
 
-Shared by a profile's `routing` (P004, P005) and a policy's `approver` in org.toml (O003).
+Called by `profiles` for a profile's `routing` (P004, P005) and by `org` for a policy's `approver` (O003).
 """
 
 from __future__ import annotations

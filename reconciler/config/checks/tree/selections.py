@@ -3,6 +3,8 @@
 
 Who wrote the missing name decides the code: a profile's own entry is a P-finding, an org default
 an O006. `_CODES` is the one place those codes are given. P001-P003, P007, P010, P011, O006.
+Run by `check_tree` for each profile (resolving it with `config.resolving`), and by `profiles` and
+`org` for the template each names.
 """
 
 from __future__ import annotations
