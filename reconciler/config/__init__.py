@@ -1,9 +1,9 @@
 """The ground floor: the config tree's data model, loading, save-time checks and plans."""
 
 from reconciler.config.cases import Assertion, Case
+from reconciler.config.checks import check_frozen
 from reconciler.config.errors import ConfigError, HandlerError, SourceError
-from reconciler.config.findings import CODES, Finding, Severity
-from reconciler.config.freezing import check_frozen
+from reconciler.config.findings import CODES, Finding, Severity, did_you_mean
 from reconciler.config.loading import Loader, load_snapshot
 from reconciler.config.models import ActionClass, Outcome
 from reconciler.config.planning import Plan, describe_profile, plan_changes
@@ -42,6 +42,7 @@ __all__ = [
     "TreeSource",
     "check_frozen",
     "describe_profile",
+    "did_you_mean",
     "effective_limits",
     "load_snapshot",
     "plan_changes",

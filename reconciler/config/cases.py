@@ -1,4 +1,4 @@
-"""The conformance case grammar (design §9): parsed here so the checks and the runner agree.
+"""The conformance case grammar (docs/architecture.md §9): parsed here so the checks and the runner agree.
 
 A case names a tool, an input and what the output must satisfy — properties, never exact outputs:
 

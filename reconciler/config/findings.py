@@ -11,8 +11,9 @@ import difflib
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["CODES", "Code", "Finding", "Severity", "did_you_mean"]
+__all__ = ["CODES", "Code", "Finding", "Severity", "Suggestion", "did_you_mean", "sort_findings", "suggest"]
 
 
 class Severity(enum.StrEnum):
@@ -167,6 +168,22 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     """' (did you mean 'x'?)' when `name` is close to one of `known`, else ''."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+class Suggestion(NamedTuple):
+    """What every finding about an unknown name offers: the closest known name and the choices."""
+
+    did_you_mean: str  # " (did you mean 'x'?)" to end the message, or ""
+    one_of: str  # "one of: a, b", for the finding's expected
+
+
+def suggest(name: str, known: Iterable[str], *, none: str = "", among: str = "one of") -> Suggestion:
+    """The parts of "unknown X 'name' (did you mean 'y'?)", expected "one of: a, b".
+
+    `known` is listed in the order given; `none` stands in for an empty list ("(no tools)").
+    """
+    names = list(known)
+    return Suggestion(did_you_mean(name, names), f"{among}: {', '.join(names) or none}")
 
 
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:

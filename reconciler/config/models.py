@@ -1,4 +1,4 @@
-"""The data model of the config tree: one pydantic model per file kind of the design (§4).
+"""The data model of the config tree: one pydantic model per file kind (docs/architecture.md §4).
 
 Models are frozen and refuse unknown keys, so a typo is a finding rather than a silently ignored
 value. They describe the shape of one file; whether the files agree with each other is the job of

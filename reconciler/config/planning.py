@@ -14,7 +14,7 @@ from reconciler.config.models import ActionClass
 from reconciler.config.posture import tool_posture
 from reconciler.config.snapshot import Profile, Snapshot
 
-__all__ = ["Plan", "ProfilePlan", "describe_profile", "plan_changes"]
+__all__ = ["Plan", "ProfilePlan", "describe_profile", "plan_changes", "recheck_needed"]
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,6 @@ def describe_profile(snapshot: Snapshot, profile: Profile) -> dict[str, Any]:
 
 def plan_changes(base: Snapshot | None, head: Snapshot) -> Plan:
     """What differs for each profile from `base` (None: an empty tree) to `head`."""
-    from reconciler.config.freezing import recheck_needed
-
     # A profile object carried over unchanged by the loader's cache had the same inputs in both
     # revisions (its file, its bindings, the interfaces, org and templates): nothing to describe.
     kept = {n for n, p in head.profiles.items() if base is not None and base.profiles.get(n) is p}
@@ -107,6 +105,16 @@ def plan_changes(base: Snapshot | None, head: Snapshot) -> Plan:
     return Plan(
         base.revision if base else None, head.revision, tuple(plans), recheck_needed(base, head) if base else {}
     )
+
+
+def recheck_needed(base: Snapshot, head: Snapshot) -> dict[str, list[str]]:
+    """Interface versions whose conformance folder changed → connectors that must be checked again."""
+    out: dict[str, list[str]] = {}
+    for key, new in head.interfaces.items():
+        old = base.interfaces.get(key)
+        if old is not None and (old.cases != new.cases or dict(old.fixtures) != dict(new.fixtures)):
+            out[key] = sorted(c.name for c in head.connectors.values() if c.implements(key))
+    return out
 
 
 def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -1,6 +1,6 @@
 """What a profile's static governance gives each of its tools: template, then rules, then pins.
 
-This is the config-only part of the decision (design §7, layers 2-4), shared by `handler plan`
+This is the config-only part of the decision (docs/architecture.md §7, layers 2-4), shared by `handler plan`
 and by the governance room, which adds the guardrails, policies and routing that need state.
 """
 

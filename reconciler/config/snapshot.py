@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from reconciler.config.cases import Case
+from reconciler.config.documents import Document
 from reconciler.config.findings import Finding
 from reconciler.config.models import (
     BindingFile,
@@ -26,7 +27,6 @@ from reconciler.config.models import (
     TemplateFile,
     Tool,
 )
-from reconciler.config.parsing import Document
 
 __all__ = [
     "BUILTIN_TEMPLATES",
@@ -46,7 +46,7 @@ __all__ = [
 # The result reshapers a `[wrap]` may name; the router implements them (connectors.wrapping).
 RESHAPERS = ("text", "json-text", "structured")
 
-# The router's own codes, valid for every interface (design §6).
+# The router's own codes, valid for every interface (docs/architecture.md §6).
 ROUTER_ERRORS = MappingProxyType(
     {
         "invalid_arguments": "the arguments do not match the tool's inputSchema; the message says where and why",
@@ -206,6 +206,11 @@ class Snapshot:
         """The profile's template, else the org default, else Balanced."""
         name = profile.spec.template or (self.org.defaults.template if self.org else None) or DEFAULT_TEMPLATE
         return self.templates.get(name) or BUILTIN_TEMPLATES[DEFAULT_TEMPLATE]
+
+    def line_of(self, file: str, *at: str | int) -> int:
+        """The line of key path `at` in `file` (see `Document.line_of`); 1 for a file not read."""
+        doc = self.documents.get(file)
+        return doc.line_of(*at) if doc else 1
 
     def tool_names(self, keys: Iterable[str]) -> set[str]:
         """The tools of the interface versions named by `keys` (unknown keys are skipped)."""

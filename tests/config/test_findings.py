@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from reconciler.config.findings import CODES, Finding
+import reconciler.config
+from reconciler.config.findings import CODES, Finding, did_you_mean, suggest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "checks.md"
 
@@ -23,3 +24,23 @@ def test_github_annotation_escapes_newlines_and_names_the_place() -> None:
     assert line.startswith("::error file=config/bindings/a%2Cb.toml,line=4,title=B003::")
     assert "\n" not in line
     assert '%0Aexpected: a ref%0Afix: k = { env = "K" }' in line
+
+
+def test_an_unknown_name_gets_the_closest_known_one_and_the_choices() -> None:
+    hint = suggest("ocr_extrct", ["ocr_extract", "ocr_pages"], none="(no tools)")
+    assert hint.did_you_mean == " (did you mean 'ocr_extract'?)"
+    assert hint.one_of == "one of: ocr_extract, ocr_pages"
+
+
+def test_a_name_far_from_every_known_one_gets_only_the_choices() -> None:
+    assert suggest("web-search", ["ocr", "send-email"]) == ("", "one of: ocr, send-email")
+    assert suggest("x", [], none="(no tools)").one_of == "one of: (no tools)"
+    assert suggest("#random", ["#approvals"], among="one of org.toml [slack] channels").one_of == (
+        "one of org.toml [slack] channels: #approvals"
+    )
+
+
+def test_did_you_mean_is_part_of_the_config_rooms_public_face() -> None:
+    assert reconciler.config.did_you_mean is did_you_mean
+    assert "did_you_mean" in reconciler.config.__all__
+    assert did_you_mean("ocr-locl", ["ocr-local", "mail-smtp"]) == " (did you mean 'ocr-local'?)"

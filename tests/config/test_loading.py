@@ -8,7 +8,8 @@ from unittest import mock
 
 import pytest
 
-from reconciler.config import FolderSource, Loader, parsing
+from reconciler.config import FolderSource, Loader
+from reconciler.config.checks import syntax
 
 
 def test_shipped_tree_resolves_services_and_defaults(shipped_tree: Path) -> None:
@@ -52,14 +53,20 @@ def test_reload_parses_only_the_changed_file(shipped_tree: Path) -> None:
     binding = shipped_tree / "config/bindings/ocr-local.toml"
     binding.write_text(binding.read_text().replace("description =", 'description = "changed" #'))
     with (
-        mock.patch.object(parsing.orjson, "loads", wraps=parsing.orjson.loads) as json_loads,
-        mock.patch("reconciler.config.loading.parse_document", wraps=parsing.parse_document) as parse,
+        mock.patch.object(syntax.orjson, "loads", wraps=syntax.orjson.loads) as json_loads,
+        mock.patch("reconciler.config.loading.parse_document", wraps=syntax.parse_document) as parse,
     ):
         second = loader.load(source)
     assert [c.args[0] for c in parse.call_args_list] == ["config/bindings/ocr-local.toml"]
     assert json_loads.call_count == 0
     assert second.bindings["ocr-local"].spec.description == "changed"
-    assert second.interfaces["ocr/v1"] is first.interfaces["ocr/v1"] or second.interfaces == first.interfaces
+    # The unchanged interface is the same, built from the very objects the first load parsed.
+    before, after = first.interfaces["ocr/v1"], second.interfaces["ocr/v1"]
+    assert after == before
+    assert after.spec is before.spec
+    assert all(a is b for a, b in zip(after.tools, before.tools, strict=True))
+    assert second.profiles["assistant"] is first.profiles["assistant"]  # none of its bindings changed
+    assert second.profiles["auditor"] is not first.profiles["auditor"]  # it selects ocr-local
 
 
 def test_unreadable_toml_is_a_finding_with_its_line(shipped_tree: Path) -> None:

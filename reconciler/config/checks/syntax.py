@@ -1,0 +1,165 @@
+"""What one file shows on its own, first: is it TOML or JSON (F001), and is it the kind it should be,
+with the keys and types its model defines (F002, F004)?
+
+The loader reads every file through `parse_document` and builds its model with `validate_model`;
+errors become findings at the line they are on, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from typing import Any, Literal, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from reconciler.config.documents import Document
+from reconciler.config.findings import Finding, suggest
+
+__all__ = ["model_finding", "parse_document", "validate_model"]
+
+M = TypeVar("M", bound=BaseModel)
+
+_TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+
+def parse_document(path: str, sha: str, data: bytes) -> tuple[Document | None, Any, Finding | None]:
+    """Decode and parse a TOML or JSON file; a failure is one F001 finding at its line."""
+    fmt: Literal["toml", "json"] = "json" if path.endswith(".json") else "toml"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, None, _not_utf8(path, exc)
+    doc = Document(path, sha, text, fmt)
+    try:
+        value = tomllib.loads(text) if fmt == "toml" else orjson.loads(data)
+    except tomllib.TOMLDecodeError as exc:
+        return doc, None, _invalid_toml(path, exc)
+    except orjson.JSONDecodeError as exc:
+        return doc, None, _invalid_json(path, exc)
+    return doc, value, None
+
+
+def _not_utf8(path: str, exc: UnicodeDecodeError) -> Finding:
+    return Finding(
+        "F001",
+        path,
+        1,
+        f"the file is not UTF-8 text (byte {exc.start})",
+        "UTF-8 encoded text",
+        "save the file as UTF-8",
+    )
+
+
+def _invalid_toml(path: str, exc: tomllib.TOMLDecodeError) -> Finding:
+    match = _TOML_POSITION.search(str(exc))
+    return Finding(
+        "F001",
+        path,
+        int(match.group(1)) if match else 1,
+        f"invalid TOML: {_TOML_POSITION.sub('', str(exc)).strip()}",
+        "a valid TOML document",
+        "fix the syntax on that line (quotes, brackets, '=' between key and value)",
+    )
+
+
+def _invalid_json(path: str, exc: orjson.JSONDecodeError) -> Finding:
+    return Finding(
+        "F001",
+        path,
+        exc.lineno,
+        f"invalid JSON: {exc.msg} (column {exc.colno})",
+        "a valid JSON document",
+        "fix the syntax on that line (commas, quotes, brackets)",
+    )
+
+
+def validate_model(doc: Document, value: Any, model: type[M], api_version: str) -> tuple[M | None, list[Finding]]:
+    """Build `model` from parsed data; every model error becomes a finding at its key's line."""
+    if not isinstance(value, dict) or value.get("apiVersion") != api_version:
+        got = value.get("apiVersion") if isinstance(value, dict) else None
+        what = f"apiVersion is {got!r}" if got is not None else "apiVersion is missing"
+        return None, [
+            Finding(
+                "F002",
+                doc.path,
+                doc.line_of("apiVersion"),
+                f"{what}; this file must be a {api_version}",
+                f'apiVersion = "{api_version}"',
+                f'put apiVersion = "{api_version}" at the top of the file',
+            )
+        ]
+    try:
+        return model.model_validate(value), []
+    except ValidationError as exc:
+        known = _field_names(model)
+        return None, [model_finding(doc, err, known) for err in exc.errors()]
+
+
+def model_finding(doc: Document, err: Any, known: set[str]) -> Finding:
+    """The F004 finding for one pydantic error; `known` are the field names a misspelt key is matched to."""
+    loc: tuple[str | int, ...] = tuple(p for p in err["loc"] if not (isinstance(p, str) and p[:1].isupper()))
+    where = ".".join(str(p) for p in loc) or "the file"
+    line = doc.line_of(*loc)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        key = str(loc[-1]) if loc else ""
+        return Finding(
+            "F004",
+            doc.path,
+            line,
+            f"unknown key '{where}'{suggest(key, known).did_you_mean}",
+            "only the keys this kind of file defines (see docs/config.md)",
+            f"remove '{key}' or correct its spelling",
+        )
+    if kind == "missing":
+        return Finding(
+            "F004",
+            doc.path,
+            line,
+            f"'{where}' is required but missing",
+            f"a value for '{where}'",
+            f"add {loc[-1]} = ... to the file",
+        )
+    given = err.get("input")
+    shown = repr(given) if isinstance(given, str | int | float | bool) else type(given).__name__
+    return Finding(
+        "F004",
+        doc.path,
+        line,
+        f"'{where}' is invalid: {err['msg']} (given {shown})",
+        _expected_from(err),
+        f"correct the value of '{where}'",
+    )
+
+
+def _expected_from(err: Any) -> str:
+    ctx = err.get("ctx") or {}
+    if "expected" in ctx:
+        return f"one of {ctx['expected']}"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+def _field_names(model: type[BaseModel], seen: set[type[BaseModel]] | None = None) -> set[str]:
+    """Every field name of `model` and the models nested in it, for 'did you mean'."""
+    seen = seen if seen is not None else set()
+    if model in seen:
+        return set()
+    seen.add(model)
+    names = set(model.model_fields)
+    for field in model.model_fields.values():
+        for arg in _types_in(field.annotation):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                names |= _field_names(arg, seen)
+    return names
+
+
+def _types_in(annotation: Any) -> list[Any]:
+    args = getattr(annotation, "__args__", None)
+    if not args:
+        return [annotation]
+    out: list[Any] = []
+    for arg in args:
+        out.extend(_types_in(arg))
+    return out

@@ -1,0 +1,61 @@
+"""checks.history: a published version is frozen; `handler validate --base REF` names the one to create (I010)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reconciler.cli import main
+
+
+def _validate(root: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, object]]:
+    code = main(["validate", str(root), "--format", "json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_editing_a_published_tool_is_refused_with_the_next_version(
+    committed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tools = committed / "catalog/interfaces/ocr/v1/tools.json"
+    data = json.loads(tools.read_text())
+    data[0]["inputSchema"]["properties"]["dpi"] = {"type": "integer"}  # "just an optional field"
+    tools.write_text(json.dumps(data, indent=2))
+    code, report = _validate(committed, capsys, "--base", "HEAD")
+    assert code == 1
+    findings = report["findings"]
+    assert isinstance(findings, list)
+    [finding] = findings
+    assert finding["code"] == "I010"
+    assert finding["file"] == "catalog/interfaces/ocr/v1/tools.json"
+    lines = tools.read_text().splitlines()
+    assert '"dpi"' in lines[finding["line"] - 1]
+    assert "ocr/v2" in finding["fix"]
+
+
+def test_skill_change_is_refused_but_new_cases_are_not(committed: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cases = committed / "catalog/interfaces/ocr/v1/conformance/cases.toml"
+    cases.write_text(
+        cases.read_text() + '\n[[case]]\nname = "png too"\ntool = "ocr_extract"\n'
+        'input = { path = "invoice.png" }\nexpect.contains = ["Total"]\n'
+    )
+    assert _validate(committed, capsys, "--base", "HEAD")[0] == 0
+    skill = committed / "catalog/interfaces/ocr/v1/skills/ocr/SKILL.md"
+    skill.write_text(skill.read_text() + "\nAlways retry twice.\n")
+    code, report = _validate(committed, capsys, "--base", "HEAD")
+    assert code == 1
+    assert [(f["code"], f["file"]) for f in report["findings"]] == [  # type: ignore[attr-defined]
+        ("I010", "catalog/interfaces/ocr/v1/skills/ocr/SKILL.md")
+    ]
+
+
+def test_a_new_version_is_not_frozen_until_it_exists_at_the_base(
+    committed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    v1 = committed / "catalog/interfaces/ocr/v1"
+    v2 = committed / "catalog/interfaces/ocr/v2"
+    v2.mkdir()
+    (v2 / "tools.json").write_bytes((v1 / "tools.json").read_bytes())
+    (v2 / "interface.toml").write_text((v1 / "interface.toml").read_text().replace("version = 1", "version = 2"))
+    assert _validate(committed, capsys, "--base", "HEAD")[0] == 0

@@ -1,0 +1,14 @@
+"""checks.tree.connectors, case by case: what a connector implements and wraps exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.config.checks.casework import case_dirs, case_id, check_case
+
+
+@pytest.mark.parametrize("case", case_dirs("tree/connectors"), ids=case_id)
+def test_case(case: Path) -> None:
+    check_case(case)

@@ -1,0 +1,24 @@
+"""The plan (`handler plan --base REF`): what changes for each profile between two revisions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reconciler.cli import main
+
+
+def test_plan_shows_a_binding_swap_and_nothing_otherwise(committed: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(committed), "--base", "HEAD"]) == 0
+    assert capsys.readouterr().out.startswith("No changes")
+    profile = committed / "config/profiles/researcher.toml"
+    profile.write_text(profile.read_text().replace('"ocr-local"', '"ocr-mistral-perso"'))
+    assert main(["plan", str(committed), "--base", "HEAD", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    [changed] = plan["profiles"]
+    assert changed["profile"] == "researcher"
+    assert changed["status"] == "changed"
+    assert changed["after"]["services"]["ocr"]["binding"] == "ocr-mistral-perso"
+    assert any(c.startswith("ocr: ocr-local (ocr/v1") and "→ ocr-mistral-perso" in c for c in changed["changes"])
