@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.config import ConfigError, FolderSource, GitSource, HandlerError, Snapshot, TreeSource
+from reconciler.config.eventloop import run_on_uvloop
 from reconciler.gitops.fetching import GitMirror
 from reconciler.gitops.reconciling import Reconciler
 from reconciler.gitops.status import Attempt, read_status
 from reconciler.gitops.watching import watch_tree
 from reconciler.governance.gate import Gate
 from reconciler.governance.governor import Governor
-from reconciler.router.places import default_run_dir, default_state_dir
+from reconciler.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router
 from reconciler.web.channels import open_channels
 from reconciler.web.http import HttpListener, build_app
@@ -51,12 +52,7 @@ def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_
 
 def _run(main: Coroutine[Any, Any, None]) -> None:
     _tune_gc()
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
+    run_on_uvloop(main)
 
 
 def _tune_gc() -> None:

@@ -46,7 +46,7 @@ from reconciler.governance.ledger import add_balance, current_month, read_balanc
 from reconciler.governance.notices import list_notices
 from reconciler.governance.rulebook import from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_exists, store_url
-from reconciler.router.places import default_run_dir, default_state_dir
+from reconciler.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router
 from reconciler.web.http import HttpListener
 from reconciler.web.links import LinkSigner, load_link_secret
@@ -157,8 +157,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    state = args.state_dir or (Path(os.environ["HANDLER_STATE_DIR"]) if os.environ.get("HANDLER_STATE_DIR")
-                               else Path(args.root) / ".handler")
+    state = args.state_dir or default_state_dir(Path(args.root))
     status = read_status(state / "status.json")
     if status is None:
         print(f"handler status: no status in {state}; has `handler up` run on this tree?", file=sys.stderr)
