@@ -1,6 +1,6 @@
 """The `handler` command: argument parsing and printing only; the work happens in the rooms.
 
-Its modules: `trees` (validate, plan, mcp-config), `governance`
+Only this package prints. Its modules: `trees` (validate, plan, mcp-config), `governance`
 (explain, approvals, audit, balance, spend, store), `service` (serve, up, status) and `common`
 (exit codes, loading a tree, printing findings).
 

@@ -1,6 +1,8 @@
 """`handler serve`, `handler up` and `handler status`: run the service (`reconciler.app`) and say what it does.
 
-Registered on the parser by `reconciler.cli`.
+What the service reports as it runs (ready, a reload, a failed fetch, serving the last good
+revision, a tree it cannot start on) is printed here, on stderr. Registered on the parser by
+`reconciler.cli`.
 """
 
 from __future__ import annotations
@@ -12,16 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reconciler.app import UpOptions
-from reconciler.app import serve as serve_router
-from reconciler.app import up as run_service
+from reconciler.app import Reports, Service, ServiceOptions, serve, up
 from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, load_tree, print_findings
-from reconciler.config import SourceError
-from reconciler.gitops.reconciling import Reconciler
-from reconciler.gitops.status import read_status
+from reconciler.config import HandlerError, SourceError
+from reconciler.gitops.following import FollowReports
+from reconciler.gitops.status import Attempt, read_status
 from reconciler.places import default_state_dir
 from reconciler.router.server import Router
-from reconciler.web.http import HttpListener
 
 __all__ = ["add_service_commands"]
 
@@ -82,8 +81,18 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"handler serve: revision {head.revision[:12]}: {profiles} on {sockets}/<profile>.sock",
               file=sys.stderr, flush=True)
 
-    return serve_router(head, root=Path(args.root), run_dir=args.run_dir, state_dir=args.state_dir, on_ready=ready,
-                        sandbox=not args.no_sandbox)
+    return serve(head, root=Path(args.root), run_dir=args.run_dir, state_dir=args.state_dir, on_ready=ready,
+                 on_reload=_print_reload, sandbox=not args.no_sandbox)
+
+
+def _print_reload(attempt: Attempt) -> None:
+    if attempt.result == "applied":
+        print(f"handler serve: {attempt.message} (revision {attempt.revision[:12]}) serves new sessions",
+              file=sys.stderr, flush=True)
+    elif attempt.result != "unchanged":
+        print(f"handler serve: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}; still "
+              f"serving the last good revision (run `handler validate` to see every finding)", file=sys.stderr,
+              flush=True)
 
 
 # --- handler up ------------------------------------------------------------------------------------
@@ -96,25 +105,46 @@ def _up(args: argparse.Namespace) -> int:
     if args.source == "worktree" and not Path(args.root, "config").is_dir():
         raise SourceError(f"{args.root} holds no config/; give the root of a config tree, or --source git")
     secret = os.environ.get("HANDLER_WEBHOOK_SECRET", "").encode() or None
-    options = UpOptions(root=args.root, source=args.source, ref=args.ref, interval=args.interval,
-                        run_dir=args.run_dir, state_dir=args.state_dir, http_host=host, http_port=int(port),
-                        webhook_secret=secret, sandbox=not args.no_sandbox)
+    options = ServiceOptions(root=args.root, source=args.source, ref=args.ref, interval=args.interval,
+                             run_dir=args.run_dir, state_dir=args.state_dir, http_host=host, http_port=int(port),
+                             webhook_secret=secret, sandbox=not args.no_sandbox)
+    reports = Reports(ready=_print_up_ready, not_started=_print_not_started,
+                      follow=FollowReports(fetch_failed=_print_fetch_failed, fell_back=_print_fell_back))
+    return up(options, reports=reports)
 
-    def ready(router: Router, reconciler: Reconciler, listener: HttpListener) -> None:
-        applied = reconciler.status.applied
-        sockets = router.run_dir / "profiles"
-        print(f"handler up: {reconciler.status.source}", file=sys.stderr)
-        if applied is not None:
-            print(f"  serving revision {applied.revision[:12]} as generation {applied.generation}", file=sys.stderr)
-        for name in sorted(router.live.snapshot.profiles):
-            print(f"  profile {name}: {sockets / name}.sock", file=sys.stderr)
-        print(f"  http://{host}:{listener.port}/  the dashboard: status, approvals, catalog (also /status, /healthz, "
-              "POST /hooks/git, POST /hooks/slack)", file=sys.stderr)
-        print("  an agent's MCP client runs: handler-service <interface> --profile <profile>, with "
-              f"HANDLER_RUN_DIR={router.run_dir}", file=sys.stderr)
-        print("  Ctrl-C stops everything.", file=sys.stderr, flush=True)
 
-    return run_service(options, on_ready=ready)
+def _print_up_ready(service: Service) -> None:
+    router, status = service.router, service.reconciler.status
+    port = service.listener.port if service.listener is not None else service.options.http_port
+    sockets = router.run_dir / "profiles"
+    print(f"handler up: {status.source}", file=sys.stderr)
+    if status.applied is not None:
+        print(f"  serving revision {status.applied.revision[:12]} as generation {status.applied.generation}",
+              file=sys.stderr)
+    for name in sorted(router.live.snapshot.profiles):
+        print(f"  profile {name}: {sockets / name}.sock", file=sys.stderr)
+    print(f"  http://{service.options.http_host}:{port}/  the dashboard: status, approvals, catalog (also /status, "
+          "/healthz, POST /hooks/git, POST /hooks/slack)", file=sys.stderr)
+    print("  an agent's MCP client runs: handler-service <interface> --profile <profile>, with "
+          f"HANDLER_RUN_DIR={router.run_dir}", file=sys.stderr)
+    print("  Ctrl-C stops everything.", file=sys.stderr, flush=True)
+
+
+def _print_fetch_failed(error: HandlerError) -> None:
+    print(f"handler up: {error}", file=sys.stderr)
+
+
+def _print_fell_back(revision: str) -> None:
+    print(f"handler up: the head is not servable; serving the last good revision {revision[:12]}", file=sys.stderr)
+
+
+def _print_not_started(attempt: Attempt) -> None:
+    print(f"handler up: not starting: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}",
+          file=sys.stderr)
+    for finding in attempt.findings:
+        if finding["severity"] == "error":
+            print(f"{finding['file']}:{finding['line']}: {finding['code']} {finding['message']}", file=sys.stderr)
+    print("fix the tree (`handler validate` shows every finding) and start again", file=sys.stderr)
 
 
 # --- handler status --------------------------------------------------------------------------------
