@@ -35,6 +35,7 @@ from conformance.replies import Dispatch, Reply
 from conformance.workspace import Subject, Workspace, build_workspace
 from reconciler.config import Snapshot, effective_limits
 from reconciler.config.errors import HandlerError
+from reconciler.config.eventloop import new_event_loop
 from reconciler.connectors.client import ConnectorProcess
 from reconciler.connectors.errors import ConnectorError
 from reconciler.connectors.pool import ConnectorPool
@@ -57,7 +58,7 @@ class Harness:
         self.subject = subject
         self.folder = Path(tempfile.mkdtemp(dir="/tmp", prefix="h"))  # short: unix socket paths are ~107 bytes
         self.start_error: str | None = None
-        self._loop = _new_loop()
+        self._loop = new_event_loop()
         self._clients: dict[str, LineClient] = {}
         self._instances = itertools.count(1)
         self._old_path = os.environ.get("PATH")
@@ -165,12 +166,6 @@ async def _open_client(path: Path) -> LineClient:
     return client
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it installs
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 class _Tap:

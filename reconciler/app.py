@@ -1,9 +1,12 @@
-"""Assembles the running service from the rooms: `handler serve` runs a router on a config tree.
+"""Assembles the running service from the rooms: `handler serve` and `handler up` are two settings of one `Service`.
 
-`serve` takes a checked snapshot (the CLI loads and prints it), builds the `Router` with its
-governance gate, opens the profiles' sockets and runs until SIGINT or SIGTERM. SIGHUP reloads the
-tree: a revision with errors is refused and the live one keeps serving. The reconcile loop that
-watches the tree and git belongs to the gitops room; this is the plain server.
+A `Service` (an async context manager) starts the router on the first good revision of a config
+tree, behind its governance gate, and keeps it on the newest good revision through a gitops
+`Follower`. `handler up` adds the HTTP listener (status, the push webhook, the dashboard) and the
+approval notices, and follows the source as it changes; `handler serve` starts on a snapshot the
+CLI loaded and checked, and reloads on SIGHUP. Either runs until SIGINT or SIGTERM, then closes
+what it started, in order. What a person should hear of goes to the `Reports` it is given: the
+CLI prints it; nothing here does.
 """
 
 from __future__ import annotations
@@ -13,50 +16,308 @@ import contextlib
 import gc
 import os
 import signal
-import sys
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconciler.config import ConfigError, FolderSource, GitSource, HandlerError, Snapshot, TreeSource
-from reconciler.gitops.fetching import GitMirror
+from starlette.applications import Starlette
+
+from reconciler.config import ConfigError, HandlerError, Snapshot
+from reconciler.config.eventloop import run_on_uvloop
+from reconciler.gitops.following import Follower, FollowReports
 from reconciler.gitops.reconciling import Reconciler
-from reconciler.gitops.status import Attempt, read_status
-from reconciler.gitops.watching import watch_tree
+from reconciler.gitops.status import Attempt
 from reconciler.governance.gate import Gate
 from reconciler.governance.governor import Governor
-from reconciler.router.places import default_run_dir, default_state_dir
+from reconciler.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router
-from reconciler.web.channels import open_channels
+from reconciler.web.channels import Channels, open_channels
 from reconciler.web.http import HttpListener, build_app
 
-__all__ = ["UpOptions", "run_router", "run_up", "serve", "up"]
+__all__ = [
+    "NotServableError",
+    "Reports",
+    "Service",
+    "ServiceError",
+    "ServiceOptions",
+    "UpOptions",
+    "run_service",
+    "run_up",
+    "serve",
+    "up",
+]
 
 
-def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_dir: Path | None = None,
-          gate: Gate | None = None, on_ready: Callable[[Router], None] | None = None, sandbox: bool = True) -> int:
-    """Serve `snapshot` (loaded from `root`) until a signal; returns the exit code."""
-    if not snapshot.ok:
-        raise ConfigError(snapshot.errors)
-    state = state_dir or default_state_dir(root)
-    # Governance runs unless the caller brings its own gate: the store is SQLite in the state folder,
-    # or PostgreSQL when HANDLER_STORE_URL names one (migrated at start, under a lock).
-    governor = Governor.from_env(root, state_dir=state) if gate is None else None
-    router = Router(snapshot, root=root, run_dir=run_dir or default_run_dir(), state_dir=state,
-                    gate=governor or gate, sandbox=sandbox)
-    _run(run_router(router, root, on_ready, governor))
+@dataclass(frozen=True)
+class ServiceOptions:
+    """How to run the service; the defaults are `handler up`'s."""
+
+    root: str  # a folder (worktree) or a repository git can fetch (git)
+    source: str = "worktree"  # "worktree" | "git"
+    ref: str = "main"
+    interval: float = 30.0
+    run_dir: Path | None = None
+    state_dir: Path | None = None
+    http_host: str = "127.0.0.1"
+    http_port: int = 8765
+    webhook_secret: bytes | None = None
+    sandbox: bool = True  # False: --no-sandbox, connectors run without a network namespace
+    listen: bool = True  # the HTTP listener, the dashboard and the approval notices (`handler serve`: none)
+    follow: bool = True  # watch or fetch the source as it changes; False: reload on SIGHUP (`handler serve`)
+
+
+UpOptions = ServiceOptions  # the name `handler up`'s callers know it by
+
+
+def _ignore(_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Reports:
+    """What the service tells whoever started it, as it happens (the CLI prints it)."""
+
+    ready: Callable[[Service], None] = _ignore  # everything started: the router serves
+    reloaded: Callable[[Attempt], None] = _ignore  # what a SIGHUP's reconciliation came to
+    not_started: Callable[[Attempt], None] = _ignore  # the first attempt, when no revision was good to serve
+    follow: FollowReports = field(default_factory=FollowReports)  # a failed fetch; serving the last good revision
+
+
+class ServiceError(HandlerError):
+    """The service was asked for a part it has not started (the router before a good revision, say)."""
+
+
+class NotServableError(ServiceError):
+    """No revision of the source was good to serve at start; `attempt` says why."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        super().__init__(f"not starting: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}")
+        self.attempt = attempt
+
+
+class Service:
+    """The router on the newest good revision of a config tree, and what the options start around it.
+
+    `async with Service(options) as service:` starts everything (or raises `NotServableError`) and
+    closes it on the way out: the listener and tasks first, then the channels, the governor (holds
+    running now finish through the router) and the router last. `first`, when given, is a checked
+    snapshot to start on instead of reading the source.
+    """
+
+    def __init__(self, options: ServiceOptions, *, gate: Gate | None = None, first: Snapshot | None = None,
+                 reports: Reports | None = None) -> None:
+        self.options = options
+        self.reports = reports or Reports()
+        root = Path(options.root)
+        self.state_dir = options.state_dir or default_state_dir(root if options.source == "worktree" else Path.cwd())
+        self.run_dir = options.run_dir or default_run_dir()
+        # Governance runs unless the caller brings its own gate: the store is SQLite in the state folder,
+        # or PostgreSQL when HANDLER_STORE_URL names one (migrated at start, under a lock).
+        self._governor = Governor.from_env(root, state_dir=self.state_dir) if gate is None else None
+        self._gate = self._governor or gate
+        self._first = first
+        self.follower = self._open_follower(root)
+        self.listener: HttpListener | None = None
+        self._router: Router | None = None
+        self._channels: Channels | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._started = asyncio.Event()
+
+    @property
+    def router(self) -> Router:
+        if self._router is None:
+            raise ServiceError("the router has not started: no revision was good to serve yet")
+        return self._router
+
+    @property
+    def reconciler(self) -> Reconciler:
+        return self.follower.reconciler
+
+    async def __aenter__(self) -> Service:
+        try:
+            await self._start()
+        except BaseException:
+            await self._close()
+            raise
+        self._started.set()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._close()
+
+    async def reload(self, reason: str = "signal") -> Attempt:
+        """Reconcile the source now (SIGHUP); the attempt also goes to `reports.reloaded`."""
+        await self._started.wait()  # a signal during start: the tree is read once the first revision serves
+        attempt = await self.reconciler.reconcile(reason)
+        self.reports.reloaded(attempt)
+        return attempt
+
+    def _open_follower(self, root: Path) -> Follower:
+        options = self.options
+        if options.source == "git":
+            return Follower.git(options.root, options.ref, self._make_live, state_dir=self.state_dir,
+                                interval=options.interval, reports=self.reports.follow)
+        return Follower.worktree(root, self._make_live, status_file=self.state_dir / "status.json")
+
+    async def _start(self) -> None:
+        if self.options.listen:  # before anything starts: unusable channel settings stop us here
+            self._channels = self._open_channels()
+            self.listener = HttpListener(self._build_app(), self.options.http_host, self.options.http_port)
+        await self._serve_first()
+        if self.listener is not None:
+            await self.listener.start()
+        if self.options.follow:
+            self._spawn(self.follower.follow(self._stop))
+        if self._channels is not None and self.listener is not None:
+            self._channels.set_public_url(self.options.http_host, self.listener.port)
+            self._spawn(self._channels.notifier.run(self._stop))
+
+    async def _serve_first(self) -> None:
+        """Start the router on `first`, or on the source's first good revision."""
+        if self._first is not None:
+            self.reconciler.adopt(self._first, await self._make_live(self._first))
+            return
+        attempt = await self.follower.start()
+        if self._router is None:
+            raise NotServableError(attempt)
+
+    async def _make_live(self, snapshot: Snapshot) -> int:
+        """The reconciler's swap: the first good revision starts the router, later ones swap it in."""
+        if self._router is None:
+            return await self._start_router(snapshot)
+        number = (await self._router.swap(snapshot)).number
+        if self._governor is not None:  # approved holds are checked against the live config
+            self._governor.use_snapshot(snapshot)
+        return number
+
+    async def _start_router(self, snapshot: Snapshot) -> int:
+        self._router = router = Router(snapshot, root=self.follower.tree_root, run_dir=self.run_dir,
+                                       state_dir=self.state_dir, gate=self._gate, sandbox=self.options.sandbox)
+        await router.start()
+        self.reconciler.status.connectors = lambda: _connector_states(router)
+        if self._governor is not None:
+            # Approved holds (also those approved while no router ran) run through the router,
+            # exactly once however many routers share the store.
+            self._governor.use_snapshot(snapshot)
+            await self._governor.start(router.execute_held)
+        return router.live.number
+
+    def _open_channels(self) -> Channels | None:
+        """Approvals: the dashboard, signed links, Slack, and the notices outbox (with a governance store)."""
+        if self._governor is None:
+            return None
+        channels = open_channels(self._governor.store, self._live_snapshot, self.state_dir, os.environ)
+        self._governor.on_hold = channels.notifier.wake
+        return channels
+
+    def _live_snapshot(self) -> Snapshot | None:
+        return self._router.live.snapshot if self._router is not None else None
+
+    def _build_app(self) -> Starlette:
+        return build_app(self.reconciler.status.to_dict, webhook_secret=self.options.webhook_secret,
+                         on_push=self.follower.on_push, desk=self._channels.desk if self._channels else None)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.create_task(work))
+
+    async def _close(self) -> None:
+        self._stop.set()
+        if self.listener is not None:
+            await self.listener.aclose()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, timeout=5)
+        if self._channels is not None:
+            await self._channels.aclose()
+        if self._governor is not None:  # first: holds running now finish through the router
+            await self._governor.aclose()
+        if self._router is not None:
+            await self._router.aclose()
+
+
+def _connector_states(router: Router) -> dict[str, Any]:
+    """Per binding, what the router knows of its connector process, for the status."""
+    return {name: {"state": s.state, "message": s.message, "drift": list(s.drift)}
+            for name, s in sorted(router.services.pool.statuses.items())}
+
+
+async def run_service(options: ServiceOptions, *, gate: Gate | None = None, first: Snapshot | None = None,
+                      reports: Reports | None = None, stop: asyncio.Event | None = None) -> int:
+    """Run the service until SIGINT/SIGTERM (or `stop`); returns the exit code (1: nothing good to serve)."""
+    reports = reports or Reports()
+    stop = stop or asyncio.Event()
+    service = Service(options, gate=gate, first=first, reports=reports)
+    reloads: set[asyncio.Task[Attempt]] = set()
+
+    def reload() -> None:
+        task = asyncio.get_running_loop().create_task(service.reload())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    with _handle_signals(stop, None if options.follow else reload):
+        try:
+            async with service:
+                reports.ready(service)
+                await stop.wait()
+        except NotServableError as exc:
+            reports.not_started(exc.attempt)
+            return 1
     return 0
 
 
-def _run(main: Coroutine[Any, Any, None]) -> None:
-    _tune_gc()
+@contextlib.contextmanager
+def _handle_signals(stop: asyncio.Event, reload: Callable[[], None] | None) -> Iterator[None]:
+    """SIGINT and SIGTERM set `stop`; SIGHUP calls `reload`, when given. Off the main thread (a test
+    running the service in a thread), nothing is installed: the caller stops the service itself."""
+    loop = asyncio.get_running_loop()
+    handlers: dict[signal.Signals, Callable[[], None]] = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set}
+    if reload is not None:
+        handlers[signal.SIGHUP] = reload
+    for sig, handler in handlers.items():
+        with contextlib.suppress(ValueError, RuntimeError):
+            loop.add_signal_handler(sig, handler)
     try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
+        yield
+    finally:
+        for sig in handlers:
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+# --- the two commands' entry points, and the process around them ------------------------------------
+
+
+def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_dir: Path | None = None,
+          gate: Gate | None = None, on_ready: Callable[[Router], None] | None = None,
+          on_reload: Callable[[Attempt], None] | None = None, sandbox: bool = True) -> int:
+    """`handler serve`: serve `snapshot` (loaded from `root`) until a signal, reloading on SIGHUP."""
+    if not snapshot.ok:
+        raise ConfigError(snapshot.errors)
+    options = ServiceOptions(str(root), run_dir=run_dir, state_dir=state_dir, sandbox=sandbox, listen=False,
+                             follow=False)
+    ready = (lambda service: on_ready(service.router)) if on_ready is not None else _ignore
+    reports = Reports(ready=ready, reloaded=on_reload or _ignore)
+    return _run(run_service(options, gate=gate, first=snapshot, reports=reports))
+
+
+def up(options: ServiceOptions, *, gate: Gate | None = None, reports: Reports | None = None) -> int:
+    """`handler up`: run the whole service until SIGINT/SIGTERM; returns the exit code."""
+    return _run(run_service(options, gate=gate, reports=reports))
+
+
+async def run_up(options: ServiceOptions, *, gate: Gate | None = None,
+                 on_ready: Callable[[Router, Reconciler, HttpListener | None], None] | None = None,
+                 stop: asyncio.Event | None = None) -> int:
+    """`handler up` in the running loop, handing the router, reconciler and listener to `on_ready`."""
+    ready = (lambda s: on_ready(s.router, s.reconciler, s.listener)) if on_ready is not None else _ignore
+    return await run_service(options, gate=gate, reports=Reports(ready=ready), stop=stop)
+
+
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    _tune_gc()
+    return run_on_uvloop(main)
 
 
 def _tune_gc() -> None:
@@ -69,245 +330,3 @@ def _tune_gc() -> None:
     """
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
-
-
-async def run_router(router: Router, root: Path, on_ready: Callable[[Router], None] | None = None,
-                     governor: Governor | None = None) -> None:
-    """Start `router`, reload on SIGHUP, stop on SIGINT/SIGTERM, and close everything it started.
-
-    With a `governor`, approved holds (also those approved while no router ran) run through the
-    router's `execute_held`, exactly once however many routers share the store.
-    """
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    async def swap(snapshot: Snapshot) -> int:
-        generation = await router.swap(snapshot)
-        if governor is not None:  # approved holds are checked against the live config
-            governor.use_snapshot(snapshot)
-        return generation.number
-
-    # SIGHUP runs the same reconciliation as `handler up` (checks, the emptying guard, status.json).
-    reconciler = Reconciler(FolderSource(root), swap, label=f"worktree {root.resolve()}",
-                            status_file=router.state_dir / "status.json", live=router.live.snapshot,
-                            generation=router.live.number)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(_reload(reconciler)))
-    try:
-        await router.start()
-        if governor is not None:
-            governor.use_snapshot(router.live.snapshot)
-            await governor.start(router.execute_held)
-        if on_ready is not None:
-            on_ready(router)
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            with contextlib.suppress(ValueError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        if governor is not None:  # first: holds running now finish through the router
-            await governor.aclose()
-        await router.aclose()
-
-
-async def _reload(reconciler: Reconciler) -> None:
-    attempt = await reconciler.reconcile("signal")
-    if attempt.result == "applied":
-        print(f"handler serve: {attempt.message} (revision {attempt.revision[:12]}) serves new sessions",
-              file=sys.stderr, flush=True)
-    elif attempt.result != "unchanged":
-        print(f"handler serve: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}; still "
-              f"serving the last good revision (run `handler validate` to see every finding)", file=sys.stderr,
-              flush=True)
-
-
-# --- handler up: the reconciler, the router and the HTTP listener in one process --------------------
-
-
-@dataclass(frozen=True)
-class UpOptions:
-    root: str  # a folder (worktree) or a repository git can fetch (git)
-    source: str = "worktree"  # "worktree" | "git"
-    ref: str = "main"
-    interval: float = 30.0
-    run_dir: Path | None = None
-    state_dir: Path | None = None
-    http_host: str = "127.0.0.1"
-    http_port: int = 8765
-    webhook_secret: bytes | None = None
-    sandbox: bool = True  # False: --no-sandbox, connectors run without a network namespace
-
-
-def up(options: UpOptions, *, gate: Gate | None = None,
-       on_ready: Callable[[Router, Reconciler, HttpListener], None] | None = None) -> int:
-    """Run the whole service until SIGINT/SIGTERM; returns the exit code (1: nothing good to serve)."""
-    result: list[int] = [0]
-    _run(run_up(options, gate=gate, on_ready=on_ready, result=result))
-    return result[0]
-
-
-async def run_up(options: UpOptions, *, gate: Gate | None = None,
-                 on_ready: Callable[[Router, Reconciler, HttpListener], None] | None = None,
-                 result: list[int] | None = None, stop: asyncio.Event | None = None) -> None:
-    """The service: first reconcile (which starts the router), then follow the source until `stop`."""
-    loop = asyncio.get_running_loop()
-    stop = stop or asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(ValueError, RuntimeError):  # not the main thread (tests): the caller stops us
-            loop.add_signal_handler(sig, stop.set)
-    root = Path(options.root)
-    state_dir = options.state_dir or default_state_dir(root if options.source == "worktree" else Path.cwd())
-    run_dir = options.run_dir or default_run_dir()
-    holder: list[Router] = []
-    governor = Governor.from_env(root, state_dir=state_dir) if gate is None else None
-
-    async def swap(snapshot: Snapshot) -> int:
-        if mirror is not None:  # connectors run from their folder: the revision's files must be on disk
-            await asyncio.to_thread(mirror.export, snapshot.revision, _tree_root(options, state_dir))
-        if not holder:  # the first good revision starts the router
-            router = Router(snapshot, root=_tree_root(options, state_dir), run_dir=run_dir, state_dir=state_dir,
-                            sandbox=options.sandbox,
-                            gate=governor or gate)
-            await router.start()
-            holder.append(router)
-            reconciler.status.connectors = lambda: {
-                name: {"state": s.state, "message": s.message, "drift": list(s.drift)}
-                for name, s in sorted(router.services.pool.statuses.items())
-            }
-            if governor is not None:
-                governor.use_snapshot(snapshot)
-                await governor.start(router.execute_held)
-            return router.live.number
-        number = (await holder[0].swap(snapshot)).number
-        if governor is not None:
-            governor.use_snapshot(snapshot)
-        return number
-
-    mirror: GitMirror | None = None
-    source: TreeSource
-    if options.source == "git":
-        mirror = GitMirror(options.root, options.ref, state_dir / "mirror.git")
-        source = mirror
-        label = f"git {options.root}@{options.ref}"
-    else:
-        source = FolderSource(root)
-        label = f"worktree {root.resolve()}"
-    reconciler = Reconciler(source, swap, label=label, status_file=state_dir / "status.json")
-    pushed = asyncio.Event()
-
-    async def on_push() -> None:
-        pushed.set()
-
-    channels = None
-    if governor is not None:  # approvals: the dashboard, signed links, Slack, and the notices outbox
-        channels = open_channels(governor.store, lambda: holder[0].live.snapshot if holder else None, state_dir,
-                                 os.environ)
-        governor.on_hold = channels.notifier.wake
-    app = build_app(reconciler.status.to_dict, webhook_secret=options.webhook_secret,
-                    on_push=on_push if mirror is not None else None, desk=channels.desk if channels else None)
-    listener = HttpListener(app, options.http_host, options.http_port)
-    tasks: list[asyncio.Task[Any]] = []
-    try:
-        if mirror is not None:
-            await _fetch(mirror)
-        first = await reconciler.reconcile("start")
-        if not holder and mirror is not None:
-            await _serve_last_known_good(reconciler, mirror, state_dir)
-        if not holder:
-            _report_unservable(first)
-            if result is not None:
-                result[0] = 1
-            return
-        tasks.append(asyncio.create_task(listener.serve()))
-        if mirror is not None:
-            tasks.append(asyncio.create_task(_follow_git(reconciler, mirror, options.interval, pushed, stop)))
-        else:
-            note = source.note_changes if isinstance(source, FolderSource) else None
-            tasks.append(asyncio.create_task(watch_tree(root, reconciler.reconcile, stop, note=note)))
-        async with asyncio.timeout(10):
-            while not listener.started and not tasks[0].done():
-                await asyncio.sleep(0.01)
-        if tasks[0].done():  # the port is taken, or the address is wrong
-            tasks[0].result()
-        if channels is not None:
-            channels.set_public_url(options.http_host, listener.port)
-            tasks.append(asyncio.create_task(channels.notifier.run(stop)))
-        if on_ready is not None:
-            on_ready(holder[0], reconciler, listener)
-        await stop.wait()
-    finally:
-        stop.set()
-        listener.stop()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, timeout=5)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        if channels is not None:
-            await channels.aclose()
-        if governor is not None:  # first: holds running now finish through the router
-            await governor.aclose()
-        if holder:
-            await holder[0].aclose()
-
-
-def _tree_root(options: UpOptions, state_dir: Path) -> Path:
-    """Where relative paths of the tree (profile scopes, connector folders) resolve."""
-    if options.source == "worktree":
-        return Path(options.root)
-    return state_dir / "tree"  # a git source has no work tree: the applied revision is exported here
-
-
-async def _fetch(mirror: GitMirror) -> bool:
-    try:
-        await asyncio.to_thread(mirror.fetch)
-    except HandlerError as exc:
-        print(f"handler up: {exc}", file=sys.stderr)
-        return False
-    return True
-
-
-async def _follow_git(reconciler: Reconciler, mirror: GitMirror, interval: float, pushed: asyncio.Event,
-                      stop: asyncio.Event) -> None:
-    """Fetch every `interval` seconds, or at once after a verified push, and reconcile."""
-    while not stop.is_set():
-        waiter = asyncio.create_task(pushed.wait())
-        stopper = asyncio.create_task(stop.wait())
-        _, pending = await asyncio.wait({waiter, stopper}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        if stop.is_set():
-            return
-        reason = "webhook" if pushed.is_set() else "poll"
-        pushed.clear()
-        if await _fetch(mirror):
-            await reconciler.reconcile(reason)
-
-
-async def _serve_last_known_good(reconciler: Reconciler, mirror: GitMirror, state_dir: Path) -> None:
-    """The head is not servable: start on the revision applied last time, if the mirror still has it."""
-    previous = read_status(state_dir / "status.json") or {}
-    applied = (previous.get("applied") or {}).get("revision")
-    if not applied:
-        return
-    head = reconciler.source
-    reconciler.source = GitSource(mirror.folder, applied, mirror.subdir)
-    try:
-        attempt = await reconciler.reconcile("last-known-good")
-    finally:
-        reconciler.source = head
-    if attempt.result == "applied":
-        print(f"handler up: the head is not servable; serving the last good revision {applied[:12]}",
-              file=sys.stderr)
-        await reconciler.reconcile("start")  # records the failing head in the status again
-
-
-def _report_unservable(attempt: Attempt) -> None:
-    print(f"handler up: not starting: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}",
-          file=sys.stderr)
-    for finding in attempt.findings:
-        if finding["severity"] == "error":
-            print(f"{finding['file']}:{finding['line']}: {finding['code']} {finding['message']}", file=sys.stderr)
-    print("fix the tree (`handler validate` shows every finding) and start again", file=sys.stderr)

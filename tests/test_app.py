@@ -1,79 +1,243 @@
-"""`handler serve`: refuses a tree with errors, serves a good one until SIGTERM, reloads on SIGHUP."""
+"""The service (`reconciler.app`) end to end: real git, the real router on real sockets, real connector processes.
+
+With `handler up`'s settings, a pushed commit (or a saved file) that swaps a binding reaches new
+sessions while open sessions keep theirs; a broken revision changes nothing and shows in the
+status; a steady load of calls across many reloads loses and fails none; a tree with nothing good
+to serve does not start. With `handler serve`'s, the service starts on the snapshot it is given,
+listens on no port, and reloads only when asked.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
+import asyncio
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
+import httpx
 import pytest
-from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
-from fixtures.harness import short_dir
+from fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree
+from fixtures.echo_tree import select_binding as _select
+from fixtures.harness import RawClient, load, short_dir
+from fixtures.service import Service as Running
+from fixtures.service import running
 
-HANDLER = str(Path(sys.executable).parent / "handler")
+from reconciler.app import Reports, Service, ServiceError, ServiceOptions, UpOptions, run_service
+from reconciler.gitops.status import Attempt, read_status
+from reconciler.gitops.webhook import sign_body
+from reconciler.governance.gate import OpenGate
+
+OTHER_ENV = "HANDLER_TEST_ECHO_TOKEN_B"
+SECRET = b"push-secret"
+
+
+@pytest.fixture(autouse=True)
+def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "token-A")
+    monkeypatch.setenv(OTHER_ENV, "token-B")
 
 
 @pytest.fixture
-def places() -> Iterator[tuple[Path, Path]]:
-    with short_dir() as base:
-        yield write_echo_tree(base / "t"), base / "run"
+def short() -> Iterator[Path]:
+    with short_dir() as path:
+        yield path
 
 
-def _env(run_dir: Path) -> dict[str, str]:
-    return {**os.environ, "HANDLER_RUN_DIR": str(run_dir), TOKEN_ENV: "t"}
+def _echo_tree(root: Path) -> Path:
+    return add_other_binding(write_echo_tree(root), OTHER_ENV)
 
 
-def test_serve_refuses_a_tree_with_errors_and_prints_them(places: tuple[Path, Path]) -> None:
-    root, run_dir = places
-    (root / "config/profiles/tester.toml").write_text('apiVersion = "handler.profile/v1"\nname = "tester"\n')
-    done = subprocess.run([HANDLER, "serve", str(root)], capture_output=True, text=True, env=_env(run_dir),
-                          timeout=60, check=False)
-    assert done.returncode == 1
-    assert "config/profiles/tester.toml" in done.stdout
-    assert "not starting" in done.stderr
-    assert not (run_dir / "profiles").exists()
+async def _token(client: RawClient) -> str:
+    result = await client.call("echo_token", {})
+    assert not result.get("isError"), result
+    token: str = result["structuredContent"]["token"]
+    return token
 
 
-def _ask(path: Path, message: dict[str, object]) -> dict[str, object]:
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(20)
-        sock.connect(str(path))
-        sock.sendall(orjson.dumps(message) + b"\n")
-        sock.shutdown(socket.SHUT_WR)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    reply: dict[str, object] = orjson.loads(data)
-    return reply
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=T", "-c", "user.email=t@example.org", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
-def test_serve_runs_until_sigterm_and_reloads_on_sighup(places: tuple[Path, Path]) -> None:
-    root, run_dir = places
-    proc = subprocess.Popen([HANDLER, "serve", str(root)], stderr=subprocess.PIPE, text=True, env=_env(run_dir))
-    try:
-        assert proc.stderr is not None
-        ready = proc.stderr.readline()
-        assert "tester on" in ready, ready
-        sock = run_dir / "profiles/tester.sock"
-        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo_say",
-                                                                             "arguments": {"text": "up"}}}
-        assert _ask(sock, call)["result"]["structuredContent"] == {"text": "up"}  # type: ignore[index]
-        (root / "config/profiles/second.toml").write_text(
-            (root / "config/profiles/tester.toml").read_text().replace('"tester"', '"second"'))
-        proc.send_signal(signal.SIGHUP)
-        assert "generation 2" in proc.stderr.readline()
-        assert _ask(run_dir / "profiles/second.sock", {"jsonrpc": "2.0", "id": 2, "method": "ping"})["result"] == {}
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert not sock.exists()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+def _push(clone: Path, message: str) -> str:
+    _git(clone, "commit", "-qam", message)
+    _git(clone, "push", "-q", "origin", "HEAD:main")
+    return _git(clone, "rev-parse", "HEAD")
+
+
+def test_pushed_commits_reach_new_sessions_only(short: Path) -> None:
+    bare, clone = short / "cfg.git", short / "clone"
+    _git(short, "init", "-q", "--bare", "-b", "main", str(bare))
+    _git(short, "clone", "-q", str(bare), str(clone))
+    _echo_tree(clone)
+    _git(clone, "add", "-A")
+    _push(clone, "echo on binding A")
+    options = UpOptions(
+        root=str(bare),
+        source="git",
+        ref="main",
+        interval=3600,
+        run_dir=short / "run",
+        state_dir=short / "state",
+        http_port=0,
+        webhook_secret=SECRET,
+    )
+
+    async def push_hook(service: Running, sha: str) -> None:
+        assert service.listener is not None
+        body = b'{"ref": "refs/heads/main"}'
+        async with httpx.AsyncClient() as http:
+            reply = await http.post(
+                f"http://127.0.0.1:{service.listener.port}/hooks/git",
+                content=body,
+                headers={"X-Hub-Signature-256": sign_body(SECRET, body), "X-GitHub-Event": "push"},
+            )
+        assert reply.status_code == 202
+        assert service.reconciler is not None
+        await service.until(lambda: any(a.revision == sha for a in service.reconciler.status.history))  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        async with running(options) as service:
+            old = await service.session()
+            assert await _token(old) == "token-A"
+
+            _select(clone, "echo-other")
+            swap_sha = _push(clone, "echo on binding B")
+            await push_hook(service, swap_sha)
+            assert service.generation == 2
+            assert await _token(old) == "token-A"  # the open session keeps its binding
+            new = await service.session()
+            assert await _token(new) == "token-B"
+
+            _select(clone, "echo-missing")
+            broken_sha = _push(clone, "a typo")
+            await push_hook(service, broken_sha)
+            assert service.reconciler is not None
+            status = service.reconciler.status.to_dict()
+            assert status["ready"] is False
+            assert status["lastAttempt"]["result"] == "invalid"
+            assert [f["code"] for f in status["lastAttempt"]["findings"]] == ["P001"]
+            assert status["applied"]["revision"] == swap_sha
+            third = await service.session()
+            assert await _token(third) == "token-B"  # nothing changed
+
+            _select(clone, "echo-local")
+            fixed_sha = _push(clone, "fix the typo")
+            await push_hook(service, fixed_sha)
+            assert service.reconciler.status.to_dict()["ready"] is True
+            fourth = await service.session()
+            assert await _token(fourth) == "token-A"
+            for client in (old, new, third, fourth):
+                await client.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_saved_files_reach_new_sessions_and_bad_saves_change_nothing(short: Path) -> None:
+    root = _echo_tree(short / "tree")
+    options = UpOptions(root=str(root), run_dir=short / "run", state_dir=short / "state", http_port=0)
+
+    async def scenario() -> None:
+        async with running(options) as service:
+            old = await service.session()
+            assert await _token(old) == "token-A"
+            assert service.reconciler is not None
+            assert service.reconciler.status.to_dict()["connectors"]["echo-local"]["state"] == "running"
+            _select(root, "echo-other")
+            await service.until(lambda: service.generation == 2)
+            assert await _token(old) == "token-A"
+            new = await service.session()
+            assert await _token(new) == "token-B"
+            _select(root, "echo-missing")
+            assert service.reconciler is not None
+            await service.until(lambda: service.reconciler.status.last_attempt.result == "invalid")  # type: ignore[union-attr]
+            assert service.generation == 2
+            for client in (old, new):
+                await client.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_a_steady_load_across_twenty_reloads_loses_no_call(short: Path) -> None:
+    root = _echo_tree(short / "tree")
+    options = UpOptions(root=str(root), run_dir=short / "run", state_dir=short / "state", http_port=0)
+    counts = {"sent": 0, "ok": 0, "failed": 0}
+
+    async def load_calls(service: Running, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            client = await service.session()  # a new session every few calls: some start after each swap
+            for _ in range(5):
+                counts["sent"] += 1
+                result = await client.call("echo_say", {"text": "steady"})
+                ok = not result.get("isError") and result["structuredContent"] == {"text": "steady"}
+                counts["ok" if ok else "failed"] += 1
+            await client.close()
+
+    async def scenario() -> None:
+        async with running(options) as service:
+            stop = asyncio.Event()
+            workers = [asyncio.create_task(load_calls(service, stop)) for _ in range(4)]
+            for i in range(20):
+                _select(root, "echo-other" if i % 2 == 0 else "echo-local")
+                await service.until(lambda i=i: service.generation == i + 2)
+            stop.set()
+            await asyncio.gather(*workers)
+
+    asyncio.run(asyncio.wait_for(scenario(), 180))
+    assert counts["failed"] == 0
+    assert counts["ok"] == counts["sent"] > 20
+
+
+def test_a_tree_with_nothing_good_to_serve_does_not_start(short: Path) -> None:
+    root = _echo_tree(short / "tree")
+    _select(root, "echo-missing")
+    options = UpOptions(root=str(root), run_dir=short / "run", state_dir=short / "state", http_port=0)
+    heard: list[Attempt] = []
+
+    code = asyncio.run(run_service(options, reports=Reports(not_started=heard.append)))
+    assert code == 1
+    (attempt,) = heard
+    assert attempt.result == "invalid"
+    assert [f["code"] for f in attempt.findings] == ["P001"]
+    assert not (short / "run/profiles").exists()
+
+
+def test_a_service_asked_for_its_router_before_it_serves_says_so(short: Path) -> None:
+    root = _echo_tree(short / "tree")
+    service = Service(UpOptions(root=str(root), run_dir=short / "run", state_dir=short / "state"), gate=OpenGate())
+    with pytest.raises(ServiceError, match="has not started"):
+        _ = service.router
+
+
+def test_serve_settings_start_on_the_given_snapshot_and_reload_when_asked(short: Path) -> None:
+    root = _echo_tree(short / "tree")
+    options = ServiceOptions(str(root), run_dir=short / "run", state_dir=short / "state", listen=False,
+                             follow=False)
+    reloads: list[Attempt] = []
+
+    async def scenario() -> None:
+        async with Service(options, first=load(root), reports=Reports(reloaded=reloads.append)) as service:
+            assert service.listener is None
+            assert service.reconciler.status.applied is not None
+            assert service.reconciler.status.applied.generation == 1
+            client = await RawClient.connect(service.router.socket_path("tester"))
+            assert await _token(client) == "token-A"
+            _select(root, "echo-other")  # no watcher: nothing changes until a reload
+            assert (await service.reload()).result == "applied"
+            assert await _token(client) == "token-A"  # the open session keeps its binding
+            await client.close()
+            new = await RawClient.connect(service.router.socket_path("tester"))
+            assert await _token(new) == "token-B"
+            await new.close()
+        assert [a.message for a in reloads] == ["generation 2"]
+        status = read_status(short / "state/status.json")
+        assert status is not None
+        assert status["lastAttempt"]["reason"] == "signal"
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert not (short / "run/profiles/tester.sock").exists()

@@ -1,1 +1,1 @@
-"""The gitops room of the control plane (design §3)."""
+"""The gitops room of the control plane (docs/architecture.md §3)."""

@@ -78,16 +78,25 @@ class Reconciler:
         self.live = live
         self.status = Status(source=label)
         if live is not None:
-            self._mark_applied(live, generation)
+            self.adopt(live, generation)
         self.attempts = 0
 
-    async def reconcile(self, reason: str) -> Attempt:
-        """Bring the router to the source's current revision if it is good; return what happened."""
+    def adopt(self, snapshot: Snapshot, generation: int) -> None:
+        """The router already serves `snapshot` as `generation` (it started on a snapshot loaded before)."""
+        self.live = snapshot
+        self._mark_applied(snapshot, generation)
+
+    async def reconcile(self, reason: str, *, source: TreeSource | None = None) -> Attempt:
+        """Bring the router to the source's current revision if it is good; return what happened.
+
+        `source`, when given, is read this once instead of the followed one (a revision applied
+        before, to serve while the followed one cannot be).
+        """
         async with self._lock:  # one reconciliation at a time; the loader is not shared across threads
             started = time.perf_counter()
             self.attempts += 1
             try:
-                new = await asyncio.to_thread(self._loader.load, self.source)
+                new = await asyncio.to_thread(self._loader.load, source or self.source)
             except HandlerError as exc:
                 attempt = self._attempt("(unreadable)", started, "error", reason, str(exc))
                 log.error("reconcile: cannot read the source: %s", exc)
@@ -95,23 +104,7 @@ class Reconciler:
             if self.live is not None and new.revision == self.live.revision:
                 return self._record(self._attempt(new.revision, started, "unchanged", reason, "already applied"))
             if not new.ok:
-                errors = new.errors
-                attempt = self._attempt(
-                    new.revision,
-                    started,
-                    "invalid",
-                    reason,
-                    f"{len(errors)} error(s); first: {errors[0].file}:{errors[0].line} "
-                    f"{errors[0].code} {errors[0].message}",
-                    findings=tuple(f.to_dict() for f in new.findings),
-                )
-                log.warning(
-                    "reconcile: revision %s is invalid (%d errors); still serving %s",
-                    new.revision,
-                    len(errors),
-                    self.live.revision if self.live else "nothing",
-                )
-                return self._record(attempt)
+                return self._record(self._invalid(new, started, reason))
             refusal = guard_emptying(self.live, new)
             if refusal is not None:
                 log.warning("reconcile: revision %s refused: %s", new.revision, refusal)
@@ -140,6 +133,24 @@ class Reconciler:
                 len(plan.profiles),
             )
             return self._record(attempt)
+
+    def _invalid(self, new: Snapshot, started: float, reason: str) -> Attempt:
+        errors = new.errors
+        log.warning(
+            "reconcile: revision %s is invalid (%d errors); still serving %s",
+            new.revision,
+            len(errors),
+            self.live.revision if self.live else "nothing",
+        )
+        first = errors[0]
+        return self._attempt(
+            new.revision,
+            started,
+            "invalid",
+            reason,
+            f"{len(errors)} error(s); first: {first.file}:{first.line} {first.code} {first.message}",
+            findings=tuple(f.to_dict() for f in new.findings),
+        )
 
     @staticmethod
     def _attempt(

@@ -29,8 +29,8 @@ from typing import Any
 
 import orjson
 
+from reconciler.places import default_run_dir, socket_path
 from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, attach_line, is_stream_fd
-from reconciler.router.places import default_run_dir, socket_path
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.meta import caller_meta
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from reconciler.router.places import default_run_dir, socket_path
+from reconciler.places import default_run_dir, socket_path
 from reconciler.wire.client import LineClient
 from reconciler.wire.errors import JsonRpcError, LineClosedError
 from reconciler.wire.meta import caller_meta

@@ -23,13 +23,13 @@ from reconciler.config.errors import HandlerError
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.pool import DEFAULT_IDLE_SECONDS, ConnectorPool
 from reconciler.governance.gate import CallRequest, Gate, OpenGate
+from reconciler.places import MAX_SOCKET_PATH, default_state_dir, socket_path
 from reconciler.router.calllog import CallLog, CallRecord
 from reconciler.router.errors import ToolError
 from reconciler.router.files import resolve_files
 from reconciler.router.generation import Generation, ValidatorCache, compile_generation
 from reconciler.router.limits import LimitBook
 from reconciler.router.pipeline import Caller, Services, execute_admitted, validate_input
-from reconciler.router.places import MAX_SOCKET_PATH, default_state_dir, socket_path
 from reconciler.router.transport import Connection, Listener
 from reconciler.wire.errors import JsonRpcError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES

@@ -1,1 +1,1 @@
-"""The web room of the control plane (design §3)."""
+"""The web room of the control plane (docs/architecture.md §3)."""

@@ -1,4 +1,4 @@
-"""The dashboard and the decision endpoints of the channels (design §7).
+"""The dashboard and the decision endpoints of the channels (docs/architecture.md §7).
 
 Pages: `/` (status: the applied revision, the last attempt and its findings, profiles,
 connectors), `/approvals` (holds waiting, decisions made), `/approvals/<id>` (one hold in full,
@@ -97,114 +97,141 @@ def _approver_text(approver: Mapping[str, Any] | None) -> str:
 
 
 def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[Route]:
-    env = _templates()
+    """The pages and the decision endpoints, reading and deciding through `desk`; `status` is the reconciler's."""
+    return _Dashboard(desk, status).routes()
 
-    def page(name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:
-        context.setdefault("who", signed_in(request))
-        return HTMLResponse(env.get_template(name).render(**context), status_code=status_code, headers=_HEADERS)
 
-    def signed_in(request: Request) -> str | None:
-        return desk.signer.session_member(request.cookies.get(_SESSION, ""))
+class _Dashboard:
+    """The handlers of `dashboard_routes`, sharing the desk, the status and the templates."""
 
-    def locked(request: Request) -> Response | None:
+    def __init__(self, desk: Desk, status: Callable[[], dict[str, Any]]) -> None:
+        self.desk = desk
+        self.status = status
+        self.env = _templates()
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/", self.overview),
+            Route("/approvals", self.approvals),
+            Route("/approvals/{hold_id}", self.hold_page, methods=["GET"]),
+            Route("/approvals/{hold_id}", self.decide_route, methods=["POST"]),
+            Route("/catalog", self.catalog),
+            Route("/hooks/slack", self.slack_hook, methods=["POST"]),
+        ]
+
+    def page(self, name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:
+        context.setdefault("who", self.signed_in(request))
+        return HTMLResponse(self.env.get_template(name).render(**context), status_code=status_code, headers=_HEADERS)
+
+    def signed_in(self, request: Request) -> str | None:
+        return self.desk.signer.session_member(request.cookies.get(_SESSION, ""))
+
+    def locked(self, request: Request) -> Response | None:
         """The response for a visitor without the dashboard token, or None to let them in."""
-        if not desk.token or signed_in(request) is not None:
+        token = self.desk.token
+        if not token or self.signed_in(request) is not None:
             return None
         given = request.query_params.get("token")
-        if given is not None and hmac.compare_digest(given.encode(), desk.token.encode()):
+        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
             response = RedirectResponse(request.url.remove_query_params("token"), status_code=303)
-            response.set_cookie(_COOKIE, desk.token, httponly=True, samesite="strict")
+            response.set_cookie(_COOKIE, token, httponly=True, samesite="strict")
             return response
-        if hmac.compare_digest(request.cookies.get(_COOKIE, "").encode(), desk.token.encode()):
+        if hmac.compare_digest(request.cookies.get(_COOKIE, "").encode(), token.encode()):
             return None
         return HTMLResponse("<p>This dashboard asks for its token: open it once as <code>/?token=...</code> "
                             "(the value of HANDLER_DASHBOARD_TOKEN).</p>", status_code=401)
 
-    async def overview(request: Request) -> Response:
-        if (refusal := locked(request)) is not None:
+    async def overview(self, request: Request) -> Response:
+        if (refusal := self.locked(request)) is not None:
             return refusal
-        pending = await asyncio.to_thread(count_holds, desk.store, "pending")
-        troubled = await asyncio.to_thread(troubled_notices, desk.store)
-        return page("overview.html", request, status=status(), pending=pending, troubled=troubled)
+        pending = await asyncio.to_thread(count_holds, self.desk.store, "pending")
+        troubled = await asyncio.to_thread(troubled_notices, self.desk.store)
+        return self.page("overview.html", request, status=self.status(), pending=pending, troubled=troubled)
 
-    async def approvals(request: Request) -> Response:
-        if (refusal := locked(request)) is not None:
+    async def approvals(self, request: Request) -> Response:
+        if (refusal := self.locked(request)) is not None:
             return refusal
-        pending = await asyncio.to_thread(list_holds, desk.store, ("pending",))
-        decided = await asyncio.to_thread(recent_decisions, desk.store, 50)
-        return page("approvals.html", request, pending=pending, decided=decided)
+        pending = await asyncio.to_thread(list_holds, self.desk.store, ("pending",))
+        decided = await asyncio.to_thread(recent_decisions, self.desk.store, 50)
+        return self.page("approvals.html", request, pending=pending, decided=decided)
 
-    async def catalog(request: Request) -> Response:
-        if (refusal := locked(request)) is not None:
+    async def catalog(self, request: Request) -> Response:
+        if (refusal := self.locked(request)) is not None:
             return refusal
-        return page("catalog.html", request, interfaces=_catalog(desk.snapshot()))
+        return self.page("catalog.html", request, interfaces=_catalog(self.desk.snapshot()))
 
-    async def hold_page(request: Request) -> Response:
+    async def hold_page(self, request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
-        linked, why = desk.signer.check(hold_id, request.query_params)
-        if linked is None and (refusal := locked(request)) is not None:
+        linked, why = self.desk.signer.check(hold_id, request.query_params)
+        if linked is None and (refusal := self.locked(request)) is not None:
             if "sig" in request.query_params:  # a link that does not hold: say why, show nothing
-                return page("hold_refused.html", request, status_code=403, message=why)
+                return self.page("hold_refused.html", request, status_code=403, message=why)
             return refusal
         try:
-            hold = await asyncio.to_thread(get_hold, desk.store, hold_id)
+            hold = await asyncio.to_thread(get_hold, self.desk.store, hold_id)
         except HoldNotFoundError as exc:
-            return page("hold_refused.html", request, status_code=404, message=str(exc))
+            return self.page("hold_refused.html", request, status_code=404, message=str(exc))
         message = why if linked is None and "sig" in request.query_params else ""
-        member = linked or signed_in(request)
-        response = await _hold_view(request, hold, member, message, failed=bool(message),
-                                    link=request.query_params if linked else None)
+        member = linked or self.signed_in(request)
+        response = await self.hold_view(request, hold, member, message, failed=bool(message),
+                                        link=request.query_params if linked else None)
         if linked is not None:  # the link signs its member in, for the other holds they may decide
-            response.set_cookie(_SESSION, desk.signer.session(linked), max_age=LINK_DAYS * 86400, httponly=True,
+            response.set_cookie(_SESSION, self.desk.signer.session(linked), max_age=LINK_DAYS * 86400, httponly=True,
                                 samesite="strict")
         return response
 
-    async def _hold_view(request: Request, hold: Hold, member: str | None, message: str, *, failed: bool = False,
-                         status_code: int = 200, link: Mapping[str, str] | None = None) -> HTMLResponse:
-        notices = await asyncio.to_thread(list_notices, desk.store, hold.id)
+    async def hold_view(self, request: Request, hold: Hold, member: str | None, message: str, *,
+                        failed: bool = False, status_code: int = 200,
+                        link: Mapping[str, str] | None = None) -> HTMLResponse:
+        notices = await asyncio.to_thread(list_notices, self.desk.store, hold.id)
         decide_as = member if member is not None and hold.state == "pending" else None
-        if decide_as is not None and (refusal := may_decide(hold, desk.snapshot(), decide_as)) is not None:
+        if decide_as is not None and (refusal := may_decide(hold, self.desk.snapshot(), decide_as)) is not None:
             decide_as, message, failed = None, refusal, True
         session = request.cookies.get(_SESSION, "")
         proof = ({k: link.get(k, "") for k in ("member", "expires", "sig")} if link is not None
-                 else {"csrf": desk.signer.csrf(session)})
+                 else {"csrf": self.desk.signer.csrf(session)})
         who = link.get("member") if link is not None else None  # a link signs in with this very response
-        return page("hold.html", request, status_code=status_code, hold=hold, notices=notices, decide_as=decide_as,
-                    proof=proof, message=message, failed=failed, **({"who": who} if who else {}))
+        return self.page("hold.html", request, status_code=status_code, hold=hold, notices=notices,
+                         decide_as=decide_as, proof=proof, message=message, failed=failed,
+                         **({"who": who} if who else {}))
 
-    async def decide_route(request: Request) -> Response:
+    async def decide_route(self, request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
         form = await request.form()
         fields = {k: str(form.get(k, "")) for k in ("member", "expires", "sig", "csrf", "decision")}
-        if fields["sig"]:  # a signed link's form
-            member, why = desk.signer.check(hold_id, fields)
-            how = "signed link"
-        else:  # a signed-in member's form
-            session = request.cookies.get(_SESSION, "")
-            member, why = desk.signer.session_member(session), "sign in first: open a decision link"
-            if member is not None and not hmac.compare_digest(fields["csrf"].encode(),
-                                                              desk.signer.csrf(session).encode()):
-                member, why = None, "the form does not belong to this session; reload the page"
-            how = "dashboard"
+        member, why, how = self.form_member(request, hold_id, fields)
         if member is None:
-            return page("hold_refused.html", request, status_code=403, message=why)
+            return self.page("hold_refused.html", request, status_code=403, message=why)
         if fields["decision"] not in ("approve", "reject"):
-            return page("hold_refused.html", request, status_code=400, message="the form names no decision")
+            return self.page("hold_refused.html", request, status_code=400, message="the form names no decision")
         link = fields if fields["sig"] else None
         try:
-            hold = await asyncio.to_thread(_decide, desk, hold_id, fields["decision"], member)
+            hold = await asyncio.to_thread(_decide, self.desk, hold_id, fields["decision"], member)
         except HoldNotFoundError as exc:
-            return page("hold_refused.html", request, status_code=404, message=str(exc))
+            return self.page("hold_refused.html", request, status_code=404, message=str(exc))
         except NotAllowedError as exc:
-            hold = await asyncio.to_thread(get_hold, desk.store, hold_id)
-            return await _hold_view(request, hold, None, str(exc), failed=True, status_code=409, link=link)
+            hold = await asyncio.to_thread(get_hold, self.desk.store, hold_id)
+            return await self.hold_view(request, hold, None, str(exc), failed=True, status_code=409, link=link)
         log.info("hold %s %s by %s (%s)", hold_id, hold.state, member, how)
-        if desk.on_decision is not None:
-            desk.on_decision()
-        return await _hold_view(request, hold, None, f"{hold.state.capitalize()} by {member}.", link=link)
+        if self.desk.on_decision is not None:
+            self.desk.on_decision()
+        return await self.hold_view(request, hold, None, f"{hold.state.capitalize()} by {member}.", link=link)
 
-    async def slack_hook(request: Request) -> Response:
+    def form_member(self, request: Request, hold_id: str, fields: Mapping[str, str]) -> tuple[str | None, str, str]:
+        """Who a decision form decides as (None: nobody, and why), and how they proved it."""
+        if fields["sig"]:  # a signed link's form
+            member, why = self.desk.signer.check(hold_id, fields)
+            return member, why, "signed link"
+        session = request.cookies.get(_SESSION, "")  # a signed-in member's form
+        member, why = self.desk.signer.session_member(session), "sign in first: open a decision link"
+        if member is not None and not hmac.compare_digest(fields["csrf"].encode(),
+                                                          self.desk.signer.csrf(session).encode()):
+            member, why = None, "the form does not belong to this session; reload the page"
+        return member, why, "dashboard"
+
+    async def slack_hook(self, request: Request) -> Response:
         body = await request.body()
+        desk = self.desk
         if desk.slack.signing_secret is None:
             return JSONResponse({"error": "Slack is off: set HANDLER_SLACK_SIGNING_SECRET"}, status_code=403)
         problem = verify_request(desk.slack.signing_secret, request.headers.get("x-slack-request-timestamp"), body,
@@ -221,20 +248,9 @@ def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[R
         if decided and desk.on_decision is not None:
             desk.on_decision()
         if desk.slack_client is not None and action.response_url:
-            if decided:
-                await desk.slack_client.respond(action.response_url, text)
-            else:  # only the clicker sees why nothing happened
-                await desk.slack_client.respond(action.response_url, text, replace=False)
+            # A decision replaces the message for everyone; only the clicker sees why nothing happened.
+            await desk.slack_client.respond(action.response_url, text, replace=decided)
         return Response(status_code=200)
-
-    return [
-        Route("/", overview),
-        Route("/approvals", approvals),
-        Route("/approvals/{hold_id}", hold_page, methods=["GET"]),
-        Route("/approvals/{hold_id}", decide_route, methods=["POST"]),
-        Route("/catalog", catalog),
-        Route("/hooks/slack", slack_hook, methods=["POST"]),
-    ]
 
 
 def _decide(desk: Desk, hold_id: str, decision: str, member: str) -> Hold:

@@ -7,6 +7,7 @@ to the service, which stops everything in order).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
@@ -81,9 +82,28 @@ class HttpListener:
     def __init__(self, app: Starlette, host: str, port: int) -> None:
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         self._server = _Server(config)
+        self._task: asyncio.Task[None] | None = None
 
     async def serve(self) -> None:
+        """Serve until `stop()`."""
         await self._server.serve()
+
+    async def start(self, timeout: float = 10.0) -> None:
+        """Serve in a task of this loop; return once listening. What stops it first (a port in use, an
+        address that is not this machine's) is raised here."""
+        self._task = task = asyncio.create_task(self.serve())
+        async with asyncio.timeout(timeout):
+            while not self.started and not task.done():  # uvicorn says it is up by a flag, not an event
+                await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """Stop serving and wait (up to `timeout` seconds) for the task `start` began."""
+        self.stop()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._task, timeout=timeout)
 
     @property
     def started(self) -> bool:

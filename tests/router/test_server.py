@@ -10,7 +10,7 @@ import pytest
 from fixtures.echo_tree import write_echo_tree
 from fixtures.harness import RawClient, load, log_lines, run, serving, short_dir
 
-from reconciler.router.places import default_run_dir, default_state_dir
+from reconciler.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router, RouterError
 
 

@@ -275,8 +275,7 @@ def test_a_slack_message_with_buttons_decides_through_a_signed_click(tree: Path,
 
     async def scenario() -> None:
         stand_in = HttpListener(slack.app(), "127.0.0.1", 0)
-        serving = asyncio.create_task(stand_in.serve())
-        await asyncio.wait_for(_started(stand_in), DEADLINE)
+        await stand_in.start()
         slack_url = f"http://127.0.0.1:{stand_in.port}"
         monkeypatch.setenv("HANDLER_SLACK_TOKEN", "xoxb-test-token")
         monkeypatch.setenv("HANDLER_SLACK_SIGNING_SECRET", SIGNING)
@@ -324,8 +323,7 @@ def test_a_slack_message_with_buttons_decides_through_a_signed_click(tree: Path,
                 assert (notice.state, notice.ref) == ("closed", "C0APPROVALS 1700000000.000100")
                 await client.close()
         finally:
-            stand_in.stop()
-            await serving
+            await stand_in.aclose()
 
     asyncio.run(scenario())
 
@@ -339,8 +337,7 @@ def test_what_slack_refuses_is_given_up_or_retried_when_it_says(tree: Path, monk
 
     async def scenario() -> None:
         stand_in = HttpListener(slack.app(), "127.0.0.1", 0)
-        serving = asyncio.create_task(stand_in.serve())
-        await asyncio.wait_for(_started(stand_in), DEADLINE)
+        await stand_in.start()
         monkeypatch.setenv("HANDLER_SLACK_TOKEN", "xoxb-test-token")
         monkeypatch.setenv("HANDLER_SLACK_API_URL", f"http://127.0.0.1:{stand_in.port}/api")
         try:
@@ -358,15 +355,9 @@ def test_what_slack_refuses_is_given_up_or_retried_when_it_says(tree: Path, monk
                     assert notice.next_at >= time.time() + 100
                 await client.close()
         finally:
-            stand_in.stop()
-            await serving
+            await stand_in.aclose()
 
     asyncio.run(scenario())
-
-
-async def _started(listener: HttpListener) -> None:
-    while not listener.started:
-        await asyncio.sleep(0.01)
 
 
 def test_the_dashboard_shows_status_holds_and_catalog_and_asks_for_its_token(

@@ -1,0 +1,273 @@
+"""`handler explain`, `approvals`, `audit`, `balance`, `spend` and `store`: the governance commands.
+
+Each reads or decides through the governance store of the tree at --root (HANDLER_STORE_URL, else
+SQLite in its state folder) and prints. Registered on the parser by `reconciler.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from reconciler.cli.common import EXIT_OK, load_tree
+from reconciler.config import SourceError
+from reconciler.governance.auditing import read_audit
+from reconciler.governance.decide import usd
+from reconciler.governance.errors import NotAllowedError
+from reconciler.governance.explain import explain_call
+from reconciler.governance.explain import render_text as render_explanation
+from reconciler.governance.holds import Hold, decide_hold, get_hold, list_holds, may_decide
+from reconciler.governance.ledger import add_balance, current_month, read_balance, spend_report
+from reconciler.governance.notices import list_notices
+from reconciler.governance.rulebook import from_micros, to_micros
+from reconciler.governance.store import Store, open_store, store_exists, store_url
+from reconciler.places import default_state_dir
+from reconciler.web.links import LinkSigner, load_link_secret
+
+__all__ = ["add_governance_commands"]
+
+
+def _with_root(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--root", default=".", help="the config root; the store is $HANDLER_STORE_URL, else "
+                                             "$HANDLER_STATE_DIR/handler.db, else ROOT/.handler/handler.db")
+    return p
+
+
+def add_governance_commands(sub: Any) -> None:
+    explain = sub.add_parser("explain", help="what a call would get now: executed, pending or blocked, and why")
+    explain.add_argument("root", nargs="?", default=".")
+    explain.add_argument("--profile", required=True)
+    explain.add_argument("--tool", required=True)
+    explain.add_argument("--cost", type=float, metavar="USD", help="the estimated cost (default: the binding's price)")
+    explain.add_argument("--instance", default="(any instance)")
+    explain.add_argument("--format", choices=["text", "json"], default="text")
+    explain.set_defaults(run=_explain)
+    _add_approvals_commands(sub)
+    _add_ledger_commands(sub)
+
+
+def _add_approvals_commands(sub: Any) -> None:
+    approvals = sub.add_parser("approvals", help="list, show, approve or reject held calls")
+    asub = approvals.add_subparsers(title="approvals commands", metavar="ACTION", required=True)
+    listing = _with_root(asub.add_parser("list", help="the pending holds (--all: every hold)"))
+    listing.add_argument("--all", action="store_true")
+    listing.add_argument("--format", choices=["text", "json"], default="text")
+    listing.set_defaults(run=_approvals_list)
+    show = _with_root(asub.add_parser("show", help="one hold: the call, its arguments, why it was held"))
+    show.add_argument("request_id")
+    show.add_argument("--format", choices=["text", "json"], default="text")
+    show.set_defaults(run=_approvals_show)
+    for verb in ("approve", "reject"):
+        act = _with_root(asub.add_parser(verb, help=f"{verb} a pending hold as a member of the org"))
+        act.add_argument("request_id")
+        act.add_argument("--as", dest="member", required=True, metavar="MEMBER")
+        act.set_defaults(run=_approvals_decide, decision=verb)
+    link = _with_root(asub.add_parser("link", help="a signed link that lets a member decide a hold in the browser"))
+    link.add_argument("request_id")
+    link.add_argument("--member", required=True, help="the member the link decides as")
+    link.add_argument("--url", default=None, help="the dashboard's address as the member reaches it (default: "
+                      "$HANDLER_PUBLIC_URL, else http://127.0.0.1:8765)")
+    link.set_defaults(run=_approvals_link)
+
+
+def _add_ledger_commands(sub: Any) -> None:
+    trail = _with_root(sub.add_parser("audit", help="the audit trail of decisions, holds and balance changes"))
+    trail.add_argument("--request", metavar="ID")
+    trail.add_argument("--limit", type=int, default=50)
+    trail.add_argument("--format", choices=["text", "json"], default="text")
+    trail.set_defaults(run=_audit)
+
+    balance = sub.add_parser("balance", help="the org's prepaid balance")
+    bsub = balance.add_subparsers(title="balance commands", metavar="ACTION", required=True)
+    _with_root(bsub.add_parser("show", help="the balance now")).set_defaults(run=_balance_show)
+    add = _with_root(bsub.add_parser("add", help="top the balance up by USD (negative: correct it down)"))
+    add.add_argument("usd", type=float)
+    add.add_argument("--as", dest="member", required=True, metavar="MEMBER")
+    add.set_defaults(run=_balance_add)
+
+    spent = _with_root(sub.add_parser("spend", help="spend per org, profile and instance this month (UTC)"))
+    spent.add_argument("--month", metavar="YYYY-MM")
+    spent.add_argument("--format", choices=["text", "json"], default="text")
+    spent.set_defaults(run=_spend)
+
+    store = sub.add_parser("store", help="the governance store")
+    ssub = store.add_subparsers(title="store commands", metavar="ACTION", required=True)
+    _with_root(ssub.add_parser("migrate", help="apply the store's migrations (routers also do at start)")
+               ).set_defaults(run=_store_migrate)
+
+
+@contextlib.contextmanager
+def _store(root: str) -> Iterator[Store]:
+    """The store of the tree at `root` (HANDLER_STORE_URL, else SQLite in its state folder), closed after."""
+    store = open_store(store_url(root))
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _open_existing_store(root: str) -> Store | None:
+    url = store_url(root)
+    return open_store(url) if store_exists(url) else None
+
+
+def _explain(args: argparse.Namespace) -> int:
+    snapshot = load_tree(args.root)
+    store = _open_existing_store(args.root)
+    try:
+        decision = explain_call(snapshot, args.profile, args.tool, cost_usd=args.cost, instance=args.instance,
+                                store=store)
+    finally:
+        if store is not None:
+            store.close()
+    if args.format == "json":
+        print(json.dumps(decision.to_dict(), indent=2))
+    else:
+        print(render_explanation(decision, args.profile, args.tool))
+    return EXIT_OK
+
+
+def _print_hold(hold: Hold) -> None:
+    print(f"{hold.id}  {hold.state}  {hold.profile}/{hold.instance}  {hold.tool} on {hold.binding}  "
+          f"est. {usd(hold.cost)}")
+    print(f"  held:      {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(hold.created_at))} at revision "
+          f"{hold.revision}")
+    print(f"  why:       {hold.reason}")
+    approver = hold.approver or {}
+    whom = approver.get("member") or approver.get("channel") or approver.get("members") or approver.get("to")
+    print(f"  approver:  {whom or 'any member'}")
+    if hold.decided_by:
+        print(f"  decided:   by {hold.decided_by}")
+    if hold.message:
+        print(f"  message:   {hold.message}")
+
+
+def _approvals_list(args: argparse.Namespace) -> int:
+    with _store(args.root) as store:
+        found = list_holds(store, states=() if args.all else ("pending",))
+    if args.format == "json":
+        print(json.dumps([h.to_dict() for h in found], indent=2, default=str))
+        return EXIT_OK
+    if not found:
+        print("No holds." if args.all else "No pending holds.")
+    for hold in found:
+        print(f"{hold.id}  {hold.state:8}  {hold.profile}  {hold.tool}  est. {usd(hold.cost)}  {hold.reason}")
+    return EXIT_OK
+
+
+def _approvals_show(args: argparse.Namespace) -> int:
+    with _store(args.root) as store:
+        hold = get_hold(store, args.request_id)
+        told = list_notices(store, hold.id)
+    if args.format == "json":
+        print(json.dumps({**hold.to_dict(), "notices": [dataclasses.asdict(n) for n in told]}, indent=2,
+                         default=str))
+        return EXIT_OK
+    _print_hold(hold)
+    for notice in told:
+        error = f" ({notice.error})" if notice.error else ""
+        print(f"  notice:    {notice.channel} to {notice.target}: {notice.state} after {notice.attempts} "
+              f"attempt{'' if notice.attempts == 1 else 's'}{error}")
+    print("  arguments:")
+    print("    " + json.dumps(dict(hold.arguments), indent=2).replace("\n", "\n    "))
+    if hold.result is not None:
+        print("  result:")
+        print("    " + json.dumps(dict(hold.result), indent=2).replace("\n", "\n    "))
+    return EXIT_OK
+
+
+def _approvals_decide(args: argparse.Namespace) -> int:
+    snapshot = load_tree(args.root)
+
+    def check(hold: Hold) -> None:
+        refusal = may_decide(hold, snapshot, args.member)
+        if refusal is not None:
+            raise NotAllowedError(f"{args.member} may not decide {hold.id}: {refusal}")
+
+    with _store(args.root) as store:
+        hold = decide_hold(store, args.request_id, args.decision, args.member, check=check)
+    if hold.state == "approved":
+        print(f"{hold.id} approved by {args.member}: a running router runs it now (or the next one that starts).")
+    else:
+        print(f"{hold.id} rejected by {args.member}: the agent reads 'rejected' on its next handler_status.")
+    return EXIT_OK
+
+
+def _approvals_link(args: argparse.Namespace) -> int:
+    snapshot = load_tree(args.root)
+    with _store(args.root) as store:
+        hold = get_hold(store, args.request_id)
+    refusal = may_decide(hold, snapshot, args.member)
+    if refusal is not None:
+        raise NotAllowedError(f"{args.member} may not decide {hold.id}: {refusal}")
+    if hold.state != "pending":
+        raise NotAllowedError(f"hold {hold.id} was already decided: it is {hold.state}")
+    signer = LinkSigner(load_link_secret(default_state_dir(Path(args.root))))
+    base = args.url or os.environ.get("HANDLER_PUBLIC_URL") or "http://127.0.0.1:8765"
+    print(signer.url(base, hold.id, args.member))
+    return EXIT_OK
+
+
+def _audit(args: argparse.Namespace) -> int:
+    with _store(args.root) as store:
+        rows = read_audit(store, request_id=args.request, limit=args.limit)
+    if args.format == "json":
+        print(json.dumps(rows, indent=2, default=str))
+        return EXIT_OK
+    for row in rows:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
+        who = f" by {row['actor']}" if row["actor"] else ""
+        what = " ".join(str(row[k]) for k in ("profile", "tool") if row[k])
+        detail = row["detail"] or {}
+        print(f"{at}  {row['event']:9} {row['request_id'] or '-':25} {what}{who}  {detail.get('reason', '')}".rstrip())
+    return EXIT_OK
+
+
+def _org_name(root: str) -> str:
+    snapshot = load_tree(root)
+    if snapshot.org is None:
+        raise SourceError(f"{root}/config/org.toml is missing: the balance belongs to the org it names")
+    return snapshot.org.name
+
+
+def _balance_show(args: argparse.Namespace) -> int:
+    account = _org_name(args.root)
+    with _store(args.root) as store:
+        micros = read_balance(store, account)
+    print(f"{account}: {usd(micros or 0)} prepaid balance" + ("" if micros is not None else " (never topped up)"))
+    return EXIT_OK
+
+
+def _balance_add(args: argparse.Namespace) -> int:
+    account = _org_name(args.root)
+    with _store(args.root) as store:
+        micros = add_balance(store, account, to_micros(args.usd), args.member)
+    print(f"{account}: balance now {usd(micros)} (added {usd(to_micros(args.usd))} by {args.member})")
+    return EXIT_OK
+
+
+def _spend(args: argparse.Namespace) -> int:
+    with _store(args.root) as store:
+        rows = spend_report(store, args.month)
+    if args.format == "json":
+        print(json.dumps([{**r, "usd": from_micros(r["micros"])} for r in rows], indent=2))
+        return EXIT_OK
+    if not rows:
+        print(f"No spend in {args.month or current_month()}.")
+    for row in rows:
+        print(f"{row['month']}  {row['scope']:50} {usd(row['micros'])}")
+    return EXIT_OK
+
+
+def _store_migrate(args: argparse.Namespace) -> int:
+    with _store(args.root) as store:
+        revision = store.migrate()
+        print(f"{store.url}: schema at revision {revision}")
+    return EXIT_OK

@@ -1,0 +1,187 @@
+"""`handler serve`, `handler up` and `handler status`: run the service (`reconciler.app`) and say what it does.
+
+What the service reports as it runs (ready, a reload, a failed fetch, serving the last good
+revision, a tree it cannot start on) is printed here, on stderr. Registered on the parser by
+`reconciler.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from reconciler.app import Reports, Service, ServiceOptions, serve, up
+from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, load_tree, print_findings
+from reconciler.config import HandlerError, SourceError
+from reconciler.gitops.following import FollowReports
+from reconciler.gitops.status import Attempt, read_status
+from reconciler.places import default_state_dir
+from reconciler.router.server import Router
+
+__all__ = ["add_service_commands"]
+
+_NO_SANDBOX = ("run connectors without their own network namespace (where this machine gives none); "
+               "they then reach any host, with no egress allow-list; warns once")
+
+
+def add_service_commands(sub: Any) -> None:
+    serving = sub.add_parser("serve", help="serve each profile's tools on its unix socket until stopped (SIGHUP "
+                             "reloads)")
+    serving.add_argument("root", nargs="?", default=".", help="the config root; default: .")
+    serving.add_argument("--run-dir", type=Path, help="where the profiles' sockets go (default: $HANDLER_RUN_DIR, "
+                         "else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    serving.add_argument("--state-dir", type=Path, help="the call log and connector logs (default: "
+                         "$HANDLER_STATE_DIR, else ROOT/.handler)")
+    serving.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
+    serving.set_defaults(run=_serve)
+    _add_up_command(sub)
+    status = sub.add_parser("status", help="what the running (or last) service applied, attempted and serves")
+    status.add_argument("root", nargs="?", default=".")
+    status.add_argument("--state-dir", type=Path)
+    status.add_argument("--format", choices=["text", "json"], default="text")
+    status.set_defaults(run=_status)
+
+
+def _add_up_command(sub: Any) -> None:
+    running = sub.add_parser("up", help="run the service: follow the config tree (or a git ref) and serve its "
+                             "profiles")
+    running.add_argument("root", nargs="?", default=".", help="the config root (worktree) or a repository git can "
+                         "fetch, a path or a URL (git); default: .")
+    running.add_argument("--source", choices=["worktree", "git"], default="worktree")
+    running.add_argument("--ref", default="main", help="the branch to follow with --source git (default: main)")
+    running.add_argument("--interval", type=float, default=30.0, help="seconds between fetches with --source git")
+    running.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT",
+                         help="the dashboard, /healthz, /status, /hooks/git, /hooks/slack")
+    running.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
+    running.add_argument("--run-dir", type=Path, help="where the profiles' sockets go (default: $HANDLER_RUN_DIR)")
+    running.add_argument("--state-dir", type=Path, help="status.json, the call log, the git mirror (default: "
+                         "$HANDLER_STATE_DIR, else ROOT/.handler)")
+    running.set_defaults(run=_up)
+
+
+# --- handler serve ---------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    head = load_tree(args.root)
+    if head.errors:
+        print_findings(list(head.findings), "text", head)
+        print("handler serve: not starting; the router serves only a tree without errors", file=sys.stderr)
+        return EXIT_FINDINGS
+    for finding in head.findings:
+        print(finding.render_text(), file=sys.stderr)
+
+    def ready(router: Router) -> None:
+        profiles = ", ".join(sorted(router.live.snapshot.profiles)) or "no profiles"
+        sockets = router.run_dir / "profiles"
+        print(f"handler serve: revision {head.revision[:12]}: {profiles} on {sockets}/<profile>.sock",
+              file=sys.stderr, flush=True)
+
+    return serve(head, root=Path(args.root), run_dir=args.run_dir, state_dir=args.state_dir, on_ready=ready,
+                 on_reload=_print_reload, sandbox=not args.no_sandbox)
+
+
+def _print_reload(attempt: Attempt) -> None:
+    if attempt.result == "applied":
+        print(f"handler serve: {attempt.message} (revision {attempt.revision[:12]}) serves new sessions",
+              file=sys.stderr, flush=True)
+    elif attempt.result != "unchanged":
+        print(f"handler serve: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}; still "
+              f"serving the last good revision (run `handler validate` to see every finding)", file=sys.stderr,
+              flush=True)
+
+
+# --- handler up ------------------------------------------------------------------------------------
+
+
+def _up(args: argparse.Namespace) -> int:
+    host, _, port = args.http.rpartition(":")
+    if not host or not port.isdigit():
+        raise SourceError(f"--http {args.http!r} is not HOST:PORT, e.g. 127.0.0.1:8765")
+    if args.source == "worktree" and not Path(args.root, "config").is_dir():
+        raise SourceError(f"{args.root} holds no config/; give the root of a config tree, or --source git")
+    secret = os.environ.get("HANDLER_WEBHOOK_SECRET", "").encode() or None
+    options = ServiceOptions(root=args.root, source=args.source, ref=args.ref, interval=args.interval,
+                             run_dir=args.run_dir, state_dir=args.state_dir, http_host=host, http_port=int(port),
+                             webhook_secret=secret, sandbox=not args.no_sandbox)
+    reports = Reports(ready=_print_up_ready, not_started=_print_not_started,
+                      follow=FollowReports(fetch_failed=_print_fetch_failed, fell_back=_print_fell_back))
+    return up(options, reports=reports)
+
+
+def _print_up_ready(service: Service) -> None:
+    router, status = service.router, service.reconciler.status
+    port = service.listener.port if service.listener is not None else service.options.http_port
+    sockets = router.run_dir / "profiles"
+    print(f"handler up: {status.source}", file=sys.stderr)
+    if status.applied is not None:
+        print(f"  serving revision {status.applied.revision[:12]} as generation {status.applied.generation}",
+              file=sys.stderr)
+    for name in sorted(router.live.snapshot.profiles):
+        print(f"  profile {name}: {sockets / name}.sock", file=sys.stderr)
+    print(f"  http://{service.options.http_host}:{port}/  the dashboard: status, approvals, catalog (also /status, "
+          "/healthz, POST /hooks/git, POST /hooks/slack)", file=sys.stderr)
+    print("  an agent's MCP client runs: handler-service <interface> --profile <profile>, with "
+          f"HANDLER_RUN_DIR={router.run_dir}", file=sys.stderr)
+    print("  Ctrl-C stops everything.", file=sys.stderr, flush=True)
+
+
+def _print_fetch_failed(error: HandlerError) -> None:
+    print(f"handler up: {error}", file=sys.stderr)
+
+
+def _print_fell_back(revision: str) -> None:
+    print(f"handler up: the head is not servable; serving the last good revision {revision[:12]}", file=sys.stderr)
+
+
+def _print_not_started(attempt: Attempt) -> None:
+    print(f"handler up: not starting: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}",
+          file=sys.stderr)
+    for finding in attempt.findings:
+        if finding["severity"] == "error":
+            print(f"{finding['file']}:{finding['line']}: {finding['code']} {finding['message']}", file=sys.stderr)
+    print("fix the tree (`handler validate` shows every finding) and start again", file=sys.stderr)
+
+
+# --- handler status --------------------------------------------------------------------------------
+
+
+def _status(args: argparse.Namespace) -> int:
+    state = args.state_dir or default_state_dir(Path(args.root))
+    status = read_status(state / "status.json")
+    if status is None:
+        print(f"handler status: no status in {state}; has `handler up` run on this tree?", file=sys.stderr)
+        return EXIT_FINDINGS
+    if args.format == "json":
+        print(json.dumps(status, indent=2))
+    else:
+        _print_status(status)
+    return EXIT_OK if args.format == "json" or status["ready"] else EXIT_FINDINGS
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    print(f"source:  {status['source']}")
+    print(f"ready:   {'yes' if status['ready'] else 'no'} — {status['reason']}")
+    if status["applied"]:
+        a = status["applied"]
+        print(f"applied: {a['revision']} (generation {a['generation']}, {a['time']})")
+    last = status["lastAttempt"]
+    if last:
+        print(f"last:    {last['revision']} {last['result']} at {last['time']} ({last['durationMs']} ms): "
+              f"{last['message']}")
+        for f in last["findings"]:
+            print(f"  {f['file']}:{f['line']}: {f['code']} {f['message']}")
+    for name, services in status["profiles"].items():
+        print(f"profile {name}: " + ", ".join(f"{i} → {b}" for i, b in services.items()))
+    for name, conn in status.get("connectors", {}).items():
+        line = f"connector of {name}: {conn['state']}" + (f" — {conn['message']}" if conn["message"] else "")
+        print(line)
+        for drift in conn["drift"]:
+            print(f"  drift: {drift}")
+    print("history:")
+    for h in status["history"]:
+        print(f"  {h['time']}  {h['result']:9}  {h['reason']:8}  {h['durationMs']:8} ms  {h['revision']}")

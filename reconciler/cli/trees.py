@@ -1,0 +1,89 @@
+"""`handler validate`, `handler plan` and `handler mcp-config`: commands that read a config tree and print.
+
+Registered on the parser by `reconciler.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, load_tree, print_findings
+from reconciler.config import CODES, GitSource, HandlerError, Loader, Snapshot, check_frozen, plan_changes
+from reconciler.config.findings import sort_findings
+from reconciler.places import default_run_dir
+
+__all__ = ["add_tree_commands"]
+
+
+def add_tree_commands(sub: Any) -> None:
+    validate = sub.add_parser("validate", help="run the save-time checks on a config tree")
+    validate.add_argument("root", nargs="?", default=".", help="the config root (holds config/); default: .")
+    validate.add_argument("--base", metavar="REF", help="freeze the interface versions that exist at this git ref")
+    validate.add_argument("--format", choices=["text", "json", "github"], default="text")
+    validate.add_argument("--codes", action="store_true", help="list every finding code and exit")
+    validate.set_defaults(run=_validate)
+
+    plan = sub.add_parser("plan", help="what changes for each profile between a git ref and the tree")
+    plan.add_argument("root", nargs="?", default=".")
+    plan.add_argument("--base", metavar="REF", help="compare with this git ref (default: HEAD, or nothing)")
+    plan.add_argument("--format", choices=["text", "json"], default="text")
+    plan.set_defaults(run=_plan)
+
+    mcp = sub.add_parser("mcp-config", help="the mcpServers entries an MCP client needs to give an agent its profile")
+    mcp.add_argument("profile")
+    mcp.add_argument("root", nargs="?", default=".")
+    mcp.add_argument("--run-dir", type=Path, default=None, help="the router's run folder (default: $HANDLER_RUN_DIR, "
+                     "else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    mcp.set_defaults(run=_mcp_config)
+
+
+def _mcp_config(args: argparse.Namespace) -> int:
+    """One stdio server per interface of the profile, each the bridge `handler-service <interface>`."""
+    snapshot = load_tree(args.root)
+    profile = snapshot.profiles.get(args.profile)
+    if profile is None:
+        known = ", ".join(sorted(snapshot.profiles))
+        raise HandlerError(f"no profile '{args.profile}' in {args.root} (profiles: {known})")
+    bridge = Path(sys.executable).parent / "handler-service"
+    run_dir = (args.run_dir or default_run_dir()).resolve()
+    servers = {}
+    for name in sorted(profile.selections):
+        servers[name] = {"command": str(bridge) if bridge.exists() else "handler-service",
+                         "args": [name, "--profile", profile.name], "env": {"HANDLER_RUN_DIR": str(run_dir)}}
+    print(json.dumps({"mcpServers": servers}, indent=2))
+    return EXIT_OK
+
+
+def _load_base(root: str, ref: str) -> Snapshot:
+    return Loader().load(GitSource.for_folder(root, ref))
+
+
+def _validate(args: argparse.Namespace) -> int:
+    if args.codes:
+        for code in CODES.values():
+            print(f"{code.id}  {code.severity.value:7}  {code.title}")
+        return EXIT_OK
+    head = load_tree(args.root)
+    findings = list(head.findings)
+    if args.base:
+        findings = sort_findings([*findings, *check_frozen(_load_base(args.root, args.base), head)])
+    print_findings(findings, args.format, head)
+    return EXIT_FINDINGS if any(f.is_error for f in findings) else EXIT_OK
+
+
+def _plan(args: argparse.Namespace) -> int:
+    head = load_tree(args.root)
+    if head.errors:
+        print_findings(list(head.errors), "text", head)
+        return EXIT_FINDINGS
+    base = _load_base(args.root, args.base) if args.base else None
+    plan = plan_changes(base, head)
+    if args.format == "json":
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(plan.render_text())
+    return EXIT_OK

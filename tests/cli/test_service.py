@@ -1,0 +1,150 @@
+"""`handler serve` and `handler up` as a person runs them: what they print, and how signals stop or reload them.
+
+`handler serve` refuses a tree with errors, serves a good one until SIGTERM and reloads on SIGHUP;
+`handler up` says what it serves, refuses a tree with nothing good to serve, and Ctrl-C stops it
+and every connector process it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from fixtures.echo_tree import TOKEN_ENV, select_binding, write_echo_tree
+from fixtures.harness import RawClient, short_dir
+
+DEADLINE = 20.0
+
+HANDLER = str(Path(sys.executable).parent / "handler")
+
+
+@pytest.fixture
+def places() -> Iterator[tuple[Path, Path]]:
+    with short_dir() as base:
+        yield write_echo_tree(base / "t"), base / "run"
+
+
+def _env(run_dir: Path) -> dict[str, str]:
+    return {**os.environ, "HANDLER_RUN_DIR": str(run_dir), TOKEN_ENV: "t"}
+
+
+def test_serve_refuses_a_tree_with_errors_and_prints_them(places: tuple[Path, Path]) -> None:
+    root, run_dir = places
+    (root / "config/profiles/tester.toml").write_text('apiVersion = "handler.profile/v1"\nname = "tester"\n')
+    done = subprocess.run([HANDLER, "serve", str(root)], capture_output=True, text=True, env=_env(run_dir),
+                          timeout=60, check=False)
+    assert done.returncode == 1
+    assert "config/profiles/tester.toml" in done.stdout
+    assert "not starting" in done.stderr
+    assert not (run_dir / "profiles").exists()
+
+
+def _ask(path: Path, message: dict[str, object]) -> dict[str, object]:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(20)
+        sock.connect(str(path))
+        sock.sendall(orjson.dumps(message) + b"\n")
+        sock.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    reply: dict[str, object] = orjson.loads(data)
+    return reply
+
+
+def test_serve_runs_until_sigterm_and_reloads_on_sighup(places: tuple[Path, Path]) -> None:
+    root, run_dir = places
+    proc = subprocess.Popen([HANDLER, "serve", str(root)], stderr=subprocess.PIPE, text=True, env=_env(run_dir))
+    try:
+        assert proc.stderr is not None
+        ready = proc.stderr.readline()
+        assert "tester on" in ready, ready
+        sock = run_dir / "profiles/tester.sock"
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo_say",
+                                                                             "arguments": {"text": "up"}}}
+        assert _ask(sock, call)["result"]["structuredContent"] == {"text": "up"}  # type: ignore[index]
+        (root / "config/profiles/second.toml").write_text(
+            (root / "config/profiles/tester.toml").read_text().replace('"tester"', '"second"'))
+        proc.send_signal(signal.SIGHUP)
+        assert "generation 2" in proc.stderr.readline()
+        assert _ask(run_dir / "profiles/second.sock", {"jsonrpc": "2.0", "id": 2, "method": "ping"})["result"] == {}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not sock.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _processes_under(folder: Path) -> list[int]:
+    """Processes whose working folder is inside `folder` (connector processes run in theirs)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if str((entry / "cwd").readlink()).startswith(str(folder)):
+                found.append(int(entry.name))
+    return found
+
+
+def test_up_says_what_it_serves_and_ctrl_c_stops_everything(places: tuple[Path, Path]) -> None:
+    root, run_dir = places
+    proc = subprocess.Popen(
+        [HANDLER, "up", str(root), "--http", "127.0.0.1:0"], env=_env(run_dir), stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    lines: list[str] = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "Ctrl-C" in line:
+            break
+    assert lines[0] == f"handler up: worktree {root.resolve()}\n", lines
+    assert lines[1].startswith("  serving revision "), lines
+    assert lines[1].endswith(" as generation 1\n"), lines
+    assert f"  profile tester: {run_dir}/profiles/tester.sock\n" in lines
+    assert any("/  the dashboard" in line for line in lines), lines
+
+    async def call() -> Any:
+        client = await RawClient.connect(run_dir / "profiles/tester.sock")
+        result = await client.call("echo_say", {"text": "hi"})
+        await client.close()
+        return result
+
+    assert asyncio.run(call())["structuredContent"] == {"text": "hi"}
+    assert _processes_under(root), "the connector process should be running"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=DEADLINE) == 0
+    proc.stderr.close()
+    assert _processes_under(root) == []
+    assert not (run_dir / "profiles/tester.sock").exists()
+
+
+def test_up_refuses_a_tree_with_nothing_good_to_serve_and_says_why(places: tuple[Path, Path]) -> None:
+    root, run_dir = places
+    select_binding(root, "echo-missing")
+    done = subprocess.run([HANDLER, "up", str(root), "--http", "127.0.0.1:0"], capture_output=True, text=True,
+                          env=_env(run_dir), timeout=60, check=False)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    said = [line for line in lines if line.startswith("handler up: not starting: revision ")]
+    assert len(said) == 1, done.stderr
+    assert " was invalid: 1 error(s); first: config/profiles/tester.toml:" in said[0]
+    finding = lines[lines.index(said[0]) + 1]
+    assert finding.startswith("config/profiles/tester.toml:")
+    assert " P001 binding 'echo-missing' does not exist" in finding
+    assert lines[-1] == "fix the tree (`handler validate` shows every finding) and start again"
+    assert not (run_dir / "profiles").exists()

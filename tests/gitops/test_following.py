@@ -1,0 +1,127 @@
+"""Following a source: a first fetch and reconcile, a push that fetches at once, a fetch that fails and is
+said, and a head that cannot serve giving way to the revision applied last time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from gitops.conftest import Swaps
+from reconciler.config import FolderSource, HandlerError, SourceError
+from reconciler.gitops.following import Follower, FollowReports
+from reconciler.gitops.status import read_status
+
+DEADLINE = 20.0
+
+
+class Heard:
+    """What a follower reported."""
+
+    def __init__(self) -> None:
+        self.fetch_errors: list[HandlerError] = []
+        self.fallbacks: list[str] = []
+
+    def reports(self) -> FollowReports:
+        return FollowReports(fetch_failed=self.fetch_errors.append, fell_back=self.fallbacks.append)
+
+
+def _break(clone: Path, git: Callable[..., str]) -> str:
+    profile = clone / "config/profiles/researcher.toml"
+    profile.write_text(profile.read_text().replace('"ocr-local"', '"ocr-missing"'))
+    git(clone, "commit", "-qam", "a typo")
+    git(clone, "push", "-q", "origin", "HEAD:main")
+    return git(clone, "rev-parse", "HEAD")
+
+
+def test_a_git_head_that_cannot_serve_gives_way_to_the_last_good_revision(
+    remote: tuple[Path, Path], tmp_path: Path, git: Callable[..., str]
+) -> None:
+    bare, clone = remote
+    state = tmp_path / "state"
+    good = git(clone, "rev-parse", "HEAD")
+    first = Follower.git(str(bare), "main", Swaps(), state_dir=state, interval=3600)
+    assert asyncio.run(first.start()).result == "applied"
+    assert (state / "tree/config/profiles/researcher.toml").is_file()  # the revision's files, exported
+    broken = _break(clone, git)
+
+    heard, swaps = Heard(), Swaps()
+    again = Follower.git(str(bare), "main", swaps, state_dir=state, interval=3600, reports=heard.reports())
+    head = asyncio.run(again.start())
+    assert (head.revision, head.result) == (broken, "invalid")
+    assert heard.fallbacks == [good]
+    assert [s.revision for s in swaps.live] == [good]
+    assert again.reconciler.live is not None
+    assert again.reconciler.live.revision == good
+    status = read_status(state / "status.json")
+    assert status is not None
+    assert status["applied"]["revision"] == good
+    assert (status["lastAttempt"]["revision"], status["lastAttempt"]["result"]) == (broken, "invalid")
+    assert [h["reason"] for h in status["history"]] == ["start", "last-known-good", "start"]
+
+
+def test_without_a_good_revision_before_nothing_serves(remote: tuple[Path, Path], tmp_path: Path,
+                                                       git: Callable[..., str]) -> None:
+    bare, clone = remote
+    _break(clone, git)
+    heard = Heard()
+    follower = Follower.git(str(bare), "main", Swaps(), state_dir=tmp_path / "state", interval=3600,
+                            reports=heard.reports())
+    assert asyncio.run(follower.start()).result == "invalid"
+    assert follower.reconciler.live is None
+    assert heard.fallbacks == []
+
+
+def test_a_remote_that_cannot_be_fetched_is_reported_and_nothing_serves(tmp_path: Path) -> None:
+    heard = Heard()
+    follower = Follower.git(str(tmp_path / "nowhere.git"), "main", Swaps(), state_dir=tmp_path / "state",
+                            interval=3600, reports=heard.reports())
+    assert asyncio.run(follower.start()).result == "error"
+    assert follower.reconciler.live is None
+    (error,) = heard.fetch_errors
+    assert isinstance(error, SourceError)
+    assert "cannot fetch" in str(error)
+
+
+def test_a_push_fetches_at_once_and_the_interval_polls(remote: tuple[Path, Path], tmp_path: Path,
+                                                       git: Callable[..., str]) -> None:
+    bare, clone = remote
+
+    async def follow(interval: float, change: Callable[[Path, Callable[..., str]], str], announce: bool) -> list[str]:
+        follower = Follower.git(str(bare), "main", Swaps(), state_dir=tmp_path / f"state-{interval}",
+                                interval=interval)
+        assert follower.on_push is not None
+        await follower.start()
+        stop = asyncio.Event()
+        task = asyncio.create_task(follower.follow(stop))
+        sha = change(clone, git)
+        if announce:
+            await follower.on_push()
+        history = follower.reconciler.status.history
+        async with asyncio.timeout(DEADLINE):
+            while not any(a.revision == sha for a in history):
+                await asyncio.sleep(0.02)
+        stop.set()
+        await task
+        return [a.reason for a in history if a.revision == sha]
+
+    assert asyncio.run(follow(3600, _comment, announce=True)) == ["webhook"]
+    assert asyncio.run(follow(0.1, _break, announce=False))[0] == "poll"
+
+
+def _comment(clone: Path, git: Callable[..., str]) -> str:
+    profile = clone / "config/profiles/researcher.toml"
+    profile.write_text(profile.read_text() + "# reviewed\n")
+    git(clone, "commit", "-qam", "a comment")
+    git(clone, "push", "-q", "origin", "HEAD:main")
+    return git(clone, "rev-parse", "HEAD")
+
+
+def test_a_work_tree_is_read_where_it_is_and_takes_no_pushes(shipped_tree: Path) -> None:
+    swaps = Swaps()
+    follower = Follower.worktree(shipped_tree, swaps, status_file=shipped_tree / ".handler/status.json")
+    assert follower.on_push is None
+    assert follower.tree_root == shipped_tree
+    assert isinstance(follower.reconciler.source, FolderSource)
+    assert asyncio.run(follower.start()).result == "applied"
+    assert len(swaps.live) == 1
