@@ -1,4 +1,4 @@
-"""Governance: the decision, holds, spend and the store (design §7).
+"""Governance: the decision, holds, spend and the store (docs/architecture.md §7).
 
 The modules, by job: `rulebook` compiles a snapshot into lookup tables; `decide` is the pure
 decision with its trace; `explain` renders it (`handler explain`); `store` and `migrations/` hold the

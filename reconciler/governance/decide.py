@@ -1,4 +1,4 @@
-"""The decision: executed now, held for a person, or blocked — with a trace of every layer (design §7).
+"""The decision: executed now, held for a person, or blocked — with a trace of every layer (docs/architecture.md §7).
 
 `decide_call` is a pure function of a compiled `Rulebook` entry, the call's estimated cost and the
 spend state; it reads lookup tables only. The layers, top-down, each recorded in the trace:

@@ -1,4 +1,4 @@
-"""The seam between the router's call pipeline and governance (design §2 step 5, §7).
+"""The seam between the router's call pipeline and governance (docs/architecture.md §2 step 5, §7).
 
 The router asks a `Gate` to admit every call before dispatch and to settle it after; it serves the
 built-in `handler_status` and `handler_decide` tools by asking the gate too. `OpenGate` admits

@@ -205,7 +205,8 @@ def finish_hold(store: Store, request_id: str, *, ok: bool, result: Mapping[str,
 
 
 def caller_refusal(hold: Hold, caller: CallRequest) -> str | None:
-    """Why this MCP caller may not decide the hold (design §6: only the parent instance, never the agent)."""
+    """Why this MCP caller may not decide the hold: only the parent instance may, never the agent itself
+    (docs/architecture.md §6)."""
     to = (hold.approver or {}).get("to")
     if to != "caller":
         return (f"Blocked: hold {hold.id} is routed to {to or 'a person'}, not to a calling instance; "

@@ -9,10 +9,10 @@ decided, however it was, a sent Slack message is claimed once more (`claim_decid
 `closed`) to replace its buttons with the decision. A notice claimed by a
 notifier that died is claimable again after `STALE_SECONDS`: notices are sent at least once.
 
-Targets (design §7 channels): a hold routed to a member emails that member; one posted to a Slack
-channel goes to that channel; one left to the org's owners emails every owner. A hold routed to
-the caller is decided over MCP (`handler_decide`) and notifies nobody. Every hold is also on the
-dashboard, which needs no notice.
+Targets (the channels of docs/architecture.md §7): a hold routed to a member emails that member;
+one posted to a Slack channel goes to that channel; one left to the org's owners emails every
+owner. A hold routed to the caller is decided over MCP (`handler_decide`) and notifies nobody.
+Every hold is also on the dashboard, which needs no notice.
 """
 
 from __future__ import annotations

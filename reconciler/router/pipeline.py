@@ -1,4 +1,4 @@
-"""The call, in order (design §2 steps 2-10): one `tools/call` from a resolved name to its logged reply.
+"""The call, in order (docs/architecture.md §2 steps 2-10): one `tools/call` from a resolved name to its logged reply.
 
 Step 1 (framing) happened in `framing`; `run_tools_call` runs the rest, each step a function below:
 `resolve_tool` (2), `validate_input` (3), `resolve_files` (4, in `files`), `govern` (5), `take_slot`
