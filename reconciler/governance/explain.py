@@ -65,5 +65,5 @@ def render_text(decision: Decision, profile: str, tool: str) -> str:
 
 def current_state(store: Store, entry: ToolEntry, instance: str) -> SpendState:
     """This month's spend for the call's scopes, read without locking (for `handler explain`)."""
-    with store.begin() as conn:
-        return read_state(store, conn, entry.caps, entry.profile, instance, lock=False)
+    with store.begin() as tx:
+        return read_state(store, tx, entry.caps, entry.profile, instance, lock=False)

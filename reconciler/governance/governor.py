@@ -25,14 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
-from reconciler.governance.auditing import record
-from reconciler.governance.batching import Backlog
 from reconciler.governance.decide import Decision, SpendState, Step, decide_call, guardrail_block
-from reconciler.governance.errors import HoldNotFoundError, NotAllowedError
+from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, StoreError
 from reconciler.governance.gate import Admission, CallRequest, Executor, HoldStatus, Settlement
 from reconciler.governance.holds import (
     PENDING_HINT,
@@ -44,7 +40,6 @@ from reconciler.governance.holds import (
     finish_hold,
     get_hold,
     hold_status,
-    insert_hold,
     new_request_id,
 )
 from reconciler.governance.ledger import (
@@ -55,11 +50,15 @@ from reconciler.governance.ledger import (
     reserve,
     scopes_for,
     settle,
+    settlement_row,
 )
-from reconciler.governance.listening import HoldListener
 from reconciler.governance.notices import add_notices, describe, targets_for
 from reconciler.governance.rulebook import CapSet, Rulebook, ToolEntry, compile_rulebook, from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_url
+from reconciler.governance.store.audit import audit_row, insert_audit, record
+from reconciler.governance.store.backlog import Backlog
+from reconciler.governance.store.holds import insert_hold
+from reconciler.governance.store.listening import HoldListener
 
 __all__ = ["Governor"]
 
@@ -172,9 +171,9 @@ class Governor:
         if decision.outcome is Outcome.APPROVE:
             return None  # a hold is written before the agent hears of it
         request_id = new_request_id()
-        self._backlog.add_event("decided", request_id=request_id, profile=call.profile, instance=call.instance,
-                                tool=call.tool, status=decision.status,
-                                detail={"reason": decision.reason, "cost": cost, "binding": call.binding})
+        self._backlog.add_audit(audit_row("decided", request_id=request_id, profile=call.profile,
+                                          instance=call.instance, tool=call.tool, status=decision.status,
+                                          detail={"reason": decision.reason, "cost": cost, "binding": call.binding}))
         self._flush_soon()
         trace = self._trace_dicts(decision.trace)
         if decision.outcome is Outcome.BLOCK:
@@ -204,7 +203,7 @@ class Governor:
         """Commit the backlog of unlimited calls now (tests, shutdown)."""
         try:
             await self._io(self._backlog.flush, self.store)
-        except SQLAlchemyError as exc:  # the decisions stand; only their record is late or lost
+        except StoreError as exc:  # the decisions stand; only their record is late or lost
             print(f"handler: could not record {len(self._backlog)} audit/spend rows: {exc}", file=sys.stderr)
 
     def admit_now(self, snapshot: Snapshot, call: CallRequest) -> Admission:
@@ -243,12 +242,14 @@ class Governor:
                 add_notices(conn, request_id, targets)
                 if targets:
                     self.store.notify(conn, request_id)  # other routers' notifiers hear of it at once
-                record(conn, "decided", request_id=request_id, profile=call.profile, instance=call.instance,
-                       tool=call.tool, status=decision.status, detail=detail)
+                insert_audit(conn, audit_row("decided", request_id=request_id, profile=call.profile,
+                                             instance=call.instance, tool=call.tool, status=decision.status,
+                                             detail=detail))
                 told = " ".join(filter(None, (decision.reason, describe(targets), PENDING_HINT)))
                 return Admission("pending", told, request_id, None, trace)
-        self._backlog.add_event("decided", request_id=request_id, profile=call.profile, instance=call.instance,
-                                tool=call.tool, status=decision.status, detail=detail)
+        self._backlog.add_audit(audit_row("decided", request_id=request_id, profile=call.profile,
+                                          instance=call.instance, tool=call.tool, status=decision.status,
+                                          detail=detail))
         if res is not None:
             return Admission("executed", decision.reason, request_id, _Token(request_id, res), trace)
         return Admission("blocked", decision.reason, request_id, None, trace)
@@ -259,10 +260,8 @@ class Governor:
             spent = token.unlimited
             charged = (spent.estimate if actual_cost is None else to_micros(actual_cost)) if ok else 0
             self._backlog.add_spend(spent.scopes, spent.month, charged)
-            self._backlog.add_event("settled" if ok else "released", request_id=token.request_id,
-                                    profile=spent.profile, instance=spent.instance, tool=None,
-                                    status="executed" if ok else "failed",
-                                    detail={"reserved": spent.estimate, "charged": charged})
+            self._backlog.add_audit(settlement_row(token.request_id, spent.profile, spent.instance, ok,
+                                                   spent.estimate, charged))
             self._flush_soon()
             return Settlement(from_micros(charged), None)
         if not isinstance(token, _Token) or token.reservation is None:
@@ -271,9 +270,8 @@ class Governor:
         charged = (res.reserved if actual_cost is None else to_micros(actual_cost)) if ok else 0
         delta = charged - res.reserved
         self._backlog.add_settlement(res.id, charged, ok, delta, res.scopes, res.month, res.account)
-        self._backlog.add_event("settled" if ok else "released", request_id=token.request_id, profile=res.profile,
-                                instance=res.instance, tool=None, status="executed" if ok else "failed",
-                                detail={"reserved": res.reserved, "charged": charged})
+        self._backlog.add_audit(settlement_row(token.request_id, res.profile, res.instance, ok, res.reserved,
+                                               charged))
         self._flush_soon()
         remaining = None if res.remaining is None else max(0, res.remaining - delta)
         return Settlement(from_micros(charged), None if remaining is None else from_micros(remaining))
@@ -423,7 +421,7 @@ class Governor:
     def close(self) -> None:
         try:
             self._backlog.flush(self.store)
-        except SQLAlchemyError as exc:
+        except StoreError as exc:
             print(f"handler: could not record {len(self._backlog)} audit/spend rows: {exc}", file=sys.stderr)
         self._pool.shutdown(wait=True)
         if self._owns_store:

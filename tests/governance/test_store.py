@@ -12,8 +12,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from reconciler.governance.errors import StoreError
-from reconciler.governance.migrating import head_revision
-from reconciler.governance.store import Store, metadata, open_store, store_exists, store_url
+from reconciler.governance.store import Store, open_store, store_exists, store_url
+from reconciler.governance.store.migrate import head_revision
+from reconciler.governance.store.tables import metadata
 
 
 def test_the_default_store_is_sqlite_in_the_state_folder(tmp_path: Path) -> None:
