@@ -29,7 +29,7 @@ from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.decide import Decision, SpendState, Step, decide_call, guardrail_block
 from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, StoreError
-from reconciler.governance.gate import Admission, CallRequest, Executor, HoldStatus, Settlement
+from reconciler.governance.gate import Admission, CallRequest, CallResult, Executor, HoldStatus, Settlement
 from reconciler.governance.holds import (
     PENDING_HINT,
     Hold,
@@ -370,13 +370,14 @@ class Governor:
         call = CallRequest(hold.profile, hold.instance, hold.parent_instance, hold.interface, hold.tool,
                            hold.binding, hold.arguments, from_micros(hold.cost))
         try:
-            ok, result = await self._executor(call)
+            result = await self._executor(call)
         except Exception as exc:  # the router's executor failed: the hold fails, it is never retried
-            ok, result = False, {"error": "unavailable", "message": f"the call could not run: {exc}"}
-        actual = _reported_cost(result) if ok else None
+            result = CallResult(False, {"error": "unavailable", "message": f"the call could not run: {exc}"})
+        ok, output = result.ok, result.output
+        actual = to_micros(result.cost) if ok and result.cost is not None else None
         charged, _ = await self._io(settle, self.store, recheck, actual, ok, request_id)
-        message = "" if ok else str(result.get("message") or result.get("error") or "the call failed")
-        await self._io(_finish, self.store, request_id, ok, dict(result), message, charged)
+        message = "" if ok else str(output.get("message") or output.get("error") or "the call failed")
+        await self._io(_finish, self.store, request_id, ok, dict(output), message, charged)
         return True
 
     def _recheck(self, snapshot: Snapshot, hold: Hold) -> Reservation | str:
@@ -431,12 +432,6 @@ class Governor:
 def _finish(store: Store, rid: str, ok: bool, result: Mapping[str, Any] | None, message: str,
             charged: int | None) -> None:
     finish_hold(store, rid, ok=ok, result=result, message=message, charged=charged)
-
-
-def _reported_cost(result: Mapping[str, Any]) -> int | None:
-    meta = result.get("_meta")
-    cost = meta.get("handler/cost") if isinstance(meta, Mapping) else None
-    return to_micros(float(cost)) if isinstance(cost, int | float) else None
 
 
 def _hold_values(rid: str, revision: str, call: CallRequest, decision: Decision, cost: int,

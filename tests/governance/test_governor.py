@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pytest
 
 from governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
 from reconciler.config.snapshot import Snapshot
-from reconciler.governance.gate import CallRequest
+from reconciler.governance.gate import CallRequest, CallResult
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import decide_hold, get_hold, list_holds
 from reconciler.governance.store import Store, open_store
@@ -31,12 +31,12 @@ class Recorder:
         self.ok = ok
         self.ran = asyncio.Event()
 
-    async def __call__(self, call: CallRequest) -> tuple[bool, Mapping[str, Any]]:
+    async def __call__(self, call: CallRequest) -> CallResult:
         self.calls.append(call)
         self.ran.set()
         if self.ok:
-            return True, {"sent": call.arguments.get("to"), "_meta": {"handler/cost": 0.02}}
-        return False, {"error": "unavailable", "message": "the mail server is down"}
+            return CallResult(True, {"sent": call.arguments.get("to")}, cost=0.02)
+        return CallResult(False, {"error": "unavailable", "message": "the mail server is down"})
 
 
 async def until(check: Callable[[], Awaitable[bool]], seconds: float = 15.0) -> None:
