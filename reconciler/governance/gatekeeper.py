@@ -238,10 +238,11 @@ class Gatekeeper:
     def flush_now(self) -> None:
         """Commit the backlog on this thread; a store failure is logged: the decisions stand, only their
         record is late or lost."""
+        waiting = len(self._backlog)
         try:
             self._backlog.flush(self.store)
         except StoreError as exc:
-            log.warning("could not record %d audit/spend rows: %s", len(self._backlog), exc)
+            log.warning("could not record %d audit/spend rows: %s", waiting, exc)
 
     async def aclose(self) -> None:
         """Stop waiting to gather and commit what is in the backlog."""
