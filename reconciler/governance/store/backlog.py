@@ -34,6 +34,9 @@ class Backlog:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # One commit at a time: a flush returns once everything added before it is committed, even
+        # when another thread took those rows a moment earlier and is committing them still.
+        self._committing = threading.Lock()
         self._audit: list[dict[str, Any]] = []
         self._spend: dict[tuple[str, str], int] = {}
         self._balances: dict[str, int] = {}
@@ -75,24 +78,26 @@ class Backlog:
 
     def flush(self, store: Store) -> int:
         """Commit what is waiting in one transaction; returns how many rows and sums it wrote."""
-        with self._lock:
-            rows, sums, settled, moved = self._audit, self._spend, self._settled, self._balances
-            reserved = self._reserved
-            self._audit, self._spend, self._settled, self._balances, self._reserved = [], {}, [], {}, []
-        if not rows and not sums and not settled and not reserved:
-            return 0
-        with store.begin() as tx:
-            if reserved:  # before the settlements that close them
-                tx.execute(sa.insert(reservations), reserved)
-            if settled:
-                tx.execute(_CLOSE, settled)
-            for account, change in sorted(moved.items()):
-                tx.execute(sa.update(balances).where(balances.c.account == account)
-                           .values(micros=balances.c.micros + change))
-            if rows:
-                tx.execute(sa.insert(audit), rows)
-            if sums:
-                tx.execute(store.insert_ignore(spend),
-                           [{"scope": s, "month": m, "micros": 0} for (s, m) in sorted(sums)])
-                tx.execute(_ADD_SPEND, [{"p_scope": s, "p_month": m, "p_add": v} for (s, m), v in sorted(sums.items())])
-        return len(rows) + len(sums) + len(settled) + len(reserved)
+        with self._committing:
+            with self._lock:
+                rows, sums, settled, moved = self._audit, self._spend, self._settled, self._balances
+                reserved = self._reserved
+                self._audit, self._spend, self._settled, self._balances, self._reserved = [], {}, [], {}, []
+            if not rows and not sums and not settled and not reserved:
+                return 0
+            with store.begin() as tx:
+                if reserved:  # before the settlements that close them
+                    tx.execute(sa.insert(reservations), reserved)
+                if settled:
+                    tx.execute(_CLOSE, settled)
+                for account, change in sorted(moved.items()):
+                    tx.execute(sa.update(balances).where(balances.c.account == account)
+                               .values(micros=balances.c.micros + change))
+                if rows:
+                    tx.execute(sa.insert(audit), rows)
+                if sums:
+                    tx.execute(store.insert_ignore(spend),
+                               [{"scope": s, "month": m, "micros": 0} for (s, m) in sorted(sums)])
+                    tx.execute(_ADD_SPEND,
+                               [{"p_scope": s, "p_month": m, "p_add": v} for (s, m), v in sorted(sums.items())])
+            return len(rows) + len(sums) + len(settled) + len(reserved)
