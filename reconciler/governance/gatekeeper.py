@@ -129,7 +129,7 @@ class Gatekeeper:
                                lock=_limits_spend(entry.caps), month=month)
             decision = decide_call(entry, call.instance, cost, state)
             if decision.outcome is Outcome.APPROVE:
-                return self._hold(tx, snapshot, call, decision, request_id)
+                return self._store_hold(tx, snapshot, call, decision, request_id)
             reservation = None
             if decision.outcome is Outcome.AUTO:
                 reservation = reserve(self.store, tx, entry.caps, call.profile, call.instance, cost, request_id,
@@ -148,7 +148,7 @@ class Gatekeeper:
                                        tool=call.tool, status="blocked", detail={"reason": message}))
         return Admission("blocked", message, request_id)
 
-    def _hold(self, tx: Transaction, snapshot: Snapshot, call: CallRequest, decision: Decision,
+    def _store_hold(self, tx: Transaction, snapshot: Snapshot, call: CallRequest, decision: Decision,
               request_id: str) -> Admission:
         """Store the hold with its notices and audit row in the admission's transaction; the agent's answer."""
         values = _hold_values(request_id, snapshot.revision, call, decision)
