@@ -1,8 +1,11 @@
-"""Governance: the decision, holds, spend and the store (design §7).
+"""Governance: the decision, holds, spend and the store (docs/architecture.md §7).
 
-The modules, by job: `rulebook` compiles a snapshot into lookup tables; `decide` is the pure
-decision with its trace; `explain` renders it (`handler explain`); `store` and `migrations/` hold the
-schema (SQLite or PostgreSQL, Alembic); `holds`, `ledger`, `auditing` and `batching` write to it;
-`governor` is the router's `Gate` (`gate`) over all of them; `listening` wakes routers on
-PostgreSQL. Nothing is imported here, so that the router's import of `gate` stays light.
+The modules, by job: `rulebook` compiles a snapshot into lookup tables (`rulebook_cache` keeps the
+latest few); `decide` is the pure decision with its trace; `explain` renders it (`handler
+explain`); `holds`, `ledger` and `notices` are the life of a hold, of spend and of an approver's
+notice; `store/` alone speaks SQL (the schema, its Alembic migrations, the statements of each
+concern, SQLite or PostgreSQL). On the call path, `gate` is the router's seam; `governor` is the
+real gate, made of `gatekeeper` (admit, settle, the built-ins' answers) and `holdrunner` (approved
+holds, each run once), which share `workers` (store calls off the event loop). Nothing is imported
+here, so that the router's import of `gate` stays light.
 """

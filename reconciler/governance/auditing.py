@@ -1,38 +1,8 @@
-"""The audit trail: every decision, every change of a hold and of the balance, in order.
-
-Writers call `record` inside their own transaction, so an event is in the trail exactly when the
-change it describes is in the store. `handler audit` reads it with `read_audit`.
-"""
+"""The audit trail as `handler audit` reads it; its rows are written by the store (`store.audit.record`),
+inside the transaction of the change each one describes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from reconciler.governance.store.audit import read_audit
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection
-
-from reconciler.governance.store import Store, audit, now
-
-__all__ = ["read_audit", "record"]
-
-_INSERT = sa.insert(audit)
-
-
-def record(conn: Connection, event: str, *, request_id: str | None = None, profile: str | None = None,
-           instance: str | None = None, tool: str | None = None, actor: str | None = None,
-           status: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
-    """Append one row to the audit trail, inside the caller's transaction."""
-    conn.execute(_INSERT, {"at": now(), "event": event, "request_id": request_id, "profile": profile,
-                           "instance": instance, "tool": tool, "actor": actor, "status": status,
-                           "detail": dict(detail or {})})
-
-
-def read_audit(store: Store, *, request_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-    """The newest `limit` audit rows (oldest first), optionally of one request."""
-    query = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
-    if request_id:
-        query = query.where(audit.c.request_id == request_id)
-    with store.engine.connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(query)]
-    return rows[::-1]
+__all__ = ["read_audit"]

@@ -1,4 +1,4 @@
-"""The decision: executed now, held for a person, or blocked — with a trace of every layer (design §7).
+"""The decision: executed now, held for a person, or blocked — with a trace of every layer (docs/architecture.md §7).
 
 `decide_call` is a pure function of a compiled `Rulebook` entry, the call's estimated cost and the
 spend state; it reads lookup tables only. The layers, top-down, each recorded in the trace:
@@ -17,6 +17,7 @@ Layers 2-4 come precomputed from `config.posture` (shared with `handler plan`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -64,6 +65,9 @@ class Decision(NamedTuple):
     approver: Approver | None
     reason: str
     trace: tuple[Step, ...]
+    # The trace as holds, the audit trail and `Admission.trace` carry it: built with the decision, so
+    # a decision reused from the memo (see `decide_call`) brings its wire form along at no cost.
+    wire_trace: tuple[Mapping[str, Any], ...]
     cost: int  # the estimate decided on, micros
     cap: str | None = None  # the guardrail that blocked, e.g. "profile monthly cap"
 
@@ -78,8 +82,14 @@ class Decision(NamedTuple):
             "approver": self.approver.to_dict() if self.approver else None,
             "reason": self.reason,
             "cost": from_micros(self.cost),
-            "trace": [s.to_dict() for s in self.trace],
+            "trace": [dict(s) for s in self.wire_trace],
         }
+
+
+def _decision(outcome: Outcome, approver: Approver | None, reason: str, steps: Sequence[Step], cost: int,
+              cap: str | None = None) -> Decision:
+    trace = tuple(steps)
+    return Decision(outcome, approver, reason, trace, tuple(s.to_dict() for s in trace), cost, cap)
 
 
 def _refused(caps: CapSet, cost: int, state: SpendState) -> bool:
@@ -140,12 +150,12 @@ def decide_call(entry: ToolEntry, instance: str, cost: int | None, state: SpendS
         assert blocked is not None  # noqa: S101 - _refused said so
         cap, reason = blocked
         skipped = (_skip(name, "not reached: a guardrail blocked") for name in LAYERS[1:])
-        return Decision(Outcome.BLOCK, None, reason, (Step("guardrails", reason, True), *skipped), est, cap)
+        return _decision(Outcome.BLOCK, None, reason, (Step("guardrails", reason, True), *skipped), est, cap)
     key = entry.policies.key(est)
     done: Decision | None = entry.memo.get(key)
     if done is None:
         done = entry.memo[key] = _decide_layers(entry, est)
-    return Decision(done.outcome, done.approver, done.reason, done.trace, est)
+    return Decision(done.outcome, done.approver, done.reason, done.trace, done.wire_trace, est)
 
 
 def _decide_layers(entry: ToolEntry, est: int) -> Decision:
@@ -163,7 +173,7 @@ def _decide_layers(entry: ToolEntry, est: int) -> Decision:
     if outcome is Outcome.BLOCK:
         reason = _block_reason(entry, base_layer)
         steps.extend(_skip(name, "not reached: the call is blocked") for name in LAYERS[3:])
-        return Decision(Outcome.BLOCK, None, reason, tuple(steps), est)
+        return _decision(Outcome.BLOCK, None, reason, steps, est)
     why = posture.detail
     if posture.layer == "pin":
         steps.append(Step("pin", f"service {entry.service} is pinned: auto becomes approve", True))
@@ -180,7 +190,7 @@ def _decide_layers(entry: ToolEntry, est: int) -> Decision:
             found += " (it would have waited for approval)"
         steps.append(Step("routing", found, outcome is Outcome.APPROVE))
         steps.append(_skip("default", "not reached"))
-        return Decision(Outcome.AUTO, None, f"Runs now: {why}; routing is none (full trust).", tuple(steps), est)
+        return _decision(Outcome.AUTO, None, f"Runs now: {why}; routing is none (full trust).", steps, est)
 
     holding = entry.policies.holding(est)
     if holding is None:
@@ -195,13 +205,13 @@ def _decide_layers(entry: ToolEntry, est: int) -> Decision:
     if outcome is Outcome.AUTO:
         steps.append(_skip("routing", "not needed: nothing to approve"))
         steps.append(_skip("default", "not reached: the outcome is auto"))
-        return Decision(Outcome.AUTO, None, f"Runs now: {why}.", tuple(steps), est)
+        return _decision(Outcome.AUTO, None, f"Runs now: {why}.", steps, est)
 
     approver, found = _route(entry, est)
     steps.append(Step("routing", found, True))
     steps.append(_skip("default", "not reached: the call is held"))
     who = approver.describe() if approver else "an org member"
-    return Decision(Outcome.APPROVE, approver, f"Held for approval by {who}: {why}.", tuple(steps), est)
+    return _decision(Outcome.APPROVE, approver, f"Held for approval by {who}: {why}.", steps, est)
 
 
 def _route(entry: ToolEntry, est: int) -> tuple[Approver | None, str]:

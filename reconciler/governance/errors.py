@@ -7,17 +7,9 @@ Grouped by what the caller does next: `UnknownCallError` and `HoldNotFoundError`
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
-
 from reconciler.config.errors import HandlerError
 
-__all__ = ["GovernanceError", "HoldNotFoundError", "NotAllowedError", "StoreError", "UnknownCallError", "did_you_mean"]
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
+__all__ = ["GovernanceError", "HoldNotFoundError", "NotAllowedError", "StoreError", "UnknownCallError"]
 
 
 class GovernanceError(HandlerError):

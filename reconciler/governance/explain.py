@@ -6,9 +6,10 @@ empty one when no store exists yet) and prints `render_text` or `Decision.to_dic
 
 from __future__ import annotations
 
+from reconciler.config.findings import did_you_mean
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.decide import Decision, SpendState, decide_call, usd
-from reconciler.governance.errors import UnknownCallError, did_you_mean
+from reconciler.governance.errors import UnknownCallError
 from reconciler.governance.ledger import read_state
 from reconciler.governance.rulebook import Rulebook, ToolEntry, compile_rulebook, to_micros
 from reconciler.governance.store import Store
@@ -20,12 +21,12 @@ def find_entry(rulebook: Rulebook, profile: str, tool: str) -> ToolEntry:
     """The compiled entry for (profile, tool), or `UnknownCallError` saying what exists."""
     if profile not in rulebook.profiles:
         raise UnknownCallError(f"no profile '{profile}'{did_you_mean(profile, rulebook.profiles)}"
-                          f" (profiles: {', '.join(sorted(rulebook.profiles)) or 'none'})")
+                               f"; profiles: {', '.join(sorted(rulebook.profiles)) or 'none'}")
     entry = rulebook.entry(profile, tool)
     if entry is None:
         tools = rulebook.profiles[profile]
         raise UnknownCallError(f"profile '{profile}' serves no tool '{tool}'{did_you_mean(tool, tools)}"
-                          f" (its tools: {', '.join(sorted(tools)) or 'none'})")
+                               f"; its tools: {', '.join(sorted(tools)) or 'none'}")
     return entry
 
 
@@ -64,5 +65,5 @@ def render_text(decision: Decision, profile: str, tool: str) -> str:
 
 def current_state(store: Store, entry: ToolEntry, instance: str) -> SpendState:
     """This month's spend for the call's scopes, read without locking (for `handler explain`)."""
-    with store.begin() as conn:
-        return read_state(store, conn, entry.caps, entry.profile, instance, lock=False)
+    with store.begin() as tx:
+        return read_state(store, tx, entry.caps, entry.profile, instance, lock=False)

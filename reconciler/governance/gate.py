@@ -1,4 +1,4 @@
-"""The seam between the router's call pipeline and governance (design §2 step 5, §7).
+"""The seam between the router's call pipeline and governance (docs/architecture.md §2 step 5, §7).
 
 The router asks a `Gate` to admit every call before dispatch and to settle it after; it serves the
 built-in `handler_status` and `handler_decide` tools by asking the gate too. `OpenGate` admits
@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 
 from reconciler.config.snapshot import Snapshot
 
-__all__ = ["Admission", "CallRequest", "Executor", "Gate", "HoldStatus", "OpenGate", "Settlement"]
+__all__ = ["Admission", "CallRequest", "CallResult", "Executor", "Gate", "HoldStatus", "OpenGate", "Settlement"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +56,20 @@ class HoldStatus:
     charged: float | None = None  # what an executed hold cost, USD
 
 
-# Runs a held call after approval through the router's steps 6-10; returns (ok, structured result or error).
-# The connector's reported cost, when any, rides in the result's `_meta["handler/cost"]`; else the estimate is charged.
-Executor = Callable[[CallRequest], Awaitable[tuple[bool, Mapping[str, Any]]]]
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """How an admitted call ran: what the router's `run_admitted` returns, whether the call was admitted
+    at once or held and approved (then the hold runner stores it with the hold and settles it)."""
+
+    ok: bool
+    output: Mapping[str, Any]  # the validated output; when not ok, {"error": code, "message": why}
+    cost: float | None = None  # what the connector reported the call cost, USD; None: it did not say
+    settlement: Settlement | None = None  # what the gate charged, when the call was settled on its way
+
+
+# Runs an approved hold through the router's steps 3-4 and 6-10 (`Router.execute_held`). The hold is
+# settled by the gate: at the reported cost when there is one, else at the estimate.
+Executor = Callable[[CallRequest], Awaitable[CallResult]]
 
 
 class Gate(Protocol):

@@ -1,9 +1,10 @@
-"""Held calls in the store: created pending, decided once, claimed once, finished once.
+"""Held calls: created pending, decided once, claimed once, finished once.
 
-A hold never expires. Each transition is one conditional UPDATE (`WHERE state = <expected>`), so
+A hold never expires. Each transition is one conditional UPDATE in the store (`store.holds`), so
 when two routers, or a router and the CLI, race on the same hold exactly one wins: a hold is
 decided once and an approved hold is claimed — and run — exactly once. Every transition writes
-an audit row in the same transaction. Called by the governor and by `handler approvals`.
+an audit row in the same transaction. Who may decide a hold is answered here too (`may_decide`
+for people, `caller_refusal` over MCP). Called by the governor, `handler approvals` and the dashboard.
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection
-
 from reconciler.config.snapshot import Snapshot
-from reconciler.governance.auditing import record
 from reconciler.governance.errors import HoldNotFoundError, NotAllowedError
 from reconciler.governance.gate import CallRequest, HoldStatus
 from reconciler.governance.rulebook import from_micros
-from reconciler.governance.store import Store, holds, now
+from reconciler.governance.store import Store
+from reconciler.governance.store import holds as rows
+from reconciler.governance.store.audit import record
 
 __all__ = [
     "PENDING_HINT",
@@ -35,7 +34,6 @@ __all__ = [
     "finish_hold",
     "get_hold",
     "hold_status",
-    "insert_hold",
     "list_holds",
     "may_decide",
     "new_request_id",
@@ -85,45 +83,40 @@ class Hold:
     charged: int | None
 
     @classmethod
-    def from_row(cls, row: Any) -> Hold:
-        m = row._mapping
-        return cls(**{f.name: m[f.name] for f in fields(cls)})
+    def from_row(cls, row: Mapping[str, Any]) -> Hold:
+        """A hold from its stored row (which has a few columns more, such as `claimed_at`)."""
+        return cls(**{name: row[name] for name in _FIELDS})
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def insert_hold(conn: Connection, values: Mapping[str, Any]) -> None:
-    conn.execute(sa.insert(holds).values(created_at=now(), state="pending", message="", **values))
+_FIELDS = tuple(f.name for f in fields(Hold))
 
 
 def get_hold(store: Store, request_id: str) -> Hold:
-    with store.engine.connect() as conn:
-        row = conn.execute(sa.select(holds).where(holds.c.id == request_id)).first()
-    if row is None:
+    found = rows.fetch_hold(store, request_id)
+    if found is None:
         raise HoldNotFoundError(f"no hold '{request_id}': `handler approvals list` shows the holds")
-    return Hold.from_row(row)
+    return Hold.from_row(found)
 
 
 def list_holds(store: Store, states: Sequence[str] = ("pending",), limit: int = 200) -> list[Hold]:
-    query = sa.select(holds).order_by(holds.c.created_at).limit(limit)
-    if states:
-        query = query.where(holds.c.state.in_(states))
-    with store.engine.connect() as conn:
-        return [Hold.from_row(r) for r in conn.execute(query)]
+    """Holds in these states (every hold when `states` is empty), oldest first."""
+    return [Hold.from_row(r) for r in rows.fetch_holds(store, states, limit)]
 
 
 def recent_decisions(store: Store, limit: int = 50) -> list[Hold]:
     """The holds decided most recently, newest first (the dashboard's history)."""
-    query = (sa.select(holds).where(holds.c.state != "pending").order_by(holds.c.decided_at.desc()).limit(limit))
-    with store.engine.connect() as conn:
-        return [Hold.from_row(r) for r in conn.execute(query)]
+    return [Hold.from_row(r) for r in rows.fetch_recent_decisions(store, limit)]
 
 
 def count_holds(store: Store, state: str = "pending") -> int:
-    with store.engine.connect() as conn:
-        return int(conn.execute(sa.select(sa.func.count()).select_from(holds).where(holds.c.state == state)).scalar()
-                   or 0)
+    return rows.count_holds(store, state)
+
+
+def approved_ids(store: Store, limit: int = 50) -> list[str]:
+    return rows.approved_ids(store, limit)
 
 
 def may_decide(hold: Hold, snapshot: Snapshot | None, member: str) -> str | None:
@@ -159,53 +152,39 @@ def decide_hold(store: Store, request_id: str, decision: Literal["approve", "rej
         check(hold)
     if hold.state != "pending":
         raise NotAllowedError(f"hold {request_id} was already decided: it is {hold.state}"
-                         + (f" (by {hold.decided_by})" if hold.decided_by else ""))
+                              + (f" (by {hold.decided_by})" if hold.decided_by else ""))
     state = "approved" if decision == "approve" else "rejected"
-    with store.begin() as conn:
-        done = conn.execute(sa.update(holds).where(holds.c.id == request_id, holds.c.state == "pending")
-                            .values(state=state, decided_by=actor, decided_at=now(),
-                                    message="rejected by " + actor if state == "rejected" else ""))
-        if done.rowcount != 1:
+    with store.begin() as tx:
+        if not rows.set_decided(tx, request_id, state, actor, "rejected by " + actor if state == "rejected" else ""):
             raise NotAllowedError(f"hold {request_id} was decided by someone else just now")
-        record(conn, state, request_id=request_id, profile=hold.profile, instance=hold.instance, tool=hold.tool,
+        record(tx, state, request_id=request_id, profile=hold.profile, instance=hold.instance, tool=hold.tool,
                actor=actor, status=state)
-        store.notify(conn, request_id)
+        store.notify(tx, request_id)
     return get_hold(store, request_id)
 
 
 def claim_hold(store: Store, request_id: str, runner: str) -> bool:
     """Take an approved hold to run it; True for exactly one caller, however many routers ask."""
-    with store.begin() as conn:
-        done = conn.execute(sa.update(holds).where(holds.c.id == request_id, holds.c.state == "approved")
-                            .values(state="running", claimed_by=runner, claimed_at=now()))
-        if done.rowcount == 1:
-            record(conn, "claimed", request_id=request_id, actor=runner, status="running")
-            return True
-    return False
-
-
-def approved_ids(store: Store, limit: int = 50) -> list[str]:
-    with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(holds.c.id).where(holds.c.state == "approved")
-                            .order_by(holds.c.decided_at).limit(limit))
-        return [r[0] for r in rows]
+    with store.begin() as tx:
+        if not rows.set_claimed(tx, request_id, runner):
+            return False
+        record(tx, "claimed", request_id=request_id, actor=runner, status="running")
+    return True
 
 
 def finish_hold(store: Store, request_id: str, *, ok: bool, result: Mapping[str, Any] | None, message: str,
                 charged: int | None) -> None:
     """Record how a claimed hold ended: executed with its result, or failed with the reason."""
     state = "executed" if ok else "failed"
-    with store.begin() as conn:
-        conn.execute(sa.update(holds).where(holds.c.id == request_id, holds.c.state == "running")
-                     .values(state=state, finished_at=now(), result=dict(result) if result is not None else None,
-                             message=message, charged=charged))
-        record(conn, state, request_id=request_id, status=state,
-               detail={"message": message, "charged": charged})
-        store.notify(conn, request_id)
+    with store.begin() as tx:
+        rows.set_finished(tx, request_id, state, result, message, charged)
+        record(tx, state, request_id=request_id, status=state, detail={"message": message, "charged": charged})
+        store.notify(tx, request_id)
 
 
 def caller_refusal(hold: Hold, caller: CallRequest) -> str | None:
-    """Why this MCP caller may not decide the hold (design §6: only the parent instance, never the agent)."""
+    """Why this MCP caller may not decide the hold: only the parent instance may, never the agent itself
+    (docs/architecture.md §6)."""
     to = (hold.approver or {}).get("to")
     if to != "caller":
         return (f"Blocked: hold {hold.id} is routed to {to or 'a person'}, not to a calling instance; "

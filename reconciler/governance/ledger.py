@@ -4,8 +4,9 @@ A reservation is one transaction: lock the spend rows of the org, profile and in
 calendar month (UTC) and the prepaid balance, in a fixed order; check them with the decision's own
 guardrail rule (`decide.guardrail_block`); add the estimate. Settling moves the rows by the
 difference to the actual cost (a refused or failed call is released: it costs nothing). Amounts are
-integer micro-USD, so fifty calls at $0.005 make a $0.25 cap exactly. Called by the governor (inside
-its admission transaction) and by `handler balance` / `handler spend`.
+integer micro-USD, so fifty calls at $0.005 make a $0.25 cap exactly. Called by the gate (inside
+its admission transaction), the hold runner, and `handler balance` / `handler spend`; the rows
+themselves are the store's (`store.spend`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection
-
-from reconciler.governance.auditing import record
 from reconciler.governance.decide import SpendState
 from reconciler.governance.holds import new_request_id
 from reconciler.governance.rulebook import CapSet
-from reconciler.governance.store import Store, balances, now, reservations, spend
+from reconciler.governance.store import Store, Transaction, now
+from reconciler.governance.store import spend as rows
+from reconciler.governance.store.audit import audit_row, insert_audit
 
 __all__ = [
     "Reservation",
@@ -35,6 +34,7 @@ __all__ = [
     "reserve",
     "scopes_for",
     "settle",
+    "settlement_row",
     "spend_report",
 ]
 
@@ -62,102 +62,45 @@ def scopes_for(caps: CapSet, profile: str, instance: str) -> tuple[str, str, str
     return (f"instance:{profile}/{instance}", f"org:{caps.org_name}", f"profile:{profile}")
 
 
-class _Statements:
-    """The ledger's statements, built once per store: SQLAlchemy then reuses their compiled form."""
-
-    def __init__(self, store: Store) -> None:
-        bp = sa.bindparam
-        # Always three scopes (see `scopes_for`): three plain parameters compile once, an expanding IN per call.
-        three: list[sa.BindParameter[str]] = [bp("p_s0"), bp("p_s1"), bp("p_s2")]
-        rows = (sa.select(spend.c.scope, spend.c.micros)
-                .where(spend.c.month == bp("p_month"), spend.c.scope.in_(three))
-                .order_by(spend.c.scope))
-        self.ensure_rows = store.insert_ignore(spend)
-        self.rows, self.rows_locked = rows, store.for_update(rows)
-        balance = sa.select(balances.c.micros).where(balances.c.account == bp("p_account"))
-        self.balance, self.balance_locked = balance, store.for_update(balance)
-        self.add_spend = (sa.update(spend)
-                          .where(spend.c.month == bp("p_month"), spend.c.scope.in_(three))
-                          .values(micros=spend.c.micros + bp("p_cost")))
-        self.take_balance = (sa.update(balances).where(balances.c.account == bp("p_account"))
-                             .values(micros=balances.c.micros - bp("p_cost")))
-        self.insert_reservation = sa.insert(reservations)
-        self.close_reservation = (sa.update(reservations).where(reservations.c.id == bp("p_id"))
-                                  .values(charged=bp("p_charged"), state=bp("p_state")))
-        self.known: set[tuple[str, str]] = set()  # spend rows committed: (scope, month)
-
-
-def _params(month: str, scopes: tuple[str, ...]) -> dict[str, str]:
-    return {"p_month": month, "p_s0": scopes[0], "p_s1": scopes[1], "p_s2": scopes[2]}
-
-
-def _statements(store: Store) -> _Statements:
-    found = store.extras.get("ledger")
-    if not isinstance(found, _Statements):
-        found = store.extras["ledger"] = _Statements(store)
-    return found
-
-
 def ensure_rows(store: Store, caps: CapSet, profile: str, instance: str, month: str) -> None:
-    """Create the call's spend rows for `month`, in a transaction of their own, before any lock is taken.
-
-    Creating them inside the locking transaction could deadlock on PostgreSQL (one transaction holds
-    the org row and waits for another's new instance row, which waits for the org row). Once
-    committed they exist for good, so each process remembers the rows it has seen.
-    """
-    scopes = scopes_for(caps, profile, instance)
-    st = _statements(store)
-    if all((s, month) in st.known for s in scopes):
-        return
-    with store.begin() as conn:
-        conn.execute(st.ensure_rows, [{"scope": s, "month": month, "micros": 0} for s in scopes])
-    st.known.update((s, month) for s in scopes)
+    """Create the call's spend rows for `month` before any lock is taken (see `store.spend.ensure_spend_rows`)."""
+    rows.ensure_spend_rows(store, scopes_for(caps, profile, instance), month)
 
 
 def read_state(
-    store: Store, conn: Connection, caps: CapSet, profile: str, instance: str, *, lock: bool, month: str | None = None
+    store: Store, tx: Transaction, caps: CapSet, profile: str, instance: str, *, lock: bool, month: str | None = None
 ) -> SpendState:
     """The spend state a decision reads; with `lock`, the rows stay locked until the transaction ends."""
-    month = month or current_month()
     scopes = scopes_for(caps, profile, instance)
-    st = _statements(store)
-    query, params = st.rows_locked if lock else st.rows, _params(month, scopes)
-    found = {scope: int(micros) for scope, micros in conn.execute(query, params)}
-    if len(found) < len(scopes):  # the first call of a scope this month: make its rows, then read them
-        conn.execute(st.ensure_rows, [{"scope": s, "month": month, "micros": 0} for s in scopes])
-        found = {scope: int(micros) for scope, micros in conn.execute(query, params)}
-    balance = None
-    if caps.prepaid:
-        value = conn.execute(st.balance_locked if lock else st.balance, {"p_account": caps.org_name}).scalar()
-        balance = None if value is None else int(value)
+    found = rows.read_spend(store, tx, scopes, month or current_month(), lock=lock)
+    balance = rows.read_balance_in(store, tx, caps.org_name, lock=lock) if caps.prepaid else None
     return SpendState(org=found.get(scopes[1], 0), profile=found.get(scopes[2], 0), instance=found.get(scopes[0], 0),
                       balance=balance)
 
 
 def reserve(
-    store: Store, conn: Connection, caps: CapSet, profile: str, instance: str, cost: int, request_id: str | None,
+    store: Store, tx: Transaction, caps: CapSet, profile: str, instance: str, cost: int, request_id: str | None,
     state: SpendState, month: str | None = None, defer: Callable[[dict[str, Any]], None] | None = None,
 ) -> Reservation:
     """Add `cost` to every scope's row (read, locked and checked as `state` by the caller) and record it.
 
     The spend rows are what caps are checked against; the reservation row only records the call, so
-    a caller may `defer` writing it (the governor's backlog) to keep the locks short.
+    a caller may `defer` writing it (the gate's backlog) to keep the locks short.
     """
     month = month or current_month()
     scopes = scopes_for(caps, profile, instance)
-    st = _statements(store)
     if cost:
-        conn.execute(st.add_spend, {**_params(month, scopes), "p_cost": cost})
+        rows.add_spend(store, tx, scopes, month, cost)
     account = caps.org_name if caps.prepaid else None
     if account is not None and cost:
-        conn.execute(st.take_balance, {"p_account": account, "p_cost": cost})
+        rows.take_balance(store, tx, account, cost)
     rid = "res_" + new_request_id()[4:]
     row = {"id": rid, "at": now(), "request_id": request_id, "month": month, "scopes": list(scopes),
            "account": account, "reserved": cost, "charged": None, "state": "reserved"}
     if defer is not None:
         defer(row)
     else:
-        conn.execute(st.insert_reservation, row)
+        rows.insert_reservation(store, tx, row)
     after = SpendState(state.org + cost, state.profile + cost, state.instance + cost,
                        None if state.balance is None else state.balance - cost)
     return Reservation(rid, month, scopes, account, cost, caps, profile, instance, budget_remaining(caps, after))
@@ -173,19 +116,23 @@ def settle(
     """
     charged = (reservation.reserved if actual is None else actual) if ok else 0
     delta = charged - reservation.reserved
-    st = _statements(store)
-    with store.begin() as conn:
+    with store.begin() as tx:
         if delta:
-            conn.execute(st.add_spend, {**_params(reservation.month, reservation.scopes), "p_cost": delta})
+            rows.add_spend(store, tx, reservation.scopes, reservation.month, delta)
             if reservation.account is not None:
-                conn.execute(st.take_balance, {"p_account": reservation.account, "p_cost": delta})
-        conn.execute(st.close_reservation, {"p_id": reservation.id, "p_charged": charged,
-                                            "p_state": "settled" if ok else "released"})
-        record(conn, "settled" if ok else "released", request_id=request_id, profile=reservation.profile,
-               instance=reservation.instance, status="executed" if ok else "failed",
-               detail={"reserved": reservation.reserved, "charged": charged})
+                rows.take_balance(store, tx, reservation.account, delta)
+        rows.close_reservation(store, tx, reservation.id, charged, "settled" if ok else "released")
+        insert_audit(tx, settlement_row(request_id, reservation.profile, reservation.instance, ok,
+                                        reservation.reserved, charged))
     remaining = None if reservation.remaining is None else max(0, reservation.remaining - delta)
     return charged, remaining
+
+
+def settlement_row(request_id: str | None, profile: str, instance: str, ok: bool, reserved: int,
+                   charged: int) -> dict[str, Any]:
+    """The audit row of a settled call (`settled`) or a released one (`released`: it failed)."""
+    return audit_row("settled" if ok else "released", request_id=request_id, profile=profile, instance=instance,
+                     status="executed" if ok else "failed", detail={"reserved": reserved, "charged": charged})
 
 
 def budget_remaining(caps: CapSet, state: SpendState) -> int | None:
@@ -198,26 +145,14 @@ def budget_remaining(caps: CapSet, state: SpendState) -> int | None:
 
 
 def read_balance(store: Store, account: str) -> int | None:
-    with store.engine.connect() as conn:
-        value = conn.execute(sa.select(balances.c.micros).where(balances.c.account == account)).scalar_one_or_none()
-    return None if value is None else int(value)
+    return rows.read_balance(store, account)
 
 
 def add_balance(store: Store, account: str, micros: int, actor: str) -> int:
     """Top up (or, negative, correct) the prepaid balance; recorded in the audit trail. Returns the new balance."""
-    with store.begin() as conn:
-        conn.execute(store.insert_ignore(balances), [{"account": account, "micros": 0}])
-        conn.execute(sa.update(balances).where(balances.c.account == account)
-                     .values(micros=balances.c.micros + micros))
-        value = int(conn.execute(sa.select(balances.c.micros).where(balances.c.account == account)).scalar_one())
-        record(conn, "balance", actor=actor, detail={"account": account, "added": micros, "balance": value})
-    return value
+    return rows.add_balance(store, account, micros, actor)
 
 
 def spend_report(store: Store, month: str | None = None) -> list[dict[str, Any]]:
     """Spend per scope for one month (default: this one), largest first."""
-    month = month or current_month()
-    with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(spend.c.scope, spend.c.micros).where(spend.c.month == month)
-                            .order_by(spend.c.micros.desc(), spend.c.scope))
-        return [{"scope": scope, "month": month, "micros": int(micros)} for scope, micros in rows]
+    return rows.spend_report(store, month or current_month())

@@ -9,10 +9,10 @@ decided, however it was, a sent Slack message is claimed once more (`claim_decid
 `closed`) to replace its buttons with the decision. A notice claimed by a
 notifier that died is claimable again after `STALE_SECONDS`: notices are sent at least once.
 
-Targets (design §7 channels): a hold routed to a member emails that member; one posted to a Slack
-channel goes to that channel; one left to the org's owners emails every owner. A hold routed to
-the caller is decided over MCP (`handler_decide`) and notifies nobody. Every hold is also on the
-dashboard, which needs no notice.
+Targets (the channels of docs/architecture.md §7): a hold routed to a member emails that member;
+one posted to a Slack channel goes to that channel; one left to the org's owners emails every
+owner. A hold routed to the caller is decided over MCP (`handler_decide`) and notifies nobody.
+Every hold is also on the dashboard, which needs no notice.
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection
-
 from reconciler.config.models import OrgFile
-from reconciler.governance.store import Store, holds, notices, now
+from reconciler.governance.store import Store, Transaction, now
+from reconciler.governance.store import notices as rows
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -72,9 +70,9 @@ class Notice:
     error: str | None
 
     @classmethod
-    def from_row(cls, row: Any) -> Notice:
-        m = row._mapping
-        return cls(**{f.name: m[f.name] for f in fields(cls)})
+    def from_row(cls, row: Mapping[str, Any]) -> Notice:
+        """A notice from its stored row (which has a column more, `claimed_at`)."""
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
 
 
 def targets_for(approver: Mapping[str, Any] | None, org: OrgFile | None) -> list[Target]:
@@ -109,46 +107,28 @@ def describe(targets: Sequence[Target]) -> str:
     return f"Notifying {where}."
 
 
-def add_notices(conn: Connection, hold_id: str, targets: Sequence[Target]) -> None:
+def add_notices(tx: Transaction, hold_id: str, targets: Sequence[Target]) -> None:
     """Queue the hold's notices inside the caller's transaction (the one that inserts the hold)."""
     if targets:
-        at = now()
-        conn.execute(sa.insert(notices), [
-            {"hold_id": hold_id, "channel": t.channel, "target": t.target, "member": t.member, "state": "pending",
-             "attempts": 0, "next_at": at} for t in targets])
+        rows.insert_notices(tx, [{"hold_id": hold_id, "channel": t.channel, "target": t.target, "member": t.member}
+                                 for t in targets])
 
 
 def claim_due(store: Store, channels: Sequence[str], *, limit: int = 20) -> list[Notice]:
     """Take up to `limit` notices due now on these channels; each is claimed by exactly one caller."""
     if not channels:
         return []
-    at = now()
-    due = sa.or_(sa.and_(notices.c.state == "pending", notices.c.next_at <= at),
-                 sa.and_(notices.c.state == "sending", notices.c.claimed_at < at - STALE_SECONDS))
-    with store.engine.connect() as conn:
-        candidates = [(r.id, r.state) for r in conn.execute(
-            sa.select(notices.c.id, notices.c.state).where(due, notices.c.channel.in_(channels))
-            .order_by(notices.c.next_at).limit(limit))]
-    claimed = []
-    for notice_id, state in candidates:
-        with store.begin() as conn:
-            done = conn.execute(sa.update(notices).where(notices.c.id == notice_id, notices.c.state == state)
-                                .values(state="sending", claimed_at=at))
-            if done.rowcount == 1:
-                claimed.append(Notice.from_row(conn.execute(sa.select(notices).where(notices.c.id == notice_id)).one()))
-    return claimed
+    return [Notice.from_row(r) for r in rows.claim_due(store, channels, STALE_SECONDS, limit)]
 
 
 def mark_sent(store: Store, notice: Notice, ref: str | None = None) -> None:
-    with store.begin() as conn:
-        conn.execute(sa.update(notices).where(notices.c.id == notice.id)
-                     .values(state="sent", sent_at=now(), attempts=notice.attempts + 1, ref=ref, error=None))
+    rows.update_notice(store, notice.id, state="sent", sent_at=now(), attempts=notice.attempts + 1, ref=ref,
+                       error=None)
 
 
 def mark_skipped(store: Store, notice: Notice, why: str) -> None:
     """Nothing to announce any more (the hold was decided first): the notice is closed unsent."""
-    with store.begin() as conn:
-        conn.execute(sa.update(notices).where(notices.c.id == notice.id).values(state="skipped", error=why))
+    rows.update_notice(store, notice.id, state="skipped", error=why)
 
 
 def mark_failed(store: Store, notice: Notice, error: str, *, final: bool = False,
@@ -161,9 +141,7 @@ def mark_failed(store: Store, notice: Notice, error: str, *, final: bool = False
     state = "failed" if final or attempts >= MAX_ATTEMPTS else "pending"
     delay = min(_FIRST_RETRY_SECONDS * 2 ** (attempts - 1), _LONGEST_RETRY_SECONDS)
     delay = max(delay, min(not_before or 0.0, _LONGEST_RETRY_SECONDS))
-    with store.begin() as conn:
-        conn.execute(sa.update(notices).where(notices.c.id == notice.id)
-                     .values(state=state, attempts=attempts, next_at=now() + delay, error=error[:2000]))
+    rows.update_notice(store, notice.id, state=state, attempts=attempts, next_at=now() + delay, error=error[:2000])
     return state
 
 
@@ -172,35 +150,13 @@ def claim_decided(store: Store, channel: str, *, limit: int = 20) -> list[Notice
 
     A taken notice is `closed`: whatever happens to the update, it is not taken again.
     """
-    decided = sa.select(holds.c.id).where(holds.c.state != "pending")
-    with store.engine.connect() as conn:
-        ids = [r.id for r in conn.execute(
-            sa.select(notices.c.id).where(notices.c.channel == channel, notices.c.state == "sent",
-                                          notices.c.hold_id.in_(decided)).limit(limit))]
-    taken = []
-    for notice_id in ids:
-        with store.begin() as conn:
-            done = conn.execute(sa.update(notices).where(notices.c.id == notice_id, notices.c.state == "sent")
-                                .values(state="closed"))
-            if done.rowcount == 1:
-                taken.append(Notice.from_row(conn.execute(sa.select(notices).where(notices.c.id == notice_id)).one()))
-    return taken
+    return [Notice.from_row(r) for r in rows.claim_decided(store, channel, limit)]
 
 
 def troubled_notices(store: Store, limit: int = 20) -> list[Notice]:
     """Notices that failed for good, or whose last attempt failed: what an operator should look at."""
-    query = (sa.select(notices).where(sa.or_(notices.c.state == "failed",
-                                             sa.and_(notices.c.state == "pending", notices.c.error.is_not(None))))
-             .order_by(notices.c.id.desc()).limit(limit))
-    with store.engine.connect() as conn:
-        return [Notice.from_row(r) for r in conn.execute(query)]
+    return [Notice.from_row(r) for r in rows.fetch_troubled(store, limit)]
 
 
 def list_notices(store: Store, hold_id: str | None = None, *, states: Sequence[str] = ()) -> list[Notice]:
-    query = sa.select(notices).order_by(notices.c.id)
-    if hold_id is not None:
-        query = query.where(notices.c.hold_id == hold_id)
-    if states:
-        query = query.where(notices.c.state.in_(states))
-    with store.engine.connect() as conn:
-        return [Notice.from_row(r) for r in conn.execute(query)]
+    return [Notice.from_row(r) for r in rows.fetch_notices(store, hold_id, states)]

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 MICROS = 1_000_000
-# Scope rank of approval policies (design §7 layer 6): a narrower scope names the approver first.
+# Scope rank of approval policies (docs/architecture.md §7 layer 6): a narrower scope names the approver first.
 SCOPE_RANK: Mapping[str, int] = MappingProxyType({"action": 0, "service": 1, "profile": 2, "group": 3, "org": 4})
 
 

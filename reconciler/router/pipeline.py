@@ -1,18 +1,21 @@
-"""The call, in order (design §2 steps 2-10): one `tools/call` from a resolved name to its logged reply.
+"""The call, in order (docs/architecture.md §2 steps 2-10): one `tools/call` from a resolved name to its logged reply.
 
 Step 1 (framing) happened in `framing`; `run_tools_call` runs the rest, each step a function below:
 `resolve_tool` (2), `validate_input` (3), `resolve_files` (4, in `files`), `govern` (5), `take_slot`
 and `wait_for_slot` (6), `dispatch` (7), `map_errors` (8), `validate_output` (9), then (10) the
 output files (`CallFolder.deliver`), `Gate.settle` and the log line, which is written whatever step
-ended the call. `execute_admitted` runs 6-10 in order (and runs a held call once approved). Each step
-may end the call by raising: a `JsonRpcError` (only step 2 and malformed params) or a `ToolError`,
-which becomes a tool result with `isError: true`. Nothing after the ending step runs, except the
-settlement of an admitted call and the log line.
+ended the call. `run_admitted` runs 6-10 of an admitted call and returns its `CallResult`; a hold,
+once approved, takes the same way (`run_held`: 2 on the binding it was held on, 3-4, then
+`run_admitted`), and its `CallResult` goes back to the gate. Each step may end the call by raising:
+a `JsonRpcError` (only step 2 and malformed params) or a `ToolError`, which becomes a tool result
+with `isError: true`. Nothing after the ending step runs, except the settlement of an admitted
+call and the log line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -26,7 +29,7 @@ from reconciler.config.models import Limits
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError
 from reconciler.connectors.pool import ConnectorPool
-from reconciler.governance.gate import Admission, CallRequest, Gate, Settlement
+from reconciler.governance.gate import Admission, CallRequest, CallResult, Gate
 from reconciler.router.builtins import run_builtin
 from reconciler.router.calllog import CallLog, CallRecord
 from reconciler.router.errors import ToolError, invalid_arguments, unavailable
@@ -37,7 +40,7 @@ from reconciler.router.outcomes import EncodedResult, error_result, executed_res
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
 from reconciler.wire.meta import read_reported_cost
 
-__all__ = ["Caller", "Services", "execute_admitted", "run_tools_call"]
+__all__ = ["Caller", "Services", "check_arguments", "run_admitted", "run_held", "run_tools_call"]
 
 log = logging.getLogger("handler.router")
 _NO_PATHS: dict[str, str] = {}  # no connector-side paths to map back (never written to)
@@ -80,8 +83,7 @@ async def run_tools_call(svc: Services, generation: Generation, view: View, call
     try:
         result = await _run_steps(svc, generation.snapshot, plan, caller, arguments, record)
     except ToolError as exc:
-        record.outcome, record.error, record.cause = "error", exc.code, exc.cause
-        record.field = record.field or exc.field
+        note_error(record, exc)
         result = error_result(exc)
     except asyncio.CancelledError:
         record.outcome = "cancelled"
@@ -129,6 +131,20 @@ def validate_input(plan: ToolPlan, arguments: Mapping[str, Any]) -> None:
     raise invalid_arguments("the arguments do not match the tool's inputSchema: " + "; ".join(problems))
 
 
+def check_arguments(plan: ToolPlan, arguments: Mapping[str, Any]) -> tuple[FileArg, ...]:
+    """Steps 3 and 4: the arguments against the inputSchema, then its file arguments resolved."""
+    validate_input(plan, arguments)
+    if not plan.compiled.files:
+        return ()
+    return resolve_files(plan.compiled.files, arguments, plan.scope, plan.limits.maxFileBytes, plan.errors)
+
+
+def note_error(record: CallRecord, error: ToolError) -> None:
+    """The log's account of a call a `ToolError` ended."""
+    record.outcome, record.error, record.cause = "error", error.code, error.cause
+    record.field = record.field or error.field
+
+
 async def govern(gate: Gate, snapshot: Snapshot, call: CallRequest) -> Admission:
     """Step 5: the governance seam decides executed / pending / blocked and reserves the estimate."""
     return await gate.admit(snapshot, call)
@@ -136,9 +152,7 @@ async def govern(gate: Gate, snapshot: Snapshot, call: CallRequest) -> Admission
 
 async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller,
                      arguments: dict[str, Any], record: CallRecord) -> dict[str, Any] | EncodedResult:
-    validate_input(plan, arguments)
-    files = resolve_files(plan.compiled.files, arguments, plan.scope, plan.limits.maxFileBytes,
-                          plan.errors) if plan.compiled.files else ()
+    files = check_arguments(plan, arguments)
     call = CallRequest(caller.profile, caller.instance, caller.parent, plan.interface, plan.name,
                        plan.binding or "", arguments, plan.price)
     if plan.builtin:
@@ -154,15 +168,52 @@ async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: 
         if admission.status == "pending":
             body["request_id"] = admission.request_id
         return held_result(body, admission.status)
-    structured, settlement = await execute_admitted(svc, snapshot, plan, caller, arguments, files, admission, record)
-    return executed_result(structured, settlement)
+    result = await run_admitted(svc, snapshot, plan, caller, arguments, files, admission, record)
+    return executed_result(dict(result.output), result.settlement)
 
 
-async def execute_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller,
-                           arguments: dict[str, Any], files: tuple[FileArg, ...], admission: Admission | None,
-                           record: CallRecord) -> tuple[dict[str, Any], Settlement | None]:
+async def run_held(svc: Services, generation: Generation, call: CallRequest) -> CallResult:
+    """A hold approved (and checked again) by governance, run on the live generation: step 2 on the
+    binding recorded when it was held, 3-4, then 6-10 as `run_admitted`; its failure is the result.
+
+    Step 5 was the hold's decision. The gate settles the hold itself, so nothing is settled here.
+    """
+    try:
+        plan = resolve_held(generation, call)
+    except ToolError as exc:
+        return CallResult(False, {"error": exc.code, "message": exc.message})
+    record = CallRecord(call.profile, call.instance, plan.interface, plan.name, plan.binding, generation.number,
+                        time.perf_counter())
+    arguments = dict(call.arguments)
+    try:
+        files = check_arguments(plan, arguments)
+        return await run_admitted(svc, generation.snapshot, plan, Caller(call.profile, call.instance,
+                                  call.parent_instance), arguments, files, None, record)
+    except ToolError as exc:
+        note_error(record, exc)
+        return CallResult(False, {"error": exc.code, "message": exc.message})
+    finally:
+        svc.log.write(record)
+
+
+def resolve_held(generation: Generation, call: CallRequest) -> ToolPlan:
+    """Step 2 of a held call: its tool on the live generation, on the binding it was held on."""
+    try:
+        plan = generation.view(call.profile, call.interface).tools[call.tool]
+    except (JsonRpcError, KeyError):
+        raise ToolError("unavailable", f"{call.interface} {call.tool} is no longer served to profile "
+                        f"'{call.profile}'") from None
+    if call.binding == plan.binding:
+        return plan
+    if call.binding not in generation.snapshot.bindings:
+        raise ToolError("unavailable", f"binding '{call.binding}' is gone")
+    return dataclasses.replace(plan, binding=call.binding)
+
+
+async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller, arguments: dict[str, Any],
+                       files: tuple[FileArg, ...], admission: Admission | None, record: CallRecord) -> CallResult:
     """Steps 6-10 of an admitted call, settled in every case; with no admission (a held call run once
-    approved, whose hold the gate settles itself) nothing is settled here.
+    approved, whose hold the gate settles itself) nothing is settled here. A failure raises `ToolError`.
 
     The wait for a concurrency slot and the call share one deadline. The common case (a slot free,
     the process running, no files) awaits the connector right here, with no coroutine in between.
@@ -196,11 +247,7 @@ async def execute_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, ca
         svc.pool.suspect(plan.pool_key)  # a connector stuck on this call is recycled, not waited on
         raise timeout_error(timeout) from None
     except ConnectorError as exc:
-        # For the operator: how the process failed. A JSON-RPC error's own text may quote arguments,
-        # so only its code is told.
-        told = f"JSON-RPC error {exc.code}" if isinstance(exc, ConnectorReplyError) else exc.message
-        log.warning("binding '%s' (%s %s): %s: %s", plan.binding, plan.interface, plan.name, exc.cause, told)
-        raise unavailable(exc.cause, "the service failed; retrying later may work") from None
+        raise connector_failed(plan, exc) from None
     finally:
         if taken:
             book.release(key)
@@ -209,7 +256,17 @@ async def execute_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, ca
         cost = actual if actual is not None else plan.price if ok else None
         settlement = await svc.gate.settle(admission, cost, ok) if admission is not None else None  # step 10
         record.cost = settlement.charged if settlement is not None else cost
-    return structured, settlement
+    return CallResult(True, structured, actual, settlement)
+
+
+def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
+    """The `unavailable` of a connector process that failed, told to the operator in the log first.
+
+    A JSON-RPC error's own text may quote arguments, so only its code is logged.
+    """
+    told = f"JSON-RPC error {exc.code}" if isinstance(exc, ConnectorReplyError) else exc.message
+    log.warning("binding '%s' (%s %s): %s: %s", plan.binding, plan.interface, plan.name, exc.cause, told)
+    return unavailable(exc.cause, "the service failed; retrying later may work")
 
 
 def take_slot(book: LimitBook, key: LimitKey, limits: Limits) -> tuple[float, bool | None]:

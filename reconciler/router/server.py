@@ -11,27 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import socket
-import time
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from reconciler.config.errors import HandlerError
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.pool import DEFAULT_IDLE_SECONDS, ConnectorPool
-from reconciler.governance.gate import CallRequest, Gate, OpenGate
+from reconciler.governance.gate import CallRequest, CallResult, Gate, OpenGate
 from reconciler.places import MAX_SOCKET_PATH, default_state_dir, socket_path
-from reconciler.router.calllog import CallLog, CallRecord
-from reconciler.router.errors import ToolError
-from reconciler.router.files import resolve_files
+from reconciler.router.calllog import CallLog
 from reconciler.router.generation import Generation, ValidatorCache, compile_generation
 from reconciler.router.limits import LimitBook
-from reconciler.router.pipeline import Caller, Services, execute_admitted, validate_input
+from reconciler.router.pipeline import Services, run_held
 from reconciler.router.transport import Connection, Listener
-from reconciler.wire.errors import JsonRpcError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
 __all__ = ["Router", "RouterError"]
@@ -114,38 +107,9 @@ class Router:
         await self.services.pool.close()
         self.services.log.close()
 
-    async def execute_held(self, call: CallRequest) -> tuple[bool, Mapping[str, Any]]:
-        """Run an approved hold through steps 4 and 6-10 on the live generation (the gate's `Executor`).
-
-        It runs on the binding recorded when the call was held; if that binding is gone, it fails.
-        The gate settles the hold itself, so this does not call `settle`.
-        """
-        generation = self.live
-        try:
-            plan = generation.view(call.profile, call.interface).tools[call.tool]
-        except (JsonRpcError, KeyError):
-            return False, {"error": "unavailable", "message": f"{call.interface} {call.tool} is no longer served "
-                           f"to profile '{call.profile}'"}
-        if call.binding != plan.binding:
-            if call.binding not in generation.snapshot.bindings:
-                return False, {"error": "unavailable", "message": f"binding '{call.binding}' is gone"}
-            plan = dataclasses.replace(plan, binding=call.binding)
-        record = CallRecord(call.profile, call.instance, plan.interface, plan.name, plan.binding, generation.number,
-                            time.perf_counter())
-        arguments = dict(call.arguments)
-        try:
-            validate_input(plan, arguments)
-            files = resolve_files(plan.compiled.files, arguments, plan.scope, plan.limits.maxFileBytes, plan.errors)
-            structured, _ = await execute_admitted(self.services, generation.snapshot, plan,
-                                                   Caller(call.profile, call.instance, call.parent_instance),
-                                                   arguments, files, None, record)
-        except ToolError as exc:
-            record.outcome, record.error, record.cause = "error", exc.code, exc.cause
-            record.field = record.field or exc.field
-            return False, {"error": exc.code, "message": exc.message}
-        finally:
-            self.services.log.write(record)
-        return True, structured
+    async def execute_held(self, call: CallRequest) -> CallResult:
+        """Run an approved hold on the live generation (the gate's `Executor`): see `pipeline.run_held`."""
+        return await run_held(self.services, self.live, call)
 
 
 def _check_private(folder: Path) -> None:

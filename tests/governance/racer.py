@@ -14,11 +14,10 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 from governance.builders import cap_snapshot, priced_call
-from reconciler.governance.gate import CallRequest
+from reconciler.governance.gate import CallRequest, CallResult
 from reconciler.governance.governor import Governor
 from reconciler.governance.store import open_store
 
@@ -42,13 +41,13 @@ async def run(url: str, path: str) -> None:
     governor = Governor(open_store(url), poll_seconds=0.05)
     governor.use_snapshot(cap_snapshot())
 
-    async def executor(call: CallRequest) -> tuple[bool, Mapping[str, Any]]:
+    async def executor(call: CallRequest) -> CallResult:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, f"{call.arguments['n']}\n".encode())
         finally:
             os.close(fd)
-        return True, {"done": call.arguments["n"]}
+        return CallResult(True, {"done": call.arguments["n"]})
 
     await governor.start(executor)
     print("ready", flush=True)

@@ -1,4 +1,4 @@
-"""The decision: a table over every layer and every routing, then the properties design §7 promises."""
+"""The decision: a table over every layer and every routing, then the properties docs/architecture.md §7 promises."""
 
 from __future__ import annotations
 

@@ -225,15 +225,26 @@ def test_two_routers_sharing_postgresql_run_an_approved_hold_once(places: tuple[
 
 
 def test_the_call_log_and_status_carry_no_arguments(places: tuple[Path, Path]) -> None:
-    """Holds keep the arguments for the approver in the store, never in the call log."""
+    """Holds keep the arguments for the approver in the store, never in the call log or the status."""
     root, run_dir = places
+    sock = run_dir / "profiles/tester.sock"
     proc = _start(root, run_dir, {})
     try:
-        held = run(_call(run_dir / "profiles/tester.sock", "echo_write", {"text": "secret plan", "outputPath": "p"}))
+        held = run(_call(sock, "echo_write", {"text": "secret plan", "outputPath": "p"}))
         assert held["structuredContent"]["status"] == "pending"
+        rid = held["structuredContent"]["request_id"]
+        status = run(_call(sock, "handler_status", {"request_id": rid}))
+        assert status["structuredContent"]["status"] == "pending"
+        assert "secret plan" not in json.dumps(status)
     finally:
         _stop(proc)
     log = root / ".handler/calls.jsonl"
-    if log.exists():
-        assert b"secret plan" not in log.read_bytes()
-        assert all(orjson.loads(line) for line in log.read_bytes().splitlines())
+    assert log.exists(), "handler serve kept no call log"
+    text = log.read_bytes()
+    assert b"secret plan" not in text
+    lines = [orjson.loads(line) for line in text.splitlines()]
+    (line,) = [entry for entry in lines if entry["tool"] == "echo_write"]
+    assert (line["profile"], line["instance"], line["interface"], line["binding"]) == (
+        "tester", "agent-1", "echo/v1", "echo-local")
+    assert (line["outcome"], line["request_id"], line["error"]) == ("pending", rid, None)  # joins the store's hold
+    assert [entry["outcome"] for entry in lines if entry["tool"] == "handler_status"] == ["executed"]

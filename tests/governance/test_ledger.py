@@ -15,7 +15,8 @@ from governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_
 from reconciler.governance.governor import Governor
 from reconciler.governance.ledger import add_balance, current_month, read_balance, spend_report
 from reconciler.governance.rulebook import to_micros
-from reconciler.governance.store import Store, spend
+from reconciler.governance.store import Store
+from reconciler.governance.store.tables import spend
 
 HERE = Path(__file__).resolve().parent
 CAP = to_micros(0.25)

@@ -18,7 +18,8 @@ from reconciler.governance.notices import (
     mark_sent,
     targets_for,
 )
-from reconciler.governance.store import Store, notices
+from reconciler.governance.store import Store
+from reconciler.governance.store.tables import notices
 
 ORG = {
     "members": {"alice": {"owner": True, "email": "alice@example.org"}, "bob": {"email": "bob@example.org"},

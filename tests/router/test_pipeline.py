@@ -148,7 +148,8 @@ def test_a_hold_or_a_block_never_reaches_the_connector(echo_root: Path, run_dir:
         assert result["_meta"]["handler/status"] == status
         assert gate.settled == []
         assert log_lines(router)[-1]["outcome"] == status
-        assert not router.services.pool._live  # no connector process was started
+        assert router.services.pool.processes() == []  # no connector process was started
+        assert router.services.pool.statuses == {}  # nor tried
 
     exchange(echo_root, run_dir, script, gate=gate)
 
@@ -174,15 +175,26 @@ def test_builtin_tools_ask_the_gate(echo_root: Path, run_dir: Path) -> None:
 def test_a_held_call_runs_through_the_executor_on_its_binding(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         call = CallRequest("tester", "i-1", None, "echo/v1", "echo_say", "echo-local", {"text": "later"})
-        ok, out = await router.execute_held(call)
-        assert (ok, dict(out)) == (True, {"text": "later"})
+        done = await router.execute_held(call)
+        assert (done.ok, dict(done.output), done.settlement) == (True, {"text": "later"}, None)  # the gate settles
         gone = CallRequest("tester", "i-1", None, "echo/v1", "echo_say", "removed-binding", {"text": "later"})
-        ok, out = await router.execute_held(gone)
-        assert not ok
-        assert "removed-binding" in str(out["message"])
+        failed = await router.execute_held(gone)
+        assert not failed.ok
+        assert "removed-binding" in str(failed.output["message"])
         bad: Mapping[str, Any] = {"text": 3}
         call = CallRequest("tester", "i-1", None, "echo/v1", "echo_say", "echo-local", bad)
-        ok, out = await router.execute_held(call)
-        assert (ok, out["error"]) == (False, "invalid_arguments")
+        refused = await router.execute_held(call)
+        assert (refused.ok, refused.output["error"]) == (False, "invalid_arguments")
+
+    exchange(echo_root, run_dir, script)
+
+
+def test_a_held_call_brings_back_the_cost_its_connector_reported(echo_root: Path, run_dir: Path) -> None:
+    """The gate settles an approved hold itself, at the connector's cost: the result carries it."""
+    async def script(c: RawClient, router: Router) -> None:
+        call = CallRequest("tester", "i-1", None, "echo/v1", "echo_misbehave", "echo-local", {"mode": "cost"})
+        done = await router.execute_held(call)
+        assert (done.ok, done.cost, done.settlement) == (True, 0.25, None)
+        assert log_lines(router)[-1]["cost"] == 0.25
 
     exchange(echo_root, run_dir, script)

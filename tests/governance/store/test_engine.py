@@ -1,7 +1,9 @@
-"""The store: where it lives, its migrations on both backends, and two routers migrating at once."""
+"""The store's engine: where it lives, its migrations on both backends, two routers migrating at once, and
+database failures as `StoreError`."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +13,13 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
+from governance.builders import OWNERS_ORG, make_snapshot, priced_call
 from reconciler.governance.errors import StoreError
-from reconciler.governance.migrating import head_revision
-from reconciler.governance.store import Store, metadata, open_store, store_exists, store_url
+from reconciler.governance.governor import Governor
+from reconciler.governance.store import Store, open_store, store_exists, store_url
+from reconciler.governance.store.holds import insert_hold
+from reconciler.governance.store.migrate import head_revision
+from reconciler.governance.store.tables import metadata
 
 
 def test_the_default_store_is_sqlite_in_the_state_folder(tmp_path: Path) -> None:
@@ -66,3 +72,32 @@ def test_an_unreachable_store_is_a_store_error() -> None:
         open_store("postgresql+psycopg://postgres@127.0.0.1:9/none?connect_timeout=2")
     with pytest.raises(StoreError, match="unsupported store"):
         open_store("mysql+nosuchdriver://x/y")
+
+
+def test_a_failed_statement_is_a_store_error_that_quotes_no_arguments(store: Store) -> None:
+    values = {"id": "req_1", "revision": "r1", "profile": "p", "instance": "i", "parent_instance": None,
+              "interface": "mail/v1", "tool": "mail_send", "binding": "mail-b", "arguments": {"password": "hunter2"},
+              "cost": 0, "approver": None, "reason": "held", "trace": []}
+    with store.begin() as tx:
+        insert_hold(tx, values)
+    with pytest.raises(StoreError, match="failed") as failed, store.begin() as tx:
+        insert_hold(tx, values)  # the same id again
+    assert "hunter2" not in str(failed.value)
+    assert store.url in str(failed.value)
+
+
+def test_a_failed_read_is_a_store_error(store: Store) -> None:
+    with pytest.raises(StoreError, match="no_such_table"), store.read() as conn:
+        conn.execute(sa.text("SELECT * FROM no_such_table"))
+
+
+def test_records_that_cannot_be_committed_are_logged_and_the_decisions_stand(
+        sqlite_store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    governor = Governor(sqlite_store, owns_store=False, batch_seconds=3600)
+    snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+    assert governor.admit_now(snapshot, priced_call()).status == "executed"
+    with sqlite_store.begin() as tx:
+        tx.execute(sa.text("DROP TABLE audit"))
+    with caplog.at_level(logging.WARNING, logger="handler.governance"):
+        governor.close()
+    assert "could not record 2 audit/spend rows" in caplog.text  # the decision and its reservation

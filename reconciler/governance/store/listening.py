@@ -1,7 +1,7 @@
 """PostgreSQL LISTEN for hold decisions, so a router runs a hold approved elsewhere at once.
 
 A daemon thread holds one psycopg connection listening on `HOLD_CHANNEL` and calls `wake()` on
-every notification; the governor's loop still polls, so a dropped connection only delays runs.
+every notification; the hold runner still polls, so a dropped connection only delays runs.
 SQLite has no such channel: routers on SQLite poll.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from reconciler.governance.store import HOLD_CHANNEL, Store
+from reconciler.governance.store.engine import HOLD_CHANNEL, Store
 
 __all__ = ["HoldListener"]
 

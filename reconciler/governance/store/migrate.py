@@ -12,16 +12,17 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Connection
+from alembic.util import CommandError
 
 from reconciler.governance.errors import StoreError
+from reconciler.governance.store.engine import Transaction
 
 __all__ = ["current_revision", "head_revision", "upgrade"]
 
 _SCRIPTS = Path(__file__).resolve().parent / "migrations"
 
 
-def _config(conn: Connection | None = None) -> Config:
+def _config(conn: Transaction | None = None) -> Config:
     config = Config()
     config.set_main_option("script_location", str(_SCRIPTS))
     if conn is not None:
@@ -36,12 +37,16 @@ def head_revision() -> str:
     return head
 
 
-def current_revision(conn: Connection) -> str | None:
+def current_revision(conn: Transaction) -> str | None:
     return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(conn: Connection) -> str:
+def upgrade(conn: Transaction) -> str:
     """Bring the schema on `conn` to the newest revision; returns it."""
-    if current_revision(conn) != head_revision():
-        command.upgrade(_config(conn), "head")
-    return head_revision()
+    head = head_revision()
+    if current_revision(conn) != head:
+        try:
+            command.upgrade(_config(conn), "head")
+        except CommandError as exc:  # e.g. a store migrated by a newer version than this one
+            raise StoreError(f"cannot migrate the store: {exc}") from exc
+    return head

@@ -1,10 +1,10 @@
-"""Alembic environment of the store: runs on the connection `migrating.upgrade` passes in."""
+"""Alembic environment of the store: runs on the connection `migrate.upgrade` passes in."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from reconciler.governance.store import metadata
+from reconciler.governance.store.tables import metadata
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)

@@ -1,0 +1,277 @@
+"""The gate on the call path: admits each call, settles it after, answers `handler_status` and `handler_decide`.
+
+Each admission is one store transaction: the spend rows are read (locked when a cap or balance
+applies), `decide_call` decides on exactly that state, and the reservation, the hold or the refusal
+is written with its audit row before the transaction ends — so no cap is overspent however many
+calls or routers race. A call that nothing limits and that is not held is decided in memory; its
+audit row and spend go to the backlog (`store.backlog`), committed a moment later, and so do
+settlements. The `Governor` puts this gate and the hold runner together as the router's `Gate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from reconciler.config.models import Outcome
+from reconciler.config.snapshot import Snapshot
+from reconciler.governance.decide import Decision, SpendState, decide_call
+from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, StoreError
+from reconciler.governance.gate import Admission, CallRequest, HoldStatus, Settlement
+from reconciler.governance.holds import PENDING_HINT, caller_refusal, decide_hold, get_hold, hold_status, new_request_id
+from reconciler.governance.ledger import (
+    Reservation,
+    current_month,
+    ensure_rows,
+    read_state,
+    reserve,
+    scopes_for,
+    settlement_row,
+)
+from reconciler.governance.notices import add_notices, describe, targets_for
+from reconciler.governance.rulebook import CapSet, from_micros, to_micros
+from reconciler.governance.rulebook_cache import RulebookCache
+from reconciler.governance.store import Store, Transaction
+from reconciler.governance.store.audit import audit_row, insert_audit
+from reconciler.governance.store.backlog import Backlog
+from reconciler.governance.store.holds import insert_hold
+from reconciler.governance.workers import StoreWorkers
+
+__all__ = ["Gatekeeper"]
+
+log = logging.getLogger("handler.governance")
+_NO_SPEND = SpendState()
+
+
+@dataclass(frozen=True, slots=True)
+class _Unlimited:
+    """Spend of a call nothing limits: counted through the backlog, never checked."""
+
+    scopes: tuple[str, ...]
+    month: str
+    estimate: int
+    profile: str
+    instance: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    """The gate's handle on an admitted call, passed back to `settle` in `Admission.token`."""
+
+    request_id: str
+    reservation: Reservation | None
+    unlimited: _Unlimited | None = None
+
+
+class Gatekeeper:
+    """Admission, settlement and the built-ins' answers, over one store."""
+
+    def __init__(self, store: Store, workers: StoreWorkers, rulebooks: RulebookCache, *, batch_seconds: float,
+                 held: Callable[[], None], run_now: Callable[[str], Awaitable[None]]) -> None:
+        """`held` is called on the event loop when a hold was stored; `run_now` runs an approved hold here."""
+        self.store = store
+        self._workers = workers
+        self._rulebooks = rulebooks
+        self._batch_seconds = batch_seconds
+        self._held = held
+        self._run_now = run_now
+        self._backlog = Backlog()
+        self._flushing: asyncio.Task[None] | None = None
+
+    # --- admission -------------------------------------------------------------------------------
+
+    async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
+        quick = self._admit_unlimited(snapshot, call)
+        if quick is not None:
+            return quick
+        admission = await self._workers.run(self.admit_now, snapshot, call)
+        if len(self._backlog):
+            self._flush_soon()
+        if admission.status == "pending":
+            self._held()
+        return admission
+
+    def _admit_unlimited(self, snapshot: Snapshot, call: CallRequest) -> Admission | None:
+        """Decide in memory a call that no cap or balance limits and that is not held; None otherwise."""
+        entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
+        if entry is None or _limits_spend(entry.caps):
+            return None
+        cost = to_micros(call.estimated_cost) or entry.price
+        decision = decide_call(entry, call.instance, cost, _NO_SPEND)
+        if decision.outcome is Outcome.APPROVE:
+            return None  # a hold is written before the agent hears of it
+        request_id = new_request_id()
+        self._backlog.add_audit(_decided_row(request_id, call, decision))
+        self._flush_soon()
+        if decision.outcome is Outcome.BLOCK:
+            return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
+        spent = _Unlimited(scopes_for(entry.caps, call.profile, call.instance), current_month(), cost, call.profile,
+                           call.instance)
+        return Admission("executed", decision.reason, request_id, _Token(request_id, None, spent), decision.wire_trace)
+
+    def admit_now(self, snapshot: Snapshot, call: CallRequest) -> Admission:
+        """`admit` without the event loop: one store transaction."""
+        entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
+        request_id = new_request_id()
+        if entry is None:
+            return self._refuse_unserved(snapshot, call, request_id)
+        cost = to_micros(call.estimated_cost) or entry.price
+        month = current_month()
+        ensure_rows(self.store, entry.caps, call.profile, call.instance, month)
+        # Only what the cap check needs happens under the row locks (read, decide, add); the records of
+        # executed and blocked calls go to the backlog. A hold is written here, before the agent hears of it.
+        with self.store.begin() as tx:
+            state = read_state(self.store, tx, entry.caps, call.profile, call.instance,
+                               lock=_limits_spend(entry.caps), month=month)
+            decision = decide_call(entry, call.instance, cost, state)
+            if decision.outcome is Outcome.APPROVE:
+                return self._store_hold(tx, snapshot, call, decision, request_id)
+            reservation = None
+            if decision.outcome is Outcome.AUTO:
+                reservation = reserve(self.store, tx, entry.caps, call.profile, call.instance, cost, request_id,
+                                      state, month, defer=self._backlog.add_reservation)
+        self._backlog.add_audit(_decided_row(request_id, call, decision))
+        if reservation is None:
+            return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
+        return Admission("executed", decision.reason, request_id, _Token(request_id, reservation),
+                         decision.wire_trace)
+
+    def _refuse_unserved(self, snapshot: Snapshot, call: CallRequest, request_id: str) -> Admission:
+        """A tool the profile does not serve in this snapshot: blocked, and recorded at once."""
+        message = f"Blocked: profile {call.profile} serves no tool {call.tool} in revision {snapshot.revision}."
+        with self.store.begin() as tx:
+            insert_audit(tx, audit_row("blocked", request_id=request_id, profile=call.profile, instance=call.instance,
+                                       tool=call.tool, status="blocked", detail={"reason": message}))
+        return Admission("blocked", message, request_id)
+
+    def _store_hold(self, tx: Transaction, snapshot: Snapshot, call: CallRequest, decision: Decision,
+              request_id: str) -> Admission:
+        """Store the hold with its notices and audit row in the admission's transaction; the agent's answer."""
+        values = _hold_values(request_id, snapshot.revision, call, decision)
+        insert_hold(tx, values)
+        targets = targets_for(values["approver"], snapshot.org)
+        add_notices(tx, request_id, targets)
+        if targets:
+            self.store.notify(tx, request_id)  # other routers' notifiers hear of it at once
+        insert_audit(tx, _decided_row(request_id, call, decision))
+        told = " ".join(filter(None, (decision.reason, describe(targets), PENDING_HINT)))
+        return Admission("pending", told, request_id, None, decision.wire_trace)
+
+    # --- settlement ------------------------------------------------------------------------------
+
+    async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
+        token = admission.token
+        if not isinstance(token, _Token):
+            return Settlement(0.0, None)
+        if token.unlimited is not None:
+            settlement = self._settle_unlimited(token.request_id, token.unlimited, actual_cost, ok)
+        elif token.reservation is not None:
+            settlement = self._settle_reserved(token.request_id, token.reservation, actual_cost, ok)
+        else:
+            return Settlement(0.0, None)
+        self._flush_soon()
+        return settlement
+
+    def _settle_unlimited(self, request_id: str, spent: _Unlimited, actual_cost: float | None,
+                          ok: bool) -> Settlement:
+        charged = (spent.estimate if actual_cost is None else to_micros(actual_cost)) if ok else 0
+        self._backlog.add_spend(spent.scopes, spent.month, charged)
+        self._backlog.add_audit(settlement_row(request_id, spent.profile, spent.instance, ok, spent.estimate,
+                                               charged))
+        return Settlement(from_micros(charged), None)
+
+    def _settle_reserved(self, request_id: str, res: Reservation, actual_cost: float | None, ok: bool) -> Settlement:
+        charged = (res.reserved if actual_cost is None else to_micros(actual_cost)) if ok else 0
+        delta = charged - res.reserved
+        self._backlog.add_settlement(res.id, charged, ok, delta, res.scopes, res.month, res.account)
+        self._backlog.add_audit(settlement_row(request_id, res.profile, res.instance, ok, res.reserved, charged))
+        remaining = None if res.remaining is None else max(0, res.remaining - delta)
+        return Settlement(from_micros(charged), None if remaining is None else from_micros(remaining))
+
+    # --- the built-ins: handler_status, handler_decide -------------------------------------------
+
+    async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
+        try:
+            hold = await self._workers.run(get_hold, self.store, request_id)
+        except HoldNotFoundError:
+            return HoldStatus("unknown", f"no request '{request_id}'")
+        if caller.profile != hold.profile and caller.instance != hold.parent_instance:
+            return HoldStatus("unknown", f"no request '{request_id}'")
+        return hold_status(hold)
+
+    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
+        try:
+            hold = await self._workers.run(get_hold, self.store, request_id)
+        except HoldNotFoundError:
+            return HoldStatus("unknown", f"no request '{request_id}'")
+        refusal = caller_refusal(hold, caller)
+        if refusal is not None:
+            return HoldStatus("blocked", refusal)
+        try:
+            await self._workers.run(decide_hold, self.store, request_id, decision, f"instance {caller.instance}")
+        except NotAllowedError as exc:
+            return HoldStatus("blocked", str(exc))
+        if decision == "approve":
+            # Run it here and now, so the orchestrator gets the result in the reply; the claim keeps it
+            # exactly once if the loop (or another router) reaches it first.
+            await self._run_now(request_id)
+        return hold_status(await self._workers.run(get_hold, self.store, request_id))
+
+    # --- the backlog -----------------------------------------------------------------------------
+
+    def _flush_soon(self) -> None:
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self._batch_seconds)  # gather what the next moments bring into one commit
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Commit the backlog now (tests, shutdown)."""
+        await self._workers.run(self.flush_now)
+
+    def flush_now(self) -> None:
+        """Commit the backlog on this thread; a store failure is logged: the decisions stand, only their
+        record is late or lost."""
+        waiting = len(self._backlog)
+        try:
+            self._backlog.flush(self.store)
+        except StoreError as exc:
+            log.warning("could not record %d audit/spend rows: %s", waiting, exc)
+
+    async def aclose(self) -> None:
+        """Stop waiting to gather and commit what is in the backlog."""
+        if self._flushing is not None:
+            self._flushing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flushing
+        self.flush_now()
+
+
+def _limits_spend(caps: CapSet) -> bool:
+    return caps.prepaid or caps.org is not None or caps.profile is not None or caps.instance is not None
+
+
+def _decided_row(request_id: str, call: CallRequest, decision: Decision) -> dict[str, Any]:
+    """The audit row of a decision, whichever way the call went."""
+    detail: dict[str, Any] = {"reason": decision.reason, "cost": decision.cost, "binding": call.binding}
+    if decision.cap:
+        detail["cap"] = decision.cap
+    return audit_row("decided", request_id=request_id, profile=call.profile, instance=call.instance, tool=call.tool,
+                     status=decision.status, detail=detail)
+
+
+def _hold_values(request_id: str, revision: str, call: CallRequest, decision: Decision) -> dict[str, Any]:
+    return {
+        "id": request_id, "revision": revision, "profile": call.profile, "instance": call.instance,
+        "parent_instance": call.parent_instance, "interface": call.interface, "tool": call.tool,
+        "binding": call.binding, "arguments": dict(call.arguments), "cost": decision.cost,
+        "approver": decision.approver.to_dict() if decision.approver else None, "reason": decision.reason,
+        "trace": list(decision.wire_trace),
+    }
+

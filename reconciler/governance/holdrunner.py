@@ -1,0 +1,182 @@
+"""The runner of approved holds: finds them, claims each once, checks it again, runs it, records the end.
+
+`start(executor)` starts a loop that looks for approved holds in the store — woken by PostgreSQL
+NOTIFY (`store.listening`) or by a decision taken here, else every `poll_seconds` — and also finds
+those approved while no router ran. Each hold is claimed atomically (`holds.claim_hold`: of all the
+routers sharing the store exactly one wins), then checked again on the live snapshot: its binding,
+the explicit blocks and the guardrails, with its estimate reserved as it would be for a new call. It
+then runs through the router's executor (`Router.execute_held`), is settled at the cost the
+connector reported (else the estimate), and finished with its result or the reason it failed. A
+hold is never run twice: one that failed, or whose router died while running it, stays so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from reconciler.config.models import Outcome
+from reconciler.config.snapshot import Snapshot
+from reconciler.governance.decide import decide_call, guardrail_block
+from reconciler.governance.gate import CallRequest, CallResult, Executor
+from reconciler.governance.holds import Hold, approved_ids, claim_hold, finish_hold, get_hold
+from reconciler.governance.ledger import Reservation, current_month, ensure_rows, read_state, reserve, settle
+from reconciler.governance.rulebook import from_micros, to_micros
+from reconciler.governance.rulebook_cache import RulebookCache
+from reconciler.governance.store import Store
+from reconciler.governance.store.listening import HoldListener
+from reconciler.governance.workers import StoreWorkers
+
+__all__ = ["HoldRunner"]
+
+
+class HoldRunner:
+    """Runs the approved holds of one store, each exactly once across every router sharing it."""
+
+    def __init__(self, store: Store, workers: StoreWorkers, rulebooks: RulebookCache, *, poll_seconds: float,
+                 heard: Callable[[], None]) -> None:
+        """`heard` is called on the event loop when another router changed a hold (PostgreSQL NOTIFY)."""
+        self.store = store
+        self.runner_id = "router-" + secrets.token_hex(6)
+        self.snapshot: Snapshot | None = None  # the live snapshot, against which holds are checked again
+        self._workers = workers
+        self._rulebooks = rulebooks
+        self._poll = poll_seconds
+        self._heard_elsewhere = heard
+        self._executor: Executor | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._running: dict[str, asyncio.Task[bool]] = {}
+        self._listener: HoldListener | None = None
+        self._stopping = False
+
+    def use_snapshot(self, snapshot: Snapshot) -> None:
+        """The live snapshot, against which approved holds are checked again before they run."""
+        self.snapshot = snapshot
+        if self._wake is not None:
+            self._wake.set()
+
+    async def start(self, executor: Executor) -> None:
+        """Run approved holds from now on (also those approved while no router was up)."""
+        self._executor = executor
+        self._wake = asyncio.Event()
+        if self.store.dialect == "postgresql":
+            loop = asyncio.get_running_loop()
+            self._listener = HoldListener(self.store, lambda: loop.call_soon_threadsafe(self._heard))
+            self._listener.start()
+        self._loop_task = asyncio.create_task(self._run_loop(), name="handler-holds")
+
+    def _heard(self) -> None:
+        """A hold changed in the store, here or in another router (PostgreSQL NOTIFY)."""
+        if self._wake is not None:
+            self._wake.set()
+        self._heard_elsewhere()
+
+    async def _run_loop(self) -> None:
+        assert self._wake is not None  # noqa: S101 - set by start() before the task exists
+        while not self._stopping:
+            self._wake.clear()
+            if self.snapshot is not None:
+                await self.run_approved()
+            if self._stopping:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll)
+
+    async def run_approved(self) -> int:
+        """Start every approved hold not yet running here; returns how many were started."""
+        ids = await self._workers.run(approved_ids, self.store)
+        fresh = [rid for rid in ids if rid not in self._running]
+        for rid in fresh:
+            self._spawn(rid)
+        return len(fresh)
+
+    async def run_now(self, request_id: str) -> None:
+        """Run a hold just approved here and wait for it to end (nothing, before `start`)."""
+        if self._executor is not None:
+            await asyncio.shield(self._spawn(request_id))
+
+    def _spawn(self, request_id: str) -> asyncio.Task[bool]:
+        """The task running this hold here: the one already started, or a new one."""
+        task = self._running.get(request_id)
+        if task is None:
+            task = asyncio.create_task(self.run_hold(request_id), name=f"hold-{request_id}")
+            self._running[request_id] = task
+            task.add_done_callback(lambda done: self._forget(request_id, done))
+        return task
+
+    def _forget(self, request_id: str, task: asyncio.Task[bool]) -> None:
+        if self._running.get(request_id) is task:
+            del self._running[request_id]
+
+    async def run_hold(self, request_id: str) -> bool:
+        """Claim and run one approved hold; False when another runner (or an earlier run) had it."""
+        if self._executor is None or self.snapshot is None:
+            return False
+        if not await self._workers.run(claim_hold, self.store, request_id, self.runner_id):
+            return False
+        hold = await self._workers.run(get_hold, self.store, request_id)
+        recheck = await self._workers.run(self._recheck, self.snapshot, hold)  # the snapshot live now
+        if isinstance(recheck, str):
+            await self._workers.run(_finish, self.store, request_id, False, None, recheck, None)
+            return True
+        result = await self._execute(self._executor, hold)
+        actual = to_micros(result.cost) if result.ok and result.cost is not None else None
+        charged, _ = await self._workers.run(settle, self.store, recheck, actual, result.ok, request_id)
+        message = "" if result.ok else _failure_message(result.output)
+        await self._workers.run(_finish, self.store, request_id, result.ok, dict(result.output), message, charged)
+        return True
+
+    @staticmethod
+    async def _execute(executor: Executor, hold: Hold) -> CallResult:
+        call = CallRequest(hold.profile, hold.instance, hold.parent_instance, hold.interface, hold.tool,
+                           hold.binding, hold.arguments, from_micros(hold.cost))
+        try:
+            return await executor(call)
+        except Exception as exc:  # the router's executor failed: the hold fails, it is never retried
+            return CallResult(False, {"error": "unavailable", "message": f"the call could not run: {exc}"})
+
+    def _recheck(self, snapshot: Snapshot, hold: Hold) -> Reservation | str:
+        """At run time: the binding, explicit blocks and guardrails again; a reservation or the reason."""
+        if hold.binding not in snapshot.bindings:
+            return f"the binding {hold.binding} this call was held on is gone from the config"
+        entry = self._rulebooks.rulebook(snapshot).entry(hold.profile, hold.tool)
+        if entry is None:
+            return f"profile {hold.profile} no longer serves {hold.tool}"
+        month = current_month()
+        ensure_rows(self.store, entry.caps, hold.profile, hold.instance, month)
+        with self.store.begin() as tx:
+            state = read_state(self.store, tx, entry.caps, hold.profile, hold.instance, lock=True, month=month)
+            blocked = guardrail_block(entry.caps, hold.profile, hold.instance, hold.cost, state)
+            if blocked is not None:
+                return f"blocked since it was approved: {blocked[1]}"
+            now = decide_call(entry, hold.instance, hold.cost, state)
+            if now.outcome is Outcome.BLOCK:
+                return f"blocked since it was approved: {now.reason}"
+            return reserve(self.store, tx, entry.caps, hold.profile, hold.instance, hold.cost, hold.id, state, month)
+
+    async def aclose(self) -> None:
+        """Stop the loop and the listener; holds running now finish first."""
+        # The loop is told to stop rather than cancelled: a cancellation arriving as `wait_for` times
+        # out can be lost (Python 3.11), which would leave the loop running and this waiting forever.
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._loop_task is not None:
+            await self._loop_task
+        if self._running:
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
+        if self._listener is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._listener.stop)
+
+
+def _finish(store: Store, request_id: str, ok: bool, result: Mapping[str, Any] | None, message: str,
+            charged: int | None) -> None:
+    finish_hold(store, request_id, ok=ok, result=result, message=message, charged=charged)
+
+
+def _failure_message(output: Mapping[str, Any]) -> str:
+    return str(output.get("message") or output.get("error") or "the call failed")

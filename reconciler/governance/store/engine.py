@@ -1,0 +1,219 @@
+"""Opening the store and its transactions: SQLite (embedded) or PostgreSQL (shared by routers).
+
+SQLite (WAL) at `$HANDLER_STATE_DIR/handler.db` by default; PostgreSQL when `HANDLER_STORE_URL`
+names one, so that several routers share approvals and caps. Every write happens in one short
+transaction (`Store.begin`): on SQLite it is `BEGIN IMMEDIATE` (one writer at a time, across
+processes), on PostgreSQL row locks taken in a fixed order. The schema is applied by Alembic
+(`migrate`), at start and by `handler store migrate`, under a lock so that two routers starting
+together cannot race: a file lock beside the SQLite file, `pg_advisory_xact_lock` on PostgreSQL.
+
+What SQLAlchemy or the database driver raises leaves this module as a `StoreError` (`begin`,
+`read`, `migrate`, `open_store`), so callers handle the project's own error type only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from reconciler.governance.errors import StoreError
+
+__all__ = ["HOLD_CHANNEL", "Store", "Transaction", "now", "open_store", "store_exists", "store_url"]
+
+# One open transaction of the store, passed to the store's statements. Callers outside the package
+# only hand it on: it is opaque to them.
+Transaction: TypeAlias = Connection
+
+HOLD_CHANNEL = "handler_holds"  # PostgreSQL NOTIFY channel: a hold was stored or decided
+_DEFAULT_STATE_DIR = ".handler"
+_MIGRATION_LOCK = 0x48414E444C4552  # "HANDLER": the advisory lock key of migrations
+
+
+def now() -> float:
+    return time.time()
+
+
+def store_url(root: str | Path = ".", env: Mapping[str, str] | None = None, *, state_dir: Path | None = None) -> str:
+    """The store's SQLAlchemy URL: `HANDLER_STORE_URL`, else SQLite in the state folder.
+
+    The state folder is `state_dir` when the caller was given one (`--state-dir`), else
+    `$HANDLER_STATE_DIR`, else `.handler/` under the config root.
+    """
+    env = os.environ if env is None else env
+    url = env.get("HANDLER_STORE_URL", "").strip()
+    if url:
+        for plain in ("postgresql://", "postgres://"):
+            if url.startswith(plain):
+                return "postgresql+psycopg://" + url[len(plain):]
+        return url
+    state = state_dir or Path(env.get("HANDLER_STATE_DIR") or Path(root) / _DEFAULT_STATE_DIR)
+    return f"sqlite:///{state / 'handler.db'}"
+
+
+class Store:
+    """An engine on the store with the few dialect-specific operations the statements need."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.extras: dict[str, object] = {}  # per-store caches of the statements (compiled once)
+        self._writer = threading.Lock() if self.dialect == "sqlite" else None
+        if self.dialect not in ("sqlite", "postgresql"):
+            raise StoreError(f"unsupported store '{self.dialect}': use SQLite or PostgreSQL")
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    @contextmanager
+    def begin(self) -> Iterator[Transaction]:
+        """One write transaction (`BEGIN IMMEDIATE` on SQLite); a database failure is a `StoreError`.
+
+        On SQLite the threads of one process take turns here first: SQLite has one writer at a time,
+        and a thread waiting in its busy handler sleeps in steps of milliseconds, while one waiting
+        on this lock wakes as soon as the writer before it commits. Other processes still wait in
+        SQLite's busy handler.
+        """
+        try:
+            if self._writer is None:
+                with self.engine.begin() as conn:
+                    yield conn
+                return
+            with self._writer, self.engine.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise self.failed(exc) from exc
+
+    @contextmanager
+    def read(self) -> Iterator[Transaction]:
+        """A connection for reading; a database failure is a `StoreError`."""
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise self.failed(exc) from exc
+
+    def failed(self, exc: SQLAlchemyError) -> StoreError:
+        """The project's error for what SQLAlchemy raised; the driver's words, never the statement's
+        parameters (they can hold a call's arguments)."""
+        orig = getattr(exc, "orig", None)
+        if orig is not None:
+            reason = str(orig).strip()
+        else:
+            reason = exc.__class__.__name__ if isinstance(exc, sa.exc.StatementError) else str(exc)
+        return StoreError(f"the store {self.url} failed: {reason}")
+
+    def insert_ignore(self, table: sa.Table) -> Any:
+        """An INSERT that does nothing when the primary key exists (upsert's first half)."""
+        dialect = sqlite if self.dialect == "sqlite" else postgresql
+        return dialect.insert(table).on_conflict_do_nothing()
+
+    def for_update(self, query: sa.Select[Any]) -> sa.Select[Any]:
+        """Row locks on PostgreSQL; SQLite's `BEGIN IMMEDIATE` already holds the only write lock."""
+        return query.with_for_update() if self.dialect == "postgresql" else query
+
+    def notify(self, tx: Transaction, payload: str) -> None:
+        """Tell other routers a hold changed (PostgreSQL LISTEN/NOTIFY; SQLite routers poll)."""
+        if self.dialect == "postgresql":
+            tx.execute(sa.text("SELECT pg_notify(:channel, :payload)"), {"channel": HOLD_CHANNEL, "payload": payload})
+
+    def migrate(self) -> str:
+        """Apply the migrations under a lock; returns the revision the store is at."""
+        from reconciler.governance.store.migrate import upgrade
+
+        try:
+            if self.dialect == "sqlite":
+                with _file_lock(self.engine), self.engine.begin() as conn:
+                    return upgrade(conn)
+            with self.engine.begin() as conn:
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+                return upgrade(conn)
+        except OperationalError as exc:
+            raise StoreError(f"cannot reach the store {self.url}: {exc.orig}") from exc
+        except SQLAlchemyError as exc:
+            raise self.failed(exc) from exc
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+@contextmanager
+def _file_lock(engine: Engine) -> Iterator[None]:
+    database = engine.url.database
+    if not database or database == ":memory:":
+        yield
+        return
+    with Path(database + ".lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _sqlite_engine(url: str) -> Engine:
+    database = sa.engine.make_url(url).database
+    if database and database != ":memory:":
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"timeout": 60.0}, pool_size=8, max_overflow=8)
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transactions out of the driver's hands so that `begin` below decides how they start.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def store_exists(url: str) -> bool:
+    """False for a SQLite file not created yet (read-only commands then show an empty store)."""
+    if not url.startswith("sqlite"):
+        return True
+    database = sa.engine.make_url(url).database
+    return not database or database == ":memory:" or Path(database).exists()
+
+
+def open_store(url: str, *, migrate: bool = True) -> Store:
+    """Open the store at `url` (see `store_url`) and, by default, bring its schema up to date."""
+    try:
+        backend = sa.engine.make_url(url).get_backend_name()
+    except sa.exc.ArgumentError as exc:
+        raise StoreError(f"cannot use the store URL {url!r}: {exc}") from exc
+    if backend not in ("sqlite", "postgresql"):
+        raise StoreError(f"unsupported store '{backend}' in {url!r}: use SQLite (the default) or PostgreSQL "
+                         "(HANDLER_STORE_URL=postgresql://user@host/db)")
+    try:
+        if backend == "sqlite":
+            engine = _sqlite_engine(url)
+        else:
+            engine = sa.create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+        store = Store(engine)
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
+        raise StoreError(f"cannot use the store URL {url!r}: {exc}") from exc
+    if migrate:
+        try:
+            store.migrate()
+        except StoreError:
+            store.close()
+            raise
+    return store

@@ -1,0 +1,106 @@
+"""The store's schema: SQLAlchemy Core tables, one for both backends.
+
+Alembic's migrations (`migrations/`) create and change exactly these tables; a test compares them.
+Only the store package reads them: the rest of governance gets rows as dicts.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+__all__ = ["audit", "balances", "holds", "metadata", "notices", "reservations", "spend"]
+
+metadata = sa.MetaData()
+
+# A held call: what the approver sees, its decision and, once run, its result.
+holds = sa.Table(
+    "holds", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("revision", sa.String(80), nullable=False),
+    sa.Column("profile", sa.String(200), nullable=False),
+    sa.Column("instance", sa.String(200), nullable=False),
+    sa.Column("parent_instance", sa.String(200)),
+    sa.Column("interface", sa.String(200), nullable=False),
+    sa.Column("tool", sa.String(200), nullable=False),
+    sa.Column("binding", sa.String(200), nullable=False),
+    sa.Column("arguments", sa.JSON, nullable=False),
+    sa.Column("cost", sa.BigInteger, nullable=False),  # the estimate, micro-USD
+    sa.Column("approver", sa.JSON),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("trace", sa.JSON, nullable=False),
+    # pending → approved → running → executed | failed; pending → rejected
+    sa.Column("state", sa.String(16), nullable=False, index=True),
+    sa.Column("decided_by", sa.String(200)),
+    sa.Column("decided_at", sa.Float),
+    sa.Column("claimed_by", sa.String(80)),
+    sa.Column("claimed_at", sa.Float),
+    sa.Column("finished_at", sa.Float),
+    sa.Column("result", sa.JSON),
+    sa.Column("message", sa.Text, nullable=False, server_default=""),
+    sa.Column("charged", sa.BigInteger),
+)
+
+# Every decision and every change of a hold or the balance, in order.
+audit = sa.Table(
+    "audit", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float, nullable=False, index=True),
+    sa.Column("event", sa.String(32), nullable=False),
+    sa.Column("request_id", sa.String(40), index=True),
+    sa.Column("profile", sa.String(200)),
+    sa.Column("instance", sa.String(200)),
+    sa.Column("tool", sa.String(200)),
+    sa.Column("actor", sa.String(200)),
+    sa.Column("status", sa.String(16)),
+    sa.Column("detail", sa.JSON, nullable=False),
+)
+
+# Spend per scope ("org:acme", "profile:assistant", "instance:assistant/abc") per calendar month (UTC).
+spend = sa.Table(
+    "spend", metadata,
+    sa.Column("scope", sa.String(420), primary_key=True),
+    sa.Column("month", sa.String(7), primary_key=True),
+    sa.Column("micros", sa.BigInteger, nullable=False),
+)
+
+# The prepaid balance of an org, micro-USD.
+balances = sa.Table(
+    "balances", metadata,
+    sa.Column("account", sa.String(200), primary_key=True),
+    sa.Column("micros", sa.BigInteger, nullable=False),
+)
+
+# One reservation per admitted priced call, settled to the actual cost or released.
+reservations = sa.Table(
+    "reservations", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("request_id", sa.String(40)),
+    sa.Column("month", sa.String(7), nullable=False),
+    sa.Column("scopes", sa.JSON, nullable=False),
+    sa.Column("account", sa.String(200)),  # the prepaid account charged, if any
+    sa.Column("reserved", sa.BigInteger, nullable=False),
+    sa.Column("charged", sa.BigInteger),
+    sa.Column("state", sa.String(16), nullable=False),  # reserved | settled | released
+)
+
+# The outbox of approver notifications: one row per hold and channel target, written with the hold
+# in one transaction, so a hold is never stored without its notices; sent (and retried) by the
+# notifier of `handler up`.
+notices = sa.Table(
+    "notices", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("hold_id", sa.String(40), nullable=False, index=True),
+    sa.Column("channel", sa.String(16), nullable=False),  # email | slack
+    sa.Column("target", sa.String(320), nullable=False),  # an email address, a Slack channel
+    sa.Column("member", sa.String(200)),  # the member an email's link decides as
+    sa.Column("state", sa.String(16), nullable=False, index=True),  # pending, sending, sent, failed, skipped, closed
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("next_at", sa.Float, nullable=False),
+    sa.Column("claimed_at", sa.Float),
+    sa.Column("sent_at", sa.Float),
+    sa.Column("ref", sa.String(200)),  # the channel's id of what was sent (a Slack message's ts)
+    sa.Column("error", sa.Text),
+    sa.UniqueConstraint("hold_id", "channel", "target", name="uq_notices_target"),
+)

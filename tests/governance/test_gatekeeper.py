@@ -1,0 +1,149 @@
+"""The gate on the call path, through the Governor as the router sees it: admit, handler_status, handler_decide."""
+
+from __future__ import annotations
+
+from governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
+from governance.governed import PARENT, STRANGER, Recorder, mail, run
+from reconciler.governance.governor import Governor
+from reconciler.governance.holds import decide_hold, get_hold
+from reconciler.governance.rulebook import to_micros
+from reconciler.governance.store import Store
+from reconciler.governance.store.audit import read_audit
+
+
+def test_the_three_outcomes(store: Store) -> None:
+    snapshot = make_snapshot({"p": {"template": "restrictive"}}, org=dict(OWNERS_ORG))
+
+    async def scenario(g: Governor) -> None:
+        executed = await g.admit(snapshot, priced_call())
+        assert executed.status == "executed"
+        assert executed.token is not None
+        held = await g.admit(snapshot, priced_call(profile="p", tool="mail_delete", id="m1"))
+        assert held.status == "blocked"
+        assert held.message == "Destructive actions are not allowed for this agent (Restrictive template)."
+        assert next(step["layer"] for step in held.trace) == "guardrails"
+
+    run(scenario, store)
+
+
+def test_a_hold_is_pending_at_once_with_its_arguments_stored(store: Store) -> None:
+    snapshot = cap_snapshot()
+
+    async def scenario(g: Governor) -> None:
+        admission = await g.admit(snapshot, mail())
+        assert admission.status == "pending"
+        assert admission.request_id
+        assert "handler_status" in admission.message
+        hold = get_hold(store, admission.request_id)
+        assert hold.arguments == {"to": "ceo@example.org"}
+        assert hold.state == "pending"
+        assert hold.approver == {"to": "caller"}
+        assert hold.binding == "mail-b"
+        status = await g.status(admission.request_id, mail())
+        assert status.status == "pending"
+        assert (await g.status(admission.request_id, STRANGER)).status == "unknown"  # another profile
+        assert (await g.status(admission.request_id, PARENT)).status == "pending"  # its orchestrator
+        assert (await g.status("req_nope", mail())).status == "unknown"
+
+    run(scenario, store)
+
+
+def test_only_the_parent_instance_may_decide_a_hold_routed_to_the_caller(store: Store) -> None:
+    snapshot = cap_snapshot()
+    recorder = Recorder()
+
+    async def scenario(g: Governor) -> None:
+        await g.start(recorder)
+        rid = (await g.admit(snapshot, mail())).request_id
+        assert rid is not None
+        own = await g.decide(rid, "approve", mail())
+        assert own.status == "blocked"
+        assert "its own hold" in own.message
+        other = await g.decide(rid, "approve", priced_call("someone-else", profile="h"))
+        assert other.status == "blocked"
+        assert "only the instance that started" in other.message
+        done = await g.decide(rid, "approve", PARENT)
+        assert done.status == "executed", done
+        assert done.result is not None
+        assert done.result["sent"] == "ceo@example.org"
+        assert done.charged == 0.02  # the connector's reported cost, not the $0.01 estimate
+        again = await g.decide(rid, "approve", PARENT)
+        assert again.status == "blocked"
+        assert "already decided" in again.message
+        assert len(recorder.calls) == 1
+        assert get_hold(store, rid).decided_by == "instance parent-1"
+
+    run(scenario, store)
+
+
+def test_a_hold_routed_to_a_person_cannot_be_decided_over_mcp(store: Store) -> None:
+    snapshot = make_snapshot({"p": {"template": "balanced", "routing": {"to": "member", "member": "bob"}}},
+                             org=dict(OWNERS_ORG))
+
+    async def scenario(g: Governor) -> None:
+        rid = (await g.admit(snapshot, priced_call(profile="p", tool="mail_send"))).request_id
+        assert rid is not None
+        refused = await g.decide(rid, "approve", PARENT)
+        assert refused.status == "blocked"
+        assert "handler approvals" in refused.message
+
+    run(scenario, store)
+
+
+def test_a_rejected_hold_reads_rejected(store: Store) -> None:
+    snapshot = cap_snapshot()
+
+    async def scenario(g: Governor) -> None:
+        rid = (await g.admit(snapshot, mail())).request_id
+        assert rid is not None
+        decide_hold(store, rid, "reject", "alice")
+        status = await g.status(rid, mail())
+        assert status.status == "rejected"
+        assert "alice" in status.message
+
+    run(scenario, store)
+
+
+def test_every_decision_leaves_one_decided_row_of_the_same_shape(store: Store) -> None:
+    """Decided in memory, under the cap's lock, or held: the audit row of the decision is the same."""
+    free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))  # nothing limits p
+
+    async def scenario(g: Governor) -> None:
+        rids = [(await g.admit(free, priced_call())).request_id,  # in memory
+                (await g.admit(cap_snapshot(), priced_call())).request_id,  # under the org cap
+                (await g.admit(cap_snapshot(), mail())).request_id]  # held
+        await g.flush()
+        for rid in rids:
+            assert rid is not None
+            (row,) = [r for r in read_audit(store, request_id=rid) if r["event"] == "decided"]
+            assert row["detail"]["binding"] in ("search-b", "mail-b")
+            assert set(row["detail"]) == {"reason", "cost", "binding"}
+            assert row["detail"]["cost"] == to_micros(0.005 if row["tool"] == "search_query" else 0.01)
+
+    run(scenario, store)
+
+
+def test_a_cap_that_blocks_is_named_in_the_decided_row(store: Store) -> None:
+    snapshot = make_snapshot({"p": {"template": "permissive", "caps": {"monthly_usd": 0.001}}},
+                             org=dict(OWNERS_ORG))
+
+    async def scenario(g: Governor) -> None:
+        refused = await g.admit(snapshot, priced_call())
+        assert refused.status == "blocked"
+        assert refused.request_id is not None
+        await g.flush()
+        (row,) = read_audit(store, request_id=refused.request_id)
+        assert (row["event"], row["status"], row["detail"]["cap"]) == ("decided", "blocked", "profile monthly cap")
+
+    run(scenario, store)
+
+
+def test_a_tool_the_profile_does_not_serve_is_blocked_and_recorded(store: Store) -> None:
+    async def scenario(g: Governor) -> None:
+        refused = await g.admit(cap_snapshot(), priced_call(tool="search_nothing"))
+        assert refused.status == "blocked"
+        assert refused.message == "Blocked: profile p serves no tool search_nothing in revision r1."
+        assert refused.request_id is not None
+        assert [r["event"] for r in read_audit(store, request_id=refused.request_id)] == ["blocked"]
+
+    run(scenario, store)

@@ -1,0 +1,151 @@
+"""The hold runner, through the Governor: approved holds run once, checked again, recorded, across processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot
+from governance.governed import PARENT, Recorder, mail, run, until
+from reconciler.config.snapshot import Snapshot
+from reconciler.governance.governor import Governor
+from reconciler.governance.holds import decide_hold, get_hold, list_holds
+from reconciler.governance.store import Store, open_store
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_a_cli_approval_is_run_by_the_router_loop_once(store: Store) -> None:
+    snapshot = cap_snapshot()
+    recorder = Recorder()
+
+    async def scenario(g: Governor) -> None:
+        await g.start(recorder)
+        rid = (await g.admit(snapshot, mail())).request_id
+        assert rid is not None
+        decide_hold(store, rid, "approve", "alice")
+
+        async def executed() -> bool:
+            return (await g.status(rid, mail())).status == "executed"
+
+        await until(executed)
+        assert len(recorder.calls) == 1
+        assert recorder.calls[0].binding == "mail-b"
+
+    run(scenario, store)
+
+
+def test_an_approval_while_no_router_runs_is_run_when_one_starts(store_url: str) -> None:
+    snapshot = cap_snapshot()
+    first = open_store(store_url)
+    rid = Governor(first).admit_now(snapshot, mail()).request_id
+    first.close()
+    assert rid is not None
+    second = open_store(store_url)
+    decide_hold(second, rid, "approve", "alice")
+    recorder = Recorder()
+
+    async def scenario(g: Governor) -> None:
+        g.use_snapshot(snapshot)
+        await g.start(recorder)
+        await asyncio.wait_for(recorder.ran.wait(), 15)
+
+        async def executed() -> bool:
+            return get_hold(second, rid).state == "executed"
+
+        await until(executed)
+
+    run(scenario, second)
+    second.close()
+    assert len(recorder.calls) == 1
+
+
+@pytest.mark.parametrize(("later", "reason"), [
+    ({"h": {"template": "balanced", "routing": {"to": "caller"}, "rules": [{"service": "mail", "outcome": "block"}]}},
+     "blocked since it was approved: Blocked: a rule for service mail"),
+    ({"h": {"template": "restrictive", "routing": {"to": "caller"}}},
+     "blocked since it was approved: Writes are not allowed"),
+    ({"h": {"template": "balanced", "routing": {"to": "caller"}, "caps": {"monthly_usd": 0.001}}},
+     "blocked since it was approved: Blocked by the profile monthly cap"),
+    ({}, "profile h no longer serves mail_send"),
+])
+def test_blocks_and_guardrails_are_checked_again_at_run_time(store: Store, later: dict[str, Any], reason: str) -> None:
+    recorder = Recorder()
+
+    async def scenario(g: Governor) -> None:
+        rid = (await g.admit(cap_snapshot(), mail())).request_id
+        assert rid is not None
+        changed: Snapshot = make_snapshot({"p": {}, **later}, org=dict(OWNERS_ORG), revision="r2")
+        g.use_snapshot(changed)
+        await g.start(recorder)
+        status = await g.decide(rid, "approve", PARENT)
+        assert status.status == "failed"
+        assert status.message.startswith(reason), status.message
+
+    run(scenario, store)
+    assert recorder.calls == []
+
+
+def test_a_failed_run_is_recorded_and_costs_nothing(store: Store) -> None:
+    async def scenario(g: Governor) -> None:
+        await g.start(Recorder(ok=False))
+        rid = (await g.admit(cap_snapshot(), mail())).request_id
+        assert rid is not None
+        status = await g.decide(rid, "approve", PARENT)
+        assert status.status == "failed"
+        assert status.message == "the mail server is down"
+        assert status.charged == 0.0
+
+    run(scenario, store)
+
+
+def test_two_router_processes_run_each_approved_hold_exactly_once(store_url: str, store: Store,
+                                                                  tmp_path: Path) -> None:
+    snapshot = cap_snapshot()
+    governor = Governor(store, owns_store=False)
+    rids = [governor.admit_now(snapshot, mail(n=i)).request_id for i in range(20)]
+    governor.close()
+    runs = tmp_path / "runs.txt"
+    env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    procs = [subprocess.Popen([sys.executable, str(HERE / "racer.py"), "run", store_url, str(runs)], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            assert p.stdout.readline().strip() == "ready"
+        for rid in rids:
+            assert rid is not None
+            decide_hold(store, rid, "approve", "alice")
+        deadline = time.monotonic() + 60
+        while list_holds(store, ("approved", "running")) or len(list_holds(store, ("executed",))) < 20:
+            assert time.monotonic() < deadline, "the holds did not all run in time"
+            time.sleep(0.02)
+    finally:
+        outs = [p.communicate("", timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    assert sorted(int(x) for x in runs.read_text().split()) == list(range(20))
+
+
+def test_an_executor_that_raises_fails_the_hold_once_and_it_costs_nothing(store: Store) -> None:
+    recorder = Recorder(raises=True)
+
+    async def scenario(g: Governor) -> None:
+        await g.start(recorder)
+        rid = (await g.admit(cap_snapshot(), mail())).request_id
+        assert rid is not None
+        status = await g.decide(rid, "approve", PARENT)
+        assert status.status == "failed"
+        assert status.message == "the call could not run: the router is gone"
+        assert status.charged == 0.0
+        assert (await g.decide(rid, "approve", PARENT)).status == "blocked"  # already decided: never again
+
+    run(scenario, store)
+    assert len(recorder.calls) == 1
