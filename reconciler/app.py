@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from starlette.applications import Starlette
-
 from reconciler.config import ConfigError, HandlerError, Snapshot
 from reconciler.config.eventloop import run_on_uvloop
 from reconciler.gitops.following import Follower, FollowReports
@@ -33,7 +31,7 @@ from reconciler.governance.governor import Governor
 from reconciler.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router
 from reconciler.web.channels import Channels, open_channels
-from reconciler.web.http import HttpListener, build_app
+from reconciler.web.http import HttpListener, WebApp, build_app
 
 __all__ = [
     "NotServableError",
@@ -215,7 +213,7 @@ class Service:
     def _live_snapshot(self) -> Snapshot | None:
         return self._router.live.snapshot if self._router is not None else None
 
-    def _build_app(self) -> Starlette:
+    def _build_app(self) -> WebApp:
         return build_app(self.reconciler.status.to_dict, webhook_secret=self.options.webhook_secret,
                          on_push=self.follower.on_push, desk=self._channels.desk if self._channels else None)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reconciler.router.generation import Generation, View
+from reconciler.router.hub import Hub
 from reconciler.router.outcomes import EncodedResult
 from reconciler.router.pipeline import Caller, run_tools_call
 from reconciler.router.protocol import (
@@ -38,9 +39,6 @@ from reconciler.wire.messages import (
 )
 from reconciler.wire.meta import INSTANCE, INTERFACE, PARENT_INSTANCE
 
-if TYPE_CHECKING:
-    from reconciler.router.server import Router
-
 __all__ = ["Session"]
 
 
@@ -54,7 +52,7 @@ class Session:
     agent's stdio); they win over the same keys in a request, as the bridge's tags would.
     """
 
-    def __init__(self, router: Router, profile: str, write: Callable[[bytes], None],
+    def __init__(self, router: Hub, profile: str, write: Callable[[bytes], None],
                  bound: Mapping[str, str] | None = None) -> None:
         self.router = router
         self.profile = profile

@@ -22,15 +22,13 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, is_stream_fd, parse_attach, refused_line
+from reconciler.router.hub import Hub
 from reconciler.router.sessions import Session
 from reconciler.wire.framing import OVERSIZE, LineFramer
 from reconciler.wire.messages import encode_error, oversize_error
-
-if TYPE_CHECKING:
-    from reconciler.router.server import Router
 
 __all__ = ["Connection", "Listener"]
 
@@ -43,7 +41,7 @@ _ACCEPT_PAUSE_SECONDS = 0.1
 class Connection:
     """One session's byte streams: `reader` feeds it requests, `writer` takes its replies."""
 
-    def __init__(self, router: Router, profile: str, bound: Mapping[str, str] | None = None) -> None:
+    def __init__(self, router: Hub, profile: str, bound: Mapping[str, str] | None = None) -> None:
         self._router = router
         self._framer = LineFramer(router.max_line_bytes)
         self.session = Session(router, profile, self._write, bound)
@@ -172,7 +170,7 @@ class _Lifeline(asyncio.Protocol):
 class Listener:
     """Accepts connections on one profile's socket (bound and listening from construction)."""
 
-    def __init__(self, router: Router, profile: str, path: Path) -> None:
+    def __init__(self, router: Hub, profile: str, path: Path) -> None:
         self._router = router
         self._profile = profile
         self._loop = asyncio.get_running_loop()

@@ -22,9 +22,12 @@ from starlette.routing import Route
 from reconciler.gitops.webhook import verify_signature
 from reconciler.web.dashboard import Desk, dashboard_routes
 
-__all__ = ["HttpListener", "build_app"]
+__all__ = ["HttpListener", "WebApp", "build_app"]
 
 log = logging.getLogger("handler.http")
+
+
+WebApp = Starlette  # what `build_app` makes: the rooms above name it without importing Starlette
 
 
 def build_app(

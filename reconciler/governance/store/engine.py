@@ -28,6 +28,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from reconciler.governance.errors import StoreError
+from reconciler.governance.store.migrate import upgrade
+from reconciler.places import default_state_dir
 
 __all__ = ["HOLD_CHANNEL", "Store", "Transaction", "now", "open_store", "store_exists", "store_url"]
 
@@ -36,7 +38,6 @@ __all__ = ["HOLD_CHANNEL", "Store", "Transaction", "now", "open_store", "store_e
 Transaction: TypeAlias = Connection
 
 HOLD_CHANNEL = "handler_holds"  # PostgreSQL NOTIFY channel: a hold was stored or decided
-_DEFAULT_STATE_DIR = ".handler"
 _MIGRATION_LOCK = 0x48414E444C4552  # "HANDLER": the advisory lock key of migrations
 
 
@@ -57,7 +58,7 @@ def store_url(root: str | Path = ".", env: Mapping[str, str] | None = None, *, s
             if url.startswith(plain):
                 return "postgresql+psycopg://" + url[len(plain):]
         return url
-    state = state_dir or Path(env.get("HANDLER_STATE_DIR") or Path(root) / _DEFAULT_STATE_DIR)
+    state = state_dir or default_state_dir(Path(root), env)
     return f"sqlite:///{state / 'handler.db'}"
 
 
@@ -130,8 +131,6 @@ class Store:
 
     def migrate(self) -> str:
         """Apply the migrations under a lock; returns the revision the store is at."""
-        from reconciler.governance.store.migrate import upgrade
-
         try:
             if self.dialect == "sqlite":
                 with _file_lock(self.engine), self.engine.begin() as conn:

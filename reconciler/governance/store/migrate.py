@@ -13,16 +13,16 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
+from sqlalchemy.engine import Connection
 
 from reconciler.governance.errors import StoreError
-from reconciler.governance.store.engine import Transaction
 
 __all__ = ["current_revision", "head_revision", "upgrade"]
 
 _SCRIPTS = Path(__file__).resolve().parent / "migrations"
 
 
-def _config(conn: Transaction | None = None) -> Config:
+def _config(conn: Connection | None = None) -> Config:
     config = Config()
     config.set_main_option("script_location", str(_SCRIPTS))
     if conn is not None:
@@ -37,11 +37,11 @@ def head_revision() -> str:
     return head
 
 
-def current_revision(conn: Transaction) -> str | None:
+def current_revision(conn: Connection) -> str | None:
     return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(conn: Transaction) -> str:
+def upgrade(conn: Connection) -> str:
     """Bring the schema on `conn` to the newest revision; returns it."""
     head = head_revision()
     if current_revision(conn) != head:
