@@ -6,7 +6,7 @@ is not charged to a call's time limit. `Harness.call` sends one `tools/call` ove
 socket, as an agent's bridge would, and runs the loop until the reply: the router and the client
 share that loop, so nothing runs between calls and no thread is needed.
 
-A tap on the router's connector pool records what reached the connector during a call (the
+A hook on the router's connector pool records what reached the connector during a call (the
 arguments it received and its raw result): how the runner proves that invalid inputs were refused
 before the connector saw them, and shows a connector's actual output when the router refused it.
 After a call the router ended with `timeout` or `crashed`, the connector is restarted, so that one
@@ -24,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,7 +36,6 @@ from conformance.workspace import Subject, Workspace, build_workspace
 from reconciler.config import Snapshot, effective_limits
 from reconciler.config.errors import HandlerError
 from reconciler.config.eventloop import new_event_loop
-from reconciler.connectors.client import ConnectorProcess
 from reconciler.connectors.errors import ConnectorError
 from reconciler.connectors.pool import ConnectorPool
 from reconciler.router.server import Router
@@ -88,12 +87,8 @@ class Harness:
         self._router = Router(self.workspace.snapshot, root=self.subject.root.absolute(), run_dir=self.folder / "run",
                               state_dir=self.folder / "state")
         self._run(self._router.start())
-        self._tap = _Tap(self._router.services.pool)
-        self.start_error = self._run(self._tap.warm_up(self.workspace.snapshot, self.subject.binding.name))
-
-    @property
-    def connector_pid(self) -> int | None:
-        return self._tap.pid if self._tap is not None else None
+        self._tap = _Tap(self._router.services.pool, self.workspace.snapshot, self.subject.binding.name)
+        self.start_error = self._run(self._tap.warm_up())
 
     def time_limit(self, key: str) -> float:
         """The call time limit the router applies to interface version `key` on this binding."""
@@ -169,30 +164,23 @@ async def _open_client(path: Path) -> LineClient:
 
 
 class _Tap:
-    """Records each call on the connector side of the router, by wrapping the connector's `call_tool`.
+    """Records each call that reaches the binding's connector process, through the pool's dispatch hook.
 
-    The router's pipeline reaches a connector process only through `ConnectorProcess.call_tool`; the
-    pool keeps one such object per binding across restarts of its process, so wrapping that one
-    object sees every dispatch, however the pipeline finds the connector.
+    The hook stays on the process across its restarts, so every dispatch is seen, however the
+    pipeline finds the connector.
     """
 
-    def __init__(self, pool: ConnectorPool) -> None:
-        self._pool = pool
-        self._connector: ConnectorProcess | None = None
+    def __init__(self, pool: ConnectorPool, snapshot: Snapshot, binding: str) -> None:
+        self._pool, self._snapshot, self._binding = pool, snapshot, binding
         self._seen: list[Dispatch] = []
+        pool.on_dispatch(self._record)
 
-    @property
-    def pid(self) -> int | None:
-        return self._connector.pid if self._connector is not None else None
-
-    async def warm_up(self, snapshot: Snapshot, binding: str) -> str | None:
-        """Start the binding's connector now and tap it; the reason it could not start, if it could not."""
+    async def warm_up(self) -> str | None:
+        """Start the binding's connector now; the reason it could not start, if it could not."""
         try:
-            connector = await self._pool.connector_for(snapshot, binding)
+            await self._pool.connector(self._snapshot, self._binding)
         except ConnectorError as exc:
             return exc.message
-        self._connector = connector
-        connector.call_tool = _Tapped(connector.call_tool, self._seen)  # type: ignore[method-assign]
         return None
 
     def begin(self) -> None:
@@ -203,25 +191,14 @@ class _Tap:
 
     async def restart(self) -> None:
         """A fresh connector process after a hang or a crash (the next call would start one anyway)."""
-        connector = self._connector
-        if connector is None:
-            return
         with contextlib.suppress(HandlerError, OSError):
-            await connector.stop(grace=0.2)
-            await connector.ensure_started()
+            await self._pool.restart(self._snapshot, self._binding)
 
-
-class _Tapped:
-    """A connector's `call_tool`, recording each call and its raw result."""
-
-    def __init__(self, call_tool: Callable[..., Awaitable[dict[str, Any]]], seen: list[Dispatch]) -> None:
-        self._call_tool = call_tool
-        self._seen = seen
-
-    async def __call__(self, name: str, arguments: Mapping[str, Any], *more: Any, **options: Any) -> dict[str, Any]:
+    async def _record(self, name: str, arguments: Mapping[str, Any],
+                      call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
         shown = orjson.loads(orjson.dumps(arguments))
         try:
-            result = await self._call_tool(name, arguments, *more, **options)
+            result = await call
         except ConnectorError as exc:
             self._seen.append(Dispatch(name, shown, None, f"{exc.cause}: {exc.message}"))
             raise

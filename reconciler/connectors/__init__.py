@@ -1,1 +1,1 @@
-"""The connectors room of the control plane (design §3)."""
+"""The connectors room of the control plane (docs/architecture.md §3)."""

@@ -17,14 +17,14 @@ import os
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from reconciler.connectors.errors import ConnectorCrashedError, ConnectorError, ConnectorReplyError, ConnectorStartError
 from reconciler.wire.client import LineClient
 from reconciler.wire.errors import JsonRpcError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
-__all__ = ["ConnectorProcess", "LaunchSpec"]
+__all__ = ["ConnectorProcess", "DispatchHook", "LaunchSpec"]
 
 CLIENT_INFO = {"name": "handler-router", "version": "0.1.0"}
 
@@ -42,6 +42,13 @@ class LaunchSpec:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     on_stderr: Callable[[bytes], None] | None = None  # gets the process's stderr as it comes (else stderr_path)
     socket_path: str | None = None  # transport "socket": the connector serves MCP here (HANDLER_CONNECTOR_SOCKET)
+
+
+class DispatchHook(Protocol):
+    """Sees each tools/call on its way to the process: it gets the call under way and returns what to await."""
+
+    def __call__(self, name: str, arguments: Mapping[str, Any],
+                 call: Awaitable[dict[str, Any]]) -> Awaitable[dict[str, Any]]: ...
 
 
 class _Incarnation:
@@ -111,8 +118,9 @@ class _ConnectorLine(LineClient):
 class ConnectorProcess:
     """One binding's connector: its current process and the calls in flight on it."""
 
-    def __init__(self, spec: LaunchSpec) -> None:
+    def __init__(self, spec: LaunchSpec, *, on_dispatch: DispatchHook | None = None) -> None:
         self.spec = spec
+        self.on_dispatch = on_dispatch
         self._inc = _Incarnation(spec)
         self._starting: asyncio.Task[None] | None = None
         self.server_info: Mapping[str, Any] = {}
@@ -227,8 +235,10 @@ class ConnectorProcess:
         if meta:
             params["_meta"] = meta
         if self._inc.alive:  # the common case: one coroutine per call, not two
-            return self._inc.line.request("tools/call", params, deadline)
-        return self._start_and_request(params, deadline)
+            call = self._inc.line.request("tools/call", params, deadline)
+        else:
+            call = self._start_and_request(params, deadline)
+        return call if self.on_dispatch is None else self.on_dispatch(name, arguments, call)
 
     async def list_tools(self) -> list[dict[str, Any]]:
         """The connector's own `tools/list` (its first page), starting the process if needed."""

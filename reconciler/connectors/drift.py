@@ -1,6 +1,6 @@
-"""Comparing a connector's own `tools/list` with the interfaces it claims, when its process starts.
+"""Tool drift: a connector's own `tools/list` held against the interfaces it claims, when its process starts.
 
-The pool calls `compare_tools` once per start. A tool of a claimed interface that the connector
+The pool calls `find_tool_drift` once per start. A tool of a claimed interface that the connector
 does not offer fails the start (every call of it would fail). A tool whose description or schemas
 differ from the interface's is drift: logged and kept in the binding's status, never shown to
 agents, who see only the interface's `tools.json` (S1).
@@ -15,12 +15,12 @@ from typing import Any
 from reconciler.config.snapshot import Connector, Snapshot
 from reconciler.connectors.errors import ConnectorStartError
 
-__all__ = ["compare_tools"]
+__all__ = ["find_tool_drift"]
 
 log = logging.getLogger("handler.connectors")
 
 
-def compare_tools(binding: str, offered: Sequence[Mapping[str, Any]] | None, snapshot: Snapshot,
+def find_tool_drift(binding: str, offered: Sequence[Mapping[str, Any]] | None, snapshot: Snapshot,
                   connector: Connector) -> tuple[str, ...]:
     """The drift between `offered` (the connector's tools/list) and its claimed interfaces' tools.
 

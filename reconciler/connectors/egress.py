@@ -1,4 +1,4 @@
-"""The egress allow-list proxy: a connector reaches the network only through it (design §4 `egress`).
+"""The egress allow-list proxy: a connector reaches the network only through it (docs/architecture.md §4 `egress`).
 
 The router runs one proxy per sandboxed connector process, listening on a unix socket (a path socket
 crosses network namespaces). It speaks enough HTTP proxying for every client library: `CONNECT

@@ -1,4 +1,4 @@
-"""The failures of a connector process, as the router's error mapping (design §2 step 8) sees them.
+"""The failures of a connector process, as the router's error mapping (docs/architecture.md §2 step 8) sees them.
 
 Each carries a `cause`: the word the router puts in `_meta["handler/cause"]` and in the call log
 when it turns the failure into the interface error `unavailable`. They are grouped by what happened,

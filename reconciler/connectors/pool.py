@@ -16,7 +16,7 @@ selects it. Around it:
 - shutdown (`close`): every process stops, then its process group is killed, so nothing is left.
 
 The launch itself (environment, sandbox, egress proxy) is `launching.prepare_launch`'s; the check
-of a process's tools against its interfaces is `interfaces.compare_tools`'s.
+of a process's tools against its interfaces is `drift.find_tool_drift`'s.
 """
 
 from __future__ import annotations
@@ -34,15 +34,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.client import ConnectorProcess
+from reconciler.connectors.client import ConnectorProcess, DispatchHook, LaunchSpec
+from reconciler.connectors.drift import find_tool_drift
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
-from reconciler.connectors.interfaces import compare_tools
 from reconciler.connectors.launching import Launch, declared_env, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
 from reconciler.connectors.wrapping import ToolCaller, WrappedConnector
+from reconciler.places import default_state_dir
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
-__all__ = ["DEFAULT_IDLE_SECONDS", "BindingStatus", "Connector", "ConnectorPool", "PoolKey", "pool_key"]
+__all__ = ["DEFAULT_IDLE_SECONDS", "BindingStatus", "ConnectorPool", "PoolKey", "RunningConnector", "pool_key"]
 
 log = logging.getLogger("handler.connectors")
 
@@ -64,7 +65,7 @@ def pool_key(snapshot: Snapshot, binding_name: str) -> PoolKey | None:
     return (binding_name, binding.content_hash, connector.content_hash)
 
 
-class Connector(Protocol):
+class RunningConnector(Protocol):
     """What the pipeline calls: a running connector, in a process or inside the router."""
 
     @property
@@ -120,10 +121,10 @@ class InRouter:
 @dataclass(eq=False)
 class _Entry:
     key: PoolKey
-    connector: Connector | None = None
+    connector: RunningConnector | None = None
     process: ConnectorProcess | None = None  # the OS process under it, if any
     launch: Launch | None = None
-    starting: asyncio.Task[Connector] | None = None
+    starting: asyncio.Task[RunningConnector] | None = None
     last_used: float = 0.0
     started_at: float = 0.0
     crashes: int = 0  # in a row
@@ -146,7 +147,7 @@ class ConnectorPool:
                  idle_seconds: float = DEFAULT_IDLE_SECONDS, sandbox: bool = True, run_dir: Path | None = None) -> None:
         self._root = root
         self._run_dir = run_dir  # the router's sockets and call folders: hidden from sandboxed connectors
-        self._state = state_dir if state_dir is not None else root / ".handler"
+        self._state = state_dir if state_dir is not None else default_state_dir(root)
         self._max_line_bytes = max_line_bytes
         self.idle_seconds = idle_seconds
         self.sandbox = sandbox
@@ -158,10 +159,11 @@ class ConnectorPool:
         self._wake: asyncio.Event | None = None
         self._closed = False
         self._probes: dict[PoolKey, asyncio.Task[None]] = {}
+        self._on_dispatch: DispatchHook | None = None
 
     # --- the per-call path -------------------------------------------------------------------
 
-    def running(self, key: PoolKey | None) -> Connector | None:
+    def running(self, key: PoolKey | None) -> RunningConnector | None:
         """The connector of `key` (see `pool_key`) if it runs now: the per-call fast path, with no await."""
         entry = self._live.get(key) if key is not None else None
         if entry is None or entry.connector is None or not entry.connector.running:
@@ -169,7 +171,7 @@ class ConnectorPool:
         entry.last_used = time.monotonic()
         return entry.connector
 
-    async def connector(self, snapshot: Snapshot, binding_name: str) -> Connector:
+    async def connector(self, snapshot: Snapshot, binding_name: str) -> RunningConnector:
         """The running (or just started) connector for `binding_name` as `snapshot` configures it."""
         key = pool_key(snapshot, binding_name)
         if key is None:
@@ -221,18 +223,36 @@ class ConnectorPool:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
 
-    async def connector_for(self, snapshot: Snapshot, binding_name: str) -> ConnectorProcess:
-        """The OS process of `binding_name` (started if needed): for a wrap, the wrapped server's.
+    def on_dispatch(self, hook: DispatchHook | None) -> None:
+        """Hand every tools/call sent to a connector process, from now on, through `hook`.
 
-        The same object across crashes and restarts of the process, until the pool stops it (idle,
-        drained, shut down). A built-in connector has no process: `ConnectorStartError`.
+        The hook sees what reaches the process (for a wrap, the wrapped server's calls, after
+        renaming), across restarts: how the conformance runner records what reached a connector.
         """
-        await self.connector(snapshot, binding_name)
+        self._on_dispatch = hook
+        for entry in self._live.values():
+            if entry.process is not None:
+                entry.process.on_dispatch = hook
+
+    def launch_spec(self, binding_name: str) -> LaunchSpec | None:
+        """How the binding's running process was launched (command, folder, environment), if one runs."""
+        for entry in self._live.values():
+            if entry.key[0] == binding_name and entry.launch is not None and entry.process is not None:
+                return entry.launch.spec
+        return None
+
+    async def restart(self, snapshot: Snapshot, binding_name: str, grace: float = 0.2) -> None:
+        """Stop the binding's process (`grace` seconds to exit) and start a fresh one now, with no backoff.
+
+        For a caller that judges each call on its own (the conformance runner after a hang or a crash);
+        a connector inside the router has no process and is left as it is.
+        """
         key = pool_key(snapshot, binding_name)
         entry = self._live.get(key) if key is not None else None
         if entry is None or entry.process is None:
-            raise ConnectorStartError(f"binding '{binding_name}' runs inside the router, with no process")
-        return entry.process
+            return
+        await entry.process.stop(grace=grace)
+        await entry.process.ensure_started()
 
     # --- sessions and generations ------------------------------------------------------------
 
@@ -257,7 +277,7 @@ class ConnectorPool:
 
     # --- starting and stopping -----------------------------------------------------------------
 
-    async def _start(self, entry: _Entry, snapshot: Snapshot, binding_name: str) -> Connector:
+    async def _start(self, entry: _Entry, snapshot: Snapshot, binding_name: str) -> RunningConnector:
         try:
             if entry.connector is not None and entry.process is not None:  # it ran and is gone: a crash
                 await self._restart(entry, binding_name)
@@ -320,14 +340,15 @@ class ConnectorPool:
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
                                             max_line_bytes=self._max_line_bytes, run_dir=self._run_dir)
         entry.snapshot = snapshot
-        process = entry.process = ConnectorProcess(entry.launch.spec)
+        process = entry.process = ConnectorProcess(entry.launch.spec, on_dispatch=self._on_dispatch)
         await process.ensure_started()
+
         if connector.spec.wrap is None:
             try:
                 tools: list[dict[str, Any]] | None = await process.list_tools()
             except ConnectorReplyError:
                 tools = None  # it does not list its tools: nothing to compare
-            entry.drift = compare_tools(binding_name, tools, snapshot, connector)  # raises on a missing tool
+            entry.drift = find_tool_drift(binding_name, tools, snapshot, connector)  # raises on a missing tool
             entry.connector = process
         else:
             entry.connector = InRouter(WrappedConnector(process, connector.spec.wrap))  # type: ignore[arg-type]

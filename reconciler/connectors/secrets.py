@@ -1,6 +1,6 @@
 """Resolving a binding's secret references to their values, at the moment a connector starts.
 
-A binding never holds a secret, only where to find it (design §4): an environment variable of the
+A binding never holds a secret, only where to find it (docs/architecture.md §4): an environment variable of the
 router, a file, or a command whose standard output is the secret. Values live only in the
 connector's environment; they are never logged, and errors name the reference, never a value.
 """

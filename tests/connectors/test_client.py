@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures.echo_tree import CONNECTOR
-from fixtures.harness import run
 
 from reconciler.connectors.client import ConnectorProcess, LaunchSpec
 from reconciler.connectors.errors import ConnectorCrashedError, ConnectorReplyError, ConnectorStartError
+from tests.fixtures.echo_tree import CONNECTOR
+from tests.fixtures.harness import run
 
 
 def spec(**extra: object) -> LaunchSpec:

@@ -8,8 +8,9 @@ import logging
 from pathlib import Path
 
 import pytest
-from fixtures.echo_tree import TOOLS, write_echo_tree
-from fixtures.harness import RawClient, run, serving, short_dir
+
+from tests.fixtures.echo_tree import TOOLS, write_echo_tree
+from tests.fixtures.harness import RawClient, run, serving, short_dir
 
 
 def _connector_lists(root: Path, tools: list[dict[str, object]]) -> None:
@@ -102,8 +103,9 @@ def test_a_socket_under_a_deep_state_folder_gets_a_short_folder_that_goes_with_i
         async with serving(echo_root, run_dir, state_dir=deep) as router:
             client = await RawClient.connect(router.socket_path("tester"))
             assert (await client.call("echo_say", {"text": "deep"}))["structuredContent"] == {"text": "deep"}
-            (process,) = [e.process for e in router.services.pool._live.values() if e.process is not None]
-            socket_path = Path(process.spec.env["HANDLER_CONNECTOR_SOCKET"])
+            spec = router.services.pool.launch_spec("echo-local")
+            assert spec is not None
+            socket_path = Path(spec.env["HANDLER_CONNECTOR_SOCKET"])
             assert not socket_path.is_relative_to(deep)
             assert socket_path.parent.exists()
             await client.close()

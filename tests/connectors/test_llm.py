@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fixtures.vendors import Reply, Vendor, anthropic_reply, openai_reply, serving_vendor
 
 from reconciler.connectors.llm import LlmConnector, LlmSettings
+from tests.fixtures.vendors import Reply, Vendor, anthropic_reply, openai_reply, serving_vendor
 
 CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "system": "Be brief", "maxTokens": 20, "temperature": 0.2}
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fixtures.echo_tree import TOKEN_ENV
-from fixtures.harness import RawClient, load, run, serving
 
 from reconciler.connectors.pool import ConnectorPool
+from tests.fixtures.echo_tree import TOKEN_ENV
+from tests.fixtures.harness import RawClient, load, run, serving
 
 DEADLINE = 15.0
 
@@ -46,16 +46,19 @@ def test_one_process_per_binding_with_settings_and_secrets_in_its_env(echo_root:
         pool = ConnectorPool(echo_root, echo_root / ".handler", sandbox=False)
         try:
             snapshot = load(echo_root)
-            first = await pool.connector_for(snapshot, "echo-local")
-            assert await pool.connector_for(snapshot, "echo-local") is first
-            env = first.spec.env
+            first = await pool.connector(snapshot, "echo-local")
+            assert await pool.connector(snapshot, "echo-local") is first
+            assert len(pool.processes()) == 1
+            spec = pool.launch_spec("echo-local")
+            assert spec is not None
+            env = spec.env
             assert env["ECHO_TOKEN"] == echo_secret
             assert env["ECHO_GREETING"] == "hi"
             assert TOKEN_ENV not in env  # the router's own variables stay the router's
             assert set(env) <= {"ECHO_TOKEN", "ECHO_GREETING", "PATH", "LANG", "LC_ALL", "TZ", "HOME", "TMPDIR"}
             assert Path(env["HOME"]).parent == echo_root / ".handler/connectors"  # its private folder
-            assert first.spec.cwd == env["HOME"]
-            assert echo_secret not in repr(first.spec)
+            assert spec.cwd == env["HOME"]
+            assert echo_secret not in repr(spec)
         finally:
             await pool.close()
         assert not Path(env["HOME"]).exists()  # the private folder goes with the process

@@ -11,9 +11,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
-from fixtures.harness import RawClient, run, serving, short_dir
-from fixtures.loopback import QuietHandler, serving_http
 
 from reconciler.connectors.egress import EgressProxy, egress_allows
 from reconciler.connectors.launching import limited_command
@@ -25,6 +22,9 @@ from reconciler.connectors.sandbox import (
     namespaces_available,
     sandboxed_command,
 )
+from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.harness import RawClient, run, serving, short_dir
+from tests.fixtures.loopback import QuietHandler, serving_http
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason="network namespaces are unavailable here")
 

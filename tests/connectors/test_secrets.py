@@ -6,11 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures.harness import run
 
 from reconciler.config.models import SecretRef
 from reconciler.connectors.errors import ConnectorStartError
 from reconciler.connectors.secrets import resolve_secret
+from tests.fixtures.harness import run
 
 
 def test_env_file_and_command_references(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

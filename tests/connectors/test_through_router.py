@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.harness import RawClient, serving, short_dir
-from fixtures.loopback import QuietHandler, serving_http
-from fixtures.vendors import Reply, openai_reply, serving_vendor
 
 from reconciler.connectors.sandbox import namespaces_available
 from reconciler.router.llm_cli import EXIT_CODES
+from tests.fixtures.harness import RawClient, serving, short_dir
+from tests.fixtures.loopback import QuietHandler, serving_http
+from tests.fixtures.vendors import Reply, openai_reply, serving_vendor
 
 REPO = Path(__file__).resolve().parents[2]
 HANDLER_LLM = str(Path(sys.executable).parent / "handler-llm")

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.loopback import QuietHandler, serving_http
 
 from reconciler.config.models import WrapSpec
 from reconciler.connectors.client import ConnectorProcess, LaunchSpec
 from reconciler.connectors.sandbox import confined_env
 from reconciler.connectors.wrapping import WrappedConnector
+from tests.fixtures.loopback import QuietHandler, serving_http
 
 WRAP = WrapSpec(
     tools={"web_fetch_get": "fetch"}, arguments={"maxLength": "max_length"}, reshape="text", error="fetch_failed"

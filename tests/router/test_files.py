@@ -6,10 +6,10 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from fixtures.harness import RawClient, exchange
 
 from reconciler.router.files import ANY, FileField, find_file_fields, restore_paths
 from reconciler.router.server import Router
+from tests.fixtures.harness import RawClient, exchange
 
 
 @pytest.fixture
@@ -47,7 +47,8 @@ def test_every_input_escape_is_refused(echo_root: Path, scope: Path, run_dir: Pa
         assert result["structuredContent"]["error"] == "invalid_arguments", result
         assert why in result["structuredContent"]["message"]
         assert result["structuredContent"]["message"].startswith("/path: ")
-        assert not router.services.pool._live  # refused before any connector started
+        assert router.services.pool.processes() == []  # refused before any connector started
+        assert "echo-local" not in router.services.pool.statuses
 
     exchange(echo_root, run_dir, script)
 
