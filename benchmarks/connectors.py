@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
-from fixtures.harness import RawClient, serving, short_dir
+from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.harness import RawClient, serving, short_dir
 
 
 async def first_call_ms(root: Path, run_dir: Path, rounds: int, sandbox: bool) -> tuple[list[float], list[float]]:

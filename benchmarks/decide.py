@@ -3,7 +3,7 @@ and admitted calls per second with governance on (SQLite, PostgreSQL) and off, s
 
     .venv/bin/python benchmarks/decide.py [--calls 200000] [--pg postgresql://postgres@127.0.0.1:5432/test]
 
-It prints figures and asserts nothing about time (design §10: goal p99 under 20 µs).
+It prints figures and asserts nothing about time (docs/architecture.md §10: goal p99 under 20 µs).
 """
 
 from __future__ import annotations
@@ -268,8 +268,8 @@ async def _router_rate(root: Path, run_dir: Path, gate: Gate, calls: int, sessio
 
 def bench_router(calls: int, pg: str | None) -> None:
     """Calls/s through the real router (socket, validation, connector, settle) per gate."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 
     os.environ.setdefault(TOKEN_ENV, "bench")
     sessions = 8

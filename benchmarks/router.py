@@ -40,8 +40,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from fixtures.echo_tree import CONNECTOR, TOKEN_ENV, write_echo_tree  # noqa: E402
+sys.path.insert(0, str(REPO))
+from tests.fixtures.echo_tree import CONNECTOR, TOKEN_ENV, write_echo_tree  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ARGS = {"text": "hello, router"}
@@ -239,20 +239,8 @@ def row(name: str, figures: dict[str, float]) -> None:
           + cpu)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=2000, help="timed calls per configuration (default 2000)")
-    parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--part", choices=["all", "raw"], default="all",
-                        help="raw: only the router-alone lines (direct, hop, router, x8)")
-    args = parser.parse_args()
-    try:
-        import uvloop
-        run = uvloop.run
-    except ImportError:  # pragma: no cover
-        run = asyncio.run
-
-    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="hb"))
+def write_bench_files(base: Path) -> tuple[Path, Path, dict[str, str], list[str]]:
+    """The echo tree, the helper scripts and the connector command under `base`: (root, run_dir, env, connector)."""
     root = write_echo_tree(base / "t")
     run_dir = base / "run"
     tools = root / "catalog/interfaces/echo/v1/tools.json"
@@ -261,60 +249,69 @@ def main() -> None:
     (base / "proxy.py").write_text(PROXY)
     (base / "serve_open.py").write_text(SERVE_OPEN)
     connector = [sys.executable, str(CONNECTOR), str(tools)]
-    results: dict[str, dict[str, float]] = {}
+    return root, run_dir, env, connector
 
-    print(f"router benchmark: {args.calls} timed calls per line after {args.warmup} warm-up calls; "
-          f"{os.cpu_count()} CPUs; Python {sys.version.split()[0]}")
-    mcp = args.part == "all"
-    with started([sys.executable, str(base / "serve_open.py"), str(root)], env, "handler serve") as router:
-        if mcp:
-            print("\nMCP clients (the official SDK client, initialize era, validating each result; the three "
-                  "lines interleaved in 8 rounds):")
-            results.update(run(sdk_runs({
-                "a": StdioServerParameters(command=connector[0], args=connector[1:]),
-                "b": StdioServerParameters(command=str(BIN / "handler-service"), args=["echo", "--profile", "tester"],
-                                           env={"HANDLER_RUN_DIR": str(run_dir)}),
-                "c": StdioServerParameters(command=sys.executable, args=[str(base / "proxy.py"), *connector[1:]]),
-            }, args.calls, args.warmup)))
-            row("(a) SDK client -> connector", results["a"])
-            row("(b) SDK client -> handler-service -> router -> connector", results["b"])
-            row("(c) SDK client -> FastMCP proxy -> connector", results["c"])
 
-        print("\nThe router alone (a raw line client; the three lines take turns in 8 rounds):")
-        proc = subprocess.Popen(connector, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        stdin, stdout = proc.stdin, proc.stdout
+def measure_sdk_lines(run: Any, base: Path, run_dir: Path, connector: list[str],
+                      args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Lines (a), (b) and (c): the SDK client direct, through handler-service and the router, through FastMCP."""
+    print("\nMCP clients (the official SDK client, initialize era, validating each result; the three "
+          "lines interleaved in 8 rounds):")
+    results: dict[str, dict[str, float]] = run(sdk_runs({
+        "a": StdioServerParameters(command=connector[0], args=connector[1:]),
+        "b": StdioServerParameters(command=str(BIN / "handler-service"), args=["echo", "--profile", "tester"],
+                                   env={"HANDLER_RUN_DIR": str(run_dir)}),
+        "c": StdioServerParameters(command=sys.executable, args=[str(base / "proxy.py"), *connector[1:]]),
+    }, args.calls, args.warmup))
+    row("(a) SDK client -> connector", results["a"])
+    row("(b) SDK client -> handler-service -> router -> connector", results["b"])
+    row("(c) SDK client -> FastMCP proxy -> connector", results["c"])
+    return results
 
-        def pipe_send(data: bytes) -> None:
-            stdin.write(data)
-            stdin.flush()
 
-        hop_path = base / "hop.sock"
-        with started([sys.executable, str(base / "forward.py"), str(hop_path), *connector], env, "ready",
-                     "stdout") as forwarder:
-            hop = LineSocket(hop_path)
-            client = LineSocket(run_dir / "profiles/tester.sock")
-            results.update(raw_turns({"direct": (pipe_send, stdout.readline, None),
-                                      "hop": (hop.send, hop.recv_line, forwarder.pid),
-                                      "router": (client.send, client.recv_line, router.pid)},
-                                     args.calls, args.warmup))
-            hop.close()
-            client.close()
-        stdin.close()
-        proc.wait()
-        stdout.close()
-        row("direct: client -> connector", results["direct"])
-        row("hop: client -> line-forwarding hop -> connector", results["hop"])
-        row("router: client -> router -> connector", results["router"])
-        results["x8"] = run(concurrent_sessions(run_dir / "profiles/tester.sock", 8, args.calls * 4))
-        row("router x8: 8 concurrent sessions", results["x8"])
+def measure_raw_lines(base: Path, run_dir: Path, env: dict[str, str], connector: list[str], router_pid: int,
+                      args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """The direct, hop and router lines, taking turns."""
+    print("\nThe router alone (a raw line client; the three lines take turns in 8 rounds):")
+    proc = subprocess.Popen(connector, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+
+    def pipe_send(data: bytes) -> None:
+        stdin.write(data)
+        stdin.flush()
+
+    hop_path = base / "hop.sock"
+    with started([sys.executable, str(base / "forward.py"), str(hop_path), *connector], env, "ready",
+                 "stdout") as forwarder:
+        hop = LineSocket(hop_path)
+        client = LineSocket(run_dir / "profiles/tester.sock")
+        results = raw_turns({"direct": (pipe_send, stdout.readline, None),
+                             "hop": (hop.send, hop.recv_line, forwarder.pid),
+                             "router": (client.send, client.recv_line, router_pid)},
+                            args.calls, args.warmup)
+        hop.close()
+        client.close()
+    stdin.close()
+    proc.wait()
+    stdout.close()
+    row("direct: client -> connector", results["direct"])
+    row("hop: client -> line-forwarding hop -> connector", results["hop"])
+    row("router: client -> router -> connector", results["router"])
+    return results
+
+
+def measure_governed(root: Path, run_dir: Path, env: dict[str, str], calls: int) -> None:
+    """The router as `handler serve` ships it, for reference."""
     with started([str(BIN / "handler"), "serve", str(root)], env, "handler serve"):
         client = LineSocket(run_dir / "profiles/tester.sock")
-        governed = raw_loop(client.send, client.recv_line, max(200, args.calls // 10), 50)
+        governed = raw_loop(client.send, client.recv_line, max(200, calls // 10), 50)
         client.close()
         row("router, governed (`handler serve`: Governor, SQLite)", governed)
 
+
+def print_ratios(results: dict[str, dict[str, float]], mcp: bool) -> None:
     print("\nAdded latency (p50) and ratios:")
     if mcp:
         added_b = results["b"]["p50"] - results["a"]["p50"]
@@ -330,6 +327,36 @@ def main() -> None:
     print(f"  CPU per call: the router {results['router']['cpu']:.1f} µs, the hop {results['hop']['cpu']:.1f} µs "
           "(the process in the middle only)")
     print(f"  8 sessions: {results['x8']['rate']:.0f} validated calls/s   (goal >= 10,000)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000, help="timed calls per configuration (default 2000)")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--part", choices=["all", "raw"], default="all",
+                        help="raw: only the router-alone lines (direct, hop, router, x8)")
+    args = parser.parse_args()
+    try:
+        import uvloop
+        run = uvloop.run
+    except ImportError:  # pragma: no cover
+        run = asyncio.run
+
+    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="hb"))
+    root, run_dir, env, connector = write_bench_files(base)
+    results: dict[str, dict[str, float]] = {}
+
+    print(f"router benchmark: {args.calls} timed calls per line after {args.warmup} warm-up calls; "
+          f"{os.cpu_count()} CPUs; Python {sys.version.split()[0]}")
+    mcp = args.part == "all"
+    with started([sys.executable, str(base / "serve_open.py"), str(root)], env, "handler serve") as router:
+        if mcp:
+            results.update(measure_sdk_lines(run, base, run_dir, connector, args))
+        results.update(measure_raw_lines(base, run_dir, env, connector, router.pid, args))
+        results["x8"] = run(concurrent_sessions(run_dir / "profiles/tester.sock", 8, args.calls * 4))
+        row("router x8: 8 concurrent sessions", results["x8"])
+    measure_governed(root, run_dir, env, args.calls)
+    print_ratios(results, mcp)
     with contextlib.suppress(OSError):
         subprocess.run(["rm", "-rf", str(base)], check=False)
 

@@ -3,7 +3,7 @@
 Generates 200 interfaces (3 tools each), 1,000 connectors with a binding each and 5,000 profiles,
 then measures in one run: a cold load+check, a reload after one binding file changed (the
 content-hash cache at work) against a cold load of the same tree, and the TOML reading choice of
-design §4 (tomlkit vs tomllib with the key-to-line scan) on a 20-line profile. Prints figures and
+docs/architecture.md §4 (tomlkit vs tomllib with the key-to-line scan) on a 20-line profile. Prints figures and
 ratios; asserts nothing. Goals on the reference machine: full load+check < 2 s, one-file reload < 100 ms.
 
     python benchmarks/validate.py [--profiles N]
@@ -36,6 +36,21 @@ def _time(fn: object, repeat: int) -> list[float]:
         fn()  # type: ignore[operator]
         out.append(time.perf_counter() - start)
     return out
+
+
+def _print_toml_reading(root: Path) -> None:
+    """Design §4's TOML reading choice on one profile: tomlkit against tomllib with the key-to-line scan."""
+    profile = (root / "config/profiles/agent00000.toml").read_text()
+    n = 2000
+    t_kit = min(_time(lambda: [tomlkit.parse(profile) for _ in range(n)], 3)) / n
+    t_lib = min(_time(lambda: [tomllib.loads(profile) for _ in range(n)], 3)) / n
+    t_scan = min(_time(lambda: [toml_key_lines(profile) for _ in range(n)], 3)) / n
+    print(
+        f"one profile ({len(profile.splitlines())} lines): tomlkit {t_kit * 1e6:6.1f} us, "
+        f"tomllib {t_lib * 1e6:6.1f} us, tomllib + line scan {(t_lib + t_scan) * 1e6:6.1f} us"
+        f"  -> tomlkit / (tomllib + scan) = {t_kit / (t_lib + t_scan):4.1f}x"
+    )
+    print("  (the line scan runs only when a finding needs a line, so loads pay tomllib alone)")
 
 
 def main() -> None:
@@ -88,17 +103,7 @@ def main() -> None:
         print(f"  same, every file just written (re-read, racy mtimes): {fresh * 1000:8.1f} ms")
         print(f"  cold / reload ratio: {statistics.median(cold) / warm:6.1f}x")
 
-        profile = (root / "config/profiles/agent00000.toml").read_text()
-        n = 2000
-        t_kit = min(_time(lambda: [tomlkit.parse(profile) for _ in range(n)], 3)) / n
-        t_lib = min(_time(lambda: [tomllib.loads(profile) for _ in range(n)], 3)) / n
-        t_scan = min(_time(lambda: [toml_key_lines(profile) for _ in range(n)], 3)) / n
-        print(
-            f"one profile ({len(profile.splitlines())} lines): tomlkit {t_kit * 1e6:6.1f} us, "
-            f"tomllib {t_lib * 1e6:6.1f} us, tomllib + line scan {(t_lib + t_scan) * 1e6:6.1f} us"
-            f"  -> tomlkit / (tomllib + scan) = {t_kit / (t_lib + t_scan):4.1f}x"
-        )
-        print("  (the line scan runs only when a finding needs a line, so loads pay tomllib alone)")
+        _print_toml_reading(root)
 
 
 if __name__ == "__main__":

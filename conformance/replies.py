@@ -1,6 +1,6 @@
 """What one call through the router gave: the tool result read the way the runner judges it.
 
-A `Reply` wraps the `CallToolResult` the router sent (design §6) with what the runner saw on the
+A `Reply` wraps the `CallToolResult` the router sent (docs/architecture.md §6) with what the runner saw on the
 connector side of the router during that call (`Dispatch`: the arguments the connector received
 and its raw result), so a failure can show the connector's actual output, not only the router's
 verdict on it.

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# The echo connector's fixtures (a config tree around it, its secret, a short run folder) serve every suite.
+pytest_plugins = ["tests.fixtures.echo_fixtures"]
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree
-from fixtures.echo_tree import select_binding as _select
-from fixtures.harness import RawClient, load, short_dir
-from fixtures.service import Service as Running
-from fixtures.service import running
 
 from reconciler.app import Reports, Service, ServiceError, ServiceOptions, UpOptions, run_service
 from reconciler.gitops.status import Attempt, read_status
 from reconciler.gitops.webhook import sign_body
 from reconciler.governance.gate import OpenGate
+from tests.fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree
+from tests.fixtures.echo_tree import select_binding as _select
+from tests.fixtures.harness import RawClient, load, short_dir
+from tests.fixtures.service import Service as Running
+from tests.fixtures.service import running
 
 OTHER_ENV = "HANDLER_TEST_ECHO_TOKEN_B"
 SECRET = b"push-secret"
@@ -70,7 +70,8 @@ def _push(clone: Path, message: str) -> str:
     return _git(clone, "rev-parse", "HEAD")
 
 
-def test_pushed_commits_reach_new_sessions_only(short: Path) -> None:
+def _git_up_options(short: Path) -> tuple[Path, UpOptions]:
+    """A bare repository holding the echo tree on binding A, the clone that pushes to it, and options to serve it."""
     bare, clone = short / "cfg.git", short / "clone"
     _git(short, "init", "-q", "--bare", "-b", "main", str(bare))
     _git(short, "clone", "-q", str(bare), str(clone))
@@ -87,19 +88,51 @@ def test_pushed_commits_reach_new_sessions_only(short: Path) -> None:
         http_port=0,
         webhook_secret=SECRET,
     )
+    return clone, options
 
-    async def push_hook(service: Running, sha: str) -> None:
-        assert service.listener is not None
-        body = b'{"ref": "refs/heads/main"}'
-        async with httpx.AsyncClient() as http:
-            reply = await http.post(
-                f"http://127.0.0.1:{service.listener.port}/hooks/git",
-                content=body,
-                headers={"X-Hub-Signature-256": sign_body(SECRET, body), "X-GitHub-Event": "push"},
-            )
-        assert reply.status_code == 202
-        assert service.reconciler is not None
-        await service.until(lambda: any(a.revision == sha for a in service.reconciler.status.history))  # type: ignore[union-attr]
+
+async def _push_hook(service: Running, sha: str) -> None:
+    assert service.listener is not None
+    body = b'{"ref": "refs/heads/main"}'
+    async with httpx.AsyncClient() as http:
+        reply = await http.post(
+            f"http://127.0.0.1:{service.listener.port}/hooks/git",
+            content=body,
+            headers={"X-Hub-Signature-256": sign_body(SECRET, body), "X-GitHub-Event": "push"},
+        )
+    assert reply.status_code == 202
+    assert service.reconciler is not None
+    await service.until(lambda: any(a.revision == sha for a in service.reconciler.status.history))  # type: ignore[union-attr]
+
+
+async def _push_broken_revision(service: Running, clone: Path, swap_sha: str) -> RawClient:
+    _select(clone, "echo-missing")
+    broken_sha = _push(clone, "a typo")
+    await _push_hook(service, broken_sha)
+    assert service.reconciler is not None
+    status = service.reconciler.status.to_dict()
+    assert status["ready"] is False
+    assert status["lastAttempt"]["result"] == "invalid"
+    assert [f["code"] for f in status["lastAttempt"]["findings"]] == ["P001"]
+    assert status["applied"]["revision"] == swap_sha
+    third = await service.session()
+    assert await _token(third) == "token-B"  # nothing changed
+    return third
+
+
+async def _push_fixed_revision(service: Running, clone: Path) -> RawClient:
+    _select(clone, "echo-local")
+    fixed_sha = _push(clone, "fix the typo")
+    await _push_hook(service, fixed_sha)
+    assert service.reconciler is not None
+    assert service.reconciler.status.to_dict()["ready"] is True
+    fourth = await service.session()
+    assert await _token(fourth) == "token-A"
+    return fourth
+
+
+def test_pushed_commits_reach_new_sessions_only(short: Path) -> None:
+    clone, options = _git_up_options(short)
 
     async def scenario() -> None:
         async with running(options) as service:
@@ -108,30 +141,14 @@ def test_pushed_commits_reach_new_sessions_only(short: Path) -> None:
 
             _select(clone, "echo-other")
             swap_sha = _push(clone, "echo on binding B")
-            await push_hook(service, swap_sha)
+            await _push_hook(service, swap_sha)
             assert service.generation == 2
             assert await _token(old) == "token-A"  # the open session keeps its binding
             new = await service.session()
             assert await _token(new) == "token-B"
 
-            _select(clone, "echo-missing")
-            broken_sha = _push(clone, "a typo")
-            await push_hook(service, broken_sha)
-            assert service.reconciler is not None
-            status = service.reconciler.status.to_dict()
-            assert status["ready"] is False
-            assert status["lastAttempt"]["result"] == "invalid"
-            assert [f["code"] for f in status["lastAttempt"]["findings"]] == ["P001"]
-            assert status["applied"]["revision"] == swap_sha
-            third = await service.session()
-            assert await _token(third) == "token-B"  # nothing changed
-
-            _select(clone, "echo-local")
-            fixed_sha = _push(clone, "fix the typo")
-            await push_hook(service, fixed_sha)
-            assert service.reconciler.status.to_dict()["ready"] is True
-            fourth = await service.session()
-            assert await _token(fourth) == "token-A"
+            third = await _push_broken_revision(service, clone, swap_sha)
+            fourth = await _push_fixed_revision(service, clone)
             for client in (old, new, third, fourth):
                 await client.close()
 

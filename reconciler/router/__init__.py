@@ -1,1 +1,1 @@
-"""The router room of the control plane (design §3)."""
+"""The router room of the control plane (docs/architecture.md §3)."""

@@ -1,4 +1,4 @@
-"""The built-in `handler` interface served to every profile: `handler_status` and `handler_decide` (design §6).
+"""The built-in `handler` interface for every profile: `handler_status`, `handler_decide` (docs/architecture.md §6).
 
 They answer from the governance gate: the status of a held call (with the original tool's validated
 output once it ran), and the decision an orchestrator takes on a hold routed to it (`to = "caller"`).

@@ -1,4 +1,4 @@
-"""One JSON line per call, appended to `$HANDLER_STATE_DIR/calls.jsonl` (design §6).
+"""One JSON line per call, appended to `$HANDLER_STATE_DIR/calls.jsonl` (docs/architecture.md §6).
 
 A line holds who called what and how it ended — time, profile, instance, interface, tool, binding,
 outcome, error code, cause, duration, cost — and never arguments, results or secrets: the record

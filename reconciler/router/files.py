@@ -1,4 +1,4 @@
-"""Files in calls (rule S4; design §2 steps 4, 7 and 10): the agent's paths never reach a connector.
+"""Files in calls (rule S4; docs/architecture.md §2 steps 4, 7 and 10): the agent's paths never reach a connector.
 
 `find_file_fields` runs once per snapshot: it walks a tool's `inputSchema` for string properties
 whose format is `handler-file` (an input) or `handler-output-file` (an output) and records where they

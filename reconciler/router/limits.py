@@ -1,4 +1,4 @@
-"""Step 6 of the call (design §2): concurrency per instance and calls per run, counted per interface.
+"""Step 6 of the call (docs/architecture.md §2): concurrency per instance and calls per run, counted per interface.
 
 Limits come from the interface, tightened by the binding (`config.effective_limits`), and count per
 agent run: the key is (profile, instance, interface version). A call over `maxConcurrent` waits for

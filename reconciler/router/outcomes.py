@@ -1,4 +1,4 @@
-"""The `CallToolResult` shapes of design §6: executed, an interface error, a hold or a refusal.
+"""The `CallToolResult` shapes of docs/architecture.md §6: executed, an interface error, a hold or a refusal.
 
 Executed: `structuredContent` is the connector's validated output and `content` holds its JSON as
 text; `_meta` carries `handler/status`, `handler/cost` and `handler/budget`. Every other outcome is

@@ -20,8 +20,9 @@ from typing import Any
 
 import orjson
 import pytest
-from fixtures.echo_tree import TOKEN_ENV, select_binding, write_echo_tree
-from fixtures.harness import RawClient, short_dir
+
+from tests.fixtures.echo_tree import TOKEN_ENV, select_binding, write_echo_tree
+from tests.fixtures.harness import RawClient, short_dir
 
 DEADLINE = 20.0
 

@@ -8,19 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.config import Snapshot
-
-
-class Swaps:
-    """The router's side of the seam, recorded: which snapshots went live, as which generation."""
-
-    def __init__(self) -> None:
-        self.live: list[Snapshot] = []
-
-    async def __call__(self, snapshot: Snapshot) -> int:
-        self.live.append(snapshot)
-        return len(self.live)
-
 
 @pytest.fixture
 def remote(shipped_tree: Path, tmp_path: Path, git: Callable[..., str]) -> tuple[Path, Path]:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gitops.conftest import Swaps
 from reconciler.config import SourceError
 from reconciler.gitops.fetching import GitMirror
 from reconciler.gitops.reconciling import Reconciler
+from tests.gitops.swaps import Swaps
 
 
 def test_pushed_commits_are_applied_and_broken_ones_are_not(

@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from gitops.conftest import Swaps
 from reconciler.config import FolderSource, HandlerError, SourceError
 from reconciler.gitops.following import Follower, FollowReports
 from reconciler.gitops.status import read_status
+from tests.gitops.swaps import Swaps
 
 DEADLINE = 20.0
 

@@ -6,10 +6,10 @@ import asyncio
 import json
 from pathlib import Path
 
-from gitops.conftest import Swaps
 from reconciler.config import FolderSource
 from reconciler.gitops.reconciling import Reconciler
 from reconciler.gitops.status import read_status
+from tests.gitops.swaps import Swaps
 
 
 def _reconciler(root: Path) -> tuple[Reconciler, Swaps]:

@@ -21,12 +21,12 @@ from typing import Any
 
 import orjson
 import pytest
-from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
-from fixtures.harness import DEADLINE, RawClient, bridge_params, load, run, short_dir
 from mcp import Client
 
 from reconciler.governance.governor import Governor
 from reconciler.router.server import Router
+from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.harness import DEADLINE, RawClient, bridge_params, load, run, short_dir
 
 HANDLER = str(Path(sys.executable).parent / "handler")
 
@@ -96,17 +96,10 @@ def test_an_agent_sees_executed_blocked_and_pending_then_executed_after_approval
                 approved = await asyncio.to_thread(cli, root, "approvals", "approve", rid, "--as", "owner")
                 assert approved.returncode == 0, approved.stderr
 
-                deadline = time.monotonic() + DEADLINE
-                while True:
-                    status = await client.call_tool("handler_status", {"request_id": rid})
-                    assert status.structured_content is not None
-                    if status.structured_content["status"] != "pending":
-                        break
-                    assert time.monotonic() < deadline, "the approved hold did not run"
-                    await asyncio.sleep(0.05)
-                assert status.structured_content["status"] == "executed", status.structured_content
-                assert status.structured_content["result"]["bytes"] == len("dear ceo")
-                assert status.structured_content["charged"] == 0.0  # echo_write has no price
+                outcome = await _poll_until_decided(client, rid)
+                assert outcome["status"] == "executed", outcome
+                assert outcome["result"]["bytes"] == len("dear ceo")
+                assert outcome["charged"] == 0.0  # echo_write has no price
                 assert (root / "work/tester/mail.txt").read_text() == "dear ceo"
         finally:
             await governor.aclose()
@@ -119,6 +112,18 @@ def test_an_agent_sees_executed_blocked_and_pending_then_executed_after_approval
     assert ("approved", "owner") in events
     assert [e for e, _ in events].count("claimed") == 1
     assert [e for e, _ in events].count("executed") == 1
+
+
+async def _poll_until_decided(client: Client, rid: str) -> dict[str, Any]:
+    """What `handler_status` says of hold `rid` once it is no longer pending (within the deadline)."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        status = await client.call_tool("handler_status", {"request_id": rid})
+        assert status.structured_content is not None
+        if status.structured_content["status"] != "pending":
+            return status.structured_content
+        assert time.monotonic() < deadline, "the approved hold did not run"
+        await asyncio.sleep(0.05)
 
 
 def _start(root: Path, run_dir: Path, env: dict[str, str]) -> subprocess.Popen[str]:

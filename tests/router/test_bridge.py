@@ -9,11 +9,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fixtures.harness import BRIDGE, bridge_params, log_lines, run, serving
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from reconciler.router.bridge import tag_line
+from tests.fixtures.harness import BRIDGE, bridge_params, log_lines, run, serving
 
 
 @pytest.mark.parametrize(("mode", "era"), [("legacy", "2025-11-25"), ("auto", "2026-07-28"),

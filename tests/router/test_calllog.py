@@ -1,12 +1,11 @@
-"""The call log: one JSON line per call with the fields of design §6, and never a payload or a secret."""
+"""The call log: one JSON line per call with the fields of docs/architecture.md §6, and never a payload or a secret."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fixtures.harness import RawClient, exchange, log_lines, log_text
-
 from reconciler.router.server import Router
+from tests.fixtures.harness import RawClient, exchange, log_lines, log_text
 
 FIELDS = {"time", "profile", "instance", "interface", "tool", "binding", "outcome", "error", "duration_ms", "cost",
           "generation"}

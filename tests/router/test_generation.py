@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
-from fixtures.harness import load
 
 from reconciler.router.generation import ValidatorCache, compile_generation
+from tests.fixtures.harness import load
 
 
 def test_validators_are_compiled_once_and_kept_across_generations(echo_root: Path) -> None:

@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 import pytest
-from fixtures.harness import BRIDGE, DEADLINE, log_lines, serving
 
 from reconciler.router.handoff import attach_line
 from reconciler.router.server import Router
+from tests.fixtures.harness import BRIDGE, DEADLINE, log_lines, serving
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.echo_tree import write_echo_tree
-from fixtures.harness import RawClient, exchange, log_lines, run, short_dir
 
 from reconciler.router.errors import ToolError
 from reconciler.router.limits import LimitBook
 from reconciler.router.server import Router
+from tests.fixtures.echo_tree import write_echo_tree
+from tests.fixtures.harness import RawClient, exchange, log_lines, run, short_dir
 
 
 @pytest.fixture

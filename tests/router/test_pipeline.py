@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from fixtures.harness import RawClient, exchange, log_lines, log_text
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, OpenGate, Settlement
 from reconciler.router.server import Router
+from tests.fixtures.harness import RawClient, exchange, log_lines, log_text
 
 
 def test_invalid_arguments_say_where_and_why(echo_root: Path, run_dir: Path) -> None:

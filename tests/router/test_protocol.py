@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.harness import RawClient, run, serving
 
 from reconciler.wire.versions import HANDSHAKE_VERSIONS, MODERN_VERSIONS, SUPPORTED_VERSIONS
+from tests.fixtures.harness import RawClient, run, serving
 
 ENVELOPE = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {},

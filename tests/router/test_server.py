@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fixtures.echo_tree import write_echo_tree
-from fixtures.harness import RawClient, load, log_lines, run, serving, short_dir
 
 from reconciler.places import default_run_dir, default_state_dir
 from reconciler.router.server import Router, RouterError
+from tests.fixtures.echo_tree import write_echo_tree
+from tests.fixtures.harness import RawClient, load, log_lines, run, serving, short_dir
 
 
 @pytest.fixture

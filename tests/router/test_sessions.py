@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fixtures.harness import RawClient, load, log_lines, log_text, run, serving
 
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
+from tests.fixtures.harness import RawClient, load, log_lines, log_text, run, serving
 
 
 def test_bad_lines_get_their_error_and_the_connection_lives_on(echo_root: Path, run_dir: Path) -> None:

@@ -28,9 +28,6 @@ import httpx
 import orjson
 import pytest
 from aiosmtpd.controller import Controller
-from fixtures.echo_tree import TOKEN_ENV, write_echo_tree
-from fixtures.harness import RawClient, load, short_dir
-from fixtures.service import DEADLINE, Service, running
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -42,6 +39,9 @@ from reconciler.governance.governor import Governor
 from reconciler.governance.notices import list_notices
 from reconciler.web.channels import open_channels
 from reconciler.web.http import HttpListener
+from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.harness import RawClient, load, short_dir
+from tests.fixtures.service import DEADLINE, Service, running
 
 ORG = '''apiVersion = "handler.org/v1"
 name = "test-org"
@@ -268,6 +268,21 @@ def signed(body: bytes, secret: str = SIGNING, at: float | None = None) -> dict[
             "Content-Type": "application/x-www-form-urlencoded"}
 
 
+async def refuse_bad_clicks(http: httpx.AsyncClient, slack: SlackStandIn, hook: str, click: bytes, rid: str,
+                            slack_url: str) -> None:
+    """A forged click, a stale one and a stranger's are refused."""
+    forged = await http.post(hook, content=click, headers=signed(click, secret="not-the-secret"))  # noqa: S106
+    assert forged.status_code == 401
+    stale = await http.post(hook, content=click, headers=signed(click, at=time.time() - 600))
+    assert stale.status_code == 401
+    assert "five minutes" in stale.json()["error"]
+    stranger = slack_click("U0NOBODY", rid, slack_url + "/respond")
+    refused = await http.post(hook, content=stranger, headers=signed(stranger))
+    assert refused.status_code == 200
+    assert slack.responses[-1]["response_type"] == "ephemeral"
+    assert "not an org member" in slack.responses[-1]["text"]
+
+
 def test_a_slack_message_with_buttons_decides_through_a_signed_click(tree: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     slack = SlackStandIn()
@@ -295,16 +310,7 @@ def test_a_slack_message_with_buttons_decides_through_a_signed_click(tree: Path,
 
                 hook = base_url(service) + "/hooks/slack"
                 click = slack_click("U0CAROL", rid, slack_url + "/respond")
-                forged = await http.post(hook, content=click, headers=signed(click, secret="not-the-secret"))  # noqa: S106
-                assert forged.status_code == 401
-                stale = await http.post(hook, content=click, headers=signed(click, at=time.time() - 600))
-                assert stale.status_code == 401
-                assert "five minutes" in stale.json()["error"]
-                stranger = slack_click("U0NOBODY", rid, slack_url + "/respond")
-                refused = await http.post(hook, content=stranger, headers=signed(stranger))
-                assert refused.status_code == 200
-                assert slack.responses[-1]["response_type"] == "ephemeral"
-                assert "not an org member" in slack.responses[-1]["text"]
+                await refuse_bad_clicks(http, slack, hook, click, rid, slack_url)
                 assert await status_of(client, rid) == "pending"
 
                 done = await http.post(hook, content=click, headers=signed(click))
@@ -360,6 +366,62 @@ def test_what_slack_refuses_is_given_up_or_retried_when_it_says(tree: Path, monk
     asyncio.run(scenario())
 
 
+async def enter_the_dashboard_with_its_token(http: httpx.AsyncClient, url: str, rid: str) -> None:
+    """Without the dashboard token nothing opens; with it, the status, the hold and its page show."""
+    assert (await http.get(url + "/")).status_code == 401
+    assert (await http.get(url + "/?token=wrong-é")).status_code == 401  # any text: refused, not a crash
+    assert (await http.get(f"{url}/approvals/{rid}")).status_code == 401  # no token, no signed link
+    entered = await http.get(url + "/?token=let-me-in", follow_redirects=True)  # keeps the cookie
+    assert entered.status_code == 200, entered.text
+    assert "ready" in entered.text
+    assert "1 hold" in entered.text
+    listing = await http.get(url + "/approvals")
+    assert rid in listing.text
+    assert "member bob" in listing.text
+    page = await http.get(f"{url}/approvals/{rid}")
+    assert "dear bob" in page.text
+    assert "Approve as" not in page.text  # the dashboard shows; a signed link decides
+
+
+async def sign_an_owner_link(tree: Path, url: str, rid: str) -> str:
+    """`handler approvals link` signs one for the owner, which lets them in alone, and refuses carol."""
+    env = {**os.environ, "HANDLER_STATE_DIR": str(tree.parent / "state"), "HANDLER_PUBLIC_URL": url}
+    link = await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", "owner",
+                                                    "--root", str(tree)], capture_output=True, text=True,
+                                   env=env, check=False)
+    assert link.returncode == 0, link.stderr
+    assert link.stdout.startswith(f"{url}/approvals/{rid}?member=owner&")
+    async with httpx.AsyncClient() as stranger:  # no cookie: the link alone lets the owner in
+        owner_page = await stranger.get(link.stdout.strip())
+    assert "Approve as owner" in owner_page.text
+    refused = await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", "carol",
+                                                       "--root", str(tree)], capture_output=True, text=True,
+                                      env=env, check=False)
+    assert refused.returncode != 0
+    assert "carol may not decide" in refused.stderr
+    return link.stdout.strip()
+
+
+async def reject_as_the_signed_in_owner(url: str, rid: str, link: str) -> str:
+    """Signed in by the link, the owner rejects the hold with the page's CSRF token; returns that token."""
+    async with httpx.AsyncClient() as owner:  # the link signed the owner in: the dashboard is theirs
+        await owner.get(link)
+        listing = await owner.get(url + "/approvals")
+        assert listing.status_code == 200  # no dashboard token needed once signed in
+        assert "signed in as owner" in listing.text
+        hold_page = await owner.get(f"{url}/approvals/{rid}")  # no link this time
+        assert "Approve as owner" in hold_page.text
+        token = re.search(r'name="csrf" value="([0-9a-f]+)"', hold_page.text)
+        assert token is not None
+        forged = await owner.post(f"{url}/approvals/{rid}", data={"csrf": "0" * 64, "decision": "reject"})
+        assert forged.status_code == 403
+        assert "does not belong to this session" in forged.text
+        done = await owner.post(f"{url}/approvals/{rid}", data={"csrf": token.group(1), "decision": "reject"})
+        assert done.status_code == 200
+        assert "Rejected by owner" in done.text
+    return token.group(1)
+
+
 def test_the_dashboard_shows_status_holds_and_catalog_and_asks_for_its_token(
         tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     route(tree, '{ to = "member", member = "bob" }')
@@ -369,52 +431,11 @@ def test_the_dashboard_shows_status_holds_and_catalog_and_asks_for_its_token(
         async with running(options(tree)) as service, httpx.AsyncClient() as http:
             client, rid = await hold_a_write(service)
             url = base_url(service)
-            assert (await http.get(url + "/")).status_code == 401
-            assert (await http.get(url + "/?token=wrong-é")).status_code == 401  # any text: refused, not a crash
-            assert (await http.get(f"{url}/approvals/{rid}")).status_code == 401  # no token, no signed link
-            entered = await http.get(url + "/?token=let-me-in", follow_redirects=True)  # keeps the cookie
-            assert entered.status_code == 200, entered.text
-            assert "ready" in entered.text
-            assert "1 hold" in entered.text
-            listing = await http.get(url + "/approvals")
-            assert rid in listing.text
-            assert "member bob" in listing.text
-            page = await http.get(f"{url}/approvals/{rid}")
-            assert "dear bob" in page.text
-            assert "Approve as" not in page.text  # the dashboard shows; a signed link decides
-
-            env = {**os.environ, "HANDLER_STATE_DIR": str(tree.parent / "state"), "HANDLER_PUBLIC_URL": url}
-            link = await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", "owner",
-                                                            "--root", str(tree)], capture_output=True, text=True,
-                                           env=env, check=False)
-            assert link.returncode == 0, link.stderr
-            assert link.stdout.startswith(f"{url}/approvals/{rid}?member=owner&")
-            async with httpx.AsyncClient() as stranger:  # no cookie: the link alone lets the owner in
-                owner_page = await stranger.get(link.stdout.strip())
-            assert "Approve as owner" in owner_page.text
-            refused = await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", "carol",
-                                                               "--root", str(tree)], capture_output=True, text=True,
-                                              env=env, check=False)
-            assert refused.returncode != 0
-            assert "carol may not decide" in refused.stderr
-
-            async with httpx.AsyncClient() as owner:  # the link signed the owner in: the dashboard is theirs
-                await owner.get(link.stdout.strip())
-                listing = await owner.get(url + "/approvals")
-                assert listing.status_code == 200  # no dashboard token needed once signed in
-                assert "signed in as owner" in listing.text
-                hold_page = await owner.get(f"{url}/approvals/{rid}")  # no link this time
-                assert "Approve as owner" in hold_page.text
-                token = re.search(r'name="csrf" value="([0-9a-f]+)"', hold_page.text)
-                assert token is not None
-                forged = await owner.post(f"{url}/approvals/{rid}", data={"csrf": "0" * 64, "decision": "reject"})
-                assert forged.status_code == 403
-                assert "does not belong to this session" in forged.text
-                done = await owner.post(f"{url}/approvals/{rid}", data={"csrf": token.group(1), "decision": "reject"})
-                assert done.status_code == 200
-                assert "Rejected by owner" in done.text
+            await enter_the_dashboard_with_its_token(http, url, rid)
+            link = await sign_an_owner_link(tree, url, rid)
+            csrf = await reject_as_the_signed_in_owner(url, rid, link)
             assert await status_of(client, rid) == "rejected"
-            anonymous = await http.post(f"{url}/approvals/{rid}", data={"csrf": token.group(1), "decision": "approve"})
+            anonymous = await http.post(f"{url}/approvals/{rid}", data={"csrf": csrf, "decision": "approve"})
             assert anonymous.status_code == 403  # a token without its session decides nothing
             catalog = await http.get(url + "/catalog")
             assert "echo/v1" in catalog.text
