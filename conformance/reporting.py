@@ -38,10 +38,6 @@ class ItemResult:
         out["duration"] = round(self.duration, 4)
         return out
 
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> ItemResult:
-        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
-
 
 @dataclass
 class KindCount:

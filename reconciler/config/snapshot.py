@@ -160,10 +160,6 @@ class Profile:
     file: str
     selections: Mapping[str, Selection] = field(default_factory=lambda: MappingProxyType({}))
 
-    @property
-    def template_name(self) -> str | None:
-        return self.spec.template
-
 
 @dataclass(frozen=True)
 class Snapshot:
