@@ -4,22 +4,30 @@ The router's pipeline calls `ConnectorProcess.call_tool`; the pool starts the pr
 call. The messages travel on the wire's line client (`reconciler.wire.client`), which multiplexes
 calls by request id, so concurrent calls of many sessions share a process, and tells the connector
 of a call given up on (a timeout, a client's cancellation) with `notifications/cancelled`. If the
-process dies, closes its output or writes something that is not MCP on it, every pending call fails
-with `ConnectorCrashedError` and the next call starts a fresh process. Nothing here logs a
-message's content.
+process dies or closes its output, every pending call fails with `ConnectorCrashedError` and the
+next call starts a fresh process. A line on its output that is not JSON is logged (secrets masked)
+and skipped; a reply over the line limit fails only its own call (`output_too_large`), or every
+pending call when its id cannot be read. Nothing here logs a message's content.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from reconciler.connectors.errors import ConnectorCrashedError, ConnectorError, ConnectorReplyError, ConnectorStartError
+from reconciler.connectors.errors import (
+    ConnectorCrashedError,
+    ConnectorError,
+    ConnectorOutputTooLargeError,
+    ConnectorReplyError,
+    ConnectorStartError,
+)
 from reconciler.wire.client import LineClient
 from reconciler.wire.errors import JsonRpcError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
@@ -27,6 +35,9 @@ from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 __all__ = ["ConnectorProcess", "DispatchHook", "LaunchSpec"]
 
 CLIENT_INFO = {"name": "handler-router", "version": "0.1.0"}
+_SHOWN_BYTES = 200  # how much of a stray output line the log shows
+
+log = logging.getLogger("handler.connectors")
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class LaunchSpec:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     on_stderr: Callable[[bytes], None] | None = None  # gets the process's stderr as it comes (else stderr_path)
     socket_path: str | None = None  # transport "socket": the connector serves MCP here (HANDLER_CONNECTOR_SOCKET)
+    mask: Callable[[str], str] | None = None  # hides the binding's secrets in what is logged of its output
 
 
 class DispatchHook(Protocol):
@@ -95,6 +107,7 @@ class _ConnectorLine(LineClient):
         super().__init__(f"connector of binding '{spec.name}'", max_line_bytes=spec.max_line_bytes,
                          duplex=spec.socket_path is not None)
         self._incarnation = incarnation
+        self._spec = spec
 
     def closed_error(self, why: str) -> Exception:
         return ConnectorCrashedError(why)
@@ -103,8 +116,14 @@ class _ConnectorLine(LineClient):
         return ConnectorReplyError(error.code, error.message)
 
     def bad_line(self, line: bytes) -> None:
-        self.abort(ConnectorCrashedError(f"{self.name} wrote a line that is not JSON on stdout (stdout is for MCP "
-                                         "messages; log to stderr)"))
+        # A stray print is the connector's bug, not a reason to fail the calls of every session on it.
+        text = line[:_SHOWN_BYTES].decode(errors="replace").strip()
+        mask = self._spec.mask
+        log.warning("%s wrote a line that is not JSON on its output, skipped (stdout is for MCP messages; log to "
+                    "stderr): %s", self.name, mask(text) if mask is not None else "(not shown)")
+
+    def oversize_error(self, why: str) -> Exception:
+        return ConnectorOutputTooLargeError(why)
 
     def abort(self, error: Exception) -> None:
         super().abort(error)

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from reconciler.config.errors import HandlerError
 
-__all__ = ["ConnectorCrashedError", "ConnectorError", "ConnectorReplyError", "ConnectorStartError"]
+__all__ = [
+    "ConnectorCrashedError",
+    "ConnectorError",
+    "ConnectorOutputTooLargeError",
+    "ConnectorReplyError",
+    "ConnectorStartError",
+]
 
 
 class ConnectorError(HandlerError):
@@ -43,3 +49,9 @@ class ConnectorReplyError(ConnectorError):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(f"the connector answered with JSON-RPC error {code}: {message}")
         self.code = code
+
+
+class ConnectorOutputTooLargeError(ConnectorError):
+    """The connector answered a call with a message over the line limit; the call fails, the process lives on."""
+
+    cause = "output_too_large"

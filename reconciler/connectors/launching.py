@@ -210,7 +210,8 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
         _warn_unsandboxed()
     stderr = StderrLog(binding_name, secrets, base / f"{binding_name}.stderr.log")
     spec = LaunchSpec(name=binding_name, command=tuple(command), cwd=str(folder), env=env,
-                      max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path)
+                      max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path,
+                      mask=stderr.mask)
     return Launch(spec, folder, proxy, secrets, tuple(socket_dirs), stderr)
 
 

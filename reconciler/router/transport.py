@@ -27,7 +27,7 @@ from typing import Any
 from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, is_stream_fd, parse_attach, refused_line
 from reconciler.router.hub import Hub
 from reconciler.router.sessions import Session
-from reconciler.wire.framing import OVERSIZE, LineFramer
+from reconciler.wire.framing import LineFramer
 from reconciler.wire.messages import encode_error, oversize_error
 
 __all__ = ["Connection", "Listener"]
@@ -54,10 +54,10 @@ class Connection:
 
     def received(self, data: bytes) -> None:
         for item in self._framer.feed(data):
-            if item is OVERSIZE:
-                self._write(encode_error(None, oversize_error(self._framer.max_line_bytes)))
+            if type(item) is bytes:
+                self.session.handle(item)
             else:
-                self.session.handle(item)  # type: ignore[arg-type]
+                self._write(encode_error(None, oversize_error(self._framer.max_line_bytes)))
 
     def input_ended(self) -> None:
         """The client closed its sending side: finish the calls in flight, reply, then close the output."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Self
@@ -24,13 +25,22 @@ from typing import Any, Final, Self
 import orjson
 
 from reconciler.wire.errors import INTERNAL_ERROR, METHOD_NOT_FOUND, HandlerError, JsonRpcError, LineClosedError
-from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.messages import encode_error, encode_notification, encode_request, encode_result
 from reconciler.wire.versions import LATEST_HANDSHAKE
 
 __all__ = ["SWEEP_SECONDS", "LineClient"]
 
 SWEEP_SECONDS: Final = 0.02  # how late past its deadline a request may be failed
+
+
+_REPLY_ID = re.compile(rb'^\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(\d{1,18})\s*[,}]')
+
+
+def _reply_id(head: bytes) -> int | None:
+    """The integer id at the start of a reply (ours are integers), if it shows there."""
+    found = _REPLY_ID.match(head)
+    return int(found.group(1)) if found else None
 
 
 class LineClient(asyncio.Protocol):
@@ -80,9 +90,23 @@ class LineClient(asyncio.Protocol):
         """The peer wrote a line that is not JSON: by default the stream is unusable."""
         self.abort(self.closed_error(f"{self.name} wrote a line that is not JSON"))
 
-    def oversize_line(self) -> None:
-        """The peer wrote a line over the limit: by default the stream is unusable."""
-        self.abort(self.closed_error(f"{self.name} wrote a message over {self._framer.max_line_bytes} bytes"))
+    def oversize_line(self, head: bytes) -> None:
+        """The peer wrote a line over the limit, which was skipped; `head` is its start.
+
+        A reply whose id shows in its start fails only its own request (`oversize_error`); a line
+        whose id cannot be read leaves the stream unusable, since its request cannot be told.
+        """
+        limit = self._framer.max_line_bytes
+        msg_id = _reply_id(head)
+        future = self._pending.get(msg_id) if msg_id is not None else None
+        if future is None:
+            self.abort(self.closed_error(f"{self.name} wrote a message over {limit} bytes"))
+        elif not future.done():
+            future.set_exception(self.oversize_error(f"{self.name} answered with a message over {limit} bytes"))
+
+    def oversize_error(self, why: str) -> Exception:
+        """The error a request fails with when its reply is over the line limit."""
+        return JsonRpcError(INTERNAL_ERROR, why)
 
     def answer_request(self, msg: Mapping[str, Any]) -> None:
         """A request from the peer: `ping` is answered; this client offers no other feature."""
@@ -105,10 +129,10 @@ class LineClient(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for item in self._framer.feed(data):
-            if type(item) is bytes:
-                self._on_line(item)
+            if isinstance(item, Oversize):
+                self.oversize_line(item.data)
             else:
-                self.oversize_line()
+                self._on_line(item)
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost follows

@@ -5,8 +5,9 @@ stderr all feed the bytes they receive to a `LineFramer` and get whole lines bac
 `max_line_bytes` long (16 MiB by default, `DEFAULT_MAX_LINE_BYTES`). What happens to a longer line
 is the framer's `oversize` mode:
 
-- `"skip"` (a JSON-RPC peer): the line is reported once as `OVERSIZE` and dropped up to its
-  newline, so the connection lives on and never buffers more than the limit;
+- `"skip"` (a JSON-RPC peer): the line is reported once, as an `Oversize` holding only its first
+  `HEAD_BYTES` (enough to read a reply's id), and dropped up to its newline, so the connection lives
+  on and never buffers more than the limit;
 - `"pass"` (a relay, a log): its bytes come out as they arrive, as `Oversize` pieces, so nothing is
   held back and nothing over the limit is buffered.
 """
@@ -15,14 +16,15 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-__all__ = ["DEFAULT_MAX_LINE_BYTES", "OVERSIZE", "LineFramer", "Oversize"]
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "HEAD_BYTES", "OVERSIZE", "LineFramer", "Oversize"]
 
 DEFAULT_MAX_LINE_BYTES: Final = 16 * 1024 * 1024
+HEAD_BYTES: Final = 256  # what "skip" mode keeps of an oversize line: its start, where a reply's id is
 _NL: Final = b"\n"
 
 
 class Oversize:
-    """A line over the limit: in `"pass"` mode `data` holds the piece of it that arrived."""
+    """A line over the limit: in `"pass"` mode `data` holds the piece that arrived, in `"skip"` its start."""
 
     __slots__ = ("data",)
 
@@ -90,7 +92,7 @@ class LineFramer:
         return data[end + 1 :]
 
     def _oversize(self, data: bytes) -> Oversize:
-        return Oversize(data) if self._pass else OVERSIZE
+        return Oversize(data if self._pass else data[:HEAD_BYTES])
 
     def take_rest(self) -> bytes:
         """The unfinished line held at the end of the stream (without a newline), emptying the buffer."""

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from reconciler.connectors.client import ConnectorProcess, LaunchSpec
-from reconciler.connectors.errors import ConnectorCrashedError, ConnectorReplyError, ConnectorStartError
+from reconciler.connectors.errors import (
+    ConnectorCrashedError,
+    ConnectorOutputTooLargeError,
+    ConnectorReplyError,
+    ConnectorStartError,
+)
 from tests.fixtures.echo_tree import CONNECTOR
 from tests.fixtures.harness import run
 
@@ -108,14 +113,59 @@ def test_a_command_that_cannot_start_is_a_start_error(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_stdout_noise_is_a_crash_not_a_hang(tmp_path: Path) -> None:
-    noisy = tmp_path / "noisy.py"
-    noisy.write_text("import sys\nfor line in sys.stdin:\n    print('hello, I am not JSON', flush=True)\n")
+_CHATTY = """
+import json, sys
+for raw in sys.stdin:
+    msg = json.loads(raw)
+    if "id" not in msg:
+        continue
+    print("hello, I am not JSON; the token is " + sys.argv[1], flush=True)
+    if msg["method"] == "initialize":
+        result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "chatty"}}
+    elif msg["params"]["arguments"].get("big"):
+        result = {"content": [], "structuredContent": {"text": "z" * 5000}}
+    else:
+        result = {"content": [], "structuredContent": {"text": "ok"}}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"""
 
+
+def _chatty(tmp_path: Path) -> LaunchSpec:
+    script = tmp_path / "chatty.py"
+    script.write_text(_CHATTY)
+    return LaunchSpec(name="chatty", command=(sys.executable, str(script), "s3cret"), cwd=str(tmp_path), env={},
+                      start_timeout=5, max_line_bytes=1000, mask=lambda text: text.replace("s3cret", "***"))
+
+
+def test_a_line_that_is_not_json_is_logged_masked_and_skipped(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
-        conn = ConnectorProcess(LaunchSpec(name="noisy", command=(sys.executable, str(noisy)), cwd=str(tmp_path),
-                                         env={}, start_timeout=5))
-        with pytest.raises(ConnectorStartError, match="not JSON"):
-            await conn.call_tool("x", {})
+        conn = ConnectorProcess(_chatty(tmp_path))
+        try:
+            for _ in range(3):
+                assert (await conn.call_tool("x", {}))["structuredContent"] == {"text": "ok"}
+            assert conn.running
+        finally:
+            await conn.stop()
+
+    run(scenario())
+    skipped = [r.getMessage() for r in caplog.records if "not JSON" in r.getMessage()]
+    assert skipped, "the stray line was not logged"
+    assert all("the token is ***" in m and "s3cret" not in m for m in skipped)
+
+
+def test_a_reply_over_the_line_limit_fails_its_own_call_and_the_process_lives_on(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        conn = ConnectorProcess(_chatty(tmp_path))
+        try:
+            assert (await conn.call_tool("x", {}))["structuredContent"] == {"text": "ok"}
+            pid = conn.pid
+            with pytest.raises(ConnectorOutputTooLargeError, match="over 1000 bytes") as raised:
+                await conn.call_tool("x", {"big": True})
+            assert raised.value.cause == "output_too_large"
+            assert (await conn.call_tool("x", {}))["structuredContent"] == {"text": "ok"}
+            assert conn.pid == pid  # the same process: nothing was restarted
+        finally:
+            await conn.stop()
 
     run(scenario())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reconciler.wire.errors import JsonRpcError
-from reconciler.wire.framing import OVERSIZE, LineFramer, Oversize
+from reconciler.wire.framing import HEAD_BYTES, OVERSIZE, LineFramer, Oversize
 from reconciler.wire.messages import IdentifiedError, Message, encode_raw_result, parse_message
 
 
@@ -17,13 +17,26 @@ def test_lines_are_cut_across_reads() -> None:
     assert framer.feed(b":4}\n") == [b'{"d":4}\n']
 
 
-def test_an_oversize_line_is_reported_once_and_skipped_to_its_end() -> None:
+def _shown(items: list[bytes | Oversize]) -> list[object]:
+    return [("oversize", item.data) if isinstance(item, Oversize) else item for item in items]
+
+
+def test_an_oversize_line_is_reported_once_with_its_start_and_skipped_to_its_end() -> None:
     framer = LineFramer(10)
-    assert framer.feed(b"x" * 11) == [OVERSIZE]
+    assert _shown(framer.feed(b"x" * 11)) == [("oversize", b"x" * 11)]
     assert framer.feed(b"x" * 50) == []
     assert framer.feed(b'xx\n{"ok":1}\n') == [b'{"ok":1}\n']
-    assert framer.feed(b"y" * 20 + b"\nz\n") == [OVERSIZE, b"z\n"]
+    assert _shown(framer.feed(b"y" * 20 + b"\nz\n")) == [("oversize", b"y" * 20 + b"\n"), b"z\n"]
     assert LineFramer(10).feed(b"0123456789\n") == [b"0123456789\n"]  # exactly the cap passes
+
+
+def test_only_the_start_of_an_oversize_line_is_kept() -> None:
+    framer = LineFramer(1000)
+    (item,) = framer.feed(b'{"jsonrpc":"2.0","id":7,"result":"' + b"z" * 5000)
+    assert isinstance(item, Oversize)
+    assert item.data.startswith(b'{"jsonrpc":"2.0","id":7,')
+    assert len(item.data) == HEAD_BYTES
+    assert OVERSIZE.data == b""
 
 
 def test_in_pass_mode_an_oversize_line_comes_out_in_pieces_and_nothing_is_held() -> None:
