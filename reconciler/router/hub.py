@@ -7,19 +7,38 @@ back up to the server.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reconciler.router.generation import Generation
 from reconciler.router.pipeline import Services
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineBudget
 
-__all__ = ["Hub"]
+__all__ = ["ConnectionBounds", "Hub"]
+
+
+@dataclass(frozen=True)
+class ConnectionBounds:
+    """What one client may hold of the router (docs/architecture.md §6): no client can exhaust it.
+
+    A connection reads no further requests while it has `max_calls_in_flight` calls running or its
+    unsent replies are over the transport's high-water mark; a profile's socket takes at most
+    `max_connections` clients; the unfinished lines of all connections together stay under
+    `unfinished_lines_bytes`.
+    """
+
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    max_calls_in_flight: int = 256
+    max_connections: int = 512
+    unfinished_lines_bytes: int = 256 * 1024 * 1024
 
 
 class Hub(Protocol):
-    """The live generation and the shared services, the line limit, and the set of open connections."""
+    """The live generation and the shared services, the bounds on clients, and the set of open connections."""
 
     services: Services
-    max_line_bytes: int
+    bounds: ConnectionBounds
+    line_budget: LineBudget
     connections: set[Any]
 
     @property

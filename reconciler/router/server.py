@@ -22,10 +22,11 @@ from reconciler.governance.gate import CallRequest, CallResult, Gate, OpenGate
 from reconciler.places import MAX_SOCKET_PATH, default_state_dir, socket_path
 from reconciler.router.calllog import CallLog
 from reconciler.router.generation import Generation, ValidatorCache, compile_generation
+from reconciler.router.hub import ConnectionBounds
 from reconciler.router.limits import LimitBook
 from reconciler.router.pipeline import Services, run_held
 from reconciler.router.transport import Connection, Listener
-from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineBudget
 
 __all__ = ["Router", "RouterError"]
 
@@ -39,10 +40,12 @@ class Router:
 
     def __init__(self, snapshot: Snapshot, *, root: Path, run_dir: Path, state_dir: Path | None = None,
                  gate: Gate | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                 call_log: bool = True, sandbox: bool = True, idle_seconds: float = DEFAULT_IDLE_SECONDS) -> None:
+                 call_log: bool = True, sandbox: bool = True, idle_seconds: float = DEFAULT_IDLE_SECONDS,
+                 bounds: ConnectionBounds | None = None) -> None:
         self.root = root
         self.run_dir = run_dir
-        self.max_line_bytes = max_line_bytes
+        self.bounds = bounds or ConnectionBounds(max_line_bytes=max_line_bytes)
+        self.line_budget = LineBudget(self.bounds.unfinished_lines_bytes)
         state = state_dir if state_dir is not None else default_state_dir(root)
         self.state_dir = state
         self._cache = ValidatorCache()

@@ -53,8 +53,9 @@ class Session:
     """
 
     def __init__(self, router: Hub, profile: str, write: Callable[[bytes], None],
-                 bound: Mapping[str, str] | None = None) -> None:
+                 bound: Mapping[str, str] | None = None, on_call_end: Callable[[], None] | None = None) -> None:
         self.router = router
+        self._on_call_end = on_call_end  # the connection resumes reading once fewer calls run
         self.profile = profile
         self.write = write
         bound = bound or {}
@@ -152,13 +153,16 @@ class Session:
 
     async def _call(self, msg: Message, generation: Generation, view: View, stateless: bool) -> None:
         try:
-            result = await run_tools_call(self.router.services, generation, view, self._caller(msg.params),
-                                          msg.params)
+            self._reply(msg, await run_tools_call(self.router.services, generation, view, self._caller(msg.params),
+                                                  msg.params), stateless)
         except JsonRpcError as exc:
             self.write(encode_error(msg.id, exc))
-            return
         finally:
             self.tasks.pop(msg.id, None)  # type: ignore[arg-type]  # only requests (with ids) start calls
+            if self._on_call_end is not None:  # after the reply: what was waiting for the slot answers later
+                self._on_call_end()
+
+    def _reply(self, msg: Message, result: EncodedResult | dict[str, Any], stateless: bool) -> None:
         if isinstance(result, EncodedResult):
             self.write(encode_raw_result(msg.id, result.to_json(stateless)))
             return

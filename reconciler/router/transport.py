@@ -27,7 +27,8 @@ from typing import Any
 from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, is_stream_fd, parse_attach, refused_line
 from reconciler.router.hub import Hub
 from reconciler.router.sessions import Session
-from reconciler.wire.framing import LineFramer
+from reconciler.wire.errors import INVALID_REQUEST, SERVER_BUSY, JsonRpcError
+from reconciler.wire.framing import LineFramer, Oversize
 from reconciler.wire.messages import encode_error, oversize_error
 
 __all__ = ["Connection", "Listener"]
@@ -41,23 +42,57 @@ _ACCEPT_PAUSE_SECONDS = 0.1
 class Connection:
     """One session's byte streams: `reader` feeds it requests, `writer` takes its replies."""
 
-    def __init__(self, router: Hub, profile: str, bound: Mapping[str, str] | None = None) -> None:
+    def __init__(self, router: Hub, profile: str, bound: Mapping[str, str] | None = None,
+                 group: set[Connection] | None = None) -> None:
         self._router = router
-        self._framer = LineFramer(router.max_line_bytes)
-        self.session = Session(router, profile, self._write, bound)
+        self._framer = LineFramer(router.bounds.max_line_bytes)
+        self._max_calls = router.bounds.max_calls_in_flight
+        self.session = Session(router, profile, self._write, bound, on_call_end=self._call_ended)
         self.reader: asyncio.ReadTransport | None = None
         self.writer: asyncio.WriteTransport | None = None
         self.lifeline: asyncio.BaseTransport | None = None
         self._finishing: asyncio.Task[None] | None = None
         self._ended = False
+        self._holds: set[str] = set()  # why its input is paused: "replies" unsent, "calls" in flight
+        self._waiting: list[bytes | Oversize] = []  # lines read in the same chunk after the bound was reached
+        self._group = group  # the connections of its profile's socket, which the listener counts
         router.connections.add(self)
+        if group is not None:
+            group.add(self)
 
     def received(self, data: bytes) -> None:
-        for item in self._framer.feed(data):
+        framer, budget = self._framer, self._router.line_budget
+        held = framer.buffered
+        items = framer.feed(data)
+        if self._waiting or "calls" in self._holds:
+            self._waiting.extend(items)  # read before the bound was reached: handled once calls end
+        else:
+            self._handle(items)
+        if framer.buffered != held and not budget.change(framer.buffered - held):
+            # All connections together hold too much of unfinished lines: this one's is dropped.
+            budget.change(-framer.drop_partial())
+            self._write(encode_error(None, JsonRpcError(INVALID_REQUEST, "the router holds too many unfinished "
+                                                        "messages right now; this one was skipped, send it again")))
+
+    def _handle(self, items: list[bytes | Oversize]) -> None:
+        """Handle framed lines in order until the calls in flight reach the bound; keep the rest waiting."""
+        for index, item in enumerate(items):
             if type(item) is bytes:
                 self.session.handle(item)
+                if len(self.session.tasks) >= self._max_calls:
+                    self._hold("calls")
+                    self._waiting.extend(items[index + 1 :])
+                    return
             else:
                 self._write(encode_error(None, oversize_error(self._framer.max_line_bytes)))
+
+    def _call_ended(self) -> None:
+        if "calls" in self._holds and len(self.session.tasks) < self._max_calls:
+            waiting, self._waiting = self._waiting, []
+            self._holds.discard("calls")
+            self._handle(waiting)
+            if "calls" not in self._holds:
+                self._release("calls")
 
     def input_ended(self) -> None:
         """The client closed its sending side: finish the calls in flight, reply, then close the output."""
@@ -75,6 +110,9 @@ class Connection:
             return
         self._ended = True
         self._router.connections.discard(self)
+        if self._group is not None:
+            self._group.discard(self)
+        self._router.line_budget.change(-self._framer.drop_partial())
         self.session.abort()
         for transport in (self.reader, self.writer, self.lifeline):
             if transport is not None and not transport.is_closing():
@@ -82,11 +120,19 @@ class Connection:
 
     def pause_input(self) -> None:
         # The client is not reading its replies: stop reading its requests until it does.
-        if self.reader is not None and not self.reader.is_closing():
-            self.reader.pause_reading()
+        self._hold("replies")
 
     def resume_input(self) -> None:
-        if self.reader is not None and not self.reader.is_closing():
+        self._release("replies")
+
+    def _hold(self, why: str) -> None:
+        if not self._holds and self.reader is not None and not self.reader.is_closing():
+            self.reader.pause_reading()
+        self._holds.add(why)
+
+    def _release(self, why: str) -> None:
+        self._holds.discard(why)
+        if not self._holds and self.reader is not None and not self.reader.is_closing():
             self.reader.resume_reading()
 
     def _write(self, data: bytes) -> None:
@@ -187,6 +233,7 @@ class Listener:
         sock.setblocking(False)
         self._sock = sock
         self._unanswered: set[socket.socket] = set()  # accepted, first bytes not read yet
+        self._live: set[Connection] = set()  # its connections serving a session
         self._starting: set[asyncio.Task[Any]] = set()
         self._loop.add_reader(sock.fileno(), self._accept)
 
@@ -211,8 +258,21 @@ class Listener:
                 self._loop.call_later(_ACCEPT_PAUSE_SECONDS, self._resume_accepting)
                 return
             conn.setblocking(False)
+            if len(self._live) + len(self._unanswered) >= self._router.bounds.max_connections:
+                self._refuse(conn)
+                continue
             self._unanswered.add(conn)
             self._loop.add_reader(conn.fileno(), self._first_read, conn)
+
+    def _refuse(self, conn: socket.socket) -> None:
+        """One client too many: say why in one JSON-RPC error line, and close."""
+        limit = self._router.bounds.max_connections
+        _log.warning("profile %s: refused a connection, %d are open (the limit)", self._profile, limit)
+        error = JsonRpcError(SERVER_BUSY, f"profile '{self._profile}' already has {limit} connections, the "
+                             "router's limit; close one and connect again", {"maxConnections": limit})
+        with contextlib.suppress(OSError):
+            conn.send(encode_error(None, error))
+        conn.close()
 
     def _resume_accepting(self) -> None:
         if self._sock.fileno() >= 0:
@@ -264,7 +324,7 @@ class Listener:
         task.add_done_callback(done)
 
     async def _lines(self, sock: socket.socket, first: bytes) -> None:
-        conn = Connection(self._router, self._profile)
+        conn = Connection(self._router, self._profile, group=self._live)
         try:
             await self._loop.connect_accepted_socket(lambda: _Lines(conn, first), sock)
         except BaseException:
@@ -272,7 +332,7 @@ class Listener:
             raise
 
     async def _attach(self, sock: socket.socket, fds: list[int], meta: Mapping[str, str]) -> None:
-        conn = Connection(self._router, self._profile, meta)
+        conn = Connection(self._router, self._profile, meta, group=self._live)
         stdin = os.fdopen(fds[0], "rb", buffering=0)  # the read transport owns and closes it
         stdout = os.fdopen(fds[1], "wb", buffering=0)  # the write transport owns and closes it
         fds.clear()

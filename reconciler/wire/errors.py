@@ -17,6 +17,7 @@ __all__ = [
     "INVALID_REQUEST",
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
+    "SERVER_BUSY",
     "UNSUPPORTED_PROTOCOL_VERSION",
     "HandlerError",
     "JsonRpcError",
@@ -29,6 +30,7 @@ METHOD_NOT_FOUND: Final = -32601
 INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
 UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
+SERVER_BUSY: Final = -32000  # the range JSON-RPC leaves to servers: too many connections
 
 
 class HandlerError(Exception):

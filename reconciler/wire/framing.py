@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-__all__ = ["DEFAULT_MAX_LINE_BYTES", "HEAD_BYTES", "OVERSIZE", "LineFramer", "Oversize"]
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "HEAD_BYTES", "OVERSIZE", "LineBudget", "LineFramer", "Oversize"]
 
 DEFAULT_MAX_LINE_BYTES: Final = 16 * 1024 * 1024
 HEAD_BYTES: Final = 256  # what "skip" mode keeps of an oversize line: its start, where a reply's id is
@@ -94,6 +94,14 @@ class LineFramer:
     def _oversize(self, data: bytes) -> Oversize:
         return Oversize(data if self._pass else data[:HEAD_BYTES])
 
+    def drop_partial(self) -> int:
+        """Forget the unfinished line held now and skip the rest of it; the bytes freed."""
+        freed = len(self._buf)
+        if freed:
+            self._buf.clear()
+            self._inside_oversize = True
+        return freed
+
     def take_rest(self) -> bytes:
         """The unfinished line held at the end of the stream (without a newline), emptying the buffer."""
         rest = bytes(self._buf)
@@ -104,3 +112,22 @@ class LineFramer:
         """Drop what is buffered (the stream ended)."""
         self._buf.clear()
         self._inside_oversize = False
+
+
+class LineBudget:
+    """How many bytes of unfinished lines all the framers of one server may hold together.
+
+    Each framer is bounded by its line limit; this bounds their sum, so many connections each
+    holding most of a long line cannot together exhaust the server's memory.
+    """
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def change(self, delta: int) -> bool:
+        """Count `delta` more bytes held (or fewer, when negative); False once the sum is over the limit."""
+        self.held += delta
+        return self.held <= self.limit

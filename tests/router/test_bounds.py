@@ -1,0 +1,116 @@
+"""No client can exhaust the router: calls in flight, connections and unfinished lines are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+
+from reconciler.router.hub import ConnectionBounds
+from tests.fixtures.harness import DEADLINE, RawClient, run, serving
+
+
+def _call_line(msg_id: int, seconds: float) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "method": "tools/call", "params": {
+        "name": "echo_misbehave", "arguments": {"mode": "sleep", "seconds": seconds}}}) + b"\n"
+
+
+def test_a_connection_with_its_calls_in_flight_at_the_bound_reads_nothing_more(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> list[object]:
+        async with serving(echo_root, run_dir, bounds=ConnectionBounds(max_calls_in_flight=3)) as router:
+            client = await RawClient.connect(router.socket_path("tester"))
+            # Three slow calls fill the bound; the ping behind them waits until one of them is answered.
+            await client.send_bytes(b"".join(_call_line(i, 0.5) for i in (1, 2, 3)))
+            await client.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})
+            order = [(await client.recv())["id"] for _ in range(4)]
+            await client.close()
+            return order
+
+    order = run(scenario())
+    assert order.index("p") > 0, order  # not answered before a call finished
+    assert sorted(order, key=str) == sorted([1, 2, 3, "p"], key=str)
+
+
+def test_without_the_bound_the_same_ping_is_answered_at_once(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> object:
+        async with serving(echo_root, run_dir) as router:
+            client = await RawClient.connect(router.socket_path("tester"))
+            await client.send_bytes(b"".join(_call_line(i, 0.5) for i in (1, 2, 3)))
+            await client.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})
+            first = (await client.recv())["id"]
+            for _ in range(3):
+                await client.recv()
+            await client.close()
+            return first
+
+    assert run(scenario()) == "p"
+
+
+def test_a_profile_socket_refuses_a_client_over_its_connection_bound(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir, bounds=ConnectionBounds(max_connections=2)) as router:
+            path = router.socket_path("tester")
+            first, second = await RawClient.connect(path), await RawClient.connect(path)
+            for client in (first, second):
+                assert (await client.request("ping"))["result"] == {}
+            third = await RawClient.connect(path)
+            refused = await third.recv()
+            assert refused["error"]["code"] == -32000
+            assert "2 connections" in refused["error"]["message"]
+            assert await asyncio.wait_for(third.reader.read(), DEADLINE) == b""  # and closed
+            await third.close()
+            await first.close()
+            # Once one is gone, a new client is served (the router sees the close a moment later).
+            for _ in range(100):
+                fourth = await RawClient.connect(path)
+                if await _served(fourth):
+                    assert (await fourth.request("ping"))["result"] == {}
+                    await fourth.close()
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("no client was served after one of the two closed")
+            await second.close()
+
+    run(scenario())
+
+
+async def _served(client: RawClient) -> bool:
+    """Whether the router kept this connection (a refused one gets an error line and its end)."""
+    try:
+        await client.send({"jsonrpc": "2.0", "id": "probe", "method": "ping"})
+        served = "result" in await client.recv()
+    except (ConnectionError, AssertionError):
+        served = False
+    if not served:
+        await client.close()
+    return served
+
+
+def test_unfinished_lines_of_all_connections_stay_under_the_budget_and_are_freed_on_close(
+        echo_root: Path, run_dir: Path) -> None:
+    bounds = ConnectionBounds(max_line_bytes=800, unfinished_lines_bytes=1000)
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir, bounds=bounds) as router:
+            path = router.socket_path("tester")
+            holder, latecomer = await RawClient.connect(path), await RawClient.connect(path)
+            await holder.send_bytes(b'{"pad":"' + b"x" * 600)  # held: under the budget
+            assert (await latecomer.request("ping"))["result"] == {}  # the router has read the first by now
+            await latecomer.send_bytes(b'{"pad":"' + b"y" * 600)
+            refused = await latecomer.recv()
+            assert refused["error"]["code"] == -32600
+            assert "too many unfinished" in refused["error"]["message"]
+            assert router.line_budget.held <= bounds.unfinished_lines_bytes
+            await latecomer.send_bytes(b'"}\n')  # the end of the dropped line is skipped, the session lives on
+            assert (await latecomer.request("ping"))["result"] == {}
+            await holder.close()
+            for _ in range(100):
+                if router.line_budget.held == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert router.line_budget.held == 0
+            await latecomer.close()
+
+    run(scenario())
