@@ -49,6 +49,7 @@ from reconciler.connectors.sandbox import (
     sandboxed_command,
 )
 from reconciler.connectors.secrets import resolve_secret
+from reconciler.places import PrivatePlaceError, ensure_private_dir, open_private_file
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 
 __all__ = ["Launch", "StderrLog", "declared_env", "effective_egress", "limited_command", "prepare_launch",
@@ -120,7 +121,7 @@ class StderrLog:
             return
         log.info("connector of binding '%s': %s", self.binding, text[:_MAX_STDERR_LINE])
         if self.path is not None:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = open_private_file(self.path)
             try:
                 os.write(fd, (text + "\n").encode())
             finally:
@@ -184,7 +185,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
     declared, secrets = await declared_env(binding, connector, root)
     digest = hashlib.sha256(f"{binding.content_hash}:{connector.content_hash}".encode()).hexdigest()[:10]
     base = state_dir / "connectors"
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _private_dir(base, "HANDLER_STATE_DIR")
     folder = Path(tempfile.mkdtemp(dir=base, prefix=f"{binding_name}.{digest}."))
     (folder / "tmp").mkdir(mode=0o700)
     env = confined_env(declared, folder)
@@ -215,6 +216,14 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
     return Launch(spec, folder, proxy, secrets, tuple(socket_dirs), stderr)
 
 
+def _private_dir(folder: Path, setting: str) -> None:
+    """The connector's folders are 0700 and ours (docs/architecture.md §6): its stderr and calls are nobody else's."""
+    try:
+        ensure_private_dir(folder, setting)
+    except PrivatePlaceError as exc:
+        raise ConnectorStartError(str(exc)) from None
+
+
 def fs_view(snapshot: Snapshot, root: Path, folder: Path, state_dir: Path, run_dir: Path | None, binding_name: str,
             command: Sequence[str], env: Mapping[str, str], socket_dirs: Sequence[Path] = ()) -> FsView:
     """What the connector sees (see `sandbox`): the router's run and state folders and the user's home
@@ -225,7 +234,7 @@ def fs_view(snapshot: Snapshot, root: Path, folder: Path, state_dir: Path, run_d
     if run_dir is not None:
         hidden.append(run_dir)
         calls = run_dir / "calls" / binding_name
-        calls.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _private_dir(calls, "HANDLER_RUN_DIR")
         writable.append(calls)
     code = Path(__file__).resolve().parents[2]  # the service's own code (its source tree, when installed editable)
     readable = [root, code, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent]

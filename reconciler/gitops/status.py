@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reconciler.places import ensure_private_dir, open_private_file
+
 __all__ = ["Applied", "Attempt", "Status", "read_status", "write_status"]
 
 HISTORY = 10
@@ -97,10 +99,14 @@ def _attempt_dict(attempt: Attempt, *, full: bool) -> dict[str, Any]:
 
 
 def write_status(path: Path, status: Status) -> None:
-    """Replace `path` with the status as JSON, atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace `path` with the status as JSON, atomically (a reader never sees half a file).
+
+    The file is 0600 in a 0700 folder, like everything in the state folder (docs/architecture.md §7).
+    """
+    ensure_private_dir(path.parent, "HANDLER_STATE_DIR")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(status.to_dict(), indent=2) + "\n")
+    with os.fdopen(open_private_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as handle:
+        handle.write(json.dumps(status.to_dict(), indent=2) + "\n")
     tmp.replace(path)
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from reconciler.places import ensure_private_dir, open_private_file
+
 __all__ = ["FLUSH_SECONDS", "CallLog", "CallRecord"]
 
 # Lines are written in batches: at most this long after the call, or at once past 256 queued.
@@ -98,8 +100,8 @@ class CallLog:
         self._queue: list[CallRecord] = []
         self._timer: asyncio.TimerHandle | None = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            ensure_private_dir(path.parent, "HANDLER_STATE_DIR")
+            self._fd = open_private_file(path)
 
     def write(self, record: CallRecord) -> None:
         """Queue the call's line; it reaches the file within `flush_seconds` (one write for many calls)."""

@@ -19,7 +19,7 @@ from reconciler.config.errors import HandlerError
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.pool import DEFAULT_IDLE_SECONDS, ConnectorPool
 from reconciler.governance.gate import CallRequest, CallResult, Gate, OpenGate
-from reconciler.places import MAX_SOCKET_PATH, default_state_dir, socket_path
+from reconciler.places import MAX_SOCKET_PATH, PrivatePlaceError, default_state_dir, ensure_private_dir, socket_path
 from reconciler.router.calllog import CallLog
 from reconciler.router.generation import Generation, ValidatorCache, compile_generation
 from reconciler.router.hub import ConnectionBounds
@@ -55,7 +55,7 @@ class Router:
             pool=ConnectorPool(root, state, idle_seconds=idle_seconds, sandbox=sandbox,
                                run_dir=run_dir),
             limits=LimitBook(),
-            log=CallLog(state / "calls.jsonl" if call_log else None),
+            log=CallLog(_private(state, "HANDLER_STATE_DIR") / "calls.jsonl" if call_log else None),
             calls_dir=run_dir / "calls",  # one folder per binding, so a connector sees only its own
         )
         self.services.pool.set_live(self.live.pool_keys)
@@ -66,10 +66,9 @@ class Router:
         return socket_path(self.run_dir, profile)
 
     async def start(self) -> None:
-        """Create the run folder (0700) and open a socket for every profile."""
+        """Create the run folder (0700, see `_private`) and open a socket for every profile."""
         for folder in (self.run_dir, self.run_dir / "profiles", self.services.calls_dir):
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _check_private(folder)
+            _private(folder, "HANDLER_RUN_DIR")
         for profile in sorted(self.live.snapshot.profiles):
             await self._open(profile)
 
@@ -115,12 +114,13 @@ class Router:
         return await run_held(self.services, self.live, call)
 
 
-def _check_private(folder: Path) -> None:
-    """Refuse a run folder another user owns or may write to: they could swap our sockets for theirs."""
-    info = folder.stat()
-    if info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise RouterError(f"{folder} is owned by another user or writable by others (mode {info.st_mode & 0o777:o}); "
-                          "give HANDLER_RUN_DIR a folder of your own, mode 0700")
+def _private(folder: Path, setting: str) -> Path:
+    """Make `folder` ours and 0700, refusing another user's: they could swap our sockets for theirs or
+    read the call log (docs/architecture.md §6)."""
+    try:
+        return ensure_private_dir(folder, setting)
+    except PrivatePlaceError as exc:
+        raise RouterError(str(exc)) from None
 
 
 def _someone_listens(path: Path) -> bool:

@@ -12,6 +12,7 @@ survive a restart.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -21,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
+
+from reconciler.places import ensure_private_dir, open_private_file
 
 __all__ = ["LINK_DAYS", "LinkSigner", "SignedLink", "load_link_secret"]
 
@@ -97,16 +100,20 @@ def load_link_secret(state_dir: Path, env: Mapping[str, str] | None = None) -> b
     if given:
         return given.encode()
     path = state_dir / _KEY_FILE
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        pass
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(FileNotFoundError):
+        return _read_key(path)
+    ensure_private_dir(state_dir, "HANDLER_STATE_DIR")
     key = secrets.token_hex(32).encode()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = open_private_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except FileExistsError:  # another process made it first: use theirs
-        return path.read_bytes()
+        return _read_key(path)
     with os.fdopen(fd, "wb") as handle:
         handle.write(key)
     return key
+
+
+def _read_key(path: Path) -> bytes:
+    """The kept key; one an older release left readable to others is made 0600 first (docs/architecture.md §7)."""
+    with os.fdopen(open_private_file(path, os.O_RDONLY), "rb") as handle:
+        return handle.read()

@@ -13,8 +13,10 @@ What SQLAlchemy or the database driver raises leaves this module as a `StoreErro
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -29,7 +31,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from reconciler.governance.errors import StoreError
 from reconciler.governance.store.migrate import upgrade
-from reconciler.places import default_state_dir
+from reconciler.places import PRIVATE_FILE_MODE, default_state_dir, ensure_private_dir, open_private_file
 
 __all__ = ["HOLD_CHANNEL", "Store", "Transaction", "now", "open_store", "store_exists", "store_url"]
 
@@ -153,18 +155,45 @@ def _file_lock(engine: Engine) -> Iterator[None]:
     if not database or database == ":memory:":
         yield
         return
-    with Path(database + ".lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    fd = open_private_file(Path(database + ".lock"))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _prepare_sqlite_file(database: str) -> None:
+    """Create the SQLite file 0600 before SQLite does, in a 0700 folder when we create the folder.
+
+    The store holds held calls' arguments (docs/architecture.md §7): only we may read it. SQLite
+    gives its -wal and -shm files the mode of the database file, so they are 0600 too; files an
+    older release left wider are made 0600. A folder the user chose for the file is theirs to keep.
+    Paths only, never open and close: closing any descriptor of a SQLite file drops the POSIX locks
+    this process's connections hold on it.
+    """
+    path = Path(database)
+    if not path.parent.exists():
+        ensure_private_dir(path.parent, "HANDLER_STATE_DIR")
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE))
+    for suffix in ("", "-wal", "-shm", ".lock"):
+        file = Path(database + suffix)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_IMODE(file.stat().st_mode) != PRIVATE_FILE_MODE:
+                file.chmod(PRIVATE_FILE_MODE)
 
 
 def _sqlite_engine(url: str) -> Engine:
     database = sa.engine.make_url(url).database
     if database and database != ":memory:":
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            _prepare_sqlite_file(database)
+        except OSError as exc:
+            raise StoreError(f"cannot prepare the store's file {database}: {exc}") from None
     engine = sa.create_engine(url, connect_args={"timeout": 60.0}, pool_size=8, max_overflow=8)
 
     @sa.event.listens_for(engine, "connect")
