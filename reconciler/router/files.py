@@ -3,27 +3,32 @@
 `find_file_fields` runs once per snapshot: it walks a tool's `inputSchema` for string properties
 whose format is `handler-file` (an input) or `handler-output-file` (an output) and records where they
 sit. Per call, `resolve_files` checks each such value inside the profile's scope: a `..` segment, an
-absolute path outside the scope, a symbolic link leading out of it, a missing or non-regular input
-→ `invalid_arguments`; an input over `maxFileBytes` → the interface's `too_large` (else
-`invalid_arguments`). At dispatch a `CallFolder` copies inputs into a per-call folder and names the
-copies (and fresh output paths) in the arguments the connector receives; after the call it moves
-what the connector wrote into the scope at the paths the agent named, refusing a symlink, an
-oversize file or a missing one. Paths in the connector's output are mapped back to the agent's.
+absolute path outside the scope, a symbolic link leading out of it, a missing input or one that is not
+a regular file (a folder, FIFO, device or socket, told apart without reading it), an output over a
+FIFO, device, socket or symlink → `invalid_arguments`; an input over `maxFileBytes` → the interface's
+`too_large` (else `invalid_arguments`). At dispatch a `CallFolder` copies inputs into a per-call folder
+and names the copies (and fresh output paths) in the arguments the connector receives; after the call
+it moves what the connector wrote into the scope at the paths the agent named, refusing a symlink, a
+non-regular or oversize file or a missing one. Every open walks down from the scope's descriptor
+without following a symlink (`beneath`), so what changed between the check and the copy is refused.
+Paths in the connector's output are mapped back to the agent's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import orjson
 
+from reconciler.router.beneath import RefusedPathError, describe_mode, open_folder, open_regular
 from reconciler.router.errors import ToolError, invalid_arguments, unavailable
 
 __all__ = ["CallFolder", "FileArg", "FileField", "Scope", "find_file_fields", "resolve_files", "restore_paths"]
@@ -109,6 +114,7 @@ class FileArg:
     target: str  # an input's real path; an output's absolute path in the scope
     output: bool
     size: int = 0
+    root: str = "/"  # the real scope folder every open of `target` walks down from
 
 
 def locate(node: Any, path: Where, where: Where = ()) -> Iterator[tuple[Where, Any]]:
@@ -143,6 +149,14 @@ def resolve_files(fields: tuple[FileField, ...], arguments: Mapping[str, Any], s
     return tuple(out)
 
 
+def open_input(file: FileArg) -> tuple[int, int]:
+    """An input file, opened from its scope's descriptor along the symlink-free path step 4 resolved."""
+    relative = os.path.relpath(file.target, file.root)
+    if relative == ".":
+        raise RefusedPathError("a folder", final=True)
+    return open_regular(file.root, relative.split("/"))
+
+
 def _lexical(scope: Scope, value: str, where: Where) -> str:
     name = pointer(where)
     if not value or "\x00" in value:
@@ -152,7 +166,7 @@ def _lexical(scope: Scope, value: str, where: Where) -> str:
         raise invalid_arguments(f"{name}: '{value}' contains '..'; name a path inside the work folder, relative to it")
     if not path.is_absolute():
         return os.path.normpath(os.path.join(scope.real, value))
-    normal = os.path.normpath(value)
+    normal = os.path.normpath("/" + value.lstrip("/"))  # POSIX keeps a leading '//'; it names the same file as '/'
     for base in (scope.real, scope.given):
         if normal == base or normal.startswith(base.rstrip("/") + "/"):
             return scope.real + normal[len(base):]
@@ -163,22 +177,31 @@ def _leads_out(name: str, value: str) -> ToolError:
     return invalid_arguments(f"{name}: '{value}' leads outside the work folder through a symbolic link")
 
 
+def _refused(name: str, value: str, refusal: RefusedPathError) -> ToolError:
+    """The agent's account of a path the walk refused (docs/architecture.md §6: only regular files cross)."""
+    if refusal.missing:
+        return invalid_arguments(f"{name}: there is no file '{value}' in the work folder")
+    if not refusal.final:
+        return invalid_arguments(f"{name}: '{value}' goes through {refusal.kind}, which is never followed; "
+                                 f"name a path of folders and a regular file in the work folder")
+    return invalid_arguments(f"{name}: '{value}' is {refusal.kind}, not a regular file; "
+                             f"only regular files are accepted")
+
+
 def _resolve_input(scope: Scope, value: str, where: Where, max_bytes: int | None, errors: frozenset[str]) -> FileArg:
     name = pointer(where)
     real = os.path.realpath(_lexical(scope, value, where))
     if not scope.contains(real):
         raise _leads_out(name, value)
+    file = FileArg(where, value, real, output=False, root=scope.real)
     try:
-        info = os.stat(real)
-    except FileNotFoundError:
-        raise invalid_arguments(f"{name}: there is no file '{value}' in the work folder") from None
-    except OSError as exc:
-        raise invalid_arguments(f"{name}: '{value}' cannot be read ({exc.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise invalid_arguments(f"{name}: '{value}' is not a regular file")
-    if max_bytes is not None and info.st_size > max_bytes:
-        raise too_large(name, value, info.st_size, max_bytes, errors)
-    return FileArg(where, value, real, output=False, size=info.st_size)
+        fd, size = open_input(file)  # opened, never read: a FIFO or a device is refused before any read
+    except RefusedPathError as refusal:
+        raise _refused(name, value, refusal) from None
+    os.close(fd)
+    if max_bytes is not None and size > max_bytes:
+        raise too_large(name, value, size, max_bytes, errors)
+    return FileArg(where, value, real, output=False, size=size, root=scope.real)
 
 
 def too_large(name: str, value: str, size: int, max_bytes: int, errors: frozenset[str]) -> ToolError:
@@ -199,12 +222,18 @@ def _resolve_output(scope: Scope, value: str, where: Where) -> FileArg:
         raise _leads_out(name, value)
     if not os.path.isdir(real_parent):
         raise invalid_arguments(f"{name}: '{value}' goes through a file as if it were a folder")
-    if os.path.lexists(target):
-        if not scope.contains(os.path.realpath(target)):
-            raise _leads_out(name, value)
-        if os.path.isdir(target):
-            raise invalid_arguments(f"{name}: '{value}' is a folder; name a file")
-    return FileArg(where, value, target, output=True)
+    target = os.path.join(real_parent, os.path.relpath(target, existing))  # no symlink left among its folders
+    try:
+        info = os.lstat(target)
+    except FileNotFoundError:
+        return FileArg(where, value, target, output=True, root=scope.real)
+    if stat.S_ISLNK(info.st_mode) and not scope.contains(os.path.realpath(target)):
+        raise _leads_out(name, value)
+    if stat.S_ISDIR(info.st_mode):
+        raise invalid_arguments(f"{name}: '{value}' is a folder; name a file")
+    if not stat.S_ISREG(info.st_mode):  # a symlink, FIFO, device or socket is never written through
+        raise _refused(name, value, RefusedPathError(describe_mode(info.st_mode), final=True))
+    return FileArg(where, value, target, output=True, root=scope.real)
 
 
 class CallFolder:
@@ -220,11 +249,12 @@ class CallFolder:
         args: dict[str, Any] = orjson.loads(orjson.dumps(arguments))  # a deep copy the connector may see
         back: dict[str, str] = {}
         for index, file in enumerate(files):
-            folder = self.path / ("out" if file.output else "in")
-            folder.mkdir(exist_ok=True, mode=0o700)
-            dest = folder / f"{index}-{os.path.basename(file.target) or 'file'}"
-            if not file.output:
-                _copy_in(file, dest, max_bytes, errors)
+            sub = "out" if file.output else "in"
+            dest = self.path / sub / _staged_name(index, file)
+            if file.output:
+                os.close(open_folder(str(self.path), (sub,), create=True, mode=0o700))
+            else:
+                _copy_in(file, self.path, sub, dest.name, max_bytes, errors)
             _set(args, file.where, str(dest))
             back[str(dest)] = file.value
         return args, back
@@ -233,11 +263,14 @@ class CallFolder:
         """Step 10: move each output the connector wrote into the scope, at the path the agent named."""
         for index, file in enumerate(files):
             if file.output:
-                staged = self.path / "out" / f"{index}-{os.path.basename(file.target) or 'file'}"
-                _move_out(staged, file, scope, max_bytes)
+                _move_out(self.path, _staged_name(index, file), file, scope, max_bytes)
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _staged_name(index: int, file: FileArg) -> str:
+    return f"{index}-{os.path.basename(file.target) or 'file'}"
 
 
 def _set(node: Any, where: Where, value: str) -> None:
@@ -246,61 +279,75 @@ def _set(node: Any, where: Where, value: str) -> None:
     node[where[-1]] = value
 
 
-def _open_regular(path: str) -> tuple[int, int] | None:
-    """(fd, size) of a regular file opened without following a final symlink, else None."""
+def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | None, errors: frozenset[str]) -> None:
+    """An input copied into the call folder, opened again from the scope's descriptor: what changed since step 4
+    (a folder swapped for a symlink, the file for a FIFO) is refused, never followed (docs/architecture.md §6)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        return None
-    return fd, info.st_size
-
-
-def _copy_in(file: FileArg, dest: Path, max_bytes: int | None, errors: frozenset[str]) -> None:
-    opened = _open_regular(file.target)
-    if opened is None:  # it changed since step 4
-        raise invalid_arguments(f"{pointer(file.where)}: '{file.value}' is no longer a regular file")
-    fd, size = opened
-    try:
+        fd, size = open_input(file)
+    except RefusedPathError as refusal:
+        raise _refused(pointer(file.where), file.value, refusal) from None
+    with os.fdopen(fd, "rb") as src:
         if max_bytes is not None and size > max_bytes:
             raise too_large(pointer(file.where), file.value, size, max_bytes, errors)
-        with os.fdopen(os.dup(fd), "rb") as src, dest.open("wb") as out:
+        folder = open_folder(str(call), (sub,), create=True, mode=0o700)
+        try:
+            out_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=folder)
+        finally:
+            os.close(folder)
+        with os.fdopen(out_fd, "wb") as out:
             shutil.copyfileobj(src, out, _COPY_CHUNK)
-    finally:
-        os.close(fd)
 
 
-def _move_out(staged: Path, file: FileArg, scope: Scope, max_bytes: int | None) -> None:
-    name = pointer(file.where)
-    if not os.path.lexists(staged):
-        raise unavailable("output_missing", f"the service reported success but wrote no file for {name}")
-    opened = _open_regular(str(staged))
-    if opened is None:
-        raise unavailable("output_invalid", f"the service wrote something other than a regular file for {name}",
-                          field=name)
-    fd, size = opened
+def _open_staged(call: Path, staged: str, name: str) -> tuple[int, int]:
+    """What the connector wrote, opened below the call folder without following a symlink or blocking on a FIFO."""
     try:
+        return open_regular(str(call), ("out", staged))
+    except RefusedPathError as refusal:
+        if refusal.missing:
+            raise unavailable("output_missing", f"the service reported success but wrote no file for {name}") from None
+        raise unavailable("output_invalid", f"the service wrote something other than a regular file for {name}",
+                          field=name) from None
+
+
+def _move_out(call: Path, staged: str, file: FileArg, scope: Scope, max_bytes: int | None) -> None:
+    name = pointer(file.where)
+    fd, size = _open_staged(call, staged, name)
+    with os.fdopen(fd, "rb") as src:
         if max_bytes is not None and size > max_bytes:
             raise unavailable("output_too_large", f"the service wrote {size} bytes for {name}, over maxFileBytes "
                               f"({max_bytes})", field=name)
-        parent = os.path.dirname(file.target)
-        os.makedirs(parent, mode=0o755, exist_ok=True)
-        if not scope.contains(os.path.realpath(parent)):  # the folder changed under us since step 4
-            raise _leads_out(name, file.value)
-        tmp_fd, tmp = tempfile.mkstemp(dir=parent, prefix=".handler-")
+        parts = os.path.relpath(file.target, scope.real).split("/")
         try:
-            with os.fdopen(os.dup(fd), "rb") as src, os.fdopen(tmp_fd, "wb") as out:
-                shutil.copyfileobj(src, out, _COPY_CHUNK)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, file.target)  # replaces a symlink itself, never what it points at
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    finally:
-        os.close(fd)
+            folder = open_folder(scope.real, parts[:-1], create=True, mode=0o755)
+        except RefusedPathError as refusal:  # a folder changed under us since step 4
+            raise _refused(name, file.value, refusal) from None
+        try:
+            _write_into(folder, parts[-1], src, name, file.value)
+        finally:
+            os.close(folder)
+
+
+def _write_into(folder: int, leaf: str, src: BinaryIO, name: str, value: str) -> None:
+    """`src` written to `leaf` of `folder` through a fresh temporary file renamed over it: the rename never
+    follows or opens what is there, and a FIFO, device, socket or symlink there is refused first."""
+    try:
+        mode = os.stat(leaf, dir_fd=folder, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):
+        raise _refused(name, value, RefusedPathError(describe_mode(mode), final=True))
+    tmp = f".handler-{secrets.token_hex(8)}"
+    out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+    try:
+        with os.fdopen(out_fd, "wb") as out:
+            shutil.copyfileobj(src, out, _COPY_CHUNK)
+            os.fchmod(out.fileno(), 0o644)
+        os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=folder)
+        raise
 
 
 def restore_paths(value: Any, back: Mapping[str, str]) -> Any:

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import os
+import socket
+import stat
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from reconciler.router.files import ANY, FileField, find_file_fields, restore_paths
+from reconciler.router import pipeline
+from reconciler.router.errors import ToolError
+from reconciler.router.files import ANY, CallFolder, FileArg, FileField, Scope, find_file_fields, restore_paths
 from reconciler.router.server import Router
-from tests.fixtures.harness import RawClient, exchange
+from tests.fixtures.harness import DEADLINE, RawClient, exchange
 
 
 @pytest.fixture
@@ -155,3 +164,171 @@ def test_restoring_paths_touches_only_exact_matches() -> None:
     back = {"/run/calls/1/in/0-a.pdf": "a.pdf"}
     value = {"path": "/run/calls/1/in/0-a.pdf", "items": ["/run/calls/1/in/0-a.pdf", "other"], "n": 3}
     assert restore_paths(value, back) == {"path": "a.pdf", "items": ["a.pdf", "other"], "n": 3}
+
+
+# Race-free files: only regular files cross, and no symlink is followed below the scope (docs/architecture.md §6).
+
+@pytest.fixture
+def specials(scope: Path) -> Iterator[dict[str, str]]:
+    """A FIFO, a unix socket file and (as root) a character device inside the scope: name → what the router says."""
+    os.mkfifo(scope / "pipe")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(scope / "sock"))
+    found = {"pipe": "a named pipe (FIFO)", "sock": "a socket"}
+    try:
+        yield found
+    finally:
+        listener.close()
+
+
+def make_device(scope: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a device node inside the scope needs root (os.mknod); CI runs the tests as root")
+    try:
+        os.mknod(scope / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("this root may not make device nodes (no CAP_MKNOD in this container)")
+
+
+async def call_all(c: RawClient, calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Send every call at once on one connection, then read every reply: results in the order sent."""
+    for index, (tool, arguments) in enumerate(calls):
+        await c.send({"jsonrpc": "2.0", "id": 1000 + index, "method": "tools/call",
+                      "params": {"name": tool, "arguments": arguments}})
+    replies: dict[int, dict[str, Any]] = {}
+    async with asyncio.timeout(DEADLINE * 3):  # generous: a call that blocked would never answer at all
+        while len(replies) < len(calls):
+            reply = await c.recv()
+            replies[reply["id"]] = reply["result"]
+    return [replies[1000 + index] for index in range(len(calls))]
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["fifo-and-socket", "char-device"])
+def test_64_calls_naming_a_fifo_a_socket_or_a_device_are_refused_and_none_blocks(
+        echo_root: Path, scope: Path, run_dir: Path, specials: dict[str, str], device: bool) -> None:
+    if device:
+        make_device(scope)
+        specials = {"null": "a character device"}
+    names = list(specials)
+    calls = [("echo_read", {"path": names[i % len(names)]}) if i % 2 == 0
+             else ("echo_write", {"text": "never", "outputPath": names[i % len(names)]}) for i in range(64)]
+
+    async def script(c: RawClient, router: Router) -> None:
+        for (tool, arguments), result in zip(calls, await call_all(c, calls), strict=True):
+            named = arguments.get("path") or arguments["outputPath"]
+            assert result["structuredContent"]["error"] == "invalid_arguments", (tool, result)
+            message = result["structuredContent"]["message"]
+            assert f"'{named}' is {specials[named]}" in message
+            assert "only regular files are accepted" in message
+        ordinary = await c.call("echo_read", {"path": "doc.txt"})
+        assert ordinary["isError"] is False, ordinary
+        assert stat.S_ISFIFO(os.lstat(scope / "pipe").st_mode)  # the output refusals left them all as they were
+
+    exchange(echo_root, run_dir, script)
+
+
+def swap_after_step_4(monkeypatch: pytest.MonkeyPatch, folder: Path, to: Path) -> None:
+    """Between the check (step 4) and the copy, `folder` becomes a symlink to `to`: the race, made certain."""
+    resolve = pipeline.resolve_files
+
+    def resolve_then_swap(*args: Any) -> Any:
+        files = resolve(*args)
+        folder.rename(folder.with_name(folder.name + "-moved"))
+        folder.symlink_to(to, target_is_directory=True)
+        return files
+
+    monkeypatch.setattr(pipeline, "resolve_files", resolve_then_swap)
+
+
+def test_an_input_folder_swapped_for_a_symlink_after_the_check_is_never_followed(
+        echo_root: Path, scope: Path, run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (scope / "sub/inner.txt").write_text("inside")
+    (echo_root / "elsewhere/inner.txt").write_text("outside the scope")
+    swap_after_step_4(monkeypatch, scope / "sub", echo_root / "elsewhere")
+
+    async def script(c: RawClient, router: Router) -> None:
+        result = await c.call("echo_read", {"path": "sub/inner.txt"})
+        assert result["structuredContent"]["error"] == "invalid_arguments", result
+        assert "goes through a symbolic link, which is never followed" in result["structuredContent"]["message"]
+
+    exchange(echo_root, run_dir, script)
+
+
+def test_an_output_folder_swapped_for_a_symlink_after_the_check_is_never_followed(
+        echo_root: Path, scope: Path, run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (scope / "out").mkdir()
+    (scope / "also").mkdir()
+    swap_after_step_4(monkeypatch, scope / "out", scope / "also")  # even a symlink that stays inside
+
+    async def script(c: RawClient, router: Router) -> None:
+        result = await c.call("echo_write", {"text": "hi", "outputPath": "out/reply.txt"})
+        assert result["structuredContent"]["error"] == "invalid_arguments", result
+        assert "goes through a symbolic link, which is never followed" in result["structuredContent"]["message"]
+        assert not (scope / "also/reply.txt").exists()
+
+    exchange(echo_root, run_dir, script)
+
+
+def test_an_output_over_a_symlink_inside_the_scope_is_refused(echo_root: Path, scope: Path, run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        result = await c.call("echo_write", {"text": "hi", "outputPath": "link-in"})
+        assert "'link-in' is a symbolic link, not a regular file" in result["structuredContent"]["message"]
+        assert (scope / "doc.txt").read_text() == "inside the scope"
+
+    exchange(echo_root, run_dir, script)
+
+
+def test_a_path_with_a_doubled_leading_slash_inside_the_scope_is_accepted(echo_root: Path, scope: Path,
+                                                                         run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        read = await c.call("echo_read", {"path": "/" + str(scope / "doc.txt")})
+        assert read["isError"] is False, read
+        assert read["structuredContent"]["bytes"] == 16
+        written = await c.call("echo_write", {"text": "doubled", "outputPath": "/" + str(scope / "out2.txt")})
+        assert written["isError"] is False, written
+        assert (scope / "out2.txt").read_text() == "doubled"
+        outside = await c.call("echo_read", {"path": "/" + str(echo_root / "secret.txt")})
+        assert "outside the work folder" in outside["structuredContent"]["message"]
+
+    exchange(echo_root, run_dir, script)
+
+
+def deliver_in_a_thread(folder: CallFolder, file: FileArg, scope: Scope) -> BaseException | None:
+    """`folder.deliver` on a daemon thread joined under a generous deadline: a blocked open fails the test."""
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            folder.deliver((file,), scope, 1000)
+        except BaseException as exc:
+            caught.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(DEADLINE)
+    assert not worker.is_alive(), "delivering the output blocked"
+    return caught[0] if caught else None
+
+
+@pytest.mark.parametrize("made", ["fifo", "socket", "out-symlink"])
+def test_what_a_connector_leaves_that_is_no_regular_file_is_refused_without_blocking(scope: Path, run_dir: Path,
+                                                                                     made: str) -> None:
+    work = Scope(str(scope), str(scope.resolve()))
+    file = FileArg(("outputPath",), "reply.txt", str(scope.resolve() / "reply.txt"), output=True, root=work.real)
+    folder = CallFolder(run_dir, "call-1")
+    (folder.path / "out").mkdir(parents=True)
+    staged = folder.path / "out/0-reply.txt"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if made == "fifo":
+        os.mkfifo(staged)
+    elif made == "socket":
+        listener.bind(str(staged))
+    else:  # the connector swaps its out folder for a link to a folder holding a secret
+        (folder.path / "out").rmdir()
+        (folder.path / "out").symlink_to(scope.parent.parent / "elsewhere")
+        (scope.parent.parent / "elsewhere/0-reply.txt").write_text("outside the scope")
+    with listener:
+        error = deliver_in_a_thread(folder, file, work)
+    assert isinstance(error, ToolError), error
+    assert error.cause == "output_invalid"
+    assert not (scope / "reply.txt").exists()
