@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.echo_tree import TOOLS, write_echo_tree
-from tests.fixtures.harness import RawClient, run, serving, short_dir
+from tests.fixtures.harness import DEADLINE, RawClient, run, serving, short_dir
 
 
 def _connector_lists(root: Path, tools: list[dict[str, object]]) -> None:
@@ -126,12 +127,12 @@ def test_a_connector_stuck_on_a_call_is_recycled_after_the_timeout(run_dir: Path
                 assert stuck["structuredContent"]["error"] == "unavailable"
                 assert stuck["_meta"]["handler/cause"] == "timeout"
                 # Without recycling, every later call would wait behind the stuck one and time out too.
-                later = None
-                for _ in range(40):
+                # The recycled process restarts after a backoff: calls fail fast until it is back.
+                deadline = asyncio.get_running_loop().time() + DEADLINE
+                later = await client.call("echo_say", {"text": "after"})
+                while later.get("isError") and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.05)
                     later = await client.call("echo_say", {"text": "after"})
-                    if not later.get("isError"):
-                        break
-                assert later is not None
                 assert later["structuredContent"] == {"text": "after"}
                 await client.close()
 
