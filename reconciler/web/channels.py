@@ -1,9 +1,10 @@
 """The approval channels of `handler up`, configured from the environment: the dashboard's desk and the notifier.
 
 - `HANDLER_PUBLIC_URL`: the listener's address as approvers reach it, for links and Slack's Details
-  button (default: the listener's own);
+  button (default: the listener's own); its host is also one the listener answers to (`guards`);
 - `HANDLER_LINK_SECRET`: the key of signed decision links (default: one made in the state folder);
-- `HANDLER_DASHBOARD_TOKEN`: when set, the dashboard's pages ask for it;
+- `HANDLER_DASHBOARD_TOKEN`: when set, the dashboard's pages ask for it (the listener needs it to listen
+  beyond loopback: `http.ListenerSettings`);
 - `HANDLER_SMTP_URL`, `HANDLER_MAIL_FROM`: the email channel (see `mail`);
 - `HANDLER_SLACK_TOKEN`, `HANDLER_SLACK_SIGNING_SECRET`, `HANDLER_SLACK_API_URL`: Slack (see `slack`).
 """

@@ -4,8 +4,8 @@ Pages: `/` (status: the applied revision, the last attempt and its findings, pro
 connectors), `/approvals` (holds waiting, decisions made), `/approvals/<id>` (one hold in full,
 its arguments included, and its notices), `/catalog` (interfaces, their tools, connectors and
 bindings). With `HANDLER_DASHBOARD_TOKEN` set, the pages ask for it once (`?token=...`, then a
-cookie); without it they are open to whoever reaches the listener, which `handler up` binds to
-127.0.0.1 unless told otherwise.
+cookie); without it they are open to whoever reaches the listener, which is why the listener
+(`http.HttpListener`) refuses an address beyond loopback without the token.
 
 Decisions: a signed link (`links`) opens `/approvals/<id>` as its member with Approve and Reject
 buttons; only the POST decides, and it needs the link's signature, not the token. Opening a valid

@@ -2,7 +2,9 @@
 with a governance store, the dashboard and the channels' endpoints (`dashboard`).
 
 A Starlette app served by uvicorn inside the service's own event loop (its signal handling is left
-to the service, which stops everything in order).
+to the service, which stops everything in order). `HttpListener` puts every request through the
+`guards` first (a `Host` allow-list, then body limits), and refuses to listen beyond this machine
+without `HANDLER_DASHBOARD_TOKEN` (`ListenerError`, raised before anything starts).
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+import os
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
@@ -19,10 +23,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from reconciler.config.errors import HandlerError
 from reconciler.gitops.webhook import verify_signature
 from reconciler.web.dashboard import Desk, dashboard_routes
+from reconciler.web.guards import BodyLimiter, BodyLimits, HostAllowList, allowed_hosts, is_loopback
 
-__all__ = ["HttpListener", "WebApp", "build_app"]
+__all__ = ["BodyLimits", "HttpListener", "ListenerError", "ListenerSettings", "WebApp", "build_app"]
 
 log = logging.getLogger("handler.http")
 
@@ -73,6 +79,33 @@ def build_app(
     return Starlette(routes=routes)
 
 
+class ListenerError(HandlerError):
+    """The listener cannot start as asked (an address beyond this machine without a token)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    """What the listener's guards need besides its address."""
+
+    token: str | None = None  # HANDLER_DASHBOARD_TOKEN: required to listen beyond loopback
+    public_url: str | None = None  # HANDLER_PUBLIC_URL: its host is allowed in `Host`
+    limits: BodyLimits = field(default_factory=BodyLimits)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ListenerSettings:
+        return cls(env.get("HANDLER_DASHBOARD_TOKEN", "").strip() or None,
+                   env.get("HANDLER_PUBLIC_URL", "").strip() or None)
+
+
+def check_exposure(host: str, port: int, settings: ListenerSettings) -> None:
+    """Raise `ListenerError` for an address beyond this machine without a dashboard token: the pages show
+    holds and their arguments, and decide with a session (docs/architecture.md §7)."""
+    if settings.token is None and not is_loopback(host):
+        raise ListenerError(
+            f"--http {host}:{port} would listen beyond this machine with the dashboard open to anyone who reaches "
+            "it: set HANDLER_DASHBOARD_TOKEN to a long random secret, or listen on loopback (--http 127.0.0.1:8765)")
+
+
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -80,10 +113,16 @@ class _Server(uvicorn.Server):
 
 
 class HttpListener:
-    """Runs an ASGI app on host:port as a task of the current event loop."""
+    """Runs an ASGI app on host:port as a task of the current event loop, behind the `guards`.
 
-    def __init__(self, app: Starlette, host: str, port: int) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+    `settings` defaults to the environment's (`ListenerSettings.from_env`). Raises `ListenerError` for
+    a non-loopback `host` without a dashboard token."""
+
+    def __init__(self, app: Starlette, host: str, port: int, settings: ListenerSettings | None = None) -> None:
+        settings = ListenerSettings.from_env(os.environ) if settings is None else settings
+        check_exposure(host, port, settings)
+        guarded = HostAllowList(BodyLimiter(app, settings.limits), allowed_hosts(host, settings.public_url))
+        config = uvicorn.Config(guarded, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
 

@@ -1,0 +1,175 @@
+"""The listener's guards, through a real uvicorn listener on 127.0.0.1: a `Host` that is not this service's
+is refused on every route (DNS rebinding), bodies over their limit are refused before they are read or cut
+as they arrive, a slow body is cut, and the listener will not open beyond loopback without a token."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reconciler.gitops.status import Status
+from reconciler.governance.store import open_store
+from reconciler.web.dashboard import Desk
+from reconciler.web.guards import host_name
+from reconciler.web.http import BodyLimits, HttpListener, ListenerError, ListenerSettings, build_app
+from reconciler.web.links import LinkSigner
+from reconciler.web.slack import SlackSettings
+from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.harness import short_dir
+from tests.fixtures.service import DEADLINE
+
+PUBLIC = "https://approvals.example.org"
+HANDLER = str(Path(sys.executable).parent / "handler")
+
+
+@asynccontextmanager
+async def listening(store_dir: Path, pushes: list[bytes] | None = None,
+                    limits: BodyLimits | None = None) -> AsyncIterator[int]:
+    """A listener with the dashboard on 127.0.0.1 (its port), HANDLER_PUBLIC_URL set to PUBLIC."""
+
+    async def on_push() -> None:
+        if pushes is not None:
+            pushes.append(b"push")
+
+    desk = Desk(open_store(f"sqlite:///{store_dir / 'store.db'}"), lambda: None, LinkSigner(b"k" * 32),
+                SlackSettings(None, None))
+    app = build_app(Status("worktree /tree").to_dict, webhook_secret=b"secret", on_push=on_push, desk=desk)
+    settings = ListenerSettings(public_url=PUBLIC, limits=limits or BodyLimits())
+    listener = HttpListener(app, "127.0.0.1", 0, settings)
+    await listener.start()
+    try:
+        yield listener.port
+    finally:
+        await listener.aclose()
+        desk.store.close()
+
+
+async def exchange(port: int, head: bytes, body_parts: list[bytes]) -> bytes:
+    """Send `head` and `body_parts` over a raw socket (not finishing the body unless they do), and return
+    what the server answers before it closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(DEADLINE):
+            writer.write(head)
+            for part in body_parts:
+                writer.write(part)
+                await writer.drain()
+            return await reader.read()  # the refusal says Connection: close, so this ends
+    finally:
+        writer.close()
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("path", ["/", "/approvals", "/hooks/git", "/status"])
+def test_a_host_that_is_not_this_service_is_refused_on_every_route(tmp_path: Path, path: str) -> None:
+    async def scenario() -> None:
+        async with listening(tmp_path) as port, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            method = "POST" if path.startswith("/hooks/") else "GET"
+            rebound = await http.request(method, path, content=b"{}", headers={"Host": f"evil.example:{port}"})
+            assert rebound.status_code == 400
+            assert "'evil.example:" in rebound.text
+            assert "is not one this service answers to" in rebound.text
+            assert "HANDLER_PUBLIC_URL" in rebound.text
+            headerless = await http.request(method, path, content=b"{}", headers={"Host": ""})
+            assert headerless.status_code == 400
+            for host in (f"127.0.0.1:{port}", "127.0.0.1", f"localhost:{port}", "LOCALHOST", f"[::1]:{port}",
+                         "approvals.example.org", "approvals.example.org:443"):
+                right = await http.request(method, path, content=b"{}", headers={"Host": host})
+                assert right.status_code != 400, (host, right.text)
+                assert right.status_code == (401 if method == "POST" else 200), (host, right.text)
+
+    asyncio.run(scenario())
+
+
+def test_host_names_are_compared_without_port_brackets_or_case() -> None:
+    assert host_name("Example.ORG:8765") == "example.org"
+    assert host_name("[::1]:8765") == "::1"
+    assert host_name("[::1]") == "::1"
+    assert host_name("localhost.") == "localhost"
+    assert host_name("evil.example:notaport") == "evil.example:notaport"
+
+
+def test_a_huge_content_length_is_refused_before_its_body_is_read(tmp_path: Path) -> None:
+    pushes: list[bytes] = []
+
+    async def scenario() -> None:
+        async with listening(tmp_path, pushes) as port:
+            head = (b"POST /hooks/git HTTP/1.1\r\nHost: 127.0.0.1\r\nX-GitHub-Event: push\r\n"
+                    b"Content-Length: 209715200\r\n\r\n")
+            answer = await exchange(port, head, [b"{" * 10])  # 200 MB announced, ten bytes sent
+            assert status_of(answer) == 413, answer
+            assert b"this route takes at most 1048576" in answer
+            form = await exchange(port, b"POST /approvals/h1 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                        b"Content-Type: application/x-www-form-urlencoded\r\n"
+                                        b"Content-Length: 65537\r\n\r\n", [b"decision=approve"])
+            assert status_of(form) == 413, form  # a form takes 64 KiB
+        assert pushes == []
+
+    asyncio.run(scenario())
+
+
+def test_a_chunked_body_is_cut_at_the_limit(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with listening(tmp_path) as port:
+            head = b"POST /hooks/git HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            piece = b"x" * (64 << 10)
+            chunks = [b"%x\r\n%s\r\n" % (len(piece), piece)] * 16 + [b"1\r\nx\r\n"]  # 1 MiB and a byte, unfinished
+            answer = await exchange(port, head, chunks)
+            assert status_of(answer) == 413, answer[:200]
+            assert b"over 1048576 bytes" in answer
+            closing = head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+            under = await exchange(port, closing, [b"2\r\n{}\r\n0\r\n\r\n"])
+            assert status_of(under) == 401, under  # a small chunked body reaches the route (unsigned here)
+
+    asyncio.run(scenario())
+
+
+def test_a_slow_body_is_cut_with_408(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with listening(tmp_path, limits=BodyLimits(seconds=0.3)) as port:
+            head = b"POST /hooks/git HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
+            answer = await exchange(port, head, [b"{" * 10])  # ninety bytes never come
+            assert status_of(answer) == 408, answer
+            assert b"did not arrive within 0.3 seconds" in answer
+
+    asyncio.run(scenario())
+
+
+def test_listening_beyond_loopback_needs_the_dashboard_token() -> None:
+    app = build_app(dict, webhook_secret=None, on_push=None)
+    for host in ("0.0.0.0", "::", "192.0.2.7", "handler.example.org"):  # noqa: S104 - refused, never bound
+        with pytest.raises(ListenerError) as refused:
+            HttpListener(app, host, 8765, ListenerSettings())
+        assert "--http" in str(refused.value)
+        assert "HANDLER_DASHBOARD_TOKEN" in str(refused.value)
+    for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"):
+        HttpListener(app, host, 8765, ListenerSettings())
+    HttpListener(app, "0.0.0.0", 8765, ListenerSettings(token="a-long-random-secret"))  # noqa: S104, S106
+
+
+@pytest.fixture
+def tree() -> Iterator[Path]:
+    with short_dir() as base:
+        yield write_echo_tree(base / "t")
+
+
+def test_handler_up_on_every_address_without_a_token_says_what_to_set(tree: Path) -> None:
+    env = {**os.environ, "HANDLER_RUN_DIR": str(tree.parent / "run"), "HANDLER_STATE_DIR": str(tree.parent / "state"),
+           TOKEN_ENV: "t"}
+    env.pop("HANDLER_DASHBOARD_TOKEN", None)
+    done = subprocess.run([HANDLER, "up", str(tree), "--http", "0.0.0.0:0"], capture_output=True, text=True,
+                          env=env, timeout=60, check=False)
+    assert done.returncode != 0
+    assert "--http 0.0.0.0:0" in done.stderr, done.stderr
+    assert "HANDLER_DASHBOARD_TOKEN" in done.stderr, done.stderr
