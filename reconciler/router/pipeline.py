@@ -125,9 +125,13 @@ def validate_input(plan: ToolPlan, arguments: Mapping[str, Any]) -> None:
     if validator.is_valid(arguments):
         return
     problems = []
-    for error in itertools.islice(validator.iter_errors(arguments), 5):
-        where = "/" + "/".join(str(p) for p in error.instance_path)
-        problems.append(f"at {where}: {error.message}")
+    try:
+        for error in itertools.islice(validator.iter_errors(arguments), 5):
+            where = "/" + "/".join(str(p) for p in error.instance_path)
+            problems.append(f"at {where}: {error.message}")
+    except ValueError:  # the validator's recursion limit: values nested deeper than any schema here describes
+        raise invalid_arguments("the arguments are nested too deeply to check; no tool takes values this "
+                                "deep") from None
     raise invalid_arguments("the arguments do not match the tool's inputSchema: " + "; ".join(problems))
 
 
@@ -325,7 +329,11 @@ def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None =
     validator = plan.compiled.output
     if validator is None or validator.is_valid(structured):
         return
-    error = next(iter(validator.iter_errors(structured)))
+    try:
+        error = next(iter(validator.iter_errors(structured)))
+    except ValueError:  # the validator's recursion limit: nested deeper than the outputSchema describes
+        raise unavailable("output_invalid", "the service returned a result that does not match the interface; "
+                          "retrying later may work", field="(nested too deeply)") from None
     field = "/" + "/".join(str(p) for p in error.instance_path)
     kind = error.kind
     if kind.name == "additionalProperties":

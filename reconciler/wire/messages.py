@@ -57,7 +57,10 @@ def parse_message(line: bytes) -> Message | None:
     """
     try:
         msg = orjson.loads(line)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit"):
+            raise JsonRpcError(PARSE_ERROR, "the message nests arrays or objects deeper than 1024 levels, more "
+                               "than a JSON-RPC message may") from None
         raise JsonRpcError(PARSE_ERROR, "the line is not valid JSON; send one JSON-RPC message per line") from None
     if not isinstance(msg, dict):
         what = "a batch (an array)" if isinstance(msg, list) else "not a JSON object"

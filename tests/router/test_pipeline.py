@@ -29,6 +29,39 @@ def test_invalid_arguments_say_where_and_why(echo_root: Path, run_dir: Path) -> 
     exchange(echo_root, run_dir, script)
 
 
+def _deep_call(depth: int) -> bytes:
+    """A tools/call whose argument nests `depth` arrays (built by hand: serializers stop at 255 levels)."""
+    return (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo_say","arguments":{"text":'
+            + b"[" * depth + b"]" * depth + b"}}}\n")
+
+
+@pytest.mark.parametrize("depth", [300, 1000])
+def test_arguments_nested_too_deep_are_invalid_arguments_not_an_internal_error(echo_root: Path, run_dir: Path,
+                                                                             depth: int) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        await c.send_bytes(_deep_call(depth))
+        reply = await c.recv()
+        assert "error" not in reply, reply  # a tool error the model can read, never a protocol failure
+        body = reply["result"]["structuredContent"]
+        assert body["error"] == "invalid_arguments"
+        assert "nested too deeply" in body["message"]
+        assert (await c.call("echo_say", {"text": "still here"}))["structuredContent"] == {"text": "still here"}
+
+    exchange(echo_root, run_dir, script)
+
+
+def test_a_message_nested_past_the_parser_limit_is_a_parse_error_and_the_session_lives_on(echo_root: Path,
+                                                                                          run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        await c.send_bytes(_deep_call(5000))
+        reply = await c.recv()
+        assert reply["error"]["code"] == -32700
+        assert "deeper than 1024 levels" in reply["error"]["message"]
+        assert (await c.call("echo_say", {"text": "still here"}))["structuredContent"] == {"text": "still here"}
+
+    exchange(echo_root, run_dir, script)
+
+
 def test_an_unknown_tool_is_a_protocol_error_that_lists_the_tools(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         reply = await c.request("tools/call", {"name": "ocr_extract", "arguments": {}})
