@@ -30,7 +30,7 @@ class ConnectionBounds:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     max_calls_in_flight: int = 256
     max_connections: int = 512
-    unfinished_lines_bytes: int = 256 * 1024 * 1024
+    unfinished_lines_bytes: int = 64 * 1024 * 1024
 
 
 class Hub(Protocol):
