@@ -27,16 +27,14 @@ from tests.fixtures.harness import RawClient, serving, short_dir
 async def first_call_ms(root: Path, run_dir: Path, rounds: int, sandbox: bool) -> tuple[list[float], list[float]]:
     cold: list[float] = []
     warm: list[float] = []
-    async with serving(root, run_dir, sandbox=sandbox, call_log=False) as router:
-        for _ in range(rounds):
+    for _ in range(rounds):  # a router of its own per round: its first call starts the process cold
+        async with serving(root, run_dir, sandbox=sandbox, call_log=False) as router:
             for kind in (cold, warm):
                 client = await RawClient.connect(router.socket_path("tester"))
                 started = time.perf_counter()
                 await client.call("echo_say", {"text": "x"})
                 kind.append((time.perf_counter() - started) * 1000)
                 await client.close()
-            await router.services.pool.close()  # the next round starts cold
-            router.services.pool._closed = False
     return cold, warm
 
 
