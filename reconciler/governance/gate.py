@@ -28,7 +28,7 @@ class CallRequest:
     tool: str
     binding: str
     arguments: Mapping[str, Any]
-    estimated_cost: float = 0.0
+    estimated_cost: float = 0.0  # the binding's [pricing]: the most the call may cost, reserved at admission
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +68,18 @@ class CallResult:
 
 
 # Runs an approved hold through the router's steps 3-4 and 6-10 (`Router.execute_held`). The hold is
-# settled by the gate: at the reported cost when there is one, else at the estimate.
+# settled by the gate: at the reported cost when there is one, else at the estimate, never above what
+# was reserved (docs/architecture.md §7).
 Executor = Callable[[CallRequest], Awaitable[CallResult]]
 
 
 class Gate(Protocol):
     async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission: ...
 
-    async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement: ...
+    async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
+        """Charge an admitted call: `actual_cost` as its connector reported it (None: its estimate), never more
+        than was reserved for it; nothing when not `ok`."""
+        ...
 
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus: ...
 

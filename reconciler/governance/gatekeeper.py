@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
+from reconciler.governance.charging import PricedCall, charge_call
 from reconciler.governance.decide import Decision, SpendState, decide_call
 from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, StoreError
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, Settlement
@@ -45,24 +46,23 @@ __all__ = ["Gatekeeper"]
 
 log = logging.getLogger("handler.governance")
 _NO_SPEND = SpendState()
+_RETRY_SECONDS = 1.0  # between tries to commit the backlog while the store fails
 
 
 @dataclass(frozen=True, slots=True)
 class _Unlimited:
-    """Spend of a call nothing limits: counted through the backlog, never checked."""
+    """Spend of a call nothing limits: its price counted through the backlog when admitted, never checked."""
 
     scopes: tuple[str, ...]
     month: str
     estimate: int
-    profile: str
-    instance: str
 
 
 @dataclass(frozen=True, slots=True)
 class _Token:
     """The gate's handle on an admitted call, passed back to `settle` in `Admission.token`."""
 
-    request_id: str
+    who: PricedCall
     reservation: Reservation | None
     unlimited: _Unlimited | None = None
 
@@ -81,18 +81,24 @@ class Gatekeeper:
         self._run_now = run_now
         self._backlog = Backlog()
         self._flushing: asyncio.Task[None] | None = None
+        self._open = 0  # calls admitted here and not yet settled
+        self._closed = False  # then a settlement is written at once: nothing commits the backlog any more
+        self.pricing_violations = 0  # reports above the reservation seen here since start
 
     # --- admission -------------------------------------------------------------------------------
 
     async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
-        quick = self._admit_unlimited(snapshot, call)
-        if quick is not None:
-            return quick
-        admission = await self._workers.run(self.admit_now, snapshot, call)
+        if self._closed:  # its settlement would have nowhere to go
+            return Admission("blocked", "Blocked: this router is shutting down; retry in a moment.")
+        admission = self._admit_unlimited(snapshot, call)
+        if admission is None:
+            admission = await self._workers.run(self.admit_now, snapshot, call)
         if len(self._backlog):
             self._flush_soon()
         if admission.status == "pending":
             self._held()
+        if isinstance(admission.token, _Token):
+            self._open += 1
         return admission
 
     def _admit_unlimited(self, snapshot: Snapshot, call: CallRequest) -> Admission | None:
@@ -106,12 +112,13 @@ class Gatekeeper:
             return None  # a hold is written before the agent hears of it
         request_id = new_request_id()
         self._backlog.add_audit(_decided_row(request_id, call, decision))
-        self._flush_soon()
         if decision.outcome is Outcome.BLOCK:
             return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
-        spent = _Unlimited(scopes_for(entry.caps, call.profile, call.instance), current_month(), cost, call.profile,
-                           call.instance)
-        return Admission("executed", decision.reason, request_id, _Token(request_id, None, spent), decision.wire_trace)
+        # Counted at its price as it starts, like a reserved call, and moved to what it cost when settled.
+        spent = _Unlimited(scopes_for(entry.caps, call.profile, call.instance), current_month(), cost)
+        self._backlog.add_spend(spent.scopes, spent.month, cost)
+        return Admission("executed", decision.reason, request_id, _Token(_priced(request_id, call), None, spent),
+                         decision.wire_trace)
 
     def admit_now(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         """`admit` without the event loop: one store transaction."""
@@ -137,7 +144,7 @@ class Gatekeeper:
         self._backlog.add_audit(_decided_row(request_id, call, decision))
         if reservation is None:
             return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
-        return Admission("executed", decision.reason, request_id, _Token(request_id, reservation),
+        return Admission("executed", decision.reason, request_id, _Token(_priced(request_id, call), reservation),
                          decision.wire_trace)
 
     def _refuse_unserved(self, snapshot: Snapshot, call: CallRequest, request_id: str) -> Admission:
@@ -164,33 +171,38 @@ class Gatekeeper:
     # --- settlement ------------------------------------------------------------------------------
 
     async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
+        """Charge an admitted call what it reported, never more than its reservation (`charging`)."""
         token = admission.token
         if not isinstance(token, _Token):
             return Settlement(0.0, None)
-        if token.unlimited is not None:
-            settlement = self._settle_unlimited(token.request_id, token.unlimited, actual_cost, ok)
-        elif token.reservation is not None:
-            settlement = self._settle_reserved(token.request_id, token.reservation, actual_cost, ok)
+        try:
+            settlement = self._settle_token(token, None if actual_cost is None else to_micros(actual_cost), ok)
+        finally:
+            self._open = max(0, self._open - 1)  # a call admitted by `admit_now` was never counted
+        if self._closed:  # a call that outlived `aclose` (the router closes after governance): written now
+            await asyncio.to_thread(self._flush_late)
         else:
-            return Settlement(0.0, None)
-        self._flush_soon()
+            self._flush_soon()
         return settlement
 
-    def _settle_unlimited(self, request_id: str, spent: _Unlimited, actual_cost: float | None,
-                          ok: bool) -> Settlement:
-        charged = (spent.estimate if actual_cost is None else to_micros(actual_cost)) if ok else 0
-        self._backlog.add_spend(spent.scopes, spent.month, charged)
-        self._backlog.add_audit(settlement_row(request_id, spent.profile, spent.instance, ok, spent.estimate,
-                                               charged))
-        return Settlement(from_micros(charged), None)
-
-    def _settle_reserved(self, request_id: str, res: Reservation, actual_cost: float | None, ok: bool) -> Settlement:
-        charged = (res.reserved if actual_cost is None else to_micros(actual_cost)) if ok else 0
-        delta = charged - res.reserved
-        self._backlog.add_settlement(res.id, charged, ok, delta, res.scopes, res.month, res.account)
-        self._backlog.add_audit(settlement_row(request_id, res.profile, res.instance, ok, res.reserved, charged))
-        remaining = None if res.remaining is None else max(0, res.remaining - delta)
-        return Settlement(from_micros(charged), None if remaining is None else from_micros(remaining))
+    def _settle_token(self, token: _Token, reported: int | None, ok: bool) -> Settlement:
+        """Put the settlement of one admitted call (and any pricing violation) in the backlog."""
+        held = token.reservation
+        reserved = held.reserved if held is not None else token.unlimited.estimate if token.unlimited else 0
+        charge = charge_call(token.who, reserved, reported, ok)
+        delta = charge.charged - reserved
+        if charge.violation is not None:
+            self.pricing_violations += 1
+            self._backlog.add_audit(charge.violation)
+        who = token.who
+        self._backlog.add_audit(settlement_row(who.request_id, who.profile, who.instance, ok, reserved, charge.charged))
+        if held is None:
+            if token.unlimited is not None:
+                self._backlog.add_spend(token.unlimited.scopes, token.unlimited.month, delta)
+            return Settlement(from_micros(charge.charged), None)
+        self._backlog.add_settlement(held.id, charge.charged, ok, delta, held.scopes, held.month, held.account)
+        remaining = None if held.remaining is None else max(0, held.remaining - delta)
+        return Settlement(from_micros(charge.charged), None if remaining is None else from_micros(remaining))
 
     # --- the built-ins: handler_status, handler_decide -------------------------------------------
 
@@ -228,33 +240,54 @@ class Gatekeeper:
             self._flushing = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def _flush_later(self) -> None:
-        await asyncio.sleep(self._batch_seconds)  # gather what the next moments bring into one commit
-        await self.flush()
+        """Commit the backlog until it is empty: rows added while a commit runs are not left waiting for
+        the next call (they were, and `handler spend` missed the last settlements of a burst)."""
+        pause = self._batch_seconds
+        while True:
+            await asyncio.sleep(pause)  # gather what the next moments bring into one commit
+            done = await self._workers.run(self.flush_now)
+            if not len(self._backlog):
+                return
+            pause = self._batch_seconds if done else _RETRY_SECONDS
 
     async def flush(self) -> None:
         """Commit the backlog now (tests, shutdown)."""
         await self._workers.run(self.flush_now)
 
-    def flush_now(self) -> None:
-        """Commit the backlog on this thread; a store failure is logged: the decisions stand, only their
-        record is late or lost."""
+    def flush_now(self) -> bool:
+        """Commit the backlog on this thread; False when the store failed: the rows are kept for the next
+        try (the decisions stand, only their record is late)."""
         waiting = len(self._backlog)
         try:
             self._backlog.flush(self.store)
         except StoreError as exc:
-            log.warning("could not record %d audit/spend rows: %s", waiting, exc)
+            log.warning("could not record %d audit/spend rows yet, will retry: %s", waiting, exc)
+            return False
+        return True
+
+    def _flush_late(self) -> None:
+        if not self.flush_now():
+            log.error("the store failed: %d audit/spend rows are not recorded", len(self._backlog))
 
     async def aclose(self) -> None:
-        """Stop waiting to gather and commit what is in the backlog."""
+        """Admit no more and commit the backlog; a call admitted here and still running is recorded (straight
+        into the store) when it is settled, so no settlement is lost to closing first (docs/architecture.md §7)."""
+        self._closed = True
+        if self._open:
+            log.info("%d calls admitted here are still running; each is recorded when it ends", self._open)
         if self._flushing is not None:
             self._flushing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flushing
-        self.flush_now()
+        self._flush_late()
 
 
 def _limits_spend(caps: CapSet) -> bool:
     return caps.prepaid or caps.org is not None or caps.profile is not None or caps.instance is not None
+
+
+def _priced(request_id: str, call: CallRequest) -> PricedCall:
+    return PricedCall(request_id, call.profile, call.instance, call.binding, call.tool)
 
 
 def _decided_row(request_id: str, call: CallRequest, decision: Decision) -> dict[str, Any]:

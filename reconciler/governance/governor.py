@@ -10,6 +10,7 @@ compiled rulebooks (`rulebook_cache`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
@@ -18,11 +19,14 @@ from reconciler.config.snapshot import Snapshot
 from reconciler.governance.gate import Admission, CallRequest, Executor, HoldStatus, Settlement
 from reconciler.governance.gatekeeper import Gatekeeper
 from reconciler.governance.holdrunner import HoldRunner
+from reconciler.governance.ledger import reconcile_reservations
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store import Store, open_store, store_url
 from reconciler.governance.workers import StoreWorkers
 
 __all__ = ["Governor"]
+
+log = logging.getLogger("handler.governance")
 
 
 class Governor:
@@ -76,6 +80,11 @@ class Governor:
     async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
         return await self._gate.decide(request_id, decision, caller)
 
+    @property
+    def pricing_violations(self) -> int:
+        """How many calls settled here reported more than they reserved (each is in the audit trail)."""
+        return self._gate.pricing_violations
+
     async def flush(self) -> None:
         """Commit the backlog of records and spend now (tests, shutdown)."""
         await self._gate.flush()
@@ -83,7 +92,11 @@ class Governor:
     # --- approved holds --------------------------------------------------------------------------
 
     async def start(self, executor: Executor) -> None:
-        """Run approved holds through `executor` from now on (also those approved while no router was up)."""
+        """Reconcile what a stopped router left reserved, then run approved holds through `executor` from
+        now on (also those approved while no router was up)."""
+        reconciled = await self._workers.run(reconcile_reservations, self.store)
+        if reconciled:
+            log.warning("%d reservations a stopped router never settled are charged what they reserved", reconciled)
         await self._runner.start(executor)
 
     # --- closing ---------------------------------------------------------------------------------

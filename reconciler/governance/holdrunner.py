@@ -4,16 +4,18 @@
 NOTIFY (`store.listening`) or by a decision taken here, else every `poll_seconds` — and also finds
 those approved while no router ran. Each hold is claimed atomically (`holds.claim_hold`: of all the
 routers sharing the store exactly one wins), then checked again on the live snapshot: its binding,
-the explicit blocks and the guardrails, with its estimate reserved as it would be for a new call. It
+the explicit blocks and the guardrails, with its price reserved as it would be for a new call. It
 then runs through the router's executor (`Router.execute_held`), is settled at the cost the
-connector reported (else the estimate), and finished with its result or the reason it failed. A
-hold is never run twice: one that failed, or whose router died while running it, stays so.
+connector reported (else the price), never above what was reserved (`charging`), and finished
+with its result or the reason it failed. A hold is never run twice: one that failed, or whose
+router died while running it, stays so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -125,7 +127,8 @@ class HoldRunner:
             return True
         result = await self._execute(self._executor, hold)
         actual = to_micros(result.cost) if result.ok and result.cost is not None else None
-        charged, _ = await self._workers.run(settle, self.store, recheck, actual, result.ok, request_id)
+        charged, _ = await self._workers.run(functools.partial(settle, binding=hold.binding, tool=hold.tool),
+                                             self.store, recheck, actual, result.ok, request_id)
         message = "" if result.ok else _failure_message(result.output)
         await self._workers.run(_finish, self.store, request_id, result.ok, dict(result.output), message, charged)
         return True

@@ -1,9 +1,10 @@
-"""The spend ledger: reserve a call's estimated cost against every cap and the balance, settle it after.
+"""The spend ledger: reserve the most a call may cost against every cap and the balance, settle it after.
 
 A reservation is one transaction: lock the spend rows of the org, profile and instance for this
 calendar month (UTC) and the prepaid balance, in a fixed order; check them with the decision's own
-guardrail rule (`decide.guardrail_block`); add the estimate. Settling moves the rows by the
-difference to the actual cost (a refused or failed call is released: it costs nothing). Amounts are
+guardrail rule (`decide.guardrail_block`); add the binding's price, the most the call may cost.
+Settling moves the rows down by the difference to the reported cost, never up: a report above the
+reservation is charged the reservation (`charging`); a refused or failed call is released. Amounts are
 integer micro-USD, so fifty calls at $0.005 make a $0.25 cap exactly. Called by the gate (inside
 its admission transaction), the hold runner, and `handler balance` / `handler spend`; the rows
 themselves are the store's (`store.spend`).
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from reconciler.governance.charging import PricedCall, charge_call
 from reconciler.governance.decide import SpendState
 from reconciler.governance.holds import new_request_id
 from reconciler.governance.rulebook import CapSet
@@ -31,12 +33,18 @@ __all__ = [
     "ensure_rows",
     "read_balance",
     "read_state",
+    "reconcile_reservations",
     "reserve",
     "scopes_for",
     "settle",
     "settlement_row",
     "spend_report",
 ]
+
+
+# A reservation older than this at start is taken for one its router never settled: the router's
+# default call timeout (docs/architecture.md §6).
+RECONCILE_AFTER_SECONDS = 300.0
 
 
 def current_month(at: float | None = None) -> str:
@@ -107,25 +115,41 @@ def reserve(
 
 
 def settle(
-    store: Store, reservation: Reservation, actual: int | None, ok: bool, request_id: str | None = None
+    store: Store, reservation: Reservation, reported: int | None, ok: bool, request_id: str | None = None, *,
+    binding: str = "", tool: str = "",
 ) -> tuple[int, int | None]:
-    """Settle to the actual cost (None: the estimate); a failed call is released. Returns (charged, remaining).
+    """Settle at the reported cost, never above the reservation (`charging.charge_call`); a failed call is
+    released. Returns (charged, remaining).
 
     The remaining budget is the one seen when the call was reserved, moved by the difference: calls
-    settling at the same time on other routers are not counted in it.
+    settling at the same time on other routers are not counted in it. A report above the reservation
+    is recorded as a pricing violation in the same transaction.
     """
-    charged = (reservation.reserved if actual is None else actual) if ok else 0
-    delta = charged - reservation.reserved
+    who = PricedCall(request_id, reservation.profile, reservation.instance, binding, tool)
+    charge = charge_call(who, reservation.reserved, reported, ok)
+    delta = charge.charged - reservation.reserved
     with store.begin() as tx:
         if delta:
             rows.add_spend(store, tx, reservation.scopes, reservation.month, delta)
             if reservation.account is not None:
                 rows.take_balance(store, tx, reservation.account, delta)
-        rows.close_reservation(store, tx, reservation.id, charged, "settled" if ok else "released")
+        rows.close_reservation(store, tx, reservation.id, charge.charged, "settled" if ok else "released")
         insert_audit(tx, settlement_row(request_id, reservation.profile, reservation.instance, ok,
-                                        reservation.reserved, charged))
+                                        reservation.reserved, charge.charged))
+        if charge.violation is not None:
+            insert_audit(tx, charge.violation)
     remaining = None if reservation.remaining is None else max(0, reservation.remaining - delta)
-    return charged, remaining
+    return charge.charged, remaining
+
+
+def reconcile_reservations(store: Store, older_than: float = RECONCILE_AFTER_SECONDS) -> int:
+    """Charge what they reserved the reservations a stopped router never settled (a `kill -9`); how many.
+
+    Until then they count as spent at their reservation, the most the call could cost, so spend never
+    under-counts. One still running on another router is settled later all the same: its settlement
+    moves spend by the difference to its charge, whatever this wrote.
+    """
+    return len(rows.charge_stale_reservations(store, now() - older_than))
 
 
 def settlement_row(request_id: str | None, profile: str, instance: str, ok: bool, reserved: int,

@@ -226,7 +226,7 @@ class ToolEntry:
     policies: PolicyView
     owners: Approver | None
     caps: CapSet
-    price: int  # the binding's [pricing] estimate, micros
+    price: int  # the binding's [pricing]: the most one call may cost, reserved at admission, micros
     binding: str
     guard_text: str  # what the guardrail layer found when nothing blocks
     # Decisions already worked out, per `PolicyView.key(cost)`: filled on first use by `decide_call`.

@@ -66,7 +66,7 @@ def test_only_the_parent_instance_may_decide_a_hold_routed_to_the_caller(store: 
         assert done.status == "executed", done
         assert done.result is not None
         assert done.result["sent"] == "ceo@example.org"
-        assert done.charged == 0.02  # the connector's reported cost, not the $0.01 estimate
+        assert done.charged == 0.004  # the connector's reported cost, below the $0.01 reserved
         again = await g.decide(rid, "approve", PARENT)
         assert again.status == "blocked"
         assert "already decided" in again.message

@@ -2,23 +2,26 @@
 
 A call that nothing limits — no cap on its org, profile or instance, no prepaid balance — is
 decided from config alone, so the router need not wait for the store: its audit rows and its spend
-(for `handler spend`) go into this backlog, which the gate commits a moment later (every
-`batch_seconds`) in one transaction. Settling a reserved call goes here too: the reservation already
-counted the estimate, so a late settlement only keeps a refund (a failed call, a lower actual
-cost) waiting a moment — it errs on the side of the cap. Reservations, holds and everything else a
-decision reads are written synchronously. On a crash, at most the last moment of such rows is lost;
-a reservation left unsettled stays counted at its estimate.
+(for `handler spend`: its price when admitted, the difference to its charge when settled) go into
+this backlog, which the gate commits a moment later (every `batch_seconds`) in one transaction,
+again and again until it is empty. Settling a reserved call goes here too: the reservation already
+counted the most the call may cost, so a late settlement only keeps a refund (a failed call, a lower
+reported cost) waiting a moment — it errs on the side of the cap. The spend rows a decision reads
+are written synchronously. A commit that fails puts its rows back for the next one. On a `kill -9`,
+the rows of the last moment are lost: for a reserved call only its refund (spend over-counts, never
+under); for a call nothing limits, its record and spend of that moment.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from reconciler.governance.store.engine import Store
+from reconciler.governance.store.engine import Store, Transaction
 from reconciler.governance.store.tables import audit, balances, reservations, spend
 
 __all__ = ["Backlog"]
@@ -77,27 +80,63 @@ class Backlog:
                     self._balances[account] = self._balances.get(account, 0) - delta
 
     def flush(self, store: Store) -> int:
-        """Commit what is waiting in one transaction; returns how many rows and sums it wrote."""
+        """Commit what is waiting in one transaction; returns how many rows and sums it wrote.
+
+        When the store fails, what was taken is put back for the next flush and the failure raised:
+        a settlement is late then, never lost.
+        """
         with self._committing:
             with self._lock:
-                rows, sums, settled, moved = self._audit, self._spend, self._settled, self._balances
-                reserved = self._reserved
+                taken = _Taken(self._audit, self._spend, self._settled, self._balances, self._reserved)
                 self._audit, self._spend, self._settled, self._balances, self._reserved = [], {}, [], {}, []
-            if not rows and not sums and not settled and not reserved:
+            if not taken.count():
                 return 0
-            with store.begin() as tx:
-                if reserved:  # before the settlements that close them
-                    tx.execute(sa.insert(reservations), reserved)
-                if settled:
-                    tx.execute(_CLOSE, settled)
-                for account, change in sorted(moved.items()):
-                    tx.execute(sa.update(balances).where(balances.c.account == account)
-                               .values(micros=balances.c.micros + change))
-                if rows:
-                    tx.execute(sa.insert(audit), rows)
-                if sums:
-                    tx.execute(store.insert_ignore(spend),
-                               [{"scope": s, "month": m, "micros": 0} for (s, m) in sorted(sums)])
-                    tx.execute(_ADD_SPEND,
-                               [{"p_scope": s, "p_month": m, "p_add": v} for (s, m), v in sorted(sums.items())])
-            return len(rows) + len(sums) + len(settled) + len(reserved)
+            try:
+                with store.begin() as tx:
+                    _write(store, tx, taken)
+            except BaseException:
+                self._put_back(taken)
+                raise
+            return taken.count()
+
+    def _put_back(self, taken: _Taken) -> None:
+        """Return rows a failed commit took, ahead of those added since."""
+        with self._lock:
+            self._audit[:0] = taken.audit
+            self._settled[:0] = taken.settled
+            self._reserved[:0] = taken.reserved
+            for key, micros in taken.spend.items():
+                self._spend[key] = self._spend.get(key, 0) + micros
+            for account, change in taken.balances.items():
+                self._balances[account] = self._balances.get(account, 0) + change
+
+
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """What one flush took out of the backlog."""
+
+    audit: list[dict[str, Any]]
+    spend: dict[tuple[str, str], int]
+    settled: list[dict[str, Any]]
+    balances: dict[str, int]
+    reserved: list[dict[str, Any]]
+
+    def count(self) -> int:
+        return len(self.audit) + len(self.spend) + len(self.settled) + len(self.reserved)
+
+
+def _write(store: Store, tx: Transaction, taken: _Taken) -> None:
+    """The rows of one flush, in one transaction."""
+    if taken.reserved:  # before the settlements that close them; a retried commit may find them written
+        tx.execute(store.insert_ignore(reservations), taken.reserved)
+    if taken.settled:
+        tx.execute(_CLOSE, taken.settled)
+    for account, change in sorted(taken.balances.items()):
+        tx.execute(sa.update(balances).where(balances.c.account == account)
+                   .values(micros=balances.c.micros + change))
+    if taken.audit:
+        tx.execute(sa.insert(audit), taken.audit)
+    if taken.spend:
+        zero = [{"scope": s, "month": m, "micros": 0} for (s, m) in sorted(taken.spend)]
+        tx.execute(store.insert_ignore(spend), zero)
+        tx.execute(_ADD_SPEND, [{"p_scope": s, "p_month": m, "p_add": v} for (s, m), v in sorted(taken.spend.items())])

@@ -20,6 +20,7 @@ from reconciler.governance.store.tables import balances, reservations, spend
 __all__ = [
     "add_balance",
     "add_spend",
+    "charge_stale_reservations",
     "close_reservation",
     "ensure_spend_rows",
     "insert_reservation",
@@ -119,6 +120,27 @@ def insert_reservation(store: Store, tx: Transaction, row: Mapping[str, Any]) ->
 def close_reservation(store: Store, tx: Transaction, reservation_id: str, charged: int, state: str) -> None:
     """A reservation settled (`settled`) or released (`released`) at `charged` micros."""
     tx.execute(_statements(store).close_reservation, {"p_id": reservation_id, "p_charged": charged, "p_state": state})
+
+
+def charge_stale_reservations(store: Store, before: float) -> list[dict[str, Any]]:
+    """Close the reservations still open that were made before `before`, charged what they reserved.
+
+    Their spend rows already count the reservation, so nothing else moves; each is recorded in the
+    audit trail (`reconciled`). Returns what was closed (id, request id, reserved).
+    """
+    stale = sa.select(reservations.c.id, reservations.c.request_id, reservations.c.reserved).where(
+        reservations.c.state == "reserved", reservations.c.at < before)
+    with store.begin() as tx:
+        found = [{"id": i, "request_id": r, "reserved": int(m)} for i, r, m in tx.execute(stale)]
+        if found:
+            tx.execute(sa.update(reservations).where(reservations.c.id.in_([f["id"] for f in found]),
+                                                     reservations.c.state == "reserved")
+                       .values(charged=reservations.c.reserved, state="settled"))
+        for row in found:
+            record(tx, "reconciled", request_id=row["request_id"], status="executed",
+                   detail={"reservation": row["id"], "reserved": row["reserved"], "charged": row["reserved"],
+                           "reason": "never settled (the router stopped): charged what it reserved"})
+    return found
 
 
 def read_balance(store: Store, account: str) -> int | None:

@@ -1,0 +1,105 @@
+"""Spend through the real router and the echo connector, which reports `_meta["handler/cost"] = 0.25`.
+
+Many agents call at once: a connector reporting 100 times its binding's price never takes a $0.50 cap
+past $0.50, and with no cap `handler spend` ends equal to what the replies said was charged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from governance.governed import until
+from reconciler.governance.governor import Governor
+from reconciler.governance.ledger import spend_report
+from reconciler.governance.rulebook import to_micros
+from reconciler.governance.store import Store
+from reconciler.governance.store.audit import read_audit
+from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.harness import RawClient, run, serving, short_dir
+
+REPORTED = 0.25  # what the echo connector's `cost` mode reports for every call
+
+
+def price_misbehave(root: Path, usd: float, cap: float | None) -> None:
+    """Give echo_misbehave a price (the most one call may cost) and the profile a monthly cap, or none."""
+    binding = root / "config/bindings/echo-local.toml"
+    binding.write_text(binding.read_text().replace("echo_say = 0.001\n", f"echo_say = 0.001\necho_misbehave = {usd}\n"))
+    if cap is not None:
+        profile = root / "config/profiles/tester.toml"
+        profile.write_text(profile.read_text() + f"\n[caps]\nmonthly_usd = {cap}\n")
+
+
+@pytest.fixture
+def places(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
+    monkeypatch.setenv(TOKEN_ENV, "t")
+    with short_dir() as base:
+        yield write_echo_tree(base / "t"), base / "run"
+
+
+async def agents(socket: Path, clients: int, calls_each: int) -> list[float]:
+    """`clients` agents at once, each calling the costly mode `calls_each` times; what each reply charged."""
+    async def agent(n: int) -> list[float]:
+        client = await RawClient.connect(socket)
+        try:
+            charged = []
+            for _ in range(calls_each):
+                result = await client.call("echo_misbehave", {"mode": "cost"}, _meta={"handler/instance": f"a{n}"})
+                assert not result.get("isError"), result
+                charged.append(float(result["_meta"]["handler/cost"]))
+            return charged
+        finally:
+            await client.close()
+
+    found = await asyncio.gather(*(agent(n) for n in range(clients)))
+    return [c for each in found for c in each]
+
+
+def profile_spend(store: Store) -> int:
+    return sum(r["micros"] for r in spend_report(store) if r["scope"] == "profile:tester")
+
+
+def test_200_concurrent_calls_reporting_100_times_their_price_keep_a_50_cent_cap(
+        places: tuple[Path, Path], store: Store) -> None:
+    root, run_dir = places
+    price_misbehave(root, REPORTED / 100, cap=0.50)  # 200 calls at $0.0025 reserved fill the cap exactly
+
+    async def scenario() -> list[float]:
+        governor = Governor(store, owns_store=False)
+        try:
+            async with serving(root, run_dir, gate=governor) as router:
+                return await agents(router.socket_path("tester"), 50, 4)
+        finally:
+            await governor.aclose()
+
+    charged = run(scenario(), timeout=120)
+    assert len(charged) == 200
+    assert set(charged) == {REPORTED / 100}
+    assert profile_spend(store) <= to_micros(0.50)
+    assert len([r for r in read_audit(store, limit=1000) if r["event"] == "pricing_violation"]) == 200
+
+
+def test_with_no_cap_handler_spend_equals_what_60_concurrent_replies_charged(
+        places: tuple[Path, Path], store: Store) -> None:
+    root, run_dir = places
+    price_misbehave(root, 1.0, cap=None)  # reports of $0.25 are under the price: each is charged as reported
+
+    async def scenario() -> None:
+        governor = Governor(store, owns_store=False)
+        try:
+            async with serving(root, run_dir, gate=governor) as router:
+                charged = await agents(router.socket_path("tester"), 60, 2)
+                replied = sum(to_micros(c) for c in charged)
+                assert replied == to_micros(120 * REPORTED)
+
+                async def recorded() -> bool:  # while the router still runs: nothing waits in its memory
+                    return await asyncio.to_thread(profile_spend, store) == replied
+
+                await until(recorded, 10.0)
+        finally:
+            await governor.aclose()
+
+    run(scenario(), timeout=120)
