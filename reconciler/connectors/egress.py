@@ -5,18 +5,26 @@ crosses network namespaces). It speaks enough HTTP proxying for every client lib
 host:port` for TLS and absolute-form `GET http://host:port/...` for plain HTTP. A destination
 outside the binding's egress entries (`host:port`, `*` for a host or a port) is refused with 403
 and logged with its host and port; an allowed one is dialled from the router's network.
+
+The router's network is the host's: its loopback holds the router's own listeners, PostgreSQL and
+whatever else serves only this machine. So a name is resolved first and the address checked: a
+loopback, private, link-local or otherwise non-global address is refused unless an entry names that
+exact address (`127.0.0.1:2525`), whatever `*` allows. The proxy then dials the address it checked,
+never the name again, so a second DNS answer cannot swap it (docs/architecture.md §6).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-__all__ = ["EgressProxy", "egress_allows"]
+__all__ = ["EgressProxy", "egress_allows", "is_global_address", "names_address"]
 
 log = logging.getLogger("handler.egress")
 
@@ -32,6 +40,31 @@ def egress_allows(entries: Sequence[str], host: str, port: int) -> bool:
         e_host = e_host.lower().strip("[]")
         if (e_host in ("*", host)) and (e_port == "*" or e_port == str(port)):
             return True
+    return False
+
+
+def is_global_address(address: str) -> bool:
+    """Whether `address` is on the public internet (not loopback, private, link-local, shared or reserved)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def names_address(entries: Sequence[str], address: str, port: int) -> bool:
+    """Whether an entry names `address` itself (an IP literal, never a name or `*`) with this port or `*`."""
+    try:
+        wanted = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    for entry in entries:
+        e_host, _, e_port = entry.rpartition(":")
+        with contextlib.suppress(ValueError):
+            if ipaddress.ip_address(e_host.strip("[]")) == wanted and e_port in ("*", str(port)):
+                return True
     return False
 
 
@@ -98,15 +131,16 @@ class EgressProxy:
                 path += "?" + url.query
             forward = f"{method} {path} {version}\r\n".encode("latin-1") + _strip_proxy_headers(rest)
         if not egress_allows(self.entries, host, port):
-            self.refused.append(f"{host}:{port}")
-            del self.refused[:-100]
-            log.warning("egress refused: binding '%s' tried %s:%d, which is not in its egress", self.owner, host,
-                        port)
-            await _reply(writer, 403, f"Forbidden: {host}:{port} is not in this connector's egress")
+            await self._refuse(writer, host, port, "which is not in this connector's egress")
             return
         try:
             async with asyncio.timeout(_DIAL_TIMEOUT):
-                up_reader, up_writer = await asyncio.open_connection(host, port)
+                address = await self._checked_address(host, port)
+                if address is None:
+                    await self._refuse(writer, host, port, "which resolves to an address of this machine or its "
+                                       "private network that the egress does not name (name the address itself)")
+                    return
+                up_reader, up_writer = await asyncio.open_connection(address, port)
         except (OSError, TimeoutError) as exc:
             await _reply(writer, 502, f"Bad Gateway: {host}:{port} could not be reached ({exc})")
             return
@@ -121,6 +155,22 @@ class EgressProxy:
             up_writer.close()
             with contextlib.suppress(Exception):
                 await up_writer.wait_closed()
+
+
+    async def _checked_address(self, host: str, port: int) -> str | None:
+        """The first address of `host` the egress lets this connector reach, or None if none is."""
+        infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+        for *_, sockaddr in infos:
+            address = str(sockaddr[0])
+            if is_global_address(address) or names_address(self.entries, address, port):
+                return address
+        return None
+
+    async def _refuse(self, writer: asyncio.StreamWriter, host: str, port: int, why: str) -> None:
+        self.refused.append(f"{host}:{port}")
+        del self.refused[:-100]
+        log.warning("egress refused: binding '%s' tried %s:%d, %s", self.owner, host, port, why)
+        await _reply(writer, 403, f"Forbidden: {host}:{port}, {why}")
 
 
 def _strip_proxy_headers(rest: bytes) -> bytes:

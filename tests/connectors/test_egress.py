@@ -1,0 +1,90 @@
+"""The egress proxy on its own: a name is resolved and its address checked before anything is dialled."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reconciler.connectors.egress import EgressProxy, is_global_address, names_address
+from tests.fixtures.harness import short_dir
+from tests.fixtures.loopback import QuietHandler, serving_http
+
+
+@pytest.fixture
+def local_port() -> Iterator[int]:
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            self.send_body(200, b"only for this machine")
+
+    with serving_http(Handler) as url:
+        yield int(url.rsplit(":", 1)[1].rstrip("/"))
+
+
+async def _connect_through(entries: list[str], target: str, folder: Path) -> tuple[str, list[str]]:
+    """CONNECT `target` through a proxy allowing `entries`; the proxy's status line and what it refused."""
+    proxy = EgressProxy(folder / "egress.sock", entries, owner="hostile")
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        await writer.drain()
+        status = (await asyncio.wait_for(reader.readline(), 20)).decode().strip()
+        writer.close()
+        return status, list(proxy.refused)
+    finally:
+        await proxy.aclose()
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:5432", "localhost:5432", "[::1]:5432", "0.0.0.0:5432"])
+def test_a_wildcard_egress_does_not_reach_this_machine_postgresql_included(target: str) -> None:
+    with short_dir() as folder:
+        status, refused = asyncio.run(_connect_through(["*:*"], target, folder))
+    assert status.startswith("HTTP/1.1 403"), status
+    assert refused == [target]
+
+
+def test_a_loopback_server_named_by_its_exact_address_is_reached(local_port: int) -> None:
+    with short_dir() as folder:
+        status, refused = asyncio.run(_connect_through([f"127.0.0.1:{local_port}"], f"127.0.0.1:{local_port}",
+                                                       folder))
+    assert status.startswith("HTTP/1.1 200"), status
+    assert refused == []
+
+
+def test_a_name_resolving_to_loopback_is_refused_even_when_the_name_is_allowed(local_port: int) -> None:
+    with short_dir() as folder:
+        status, _ = asyncio.run(_connect_through([f"localhost:{local_port}"], f"localhost:{local_port}", folder))
+    assert status.startswith("HTTP/1.1 403"), status
+
+
+@pytest.mark.parametrize(("address", "public"), [
+    ("8.8.8.8", True),
+    ("2606:4700:4700::1111", True),
+    ("127.0.0.1", False),
+    ("10.1.2.3", False),
+    ("172.16.0.1", False),
+    ("192.168.1.1", False),
+    ("169.254.169.254", False),  # a cloud's metadata service
+    ("100.64.0.1", False),  # shared address space
+    ("::1", False),
+    ("fe80::1", False),
+    ("fd00::1", False),
+    ("::ffff:127.0.0.1", False),  # loopback dressed as IPv6
+    ("0.0.0.0", False),  # noqa: S104 - an address to classify, not one to bind
+    ("224.0.0.1", False),
+    ("not an address", False),
+])
+def test_which_addresses_count_as_the_public_internet(address: str, public: bool) -> None:
+    assert is_global_address(address) is public
+
+
+def test_only_an_ip_literal_entry_names_an_address() -> None:
+    assert names_address(["127.0.0.1:2525"], "127.0.0.1", 2525)
+    assert names_address(["127.0.0.1:*"], "127.0.0.1", 2525)
+    assert names_address(["[::1]:2525"], "::1", 2525)
+    assert not names_address(["127.0.0.1:2525"], "127.0.0.1", 25)
+    assert not names_address(["localhost:2525"], "127.0.0.1", 2525)
+    assert not names_address(["*:*"], "127.0.0.1", 2525)
