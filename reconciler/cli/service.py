@@ -19,6 +19,8 @@ from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, load_tree, print_findi
 from reconciler.config import HandlerError, SourceError
 from reconciler.gitops.following import FollowReports
 from reconciler.gitops.status import Attempt, read_status
+from reconciler.governance.auditing import pricing_violations_this_month
+from reconciler.governance.store import open_store, store_exists, store_url
 from reconciler.places import default_state_dir
 from reconciler.router.server import Router
 
@@ -156,11 +158,24 @@ def _status(args: argparse.Namespace) -> int:
     if status is None:
         print(f"handler status: no status in {state}; has `handler up` run on this tree?", file=sys.stderr)
         return EXIT_FINDINGS
+    status["pricingViolations"] = _pricing_violations(args.root)
     if args.format == "json":
         print(json.dumps(status, indent=2))
     else:
         _print_status(status)
     return EXIT_OK if args.format == "json" or status["ready"] else EXIT_FINDINGS
+
+
+def _pricing_violations(root: str) -> int | None:
+    """This month's reports of a cost above the reservation, from the store (None when there is no store yet)."""
+    url = store_url(root)
+    if not store_exists(url):
+        return None
+    store = open_store(url, migrate=False)
+    try:
+        return pricing_violations_this_month(store)
+    finally:
+        store.close()
 
 
 def _print_status(status: dict[str, Any]) -> None:
@@ -182,6 +197,9 @@ def _print_status(status: dict[str, Any]) -> None:
         print(line)
         for drift in conn["drift"]:
             print(f"  drift: {drift}")
+    if status.get("pricingViolations"):
+        print(f"pricing violations this month: {status['pricingViolations']} (a connector reported more than its "
+              "binding's [pricing] allows; it was charged the reservation; `handler audit` names them)")
     print("history:")
     for h in status["history"]:
         print(f"  {h['time']}  {h['result']:9}  {h['reason']:8}  {h['durationMs']:8} ms  {h['revision']}")

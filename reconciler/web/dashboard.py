@@ -33,6 +33,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from reconciler.config.snapshot import Snapshot
+from reconciler.governance.auditing import pricing_violations_this_month
 from reconciler.governance.errors import HoldNotFoundError, NotAllowedError
 from reconciler.governance.holds import (
     Hold,
@@ -146,7 +147,9 @@ class _Dashboard:
             return refusal
         pending = await asyncio.to_thread(count_holds, self.desk.store, "pending")
         troubled = await asyncio.to_thread(troubled_notices, self.desk.store)
-        return self.page("overview.html", request, status=self.status(), pending=pending, troubled=troubled)
+        violations = await asyncio.to_thread(pricing_violations_this_month, self.desk.store)
+        return self.page("overview.html", request, status=self.status(), pending=pending, troubled=troubled,
+                         violations=violations)
 
     async def approvals(self, request: Request) -> Response:
         if (refusal := self.locked(request)) is not None:

@@ -37,6 +37,7 @@ from reconciler.app import UpOptions
 from reconciler.governance.gate import CallRequest
 from reconciler.governance.governor import Governor
 from reconciler.governance.notices import list_notices
+from reconciler.governance.store.audit import record
 from reconciler.web.channels import open_channels
 from reconciler.web.http import HttpListener
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
@@ -476,5 +477,23 @@ def test_a_stored_hold_wakes_the_notifier_without_waiting_for_its_poll(tree: Pat
             await sending
             await channels.aclose()
             await governor.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_the_overview_counts_this_months_pricing_violations(tree: Path) -> None:
+    async def scenario() -> None:
+        async with running(options(tree)) as service:
+            assert service.router is not None
+            store = service.router.services.gate.store  # type: ignore[attr-defined]
+            async with httpx.AsyncClient() as http:
+                quiet = await http.get(base_url(service) + "/")
+                assert "Pricing violations" not in quiet.text
+                with store.begin() as tx:
+                    record(tx, "pricing_violation", profile="assistant", tool="send_email_send",
+                           detail={"binding": "email-smtp", "reported": 2_000_000, "reserved": 10_000})
+                told = await http.get(base_url(service) + "/")
+            assert "Pricing violations this month" in told.text
+            assert "charged the reservation" in told.text
 
     asyncio.run(scenario())

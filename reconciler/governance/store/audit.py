@@ -48,3 +48,10 @@ def read_audit(store: Store, *, request_id: str | None = None, limit: int = 100)
     with store.read() as conn:
         rows = [dict(r._mapping) for r in conn.execute(query)]
     return rows[::-1]
+
+
+def count_audit(store: Store, event: str, since: float) -> int:
+    """How many audit rows of `event` were written at or after `since` (a Unix time)."""
+    query = sa.select(sa.func.count()).select_from(audit).where(audit.c.event == event, audit.c.at >= since)
+    with store.read() as conn:
+        return int(conn.execute(query).scalar_one())
