@@ -10,17 +10,13 @@ import pytest
 
 from reconciler.connectors.egress import EgressProxy, is_global_address, names_address
 from tests.fixtures.harness import short_dir
-from tests.fixtures.loopback import QuietHandler, serving_http
+from tests.fixtures.loopback import serving_page
 
 
 @pytest.fixture
 def local_port() -> Iterator[int]:
-    class Handler(QuietHandler):
-        def do_GET(self) -> None:
-            self.send_body(200, b"only for this machine")
-
-    with serving_http(Handler) as url:
-        yield int(url.rsplit(":", 1)[1].rstrip("/"))
+    with serving_page(b"only for this machine") as url:
+        yield int(url.rstrip("/").rsplit(":", 1)[1])
 
 
 async def _connect_through(entries: list[str], target: str, folder: Path) -> tuple[str, list[str]]:

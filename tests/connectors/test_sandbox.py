@@ -24,7 +24,7 @@ from reconciler.connectors.sandbox import (
 )
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, run, serving, short_dir
-from tests.fixtures.loopback import QuietHandler, serving_http
+from tests.fixtures.loopback import serving_page
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason="network namespaces are unavailable here")
 
@@ -44,12 +44,8 @@ print("direct:", s.connect_ex((host, int(port))))
 
 @pytest.fixture
 def page() -> Iterator[str]:
-    class Handler(QuietHandler):
-        def do_GET(self) -> None:
-            self.send_body(200, b"hello from the host")
-
-    with serving_http(Handler) as url:
-        yield f"{url}/"
+    with serving_page(b"hello from the host") as url:
+        yield url
 
 
 async def _run_confined(script: str, url: str, egress: list[str] | None, folder: Path) -> tuple[str, list[str]]:
