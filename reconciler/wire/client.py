@@ -93,15 +93,17 @@ class LineClient(asyncio.Protocol):
     def oversize_line(self, head: bytes) -> None:
         """The peer wrote a line over the limit, which was skipped; `head` is its start.
 
-        A reply whose id shows in its start fails only its own request (`oversize_error`); a line
-        whose id cannot be read leaves the stream unusable, since its request cannot be told.
+        A reply whose id shows in its start fails only its own request (`oversize_error`), and one to
+        a request already given up on is dropped like any late reply; a line whose id cannot be read
+        leaves the stream unusable, since the request it answers cannot be told.
         """
         limit = self._framer.max_line_bytes
-        msg_id = _reply_id(head)
-        future = self._pending.get(msg_id) if msg_id is not None else None
-        if future is None:
+        msg_id = _reply_id(head) if b'"method"' not in head else None
+        if msg_id is None:
             self.abort(self.closed_error(f"{self.name} wrote a message over {limit} bytes"))
-        elif not future.done():
+            return
+        future = self._pending.get(msg_id)
+        if future is not None and not future.done():
             future.set_exception(self.oversize_error(f"{self.name} answered with a message over {limit} bytes"))
 
     def oversize_error(self, why: str) -> Exception:

@@ -58,6 +58,14 @@ class _Recording:
         return line
 
 
+async def _next_request(reader: asyncio.StreamReader) -> dict[str, object]:
+    """The next request the client sent, past its notifications (a cancellation, say)."""
+    while True:
+        message: dict[str, object] = orjson.loads(await reader.readline())
+        if "id" in message:
+            return message
+
+
 def _reply(msg_id: object, result: object) -> bytes:
     return orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "result": result}) + b"\n"
 
@@ -128,5 +136,31 @@ def test_a_peer_that_closes_or_writes_garbage_fails_what_is_pending(ending: byte
         assert client.closed
         with pytest.raises(LineClosedError):
             await client.request("after the end")
+
+    asyncio.run(_with_peer(peer, body, max_line_bytes=1000))
+
+
+def test_an_oversize_reply_fails_only_its_own_request_and_a_late_one_is_dropped() -> None:
+    big = b"z" * 5000
+
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = await _next_request(reader)  # given up on by the client (its deadline)
+        second = await _next_request(reader)  # answered over the limit
+        third = await _next_request(reader)  # answered as it should be
+        for msg_id in (first["id"], second["id"]):
+            writer.write(b'{"jsonrpc":"2.0","id":' + str(msg_id).encode() + b',"result":{"x":"' + big + b'"}}\n')
+        writer.write(_reply(third["id"], {"n": 3}))
+        await writer.drain()
+
+    async def body(client: LineClient, _seen: list[dict[str, object]]) -> None:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            await client.request("first", {}, loop.time() + 0.05)
+        second = asyncio.create_task(client.request("second"))
+        third = asyncio.create_task(client.request("third"))
+        with pytest.raises(JsonRpcError, match="over 1000 bytes"):
+            await second
+        assert await third == {"n": 3}
+        assert not client.closed
 
     asyncio.run(_with_peer(peer, body, max_line_bytes=1000))
