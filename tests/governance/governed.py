@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from governance.builders import priced_call
 from reconciler.governance.gate import CallRequest, CallResult
 from reconciler.governance.governor import Governor
 from reconciler.governance.store import Store
+from tests.governance.builders import priced_call
 
 __all__ = ["PARENT", "STRANGER", "Recorder", "mail", "run", "until"]
 

@@ -16,10 +16,10 @@ import os
 import sys
 from typing import Any
 
-from governance.builders import cap_snapshot, priced_call
 from reconciler.governance.gate import CallRequest, CallResult
 from reconciler.governance.governor import Governor
 from reconciler.governance.store import open_store
+from tests.governance.builders import cap_snapshot, priced_call
 
 
 async def admit(url: str, n: int) -> None:

@@ -17,18 +17,18 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from governance.builders import OWNERS_ORG, make_snapshot, priced_call
-from governance.governed import until
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import Admission
 from reconciler.governance.governor import Governor
 from reconciler.governance.ledger import current_month, reconcile_reservations, spend_report
 from reconciler.governance.rulebook import from_micros, to_micros
-from reconciler.governance.store import Store
+from reconciler.governance.store import Store, open_store
 from reconciler.governance.store.audit import read_audit
 from reconciler.governance.store.backlog import Backlog
 from reconciler.governance.store.tables import reservations
+from tests.governance.builders import OWNERS_ORG, make_snapshot, priced_call
+from tests.governance.governed import until
 
 PRICE = 0.005  # search_query's [pricing] in `builders.PRICES`: the most one call may cost
 
@@ -79,6 +79,33 @@ def test_200_calls_reporting_100_times_their_price_never_pass_a_50_cent_cap(stor
     assert found[0]["tool"] == "search_query"
     assert found[0]["detail"] == {"binding": "search-b", "tool": "search_query", "reported": to_micros(0.5),
                                   "reserved": to_micros(PRICE), "charged": to_micros(PRICE)}
+
+
+def test_two_routers_on_one_store_never_pass_the_cap_together(store_url: str) -> None:
+    """Two routers (two governors, each its own connection to the store) split 200 calls against one cap."""
+    stores = [open_store(store_url), open_store(store_url)]
+
+    async def race() -> list[tuple[Admission, float]]:
+        governors = [Governor(s, owns_store=False) for s in stores]
+        try:
+            return await asyncio.gather(*(call_once(governors[i % 2], capped(0.50), i, PRICE * 100)
+                                          for i in range(200)))
+        finally:
+            for governor in governors:
+                await governor.aclose()
+
+    try:
+        calls = asyncio.run(race())
+        executed = [charged for a, charged in calls if a.status == "executed"]
+        blocked = [a for a, _ in calls if a.status == "blocked"]
+        assert len(executed) == 100, len(executed)  # $0.50 / $0.005, whichever router admitted them
+        assert len(blocked) == 100
+        assert all("cap" in (a.message or "") for a in blocked)
+        assert sum(to_micros(c) for c in executed) <= to_micros(0.50)
+        assert org_spend(stores[0]) == to_micros(0.50)
+    finally:
+        for s in stores:
+            s.close()
 
 
 def test_a_report_above_the_price_of_an_uncapped_call_is_charged_the_price(store: Store) -> None:

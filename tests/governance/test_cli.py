@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from governance.builders import priced_call
 from reconciler.cli import main
 from reconciler.config import FolderSource, Loader
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import get_hold
 from reconciler.governance.store import open_store, store_url
+from tests.governance.builders import priced_call
 
 
 @pytest.fixture

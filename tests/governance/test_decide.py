@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from governance.builders import OWNERS_ORG, make_snapshot
 from reconciler.governance.decide import LAYERS, Decision, SpendState, decide_call
 from reconciler.governance.rulebook import compile_rulebook, to_micros
+from tests.governance.builders import OWNERS_ORG, make_snapshot
 
 ALICE = {"to": "member", "member": "alice"}
 OWNERS = {"to": "owners", "members": ["alice"]}

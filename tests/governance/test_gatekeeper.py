@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
-from governance.governed import PARENT, STRANGER, Recorder, mail, run
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import decide_hold, get_hold
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
+from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
+from tests.governance.governed import PARENT, STRANGER, Recorder, mail, run
 
 
 def test_the_three_outcomes(store: Store) -> None:

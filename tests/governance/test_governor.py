@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
-from governance.governed import PARENT, Recorder, mail, run
 from reconciler.governance.governor import Governor
 from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
+from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
+from tests.governance.governed import PARENT, Recorder, mail, run
 
 
 def test_a_hold_stored_here_calls_on_hold(store: Store) -> None:

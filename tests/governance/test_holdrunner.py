@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot
-from governance.governed import PARENT, Recorder, mail, run, until
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import decide_hold, get_hold, list_holds
 from reconciler.governance.store import Store, open_store
+from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot
+from tests.governance.governed import PARENT, Recorder, mail, run, until
 
 HERE = Path(__file__).resolve().parent
 

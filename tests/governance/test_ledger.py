@@ -11,12 +11,12 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
 from reconciler.governance.governor import Governor
 from reconciler.governance.ledger import add_balance, current_month, read_balance, spend_report
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
 from reconciler.governance.store.tables import spend
+from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
 
 HERE = Path(__file__).resolve().parent
 CAP = to_micros(0.25)

@@ -7,7 +7,6 @@ import threading
 
 import sqlalchemy as sa
 
-from governance.builders import make_snapshot, priced_call
 from reconciler.governance.governor import Governor
 from reconciler.governance.notices import (
     MAX_ATTEMPTS,
@@ -20,6 +19,7 @@ from reconciler.governance.notices import (
 )
 from reconciler.governance.store import Store
 from reconciler.governance.store.tables import notices
+from tests.governance.builders import make_snapshot, priced_call
 
 ORG = {
     "members": {"alice": {"owner": True, "email": "alice@example.org"}, "bob": {"email": "bob@example.org"},

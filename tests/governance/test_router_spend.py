@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from governance.governed import until
 from reconciler.governance.governor import Governor
 from reconciler.governance.ledger import spend_report
 from reconciler.governance.rulebook import to_micros
@@ -20,6 +19,7 @@ from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, run, serving, short_dir
+from tests.governance.governed import until
 
 REPORTED = 0.25  # what the echo connector's `cost` mode reports for every call
 

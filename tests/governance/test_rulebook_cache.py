@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 import weakref
 
-from governance.builders import make_snapshot
 from reconciler.governance.rulebook_cache import RulebookCache
+from tests.governance.builders import make_snapshot
 
 
 def test_a_snapshot_is_compiled_once() -> None:

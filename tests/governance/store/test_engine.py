@@ -13,13 +13,13 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from governance.builders import OWNERS_ORG, make_snapshot, priced_call
 from reconciler.governance.errors import StoreError
 from reconciler.governance.governor import Governor
 from reconciler.governance.store import Store, open_store, store_exists, store_url
 from reconciler.governance.store.holds import insert_hold
 from reconciler.governance.store.migrate import head_revision
 from reconciler.governance.store.tables import metadata
+from tests.governance.builders import OWNERS_ORG, make_snapshot, priced_call
 
 
 def test_the_default_store_is_sqlite_in_the_state_folder(tmp_path: Path) -> None:
