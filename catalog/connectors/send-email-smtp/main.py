@@ -1,0 +1,270 @@
+"""send-email-smtp: the send-email/v1 connector on an SMTP submission server, an MCP server over stdio.
+
+The router starts it (`python3 main.py`, in this folder) and calls `send_email_send`. Each call opens
+one connection, requires STARTTLS (a server that does not offer it is refused: the password and the
+message never travel in clear), logs in, and sends one plain-text message from the configured address.
+Every recipient is checked before the message itself is sent: if the server refuses any of them, the
+transaction is reset and nothing is sent (`rejected_recipient`). Temporary refusals that mean a rate or
+quota (421, 450, 451, 452) are `limit`; a failed login, a lost connection or any other refusal is
+`unavailable`. The server's own wording goes to the log (stderr), never into a result.
+
+Settings (environment): SMTP_HOST, SMTP_PORT (587), SMTP_USERNAME (the from address when unset),
+SMTP_FROM; secret: SMTP_PASSWORD. The server's certificate is checked against the system's trust store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import smtplib
+import ssl
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
+
+log = logging.getLogger("send-email-smtp")
+
+TIMEOUT = 20.0  # seconds for each exchange with the server; send-email/v1 allows a call 60
+LIMIT_CODES = frozenset({421, 450, 451, 452})
+MAX_ADDRESS = 254
+
+# send-email/v1's tool, word for word (a published interface version never changes): what tools/list
+# answers, so any MCP client can use this server and the router can see it offers what it claims.
+_ADDRESS_LIST = {"type": "array", "uniqueItems": True, "items": {"$ref": "#/$defs/address"}}
+SEND_EMAIL = types.Tool(
+    name="send_email_send",
+    description="Send a plain-text email. Sending cannot be undone: check the recipients and the text first.",
+    input_schema={
+        "type": "object", "additionalProperties": False, "required": ["to", "subject", "body"],
+        "properties": {
+            "to": {**_ADDRESS_LIST, "minItems": 1, "maxItems": 50, "description": "the recipients"},
+            "cc": {**_ADDRESS_LIST, "maxItems": 50, "description": "recipients in copy"},
+            "subject": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^\\r\\n]*$",
+                        "description": "one line, no line breaks"},
+            "body": {"type": "string", "minLength": 1, "maxLength": 100000, "description": "the message, plain text"},
+        },
+        "$defs": {"address": {"type": "string", "format": "email", "maxLength": MAX_ADDRESS}},
+    },
+    output_schema={
+        "type": "object", "additionalProperties": False, "required": ["messageId", "acceptedRecipients"],
+        "properties": {
+            "messageId": {"type": "string", "minLength": 1,
+                          "description": "the Message-ID of the email sent, to quote when following up"},
+            "acceptedRecipients": {"type": "array", "items": {"type": "string", "format": "email"},
+                                   "description": "every address (to and cc) the mail server accepted"},
+        },
+    },
+    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False,
+                                      open_world_hint=True),
+)
+
+
+class InterfaceError(Exception):
+    """An error of send-email/v1's closed list, sent as isError with {"error": code, "message": ...}."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def error_result(code: str, message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=message)],
+                                structured_content={"error": code, "message": message}, is_error=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    host: str
+    port: int
+    username: str
+    password: str
+    sender: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Config:
+        """The settings; a missing or malformed one is `unavailable` (the binding needs fixing)."""
+        host, sender = env.get("SMTP_HOST", "").strip(), env.get("SMTP_FROM", "").strip()
+        if not host or not sender:
+            raise InterfaceError("unavailable", "the email service is not configured (no server or no sender "
+                                 "address); an administrator must fix its binding")
+        port_text = env.get("SMTP_PORT", "").strip() or "587"
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise InterfaceError("unavailable", "the email service's port setting is not a port number; "
+                                 "an administrator must fix its binding")
+        return cls(host, int(port_text), env.get("SMTP_USERNAME", "").strip() or sender,
+                   env.get("SMTP_PASSWORD", ""), sender)
+
+
+def addresses(args: dict[str, Any], key: str) -> list[str]:
+    """A list of addresses from the call, each one line and bounded (the router checked the schema)."""
+    value = args.get(key) or []
+    if not isinstance(value, list):
+        raise InterfaceError("rejected_recipient", f"'{key}' is not a list of addresses; nothing was sent")
+    out: list[str] = []
+    for item in value:
+        if (not isinstance(item, str) or len(item) > MAX_ADDRESS or "@" not in item
+                or any(c in item for c in "\r\n<>,")):
+            raise InterfaceError("rejected_recipient", f"{str(item)[:80]!r} is not an email address; nothing was sent")
+        out.append(item.strip())
+    return out
+
+
+def build_message(sender: str, args: dict[str, Any]) -> tuple[EmailMessage, list[str]]:
+    """The message and its envelope recipients (to then cc, each once)."""
+    to, cc = addresses(args, "to"), addresses(args, "cc")
+    if not to:
+        raise InterfaceError("rejected_recipient", "no recipient was given; nothing was sent")
+    subject = " ".join(str(args.get("subject", "")).splitlines())
+    body = str(args.get("body", ""))
+    msg = EmailMessage()
+    msg["From"] = sender
+    msg["To"] = ", ".join(to)
+    if cc:
+        msg["Cc"] = ", ".join(cc)
+    msg["Subject"] = subject
+    msg["Date"] = formatdate(localtime=False, usegmt=True)
+    domain = sender.rsplit("@", 1)[-1] or None
+    msg["Message-ID"] = make_msgid(domain=domain)
+    # Quoted-printable keeps non-ASCII text readable by servers without 8BITMIME.
+    msg.set_content(body, cte="7bit" if body.isascii() else "quoted-printable")
+    return msg, list(dict.fromkeys(to + cc))
+
+
+def vendor_said(what: str, code: int, reply: bytes | str) -> None:
+    text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+    log.warning("server refused %s: %d %s", what, code, text[:300])
+
+
+def refused(what: str, code: int, reply: bytes) -> InterfaceError:
+    """The interface error for a refusal of the sender or of the message (not of a recipient)."""
+    vendor_said(what, code, reply)
+    if code in LIMIT_CODES:
+        return InterfaceError("limit", f"the mail server refused {what} for now (a sending rate or quota was "
+                              "reached); nothing was sent, retry later")
+    return InterfaceError("unavailable", f"the mail server refused {what} (code {code}); nothing was sent")
+
+
+def require_starttls(smtp: smtplib.SMTP) -> None:
+    if not smtp.has_extn("starttls"):
+        raise InterfaceError("unavailable", "the mail server does not offer STARTTLS (encryption), so this "
+                             "connector refuses to send through it; nothing was sent")
+
+
+def open_session(config: Config) -> smtplib.SMTP:
+    """A logged-in connection over STARTTLS; never logs in or sends anything in clear."""
+    smtp = smtplib.SMTP(config.host, config.port, timeout=TIMEOUT)
+    try:
+        smtp.ehlo()
+        require_starttls(smtp)
+        smtp.starttls(context=ssl.create_default_context())
+        smtp.ehlo()
+        if config.password or smtp.has_extn("auth"):
+            smtp.login(config.username, config.password)
+    except BaseException:
+        smtp.close()
+        raise
+    return smtp
+
+
+def transact(smtp: smtplib.SMTP, sender: str, msg: EmailMessage, recipients: list[str]) -> list[str]:
+    """MAIL, RCPT for every recipient, then DATA only if all were accepted."""
+    code, reply = smtp.mail(sender)
+    if code != 250:
+        raise refused("the sender address", code, reply)
+    for address in recipients:
+        try:
+            code, reply = smtp.rcpt(address)
+        except UnicodeEncodeError:
+            code, reply = 553, b"non-ASCII address"
+        if code in (250, 251):
+            continue
+        with contextlib.suppress(smtplib.SMTPException, OSError):
+            smtp.rset()
+        if code in LIMIT_CODES:
+            raise refused("more recipients", code, reply)
+        vendor_said(f"recipient {address}", code, reply)
+        if 500 <= code < 600:
+            raise InterfaceError("rejected_recipient", f"the mail server refused the address {address}; "
+                                 "nothing was sent")
+        raise InterfaceError("unavailable", f"the mail server could not take the address {address} for now "
+                             f"(code {code}); nothing was sent")
+    code, reply = smtp.data(msg.as_bytes(policy=msg.policy.clone(linesep="\r\n")))
+    if code != 250:
+        raise refused("the message", code, reply)
+    return recipients
+
+
+def send(config: Config, args: dict[str, Any]) -> dict[str, Any]:
+    """Send one email; its Message-ID and accepted recipients, or an InterfaceError."""
+    msg, recipients = build_message(config.sender, args)
+    where = f"{config.host}:{config.port}"
+    try:
+        smtp = open_session(config)
+        try:
+            accepted = transact(smtp, config.sender, msg, recipients)
+        finally:
+            with contextlib.suppress(smtplib.SMTPException, OSError):
+                smtp.quit()
+            smtp.close()
+    except InterfaceError:
+        raise
+    except smtplib.SMTPAuthenticationError as exc:
+        vendor_said("the login", exc.smtp_code, exc.smtp_error)
+        raise InterfaceError("unavailable", "the mail server refused the login; an administrator must check "
+                             "the account and its password") from None
+    except smtplib.SMTPNotSupportedError:
+        raise InterfaceError("unavailable", "the mail server does not accept a login on this port") from None
+    except ssl.SSLCertVerificationError:
+        raise InterfaceError("unavailable", f"the certificate of the mail server at {where} could not be "
+                             "verified; nothing was sent") from None
+    except smtplib.SMTPResponseException as exc:
+        raise refused("the connection", exc.smtp_code, exc.smtp_error) from None
+    except (smtplib.SMTPException, OSError) as exc:
+        log.warning("connection to %s failed: %r", where, exc)
+        raise InterfaceError("unavailable", f"the mail server at {where} could not be reached or closed the "
+                             "connection; retrying later may work") from None
+    return {"messageId": str(msg["Message-ID"]), "acceptedRecipients": accepted}
+
+
+def build_server() -> Server[Any]:
+    async def list_tools(ctx: ServerRequestContext[Any],
+                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[SEND_EMAIL])
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name != "send_email_send":
+            return error_result("unavailable", f"this connector has no tool '{params.name}'")
+        try:
+            config = Config.from_env(os.environ)
+            output = await anyio.to_thread.run_sync(send, config, dict(params.arguments or {}))
+        except InterfaceError as exc:
+            return error_result(exc.code, exc.message)
+        except Exception:
+            log.exception("send_email_send failed")
+            return error_result("unavailable", "the email could not be sent because of an unexpected failure; "
+                                "retrying later may work")
+        text = f"Sent {output['messageId']} to {', '.join(output['acceptedRecipients'])}"
+        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=output)
+
+    return Server("send-email-smtp", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def main() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    server = build_server()
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+if __name__ == "__main__":
+    anyio.run(main)

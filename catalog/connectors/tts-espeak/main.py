@@ -1,0 +1,232 @@
+"""tts-espeak: the tts/v1 connector on the host's eSpeak NG, an MCP server over stdio.
+
+The router starts it (`python3 main.py`, in this folder) and calls `tts_synthesize` with `outputPath`
+naming a fresh file in the call's own folder; the connector writes the WAV there and the router moves
+it into the agent's work folder at the path the agent chose. The text goes to `espeak-ng` on its
+standard input (never through a shell, never as an option); the voice is checked for a safe shape and
+then by the engine itself: a voice it does not know is the interface error `voice_unknown`.
+
+Settings (environment): ESPEAK_VOICE, the voice used when a call names none ("en-us");
+ESPEAK_SPEED, words per minute ("160").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import wave
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
+
+log = logging.getLogger("tts-espeak")
+
+MAX_TEXT = 5000  # tts/v1's maxLength for `text`
+MAX_VOICE = 100  # and for `voice`
+TIMEOUT_SECONDS = 50.0  # under the interface's 60 s, so the agent hears why rather than a timeout
+MAX_STDERR = 64 * 1024
+MAX_LISTING = 1 << 20  # what is read of `espeak-ng --voices`
+MIN_SPEED, MAX_SPEED, DEFAULT_SPEED = 80, 450, 160
+# What a voice name may look like: a language ("en-us"), a voice file ("gmw/en-US") or a voice's name
+# ("English (America)"), optionally with a variant ("+f3"). Never an option, an absolute path or "..".
+_VOICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_ (),./-]*(\+[A-Za-z0-9_-]+)?$")
+_VOICE_MISSING = ("voice does not exist", "mbrola")
+
+# tts/v1's tool, word for word (a published interface version never changes): what tools/list answers.
+TTS_SYNTHESIZE = types.Tool(
+    name="tts_synthesize",
+    description="Read a text aloud and save the speech as a WAV file at a path you choose in the work folder.",
+    input_schema={
+        "type": "object", "additionalProperties": False, "required": ["text", "outputPath"],
+        "properties": {
+            "text": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT,
+                     "description": "the text to read aloud"},
+            "outputPath": {"type": "string", "format": "handler-output-file",
+                           "description": "where to save the audio, in the work folder, e.g. out/reply.wav; "
+                                          "the file is always WAV; an existing file is replaced"},
+            "voice": {"type": "string", "minLength": 1, "maxLength": MAX_VOICE,
+                      "description": "a voice name the service offers; omit it for the default voice"},
+        },
+    },
+    output_schema={
+        "type": "object", "additionalProperties": False, "required": ["path", "durationSeconds", "bytes"],
+        "properties": {
+            "path": {"type": "string", "description": "the file written, as given in outputPath"},
+            "durationSeconds": {"type": "number", "minimum": 0, "description": "the length of the speech"},
+            "bytes": {"type": "integer", "minimum": 0, "description": "the size of the file written"},
+        },
+    },
+    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
+                                      open_world_hint=False),
+)
+
+
+class InterfaceError(Exception):
+    """An error of tts/v1's closed list, sent as isError with {"error": code, "message": ...}."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def error_result(code: str, message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=message)],
+                                structured_content={"error": code, "message": message}, is_error=True)
+
+
+def speed_from(raw: str | None) -> int:
+    """The words-per-minute setting, within what eSpeak NG handles; the default if it is not a number."""
+    try:
+        value = int((raw or "").strip())
+    except ValueError:
+        return DEFAULT_SPEED
+    return max(MIN_SPEED, min(MAX_SPEED, value))
+
+
+def names_in(listing: bytes) -> frozenset[str]:
+    """Every name `espeak-ng --voices` lets a call use, lower-cased: each row's language, its voice's
+    name (with spaces or underscores), its file (also without the folder) and its other languages."""
+    names: set[str] = set()
+    for line in listing.decode("utf-8", errors="replace").splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 5:
+            continue
+        language, name, file = parts[1], parts[3], parts[4]
+        names.update({language, name, name.replace("_", " "), file, file.rpartition("/")[2]})
+        names.update(re.findall(r"\(([^\s()]+) \d+\)", " ".join(parts[5:])))
+    return frozenset(n.lower() for n in names if n and n != "variant")
+
+
+class Engine:
+    """Runs `espeak-ng`, one process per call."""
+
+    def __init__(self, voice: str, speed: int) -> None:
+        self.voice = voice.strip() or "en-us"
+        self.speed = speed
+        self.installed = False
+        self.voices: frozenset[str] = frozenset()  # lower-cased; empty if the engine listed none
+        self.variants: frozenset[str] = frozenset()
+
+    async def start(self) -> None:
+        """Learn the voices and variants once: a name outside them is `voice_unknown`, since the engine
+        itself quietly falls back to a near voice for many names it does not have ("no-such-voice")."""
+        try:
+            voices = await anyio.run_process(["espeak-ng", "--voices"], check=False)
+            variants = await anyio.run_process(["espeak-ng", "--voices=variant"], check=False)
+        except OSError as exc:  # not installed: serve anyway, every call says why it fails
+            log.error("espeak-ng cannot run (%s); see PROVISIONING.md", exc)
+            return
+        self.installed = voices.returncode == 0
+        self.voices = names_in(voices.stdout[:MAX_LISTING])
+        self.variants = names_in(variants.stdout[:MAX_LISTING]) if variants.returncode == 0 else frozenset()
+        log.info("espeak-ng ready: %d voice names, %d variant names, default %s at %d wpm",
+                 len(self.voices), len(self.variants), self.voice, self.speed)
+
+    def check_voice(self, voice: str) -> None:
+        """Refuse a voice of an unsafe shape, or one `espeak-ng --voices` did not list (when it listed any)."""
+        base, _, variant = voice.partition("+")
+        if len(voice) > MAX_VOICE or ".." in voice or not _VOICE.match(voice):
+            raise InterfaceError("voice_unknown", "that is not a voice name eSpeak NG offers; voice names look "
+                                 "like 'en-us', 'fr' or 'de', optionally with a variant such as 'en-us+f3'")
+        if self.voices and base.lower() not in self.voices:
+            raise InterfaceError("voice_unknown", f"eSpeak NG has no voice named '{base}'; voice names look "
+                                 "like 'en-us', 'fr' or 'de'; omit voice for the default one")
+        if variant and self.variants and variant.lower() not in self.variants:
+            raise InterfaceError("voice_unknown", f"eSpeak NG has no voice variant named '{variant}'; variants "
+                                 "look like 'f3' or 'm1'")
+
+    async def synthesize(self, text: str, output: Path, voice: str | None) -> dict[str, Any]:
+        if not self.installed:
+            raise InterfaceError("unavailable", "eSpeak NG is not installed on this machine; an administrator "
+                                 "must install it")
+        voice = voice if voice is not None else self.voice
+        self.check_voice(voice)
+        code, stderr = await self.run(["espeak-ng", "-v", voice, "-s", str(self.speed), "-w", str(output),
+                                       "--stdin"], text.encode("utf-8"))
+        if code != 0:
+            said = stderr.decode("utf-8", errors="replace").lower()
+            if any(marker in said for marker in _VOICE_MISSING):
+                raise InterfaceError("voice_unknown", f"eSpeak NG has no voice named '{voice}'; omit voice for "
+                                     "the default one")
+            log.error("espeak-ng exited with status %d", code)
+            raise InterfaceError("unavailable", "the speech engine failed on this text; retrying later may work")
+        return describe_wav(output)
+
+    async def run(self, command: list[str], data: bytes) -> tuple[int, bytes]:
+        """Run `command` with `data` on its stdin; (exit status, the first bytes of its stderr)."""
+        stderr = b""
+        with anyio.move_on_after(TIMEOUT_SECONDS) as scope:
+            async with await anyio.open_process(command, stdout=subprocess.DEVNULL) as process:
+                if process.stdin is None or process.stderr is None:  # never: both are pipes by default
+                    raise InterfaceError("unavailable", "the speech engine could not be started")
+                await process.stdin.send(data)
+                await process.stdin.aclose()
+                async for chunk in process.stderr:
+                    if len(stderr) < MAX_STDERR:
+                        stderr += chunk[: MAX_STDERR - len(stderr)]
+                code = await process.wait()
+        if scope.cancelled_caught:
+            raise InterfaceError("unavailable", "the speech engine took too long on this text; try a shorter text")
+        return code, stderr
+
+
+def describe_wav(path: Path) -> dict[str, Any]:
+    """tts/v1's output for the WAV at `path`; a missing or unreadable file is the engine failing."""
+    try:
+        size = path.stat().st_size
+        with wave.open(str(path), "rb") as audio:
+            frames, rate = audio.getnframes(), audio.getframerate()
+    except (OSError, EOFError, wave.Error):
+        log.exception("espeak-ng left no readable WAV")
+        raise InterfaceError("unavailable", "the speech engine wrote no usable audio; retrying later may "
+                             "work") from None
+    duration = round(frames / rate, 3) if rate > 0 else 0.0
+    return {"path": str(path), "durationSeconds": duration, "bytes": size}
+
+
+def build_server(engine: Engine) -> Server[Any]:
+    async def list_tools(ctx: ServerRequestContext[Any],
+                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[TTS_SYNTHESIZE])
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name != "tts_synthesize":
+            return error_result("unavailable", f"this connector has no tool '{params.name[:100]}'")
+        args = params.arguments or {}
+        text, output, voice = args.get("text"), args.get("outputPath"), args.get("voice")
+        if not isinstance(text, str) or not text or len(text) > MAX_TEXT or not isinstance(output, str):
+            return error_result("unavailable", f"text (1 to {MAX_TEXT} characters) and outputPath are required")
+        if voice is not None and not isinstance(voice, str):
+            return error_result("voice_unknown", "voice must be a voice name, such as 'en-us'")
+        try:
+            result = await engine.synthesize(text, Path(output), voice)
+        except InterfaceError as exc:
+            return error_result(exc.code, exc.message)
+        except Exception:
+            log.exception("tts_synthesize failed")
+            return error_result("unavailable", "the speech engine failed; retrying later may work")
+        summary = f"saved {result['durationSeconds']} seconds of speech ({result['bytes']} bytes)"
+        return types.CallToolResult(content=[types.TextContent(text=summary)], structured_content=result)
+
+    return Server("tts-espeak", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def main() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    engine = Engine(os.environ.get("ESPEAK_VOICE", "en-us"), speed_from(os.environ.get("ESPEAK_SPEED")))
+    await engine.start()
+    server = build_server(engine)
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+if __name__ == "__main__":
+    anyio.run(main)

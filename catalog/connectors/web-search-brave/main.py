@@ -1,0 +1,257 @@
+"""web-search-brave: the web-search/v1 connector on the Brave Search API, an MCP server over stdio.
+
+The router starts it (`python3 main.py`, in this folder) and calls `web_search_query`. Each call is one
+GET of Brave's web search endpoint (`q`, `count`, and the binding's country and safesearch settings);
+the answer's `web.results[]` become the interface's `results` (title, url, snippet from `description`).
+Failures map onto web-search/v1's closed list: HTTP 429 is `limit` (with Retry-After when Brave sends
+it); a refused key, an exhausted quota, a timeout, a 5xx or an answer that is not the expected JSON are
+`unavailable`. Brave's own wording never reaches the result: the messages say what happened in plain words.
+
+Settings (environment): BRAVE_API_KEY (the secret), BRAVE_COUNTRY (two letters, optional),
+BRAVE_SAFESEARCH (off, moderate or strict; moderate by default).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
+
+log = logging.getLogger("web-search-brave")
+
+BASE_URL = "https://api.search.brave.com"
+SEARCH_PATH = "/res/v1/web/search"
+TIMEOUT_SECONDS = 20.0  # under web-search/v1's 30-second call limit
+MAX_BODY = 4 * 1024 * 1024  # bytes read from an answer at most; a page of 20 results is tens of KiB
+MAX_RESULTS, DEFAULT_RESULTS = 20, 10
+MAX_FIELD = 2000  # characters kept of a title or a snippet
+_SAFESEARCH = ("off", "moderate", "strict")
+_COUNTRY = re.compile(r"^[A-Za-z]{2}$")
+_URL = re.compile(r"^https?://[^\s/?#]+\S*$")
+_TAG = re.compile(r"<[^>]{0,200}>")  # Brave marks the query's words in snippets with <strong>
+
+# web-search/v1's tool, word for word (a published interface version never changes): what tools/list
+# answers, so any MCP client can use this server and the router can see it offers what it claims.
+_RESULT_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["title", "url", "snippet"],
+    "properties": {
+        "title": {"type": "string"},
+        "url": {"type": "string", "format": "uri"},
+        "snippet": {"type": "string", "description": "an extract of the page near the query's words; may be empty"},
+    },
+}
+WEB_SEARCH_QUERY = types.Tool(
+    name="web_search_query",
+    description="Search the public web. Returns the best results first, each with its title, address and a "
+                "short snippet.",
+    input_schema={
+        "type": "object", "additionalProperties": False, "required": ["query"],
+        "properties": {
+            "query": {"type": "string", "minLength": 1, "maxLength": 400,
+                      "description": "what to search for, as you would type it in a search engine"},
+            "maxResults": {"type": "integer", "minimum": 1, "maximum": 20,
+                           "description": "how many results at most; 10 if omitted"},
+        },
+    },
+    output_schema={
+        "type": "object", "additionalProperties": False, "required": ["results"],
+        "properties": {"results": {"type": "array", "maxItems": 20,
+                                   "description": "the results, best first; empty when nothing matched",
+                                   "items": {"$ref": "#/$defs/result"}}},
+        "$defs": {"result": _RESULT_SCHEMA},
+    },
+    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=True),
+)
+
+
+class InterfaceError(Exception):
+    """An error of web-search/v1's closed list, sent as isError with {"error": code, "message": ...}."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Settings:
+    api_key: str
+    country: str | None = None
+    safesearch: str = "moderate"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | os._Environ[str]) -> Settings:
+        country = env.get("BRAVE_COUNTRY", "").strip()
+        safesearch = env.get("BRAVE_SAFESEARCH", "").strip().lower()
+        if country and not _COUNTRY.match(country):
+            log.error("BRAVE_COUNTRY %r is not a two-letter code; Brave's default is used", country)
+            country = ""
+        if safesearch not in _SAFESEARCH:
+            safesearch = "moderate"
+        return cls(api_key=env.get("BRAVE_API_KEY", "").strip(), country=country.upper() or None,
+                   safesearch=safesearch)
+
+
+def error_result(code: str, message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=message)],
+                                structured_content={"error": code, "message": message}, is_error=True)
+
+
+def retry_after(value: str | None) -> int | None:
+    """Whole seconds from a Retry-After header given in seconds (an HTTP date is ignored)."""
+    if value and value.strip().isdigit():
+        return min(int(value.strip()), 86400)
+    return None
+
+
+def quota_exhausted(remaining: str | None) -> bool:
+    """Brave's X-RateLimit-Remaining lists the per-second then the monthly allowance: "0, 0" is no quota."""
+    parts = [p.strip() for p in (remaining or "").split(",")]
+    return len(parts) > 1 and parts[1] == "0"
+
+
+def refusal(response: httpx.Response) -> InterfaceError:
+    """The interface error for an answer that is not 200, from its status and headers only."""
+    status = response.status_code
+    if status in (401, 403):
+        return InterfaceError("unavailable", f"the search service refused the API key (HTTP {status}); the "
+                              "binding's key is wrong, revoked or not subscribed to the Search API")
+    if status == 429 and quota_exhausted(response.headers.get("x-ratelimit-remaining")):
+        return InterfaceError("unavailable", "the search service's quota for this key is used up; searching will "
+                              "work again when the quota renews")
+    if status == 429:
+        wait = retry_after(response.headers.get("retry-after"))
+        after = f"; retry after {wait} seconds" if wait is not None else "; wait a moment before searching again"
+        return InterfaceError("limit", f"the search service's rate limit was reached{after}")
+    if status >= 500:
+        return InterfaceError("unavailable", f"the search service is failing (HTTP {status}); retrying later may "
+                              "work")
+    return InterfaceError("unavailable", f"the search service did not accept the request (HTTP {status})")
+
+
+def clean(value: Any) -> str:
+    """A text field of a result: tags and entities removed, bounded; anything not a string is empty."""
+    if not isinstance(value, str):
+        return ""
+    return html.unescape(_TAG.sub("", value[: MAX_FIELD * 2])).strip()[:MAX_FIELD]
+
+
+def is_web_url(value: Any) -> bool:
+    """An absolute http(s) address with no spaces or control characters: what a result's `url` may be."""
+    return (isinstance(value, str) and len(value) <= 4096 and _URL.match(value) is not None
+            and not any(ord(c) < 32 or ord(c) == 127 for c in value))
+
+
+def results_from(answer: Any, limit: int) -> list[dict[str, str]]:
+    """web-search/v1 results from Brave's answer; an item without a usable title and web address is skipped."""
+    if not isinstance(answer, dict):
+        raise InterfaceError("unavailable", "the search service answered something that is not a search result")
+    web = answer.get("web")
+    if web is None:  # Brave leaves `web` out when nothing matched
+        return []
+    items = web.get("results") if isinstance(web, dict) else None
+    if not isinstance(items, list):
+        raise InterfaceError("unavailable", "the search service answered something that is not a search result")
+    results = []
+    for item in items:
+        if not isinstance(item, dict) or not is_web_url(item.get("url")):
+            continue
+        title = clean(item.get("title")) or item["url"][:MAX_FIELD]
+        results.append({"title": title, "url": item["url"], "snippet": clean(item.get("description"))})
+        if len(results) == limit:
+            break
+    return results
+
+
+async def read_bounded(response: httpx.Response) -> bytes:
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise InterfaceError("unavailable", "the search service's answer was far larger than a page of results")
+    return bytes(body)
+
+
+async def search(query: str, max_results: int, settings: Settings) -> dict[str, Any]:
+    """One search: web-search/v1's output, or an InterfaceError."""
+    if not settings.api_key:
+        raise InterfaceError("unavailable", "no Brave Search API key is configured for this binding")
+    params: dict[str, str | int] = {"q": query, "count": max_results, "safesearch": settings.safesearch}
+    if settings.country:
+        params["country"] = settings.country
+    headers = {"Accept": "application/json", "X-Subscription-Token": settings.api_key}
+    try:
+        with anyio.fail_after(TIMEOUT_SECONDS + 2):
+            async with httpx.AsyncClient(timeout=TIMEOUT_SECONDS, follow_redirects=False) as client, \
+                    client.stream("GET", BASE_URL + SEARCH_PATH, params=params, headers=headers) as response:
+                if response.status_code != 200:
+                    raise refusal(response)
+                body = await read_bounded(response)
+    except (TimeoutError, httpx.TimeoutException):
+        raise InterfaceError("unavailable", "the search service did not answer in time; retrying later may "
+                             "work") from None
+    except httpx.HTTPError:
+        raise InterfaceError("unavailable", "the search service could not be reached; retrying later may "
+                             "work") from None
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        raise InterfaceError("unavailable", "the search service answered something that is not JSON") from None
+    return {"results": results_from(answer, max_results)}
+
+
+def arguments(args: dict[str, Any]) -> tuple[str, int]:
+    query, count = args.get("query"), args.get("maxResults", DEFAULT_RESULTS)
+    if not isinstance(query, str) or not query.strip() or len(query) > 400:
+        raise InterfaceError("invalid_arguments", "query must be between 1 and 400 characters")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_RESULTS:
+        raise InterfaceError("invalid_arguments", "maxResults must be a whole number from 1 to 20")
+    return query, count
+
+
+def build_server(settings: Settings) -> Server[Any]:
+    async def list_tools(ctx: ServerRequestContext[Any],
+                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[WEB_SEARCH_QUERY])
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name != "web_search_query":
+            return error_result("unavailable", f"this connector has no tool '{params.name}'")
+        try:
+            query, count = arguments(params.arguments or {})
+            output = await search(query, count, settings)
+        except InterfaceError as exc:
+            return error_result(exc.code, exc.message)
+        except Exception:
+            log.exception("web_search_query failed")
+            return error_result("unavailable", "the search failed unexpectedly; retrying later may work")
+        text = "\n\n".join(f"{r['title']}\n{r['url']}\n{r['snippet']}".strip() for r in output["results"])
+        return types.CallToolResult(content=[types.TextContent(text=text or "no results")],
+                                    structured_content=output)
+
+    return Server("web-search-brave", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def main() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = Settings.from_env(os.environ)
+    if not settings.api_key:
+        log.error("BRAVE_API_KEY is not set; every search will fail until the binding provides it")
+    server = build_server(settings)
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+if __name__ == "__main__":
+    anyio.run(main)

@@ -1,0 +1,247 @@
+"""The shipped send-email-smtp connector against a real SMTP server on loopback (aiosmtpd).
+
+Sending over STARTTLS needs the connector to trust the test's self-signed certificate. The router gives a
+connector only its declared settings and secrets (no SSL_CERT_FILE), so the sending itself is tested on the
+connector's own `send` (loaded from its main.py) with SSL_CERT_FILE pointing at that certificate; what needs
+no trust goes through the real router: its tools/list, and a server without STARTTLS refused as `unavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from email import message_from_bytes, policy
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from tests.fixtures.harness import RawClient, serving, short_dir
+
+REPO = Path(__file__).resolve().parents[2]
+CONNECTOR = REPO / "catalog/connectors/send-email-smtp"
+SENDER = "agents@example.org"
+CREDENTIAL = "app-password"
+
+
+def load_connector() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("send_email_smtp_main", CONNECTOR / "main.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+main = load_connector()
+
+
+class Mailbox:
+    """An aiosmtpd handler: refuses some recipients as a real server would, keeps what it received."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, list[str], bytes]] = []
+        self.rcpt_seen: list[str] = []
+
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str, options: Any) -> str:
+        self.rcpt_seen.append(address)
+        if address.endswith("@domain.invalid"):
+            return "550 5.1.1 <" + address + ">: Recipient address rejected: User unknown"
+        if address.startswith("quota@"):
+            return "452 4.5.3 Too many recipients today, try later"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.received.append((envelope.mail_from, list(envelope.rcpt_tos), envelope.original_content))
+        return "250 Message accepted"
+
+
+def authenticate(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:
+    ok = isinstance(data, LoginPassword) and data.login == SENDER.encode() and data.password == CREDENTIAL.encode()
+    return AuthResult(success=ok, handled=False)  # not handled: the server answers 535 itself
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def certificate() -> Iterator[tuple[Path, Path]]:
+    """A self-signed certificate for 127.0.0.1, made with the openssl command."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    with short_dir() as folder:
+        cert, key = folder / "cert.pem", folder / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                        "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+        yield cert, key
+
+
+@pytest.fixture
+def tls_server(certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Mailbox, int]]:
+    """A submission server that requires STARTTLS and a login; the connector trusts its certificate."""
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(certificate[0]), str(certificate[1]))
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+    mailbox, port = Mailbox(), free_port()
+    controller = Controller(mailbox, hostname="127.0.0.1", port=port, tls_context=context, require_starttls=True,
+                            authenticator=authenticate, auth_required=True)
+    controller.start()
+    try:
+        yield mailbox, port
+    finally:
+        controller.stop()
+
+
+def config(port: int, password: str = CREDENTIAL) -> Any:
+    return main.Config(host="127.0.0.1", port=port, username=SENDER, password=password, sender=SENDER)
+
+
+def refusal(port: int, args: dict[str, Any], password: str = CREDENTIAL) -> tuple[str, str]:
+    with pytest.raises(main.InterfaceError) as caught:
+        main.send(config(port, password), args)
+    return caught.value.code, caught.value.message
+
+
+def test_it_sends_over_starttls_with_subject_body_sender_and_recipients(tls_server: tuple[Mailbox, int]) -> None:
+    mailbox, port = tls_server
+    out = main.send(config(port), {"to": ["alice@example.org"], "cc": ["bob@example.org"],
+                                   "subject": "Invoice INV-42 — reçu", "body": "Hello Alice,\nThe total is 50 €.\n"})
+    assert out["acceptedRecipients"] == ["alice@example.org", "bob@example.org"]
+    assert out["messageId"].startswith("<")
+    assert out["messageId"].endswith("@example.org>")
+    [(mail_from, rcpt_tos, raw)] = mailbox.received
+    assert (mail_from, rcpt_tos) == (SENDER, ["alice@example.org", "bob@example.org"])
+    received = message_from_bytes(raw, policy=policy.default)
+    assert received["From"] == SENDER
+    assert received["To"] == "alice@example.org"
+    assert received["Cc"] == "bob@example.org"
+    assert received["Subject"] == "Invoice INV-42 — reçu"
+    assert received["Message-ID"] == out["messageId"]
+    assert received.get_content().replace("\r\n", "\n") == "Hello Alice,\nThe total is 50 €.\n"
+
+
+def test_a_refused_recipient_sends_nothing(tls_server: tuple[Mailbox, int]) -> None:
+    mailbox, port = tls_server
+    code, message = refusal(port, {"to": ["alice@example.org", "nobody@domain.invalid"], "subject": "Hi",
+                                   "body": "Hello.\n"})
+    assert code == "rejected_recipient"
+    assert "nobody@domain.invalid" in message
+    assert "nothing was sent" in message
+    assert "User unknown" not in message  # the server's own wording stays in the log
+    assert mailbox.rcpt_seen == ["alice@example.org", "nobody@domain.invalid"]
+    assert mailbox.received == []
+
+
+def test_a_quota_refusal_is_limit(tls_server: tuple[Mailbox, int]) -> None:
+    mailbox, port = tls_server
+    code, message = refusal(port, {"to": ["quota@example.org"], "subject": "Hi", "body": "Hello.\n"})
+    assert code == "limit"
+    assert "Too many" not in message
+    assert mailbox.received == []
+
+
+def test_a_refused_login_or_a_closed_port_is_unavailable(tls_server: tuple[Mailbox, int]) -> None:
+    mailbox, port = tls_server
+    code, message = refusal(port, {"to": ["alice@example.org"], "subject": "Hi", "body": "Hello.\n"}, "wrong")
+    assert (code, "login" in message) == ("unavailable", True)
+    code, message = refusal(free_port(), {"to": ["alice@example.org"], "subject": "Hi", "body": "Hello.\n"})
+    assert (code, "could not be reached" in message) == ("unavailable", True)
+    assert mailbox.received == []
+
+
+def test_an_untrusted_certificate_is_unavailable(tls_server: tuple[Mailbox, int],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    mailbox, port = tls_server
+    monkeypatch.delenv("SSL_CERT_FILE")
+    monkeypatch.setenv("SSL_CERT_DIR", "/nonexistent")
+    code, message = refusal(port, {"to": ["alice@example.org"], "subject": "Hi", "body": "Hello.\n"})
+    assert (code, "certificate" in message) == ("unavailable", True)
+    assert mailbox.received == []
+
+
+def test_its_tools_list_is_send_email_v1_word_for_word() -> None:
+    async def listed() -> list[dict[str, Any]]:
+        params = StdioServerParameters(command=sys.executable, args=[str(CONNECTOR / "main.py")],
+                                       cwd=str(CONNECTOR), env={"PATH": "/usr/bin:/bin"})
+        async with Client(params) as client:
+            result = await client.list_tools()
+            return [t.model_dump(by_alias=True, exclude_none=True) for t in result.tools]
+
+    tools = asyncio.run(asyncio.wait_for(listed(), 30))
+    assert tools == json.loads((REPO / "catalog/interfaces/send-email/v1/tools.json").read_text())
+
+
+BINDING = """apiVersion = "handler.binding/v1"
+name = "email-test"
+connector = "send-email-smtp"
+secrets = {{ password = {{ env = "TEST_SMTP_CREDENTIAL" }} }}
+settings = {{ host = "127.0.0.1", port = "{port}", from = "agents@example.org" }}
+
+[pricing]
+send_email_send = 0.0
+"""
+
+PROFILE = """apiVersion = "handler.profile/v1"
+name = "tester"
+scope = "work/tester"
+template = "permissive"
+services = { send-email = "email-test" }
+
+[[rules]]
+action = "send_email_send"
+outcome = "allow"
+"""
+
+
+def test_through_the_router_a_server_without_starttls_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_SMTP_CREDENTIAL", CREDENTIAL)
+    mailbox, port = Mailbox(), free_port()
+    controller = Controller(mailbox, hostname="127.0.0.1", port=port)  # plain SMTP, no STARTTLS offered
+    controller.start()
+    try:
+        with short_dir() as folder:
+            root, run_dir = folder / "t", folder / "r"
+            for part in ("catalog/interfaces", "catalog/connectors", "config"):
+                shutil.copytree(REPO / part, root / part)
+            (root / "config/bindings/email-test.toml").write_text(BINDING.format(port=port))
+            (root / "config/profiles/tester.toml").write_text(PROFILE)
+
+            async def scenario() -> dict[str, Any]:
+                # sandbox=False: the sandbox's network is the binding's egress (port 587 only) and the test's
+                # server listens on a free loopback port.
+                async with serving(root, run_dir, sandbox=False) as router:
+                    client = await RawClient.connect(router.socket_path("tester"))
+                    try:
+                        return await client.call("send_email_send", {"to": ["alice@example.org"],
+                                                                     "subject": "Hi", "body": "Hello.\n"})
+                    finally:
+                        await client.close()
+
+            result = asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        controller.stop()
+    assert result["isError"] is True, result
+    assert result["structuredContent"]["error"] == "unavailable"
+    assert "STARTTLS" in result["structuredContent"]["message"]
+    assert mailbox.received == []
+    assert mailbox.rcpt_seen == []

@@ -1,0 +1,116 @@
+"""tts-espeak through the real router: a sentence becomes a WAV in the agent's work folder; a voice
+eSpeak NG does not know is `voice_unknown`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from tests.fixtures.harness import RawClient, serving, short_dir
+
+pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
+                                reason="espeak-ng is not installed (apt-get install espeak-ng; CI installs it)")
+
+REPO = Path(__file__).resolve().parents[2]
+CONNECTOR = REPO / "catalog/connectors/tts-espeak"
+
+
+@pytest.fixture
+def tree() -> Iterator[Path]:
+    """The shipped config tree in a short folder (sockets live beside it); its `assistant` profile binds
+    tts to `tts-local`, this connector with the en-us voice, and allows tts_synthesize without approval."""
+    with short_dir() as folder:
+        root = folder / "t"
+        for part in ("catalog/interfaces", "catalog/connectors", "config"):
+            shutil.copytree(REPO / part, root / part)
+        (root / "work/assistant").mkdir(parents=True)
+        yield root
+
+
+def test_its_tools_list_is_tts_v1_word_for_word() -> None:
+    params = StdioServerParameters(command=sys.executable, args=[str(CONNECTOR / "main.py")], cwd=str(CONNECTOR),
+                                   env={"PATH": "/usr/bin:/bin"})
+
+    async def listed() -> list[dict[str, Any]]:
+        async with Client(params) as client:
+            result = await client.list_tools()
+            return [t.model_dump(by_alias=True, exclude_none=True) for t in result.tools]
+
+    tools = asyncio.run(asyncio.wait_for(listed(), 30))
+    assert tools == json.loads((REPO / "catalog/interfaces/tts/v1/tools.json").read_text())
+
+
+def test_a_sentence_becomes_a_wav_at_the_agents_path_and_an_unknown_voice_is_refused(tree: Path) -> None:
+    scope = tree / "work/assistant"
+    (scope / "out").mkdir()
+    (scope / "out/reply.wav").write_bytes(b"an older file, replaced")
+
+    async def scenario() -> list[dict[str, Any]]:
+        with short_dir() as run_dir:
+            async with serving(tree, run_dir) as router:
+                client = await RawClient.connect(router.socket_path("assistant"))
+                results = [
+                    await client.call("tts_synthesize", {"text": "The invoice total is fifty euros.",
+                                                         "outputPath": "out/reply.wav"}),
+                    await client.call("tts_synthesize", {"text": "Bonjour à tous.", "voice": "fr+f3",
+                                                         "outputPath": "briefing.wav"}),
+                    await client.call("tts_synthesize", {"text": "Hello.", "voice": "no-such-voice",
+                                                         "outputPath": "never.wav"}),
+                    await client.call("tts_synthesize", {"text": "Hello.", "voice": "en-us+no-such-variant",
+                                                         "outputPath": "never.wav"}),
+                    await client.call("tts_synthesize", {"text": "Hello.", "voice": "--help",
+                                                         "outputPath": "never.wav"}),
+                ]
+                await client.close()
+                return results
+
+    spoken, french, unknown, variant, option = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert spoken.get("isError") is False, spoken
+    out = spoken["structuredContent"]
+    assert out["path"] == "out/reply.wav"  # the agent's own path, never the connector's copy
+    written = scope / "out/reply.wav"
+    assert written.read_bytes()[:4] == b"RIFF"
+    assert written.read_bytes()[8:12] == b"WAVE"
+    assert out["bytes"] == written.stat().st_size > 10_000
+    with wave.open(str(written), "rb") as audio:
+        assert audio.getnchannels() == 1
+        assert audio.getnframes() > 0
+        seconds = audio.getnframes() / audio.getframerate()
+    assert 0.5 < seconds < 10
+    assert out["durationSeconds"] == pytest.approx(seconds, abs=0.01)
+
+    assert french.get("isError") is False, french
+    assert french["structuredContent"]["path"] == "briefing.wav"
+    assert (scope / "briefing.wav").read_bytes()[:4] == b"RIFF"
+
+    for refused in (unknown, variant, option):  # the engine itself would fall back quietly
+        assert refused["isError"] is True, refused
+        assert refused["structuredContent"]["error"] == "voice_unknown"
+    assert "no-such-voice" in unknown["structuredContent"]["message"]
+    assert "Error:" not in unknown["structuredContent"]["message"]  # plain words, not the engine's own
+    assert not (scope / "never.wav").exists()
+
+
+def test_without_the_engine_every_call_is_unavailable_in_plain_words(tmp_path: Path) -> None:
+    params = StdioServerParameters(command=sys.executable, args=[str(CONNECTOR / "main.py")], cwd=str(CONNECTOR),
+                                   env={"PATH": str(tmp_path)})  # an empty folder: no espeak-ng on the PATH
+
+    async def called() -> Any:
+        async with Client(params) as client:
+            return await client.call_tool("tts_synthesize", {"text": "Hello.", "outputPath": str(tmp_path / "a.wav")})
+
+    result = asyncio.run(asyncio.wait_for(called(), 30))
+    assert result.is_error
+    assert result.structured_content["error"] == "unavailable"
+    assert "not installed" in result.structured_content["message"]
+    assert not (tmp_path / "a.wav").exists()
