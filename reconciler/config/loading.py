@@ -246,7 +246,7 @@ class Loader:
                 continue  # a folder of shared code, not a connector
             spec = self._take(gathered, manifest, partial(_connector, name=name))
             if spec is not None:
-                connectors[name] = Connector(spec, f"catalog/connectors/{name}", _folder_hash(group))
+                connectors[name] = Connector(spec, f"catalog/connectors/{name}", _folder_hash(group), frozenset(group))
         return connectors
 
 

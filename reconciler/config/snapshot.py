@@ -121,6 +121,7 @@ class Connector:
     spec: ConnectorFile
     folder: str  # "catalog/connectors/<name>"
     content_hash: str = ""
+    files: frozenset[str] = frozenset()  # every file of its folder, relative to it ("main.py")
 
     @property
     def name(self) -> str:

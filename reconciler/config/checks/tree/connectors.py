@@ -1,5 +1,6 @@
-"""What a connector names exists: the interface versions it implements and, in `[wrap]`, their
-tools, a reshaper the router knows and an error of their closed list. N001, N005, N006.
+"""What a connector names exists: the interface versions it implements, the code its `[run]` runs and,
+in `[wrap]`, their tools, a reshaper the router knows and an error of their closed list. N001, N005,
+N006, N007.
 
 Run by `check_tree` for each connector, again only when the connector or an interface changed.
 """
@@ -27,8 +28,34 @@ def check_connector(snapshot: Snapshot, connector: Connector) -> Iterator[Findin
                 "an interface version of catalog/interfaces/, written name/vN",
                 "correct the entry or add the interface version",
             )
+    yield from _check_run(snapshot, connector)
     if connector.spec.wrap is not None:
         yield from _check_wrap(snapshot, connector, connector.spec.wrap)
+
+
+# What a command argument names when it is the connector's own code: a script, or a path from its folder.
+_CODE_SUFFIXES = (".py", ".js", ".mjs", ".cjs", ".ts", ".sh", ".rb", ".pl", ".lua")
+
+
+def _check_run(snapshot: Snapshot, connector: Connector) -> Iterator[Finding]:
+    """N007: a file of the connector's own folder that `[run]` runs is there (a manifest without code is a stub).
+
+    Only relative names are checked: an absolute path or a program on PATH belongs to the machine,
+    which `handler validate` (run in pull requests, elsewhere) cannot see.
+    """
+    file = f"{connector.folder}/connector.toml"
+    for i, arg in enumerate(connector.spec.run.command or ()):
+        own = arg.startswith("./") or (not arg.startswith(("-", "/")) and arg.endswith(_CODE_SUFFIXES))
+        name = arg.removeprefix("./")
+        if own and name not in connector.files:
+            yield Finding(
+                "N007",
+                file,
+                snapshot.line_of(file, "run", "command", i),
+                f"[run] runs '{arg}', which is not in {connector.folder}: a manifest without code is a stub",
+                f"the connector's code in its own folder, e.g. {connector.folder}/{name}",
+                f"add {connector.folder}/{name}, or correct [run] command",
+            )
 
 
 def _check_wrap(snapshot: Snapshot, connector: Connector, wrap: WrapSpec) -> Iterator[Finding]:
