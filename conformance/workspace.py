@@ -12,15 +12,13 @@ code checked is the code in the tree and relative secret references resolve as i
 
 from __future__ import annotations
 
-import difflib
 import shutil
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
 from conformance.errors import CheckError
-from reconciler.config import Binding, Connector, FolderSource, InterfaceVersion, Loader, Snapshot
+from reconciler.config import Binding, Connector, FolderSource, InterfaceVersion, Loader, Snapshot, did_you_mean
 
 __all__ = ["Subject", "Workspace", "build_workspace", "load_subject", "profile_name"]
 
@@ -54,11 +52,11 @@ def load_subject(root: Path, connector: str, binding: str) -> Subject:
     found = source.connectors.get(connector)
     if found is None:
         raise CheckError(f"no connector '{connector}' in {root}/catalog/connectors"
-                         f"{_did_you_mean(connector, source.connectors)}")
+                         f"{did_you_mean(connector, source.connectors)}")
     chosen = source.bindings.get(binding)
     own = sorted(name for name, b in source.bindings.items() if b.connector == connector)
     if chosen is None:
-        hint = _did_you_mean(binding, own or list(source.bindings))
+        hint = did_you_mean(binding, own or list(source.bindings))
         known = f"; bindings of '{connector}': {', '.join(own)}" if own else f"; no binding names '{connector}' yet"
         raise CheckError(f"no binding '{binding}' in {root}/config/bindings{hint}{known}")
     if chosen.connector != connector:
@@ -123,7 +121,3 @@ def build_workspace(subject: Subject, folder: Path) -> Workspace:
 def _concerns(file: str, folders: list[str], binding: Binding) -> bool:
     return file == binding.file or any(file.startswith(folder + "/") for folder in folders)
 
-
-def _did_you_mean(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, sorted(known), n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
