@@ -146,6 +146,8 @@ class SandboxSpec(_Model):
     memoryMb: int | None = Field(default=None, gt=0)
     cpuSeconds: int | None = Field(default=None, gt=0)
     fileBytes: int | None = Field(default=None, gt=0)
+    processes: int | None = Field(default=None, gt=0, le=65536)  # processes and threads at once
+    tmpMb: int | None = Field(default=None, gt=0)  # its private /tmp (also its HOME)
 
 
 class ConnectorFile(_Model):

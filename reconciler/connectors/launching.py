@@ -3,19 +3,19 @@
 The pool (`pool.ConnectorPool`) calls `prepare_launch` each time it starts a binding's process. The
 launch is everything that process gets and nothing more:
 
-- a private working folder under the state folder (`connectors/<binding>.<hash>/`), its HOME and
-  its current folder, removed when the process stops;
+- a private folder under the state folder (`connectors/<binding>.<hash>.*/`, the router's, 0700) holding
+  what its sandbox is built from (the seccomp program, its `/etc/passwd`, `group` and `hosts`) and
+  its socket folder; removed when the process stops;
 - the confined environment: the connector's declared settings (the binding's value, else the
   manifest's default) and secrets (resolved now, from the binding's references), plus PATH, LANG
   and HOME; nothing else of the router's environment;
-- rlimits from the connector's `[sandbox]` (or the defaults), set with `prlimit`;
-- on Linux, its own network namespace; the egress it may reach (the binding's `egress`, else the
-  connector's) goes through an `EgressProxy` on a unix socket; `egress = []` means no proxy and no
-  network at all. Where namespaces are unavailable, the launch is refused unless the router was
-  started with `--no-sandbox` (which warns once);
-- on Linux, its own mount namespace too, with the view `fs_view` computes: the router's state and
-  run folders and the user's home are empty but for the connector's own folders, code and tools
-  (see `sandbox`); where mount namespaces are unavailable it runs without one, with a warning;
+- its sandbox (`sandbox.bwrap_command`): the view `box_view` computes, its call folder writable, a
+  size-capped `/tmp` as HOME; when the router is root, the host uid the pool gives the binding and
+  its cgroups (`cgroups`); the egress it may reach (the binding's `egress`, else the connector's)
+  through an `EgressProxy` on a unix socket and the `relay` inside; `egress = []` means no proxy and
+  no network at all. Where no sandbox can be built the launch is refused, saying why and what to
+  change, unless the router was started with `--no-sandbox` (which warns once: the connector then
+  runs in the router's own folder and network, with its rlimits and environment still confined);
 - relative paths in `run.command` resolve against the connector's folder
   (`command = ["python3", "main.py"]` runs the connector's own `main.py`);
 - its stderr, line by line, to the log `handler.connector` and to `connectors/<binding>.stderr.log`,
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import ipaddress
 import logging
 import os
 import shutil
@@ -36,30 +37,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reconciler.config.snapshot import Binding, Connector, Snapshot
+from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups
 from reconciler.connectors.client import LaunchSpec
 from reconciler.connectors.egress import EgressProxy
 from reconciler.connectors.errors import ConnectorStartError
+from reconciler.connectors.relay import Forward
 from reconciler.connectors.sandbox import (
-    FsView,
+    BoxView,
     Limits,
+    bwrap_command,
     confined_env,
     limits_for,
-    mounts_available,
-    namespaces_available,
-    sandboxed_command,
+    sandbox_support,
+    write_seccomp,
 )
 from reconciler.connectors.secrets import resolve_secret
 from reconciler.places import PrivatePlaceError, ensure_private_dir, open_private_file
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 
-__all__ = ["Launch", "StderrLog", "declared_env", "effective_egress", "limited_command", "prepare_launch",
-           "resolve_command"]
+__all__ = ["Launch", "StderrLog", "box_view", "declared_env", "effective_egress", "limited_command", "prepare_launch",
+           "raw_forwards", "resolve_command"]
 
 log = logging.getLogger("handler.connector")
 _MAX_SOCKET_PATH = 100  # unix socket paths are capped near 107 bytes
 _MAX_STDERR_LINE = 4000
 _warned_no_sandbox = False
-_warned_no_mounts = False
+_SANDBOX_HOME = Path("/tmp")  # noqa: S108 - the sandbox's own /tmp: a size-capped tmpfs no one else sees
+_CODE = Path(__file__).resolve().parents[1]  # the service's package: the relay and the wrapper run from it
 
 
 @dataclass
@@ -70,8 +74,10 @@ class Launch:
     folder: Path  # the private working folder
     proxy: EgressProxy | None = None
     secrets: tuple[str, ...] = field(default=(), repr=False)  # the values to mask in its stderr
-    socket_dirs: tuple[Path, ...] = ()  # short folders for sockets, when the working folder is too deep
+    socket_dirs: tuple[Path, ...] = ()  # its socket folder (mcp.sock, egress.sock), bound into its sandbox
     stderr: StderrLog | None = None
+    host_uid: int | None = None  # the uid it runs as, when not the router's (the router is root)
+    cgroups: ConnectorCgroups | None = None
 
     async def with_fresh_secrets(self, snapshot: Snapshot, binding_name: str, root: Path) -> Launch:
         """This launch with its secrets resolved again, so a restart picks up a rotated token.
@@ -88,6 +94,8 @@ class Launch:
     async def cleanup(self) -> None:
         if self.proxy is not None:
             await self.proxy.aclose()
+        if self.cgroups is not None:
+            self.cgroups.remove()
         for folder in (*self.socket_dirs, self.folder):
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -171,49 +179,158 @@ def effective_egress(binding: Binding, connector: Connector) -> list[str]:
 
 async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, state_dir: Path, *,
                          sandbox: bool = True, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                         run_dir: Path | None = None) -> Launch:
-    """Everything one process of `binding_name` needs; see the module docstring."""
+                         run_dir: Path | None = None, host_uid: int | None = None) -> Launch:
+    """Everything one process of `binding_name` needs; see the module docstring.
+
+    `host_uid`: the uid its sandbox runs it as when the router is root (the pool gives each binding its own).
+    """
     binding = snapshot.bindings[binding_name]
     connector = snapshot.connectors[binding.connector or ""]
     run = connector.spec.run
     if not run.command:
         raise ConnectorStartError(f"connector '{connector.name}' has no run command")
-    if sandbox and not namespaces_available():
-        raise ConnectorStartError(
-            f"binding '{binding_name}': this machine gives no network namespaces, so connector "
-            f"'{connector.name}' cannot be sandboxed; start the router with --no-sandbox to run it unconfined")
+    support = sandbox_support() if sandbox else None
+    if support is not None and not support.ok:
+        raise ConnectorStartError(f"binding '{binding_name}': connector '{connector.name}' cannot be sandboxed: "
+                                  f"{support.reason}")
+    uid = host_uid if support is not None and support.privileged else None
     declared, secrets = await declared_env(binding, connector, root)
     digest = hashlib.sha256(f"{binding.content_hash}:{connector.content_hash}".encode()).hexdigest()[:10]
     base = state_dir / "connectors"
     _private_dir(base, "HANDLER_STATE_DIR")
     folder = Path(tempfile.mkdtemp(dir=base, prefix=f"{binding_name}.{digest}."))
-    (folder / "tmp").mkdir(mode=0o700)
-    env = confined_env(declared, folder)
-    command = limited_command(resolve_command(run.command, root / connector.folder), limits_for(connector.spec.sandbox))
-    proxy = None
-    socket_dirs: list[Path] = []
-    socket_path = None
-    if run.transport == "socket":  # a path socket crosses the network namespace
-        socket_path = str(_short_socket(folder, "mcp.sock", socket_dirs))
-        env["HANDLER_CONNECTOR_SOCKET"] = socket_path
-    if sandbox:
-        egress = effective_egress(binding, connector)
-        if egress:
-            proxy = EgressProxy(_short_socket(folder, "egress.sock", socket_dirs), egress, owner=binding_name)
-            await proxy.start()
-        view = None
-        if mounts_available():
-            view = fs_view(snapshot, root, folder, state_dir, run_dir, binding_name, command, env, socket_dirs)
-        else:
-            _warn_no_mounts()
-        command = sandboxed_command(command, proxy.socket_path if proxy is not None else None, view)
+    limits = limits_for(connector.spec.sandbox)
+    if support is None:
+        (folder / "tmp").mkdir(mode=0o700)
+        env = confined_env(declared, folder)
     else:
-        _warn_unsandboxed()
+        env = confined_env(declared, _SANDBOX_HOME, tmp=_SANDBOX_HOME, system_path=True)
+    command = _program_found(resolve_command(run.command, root / connector.folder), env)
+    launch = Launch(LaunchSpec(name=binding_name, command=(), cwd=str(folder), env=env), folder, secrets=secrets,
+                    host_uid=uid)
+    try:
+        egress = effective_egress(binding, connector) if support is not None else []
+        if run.transport == "socket" or egress:
+            launch.socket_dirs = (_socket_dir(folder, uid),)
+        socket_path = None
+        if run.transport == "socket":  # a path socket crosses the network namespace
+            socket_path = env["HANDLER_CONNECTOR_SOCKET"] = str(launch.socket_dirs[0] / "mcp.sock")
+        if support is None:
+            _warn_unsandboxed()
+            command = limited_command(command, limits)
+        else:
+            command = await _boxed(launch, snapshot, root, run_dir, binding_name, command, egress, limits)
+    except BaseException:
+        await launch.cleanup()
+        raise
     stderr = StderrLog(binding_name, secrets, base / f"{binding_name}.stderr.log")
-    spec = LaunchSpec(name=binding_name, command=tuple(command), cwd=str(folder), env=env,
-                      max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path,
-                      mask=stderr.mask)
-    return Launch(spec, folder, proxy, secrets, tuple(socket_dirs), stderr)
+    launch.stderr = stderr
+    launch.spec = LaunchSpec(name=binding_name, command=tuple(command), cwd=str(folder), env=env,
+                             max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path,
+                             mask=stderr.mask)
+    return launch
+
+
+async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path | None, binding_name: str,
+                 command: list[str], egress: list[str], limits: Limits) -> list[str]:
+    """`command` in its sandbox (`sandbox.bwrap_command`): its view, its proxy and relay, its cgroups."""
+    uid = launch.host_uid
+    relay = None
+    forwards, hosts = raw_forwards(egress)
+    if egress:
+        launch.proxy = EgressProxy(launch.socket_dirs[0] / "egress.sock", egress, owner=binding_name)
+        await launch.proxy.start()
+        if uid is not None:
+            os.chown(launch.proxy.socket_path, uid, uid)
+        relay = [sys.executable, "-m", "reconciler.connectors.relay", "--proxy", str(launch.proxy.socket_path),
+                 *(arg for f in forwards for arg in ("--forward", f.to_arg()))]
+    writable = list(launch.socket_dirs)
+    if run_dir is not None:
+        calls = run_dir / "calls" / binding_name
+        _calls_dir(calls, uid)
+        writable.append(calls)
+    view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts))
+    if uid is not None:
+        launch.cgroups = make_cgroups(launch.folder.name, limits.processes, limits.memory_bytes)
+    write_seccomp(launch.folder / "seccomp.bpf")
+    return bwrap_command(command, view, limits, seccomp=launch.folder / "seccomp.bpf", host_uid=uid, relay=relay,
+                         cgroup_procs=launch.cgroups.procs if launch.cgroups is not None else ())
+
+
+def raw_forwards(egress: Sequence[str]) -> tuple[list[Forward], dict[str, str]]:
+    """A raw TCP forward for each entry naming an exact host and port (see `relay`), and the `/etc/hosts` lines
+    (host -> loopback address) that send the connector's connections there."""
+    forwards: list[Forward] = []
+    hosts: dict[str, str] = {}
+    for entry in egress:
+        host, _, port = entry.rpartition(":")
+        host = host.strip("[]").lower()
+        if "*" in (host, port) or not port.isdigit():
+            continue
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            listen = hosts.setdefault(host, f"127.0.0.{len(hosts) + 2}")
+        else:
+            if not address.is_loopback:
+                continue  # an outside address cannot be a loopback listener: HTTP clients still reach it by the proxy
+            listen = str(address)
+        forwards.append(Forward(listen, int(port), f"{host if ':' not in host else f'[{host}]'}:{port}"))
+    return forwards, hosts
+
+
+def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequence[str], writable: Sequence[Path],
+             files: Mapping[str, str]) -> BoxView:
+    """What the connector sees beyond the system (see `sandbox`): its connector's folder, the interfaces (the
+    contracts, public), the Python it runs on and the service's code (for the relay and the wrapper), the
+    program it names, read-only; `writable`. Nothing else of the config tree: not the profiles, not the
+    other bindings, not another connector's code."""
+    connector = snapshot.connectors[snapshot.bindings[binding_name].connector or ""]
+    readable = [root / connector.folder, root / "catalog/interfaces", _CODE, Path(sys.prefix), Path(sys.base_prefix)]
+    if command and Path(command[0]).is_absolute():
+        program = Path(command[0]).resolve().parent
+        readable.append(program.parent if program.name == "bin" else program)  # its runtime: lib/ beside bin/
+    blanked = []
+    for binding in snapshot.bindings.values():
+        for ref in binding.spec.secrets.values():
+            if not isinstance(ref, str) and ref.file is not None:  # a str is a literal: refused at start
+                path = Path(ref.file).expanduser()
+                blanked.append(path if path.is_absolute() else root / path)
+
+    def real(paths: Sequence[Path]) -> tuple[str, ...]:
+        kept = {str(p.resolve()) for p in paths if p.exists()}
+        return tuple(p for p in kept if p not in {"/", "/usr"} and not p.startswith("/usr/"))
+
+    return BoxView(real(readable), real(writable), files, real(blanked))
+
+
+def _etc_files(folder: Path, uid: int | None, hosts: Mapping[str, str]) -> dict[str, str]:
+    """`/etc/passwd`, `group` and `hosts` of the sandbox, written into the launch's folder."""
+    me = uid if uid is not None else os.getuid()
+    contents = {
+        "passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\nconnector:x:{me}:{me}:connector:/tmp:/usr/sbin/nologin\n"
+                  "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        "group": f"root:x:0:\nconnector:x:{me}:\nnogroup:x:65534:\n",
+        "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+                 + "".join(f"{address}\t{host}\n" for host, address in hosts.items()),
+    }
+    etc = folder / "etc"
+    etc.mkdir(mode=0o755)
+    out = {}
+    for name, text in contents.items():
+        (etc / name).write_text(text)
+        (etc / name).chmod(0o644)
+        out[f"/etc/{name}"] = str(etc / name)
+    return out
+
+
+def _program_found(command: list[str], env: Mapping[str, str]) -> list[str]:
+    """`command` with its program made absolute through the connector's PATH, so the sandbox can bind its runtime."""
+    if command and "/" not in command[0]:
+        found = shutil.which(command[0], path=env.get("PATH"))
+        if found is not None:
+            return [found, *command[1:]]
+    return command
 
 
 def _private_dir(folder: Path, setting: str) -> None:
@@ -224,38 +341,12 @@ def _private_dir(folder: Path, setting: str) -> None:
         raise ConnectorStartError(str(exc)) from None
 
 
-def fs_view(snapshot: Snapshot, root: Path, folder: Path, state_dir: Path, run_dir: Path | None, binding_name: str,
-            command: Sequence[str], env: Mapping[str, str], socket_dirs: Sequence[Path] = ()) -> FsView:
-    """What the connector sees (see `sandbox`): the router's run and state folders and the user's home
-    hidden; its folder, its call folder and its socket folders writable; the config tree, its Python
-    and its PATH readable; the config tree, the service's Python and code read-only wherever they are."""
-    hidden = [state_dir, Path.home()]
-    writable = [folder, *socket_dirs]
-    if run_dir is not None:
-        hidden.append(run_dir)
-        calls = run_dir / "calls" / binding_name
-        _private_dir(calls, "HANDLER_RUN_DIR")
-        writable.append(calls)
-    code = Path(__file__).resolve().parents[2]  # the service's own code (its source tree, when installed editable)
-    readable = [root, code, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent]
-    if command and Path(command[0]).is_absolute():
-        readable.append(Path(command[0]).resolve().parent)
-    readable += [Path(p) for p in env.get("PATH", "").split(os.pathsep) if p]
-    blanked = []
-    for binding in snapshot.bindings.values():
-        for ref in binding.spec.secrets.values():
-            if not isinstance(ref, str) and ref.file is not None:  # a str is a literal: refused at start
-                path = Path(ref.file).expanduser()
-                blanked.append(path if path.is_absolute() else root / path)
-
-    # What a connector could rewrite to act later with more than its own rights: the config tree (other
-    # connectors' code), the service's Python and its own code.
-    frozen = [root, Path(sys.prefix), Path(sys.base_prefix), code]
-
-    def real(paths: Sequence[Path]) -> tuple[str, ...]:
-        return tuple(str(p.resolve()) for p in paths if p.resolve() != Path("/"))
-
-    return FsView(real(hidden), real(writable), real(readable), real(blanked), real(frozen))
+def _calls_dir(folder: Path, uid: int | None) -> None:
+    """The binding's call folders' parent: 0700 and ours; walkable but not listable (0711) by a connector of its
+    own uid, which owns only each call's `out/` (see `files.CallFolder`). Nothing above it is reachable by others."""
+    _private_dir(folder, "HANDLER_RUN_DIR")
+    if uid is not None:
+        folder.chmod(0o711)
 
 
 def limited_command(command: Sequence[str], limits: Limits) -> list[str]:
@@ -269,22 +360,17 @@ def limited_command(command: Sequence[str], limits: Limits) -> list[str]:
             "--", *command]
 
 
-def _short_socket(folder: Path, name: str, made: list[Path]) -> Path:
-    """`folder/name`, or, when that is too long for a unix socket, a path in a new short folder (added to `made`)."""
-    path = folder / name
-    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
-        return path
-    short = Path(tempfile.mkdtemp(dir="/tmp", prefix="hx"))  # the state folder is too deep
-    made.append(short)
-    return short / name
-
-
-def _warn_no_mounts() -> None:
-    global _warned_no_mounts  # noqa: PLW0603 - one warning per router process
-    if not _warned_no_mounts:
-        _warned_no_mounts = True
-        log.warning("this machine gives no mount namespaces: sandboxed connectors have their own network but can "
-                    "read the router's files (its state folder, sockets and the user's home)")
+def _socket_dir(folder: Path, uid: int | None) -> Path:
+    """A folder for the connector's sockets, bound into its sandbox: `folder/sock`, or a short folder under /tmp
+    when that path is too long for a unix socket (about 107 bytes)."""
+    path = folder / "sock"
+    if len(os.fsencode(path / "egress.sock")) <= _MAX_SOCKET_PATH:
+        path.mkdir(mode=0o700)
+    else:
+        path = Path(tempfile.mkdtemp(dir="/tmp", prefix="hx"))
+    if uid is not None:
+        os.chown(path, uid, uid)
+    return path
 
 
 def _warn_unsandboxed() -> None:

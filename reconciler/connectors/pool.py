@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import time
+import zlib
 from collections import Counter
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,9 @@ BACKOFF_FIRST_SECONDS = 0.1
 PROBE_SECONDS = 2.0  # how long a process suspected of hanging has to answer a ping
 BACKOFF_MAX_SECONDS = 30.0
 BACKOFF_RESET_SECONDS = 60.0
+# Host uids for connectors when the router is root: far above any account, below 2^31 (some tools read uids signed).
+HOST_UID_BASE = 0x50000000
+HOST_UID_SPAN = 1 << 24
 
 PoolKey = tuple[str, str, str]  # (binding, binding content hash, connector content hash)
 
@@ -160,6 +164,25 @@ class ConnectorPool:
         self._closed = False
         self._probes: dict[PoolKey, asyncio.Task[None]] = {}
         self._on_dispatch: DispatchHook | None = None
+        self._uids: dict[str, int] = {}
+
+    def host_uid(self, binding_name: str) -> int | None:
+        """The host uid `binding_name`'s connector runs as when the router is root and sandboxes it, else None.
+
+        Each binding has its own, kept for the router's life, so no two connectors share files or a process
+        count (docs/architecture.md §6); it is derived from the state folder and the binding, so a router
+        restarted on the same folder finds the files its connectors left as theirs.
+        """
+        if not self.sandbox or os.geteuid() != 0:
+            return None
+        uid = self._uids.get(binding_name)
+        if uid is None:
+            taken = set(self._uids.values())
+            seed = zlib.crc32(f"{self._state}:{binding_name}".encode())
+            uid = next(HOST_UID_BASE + (seed + i) % HOST_UID_SPAN for i in range(HOST_UID_SPAN)
+                       if HOST_UID_BASE + (seed + i) % HOST_UID_SPAN not in taken)
+            self._uids[binding_name] = uid
+        return uid
 
     # --- the per-call path -------------------------------------------------------------------
 
@@ -338,7 +361,8 @@ class ConnectorPool:
             entry.connector = InRouter(LlmConnector(settings, name=binding_name))
             return
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
-                                            max_line_bytes=self._max_line_bytes, run_dir=self._run_dir)
+                                            max_line_bytes=self._max_line_bytes, run_dir=self._run_dir,
+                                            host_uid=self.host_uid(binding_name))
         entry.snapshot = snapshot
         process = entry.process = ConnectorProcess(entry.launch.spec, on_dispatch=self._on_dispatch)
         await process.ensure_started()

@@ -237,24 +237,37 @@ def _resolve_output(scope: Scope, value: str, where: Where) -> FileArg:
 
 
 class CallFolder:
-    """The per-call folder of a connector process: inputs copied in, outputs written there."""
+    """The per-call folder of a connector process: inputs copied in, outputs written there.
 
-    def __init__(self, base: Path, call_id: str) -> None:
+    With `owner` (the connector runs as its own uid: the router is root) the folders it must only read
+    stay the router's, mode 0711, so it can neither list them nor rename what the router opens by path
+    (docs/architecture.md §6): only `out/` is the connector's, and what it holds is opened without
+    following a link.
+    """
+
+    def __init__(self, base: Path, call_id: str, owner: int | None = None) -> None:
         self.path = base / call_id
+        self.owner = owner
 
     def stage(self, files: tuple[FileArg, ...], arguments: Mapping[str, Any],
               max_bytes: int | None, errors: frozenset[str]) -> tuple[dict[str, Any], dict[str, str]]:
         """Copy inputs in; the connector's arguments (naming the copies) and copy path → agent path."""
         self.path.mkdir(parents=True, mode=0o700)
+        if self.owner is not None:
+            self.path.chmod(0o711)
         args: dict[str, Any] = orjson.loads(orjson.dumps(arguments))  # a deep copy the connector may see
         back: dict[str, str] = {}
         for index, file in enumerate(files):
             sub = "out" if file.output else "in"
             dest = self.path / sub / _staged_name(index, file)
-            if file.output:
-                os.close(open_folder(str(self.path), (sub,), create=True, mode=0o700))
-            else:
-                _copy_in(file, self.path, sub, dest.name, max_bytes, errors)
+            folder = open_folder(str(self.path), (sub,), create=True, mode=0o700)
+            try:
+                if self.owner is not None:
+                    _hand_over(folder, self.owner, mine=file.output)
+            finally:
+                os.close(folder)
+            if not file.output:
+                _copy_in(file, self.path, sub, dest.name, max_bytes, errors, shared=self.owner is not None)
             _set(args, file.where, str(dest))
             back[str(dest)] = file.value
         return args, back
@@ -279,7 +292,20 @@ def _set(node: Any, where: Where, value: str) -> None:
     node[where[-1]] = value
 
 
-def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | None, errors: frozenset[str]) -> None:
+def _hand_over(folder: int, owner: int, *, mine: bool) -> None:
+    """`out/` becomes the connector's; `in/` stays ours, walkable (0711) but not listable by it."""
+    opened = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=folder)  # `folder` may be O_PATH
+    try:
+        if mine:
+            os.fchown(opened, owner, owner)
+        else:
+            os.fchmod(opened, 0o711)
+    finally:
+        os.close(opened)
+
+
+def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | None, errors: frozenset[str], *,
+             shared: bool = False) -> None:
     """An input copied into the call folder, opened again from the scope's descriptor: what changed since step 4
     (a folder swapped for a symlink, the file for a FIFO) is refused, never followed (docs/architecture.md §6)."""
     try:
@@ -297,6 +323,8 @@ def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | No
             os.close(folder)
         with os.fdopen(out_fd, "wb") as out:
             shutil.copyfileobj(src, out, _COPY_CHUNK)
+            if shared:  # a connector of another uid reads it; it cannot change it
+                os.fchmod(out.fileno(), 0o644)
 
 
 def _open_staged(call: Path, staged: str, name: str) -> tuple[int, int]:

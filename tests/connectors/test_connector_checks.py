@@ -16,11 +16,11 @@ from tests.fixtures.harness import DEADLINE, RawClient, run, serving, short_dir
 
 def _connector_lists(root: Path, tools: list[dict[str, object]]) -> None:
     """Make the echo connector answer tools/list with `tools` instead of the interface's."""
-    listed = root / "listed-tools.json"
+    listed = root / "catalog/connectors/echo/listed-tools.json"  # in its folder: all its sandbox shows of the tree
     listed.write_text(json.dumps(tools))
     manifest = root / "catalog/connectors/echo/connector.toml"
     text = manifest.read_text()
-    manifest.write_text(text.replace('"../../interfaces/echo/v1/tools.json"', '"../../../listed-tools.json"'))
+    manifest.write_text(text.replace('"../../interfaces/echo/v1/tools.json"', '"listed-tools.json"'))
 
 
 def test_drift_is_reported_and_agents_still_see_the_interface(echo_root: Path, run_dir: Path) -> None:

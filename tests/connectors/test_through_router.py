@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from reconciler.connectors.sandbox import namespaces_available
 from reconciler.router.llm_cli import EXIT_CODES
 from tests.fixtures.harness import RawClient, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
@@ -85,7 +84,6 @@ def test_handler_llm_through_the_profiles_socket(tree: Path, monkeypatch: pytest
         assert "limit" in err
 
 
-@pytest.mark.skipif(not namespaces_available(), reason="network namespaces are unavailable here")
 def test_a_wrapped_server_reaches_its_egress_and_nothing_else(tree: Path) -> None:
     # The manifest runs `python3 -m mcp_server_fetch`: the router gives connectors its own Python first.
     class Page(QuietHandler):

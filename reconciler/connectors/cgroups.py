@@ -1,0 +1,102 @@
+"""The `pids` and `memory` cgroups of one connector process, when the router runs as root (docs/architecture.md §6).
+
+Each launch gets a leaf of its own under `handler/` in each controller it can write: cgroup v1
+(`/sys/fs/cgroup/pids/`, `/sys/fs/cgroup/memory/`) or v2 (`/sys/fs/cgroup/`, with both controllers
+enabled below the root). The sandbox's first shell writes its own pid into each leaf's
+`cgroup.procs` before anything else runs, so every process the connector starts is counted. When the
+process has stopped, `remove` kills whatever is left in the leaves and removes them. Where no cgroup
+can be made (not root, or a read-only `/sys/fs/cgroup`), the launch goes on under its rlimits alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ConnectorCgroups", "make_cgroups"]
+
+log = logging.getLogger("handler.connector")
+_ROOT = Path("/sys/fs/cgroup")
+_warned = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorCgroups:
+    leaves: tuple[Path, ...]
+
+    @property
+    def procs(self) -> tuple[str, ...]:
+        return tuple(str(leaf / "cgroup.procs") for leaf in self.leaves)
+
+    def remove(self) -> None:
+        """Kill what is left in the leaves, then remove them."""
+        for leaf in self.leaves:
+            for _ in range(50):
+                pids = _read_pids(leaf)
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.01)
+            with contextlib.suppress(OSError):
+                leaf.rmdir()
+
+
+def make_cgroups(name: str, processes: int, memory_bytes: int) -> ConnectorCgroups | None:
+    """Leaves named `name` bounding processes and memory; None where none can be made here."""
+    if os.geteuid() != 0:
+        return None
+    leaves: list[Path] = []
+    try:
+        if (_ROOT / "cgroup.controllers").exists():  # v2: one hierarchy
+            leaf = _leaf(_ROOT, name, v2=True)
+            leaves.append(leaf)
+            _write(leaf / "pids.max", processes)
+            _write(leaf / "memory.max", memory_bytes)
+        else:
+            for controller, limit_file, value in (("pids", "pids.max", processes),
+                                                  ("memory", "memory.limit_in_bytes", memory_bytes)):
+                if (_ROOT / controller / "cgroup.procs").exists():
+                    leaf = _leaf(_ROOT / controller, name, v2=False)
+                    leaves.append(leaf)
+                    _write(leaf / limit_file, value)
+    except OSError as exc:
+        ConnectorCgroups(tuple(leaves)).remove()
+        _warn(f"cannot make cgroups under {_ROOT} ({exc.strerror}); connectors are bounded by rlimits only")
+        return None
+    return ConnectorCgroups(tuple(leaves)) if leaves else None
+
+
+def _leaf(base: Path, name: str, *, v2: bool) -> Path:
+    parent = base / "handler"
+    parent.mkdir(mode=0o755, exist_ok=True)
+    if v2:
+        _write(base / "cgroup.subtree_control", "+pids +memory")
+        _write(parent / "cgroup.subtree_control", "+pids +memory")
+    leaf = parent / name
+    leaf.mkdir(mode=0o755)
+    return leaf
+
+
+def _write(path: Path, value: object) -> None:
+    path.write_text(f"{value}\n")
+
+
+def _read_pids(leaf: Path) -> list[int]:
+    try:
+        return [int(line) for line in (leaf / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _warn(message: str) -> None:
+    global _warned  # noqa: PLW0603 - one warning per router process
+    if not _warned:
+        _warned = True
+        log.warning(message)
