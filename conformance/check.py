@@ -59,19 +59,21 @@ def add_connector_command(sub: Any) -> None:
     check.add_argument("-k", dest="select", metavar="EXPR", help="only the items matching EXPR (as pytest -k); a "
                        "partial run is not recorded")
     check.add_argument("--no-record", action="store_true", help="do not add the run to catalog/results/")
+    check.add_argument("--connector-log", metavar="FILE", help="append what the connector writes to its stderr "
+                       "(secrets masked) to FILE: why a connector fails, in its own words")
     check.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     return check_connector(args.connector, args.binding, root=Path(args.root), workers=args.workers,
                            examples=args.examples, seed=args.seed, junit=args.junit, json_path=args.json,
-                           select=args.select, record=not args.no_record)
+                           select=args.select, record=not args.no_record, connector_log=args.connector_log)
 
 
 def check_connector(connector: str, binding: str, *, root: Path = Path(), workers: str | None = None,
                     examples: int = DEFAULT_EXAMPLES, seed: int | None = None, junit: str | None = None,
                     json_path: str | None = None, select: str | None = None, record: bool = True,
-                    extra: tuple[str, ...] = ()) -> int:
+                    extra: tuple[str, ...] = (), connector_log: str | None = None) -> int:
     """Run the check and print its verdict; the exit code (0 pass, 1 fail, 2 could not run)."""
     missing = [name for name in ("pytest", "xdist", "hypothesis", "hypothesis_jsonschema") if find_spec(name) is None]
     if missing:
@@ -100,6 +102,8 @@ def check_connector(connector: str, binding: str, *, root: Path = Path(), worker
                  "--handler-seed", str(seed), "--handler-examples", str(examples), "--handler-json", str(result)]
         if workers:
             argv += ["-n", workers]
+        if connector_log:
+            argv += ["--handler-connector-log", str(Path(connector_log).absolute())]
         if junit:
             argv += ["--junit-xml", junit, "-o", "junit_family=xunit1"]  # xunit1 keeps each item's properties
         if select:

@@ -18,6 +18,7 @@ per interface version. Run it directly with
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 
@@ -37,6 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"valid inputs generated per tool (default: {DEFAULT_EXAMPLES})")
     group.addoption("--handler-seed", metavar="S", type=int, help="the fuzzing seed (default: a random one, shown)")
     group.addoption("--handler-json", metavar="FILE", help="write the JSON result here")
+    group.addoption("--handler-connector-log", metavar="FILE",
+                    help="append what the connector writes to its stderr (secrets masked) to FILE")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,7 +66,19 @@ def pytest_configure(config: pytest.Config) -> None:
         seed = workerinput.get("handler_seed", seed)  # every worker fuzzes with the controller's seed
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
+    _log_connector_to(config.getoption("handler_connector_log"))
     run = CheckRun(config, subject, seed, config.getoption("handler_examples"), worker=workerinput is not None)
     config.pluginmanager.register(run, "handler-conformance-run")
 
 
+
+
+def _log_connector_to(path: str | None) -> None:
+    """The connector's stderr lines (the router logs them as `handler.connector`), appended to `path`."""
+    if not path:
+        return
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    connector_log = logging.getLogger("handler.connector")
+    connector_log.addHandler(handler)
+    connector_log.setLevel(logging.INFO)  # the check quiets the router's other logs, not these

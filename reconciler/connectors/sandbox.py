@@ -47,8 +47,8 @@ _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-
 _NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
 USERNS_HINT = ("this machine refuses unprivileged user namespaces: allow them (Debian: sysctl "
                "kernel.unprivileged_userns_clone=1; Ubuntu 24.04: sysctl "
-               "kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile that lets /usr/bin/bwrap create them), run the router as root, or start it "
-               "with --no-sandbox to run connectors unconfined")
+               "kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile that lets /usr/bin/bwrap "
+               "create them), run the router as root, or start it with --no-sandbox to run connectors unconfined")
 
 
 @dataclass(frozen=True, slots=True)

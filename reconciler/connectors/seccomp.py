@@ -45,7 +45,7 @@ class SeccompUnavailableError(Exception):
 def filter_program() -> bytes:
     """The compiled BPF program (built once per process); `SeccompUnavailableError` when libseccomp is missing."""
     try:
-        import pyseccomp as sc  # loads libseccomp.so: only where a sandbox is built
+        import pyseccomp as sc  # type: ignore[import-untyped]  # loads libseccomp.so: only where a sandbox is built
     except (ImportError, OSError) as exc:
         raise SeccompUnavailableError(f"libseccomp cannot be loaded ({exc}); install it (Debian: libseccomp2)") \
             from None

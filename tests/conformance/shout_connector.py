@@ -9,9 +9,10 @@ It implements the test interface `shout/v1` (see `shout_tree.py`). Its binding's
 - `crash_non_ascii`: the process dies on a text with a non-ASCII character;
 - `hang_long`: a text over 40 characters never gets an answer.
 
-With SHOUT_COUNT_FILE set, it appends a line per tools/call it receives, so a test can count what
-reached it. Every tool but `shout_file` is a text tool (the benchmark's interface has many). No SDK:
-it starts fast, so the tests and the benchmark measure the runner.
+With SHOUT_COUNT set to "yes", it writes a line `received: ARGUMENTS` to its stderr per tools/call it
+receives (the router logs it as the connector's), so a test can count what reached it. Every tool but
+`shout_file` is a text tool (the benchmark's interface has many). No SDK: it starts fast, so the tests and the
+benchmark measure the runner.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 MODE = os.environ.get("SHOUT_MODE", "good")
-COUNT_FILE = os.environ.get("SHOUT_COUNT_FILE", "")
+COUNT = os.environ.get("SHOUT_COUNT", "") == "yes"
 _lock = threading.Lock()
 
 
@@ -79,9 +80,8 @@ def main() -> None:
                 "serverInfo": {"name": "shout", "version": "1"}}})
         elif method == "tools/call":
             params = msg["params"]
-            if COUNT_FILE:
-                with open(COUNT_FILE, "a") as fh:  # noqa: PTH123 - one line per call, appended
-                    fh.write(json.dumps(params.get("arguments")) + "\n")
+            if COUNT:
+                print("received:", json.dumps(params.get("arguments")), file=sys.stderr, flush=True)
             # Any other tool name is a text tool: the benchmark's interface has many of them.
             handler = shout_file if params.get("name") == "shout_file" else shout
             handler(msg_id, params.get("arguments") or {})

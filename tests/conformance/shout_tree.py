@@ -10,6 +10,7 @@ gives a short time limit, which keeps its shrinking quick.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def binding_name(mode: str) -> str:
     return "shout-" + mode.replace("_", "-")
 
 
-def write_shout_tree(root: Path, *, timeout: float = 5.0, count_file: Path | None = None,
+def write_shout_tree(root: Path, *, timeout: float = 5.0, count: bool = False,
                      cases: str = CASES, tools: list[dict[str, Any]] | None = None) -> Path:
     """Write the tree under `root` (created) and return it."""
     iface = root / "catalog/interfaces/shout/v1"
@@ -84,16 +85,17 @@ def write_shout_tree(root: Path, *, timeout: float = 5.0, count_file: Path | Non
         'apiVersion = "handler.connector/v1"\nname = "shout"\ndescription = "Shouts, for tests"\n'
         'implements = ["shout/v1"]\negress = []\n\n'
         '[settings.mode]\nenv = "SHOUT_MODE"\ndefault = "good"\ndescription = "how to (mis)behave"\n\n'
-        '[settings.count_file]\nenv = "SHOUT_COUNT_FILE"\ndefault = ""\n'
-        'description = "append a line per call here"\n\n'
-        f'[run]\ncommand = {json.dumps([sys.executable, str(CONNECTOR)])}\ntransport = "stdio"\n')
+        '[settings.count]\nenv = "SHOUT_COUNT"\ndefault = "no"\n'
+        'description = "yes: a stderr line per call received"\n\n'
+        f'[run]\ncommand = {json.dumps([sys.executable, "main.py"])}\ntransport = "stdio"\n')
+    shutil.copy(CONNECTOR, conn / "main.py")  # a connector's code lives in its folder: all its sandbox shows of it
     (conn / "PROVISIONING.md").write_text("# shout\n\nNothing to provision: it runs with the test Python.\n")
     bindings = root / "config/bindings"
     bindings.mkdir(parents=True)
     for mode in MODES:
-        count = f', count_file = "{count_file}"' if count_file is not None else ""
+        counted = ', count = "yes"' if count else ""
         name = binding_name(mode)
         (bindings / f"{name}.toml").write_text(
             f'apiVersion = "handler.binding/v1"\nname = "{name}"\nconnector = "shout"\n'
-            f'description = "The shout connector, {mode}"\nsettings = {{ mode = "{mode}"{count} }}\n')
+            f'description = "The shout connector, {mode}"\nsettings = {{ mode = "{mode}"{counted} }}\n')
     return root

@@ -22,7 +22,7 @@ from tests.conformance.shout_tree import TOOLS, binding_name, write_shout_tree
 
 @pytest.fixture
 def shout(tmp_path: Path) -> Path:
-    return write_shout_tree(tmp_path / "tree", count_file=tmp_path / "calls.log")
+    return write_shout_tree(tmp_path / "tree", count=True)
 
 
 def items_of(path: Path) -> dict[str, dict[str, Any]]:
@@ -57,12 +57,13 @@ def test_a_good_connector_passes_and_the_run_is_recorded(shout: Path, tmp_path: 
 
 def test_only_valid_inputs_reach_the_connector(shout: Path, tmp_path: Path) -> None:
     result = tmp_path / "result.json"
+    log = tmp_path / "connector.log"  # the connector's own stderr: a line per call it received
     assert check_connector("shout", "shout-good", root=shout, examples=8, seed=2, json_path=str(result),
-                           record=False) == 0
+                           record=False, connector_log=str(log)) == 0
     items = items_of(result)
     refused = sum(i["details"]["invalid_inputs"] for n, i in items.items() if n.startswith("refuse["))
     valid = 3 + sum(i["details"]["examples"] for n, i in items.items() if n.startswith("fuzz["))
-    received = (tmp_path / "calls.log").read_text().splitlines()
+    received = [line for line in log.read_text().splitlines() if "received: " in line]
     assert refused > 10
     assert len(received) == valid  # the cases and the generated valid inputs; not one of the invalid ones
 
