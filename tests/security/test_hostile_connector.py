@@ -46,15 +46,41 @@ def refused(router: HostileRouter, name: str, target: str | None = None) -> str:
     return detail
 
 
-def _uid_of(pid: int) -> int:
+def _uids_of(pid: int) -> set[int]:
+    """The host's view of a process's uids: real, effective, saved and filesystem."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Uid:"):
-            return int(line.split()[1])
+            return {int(uid) for uid in line.split()[1:]}
     raise AssertionError(f"no Uid in /proc/{pid}/status")
 
 
+def connector_uids(router: HostileRouter) -> dict[int, set[int]]:
+    """Every Python under the router running the hostile connector, with its host uids (not the sandbox's own
+    helpers: bwrap may hold host root to set the sandbox up, the connector never)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    def under_router(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == router.pid:
+                return True
+        return False
+
+    found = {}
+    for pid in parents:
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if under_router(pid) and argv[1:2] and argv[1].endswith(b"/hostile.py") and b"python" in argv[0]:
+                found[pid] = _uids_of(pid)
+    return found
+
+
 def test_the_router_runs_as_root_or_as_an_unprivileged_user(router: HostileRouter) -> None:
-    assert _uid_of(router.pid) == (0 if router.mode == "root" else NOBODY)
+    assert _uids_of(router.pid) == ({0} if router.mode == "root" else {NOBODY})
 
 
 def test_the_store_cannot_be_opened_to_approve_a_held_call(router: HostileRouter) -> None:
@@ -148,6 +174,10 @@ def test_only_its_own_processes_are_visible(router: HostileRouter) -> None:
 
 def test_it_runs_with_no_capability_and_not_as_root_on_the_host(router: HostileRouter) -> None:
     refused(router, "identity")
+    router.call("attacker", "hostile_hello", {})
+    uids = connector_uids(router)
+    assert uids, "no process of the connector was found under the router"
+    assert all(0 not in ids for ids in uids.values()), f"connector processes by host uids: {uids}"
 
 
 def test_forks_are_bounded(router: HostileRouter) -> None:
