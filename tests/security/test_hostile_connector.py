@@ -26,8 +26,6 @@ from tests.fixtures.hostile.tree import tree_changes
 
 DEADLINE = 30.0
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the unprivileged run drops from root to nobody")
-
 
 @pytest.fixture(scope="module", params=MODES)
 def router(request: pytest.FixtureRequest) -> Iterator[HostileRouter]:
