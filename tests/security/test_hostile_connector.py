@@ -26,6 +26,10 @@ from tests.fixtures.hostile.tree import tree_changes
 
 DEADLINE = 30.0
 
+# The first test of the unprivileged run waits while its virtualenv is built (a minute or so, once per
+# `pyproject.toml`); the attacks themselves each answer within the interface's 60 s.
+pytestmark = pytest.mark.timeout(600)
+
 
 @pytest.fixture(scope="module", params=MODES)
 def router(request: pytest.FixtureRequest) -> Iterator[HostileRouter]:
