@@ -195,7 +195,8 @@ BINDING = """apiVersion = "handler.binding/v1"
 name = "email-test"
 connector = "send-email-smtp"
 secrets = {{ password = {{ env = "TEST_SMTP_CREDENTIAL" }} }}
-settings = {{ host = "127.0.0.1", port = "{port}", from = "agents@example.org" }}
+settings = {{ host = "{host}", port = "587", from = "agents@example.org" }}
+egress = ["{host}:587"]  # its exact address: the sandbox forwards that port, the proxy allows that address
 
 [pricing]
 send_email_send = 0.0
@@ -215,21 +216,21 @@ outcome = "allow"
 
 def test_through_the_router_a_server_without_starttls_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_SMTP_CREDENTIAL", CREDENTIAL)
-    mailbox, port = Mailbox(), free_port()
-    controller = Controller(mailbox, hostname="127.0.0.1", port=port)  # plain SMTP, no STARTTLS offered
+    # Port 587 on a loopback address of its own (the tests run as root, as CI does), so the binding's egress can
+    # narrow the connector's `*:587` to that one address.
+    mailbox, host = Mailbox(), "127.0.58.7"
+    controller = Controller(mailbox, hostname=host, port=587)  # plain SMTP, no STARTTLS offered
     controller.start()
     try:
         with short_dir() as folder:
             root, run_dir = folder / "t", folder / "r"
             for part in ("catalog/interfaces", "catalog/connectors", "config"):
                 shutil.copytree(REPO / part, root / part)
-            (root / "config/bindings/email-test.toml").write_text(BINDING.format(port=port))
+            (root / "config/bindings/email-test.toml").write_text(BINDING.format(host=host))
             (root / "config/profiles/tester.toml").write_text(PROFILE)
 
             async def scenario() -> dict[str, Any]:
-                # sandbox=False: the sandbox's network is the binding's egress (port 587 only) and the test's
-                # server listens on a free loopback port.
-                async with serving(root, run_dir, sandbox=False) as router:
+                async with serving(root, run_dir) as router:  # sandboxed: SMTP through the relay's raw forward
                     client = await RawClient.connect(router.socket_path("tester"))
                     try:
                         return await client.call("send_email_send", {"to": ["alice@example.org"],

@@ -284,3 +284,32 @@ def test_a_sandboxed_connector_sees_none_of_the_routers_private_files(tmp_path: 
     assert seen[str(secret_file)] == "missing"  # another binding's secret file
     assert seen[str(home_secret)] == "missing"
     assert seen["RUN/calls"] == "folder: echo-local"  # its own call folders only
+
+
+def test_without_bubblewrap_connectors_do_not_start_and_the_message_says_what_to_do(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import reconciler.connectors.sandbox as sandbox_module
+
+    monkeypatch.setattr(sandbox_module.shutil, "which", lambda name, *a, **k: None)
+    support = sandbox_support.__wrapped__()
+    assert not support.ok
+    assert "bubblewrap is not installed" in support.reason
+    assert "apt-get install bubblewrap" in support.reason
+    assert "--no-sandbox" in support.reason
+
+
+def test_where_user_namespaces_are_refused_the_message_names_the_sysctl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As an ordinary user on a machine that refuses user namespaces (Ubuntu 24.04's AppArmor default), bubblewrap
+    fails; stood in for here by a bwrap that fails the same way."""
+    import reconciler.connectors.sandbox as sandbox_module
+
+    with short_dir() as folder:
+        fake = folder / "bwrap"
+        fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+        fake.chmod(0o755)
+        monkeypatch.setattr(sandbox_module.shutil, "which", lambda name, *a, **k: str(fake))
+        support = sandbox_support.__wrapped__()
+    assert not support.ok
+    assert "setting up uid map: Permission denied" in support.reason
+    assert "kernel.apparmor_restrict_unprivileged_userns=0" in support.reason
+    assert "--no-sandbox" in support.reason
