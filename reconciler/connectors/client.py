@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -217,7 +218,7 @@ class ConnectorProcess:
         end = loop.time() + self.spec.start_timeout
         while True:
             try:
-                await loop.create_unix_connection(lambda: inc.line, path)
+                await _connect_unlinked(loop, inc.line, path)
             except (FileNotFoundError, ConnectionRefusedError):
                 if popen.poll() is not None or loop.time() > end:
                     await self._stop_incarnation(inc)
@@ -308,6 +309,21 @@ class ConnectorProcess:
             inc.stderr.close()
         await asyncio.sleep(0)  # let the closed transports' connection_lost callbacks run
         inc.exited.set()
+
+
+async def _connect_unlinked(loop: asyncio.AbstractEventLoop, protocol: asyncio.Protocol,
+                            path: str) -> asyncio.BaseTransport:
+    """Connect to the socket at `path` itself, never through a link: the connector owns the folder it is in and
+    could swap it for a link to another socket of this machine (a profile's, a database's). The socket is opened
+    without following a link, checked to be a socket, and connected to through that descriptor."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise ConnectionRefusedError(f"{path} is not a socket")
+        transport, _ = await loop.create_unix_connection(lambda: protocol, f"/proc/self/fd/{fd}")
+        return transport
+    finally:
+        os.close(fd)
 
 
 class _Stderr(asyncio.Protocol):

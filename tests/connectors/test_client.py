@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.connectors.client import ConnectorProcess, LaunchSpec
+from reconciler.connectors.client import ConnectorProcess, LaunchSpec, _connect_unlinked
 from reconciler.connectors.errors import (
     ConnectorCrashedError,
     ConnectorOutputTooLargeError,
@@ -17,7 +17,7 @@ from reconciler.connectors.errors import (
     ConnectorStartError,
 )
 from tests.fixtures.echo_tree import CONNECTOR
-from tests.fixtures.harness import run
+from tests.fixtures.harness import run, short_dir
 
 
 def spec(**extra: object) -> LaunchSpec:
@@ -169,3 +169,32 @@ def test_a_reply_over_the_line_limit_fails_its_own_call_and_the_process_lives_on
             await conn.stop()
 
     run(scenario())
+
+
+def test_a_connectors_socket_is_reached_only_as_itself_never_through_a_link() -> None:
+    """A connector owns the folder of its socket: a link put there to another socket of this machine is refused."""
+    async def scenario(folder: Path) -> tuple[bool, str]:
+        accepted = asyncio.Event()
+        def met(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.set()
+            writer.close()
+
+        server = await asyncio.start_unix_server(met, path=str(folder / "other.sock"))
+        (folder / "mcp.sock").symlink_to(folder / "other.sock")
+        loop = asyncio.get_running_loop()
+        try:
+            await _connect_unlinked(loop, asyncio.Protocol(), str(folder / "mcp.sock"))
+            refused = ""
+        except ConnectionRefusedError as exc:
+            refused = str(exc)
+        transport = await _connect_unlinked(loop, asyncio.Protocol(), str(folder / "other.sock"))  # itself: fine
+        await asyncio.wait_for(accepted.wait(), 5)
+        transport.close()
+        server.close()
+        await server.wait_closed()
+        return accepted.is_set(), refused
+
+    with short_dir() as folder:
+        reached, refused = asyncio.run(scenario(folder))
+    assert reached
+    assert refused.endswith("mcp.sock is not a socket")
