@@ -114,6 +114,10 @@ def sandbox_support() -> Support:
     if bwrap is None:
         return Support(False, privileged, "bubblewrap is not installed (Debian and Ubuntu: apt-get install "
                                           "bubblewrap); install it, or start the router with --no-sandbox")
+    missing = [tool for tool in (_PRLIMIT, _SETPRIV) if not Path(tool).exists()]
+    if missing:
+        return Support(False, privileged, f"{' and '.join(missing)} missing (util-linux); install util-linux, or "
+                                          "start the router with --no-sandbox")
     try:
         filter_program()
     except SeccompUnavailableError as exc:
@@ -154,13 +158,14 @@ def bwrap_command(command: Sequence[str], view: BoxView, limits: Limits, *, secc
     """`command` in a bubblewrap sandbox showing `view`.
 
     A short shell first moves itself into the connector's cgroups (root only) and opens the seccomp
-    program on descriptor 9; `prlimit` sets the rlimits (inherited by everything inside). With
-    `host_uid` (the router is root) the sandbox keeps only what the last step needs to become that
-    uid (`setpriv`, or `relay`, which also binds its forwards' ports first); without it, the user
-    namespace holds the user's own uid and no capability outside it.
+    program on descriptor 9. With `host_uid` (the router is root) the sandbox keeps only what the next
+    step needs to become that uid (`setpriv`, or `relay`, which also binds its forwards' ports first);
+    without it, the user namespace holds the user's own uid and no capability outside it. `prlimit`,
+    last, sets the rlimits on the connector: inside the user namespace, so the process count binds
+    the connector's own processes, not every process of the user running the router.
     """
     shell = [shutil.which("sh") or "/bin/sh", "-c", _ENTER, str(seccomp), *cgroup_procs, "--"]
-    limited = [shutil.which("prlimit") or "prlimit", f"--data={limits.memory_bytes}", f"--cpu={limits.cpu_seconds}",
+    limited = [_PRLIMIT, f"--data={limits.memory_bytes}", f"--cpu={limits.cpu_seconds}",
                f"--fsize={limits.file_bytes}", f"--nproc={limits.processes}", "--"]
     caps = ["--cap-drop", "ALL"]
     if host_uid is not None:
@@ -171,18 +176,19 @@ def bwrap_command(command: Sequence[str], view: BoxView, limits: Limits, *, secc
            "--die-with-parent", "--new-session", *caps, *_system_binds(), *_etc_binds(view.files),
            "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(limits.tmp_bytes),
            "--tmpfs", _TMP, *_view_binds(view), "--chdir", _TMP, "--seccomp", "9", "--"]
-    inner = list(command)
+    inner = [*limited, *command]
     if relay is not None:
         inner = [*relay, *(["--uid", str(host_uid)] if host_uid is not None else []), "--", *inner]
     elif host_uid is not None:
         inner = [_SETPRIV, f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups", "--inh-caps=-all",
                  "--no-new-privs", "--", *inner]
-    return [*shell, *limited, *box, *inner]
+    return [*shell, *box, *inner]
 
 
 # $0: the seccomp program; then each cgroup's `cgroup.procs` up to `--`; then the command.
 _ENTER = 'while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@" 9< "$0"'
 _SETPRIV = "/usr/bin/setpriv"
+_PRLIMIT = "/usr/bin/prlimit"
 _TMP = "/tmp"  # noqa: S108 - the sandbox's own: a size-capped tmpfs
 
 
