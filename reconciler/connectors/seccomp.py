@@ -9,7 +9,9 @@ the connector; it stays on every process the connector starts. Everything is all
 - what reaches into other processes or the kernel: `ptrace`, `process_vm_readv`/`writev`, `kcmp`,
   `keyctl` and the key calls, `bpf`, `perf_event_open`, `userfaultfd`, `io_uring_*`, module and
   `kexec_*` loading, `open_by_handle_at`, `reboot`, swap, clocks, `syslog`, `acct`, `quotactl`,
-  `iopl`/`ioperm`, and `ioctl(TIOCSTI)` (typing into a terminal).
+  `iopl`/`ioperm`, and `ioctl(TIOCSTI)` (typing into a terminal);
+- sockets of any family but unix, IPv4, IPv6 and netlink (the loopback's): no `AF_VSOCK` to a
+  hypervisor, no `AF_ALG` kernel crypto, no raw `AF_PACKET`; those fail with EAFNOSUPPORT.
 
 Each refused call fails with EPERM, so a connector sees an ordinary error rather than being killed.
 """
@@ -35,6 +37,8 @@ REFUSED = (
 )
 _NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _TIOCSTI = 0x5412
+_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+_AF_MAX_ALLOWED = max(_FAMILIES)
 
 
 class SeccompUnavailableError(Exception):
@@ -57,6 +61,10 @@ def filter_program() -> bytes:
         _add(rules, refuse, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     _add(rules, sc.ERRNO(errno.ENOSYS), "clone3")
     _add(rules, refuse, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, _TIOCSTI))
+    unsupported = sc.ERRNO(errno.EAFNOSUPPORT)
+    for family in (f for f in range(_AF_MAX_ALLOWED + 1) if f not in _FAMILIES):
+        _add(rules, unsupported, "socket", sc.Arg(0, sc.EQ, family))
+    _add(rules, unsupported, "socket", sc.Arg(0, sc.GT, _AF_MAX_ALLOWED))
     with tempfile.TemporaryFile() as out:
         rules.export_bpf(out)
         out.seek(0)

@@ -73,10 +73,18 @@ def write(p):
         return "written"
     except OSError as exc:
         return exc.strerror
+import socket
+def family(number):
+    try:
+        socket.socket(number, socket.SOCK_STREAM).close()
+        return "opened"
+    except OSError as exc:
+        return exc.strerror
 status = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
 print(json.dumps({"root": state("/"), "run": state("/run"), "usr": write("/usr/planted"), "tmp": write("/tmp/ok"),
     "pids": [p for p in os.listdir("/proc") if p.isdigit()], "uid": os.getuid(), "cap": status["CapEff"].strip(),
-    "nnp": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip()}))
+    "nnp": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
+    "vsock": family(40), "alg": family(38), "inet": family(socket.AF_INET)}))
 """
 
 
@@ -209,6 +217,8 @@ def test_the_view_is_built_from_nothing() -> None:
     assert seen["cap"] == "0000000000000000"
     assert seen["nnp"] == "1"
     assert seen["seccomp"] == "2"  # filtering
+    assert seen["vsock"] == seen["alg"] == "Address family not supported by protocol"  # no hypervisor, no kernel crypto
+    assert seen["inet"] == "opened"
     if UID is not None:
         assert seen["uid"] == UID  # the router is root: the connector is not
 
