@@ -28,7 +28,8 @@ from reconciler.gitops.reconciling import Reconciler
 from reconciler.gitops.status import Attempt
 from reconciler.governance.gate import Gate
 from reconciler.governance.governor import Governor
-from reconciler.places import default_run_dir, default_state_dir
+from reconciler.liveness import CONTROL_NAME, ControlServer, ServiceLock
+from reconciler.places import default_run_dir, default_state_dir, ensure_private_dir
 from reconciler.router.server import Router
 from reconciler.web.channels import Channels, open_channels
 from reconciler.web.http import HttpListener, WebApp, build_app
@@ -122,6 +123,20 @@ class Service:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._started = asyncio.Event()
+        self._lock = ServiceLock(self.state_dir)
+        self._control = ControlServer(self.run_dir / CONTROL_NAME, self._live_status)
+
+    def _live_status(self) -> dict[str, Any]:
+        """What `handler status` shows of a running service: its status document, with who it is."""
+        status = self.reconciler.status.to_dict()
+        status["running"] = {"pid": os.getpid(), "runDir": str(self.run_dir), "stateDir": str(self.state_dir),
+                             "http": self._http_address()}
+        return status
+
+    def _http_address(self) -> str | None:
+        if self.listener is None:
+            return None
+        return f"http://{self.options.http_host}:{self.listener.port}/"
 
     @property
     def router(self) -> Router:
@@ -160,9 +175,15 @@ class Service:
         return Follower.worktree(root, self._make_live, status_file=self.state_dir / "status.json")
 
     async def _start(self) -> None:
-        if self.options.listen:  # before anything starts: unusable channel settings stop us here
+        # Every lock and listener first, so a second service stops here having written nothing.
+        ensure_private_dir(self.state_dir, "HANDLER_STATE_DIR")
+        ensure_private_dir(self.run_dir, "HANDLER_RUN_DIR")
+        self._lock.acquire(self.run_dir)
+        await self._control.start()
+        if self.options.listen:  # unusable channel settings, a busy port: stopped here
             self._channels = self._open_channels()
             self.listener = HttpListener(self._build_app(), self.options.http_host, self.options.http_port)
+            self.listener.bind()
         await self._serve_first()
         if self.listener is not None:
             await self.listener.start()
@@ -233,6 +254,8 @@ class Service:
             await self._governor.aclose()
         if self._router is not None:
             await self._router.aclose()
+        await self._control.aclose()
+        self._lock.release()  # last: until here, this state folder is ours
 
 
 def _connector_states(router: Router) -> dict[str, Any]:

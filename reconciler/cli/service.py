@@ -21,13 +21,16 @@ from reconciler.gitops.following import FollowReports
 from reconciler.gitops.status import Attempt, read_status
 from reconciler.governance.auditing import pricing_violations_this_month
 from reconciler.governance.store import open_store, store_exists, store_url
+from reconciler.liveness import ask_service, holder_of
 from reconciler.places import default_state_dir
 from reconciler.router.server import Router
 
+EXIT_NOT_RUNNING = 3  # `handler status`: no service runs on this state folder
+
 __all__ = ["add_service_commands"]
 
-_NO_SANDBOX = ("run connectors without their own network namespace (where this machine gives none); "
-               "they then reach any host, with no egress allow-list; warns once")
+_NO_SANDBOX = ("run connectors without a sandbox (where this machine cannot build one: the start says why); they "
+               "then see the router's files and reach any host, with no egress allow-list; warns once")
 
 
 def add_service_commands(sub: Any) -> None:
@@ -153,17 +156,39 @@ def _print_not_started(attempt: Attempt) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    """Ask the service running on this state folder; when none runs, say so (exit 3) and show the last record."""
     state = args.state_dir or default_state_dir(Path(args.root))
-    status = read_status(state / "status.json")
+    holder = holder_of(state)
+    if holder is None:
+        return _not_running(state, args.format)
+    status = ask_service(holder)
     if status is None:
-        print(f"handler status: no status in {state}; has `handler up` run on this tree?", file=sys.stderr)
+        print(f"handler status: a service runs on {state} (pid {holder.pid}) but does not answer on "
+              f"{holder.control}; is it stuck starting? `kill -TERM {holder.pid}` stops it", file=sys.stderr)
         return EXIT_FINDINGS
     status["pricingViolations"] = _pricing_violations(args.root)
     if args.format == "json":
         print(json.dumps(status, indent=2))
     else:
+        running = status["running"]
+        print(f"running: pid {running['pid']}, run folder {running['runDir']}"
+              + (f", {running['http']}" if running.get("http") else ""))
         _print_status(status)
     return EXIT_OK if args.format == "json" or status["ready"] else EXIT_FINDINGS
+
+
+def _not_running(state: Path, form: str) -> int:
+    recorded = read_status(state / "status.json")
+    if form == "json":
+        print(json.dumps({"running": False, "lastRecorded": recorded}, indent=2))
+    else:
+        print(f"not running: no handler service runs on the state folder {state}")
+        if recorded is None:
+            print("  nothing recorded there yet; `handler up` starts one")
+        else:
+            print("last recorded (history, not now):")
+            _print_status(recorded)
+    return EXIT_NOT_RUNNING
 
 
 def _pricing_violations(root: str) -> int | None:

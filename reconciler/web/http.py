@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,10 +127,25 @@ class HttpListener:
         config = uvicorn.Config(guarded, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
+        self._socket: socket.socket | None = None
+
+    def bind(self) -> None:
+        """Take the port now, before the service writes anything; a port in use is a `ListenerError` that says
+        which option chooses another."""
+        config = self._server.config
+        try:
+            family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+            self._socket = socket.create_server((config.host.strip("[]"), config.port), family=family)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ListenerError(f"{config.host}:{config.port} is already in use (another handler up, or another "
+                                    "program); choose another address with --http HOST:PORT") from None
+            raise ListenerError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}; choose another "
+                                "address with --http HOST:PORT") from None
 
     async def serve(self) -> None:
-        """Serve until `stop()`."""
-        await self._server.serve()
+        """Serve until `stop()`, on the socket `bind` took (or one uvicorn takes now)."""
+        await self._server.serve(sockets=[self._socket] if self._socket is not None else None)
 
     async def start(self, timeout: float = 10.0) -> None:
         """Serve in a task of this loop; return once listening. What stops it first (a port in use, an

@@ -1,0 +1,162 @@
+"""Is a service running on this state folder, and what does it say now? (docs/architecture.md §8)
+
+A running service holds an exclusive `flock` on `<state>/service.lock` for its whole life; the
+kernel lets go of it when the process ends however it ends, so a lock that can be taken means no
+service runs there, whatever files were left behind. The lock file names the holder (pid, start time,
+run folder) and its control socket, `<run>/service.sock` (0600): one JSON line in, one out, answered
+from the living service (`{"ask": "status"}` → its status document).
+
+`handler status` asks that socket; when the lock is free it says "not running" and shows the last
+recorded state as history only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reconciler.places import PRIVATE_FILE_MODE, open_private_file
+from reconciler.wire.errors import HandlerError
+
+__all__ = ["ControlServer", "Holder", "ServiceLock", "ServiceRunningError", "ask_service", "holder_of"]
+
+LOCK_NAME = "service.lock"
+CONTROL_NAME = "service.sock"
+_MAX_REPLY = 8 << 20
+
+
+class ServiceRunningError(HandlerError):
+    """Another service holds this state folder."""
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    pid: int
+    started: str
+    run_dir: str
+    control: str
+
+
+class ServiceLock:
+    """The state folder's service lock, held from `acquire` to `release` (or the process's end)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self, run_dir: Path) -> None:
+        """Take the lock or raise `ServiceRunningError` naming who holds it; then record ourselves in it."""
+        fd = open_private_file(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = holder_of(self.path.parent)
+            who = f"pid {holder.pid}, started {holder.started}, run folder {holder.run_dir}" if holder else "another"
+            raise ServiceRunningError(
+                f"a handler service already runs on the state folder {self.path.parent} ({who}); stop it first, "
+                "or give this one its own --state-dir (and --run-dir, --http)") from None
+        record = {"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runDir": str(run_dir),
+                  "control": str(run_dir / CONTROL_NAME)}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing the descriptor lets go of the lock
+            self._fd = None
+
+
+def holder_of(state_dir: Path) -> Holder | None:
+    """Who holds the state folder's service lock now, or None when no service runs there."""
+    path = state_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_holder(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None  # nobody holds it: whatever the file says is history
+    finally:
+        os.close(fd)
+
+
+def _read_holder(fd: int) -> Holder:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        data = {}
+    return Holder(int(data.get("pid", 0)), str(data.get("started", "?")), str(data.get("runDir", "?")),
+                  str(data.get("control", "")))
+
+
+class ControlServer:
+    """The living service's answers on `<run>/service.sock`."""
+
+    def __init__(self, path: Path, status: Callable[[], dict[str, Any]]) -> None:
+        self.path = path
+        self._status = status
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a socket left by a service that died: the lock says it is gone
+        self._server = await asyncio.start_unix_server(self._answer, path=str(self.path))
+        self.path.chmod(PRIVATE_FILE_MODE)
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 5)
+            try:
+                ask = json.loads(line).get("ask")
+            except (ValueError, AttributeError):
+                ask = None
+            reply = {"status": self._status()} if ask == "status" else {"error": "ask for 'status'"}
+            writer.write(json.dumps(reply).encode() + b"\n")
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def ask_service(holder: Holder, timeout: float = 5.0) -> dict[str, Any] | None:
+    """The living service's status, or None when its control socket does not answer."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(holder.control)
+            sock.sendall(b'{"ask": "status"}\n')
+            data = b""
+            while not data.endswith(b"\n") and len(data) < _MAX_REPLY:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        status = json.loads(data).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return status if isinstance(status, dict) else None
