@@ -74,17 +74,21 @@ def served() -> Iterator[Served]:
     with short_dir() as folder:
         root, run_dir = _tree(folder / "t"), folder / "r"
         env = {**os.environ, TOKEN_ENV: "tok", "HANDLER_RUN_DIR": str(run_dir)}
+        drain: threading.Thread | None = None
         proc = subprocess.Popen([HANDLER, "serve", str(root), "--no-sandbox"], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()  # the service prints its sockets once it serves
             assert "tester" in line, line + proc.stdout.read()
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # its later lines must not fill the pipe
+            drain = threading.Thread(target=proc.stdout.read, daemon=True)  # later lines must not fill the pipe
+            drain.start()
             yield Served(root, run_dir)
         finally:
             proc.terminate()
             proc.wait(DEADLINE)
+            if drain is not None:
+                drain.join(DEADLINE)
             if proc.stdout is not None:
                 proc.stdout.close()
 
