@@ -355,7 +355,9 @@ class ConnectorPool:
         if tools is None:
             raise ConnectorStartError(f"binding '{binding_name}': the server connector '{connector.name}' wraps "
                                       "does not answer tools/list, so its [wrap] cannot be checked")
-        check_wrap(binding_name, wrap, sorted(snapshot.tool_names(connector.spec.implements)), tools)
+        takes = {tool.name: set(tool.inputSchema.get("properties") or ()) for key in connector.spec.implements
+                 if (iface := snapshot.interfaces.get(key)) for tool in iface.tools}
+        check_wrap(binding_name, wrap, takes, tools)
         texts = {code: text for key in connector.spec.implements if (iface := snapshot.interfaces.get(key))
                  for code, text in iface.spec.errors.items()}
         entry.connector = InRouter(WrappedConnector(process, wrap, texts))  # type: ignore[arg-type]

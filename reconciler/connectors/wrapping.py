@@ -16,7 +16,7 @@ server's wording, which goes nowhere: it may quote arguments.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -144,16 +144,18 @@ class WrappedConnector:
         return out
 
 
-def check_wrap(binding: str, wrap: WrapSpec, tools: Sequence[str], offered: Sequence[Mapping[str, Any]]) -> None:
-    """Hold the wrap of `tools` (the interface tools it serves) against the server's `tools/list`.
+def check_wrap(binding: str, wrap: WrapSpec, tools: Mapping[str, Collection[str]],
+               offered: Sequence[Mapping[str, Any]]) -> None:
+    """Hold the wrap of `tools` (each interface tool it serves → its arguments) against the server's `tools/list`.
 
     Raises `ConnectorStartError` naming the interface's side and the server's: a tool the server
-    does not offer, or a renamed or fixed argument its `inputSchema` does not have.
+    does not offer, or a renamed or fixed argument its `inputSchema` does not have. A rename of
+    `[wrap]` itself (for every tool) counts only for the tools that have the argument.
     """
     by_name = {t.get("name"): t for t in offered if isinstance(t, Mapping)}
     offers = ", ".join(sorted(str(n) for n in by_name)) or "no tools"
     problems: list[str] = []
-    for name in tools:
+    for name, takes in tools.items():
         spec = wrap.tool(name)
         server_tool = by_name.get(spec.tool)
         if server_tool is None:
@@ -163,8 +165,10 @@ def check_wrap(binding: str, wrap: WrapSpec, tools: Sequence[str], offered: Sequ
         schema = server_tool.get("inputSchema")
         known = set((schema.get("properties") or {}) if isinstance(schema, Mapping) else ())
         said = ", ".join(sorted(known)) or "none"
+        own = wrap.tools.get(name)
         for ours, theirs in spec.arguments.items():
-            if theirs not in known:
+            shared = not (isinstance(own, WrapTool) and ours in own.arguments)
+            if theirs not in known and not (shared and ours not in takes):
                 problems.append(f"'{name}' renames its argument '{ours}' to '{theirs}', which the server's "
                                 f"'{spec.tool}' does not take (its arguments: {said})")
         for theirs in spec.fixed:

@@ -119,18 +119,21 @@ def test_the_wrap_is_held_against_the_servers_tools_list_naming_both_sides(tmp_p
 
     tools = asyncio.run(asyncio.wait_for(offered(), 60))
     assert WRAP is not None
-    check_wrap("fetch-local", WRAP, ["web_fetch_get"], tools)  # the shipped wrap fits
+    takes = {"web_fetch_get": {"url", "maxLength"}}
+    check_wrap("fetch-local", WRAP, takes, tools)  # the shipped wrap fits
+    # A rename of [wrap] itself counts only for the tools that have the argument.
+    check_wrap("fetch-local", WrapSpec(tools={"web_fetch_get": "fetch"}, arguments={"query": "q"}), takes, tools)
     wrong = WrapSpec.model_validate({"tools": {"web_fetch_get": {"tool": "fetch", "arguments": {"maxLength": "limit"},
                                                                  "fixed": {"html": True}}}})
     with pytest.raises(ConnectorStartError) as caught:
-        check_wrap("fetch-local", wrong, ["web_fetch_get"], tools)
+        check_wrap("fetch-local", wrong, takes, tools)
     said = caught.value.message
     assert "'web_fetch_get' renames its argument 'maxLength' to 'limit'" in said
     assert "fixes the argument 'html'" in said
     assert "its arguments: max_length, raw, start_index, url" in said
     with pytest.raises(ConnectorStartError, match=r"'web_fetch_get' maps to the server's tool 'get_page', which "
                        r"it does not offer \(it offers: fetch\)"):
-        check_wrap("fetch-local", WrapSpec(tools={"web_fetch_get": "get_page"}), ["web_fetch_get"], tools)
+        check_wrap("fetch-local", WrapSpec(tools={"web_fetch_get": "get_page"}), takes, tools)
 
 
 def _tree_with_wrap(root: Path, server_tool: str) -> Path:
