@@ -1,9 +1,11 @@
 """The ways a connector fails a check, one type each, and the rules that tell them from a pass.
 
 A generated valid input must give an output valid against the tool's `outputSchema` or an error of
-the interface's closed list. An `unavailable` that the router made itself (its `_meta` names the
-cause: the output broke the schema, the connector crashed, hung, sent an undeclared code or a
-JSON-RPC error) is a failure, not an allowed error. Each kind is its own exception type, so that
+the interface's closed list, and a tool must give an output for at least one of them: one whose
+every answer is an allowed error (a wrap calling a tool its server lacks) does nothing. An
+`unavailable` that the router made itself (its `_meta` names the cause: the output broke the
+schema, the connector crashed, hung, sent an undeclared code or a JSON-RPC error) is a failure,
+not an allowed error. Each kind is its own exception type, so that
 hypothesis shrinks each distinct bug to its own minimal example rather than merging them.
 """
 
@@ -23,6 +25,7 @@ __all__ = [
     "ConnectorCrashed",
     "ConnectorFailed",
     "ConnectorHung",
+    "NeverAnOutput",
     "NotRefused",
     "OutputInvalid",
     "UndeclaredError",
@@ -68,6 +71,10 @@ class UndeclaredError(ConformanceFailure):
 
 class ConnectorFailed(ConformanceFailure):
     kind = "connector failed"
+
+
+class NeverAnOutput(ConformanceFailure):
+    kind = "no valid input gave an output"
 
 
 class UnexpectedRefusal(ConformanceFailure):

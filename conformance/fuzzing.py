@@ -1,7 +1,8 @@
 """Fuzzing a tool through the router: generated valid inputs judged, derived invalid ones refused.
 
 `fuzz_tool` calls the tool with valid inputs (`strategies.valid_inputs`) and judges each result
-(`failures.judge_output`): an output valid against the outputSchema, or an error of the closed list.
+(`failures.judge_output`): an output valid against the outputSchema, or an error of the closed list;
+and a tool whose every result was an error fails (`NeverAnOutput`), since errors alone prove nothing.
 hypothesis shrinks a failure to a minimal input, reproducible with the run's seed. `refuse_invalid`
 sends the inputs `mutations.invalid_inputs` derives, each of which must be refused with
 `invalid_arguments` before the connector sees it.
@@ -20,7 +21,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from conformance.failures import NotRefused, judge_output
+from conformance.failures import NeverAnOutput, NotRefused, judge_output
 from conformance.mutations import Mutation, invalid_inputs
 from conformance.replies import Reply
 from conformance.strategies import OUTPUT_FOLDER, NoFixturesError, valid_inputs
@@ -76,6 +77,7 @@ def fuzz_tool(call: Call, tool: Tool, fixtures: Sequence[str], error_codes: froz
     (kept in `stats`, when given, also when it raises)."""
     stats = stats if stats is not None else FuzzStats()
     output_schema = tool.outputSchema
+    first: list[dict[str, Any]] = []
 
     @fuzz_settings(examples)
     @hypothesis_seed(seed)
@@ -84,9 +86,14 @@ def fuzz_tool(call: Call, tool: Tool, fixtures: Sequence[str], error_codes: froz
         reply = call(arguments)
         stats.examples += 1
         stats.outcomes[reply.error or "output"] += 1
+        first[:] = first or [arguments]
         judge_output(arguments, reply, error_codes, output_schema)
 
     one_input()
+    if stats.examples and not stats.outcomes["output"]:
+        ended = ", ".join(f"{code} {n}x" for code, n in sorted(stats.outcomes.items()))
+        raise NeverAnOutput(f"all {stats.examples} valid inputs ended in an error ({ended}): the tool never "
+                            "gave an output", first[0] if first else {})
     return stats
 
 

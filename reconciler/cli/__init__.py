@@ -1,53 +1,69 @@
 """The `handler` command: argument parsing and printing only; the work happens in the rooms.
 
 Only this package prints. Its modules: `trees` (validate, plan, mcp-config), `governance`
-(explain, approvals, audit, balance, spend, store), `service` (serve, up, status) and `common`
-(exit codes, loading a tree, printing findings).
+(explain, approvals, audit, balance, spend, store), `service` (serve, up, status), `call` (call a
+tool from a script; its flags from `flags`), `llm` (`handler-llm`) and `common` (exit codes, loading
+a tree, printing findings).
 
 Exit codes: 0 success, 1 findings (or a failed check), 2 unusable arguments (a missing folder, an
-unknown git ref). Subcommands of other distributions' parts (the conformance runner) register
-through the `handler.commands` entry-point group, so this package never imports them.
+unknown git ref); `handler call` has its own (see `call`). Subcommands of other distributions' parts
+(the conformance runner) register through the `handler.commands` entry-point group, so this package
+never imports them.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from reconciler.cli.common import EXIT_FINDINGS, EXIT_USAGE
-from reconciler.cli.governance import add_governance_commands
-from reconciler.cli.service import add_service_commands
-from reconciler.cli.trees import add_tree_commands
-from reconciler.config import HandlerError, SourceError
+from reconciler.wire.errors import HandlerError
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["call"]:
+        # Its flags come from the tool's schema, so it parses its own words; and it loads only what a
+        # call needs, so a script calling tools in a loop does not pay for the service's rooms each time.
+        from reconciler.cli.call import run_call
+        return _guarded(lambda: run_call(words[1:]))
     parser = _build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     if not hasattr(args, "run"):
         parser.print_help()
         return EXIT_USAGE
+    return _guarded(lambda: int(args.run(args)))
+
+
+def _guarded(run: Callable[[], int]) -> int:
+    """`run`'s exit code; a HandlerError is printed: a tree that cannot be read is 2, any other 1."""
+    from reconciler.config.errors import SourceError
     try:
-        code: int = args.run(args)
+        return run()
     except SourceError as exc:
         print(f"handler: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except HandlerError as exc:
         print(f"handler: {exc}", file=sys.stderr)
         return EXIT_FINDINGS
-    return code
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from reconciler.cli.call import add_call_command
+    from reconciler.cli.governance import add_governance_commands
+    from reconciler.cli.service import add_service_commands
+    from reconciler.cli.trees import add_tree_commands
+
     parser = argparse.ArgumentParser(prog="handler", description="Handler services: contracts, bindings, governance.")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_tree_commands(sub)
     add_governance_commands(sub)
     add_service_commands(sub)
+    add_call_command(sub)
     for ep in entry_points(group="handler.commands"):
         ep.load()(sub)
     return parser

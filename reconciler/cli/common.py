@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from reconciler.config import FolderSource, Loader, Snapshot, SourceError
-from reconciler.config.findings import Finding
+if TYPE_CHECKING:
+    from reconciler.config import Snapshot
+    from reconciler.config.findings import Finding
 
 __all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_USAGE", "load_tree", "print_findings"]
 
@@ -18,6 +20,8 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
 def load_tree(root: str) -> Snapshot:
     """The config tree at `root`, loaded and checked; SourceError when `root` holds none."""
+    from reconciler.config import FolderSource, Loader, SourceError  # loaded when used: `handler call` starts fast
+
     if not Path(root, "config").is_dir() and not Path(root, "catalog").is_dir():
         raise SourceError(f"{root} holds neither config/ nor catalog/; give the root of a config tree")
     return Loader().load(FolderSource(root))

@@ -68,6 +68,8 @@ CODES: dict[str, Code] = _registry(
     Code("N005", E, "[wrap] maps a tool the connector does not implement"),
     Code("N006", E, "[wrap] names an unknown reshaper or an error outside the closed list"),
     Code("N007", E, "[run] runs a file the connector's folder does not hold"),
+    Code("N008", E, "[wrap] renames an argument the interface tool does not have"),
+    Code("N009", E, "a [wrap] error pattern is not a regular expression"),
     # bindings
     Code("B001", E, "the binding's connector does not exist"),
     Code("B002", E, "a required secret slot is not filled"),

@@ -40,7 +40,9 @@ __all__ = [
     "SlackSpec",
     "TemplateFile",
     "Tool",
+    "WrapError",
     "WrapSpec",
+    "WrapTool",
 ]
 
 
@@ -132,14 +134,44 @@ class RunSpec(_Model):
     builtin: str | None = None
 
 
-class WrapSpec(_Model):
-    """Run an existing MCP server under the interface's names: interface tool → server tool,
-    interface argument → server argument, and a named reshaping of its results."""
+class WrapError(_Model):
+    """A server's tool error that means an interface error: `match`, a regular expression, is
+    searched in the error's text; the first entry that matches names the interface's `error`."""
 
-    tools: dict[str, str]
-    arguments: dict[str, str] = {}
+    match: str = Field(min_length=1)
+    error: str
+
+
+class WrapTool(_Model):
+    """How one interface tool reaches the wrapped server (docs/config.md, "[wrap]")."""
+
+    tool: str  # the server's tool
+    arguments: dict[str, str] = {}  # interface argument → the server's argument
+    fixed: dict[str, Any] = {}  # server argument → the value always sent
+    reshape: str | None = None  # one of snapshot.RESHAPERS; default: [wrap] reshape
+    errors: list[WrapError] = []  # tried in order, before [wrap] error
+
+
+class WrapSpec(_Model):
+    """Run an existing MCP server under the interface's names.
+
+    `tools` maps each interface tool to the server's: a name (the short form, using the renames,
+    reshaper and error of `[wrap]` itself) or a table of its own (`WrapTool`). A server's JSON-RPC
+    error is always `unavailable`; a tool error becomes a domain error only where a pattern (or
+    `error`, for every tool) maps it.
+    """
+
+    tools: dict[str, str | WrapTool]
+    arguments: dict[str, str] = {}  # renames for every tool; a tool's own win
     reshape: str | None = None  # one of snapshot.RESHAPERS; None = the server's structuredContent
-    error: str | None = None  # the interface error a server's failure becomes (default unavailable)
+    error: str | None = None  # the interface error every unmatched tool error becomes (default unavailable)
+
+    def tool(self, name: str) -> WrapTool:
+        """What interface tool `name` calls, with `[wrap]`'s own renames and reshaper filled in."""
+        given = self.tools.get(name, name)
+        own = WrapTool(tool=given) if isinstance(given, str) else given
+        return own.model_copy(update={"arguments": {**self.arguments, **own.arguments},
+                                      "reshape": own.reshape or self.reshape})
 
 
 class SandboxSpec(_Model):

@@ -40,7 +40,7 @@ from reconciler.connectors.drift import find_tool_drift
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
 from reconciler.connectors.launching import Launch, declared_env, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
-from reconciler.connectors.wrapping import ToolCaller, WrappedConnector
+from reconciler.connectors.wrapping import ToolCaller, WrappedConnector, check_wrap
 from reconciler.places import default_state_dir
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
@@ -367,15 +367,24 @@ class ConnectorPool:
         process = entry.process = ConnectorProcess(entry.launch.spec, on_dispatch=self._on_dispatch)
         await process.ensure_started()
 
-        if connector.spec.wrap is None:
-            try:
-                tools: list[dict[str, Any]] | None = await process.list_tools()
-            except ConnectorReplyError:
-                tools = None  # it does not list its tools: nothing to compare
+        wrap = connector.spec.wrap
+        try:
+            tools: list[dict[str, Any]] | None = await process.list_tools()
+        except ConnectorReplyError:
+            tools = None  # it does not list its tools: nothing to compare
+        if wrap is None:
             entry.drift = find_tool_drift(binding_name, tools, snapshot, connector)  # raises on a missing tool
             entry.connector = process
-        else:
-            entry.connector = InRouter(WrappedConnector(process, connector.spec.wrap))  # type: ignore[arg-type]
+            return
+        if tools is None:
+            raise ConnectorStartError(f"binding '{binding_name}': the server connector '{connector.name}' wraps "
+                                      "does not answer tools/list, so its [wrap] cannot be checked")
+        takes = {tool.name: set(tool.inputSchema.get("properties") or ()) for key in connector.spec.implements
+                 if (iface := snapshot.interfaces.get(key)) for tool in iface.tools}
+        check_wrap(binding_name, wrap, takes, tools)
+        texts = {code: text for key in connector.spec.implements if (iface := snapshot.interfaces.get(key))
+                 for code, text in iface.spec.errors.items()}
+        entry.connector = InRouter(WrappedConnector(process, wrap, texts))  # type: ignore[arg-type]
 
     async def _retire(self, entry: _Entry) -> None:
         """Stop what an entry started (its connector, its process group, its proxy and folder)."""

@@ -1,7 +1,7 @@
 """The one JSON-RPC line client: requests multiplexed by id over one byte stream.
 
 The connector client speaks it to a connector process (over its pipes or its socket), the
-conformance harness and the command-line clients (`handler-llm`) speak it to a profile's socket.
+conformance harness and the command-line clients (`handler call`, `handler-llm`) speak it to a profile's socket.
 Replies are matched to requests by id, so many calls share one stream. A request may carry a
 deadline on the loop's clock: one sweeping timer per client fails the late ones with `TimeoutError`
 (no timer per call), and a request given up on — late or cancelled — is reported to the peer with

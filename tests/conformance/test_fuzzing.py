@@ -15,6 +15,7 @@ from hypothesis_jsonschema import from_schema
 
 from conformance.failures import (
     ConnectorCrashed,
+    NeverAnOutput,
     NotRefused,
     OutputInvalid,
     UndeclaredError,
@@ -186,6 +187,26 @@ def test_fuzzing_shrinks_each_distinct_bug_to_its_own_minimal_input() -> None:
     if "UndeclaredError" in found:
         assert found["UndeclaredError"] == "z"
     assert stats.examples > 0
+
+
+def test_a_tool_whose_every_answer_is_an_allowed_error_fails() -> None:
+    # A wrap calling a tool its server lacks once answered every call with a declared error: each
+    # answer is allowed, and yet the tool never worked.
+    def call(arguments: Mapping[str, Any]) -> Reply:
+        return reply({"error": "empty_text", "message": "there was nothing to shout"}, error=True)
+
+    stats = FuzzStats()
+    with pytest.raises(NeverAnOutput) as caught:
+        fuzz_tool(call, Tool.model_validate(SHOUT_TEXT), [], CODES | {"empty_text"}, examples=5, seed=1, stats=stats)
+    assert caught.value.summary.startswith("all 5 valid inputs ended in an error (empty_text 5x)")
+
+    def sometimes(arguments: Mapping[str, Any]) -> Reply:
+        if arguments["text"]:
+            return reply({"error": "empty_text", "message": "m"}, error=True)
+        return reply({"text": "", "length": 0})
+
+    assert fuzz_tool(sometimes, Tool.model_validate(SHOUT_TEXT), [], CODES | {"empty_text"}, examples=20,
+                     seed=1).outcomes["output"] > 0
 
 
 def test_2020_12_keywords_the_generator_ignores_are_named() -> None:

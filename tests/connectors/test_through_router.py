@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 
-from reconciler.router.llm_cli import EXIT_CODES
+from reconciler.cli.llm import EXIT_CODES
 from tests.fixtures.harness import RawClient, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
 from tests.fixtures.vendors import Reply, openai_reply, serving_vendor
 
 REPO = Path(__file__).resolve().parents[2]
-HANDLER_LLM = str(Path(sys.executable).parent / "handler-llm")
 
 
 @pytest.fixture
@@ -37,8 +36,9 @@ def _set_binding(root: Path, name: str, text: str) -> None:
 
 
 async def _handler_llm(run_dir: Path, *args: str) -> tuple[int, str, str]:
+    # `python -m` runs the same main as the installed `handler-llm` script, whatever version installed it.
     proc = await asyncio.create_subprocess_exec(
-        HANDLER_LLM,
+        sys.executable, "-m", "reconciler.cli.llm",
         "--profile",
         "assistant",
         *args,

@@ -1,16 +1,18 @@
 """What a connector names exists: the interface versions it implements, the code its `[run]` runs and,
-in `[wrap]`, their tools, a reshaper the router knows and an error of their closed list. N001, N005,
-N006, N007.
+in `[wrap]`, their tools and arguments, a reshaper the router knows, errors of their closed list and
+error patterns that compile. N001, N005, N006, N007, N008, N009.
 
 Run by `check_tree` for each connector, again only when the connector or an interface changed.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Iterator
 
 from reconciler.config.findings import Finding, suggest
-from reconciler.config.models import WrapSpec
+from reconciler.config.models import WrapSpec, WrapTool
 from reconciler.config.snapshot import RESHAPERS, Connector, Snapshot
 
 __all__ = ["check_connector"]
@@ -59,9 +61,18 @@ def _check_run(snapshot: Snapshot, connector: Connector) -> Iterator[Finding]:
 
 
 def _check_wrap(snapshot: Snapshot, connector: Connector, wrap: WrapSpec) -> Iterator[Finding]:
+    """N005, N006, N008, N009: what `[wrap]` names exists on the interface's side.
+
+    The server's side (its tools, its arguments) is checked when the process starts, against its
+    own `tools/list` (`connectors.wrapping.check_wrap`): a save-time check cannot run it.
+    """
     file = f"{connector.folder}/connector.toml"
     served = snapshot.tool_names(connector.spec.implements)
-    for tool in wrap.tools:
+    codes: frozenset[str] = frozenset().union(
+        *(iface.error_codes for k in connector.spec.implements if (iface := snapshot.interfaces.get(k)))
+    )
+    fields = _argument_names(snapshot, connector)
+    for tool, given in wrap.tools.items():
         if tool not in served:
             hint = suggest(tool, sorted(served), none="(no tools)")
             yield Finding(
@@ -72,26 +83,87 @@ def _check_wrap(snapshot: Snapshot, connector: Connector, wrap: WrapSpec) -> Ite
                 hint.one_of,
                 "correct the tool name",
             )
-    if wrap.reshape is not None and wrap.reshape not in RESHAPERS:
-        hint = suggest(wrap.reshape, RESHAPERS)
+        elif isinstance(given, WrapTool):
+            at = ("wrap", "tools", tool)
+            yield from _check_reshape(snapshot, file, given.reshape, at)
+            yield from _check_renames(snapshot, file, given.arguments, fields.get(tool, set()), at, f"'{tool}'")
+            for i, mapped in enumerate(given.errors):
+                yield from _check_error(snapshot, file, mapped.error, codes, (*at, "errors", i, "error"))
+                yield from _check_pattern(snapshot, file, mapped.match, (*at, "errors", i, "match"))
+    yield from _check_reshape(snapshot, file, wrap.reshape, ("wrap",))
+    every = set().union(*fields.values()) if fields else set()
+    yield from _check_renames(snapshot, file, wrap.arguments, every, ("wrap",), "any tool it serves")
+    if wrap.error is not None:
+        yield from _check_error(snapshot, file, wrap.error, codes, ("wrap", "error"))
+
+
+def _argument_names(snapshot: Snapshot, connector: Connector) -> dict[str, set[str]]:
+    """Each tool the connector serves → the argument names of its interface's inputSchema."""
+    names: dict[str, set[str]] = {}
+    for key in connector.spec.implements:
+        iface = snapshot.interfaces.get(key)
+        for tool in iface.tools if iface else ():
+            names.setdefault(tool.name, set()).update((tool.inputSchema.get("properties") or {}).keys())
+    return names
+
+
+def _check_reshape(snapshot: Snapshot, file: str, reshape: str | None, at: tuple[str, ...]) -> Iterator[Finding]:
+    if reshape is not None and reshape not in RESHAPERS:
+        hint = suggest(reshape, RESHAPERS)
         yield Finding(
             "N006",
             file,
-            snapshot.line_of(file, "wrap", "reshape"),
-            f"[wrap] reshape '{wrap.reshape}' is not a reshaper the router knows{hint.did_you_mean}",
+            snapshot.line_of(file, *at, "reshape"),
+            f"[wrap] reshape '{reshape}' is not a reshaper the router knows{hint.did_you_mean}",
             hint.one_of,
             'reshape = "text" (text content as {"text": ...}), or omit it to pass structuredContent through',
         )
-    codes: frozenset[str] = frozenset().union(
-        *(iface.error_codes for k in connector.spec.implements if (iface := snapshot.interfaces.get(k)))
-    )
-    if wrap.error is not None and wrap.error not in codes:
-        hint = suggest(wrap.error, sorted(codes))
+
+
+def _check_error(snapshot: Snapshot, file: str, code: str, codes: frozenset[str],
+                 at: tuple[str | int, ...]) -> Iterator[Finding]:
+    if code not in codes:
+        hint = suggest(code, sorted(codes))
         yield Finding(
             "N006",
             file,
-            snapshot.line_of(file, "wrap", "error"),
-            f"[wrap] error '{wrap.error}' is not in the closed list of the interfaces it implements{hint.did_you_mean}",
+            snapshot.line_of(file, *at),
+            f"[wrap] error '{code}' is not in the closed list of the interfaces it implements{hint.did_you_mean}",
             hint.one_of,
             "name an error code of the interface, or omit it (unavailable)",
+        )
+
+
+def _check_renames(snapshot: Snapshot, file: str, renames: dict[str, str], known: set[str],
+                   at: tuple[str, ...], whose: str) -> Iterator[Finding]:
+    """N008: a renamed argument is one the interface tool takes (else the rename never applies)."""
+    for ours, theirs in renames.items():
+        if ours not in known:
+            hint = suggest(ours, sorted(known), none="(no arguments)")
+            close = difflib.get_close_matches(ours, sorted(known), n=1)
+            yield Finding(
+                "N008",
+                file,
+                snapshot.line_of(file, *at, "arguments", ours),
+                f"[wrap] renames the argument '{ours}' (to the server's '{theirs}'), which the inputSchema of "
+                f"{whose} does not have{hint.did_you_mean}",
+                f"an argument of the interface's inputSchema, {hint.one_of}",
+                f"arguments = {{ {close[0] if close else 'argument'} = \"{theirs}\" }}, naming the interface's "
+                "argument first, the server's second",
+            )
+
+
+def _check_pattern(snapshot: Snapshot, file: str, pattern: str, at: tuple[str | int, ...]) -> Iterator[Finding]:
+    """N009: an error pattern compiles as a regular expression."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        yield Finding(
+            "N009",
+            file,
+            snapshot.line_of(file, *at),
+            f"[wrap] error pattern {pattern!r} is not a regular expression: {exc}",
+            "a Python regular expression, searched in the server's error text",
+            f"match = '{re.escape(pattern)}' to match the text as it is (in single quotes, TOML keeps the "
+            "backslashes)",
         )

@@ -1,9 +1,10 @@
-"""`handler-llm`: the llm/v1 command-line client for scripts (docs/architecture.md §3).
+"""`handler-llm`: `handler call llm llm_complete` for a prompt, with the llm/v1 shortcuts (docs/router.md).
 
-It calls `llm_complete` through the calling profile's socket, exactly as an agent would, so the
-profile's selection, limits and governance apply. The prompt comes from the arguments or stdin; the
-reply's text goes to stdout. Each outcome has its own exit code, so a script can tell a refusal
-from a rate limit from an outage:
+A thin alias of `handler call` (`reconciler.cli.call`): the same link to the calling profile's socket,
+the same `_meta`, the same reading of results, so the profile's selection, limits and governance
+apply exactly as to an agent. What it adds is the prompt: taken from the arguments or stdin and sent
+as one user message; the reply's text goes to stdout. It keeps the exit codes scripts written for it
+rely on, one per outcome, so a script can tell a refusal from a rate limit from an outage:
 
     0 the reply was printed    3 refused     4 limit       5 unavailable
     6 invalid_arguments        7 blocked     8 pending (held for approval; the request id on stderr)
@@ -13,7 +14,6 @@ from a rate limit from an outage:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Sequence
@@ -22,10 +22,8 @@ from typing import Any
 
 import orjson
 
-from reconciler.places import default_run_dir, socket_path
-from reconciler.wire.client import LineClient
-from reconciler.wire.errors import JsonRpcError, LineClosedError
-from reconciler.wire.meta import caller_meta
+from reconciler.cli.call import LinkError, connect, outcome_of, read_body
+from reconciler.wire.errors import JsonRpcError
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -56,45 +54,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                        ("model", args.model)):
         if value is not None:
             arguments[key] = value
-    path = socket_path(args.run_dir or default_run_dir(), args.profile)
     try:
-        result = _call(path, arguments)
-    except OSError as exc:
-        print(f"handler-llm: no router serves profile '{args.profile}' at {path} ({exc.strerror or exc}); start "
-              "one with `handler up`", file=sys.stderr)
-        return 1
-    except _ProtocolError as exc:
+        with connect(args.profile, args.run_dir, "llm", "handler-llm") as link:
+            result = link.call_tool("llm_complete", arguments)
+    except LinkError as exc:
         print(f"handler-llm: {exc}", file=sys.stderr)
+        return 1
+    except JsonRpcError as exc:
+        print(f"handler-llm: the router refused the call: {exc.message} ({exc.code})", file=sys.stderr)
         return 1
     return _report(result, as_json=args.json)
 
 
-class _ProtocolError(Exception):
-    pass
-
-
-def _call(path: Path, arguments: dict[str, Any]) -> dict[str, Any]:
-    return asyncio.run(_call_async(path, arguments))
-
-
-async def _call_async(path: Path, arguments: dict[str, Any]) -> dict[str, Any]:
-    meta = caller_meta("llm", os.environ)
-    client = await LineClient.connect_unix(path, name="the router")
-    method = "initialize"
-    try:
-        await client.initialize({"name": "handler-llm", "version": "1"}, meta=meta)
-        method = "tools/call"
-        return await client.request(method, {"name": "llm_complete", "arguments": arguments, "_meta": meta})
-    except LineClosedError:
-        raise _ProtocolError("the router closed the connection before answering") from None
-    except JsonRpcError as exc:
-        raise _ProtocolError(f"the router refused {method}: {exc.message} ({exc.code})") from None
-    finally:
-        client.close()
-
-
 def _report(result: dict[str, Any], *, as_json: bool) -> int:
-    content = result.get("structuredContent") or {}
+    content = read_body(result)
     if as_json:
         print(orjson.dumps(result).decode())
     if not result.get("isError"):
@@ -103,10 +76,14 @@ def _report(result: dict[str, Any], *, as_json: bool) -> int:
             if not content.get("text", "").endswith("\n"):
                 sys.stdout.write("\n")
         return 0
-    outcome = content.get("error") or content.get("status") or "unavailable"
+    outcome = outcome_of(result, content)
     message = content.get("message", "")
     if outcome == "pending":
         print(f"handler-llm: held for approval as {content.get('request_id')}: {message}", file=sys.stderr)
     else:
         print(f"handler-llm: {outcome}: {message}", file=sys.stderr)
     return EXIT_CODES.get(outcome, EXIT_CODES["unavailable"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

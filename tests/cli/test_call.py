@@ -1,0 +1,226 @@
+"""`handler call` as a script runs it: a real `handler serve` on the shipped tree (plus the echo
+interface), and the real `handler` command talking to its sockets; one test per exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from reconciler.cli.flags import kebab, plan_flags
+from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.harness import short_dir
+
+REPO = Path(__file__).resolve().parents[2]
+HANDLER = str(Path(sys.executable).with_name("handler"))
+DEADLINE = 30.0
+HAS_OCR = bool(shutil.which("tesseract") and shutil.which("pdftoppm"))
+
+_TESTER = """apiVersion = "handler.profile/v1"
+name = "tester"
+description = "Calls the echo from scripts"
+scope = "work/tester"
+template = "permissive"
+services = { echo = "echo-local" }
+
+[[rules]]
+action = "echo_write"
+outcome = "approve"
+
+[[rules]]
+action = "echo_token"
+outcome = "block"
+"""
+
+
+@dataclass(frozen=True)
+class Served:
+    root: Path
+    run_dir: Path
+
+    def call(self, *words: str, env: dict[str, str] | None = None, stdin: str | None = None,
+             ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([HANDLER, "call", *words], capture_output=True, text=True, timeout=60, check=False,
+                              input=stdin, env={**os.environ, "HANDLER_RUN_DIR": str(self.run_dir), **(env or {})})
+
+
+def _tree(root: Path) -> Path:
+    """The shipped catalog and config, the invoice in the researcher's work folder, and the echo for `tester`."""
+    for part in ("catalog/interfaces", "catalog/connectors", "config"):
+        shutil.copytree(REPO / part, root / part)
+    echo = write_echo_tree(root.parent / "echo")
+    for part in ("catalog/interfaces/echo", "catalog/connectors/echo"):
+        shutil.copytree(echo / part, root / part)
+    shutil.copy(echo / "config/bindings/echo-local.toml", root / "config/bindings/echo-local.toml")
+    (root / "config/profiles/tester.toml").write_text(_TESTER)
+    (root / "work/tester").mkdir(parents=True)
+    (root / "work/researcher").mkdir(parents=True)
+    shutil.copy(REPO / "catalog/interfaces/ocr/v1/conformance/invoice.pdf", root / "work/researcher/invoice.pdf")
+    return root
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    """`handler serve` on the tree, until the module's tests are done."""
+    with short_dir() as folder:
+        root, run_dir = _tree(folder / "t"), folder / "r"
+        env = {**os.environ, TOKEN_ENV: "tok", "HANDLER_RUN_DIR": str(run_dir)}
+        drain: threading.Thread | None = None
+        proc = subprocess.Popen([HANDLER, "serve", str(root)], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # the service prints its sockets once it serves
+            assert "tester" in line, line + proc.stdout.read()
+            drain = threading.Thread(target=proc.stdout.read, daemon=True)  # later lines must not fill the pipe
+            drain.start()
+            yield Served(root, run_dir)
+        finally:
+            proc.terminate()
+            proc.wait(DEADLINE)
+            if drain is not None:
+                drain.join(DEADLINE)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+@pytest.mark.skipif(not HAS_OCR, reason="tesseract-ocr and poppler-utils are not installed (.ci/run installs them)")
+def test_ocr_extract_prints_the_text_of_the_invoice(served: Served) -> None:
+    done = served.call("ocr", "ocr_extract", "--profile", "researcher", "--path", "invoice.pdf")
+    assert done.returncode == 0, done.stderr
+    assert "INV-2024-0042" in done.stdout
+
+
+def test_exit_0_executed_with_flags_from_the_schema(served: Served) -> None:
+    upper = served.call("echo", "echo_say", "--profile", "tester", "--text", "hello", "--upper")
+    assert (upper.returncode, upper.stdout) == (0, "HELLO\n"), upper.stderr
+    as_json = served.call("echo", "echo_say", "--profile", "tester", "--json", '{"text": "hi"}', "--format", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == {"text": "hi"}
+    repeated = served.call("echo", "echo_misbehave", "--profile", "tester", "--mode", "probe",
+                           "--paths", "a", "--paths", "b", "--format", "json")
+    assert repeated.returncode == 0, repeated.stderr
+
+
+def test_the_calls_carry_the_scripts_instance_into_the_call_log(served: Served) -> None:
+    done = served.call("echo", "echo_say", "--profile", "tester", "--text", "logged",
+                       env={"HANDLER_INSTANCE": "script-run-7", "HANDLER_PARENT_INSTANCE": "cron-1"})
+    assert done.returncode == 0, done.stderr
+    log = served.root / ".handler/calls.jsonl"
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        mine = [entry for entry in lines if entry.get("instance") == "script-run-7"]
+        if mine:
+            break
+        time.sleep(0.05)
+    assert mine, lines
+    assert (mine[0]["tool"], mine[0]["profile"]) == ("echo_say", "tester")
+
+
+def test_exit_2_invalid_arguments_named_before_or_by_the_router(served: Served) -> None:
+    missing = served.call("echo", "echo_say", "--profile", "tester")
+    assert missing.returncode == 2
+    assert "--text" in missing.stderr
+    not_a_number = served.call("echo", "echo_misbehave", "--profile", "tester", "--mode", "sleep", "--seconds", "x")
+    assert not_a_number.returncode == 2
+    assert "'x' is not a number" in not_a_number.stderr
+    not_a_choice = served.call("echo", "echo_misbehave", "--profile", "tester", "--mode", "shout")
+    assert not_a_choice.returncode == 2
+    assert "invalid choice" in not_a_choice.stderr
+    by_the_router = served.call("echo", "echo_say", "--profile", "tester", "--json", '{"text": "x", "loud": 1}')
+    assert by_the_router.returncode == 2
+    assert "invalid_arguments" in by_the_router.stderr
+    assert "loud" in by_the_router.stderr
+    twice = served.call("echo", "echo_say", "--profile", "tester", "--text", "a", "--json", '{"text": "b"}')
+    assert twice.returncode == 2
+    assert "give it once" in twice.stderr
+    no_tool = served.call("echo", "echo_shout", "--profile", "tester")
+    assert no_tool.returncode == 2
+    assert "echo_say" in no_tool.stderr
+    no_interface = served.call("tts", "tts_synthesize", "--profile", "tester")
+    assert no_interface.returncode == 2
+    assert "has no binding for interface 'tts'" in no_interface.stderr
+
+
+def test_exit_3_pending_prints_the_request_id_and_handler_status_polls_it(served: Served) -> None:
+    held = served.call("echo", "echo_write", "--profile", "tester", "--text", "kept", "--output-path", "kept.txt")
+    assert held.returncode == 3, held.stderr
+    request_id = held.stdout.strip()
+    assert request_id
+    assert "held for approval" in held.stderr
+    waiting = served.call("handler", "handler_status", "--profile", "tester", "--request-id", request_id)
+    assert waiting.returncode == 3
+    assert "pending" in waiting.stderr
+    approve = subprocess.run([HANDLER, "approvals", "approve", request_id, "--as", "alice",
+                              "--root", str(served.root)], capture_output=True, text=True, timeout=60, check=False)
+    assert approve.returncode == 0, approve.stdout + approve.stderr
+    deadline = time.monotonic() + DEADLINE
+    polled = waiting
+    while polled.returncode == 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        polled = served.call("handler", "handler_status", "--profile", "tester", "--request-id", request_id,
+                             "--format", "json")
+    assert polled.returncode == 0, polled.stderr
+    assert json.loads(polled.stdout)["result"]["path"] == "kept.txt"
+    assert (served.root / "work/tester/kept.txt").read_text() == "kept"
+
+
+def test_exit_4_blocked(served: Served) -> None:
+    blocked = served.call("echo", "echo_token", "--profile", "tester")
+    assert blocked.returncode == 4, blocked.stderr
+    assert "blocked" in blocked.stderr
+    assert blocked.stdout == ""
+
+
+def test_exit_5_an_interface_error(served: Served) -> None:
+    declared = served.call("echo", "echo_misbehave", "--profile", "tester", "--mode", "error")
+    assert declared.returncode == 5
+    assert "empty_text" in declared.stderr
+    outage = served.call("echo", "echo_misbehave", "--profile", "tester", "--mode", "rpc_error", "--format", "json")
+    assert outage.returncode == 5
+    assert json.loads(outage.stdout)["error"] == "unavailable"
+
+
+def test_exit_1_when_no_router_serves_the_profile_but_help_still_lists_offline(tmp_path: Path) -> None:
+    with short_dir() as run_dir:
+        env = {**os.environ, "HANDLER_RUN_DIR": str(run_dir)}
+        offline = subprocess.run([HANDLER, "call", "ocr", "ocr_extract", "--profile", "researcher", "--path", "a.pdf"],
+                                 capture_output=True, text=True, timeout=60, check=False, env=env)
+        assert offline.returncode == 1
+        assert "no router serves profile 'researcher'" in offline.stderr
+        listing = subprocess.run([HANDLER, "call", "ocr", "--help", "--root", str(REPO)],
+                                 capture_output=True, text=True, timeout=60, check=False, env=env)
+        assert listing.returncode == 0, listing.stderr
+        assert "ocr_extract" in listing.stdout
+        fields = subprocess.run([HANDLER, "call", "llm", "llm_complete", "--help", "--root", str(REPO),
+                                 "--profile", "researcher"], capture_output=True, text=True, timeout=60, check=False,
+                                env=env)
+        assert fields.returncode == 0, fields.stderr
+        assert "--max-tokens" in fields.stdout
+        assert "messages (required): an array of objects" in fields.stdout  # given through --json
+
+
+def test_flags_are_kebab_case_and_what_a_flag_cannot_say_goes_through_json() -> None:
+    assert [kebab(n) for n in ("outputPath", "request_id", "maxTokens", "path")] == [
+        "output-path", "request-id", "max-tokens", "path"]
+    schema = {"type": "object", "required": ["format"], "properties": {
+        "format": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+        "meta": {"type": "object"}, "turns": {"type": "array", "items": {"type": "object"}},
+        "level": {"enum": [1, 2]}}}
+    plans = {p.name: p for p in plan_flags(schema, ("format", "json", "profile"))}
+    assert plans["format"].flag is None
+    assert "own option" in plans["format"].why_json
+    assert plans["tags"].flag == "tags"
+    assert plans["meta"].flag is None
+    assert plans["turns"].why_json == "an array of objects"
+    assert plans["level"].flag == "level"
