@@ -210,7 +210,9 @@ def test_two_routers_sharing_postgresql_run_an_approved_hold_once(places: tuple[
     root, run_dir = places
     env = {"HANDLER_STORE_URL": pg_url}
     other_run = Path(str(run_dir) + "2")
-    first, second = _start(root, run_dir, env), _start(root, other_run, env)
+    # Each router its own run and state folders (a state folder is one service's), one PostgreSQL store.
+    first = _start(root, run_dir, env)
+    second = _start(root, other_run, {**env, "HANDLER_STATE_DIR": str(other_run) + "-state"})
     try:
         rids = [run(_call(run_dir / "profiles/tester.sock", "echo_write",
                           {"text": f"note {i}", "outputPath": f"note{i}.txt"}))["structuredContent"]["request_id"]
