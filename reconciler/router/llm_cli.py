@@ -26,6 +26,7 @@ from reconciler.places import default_run_dir, socket_path
 from reconciler.wire.client import LineClient
 from reconciler.wire.errors import JsonRpcError, LineClosedError
 from reconciler.wire.meta import caller_meta
+from reconciler.wire.results import result_body
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -94,7 +95,7 @@ async def _call_async(path: Path, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _report(result: dict[str, Any], *, as_json: bool) -> int:
-    content = result.get("structuredContent") or {}
+    content = result_body(result)
     if as_json:
         print(orjson.dumps(result).decode())
     if not result.get("isError"):
