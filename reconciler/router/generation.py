@@ -2,10 +2,11 @@
 
 `compile_generation` turns an immutable `Snapshot` into a `Generation`: for each profile and each
 interface it uses, a `View` holding the tools an agent sees (their `tools/list` payloads serialized
-once per era) and, per tool, a `ToolPlan`: the compiled `jsonschema-rs` validators (`format` checked), the locations of
-file arguments, the effective limits, the binding and its price. Validators are cached by the
-interface version's content hash, so a reload that leaves an interface alone compiles nothing.
-Sessions pin a `Generation` at their first request; `Router.swap` replaces the live one.
+once per era) and, per tool, a `ToolPlan`: the compiled `jsonschema-rs` validators (`format`
+checked, `config/formats.py`), the locations of file arguments, the effective limits, the binding
+and its price. Validators are cached by the interface version's content hash, so a reload that
+leaves an interface alone compiles nothing. Sessions pin a `Generation` at their first request;
+`Router.swap` replaces the live one.
 """
 
 from __future__ import annotations
