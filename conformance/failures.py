@@ -19,6 +19,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from conformance.replies import Reply
+from reconciler.config.formats import format_checker
 
 __all__ = [
     "ConformanceFailure",
@@ -132,7 +133,7 @@ def failures_in(exc: BaseException) -> Iterator[ConformanceFailure]:
 
 def _schema_problem(schema: Mapping[str, Any], instance: Any) -> list[str] | None:
     """Where `instance` breaks `schema`: the instance path and the schema path of the clearest error."""
-    error = best_match(Draft202012Validator(schema).iter_errors(instance))
+    error = best_match(Draft202012Validator(schema, format_checker=format_checker()).iter_errors(instance))
     if error is None:
         return None
     at = "/" + "/".join(str(p) for p in error.absolute_path)

@@ -120,9 +120,9 @@ class Harness:
         except (TimeoutError, ConnectionError):
             client.close()
             del self._clients[key]
+            body = {"error": "unavailable", "message": f"the router gave no reply within {limit:.0f} s"}
             result = {"isError": True, "_meta": {meta_keys.CAUSE: "no_reply"},
-                      "structuredContent": {"error": "unavailable",
-                                            "message": f"the router gave no reply within {limit:.0f} s"}}
+                      "content": [{"type": "text", "text": orjson.dumps(body).decode()}]}
         reply = Reply(result=result, seconds=time.perf_counter() - started, dispatched=self._tap.end(),
                       protocol_error=protocol_error)
         if reply.cause in _RESTART_CAUSES:

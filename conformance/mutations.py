@@ -17,11 +17,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema_rs
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
 from conformance.strategies import INPUT_FORMAT, OUTPUT_FORMAT, NoFixturesError, valid_inputs
+from reconciler.config.formats import compile_validator
 
 __all__ = ["Mutation", "invalid_inputs"]
 
@@ -43,7 +43,7 @@ class Mutation:
 def invalid_inputs(schema: Mapping[str, Any], fixtures: Sequence[str]) -> list[Mutation]:
     """Inputs that break `schema` one rule at a time, and file paths S4 refuses; each checked to be refused
     by the router's validator (schema breaks) or to pass it (S4 cases), so none is mislabelled."""
-    validator = jsonschema_rs.validator_for(dict(schema))
+    validator = compile_validator(schema)
     found: dict[str, Mutation] = {}
     for base in _bases(schema, fixtures):
         for where, value, label, is_file in _mutate(schema, base):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.wire import meta as meta_keys
+from reconciler.wire.results import result_body
 
 __all__ = ["Dispatch", "Reply"]
 
@@ -42,7 +43,8 @@ class Reply:
 
     @property
     def structured(self) -> Any:
-        return self.result.get("structuredContent")
+        """The body: the output when executed, else the error, pending or blocked body (docs/router.md)."""
+        return result_body(self.result) if self.result else None
 
     @property
     def output(self) -> Any:

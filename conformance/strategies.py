@@ -18,9 +18,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jsonschema_rs
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
+
+from reconciler.config.formats import compile_validator
 
 __all__ = ["INPUT_FORMAT", "OUTPUT_FOLDER", "OUTPUT_FORMAT", "NoFixturesError", "valid_inputs"]
 
@@ -53,7 +54,7 @@ def valid_inputs(schema: Mapping[str, Any], fixtures: Sequence[str]) -> st.Searc
     strategy: st.SearchStrategy[dict[str, Any]] = _Builder(root, formats).build(root)
     # hypothesis-jsonschema reads drafts 4-7, and Python's `$` also matches before a final newline:
     # keep only what the router's validator accepts.
-    return strategy.filter(jsonschema_rs.validator_for(dict(schema)).is_valid)
+    return strategy.filter(compile_validator(schema).is_valid)
 
 
 class _Builder:

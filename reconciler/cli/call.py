@@ -34,6 +34,7 @@ from reconciler.places import default_run_dir, socket_path
 from reconciler.wire.client import LineClient
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError, LineClosedError
 from reconciler.wire.meta import STATUS, caller_meta
+from reconciler.wire.results import result_body
 
 __all__ = [
     "EXIT_BLOCKED", "EXIT_ERROR", "EXIT_EXECUTED", "EXIT_FAILED", "EXIT_INVALID", "EXIT_PENDING",
@@ -122,20 +123,7 @@ def connect(profile: str, run_dir: Path | None, interface: str, client_name: str
         raise LinkError("the router closed the connection before answering initialize") from None
 
 
-def read_body(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON body of a tool result: `structuredContent`, else the JSON of its first text block."""
-    structured = result.get("structuredContent")
-    if isinstance(structured, dict):
-        return structured
-    for block in result.get("content") or ():
-        if isinstance(block, dict) and block.get("type") == "text":
-            try:
-                parsed = json.loads(block.get("text") or "")
-            except ValueError:
-                continue
-            if isinstance(parsed, dict):
-                return parsed
-    return {}
+read_body = result_body  # the one reader of a result's body (reconciler/wire/results.py)
 
 
 def outcome_of(result: Mapping[str, Any], body: Mapping[str, Any]) -> str:

@@ -34,7 +34,7 @@ from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, attach_line, i
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.meta import caller_meta
 
-__all__ = ["hand_over", "main", "relay", "tag_line"]
+__all__ = ["hand_over", "main", "relay", "tag_line", "why_unreachable"]
 
 _CHUNK = 1 << 16
 
@@ -55,14 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.profile:
         print("handler-service: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
         return 2
-    path = socket_path(args.run_dir or default_run_dir(), args.profile)
+    run_dir = args.run_dir or default_run_dir()
+    path = socket_path(run_dir, args.profile)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(str(path))
     except OSError as exc:
         sock.close()
-        print(f"handler-service: no router serves profile '{args.profile}' at {path} ({exc.strerror}); "
-              "start one with `handler serve`", file=sys.stderr)
+        print(f"handler-service: {why_unreachable(run_dir, args.profile, path, exc)}", file=sys.stderr)
         return 1
     meta = caller_meta(args.interface, os.environ)
     max_line = int(os.environ.get("HANDLER_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES))
@@ -72,6 +72,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def why_unreachable(run_dir: Path, profile: str, path: Path, exc: OSError) -> str:
+    """Why the profile's socket did not answer: a profile the running router does not serve (naming
+    those it does, one socket each), or no router running at all."""
+    served = sorted(p.stem for p in (run_dir / "profiles").glob("*.sock")) if (run_dir / "profiles").is_dir() else []
+    if path.exists() or not served:
+        return (f"no router is running for profile '{profile}' (nothing answers at {path}: {exc.strerror}); "
+                "start one with `handler up` or `handler serve`")
+    return (f"unknown profile '{profile}': the running router's configuration has no such profile; it serves "
+            f"{', '.join(served)} (run folder {run_dir})")
 
 
 def hand_over(sock: socket.socket, meta: Mapping[str, str]) -> bool:

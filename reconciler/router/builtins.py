@@ -12,9 +12,10 @@ from typing import Any, Final
 from reconciler.config.models import Annotations, Tool
 from reconciler.governance.gate import CallRequest, Gate, HoldStatus
 
-__all__ = ["BUILTIN_INTERFACE", "BUILTIN_TOOLS", "run_builtin"]
+__all__ = ["BUILTIN_INTERFACE", "BUILTIN_KEY", "BUILTIN_TOOLS", "run_builtin"]
 
 BUILTIN_INTERFACE: Final = "handler"
+BUILTIN_KEY: Final = "handler/v1"  # its name/vN, as the call log spells every interface
 
 _REQUEST_ID = {"type": "string", "minLength": 1, "maxLength": 200,
                "description": "the request_id a pending result gave"}

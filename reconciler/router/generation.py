@@ -2,10 +2,11 @@
 
 `compile_generation` turns an immutable `Snapshot` into a `Generation`: for each profile and each
 interface it uses, a `View` holding the tools an agent sees (their `tools/list` payloads serialized
-once per era) and, per tool, a `ToolPlan`: the compiled `jsonschema-rs` validators, the locations of
-file arguments, the effective limits, the binding and its price. Validators are cached by the
-interface version's content hash, so a reload that leaves an interface alone compiles nothing.
-Sessions pin a `Generation` at their first request; `Router.swap` replaces the live one.
+once per era) and, per tool, a `ToolPlan`: the compiled `jsonschema-rs` validators (`format`
+checked, `config/formats.py`), the locations of file arguments, the effective limits, the binding
+and its price. Validators are cached by the interface version's content hash, so a reload that
+leaves an interface alone compiles nothing. Sessions pin a `Generation` at their first request;
+`Router.swap` replaces the live one.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any
 import jsonschema_rs
 import orjson
 
+from reconciler.config.formats import compile_validator
 from reconciler.config.models import Limits, Tool
 from reconciler.config.snapshot import ROUTER_ERRORS, Snapshot, effective_limits
 from reconciler.connectors.pool import PoolKey, pool_key
-from reconciler.router.builtins import BUILTIN_INTERFACE, BUILTIN_TOOLS
+from reconciler.router.builtins import BUILTIN_INTERFACE, BUILTIN_KEY, BUILTIN_TOOLS
 from reconciler.router.files import FileField, Scope, find_file_fields
 from reconciler.router.protocol import CACHE_SCOPE, LIST_TTL_MS
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
@@ -45,7 +47,7 @@ class ToolPlan:
     """Everything step 2 resolves a tool name to, for one profile."""
 
     name: str
-    interface: str  # "ocr/v1", or "handler" for the built-ins
+    interface: str  # "ocr/v1", or "handler/v1" for the built-ins
     binding: str | None  # None for the built-ins
     compiled: Compiled
     limits: Limits
@@ -64,7 +66,8 @@ class View:
     """What a connection of one profile sees through one interface (or through all, when none is named)."""
 
     profile: str
-    interface: str | None
+    interface: str | None  # as the bridge named it: "ocr", "ocr/v1", "handler"; None for all
+    key: str | None  # the interface's name/vN ("handler/v1" for the built-ins); None for all
     tools: Mapping[str, ToolPlan]
     list_handshake: bytes  # the tools/list result, serialized
     list_stateless: bytes  # the same with resultType, ttlMs and cacheScope
@@ -110,11 +113,11 @@ class ValidatorCache:
 
 
 def compile_tool(tool: Tool) -> Compiled:
-    # offline: a $ref never reaches the network; S2 makes every schema self-contained anyway.
+    # formats checked as every client checks them (config/formats.py): a bad input is refused, a bad output too.
     return Compiled(
         listing=MappingProxyType(tool.model_dump(mode="json", exclude_none=True, by_alias=True)),
-        input=jsonschema_rs.validator_for(tool.inputSchema, offline=True),
-        output=jsonschema_rs.validator_for(tool.outputSchema, offline=True) if tool.outputSchema else None,
+        input=compile_validator(tool.inputSchema),
+        output=compile_validator(tool.outputSchema) if tool.outputSchema else None,
         files=find_file_fields(tool.inputSchema),
     )
 
@@ -130,7 +133,7 @@ def compile_generation(snapshot: Snapshot, number: int, root: Path, cache: Valid
     interfaces_of: dict[str, tuple[str, ...]] = {}
     for profile in snapshot.profiles.values():
         scope = Scope.from_profile(root, profile.spec.scope)
-        builtins = {name: ToolPlan(name, BUILTIN_INTERFACE, None, compiled, Limits(), frozenset(ROUTER_ERRORS), 0.0,
+        builtins = {name: ToolPlan(name, BUILTIN_KEY, None, compiled, Limits(), frozenset(ROUTER_ERRORS), 0.0,
                                    scope) for name, compiled in _BUILTIN_COMPILED.items()}
         everything: dict[str, ToolPlan] = {}
         descriptions: list[str] = []
@@ -151,24 +154,28 @@ def compile_generation(snapshot: Snapshot, number: int, root: Path, cache: Valid
             everything.update(plans)
             text = f"{iface.key}: {iface.spec.description}"
             descriptions.append(text)
-            view = _view(profile.name, iface_name, {**plans, **builtins}, text)
+            view = _view(profile.name, iface_name, iface.key, {**plans, **builtins}, text)
             views[(profile.name, iface_name)] = view
             views[(profile.name, iface.key)] = view
         interfaces_of[profile.name] = tuple(sorted(profile.selections))
-        views[(profile.name, BUILTIN_INTERFACE)] = _view(profile.name, BUILTIN_INTERFACE, builtins,
-                                                         "handler: the status and decisions of held calls")
-        views[(profile.name, None)] = _view(profile.name, None, {**everything, **builtins}, "; ".join(descriptions))
+        builtin_view = _view(profile.name, BUILTIN_INTERFACE, BUILTIN_KEY, builtins,
+                             "handler: the status and decisions of held calls")
+        views[(profile.name, BUILTIN_INTERFACE)] = views[(profile.name, BUILTIN_KEY)] = builtin_view
+        views[(profile.name, None)] = _view(profile.name, None, None, {**everything, **builtins},
+                                            "; ".join(descriptions))
     cache.keep_only(used)
     keys = frozenset(plan.pool_key for view in views.values() for plan in view.tools.values()
                      if plan.pool_key is not None)
     return Generation(number, snapshot, MappingProxyType(views), MappingProxyType(interfaces_of), keys)
 
 
-def _view(profile: str, interface: str | None, plans: dict[str, ToolPlan], instructions: str) -> View:
+def _view(profile: str, interface: str | None, key: str | None, plans: dict[str, ToolPlan],
+          instructions: str) -> View:
     tools = [dict(plan.compiled.listing) for plan in plans.values()]
     return View(
         profile=profile,
         interface=interface,
+        key=key,
         tools=MappingProxyType(plans),
         list_handshake=orjson.dumps({"tools": tools}),
         list_stateless=orjson.dumps({"tools": tools, "resultType": "complete", "ttlMs": LIST_TTL_MS,

@@ -1,9 +1,17 @@
-"""The `CallToolResult` shapes of docs/architecture.md §6: executed, an interface error, a hold or a refusal.
+"""The `CallToolResult` shapes of docs/router.md "Tool results": executed, an interface error, a hold or a refusal.
 
-Executed: `structuredContent` is the connector's validated output and `content` holds its JSON as
-text; `_meta` carries `handler/status`, `handler/cost` and `handler/budget`. Every other outcome is
-a tool result with `isError: true` and a `structuredContent` the agent can read; a router-made
-`unavailable` says why in `_meta[meta_keys.CAUSE]`.
+Executed: `structuredContent` is the connector's validated output and the first text block holds its
+JSON; when governance priced the call, a second text block tells the model the status, the charge
+and the budget left (most hosts never show `_meta` to the model). `_meta` carries `handler/status`,
+`handler/cost` and `handler/budget`.
+
+Every other outcome is a tool result with `isError: true` and NO `structuredContent`: a client that
+validates `structuredContent` against the tool's `outputSchema` even on an error (the TypeScript
+SDK does) would otherwise throw, and the model would never read why. Its one text block is the
+JSON body (`{"error", "message"}`, `{"status": "pending", "message", "request_id"}`,
+`{"status": "blocked", "message"}`), and `_meta` repeats its machine-readable fields
+(`handler/status`, `handler/error`, `handler/cause`, `handler/requestId`).
+`reconciler.wire.results.result_body` reads either shape back.
 """
 
 from __future__ import annotations
@@ -17,44 +25,63 @@ from reconciler.governance.gate import Settlement
 from reconciler.router.errors import ToolError
 from reconciler.wire import meta as meta_keys
 
-__all__ = ["EncodedResult", "error_result", "executed_result", "held_result"]
+__all__ = ["EncodedResult", "error_result", "executed_result", "held_result", "priced_note"]
 
 
-def _text(structured: Any) -> list[dict[str, str]]:
-    return [{"type": "text", "text": orjson.dumps(structured).decode()}]
+def _text(body: Any) -> list[dict[str, str]]:
+    return [{"type": "text", "text": orjson.dumps(body).decode()}]
 
 
 @dataclass(frozen=True, slots=True)
 class EncodedResult:
     """An executed result with its output serialized once: `content`'s text and `structuredContent`
-    are spliced from the same bytes rather than serializing the output twice (outputs can be large)."""
+    are spliced from the same bytes rather than serializing the output twice (outputs can be large).
+    `note` is the priced call's second text block, already encoded as a JSON string (or empty)."""
 
     structured: bytes
     meta: dict[str, Any]
+    note: bytes = b""
 
     def to_json(self, stateless: bool) -> bytes:
         text = orjson.dumps(self.structured.decode())  # the output's JSON as a JSON string
+        second = b',{"type":"text","text":' + self.note + b"}" if self.note else b""
         tail = b',"resultType":"complete"}' if stateless else b"}"
-        return (b'{"content":[{"type":"text","text":' + text + b'}],"structuredContent":' + self.structured
-                + b',"isError":false,"_meta":' + orjson.dumps(self.meta) + tail)
+        return (b'{"content":[{"type":"text","text":' + text + b"}" + second + b'],"structuredContent":'
+                + self.structured + b',"isError":false,"_meta":' + orjson.dumps(self.meta) + tail)
+
+
+def priced_note(settlement: Settlement) -> str:
+    """The text a model reads of a priced call: executed, what it cost, what is left."""
+    left = "no spending cap applies" if settlement.remaining is None else f"budget left: {_usd(settlement.remaining)}"
+    return f"handler: executed; charged {_usd(settlement.charged)}; {left}"
+
+
+def _usd(amount: float) -> str:
+    return "$" + (f"{amount:.6f}".rstrip("0").rstrip(".") or "0")
 
 
 def executed_result(structured: dict[str, Any], settlement: Settlement | None) -> EncodedResult:
     meta: dict[str, Any] = {meta_keys.STATUS: "executed"}
+    note = b""
     if settlement is not None:
         meta[meta_keys.COST] = settlement.charged
         meta[meta_keys.BUDGET] = settlement.remaining
-    return EncodedResult(orjson.dumps(structured), meta)
+        if settlement.charged > 0 or settlement.remaining is not None:  # governance priced it
+            note = orjson.dumps(priced_note(settlement))
+    return EncodedResult(orjson.dumps(structured), meta, note)
 
 
 def error_result(error: ToolError) -> dict[str, Any]:
     body = {"error": error.code, "message": error.message}
-    meta: dict[str, Any] = {meta_keys.STATUS: "error"}
+    meta: dict[str, Any] = {meta_keys.STATUS: "error", meta_keys.ERROR: error.code}
     if error.cause is not None:
         meta[meta_keys.CAUSE] = error.cause
-    return {"content": _text(body), "structuredContent": body, "isError": True, "_meta": meta}
+    return {"content": _text(body), "isError": True, "_meta": meta}
 
 
 def held_result(body: dict[str, Any], status: str) -> dict[str, Any]:
     """A hold (`pending`, with its request_id) or a refusal (`blocked`)."""
-    return {"content": _text(body), "structuredContent": body, "isError": True, "_meta": {meta_keys.STATUS: status}}
+    meta: dict[str, Any] = {meta_keys.STATUS: status}
+    if body.get("request_id") is not None:
+        meta[meta_keys.REQUEST_ID] = body["request_id"]
+    return {"content": _text(body), "isError": True, "_meta": meta}

@@ -7,7 +7,7 @@ output files (`CallFolder.deliver`), `Gate.settle` and the log line, which is wr
 ended the call. `run_admitted` runs 6-10 of an admitted call and returns its `CallResult`; a hold,
 once approved, takes the same way (`run_held`: 2 on the binding it was held on, 3-4, then
 `run_admitted`), and its `CallResult` goes back to the gate. Each step may end the call by raising:
-a `JsonRpcError` (only step 2 and malformed params) or a `ToolError`, which becomes a tool result
+a `JsonRpcError` (only malformed params) or a `ToolError`, which becomes a tool result
 with `isError: true`. Nothing after the ending step runs, except the settlement of an admitted
 call and the log line.
 """
@@ -74,10 +74,10 @@ async def run_tools_call(svc: Services, generation: Generation, view: View, call
     started = time.perf_counter()
     try:
         plan = resolve_tool(view, name)
-    except JsonRpcError:
-        svc.log.write(CallRecord(caller.profile, caller.instance, view.interface or "", name[:200], None,
+    except ToolError as exc:  # an error result, not a protocol error: the model reads which tools there are
+        svc.log.write(CallRecord(caller.profile, caller.instance, view.key or "", name[:200], None,
                                  generation.number, started, outcome="refused", error="unknown_tool"))
-        raise
+        return error_result(exc)
     record = CallRecord(caller.profile, caller.instance, plan.interface, plan.name, plan.binding,
                         generation.number, started)
     try:
@@ -111,11 +111,15 @@ def read_call_params(params: Mapping[str, Any] | None) -> tuple[str, dict[str, A
 
 
 def resolve_tool(view: View, name: str) -> ToolPlan:
-    """Step 2: the session's snapshot → profile → interface → tool → binding, all precomputed."""
+    """Step 2: the session's snapshot → profile → interface → tool → binding, all precomputed.
+
+    An unknown name is `invalid_arguments` naming the tools served, as a tool result: every MCP client
+    hands that to the model, where a JSON-RPC error makes several of them raise.
+    """
     plan = view.tools.get(name)
     if plan is None:
         known = ", ".join(view.tools)
-        raise JsonRpcError(INVALID_PARAMS, f"unknown tool '{name[:200]}'; this session serves: {known}")
+        raise invalid_arguments(f"unknown tool '{name[:200]}'; this session serves: {known}")
     return plan
 
 

@@ -2,7 +2,8 @@
 
 Requests carry who calls (`handler/interface`, `handler/instance`, `handler/parentInstance`: the
 bridge adds them); results carry what happened (`handler/status`, `handler/cost`, `handler/budget`,
-`handler/cause`). Every room names a key through these constants, never as a string of its own.
+`handler/cause`, and on an error result the fields of its text body: `handler/error`,
+`handler/requestId`). Every room names a key through these constants, never as a string of its own.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ __all__ = [
     "BUDGET",
     "CAUSE",
     "COST",
+    "ERROR",
     "INSTANCE",
     "INTERFACE",
     "PARENT_INSTANCE",
+    "REQUEST_ID",
     "STATUS",
     "caller_meta",
     "read_reported_cost",
@@ -32,6 +35,8 @@ STATUS: Final = "handler/status"
 COST: Final = "handler/cost"
 BUDGET: Final = "handler/budget"
 CAUSE: Final = "handler/cause"
+ERROR: Final = "handler/error"  # an error result's code
+REQUEST_ID: Final = "handler/requestId"  # a held result's request_id
 ATTACH: Final = "handler/attach"  # the bridge's handoff line
 ATTACHED: Final = "handler/attached"  # the router's answer to it
 

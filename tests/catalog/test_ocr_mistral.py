@@ -23,7 +23,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from tests.fixtures.harness import RawClient, run, serving, short_dir
+from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
 
 REPO = Path(__file__).resolve().parents[2]
@@ -254,6 +254,6 @@ def test_through_the_router(shipped_tree: Path, monkeypatch: pytest.MonkeyPatch)
     assert [page["text"] for page in read["structuredContent"]["pages"]] == [PAGES[1]["markdown"],
                                                                             PAGES[0]["markdown"]]
     assert zipped["isError"] is True
-    assert zipped["structuredContent"]["error"] == "unsupported_format"
+    assert body(zipped)["error"] == "unsupported_format"
     assert len(Mistral.seen) == 1  # the zip never left the machine
     assert Mistral.seen[0]["model"] == "mistral-ocr-latest"

@@ -27,7 +27,7 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from tests.fixtures.harness import RawClient, serving, short_dir
+from tests.fixtures.harness import RawClient, body, serving, short_dir
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/send-email-smtp"
@@ -242,7 +242,7 @@ def test_through_the_router_a_server_without_starttls_is_refused(monkeypatch: py
     finally:
         controller.stop()
     assert result["isError"] is True, result
-    assert result["structuredContent"]["error"] == "unavailable"
-    assert "STARTTLS" in result["structuredContent"]["message"]
+    assert body(result)["error"] == "unavailable"
+    assert "STARTTLS" in body(result)["message"]
     assert mailbox.received == []
     assert mailbox.rcpt_seen == []

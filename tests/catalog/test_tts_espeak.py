@@ -16,7 +16,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from tests.fixtures.harness import RawClient, serving, short_dir
+from tests.fixtures.harness import RawClient, body, serving, short_dir
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                 reason="espeak-ng is not installed (apt-get install espeak-ng; CI installs it)")
@@ -95,9 +95,9 @@ def test_a_sentence_becomes_a_wav_at_the_agents_path_and_an_unknown_voice_is_ref
 
     for refused in (unknown, variant, option):  # the engine itself would fall back quietly
         assert refused["isError"] is True, refused
-        assert refused["structuredContent"]["error"] == "voice_unknown"
-    assert "no-such-voice" in unknown["structuredContent"]["message"]
-    assert "Error:" not in unknown["structuredContent"]["message"]  # plain words, not the engine's own
+        assert body(refused)["error"] == "voice_unknown"
+    assert "no-such-voice" in body(unknown)["message"]
+    assert "Error:" not in body(unknown)["message"]  # plain words, not the engine's own
     assert not (scope / "never.wav").exists()
 
 

@@ -23,7 +23,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from tests.fixtures.harness import RawClient, run, serving, short_dir
+from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,9 +194,9 @@ def test_through_the_router(shipped_tree: Path, monkeypatch: pytest.MonkeyPatch)
             jsonschema.validate(found["structuredContent"], TOOL["outputSchema"])
             assert found["structuredContent"]["results"][0]["url"] == "https://doc.rust-lang.org/book/"
             assert busy["isError"]
-            assert busy["structuredContent"]["error"] == "limit"
-            assert refused["structuredContent"]["error"] == "unavailable"
-            assert "refused the API key" in refused["structuredContent"]["message"]
+            assert body(busy)["error"] == "limit"
+            assert body(refused)["error"] == "unavailable"
+            assert "refused the API key" in body(refused)["message"]
 
         run(scenario())
     # The shipped binding's settings reach Brave.

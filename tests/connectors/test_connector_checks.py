@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.echo_tree import TOOLS, write_echo_tree
-from tests.fixtures.harness import DEADLINE, RawClient, run, serving, short_dir
+from tests.fixtures.harness import DEADLINE, RawClient, body, run, serving, short_dir
 
 
 def _connector_lists(root: Path, tools: list[dict[str, object]]) -> None:
@@ -51,7 +51,7 @@ def test_a_missing_tool_fails_the_start_with_a_clear_status(echo_root: Path, run
             client = await RawClient.connect(router.socket_path("tester"))
             result = await client.call("echo_say", {"text": "hi"})
             assert result["isError"] is True
-            assert result["structuredContent"]["error"] == "unavailable"
+            assert body(result)["error"] == "unavailable"
             status = router.services.pool.statuses["echo-local"]
             assert status.state == "failed"
             assert "echo_token" in status.message
@@ -124,7 +124,7 @@ def test_a_connector_stuck_on_a_call_is_recycled_after_the_timeout(run_dir: Path
             async with serving(root, run_dir) as router:
                 client = await RawClient.connect(router.socket_path("tester"))
                 stuck = await client.call("echo_misbehave", {"mode": "hang"})
-                assert stuck["structuredContent"]["error"] == "unavailable"
+                assert body(stuck)["error"] == "unavailable"
                 assert stuck["_meta"]["handler/cause"] == "timeout"
                 # Without recycling, every later call would wait behind the stuck one and time out too.
                 # The recycled process restarts after a backoff: calls fail fast until it is back.

@@ -13,7 +13,7 @@ import pytest
 
 from reconciler.connectors.pool import ConnectorPool
 from tests.fixtures.echo_tree import TOKEN_ENV
-from tests.fixtures.harness import RawClient, load, run, serving
+from tests.fixtures.harness import RawClient, body, load, run, serving
 
 DEADLINE = 15.0
 
@@ -108,7 +108,7 @@ def test_a_crash_fails_the_calls_that_hit_it_and_later_calls_get_a_new_process(e
             await c.call("echo_say", {"text": "a"})
             before = router.services.pool.processes()
             crashed = await c.call("echo_misbehave", {"mode": "die"})
-            assert crashed["structuredContent"]["error"] == "unavailable"
+            assert body(crashed)["error"] == "unavailable"
             assert crashed["_meta"]["handler/cause"] == "crashed"
             assert (await c.call("echo_say", {"text": "b"}))["structuredContent"] == {"text": "b"}
             after = router.services.pool.processes()
@@ -156,7 +156,7 @@ def test_a_failing_secret_command_is_unavailable_with_a_status_naming_binding_an
         async with serving(echo_root, run_dir) as router:
             c = await RawClient.connect(router.socket_path("tester"))
             result = await c.call("echo_say", {"text": "a"})
-            assert result["structuredContent"]["error"] == "unavailable"
+            assert body(result)["error"] == "unavailable"
             assert result["_meta"]["handler/cause"] == "start_failed"
             status = router.services.pool.statuses["echo-local"]
             assert status.state == "failed"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from reconciler.cli.llm import EXIT_CODES
-from tests.fixtures.harness import RawClient, serving, short_dir
+from tests.fixtures.harness import RawClient, body, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
 from tests.fixtures.vendors import Reply, openai_reply, serving_vendor
 
@@ -115,7 +115,7 @@ def test_a_wrapped_server_reaches_its_egress_and_nothing_else(tree: Path) -> Non
     assert reached.get("isError") is not True, reached
     assert "50.00 EUR" in reached["structuredContent"]["text"]
     assert refused["isError"] is True
-    assert refused["structuredContent"]["error"] == "fetch_failed"
+    assert body(refused)["error"] == "fetch_failed"
 
 
 @pytest.mark.skipif(not (shutil.which("tesseract") and shutil.which("pdftoppm")),
@@ -143,4 +143,4 @@ def test_ocr_tesseract_through_the_router_reads_honours_languages_and_size(tree:
     assert "INV-2024-0042" in text
     assert read["structuredContent"]["pages"][0]["blocks"][0]["bbox"]
     assert too_big["isError"] is True
-    assert too_big["structuredContent"]["error"] == "too_large"
+    assert body(too_big)["error"] == "too_large"

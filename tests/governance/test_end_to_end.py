@@ -26,7 +26,7 @@ from mcp import Client
 from reconciler.governance.governor import Governor
 from reconciler.router.server import Router
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
-from tests.fixtures.harness import DEADLINE, RawClient, bridge_params, load, run, short_dir
+from tests.fixtures.harness import DEADLINE, RawClient, body, bridge_params, load, run, sdk_body, short_dir
 
 HANDLER = str(Path(sys.executable).parent / "handler")
 
@@ -81,16 +81,17 @@ def test_an_agent_sees_executed_blocked_and_pending_then_executed_after_approval
 
                 refused = await client.call_tool("echo_token", {})
                 assert refused.is_error
-                assert refused.structured_content is not None
-                assert refused.structured_content["status"] == "blocked"
-                assert "rule for action echo_token" in refused.structured_content["message"]
+                assert refused.structured_content is None  # an error result every client accepts
+                assert sdk_body(refused)["status"] == "blocked"
+                assert "rule for action echo_token" in sdk_body(refused)["message"]
 
                 held = await client.call_tool("echo_write", {"text": "dear ceo", "outputPath": "mail.txt"})
                 assert held.is_error
-                body = held.structured_content
-                assert body is not None
-                assert body["status"] == "pending"
-                rid = body["request_id"]
+                told = sdk_body(held)
+                assert told["status"] == "pending"
+                rid = told["request_id"]
+                assert held.meta is not None
+                assert held.meta["handler/requestId"] == rid
                 assert not (root / "work/tester/mail.txt").exists()
 
                 approved = await asyncio.to_thread(cli, root, "approvals", "approve", rid, "--as", "owner")
@@ -156,10 +157,10 @@ async def _wait_executed(sock: Path, rid: str) -> dict[str, Any]:
     deadline = time.monotonic() + DEADLINE
     while True:
         result = await _call(sock, "handler_status", {"request_id": rid})
-        body: dict[str, Any] = result["structuredContent"]
-        if body["status"] not in ("pending", "unknown"):
-            return body
-        assert time.monotonic() < deadline, f"hold {rid} did not run: {body}"
+        told: dict[str, Any] = body(result)
+        if told["status"] not in ("pending", "unknown"):
+            return told
+        assert time.monotonic() < deadline, f"hold {rid} did not run: {told}"
         await asyncio.sleep(0.05)
 
 
@@ -181,8 +182,8 @@ def test_kill_9_with_holds_pending_loses_none_and_an_approval_runs_once(
         rids = []
         for i in range(3):
             held = run(_call(sock, "echo_write", {"text": f"letter {i}", "outputPath": f"letter{i}.txt"}))
-            assert held["structuredContent"]["status"] == "pending", held
-            rids.append(held["structuredContent"]["request_id"])
+            assert body(held)["status"] == "pending", held
+            rids.append(body(held)["request_id"])
     finally:
         _stop(proc, signal.SIGKILL)
     sock.unlink(missing_ok=True)
@@ -194,12 +195,12 @@ def test_kill_9_with_holds_pending_loses_none_and_an_approval_runs_once(
 
     proc = _start(root, run_dir, env)
     try:
-        body = run(_wait_executed(sock, rids[1]))
-        assert body["status"] == "executed", body
+        outcome = run(_wait_executed(sock, rids[1]))
+        assert outcome["status"] == "executed", outcome
         assert (root / "work/tester/letter1.txt").read_text() == "letter 1"
         for rid in (rids[0], rids[2]):
             still = run(_call(sock, "handler_status", {"request_id": rid}))
-            assert still["structuredContent"]["status"] == "pending"
+            assert body(still)["status"] == "pending"
     finally:
         _stop(proc)
     trail = json.loads(cli(root, "audit", "--request", rids[1], "--format", "json", env=env).stdout)
@@ -214,14 +215,14 @@ def test_two_routers_sharing_postgresql_run_an_approved_hold_once(places: tuple[
     first = _start(root, run_dir, env)
     second = _start(root, other_run, {**env, "HANDLER_STATE_DIR": str(other_run) + "-state"})
     try:
-        rids = [run(_call(run_dir / "profiles/tester.sock", "echo_write",
-                          {"text": f"note {i}", "outputPath": f"note{i}.txt"}))["structuredContent"]["request_id"]
+        rids = [body(run(_call(run_dir / "profiles/tester.sock", "echo_write",
+                               {"text": f"note {i}", "outputPath": f"note{i}.txt"})))["request_id"]
                 for i in range(5)]
         for rid in rids:
             assert cli(root, "approvals", "approve", rid, "--as", "owner", env=env).returncode == 0
         for i, rid in enumerate(rids):
-            body = run(_wait_executed(other_run / "profiles/tester.sock", rid))
-            assert body["status"] == "executed", body
+            outcome = run(_wait_executed(other_run / "profiles/tester.sock", rid))
+            assert outcome["status"] == "executed", outcome
             assert (root / f"work/tester/note{i}.txt").read_text() == f"note {i}"
     finally:
         _stop(first)
@@ -238,10 +239,10 @@ def test_the_call_log_and_status_carry_no_arguments(places: tuple[Path, Path]) -
     proc = _start(root, run_dir, {})
     try:
         held = run(_call(sock, "echo_write", {"text": "secret plan", "outputPath": "p"}))
-        assert held["structuredContent"]["status"] == "pending"
-        rid = held["structuredContent"]["request_id"]
+        assert body(held)["status"] == "pending"
+        rid = body(held)["request_id"]
         status = run(_call(sock, "handler_status", {"request_id": rid}))
-        assert status["structuredContent"]["status"] == "pending"
+        assert body(status)["status"] == "pending"
         assert "secret plan" not in json.dumps(status)
     finally:
         _stop(proc)

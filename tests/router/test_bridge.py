@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from reconciler.router.bridge import tag_line
-from tests.fixtures.harness import BRIDGE, bridge_params, log_lines, run, serving
+from tests.fixtures.harness import BRIDGE, bridge_params, log_lines, run, sdk_body, serving
 
 
 @pytest.mark.parametrize(("mode", "era"), [("legacy", "2025-11-25"), ("auto", "2026-07-28"),
@@ -34,8 +35,8 @@ def test_the_sdk_client_lists_and_calls_through_the_bridge(echo_root: Path, run_
             assert result.meta["handler/status"] == "executed"
             refused = await client.call_tool("echo_say", {"text": 3})
             assert refused.is_error
-            assert refused.structured_content is not None
-            assert refused.structured_content["error"] == "invalid_arguments"
+            assert refused.structured_content is None
+            assert sdk_body(refused)["error"] == "invalid_arguments"
 
     run(scenario())
 
@@ -121,12 +122,31 @@ def test_the_bridge_exits_cleanly_when_the_router_closes(echo_root: Path, run_di
     assert run(scenario()) == 0
 
 
-def test_the_bridge_exits_when_no_router_serves_the_profile(run_dir: Path) -> None:
+def test_the_bridge_exits_when_no_router_runs(run_dir: Path) -> None:
     done = subprocess.run([BRIDGE, "echo", "--profile", "ghost"], input=b"", capture_output=True, check=False,
                           env={"HANDLER_RUN_DIR": str(run_dir)}, timeout=30)
     assert done.returncode == 1
-    assert b"no router serves profile 'ghost'" in done.stderr
+    assert b"no router is running for profile 'ghost'" in done.stderr
+    assert b"handler up" in done.stderr
     assert sys.executable  # the bridge is the installed console script, not this interpreter
+
+
+def test_the_bridge_names_an_unknown_profile_and_the_profiles_served(run_dir: Path) -> None:
+    from tests.fixtures.echo_tree import write_echo_tree
+    from tests.fixtures.harness import short_dir
+
+    async def scenario() -> subprocess.CompletedProcess[bytes]:
+        with short_dir() as base:
+            root = write_echo_tree(base / "t", profiles=("tester", "writer"))
+            async with serving(root, run_dir):
+                return await asyncio.to_thread(
+                    subprocess.run, [BRIDGE, "echo", "--profile", "testr"], input=b"", capture_output=True,
+                    check=False, env={"HANDLER_RUN_DIR": str(run_dir)}, timeout=30)
+
+    done = run(scenario())
+    assert done.returncode == 1
+    assert b"unknown profile 'testr'" in done.stderr, done.stderr
+    assert b"it serves tester, writer" in done.stderr
 
 
 def test_mcp_config_gives_a_client_everything_it_needs_to_reach_the_profile(echo_root: Path, run_dir: Path) -> None:

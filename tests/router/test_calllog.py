@@ -47,3 +47,17 @@ def test_the_log_is_private_to_its_owner(echo_root: Path, run_dir: Path) -> None
         assert router.services.log.path == echo_root / ".handler/calls.jsonl"
 
     exchange(echo_root, run_dir, script)
+
+
+def test_every_line_spells_the_interface_name_slash_version(echo_root: Path, run_dir: Path) -> None:
+    """Executed, refused (an unknown tool) and built-in calls alike, whichever name the caller used."""
+    async def script(c: RawClient, router: Router) -> None:
+        await c.call("echo_say", {"text": "x"}, _meta={"handler/interface": "echo"})
+        await c.call("echo_shout", {"text": "x"}, _meta={"handler/interface": "echo"})
+        await c.call("echo_say", {"text": 1}, _meta={"handler/interface": "echo/v1"})
+        await c.call("handler_status", {"request_id": "r-1"}, _meta={"handler/interface": "handler"})
+        assert [(x["tool"], x["outcome"], x["interface"]) for x in log_lines(router)] == [
+            ("echo_say", "executed", "echo/v1"), ("echo_shout", "refused", "echo/v1"),
+            ("echo_say", "error", "echo/v1"), ("handler_status", "executed", "handler/v1")]
+
+    exchange(echo_root, run_dir, script)

@@ -18,7 +18,7 @@ from reconciler.router import pipeline
 from reconciler.router.errors import ToolError
 from reconciler.router.files import ANY, CallFolder, FileArg, FileField, Scope, find_file_fields, restore_paths
 from reconciler.router.server import Router
-from tests.fixtures.harness import DEADLINE, RawClient, exchange
+from tests.fixtures.harness import DEADLINE, RawClient, body, exchange
 
 
 @pytest.fixture
@@ -53,9 +53,9 @@ ESCAPES_IN = [
 def test_every_input_escape_is_refused(echo_root: Path, scope: Path, run_dir: Path, path: str, why: str) -> None:
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_read", {"path": path})
-        assert result["structuredContent"]["error"] == "invalid_arguments", result
-        assert why in result["structuredContent"]["message"]
-        assert result["structuredContent"]["message"].startswith("/path: ")
+        assert body(result)["error"] == "invalid_arguments", result
+        assert why in body(result)["message"]
+        assert body(result)["message"].startswith("/path: ")
         assert router.services.pool.processes() == []  # refused before any connector started
         assert "echo-local" not in router.services.pool.statuses
 
@@ -66,7 +66,7 @@ def test_an_absolute_path_outside_the_scope_is_refused_even_when_it_exists(echo_
                                                                          run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_read", {"path": str(echo_root / "secret.txt")})
-        assert "outside the work folder" in result["structuredContent"]["message"]
+        assert "outside the work folder" in body(result)["message"]
 
     exchange(echo_root, run_dir, script)
 
@@ -74,8 +74,8 @@ def test_an_absolute_path_outside_the_scope_is_refused_even_when_it_exists(echo_
 def test_an_input_over_max_file_bytes_is_too_large(echo_root: Path, scope: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_read", {"path": "big.bin"})
-        assert result["structuredContent"]["error"] == "too_large"
-        assert "1001 bytes" in result["structuredContent"]["message"]
+        assert body(result)["error"] == "too_large"
+        assert "1001 bytes" in body(result)["message"]
 
     exchange(echo_root, run_dir, script)
 
@@ -88,7 +88,7 @@ def test_the_connector_reads_a_copy_and_the_agent_sees_its_own_path(echo_root: P
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_read", {"path": given})
         assert result["isError"] is False, result
-        out = result["structuredContent"]
+        out = body(result)
         assert out == {"bytes": 16, "sha256": hashlib.sha256(b"inside the scope").hexdigest(), "path": given}
         seen = (router.state_dir / "connectors/echo-local.stderr.log").read_text().splitlines()[-1]
         assert seen.startswith(f"echo_read got {run_dir / 'calls/echo-local'}/")  # a copy, never the agent's file
@@ -112,8 +112,8 @@ ESCAPES_OUT = [
 def test_every_output_escape_is_refused(echo_root: Path, scope: Path, run_dir: Path, path: str, why: str) -> None:
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_write", {"text": "hi", "outputPath": path})
-        assert result["structuredContent"]["error"] == "invalid_arguments", result
-        assert why in result["structuredContent"]["message"]
+        assert body(result)["error"] == "invalid_arguments", result
+        assert why in body(result)["message"]
         assert (echo_root / "secret.txt").read_text() == "outside the scope"
 
     exchange(echo_root, run_dir, script)
@@ -123,7 +123,7 @@ def test_an_output_is_moved_into_the_scope_at_the_agents_path(echo_root: Path, s
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_write", {"text": "written by the connector", "outputPath": "out/new/reply.txt"})
         assert result["isError"] is False, result
-        assert result["structuredContent"] == {"path": "out/new/reply.txt", "bytes": 24}
+        assert body(result) == {"path": "out/new/reply.txt", "bytes": 24}
         assert (scope / "out/new/reply.txt").read_text() == "written by the connector"
         again = await c.call("echo_write", {"text": "replaced", "outputPath": "out/new/reply.txt"})
         assert again["isError"] is False
@@ -216,8 +216,8 @@ def test_64_calls_naming_a_fifo_a_socket_or_a_device_are_refused_and_none_blocks
     async def script(c: RawClient, router: Router) -> None:
         for (tool, arguments), result in zip(calls, await call_all(c, calls), strict=True):
             named = arguments.get("path") or arguments["outputPath"]
-            assert result["structuredContent"]["error"] == "invalid_arguments", (tool, result)
-            message = result["structuredContent"]["message"]
+            assert body(result)["error"] == "invalid_arguments", (tool, result)
+            message = body(result)["message"]
             assert f"'{named}' is {specials[named]}" in message
             assert "only regular files are accepted" in message
         ordinary = await c.call("echo_read", {"path": "doc.txt"})
@@ -248,8 +248,8 @@ def test_an_input_folder_swapped_for_a_symlink_after_the_check_is_never_followed
 
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_read", {"path": "sub/inner.txt"})
-        assert result["structuredContent"]["error"] == "invalid_arguments", result
-        assert "goes through a symbolic link, which is never followed" in result["structuredContent"]["message"]
+        assert body(result)["error"] == "invalid_arguments", result
+        assert "goes through a symbolic link, which is never followed" in body(result)["message"]
 
     exchange(echo_root, run_dir, script)
 
@@ -262,8 +262,8 @@ def test_an_output_folder_swapped_for_a_symlink_after_the_check_is_never_followe
 
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_write", {"text": "hi", "outputPath": "out/reply.txt"})
-        assert result["structuredContent"]["error"] == "invalid_arguments", result
-        assert "goes through a symbolic link, which is never followed" in result["structuredContent"]["message"]
+        assert body(result)["error"] == "invalid_arguments", result
+        assert "goes through a symbolic link, which is never followed" in body(result)["message"]
         assert not (scope / "also/reply.txt").exists()
 
     exchange(echo_root, run_dir, script)
@@ -272,7 +272,7 @@ def test_an_output_folder_swapped_for_a_symlink_after_the_check_is_never_followe
 def test_an_output_over_a_symlink_inside_the_scope_is_refused(echo_root: Path, scope: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_write", {"text": "hi", "outputPath": "link-in"})
-        assert "'link-in' is a symbolic link, not a regular file" in result["structuredContent"]["message"]
+        assert "'link-in' is a symbolic link, not a regular file" in body(result)["message"]
         assert (scope / "doc.txt").read_text() == "inside the scope"
 
     exchange(echo_root, run_dir, script)
@@ -283,12 +283,12 @@ def test_a_path_with_a_doubled_leading_slash_inside_the_scope_is_accepted(echo_r
     async def script(c: RawClient, router: Router) -> None:
         read = await c.call("echo_read", {"path": "/" + str(scope / "doc.txt")})
         assert read["isError"] is False, read
-        assert read["structuredContent"]["bytes"] == 16
+        assert body(read)["bytes"] == 16
         written = await c.call("echo_write", {"text": "doubled", "outputPath": "/" + str(scope / "out2.txt")})
         assert written["isError"] is False, written
         assert (scope / "out2.txt").read_text() == "doubled"
         outside = await c.call("echo_read", {"path": "/" + str(echo_root / "secret.txt")})
-        assert "outside the work folder" in outside["structuredContent"]["message"]
+        assert "outside the work folder" in body(outside)["message"]
 
     exchange(echo_root, run_dir, script)
 

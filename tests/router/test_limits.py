@@ -13,7 +13,7 @@ from reconciler.router.errors import ToolError
 from reconciler.router.limits import LimitBook
 from reconciler.router.server import Router
 from tests.fixtures.echo_tree import write_echo_tree
-from tests.fixtures.harness import RawClient, exchange, log_lines, run, short_dir
+from tests.fixtures.harness import RawClient, body, exchange, log_lines, run, short_dir
 
 
 @pytest.fixture
@@ -39,9 +39,9 @@ def sleep(seconds: float, instance: str) -> dict[str, Any]:
 def test_a_call_over_its_timeout_is_unavailable(quick_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         result = (await c.request("tools/call", sleep(5, "i-1")))["result"]
-        assert result["structuredContent"]["error"] == "unavailable"
+        assert body(result)["error"] == "unavailable"
         assert result["_meta"]["handler/cause"] == "timeout"
-        assert "0.5 s" in result["structuredContent"]["message"]
+        assert "0.5 s" in body(result)["message"]
         assert log_lines(router)[-1]["cause"] == "timeout"
 
     exchange(quick_root, run_dir, script)
@@ -77,7 +77,7 @@ def test_a_call_that_waits_past_its_timeout_for_a_slot_is_unavailable(quick_root
         assert router.services.limits.try_acquire(key, 1)
         result = await c.call("echo_say", {"text": "x"}, _meta={"handler/instance": "i-1"})
         assert result["_meta"]["handler/cause"] == "concurrency"
-        assert "maxConcurrent 1" in result["structuredContent"]["message"]
+        assert "maxConcurrent 1" in body(result)["message"]
         router.services.limits.release(key)
         assert router.services.limits.running(key) == 0
 
@@ -99,7 +99,7 @@ def test_calls_per_run_are_counted_per_instance(tight_root: Path, run_dir: Path)
             assert (await c.request("tools/call", say))["result"]["isError"] is False
         over = (await c.request("tools/call", say))["result"]
         assert over["_meta"]["handler/cause"] == "calls_per_run"
-        assert "maxCallsPerRun" in over["structuredContent"]["message"]
+        assert "maxCallsPerRun" in body(over)["message"]
         other = {**say, "_meta": {"handler/instance": "run-b"}}
         assert (await c.request("tools/call", other))["result"]["isError"] is False
 

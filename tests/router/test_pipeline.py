@@ -11,18 +11,18 @@ import pytest
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, OpenGate, Settlement
 from reconciler.router.server import Router
-from tests.fixtures.harness import RawClient, exchange, log_lines, log_text
+from tests.fixtures.harness import RawClient, body, exchange, log_lines, log_text
 
 
 def test_invalid_arguments_say_where_and_why(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_say", {"text": 5, "colour": "red"})
         assert result["isError"] is True
-        body = result["structuredContent"]
-        assert body["error"] == "invalid_arguments"
-        assert "at /text: 5 is not of type \"string\"" in body["message"]
-        assert "'colour' was unexpected" in body["message"]
-        missing = (await c.call("echo_say", {}))["structuredContent"]["message"]
+        told = body(result)
+        assert told["error"] == "invalid_arguments"
+        assert "at /text: 5 is not of type \"string\"" in told["message"]
+        assert "'colour' was unexpected" in told["message"]
+        missing = body(await c.call("echo_say", {}))["message"]
         assert "\"text\" is a required property" in missing
         assert log_lines(router)[-1]["error"] == "invalid_arguments"
 
@@ -42,10 +42,10 @@ def test_arguments_nested_too_deep_are_invalid_arguments_not_an_internal_error(e
         await c.send_bytes(_deep_call(depth))
         reply = await c.recv()
         assert "error" not in reply, reply  # a tool error the model can read, never a protocol failure
-        body = reply["result"]["structuredContent"]
-        assert body["error"] == "invalid_arguments"
-        assert "nested too deeply" in body["message"]
-        assert (await c.call("echo_say", {"text": "still here"}))["structuredContent"] == {"text": "still here"}
+        told = body(reply["result"])
+        assert told["error"] == "invalid_arguments"
+        assert "nested too deeply" in told["message"]
+        assert body(await c.call("echo_say", {"text": "still here"})) == {"text": "still here"}
 
     exchange(echo_root, run_dir, script)
 
@@ -57,17 +57,21 @@ def test_a_message_nested_past_the_parser_limit_is_a_parse_error_and_the_session
         reply = await c.recv()
         assert reply["error"]["code"] == -32700
         assert "deeper than 1024 levels" in reply["error"]["message"]
-        assert (await c.call("echo_say", {"text": "still here"}))["structuredContent"] == {"text": "still here"}
+        assert body(await c.call("echo_say", {"text": "still here"})) == {"text": "still here"}
 
     exchange(echo_root, run_dir, script)
 
 
-def test_an_unknown_tool_is_a_protocol_error_that_lists_the_tools(echo_root: Path, run_dir: Path) -> None:
+def test_an_unknown_tool_is_an_error_result_that_lists_the_tools(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
-        reply = await c.request("tools/call", {"name": "ocr_extract", "arguments": {}})
-        assert reply["error"]["code"] == -32602
-        assert "echo_say" in reply["error"]["message"]
+        result = await c.call("ocr_extract", {})
+        assert result["isError"] is True
+        assert "structuredContent" not in result
+        told = body(result)
+        assert told["error"] == "invalid_arguments"
+        assert told["message"].startswith("unknown tool 'ocr_extract'; this session serves: echo_say, ")
         assert log_lines(router)[-1]["outcome"] == "refused"
+        assert log_lines(router)[-1]["error"] == "unknown_tool"
 
     exchange(echo_root, run_dir, script)
 
@@ -86,12 +90,12 @@ def test_connector_failures_map_onto_the_closed_list(echo_root: Path, run_dir: P
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_misbehave", {"mode": mode})
         assert result["isError"] is True
-        assert result["structuredContent"]["error"] == code
+        assert body(result)["error"] == code
         assert result["_meta"].get("handler/cause") == cause
         line = log_lines(router)[-1]
         assert (line["outcome"], line["error"], line.get("cause")) == ("error", code, cause)
         # The connector process is restarted after a crash; the session goes on either way.
-        assert (await c.call("echo_say", {"text": "next"}))["structuredContent"] == {"text": "next"}
+        assert body(await c.call("echo_say", {"text": "next"})) == {"text": "next"}
 
     exchange(echo_root, run_dir, script)
 
@@ -174,10 +178,10 @@ def test_a_hold_or_a_block_never_reaches_the_connector(echo_root: Path, run_dir:
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_token", {})
         assert result["isError"] is True
-        body = result["structuredContent"]
-        assert body["status"] == status
-        assert body["message"] == f"test gate says {status}"
-        assert ("request_id" in body) == (status == "pending")
+        told = body(result)
+        assert told["status"] == status
+        assert told["message"] == f"test gate says {status}"
+        assert ("request_id" in told) == (status == "pending")
         assert result["_meta"]["handler/status"] == status
         assert gate.settled == []
         assert log_lines(router)[-1]["outcome"] == status
@@ -193,13 +197,13 @@ def test_builtin_tools_ask_the_gate(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         status = await c.call("handler_status", {"request_id": "req-1"})
         assert status["isError"] is False
-        assert status["structuredContent"] == {"status": "executed", "message": "ran",
+        assert body(status) == {"status": "executed", "message": "ran",
                                                "result": {"text": "held result"}}
         decided = await c.call("handler_decide", {"request_id": "req-1", "decision": "approve"})
         assert decided["isError"] is True
-        assert decided["structuredContent"]["status"] == "blocked"
+        assert body(decided)["status"] == "blocked"
         bad = await c.call("handler_decide", {"request_id": "req-1", "decision": "maybe"})
-        assert bad["structuredContent"]["error"] == "invalid_arguments"
+        assert body(bad)["error"] == "invalid_arguments"
         assert gate.asked == [("status", "req-1"), ("approve", "req-1")]
 
     exchange(echo_root, run_dir, script, gate=gate)

@@ -65,7 +65,9 @@ def test_the_initialize_era_in_order(echo_root: Path, run_dir: Path) -> None:
             assert {"name", "description", "inputSchema", "outputSchema", "annotations"} <= set(tool)
         result = await c.call("echo_say", {"text": "a"})
         assert result["structuredContent"] == {"text": "a"}
-        assert result["content"] == [{"type": "text", "text": '{"text":"a"}'}]
+        # the output's JSON, then what the priced call cost (the binding prices echo_say at $0.001)
+        priced = "handler: executed; charged $0.001; no spending cap applies"
+        assert result["content"] == [{"type": "text", "text": '{"text":"a"}'}, {"type": "text", "text": priced}]
         assert result["isError"] is False
         assert "resultType" not in result
 

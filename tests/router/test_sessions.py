@@ -26,7 +26,7 @@ def test_bad_lines_get_their_error_and_the_connection_lives_on(echo_root: Path, 
                 (b'{"id":8,"method":"tools/list"}\n', -32600, 8),
                 (b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":[1]}\n', -32600, 9),
                 (b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"arguments":{}}}\n', -32602, 10),
-                (b'{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"nope"}}\n', -32602, 11),
+                (b'{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":7}}\n', -32602, 11),
                 (b'{"jsonrpc":"2.0","id":12,"method":"x","params":{"a":"' + b"z" * 5000 + b'"}}\n', -32600, None),
             ]
             for line, code, reply_id in cases:

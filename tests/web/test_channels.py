@@ -41,7 +41,7 @@ from reconciler.governance.store.audit import record
 from reconciler.web.channels import open_channels
 from reconciler.web.http import HttpListener
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
-from tests.fixtures.harness import RawClient, load, short_dir
+from tests.fixtures.harness import RawClient, body, load, short_dir
 from tests.fixtures.service import DEADLINE, Service, running
 
 ORG = '''apiVersion = "handler.org/v1"
@@ -154,14 +154,14 @@ async def hold_a_write(service: Service, told: str = "") -> tuple[RawClient, str
     """An agent session whose echo_write is held (Balanced: writes wait for a person)."""
     client = await service.session()
     result = await client.call("echo_write", {"text": "dear bob", "outputPath": "mail.txt"})
-    assert result["structuredContent"]["status"] == "pending", result
-    assert told in result["structuredContent"]["message"]
-    return client, result["structuredContent"]["request_id"]
+    assert body(result)["status"] == "pending", result
+    assert told in body(result)["message"]
+    return client, body(result)["request_id"]
 
 
 async def status_of(client: RawClient, rid: str) -> str:
     result = await client.call("handler_status", {"request_id": rid})
-    status: str = result["structuredContent"]["status"]
+    status: str = body(result)["status"]
     return status
 
 
