@@ -163,6 +163,9 @@ class HttpListener:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._task, timeout=timeout)
+        if self._socket is not None:  # taken by `bind`, and never served when the start failed after it
+            self._socket.close()
+            self._socket = None
 
     @property
     def started(self) -> bool:
