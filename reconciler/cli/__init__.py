@@ -14,6 +14,7 @@ never imports them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
@@ -22,6 +23,8 @@ from reconciler.cli.common import EXIT_FINDINGS, EXIT_USAGE
 from reconciler.wire.errors import HandlerError
 
 __all__ = ["main"]
+
+EXIT_INTERRUPTED = 130  # as a shell reports a command ended by SIGINT
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _guarded(run: Callable[[], int]) -> int:
-    """`run`'s exit code; a HandlerError is printed: a tree that cannot be read is 2, any other 1."""
+    """`run`'s exit code; a HandlerError is printed: a tree that cannot be read is 2, any other 1. Ctrl-C before
+    the service took its signals is exit 130, and a reader that went away (`| head`) ends the command quietly."""
     from reconciler.config.errors import SourceError
     try:
         return run()
@@ -49,6 +53,15 @@ def _guarded(run: Callable[[], int]) -> int:
         return EXIT_USAGE
     except HandlerError as exc:
         print(f"handler: {exc}", file=sys.stderr)
+        return EXIT_FINDINGS
+    except KeyboardInterrupt:
+        print("handler: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that is quiet too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return EXIT_FINDINGS
 
 

@@ -149,3 +149,28 @@ def test_up_refuses_a_tree_with_nothing_good_to_serve_and_says_why(places: tuple
     assert " P001 binding 'echo-missing' does not exist" in finding
     assert lines[-1] == "fix the tree (`handler validate` shows every finding) and start again"
     assert not (run_dir / "profiles").exists()
+
+
+def test_a_reader_that_goes_away_ends_a_command_quietly() -> None:
+    """`handler ... | head -1`: the rest of the output has nowhere to go; no BrokenPipeError traceback."""
+    script = ("import sys\nfrom reconciler.cli import _guarded\n"
+              "def many():\n    for i in range(200000):\n        print('line', i)\n    return 0\n"
+              "sys.exit(_guarded(many))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    assert proc.stdout.readline() == b"line 0\n"
+    proc.stdout.close()  # as `head -1` does
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=DEADLINE) == 1
+    assert "Traceback" not in err, err
+    assert "BrokenPipe" not in err, err
+
+
+def test_ctrl_c_before_the_service_takes_its_signals_is_a_quiet_exit_130() -> None:
+    script = ("import sys\nfrom reconciler.cli import _guarded\ndef stop():\n    raise KeyboardInterrupt\n"
+              "sys.exit(_guarded(stop))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=DEADLINE, check=False)
+    assert done.returncode == 130
+    assert done.stderr == "handler: interrupted\n"
