@@ -30,6 +30,7 @@ from reconciler.governance.gate import Gate
 from reconciler.governance.governor import Governor
 from reconciler.liveness import CONTROL_NAME, ControlServer, ServiceLock
 from reconciler.places import default_run_dir, default_state_dir, ensure_private_dir
+from reconciler.preflight import preflight
 from reconciler.router.server import Router
 from reconciler.web.channels import Channels, open_channels
 from reconciler.web.http import HttpListener, WebApp, build_app
@@ -185,6 +186,7 @@ class Service:
             self.listener = HttpListener(self._build_app(), self.options.http_host, self.options.http_port)
             self.listener.bind()
         await self._serve_first()
+        await self._check_machine()
         if self.listener is not None:
             await self.listener.start()
         if self.options.follow:
@@ -192,6 +194,12 @@ class Service:
         if self._channels is not None and self.listener is not None:
             self._channels.set_public_url(self.options.http_host, self.listener.port)
             self._spawn(self._channels.notifier.run(self._stop))
+
+    async def _check_machine(self) -> None:
+        """The preflight (`reconciler.preflight`), for the start's banner, `handler status` and the dashboard."""
+        problems = await preflight(self.router.live.snapshot, self.follower.tree_root, os.environ,
+                                   sandbox=self.options.sandbox)
+        self.reconciler.status.preflight = [p.to_dict() for p in problems]
 
     async def _serve_first(self) -> None:
         """Start the router on `first`, or on the source's first good revision."""

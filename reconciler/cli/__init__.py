@@ -67,6 +67,7 @@ def _guarded(run: Callable[[], int]) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     from reconciler.cli.call import add_call_command
+    from reconciler.cli.doctor import add_doctor_command
     from reconciler.cli.governance import add_governance_commands
     from reconciler.cli.service import add_service_commands
     from reconciler.cli.trees import add_tree_commands
@@ -77,6 +78,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_governance_commands(sub)
     add_service_commands(sub)
     add_call_command(sub)
+    add_doctor_command(sub)
     for ep in entry_points(group="handler.commands"):
         ep.load()(sub)
     return parser

@@ -132,6 +132,9 @@ def _print_up_ready(service: Service) -> None:
           "/healthz, POST /hooks/git, POST /hooks/slack)", file=sys.stderr)
     print("  an agent's MCP client runs: handler-service <interface> --profile <profile>, with "
           f"HANDLER_RUN_DIR={router.run_dir}", file=sys.stderr)
+    for problem in status.preflight:  # what `handler doctor` says: this machine against the tree
+        print(f"  {problem['level']}: {problem['subject']}: {problem['message']} (fix: {problem['fix']})",
+              file=sys.stderr)
     print("  Ctrl-C stops everything.", file=sys.stderr, flush=True)
 
 
@@ -222,6 +225,8 @@ def _print_status(status: dict[str, Any]) -> None:
         print(line)
         for drift in conn["drift"]:
             print(f"  drift: {drift}")
+    for problem in status.get("preflight", []):
+        print(f"{problem['level']}: {problem['subject']}: {problem['message']}\n  fix: {problem['fix']}")
     if status.get("pricingViolations"):
         print(f"pricing violations this month: {status['pricingViolations']} (a connector reported more than its "
               "binding's [pricing] allows; it was charged the reservation; `handler audit` names them)")

@@ -52,6 +52,7 @@ class Status:
     history: deque[Attempt] = field(default_factory=lambda: deque(maxlen=HISTORY))
     # Per binding, what the router knows of its connector process (state, why, drift), read when reported.
     connectors: Callable[[], dict[str, Any]] | None = None
+    preflight: list[dict[str, Any]] = field(default_factory=list)  # this machine's problems (`reconciler.preflight`)
 
     @property
     def ready(self) -> bool:
@@ -85,6 +86,7 @@ class Status:
             "lastAttempt": _attempt_dict(self.last_attempt, full=True) if self.last_attempt else None,
             "profiles": self.profiles,
             "connectors": self.connectors() if self.connectors is not None else {},
+            "preflight": list(self.preflight),
             "history": [_attempt_dict(a, full=False) for a in self.history],
         }
 

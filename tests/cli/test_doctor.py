@@ -1,0 +1,68 @@
+"""`handler doctor` on the example tree: each missing credential, each unconfigured channel, each missing scope,
+with how to fix it; and nothing once the machine has what the tree asks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+
+HANDLER = str(Path(sys.executable).with_name("handler"))
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _example(tmp_path: Path) -> Path:
+    root = tmp_path / "example"
+    for part in ("catalog", "config"):
+        shutil.copytree(REPO / part, root / part)
+    return root
+
+
+def _doctor(root: Path, env: dict[str, str], *more: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HANDLER_", "OPENAI_", "BRAVE_"))}
+    return subprocess.run([HANDLER, "doctor", str(root), *more], capture_output=True, text=True, timeout=120,
+                          check=False, env={**clean, **env})
+
+
+def test_doctor_lists_each_missing_credential_channel_and_scope(tmp_path: Path) -> None:
+    root = _example(tmp_path)
+    done = _doctor(root, {})
+    assert done.returncode == 1
+    out = done.stdout
+    assert "error: binding llm-openai: secret slot 'api_key': the router's environment has no OPENAI_API_KEY" in out
+    assert "fix: export OPENAI_API_KEY=... in the service's environment before it starts" in out
+    assert "error: binding search-brave: secret slot 'api_key': the router's environment has no BRAVE_API_KEY" in out
+    assert "error: binding email-smtp: secret slot 'password': cannot run pass" in out
+    assert "warning: profile assistant: holds are routed to Slack #approvals, but no Slack token is set" in out
+    assert "fix: set HANDLER_SLACK_TOKEN" in out
+    assert "warning: profile auditor: holds are routed to alice, but no mail server is set" in out
+    assert "error: profile researcher: its scope work/researcher does not exist" in out
+    problems = json.loads(_doctor(root, {}, "--format", "json").stdout)
+    assert {p["subject"] for p in problems} >= {"binding llm-openai", "binding search-brave", "profile assistant"}
+
+
+def test_what_the_machine_provides_leaves_the_list(tmp_path: Path) -> None:
+    root = _example(tmp_path)
+    for profile in ("assistant", "auditor", "researcher"):
+        (root / "work" / profile).mkdir(parents=True)
+    env = {"OPENAI_API_KEY": "k", "BRAVE_API_KEY": "k", "HANDLER_SLACK_TOKEN": "xoxb-t",
+           "HANDLER_SMTP_URL": "smtp://127.0.0.1:2525"}
+    out = _doctor(root, env).stdout
+    assert "OPENAI_API_KEY" not in out
+    assert "BRAVE_API_KEY" not in out
+    assert "Slack" not in out
+    assert "mail server" not in out
+    assert "scope" not in out
+    assert "cannot run pass" in out  # the password manager is still not on this machine
+
+
+def test_a_tree_this_machine_serves_whole_is_ok(tmp_path: Path) -> None:
+    root = write_echo_tree(tmp_path / "t")
+    done = _doctor(root, {TOKEN_ENV: "t"})
+    assert done.returncode == 0, done.stdout
+    assert done.stdout == f"OK: nothing on this machine keeps {root} from working\n"
