@@ -25,24 +25,12 @@ from mcp import Client
 
 from reconciler.governance.governor import Governor
 from reconciler.router.server import Router
-from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.echo_tree import TOKEN_ENV, governed_profile, write_echo_tree
 from tests.fixtures.harness import DEADLINE, RawClient, body, bridge_params, load, run, sdk_body, short_dir
 
 HANDLER = str(Path(sys.executable).parent / "handler")
 
-GOVERNED = '''apiVersion = "handler.profile/v1"
-name = "tester"
-scope = "work/tester"
-services = { echo = "echo-local" }
-# no template: Balanced, so echo_write waits for a person
-
-[[rules]]
-action = "echo_token"
-outcome = "block"
-
-[caps]
-monthly_usd = 1.0
-'''
+GOVERNED = governed_profile(1.0)
 
 
 @pytest.fixture
