@@ -55,8 +55,8 @@ from reconciler.connectors.secrets import resolve_secret
 from reconciler.places import PrivatePlaceError, ensure_private_dir, open_private_file
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 
-__all__ = ["Launch", "StderrLog", "box_view", "declared_env", "effective_egress", "limited_command", "prepare_launch",
-           "raw_forwards", "resolve_command"]
+__all__ = ["Launch", "StderrLog", "box_view", "declared_env", "effective_egress", "inbox_dir", "limited_command",
+           "prepare_launch", "raw_forwards", "resolve_command"]
 
 log = logging.getLogger("handler.connector")
 _MAX_SOCKET_PATH = 100  # unix socket paths are capped near 107 bytes
@@ -245,11 +245,13 @@ async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path |
         relay = [sys.executable, "-m", "reconciler.connectors.relay", "--proxy", str(launch.proxy.socket_path),
                  *(arg for f in forwards for arg in ("--forward", f.to_arg()))]
     writable = list(launch.socket_dirs)
+    readable = []
     if run_dir is not None:
         calls = run_dir / "calls" / binding_name
         _calls_dir(calls, uid)
         writable.append(calls)
-    view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts))
+        readable.append(inbox_dir(run_dir, binding_name, uid))
+    view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts), readable)
     if uid is not None:
         launch.cgroups = make_cgroups(launch.folder.name, limits.processes, limits.memory_bytes)
     write_seccomp(launch.folder / "seccomp.bpf")
@@ -280,13 +282,14 @@ def raw_forwards(egress: Sequence[str]) -> tuple[list[Forward], dict[str, str]]:
 
 
 def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequence[str], writable: Sequence[Path],
-             files: Mapping[str, str]) -> BoxView:
+             files: Mapping[str, str], readable_too: Sequence[Path] = ()) -> BoxView:
     """What the connector sees beyond the system (see `sandbox`): its connector's folder, the interfaces (the
     contracts, public), the Python it runs on and the service's code (for the relay and the wrapper), the
     program it names, read-only; `writable`. Nothing else of the config tree: not the profiles, not the
     other bindings, not another connector's code."""
     connector = snapshot.connectors[snapshot.bindings[binding_name].connector or ""]
-    readable = [root / connector.folder, root / "catalog/interfaces", _CODE, Path(sys.prefix), Path(sys.base_prefix)]
+    readable = [root / connector.folder, root / "catalog/interfaces", _CODE, Path(sys.prefix), Path(sys.base_prefix),
+                *readable_too]
     if command and Path(command[0]).is_absolute():
         program = Path(command[0]).resolve().parent
         readable.append(program.parent if program.name == "bin" else program)  # its runtime: lib/ beside bin/
@@ -339,6 +342,16 @@ def _private_dir(folder: Path, setting: str) -> None:
         ensure_private_dir(folder, setting)
     except PrivatePlaceError as exc:
         raise ConnectorStartError(str(exc)) from None
+
+
+def inbox_dir(run_dir: Path, binding_name: str, uid: int | None) -> Path:
+    """`<run>/inbox/<binding>`: ours, 0700, or 0711 (walkable, not listable) for a connector of its own uid; its
+    sandbox shows it read-only, so what is hard-linked there cannot be written through it."""
+    folder = run_dir / "inbox" / binding_name
+    _private_dir(folder, "HANDLER_RUN_DIR")
+    if uid is not None:
+        folder.chmod(0o711)
+    return folder
 
 
 def _calls_dir(folder: Path, uid: int | None) -> None:
