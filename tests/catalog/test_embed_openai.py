@@ -33,7 +33,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from reconciler.cli import main as handler
-from tests.fixtures.harness import RawClient, run, serving, short_dir
+from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
 from tests.fixtures.vendor_trees import egress_of, write_tree
 
@@ -339,7 +339,7 @@ def test_through_the_sandboxed_router(embed_tree: Path) -> None:
     assert found["structuredContent"] == {"vectors": [bag_of_words(t) for t in texts], "dimensions": DIMENSIONS}
     assert [len(request["input"]) for request in Embeddings.seen] == [32, 32, 1]  # the binding's batch of 32
     assert busy["isError"] is True
-    assert busy["structuredContent"]["error"] == "limit"
+    assert body(busy)["error"] == "limit"
 
 
 def test_connector_check_passes_against_the_stand_in(embed_tree: Path, tmp_path: Path,

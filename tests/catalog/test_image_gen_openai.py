@@ -29,7 +29,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from reconciler.cli import main as handler
-from tests.fixtures.harness import RawClient, run, serving, short_dir
+from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
 from tests.fixtures.vendor_trees import egress_of, write_tree
 
@@ -302,7 +302,7 @@ def test_through_the_sandboxed_router_the_png_lands_in_the_work_folder(images_tr
     assert made["structuredContent"] == {"path": "out/a.png", "width": 512, "height": 512}
     assert (images_tree / "work/tester/out/a.png").read_bytes() == png(512, 512)
     assert refused["isError"] is True
-    assert refused["structuredContent"]["error"] == "refused"
+    assert body(refused)["error"] == "refused"
     assert not (images_tree / "work/tester/out/b.png").exists()
 
 

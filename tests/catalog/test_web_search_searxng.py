@@ -29,7 +29,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from reconciler.cli import main as handler
-from tests.fixtures.harness import RawClient, run, serving, short_dir
+from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
 from tests.fixtures.vendor_trees import egress_of, write_tree
 
@@ -210,7 +210,7 @@ def test_each_failure_maps_onto_the_closed_list(searxng: tuple[ModuleType, str],
 
 
 def test_a_refused_login_is_unavailable(searxng: tuple[ModuleType, str]) -> None:
-    code, message = failure(searxng, "python", password="wrong")
+    code, message = failure(searxng, "python", password="wrong")  # noqa: S106 - a wrong one, on purpose
     assert (code, "refused the login (HTTP 401)" in message) == ("unavailable", True)
     assert "nginx" not in message
     assert failure(searxng, "python", username=None)[0] == "unavailable"
@@ -306,7 +306,7 @@ def test_through_the_sandboxed_router(searxng_tree: Path) -> None:
     jsonschema.validate(found["structuredContent"], TOOL["outputSchema"])
     assert found["structuredContent"]["results"][0]["url"] == "https://json-schema.org/"
     assert limited["isError"] is True
-    assert limited["structuredContent"]["error"] == "limit"
+    assert body(limited)["error"] == "limit"
     assert SearXNG.seen[0]["safesearch"] == ["0"]  # the binding's settings reach the instance
 
 
