@@ -1,7 +1,8 @@
 """The `handler` command: argument parsing and printing only; the work happens in the rooms.
 
 Only this package prints. Its modules: `trees` (validate, plan, mcp-config), `governance`
-(explain, approvals, audit, balance, spend, store), `service` (serve, up, status) and `common`
+(explain, approvals, audit, balance, spend, store), `service` (serve, up, status), `connectors`
+(connector install) and `common`
 (exit codes, loading a tree, printing findings).
 
 Exit codes: 0 success, 1 findings (or a failed check), 2 unusable arguments (a missing folder, an
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from reconciler.cli.common import EXIT_FINDINGS, EXIT_USAGE
+from reconciler.cli.connectors import add_connector_commands
 from reconciler.cli.governance import add_governance_commands
 from reconciler.cli.service import add_service_commands
 from reconciler.cli.trees import add_tree_commands
@@ -48,6 +50,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_tree_commands(sub)
     add_governance_commands(sub)
     add_service_commands(sub)
+    add_connector_commands(sub)  # `connector install`; the conformance runner adds `connector check` to it
     for ep in entry_points(group="handler.commands"):
         ep.load()(sub)
     return parser

@@ -68,6 +68,7 @@ CODES: dict[str, Code] = _registry(
     Code("N005", E, "[wrap] maps a tool the connector does not implement"),
     Code("N006", E, "[wrap] names an unknown reshaper or an error outside the closed list"),
     Code("N007", E, "[run] runs a file the connector's folder does not hold"),
+    Code("N008", E, "[run] names a runtime the tree does not provide and [needs] does not declare"),
     # bindings
     Code("B001", E, "the binding's connector does not exist"),
     Code("B002", E, "a required secret slot is not filled"),
