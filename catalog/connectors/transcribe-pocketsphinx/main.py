@@ -11,7 +11,8 @@ interface error `unsupported_format`, saying to convert it to 16 kHz mono WAV. I
 English only: a call naming another language is `unavailable`, saying so.
 
 The whole file is decoded as one utterance with the general English language model; no grammar,
-keyword list or hint is used. `segments` come from the decoder's word timings, split at pauses.
+keyword list or hint is used. A file in which the voice activity detector hears less than 0.3 s of
+speech has an empty transcript (the recognizer would otherwise find words in silence). `segments` come from the decoder's word timings, split at pauses.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ log = logging.getLogger("transcribe-pocketsphinx")
 RATE = 16_000  # the acoustic model's sample rate
 FRAMES_PER_SECOND = 100  # the decoder's frame rate: word timings are in these frames
 PAUSE_FRAMES = 30  # a silence of 0.3 s or more between words ends a segment
+MIN_SPEECH_SECONDS = 0.3  # less speech than this, by the voice activity detector, is silence: no words
 _CACHE_SIZE = 32
 _ALTERNATE = re.compile(r"\(\d+\)$")  # "the(2)": the dictionary's second pronunciation of "the"
 
@@ -185,6 +187,8 @@ class Engine:
             return output
 
     def _decode(self, pcm: bytes) -> dict[str, Any]:
+        if not has_speech(pcm):  # the recognizer would find words in silence or noise
+            return {"text": "", "language": "en"}
         if self._decoder is None:
             from pocketsphinx import Decoder  # the model loads once, on the first call
 
@@ -200,6 +204,21 @@ class Engine:
         if segments:
             output["segments"] = segments
         return output
+
+
+def has_speech(pcm: bytes) -> bool:
+    """Whether PocketSphinx's voice activity detector hears at least MIN_SPEECH_SECONDS of speech."""
+    from pocketsphinx import Vad
+
+    vad = Vad()
+    size = vad.frame_bytes
+    needed = MIN_SPEECH_SECONDS / vad.frame_length
+    heard = 0
+    for start in range(0, len(pcm) - size + 1, size):
+        heard += vad.is_speech(pcm[start:start + size])
+        if heard >= needed:
+            return True
+    return False
 
 
 def segments_of(words: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
