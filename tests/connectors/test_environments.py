@@ -14,9 +14,15 @@ import pytest
 from reconciler.cli import main as handler
 from reconciler.config.models import ConnectorFile, Needs
 from reconciler.config.snapshot import Connector
-from reconciler.connectors.environments import MARKER, environment_key, environment_path, missing_on_machine
+from reconciler.connectors.environments import (
+    MARKER,
+    environment_key,
+    environment_path,
+    missing_on_machine,
+    runtime_home,
+)
 from reconciler.connectors.errors import ConnectorStartError
-from reconciler.connectors.launching import prepare_launch
+from reconciler.connectors.launching import box_view, prepare_launch
 from tests.fixtures.echo_tree import write_echo_tree
 from tests.fixtures.harness import RawClient, load, run, serving, short_dir
 
@@ -153,3 +159,16 @@ def test_install_of_an_unknown_connector_gets_did_you_mean(needy_root: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     assert handler(["connector", "install", "ecko", "--root", str(needy_root)]) == 2
     assert "no connector 'ecko'" in capsys.readouterr().err
+
+
+def test_the_sandbox_shows_the_environment_and_the_python_it_was_made_from(needy_root: Path) -> None:
+    snapshot = load(needy_root)
+    path = environment_path(snapshot.connectors["echo"])
+    assert path is not None
+    home = runtime_home(path)
+    assert home is not None
+    assert (home / "bin").is_dir()
+    view = box_view(snapshot, needy_root, "echo-local", [str(path / "bin/python3"), "main.py"], [], {})
+    assert str(path.resolve()) in view.readable
+    assert any(str(home.resolve()).startswith(p.rstrip("/") + "/") or str(home.resolve()) == p
+               for p in view.readable)
