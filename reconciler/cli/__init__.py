@@ -2,8 +2,8 @@
 
 Only this package prints. Its modules: `trees` (validate, plan, mcp-config), `governance`
 (explain, approvals, audit, balance, spend, store), `service` (serve, up, status), `call` (call a
-tool from a script; its flags from `flags`), `llm` (`handler-llm`) and `common` (exit codes, loading
-a tree, printing findings).
+tool from a script; its flags from `flags`), `llm` (`handler-llm`), `doctor`, `connectors`
+(connector install) and `common` (exit codes, loading a tree, printing findings).
 
 Exit codes: 0 success, 1 findings (or a failed check), 2 unusable arguments (a missing folder, an
 unknown git ref); `handler call` has its own (see `call`). Subcommands of other distributions' parts
@@ -67,6 +67,7 @@ def _guarded(run: Callable[[], int]) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     from reconciler.cli.call import add_call_command
+    from reconciler.cli.connectors import add_connector_commands
     from reconciler.cli.doctor import add_doctor_command
     from reconciler.cli.governance import add_governance_commands
     from reconciler.cli.service import add_service_commands
@@ -79,6 +80,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_service_commands(sub)
     add_call_command(sub)
     add_doctor_command(sub)
+    add_connector_commands(sub)  # `connector install`; the conformance runner adds `connector check` to it
     for ep in entry_points(group="handler.commands"):
         ep.load()(sub)
     return parser

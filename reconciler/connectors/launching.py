@@ -18,6 +18,10 @@ launch is everything that process gets and nothing more:
   runs in the router's own folder and network, with its rlimits and environment still confined);
 - relative paths in `run.command` resolve against the connector's folder
   (`command = ["python3", "main.py"]` runs the connector's own `main.py`);
+- `python` (or `python3`) first in `run.command` is the Python of the connector's own environment when its
+  `[needs]` declares Python packages (its `bin/` leads PATH; a missing one refuses the start, naming
+  `handler connector install`), else the service's; the Debian packages and programs it needs are
+  checked first (`environments`), a missing one refusing the start with the `apt-get install` to run;
 - its stderr, line by line, to the log `handler.connector` and to `connectors/<binding>.stderr.log`,
   with every secret value masked.
 """
@@ -40,6 +44,7 @@ from reconciler.config.snapshot import Binding, Connector, Snapshot
 from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups
 from reconciler.connectors.client import LaunchSpec
 from reconciler.connectors.egress import EgressProxy
+from reconciler.connectors.environments import environment_path, missing_on_machine, require_environment, runtime_home
 from reconciler.connectors.errors import ConnectorStartError
 from reconciler.connectors.relay import Forward
 from reconciler.connectors.sandbox import (
@@ -205,6 +210,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
         env = confined_env(declared, folder)
     else:
         env = confined_env(declared, _SANDBOX_HOME, tmp=_SANDBOX_HOME, system_path=True)
+    _meet_needs(connector, binding_name, env)
     command = _program_found(resolve_command(run.command, root / connector.folder), env)
     launch = Launch(LaunchSpec(name=binding_name, command=(), cwd=str(folder), env=env), folder, secrets=secrets,
                     host_uid=uid)
@@ -229,6 +235,20 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
                              max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path,
                              mask=stderr.mask)
     return launch
+
+
+def _meet_needs(connector: Connector, binding_name: str, env: dict[str, str]) -> None:
+    """Put the connector's own environment first on its PATH (see the module docstring); refuse the start when
+    that environment is not built or the machine lacks a Debian package or program it declares."""
+    try:
+        environment = require_environment(connector)
+    except ConnectorStartError as exc:
+        raise ConnectorStartError(f"binding '{binding_name}': {exc.message}") from None
+    if environment is not None:
+        env["PATH"] = str(environment / "bin") + os.pathsep + env["PATH"]
+    missing = missing_on_machine(connector.spec.needs, env["PATH"])
+    if missing:
+        raise ConnectorStartError(f"binding '{binding_name}': {missing.describe(connector.name)}")
 
 
 async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path | None, binding_name: str,
@@ -290,6 +310,9 @@ def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequenc
     connector = snapshot.connectors[snapshot.bindings[binding_name].connector or ""]
     readable = [root / connector.folder, root / "catalog/interfaces", _CODE, Path(sys.prefix), Path(sys.base_prefix),
                 *readable_too]
+    environment = environment_path(connector)
+    if environment is not None:  # its own Python environment, and the installation its bin/python links to
+        readable += [environment, *filter(None, [runtime_home(environment)])]
     if command and Path(command[0]).is_absolute():
         program = Path(command[0]).resolve().parent
         readable.append(program.parent if program.name == "bin" else program)  # its runtime: lib/ beside bin/
