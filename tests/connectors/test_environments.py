@@ -24,7 +24,7 @@ from reconciler.connectors.environments import (
 from reconciler.connectors.errors import ConnectorStartError
 from reconciler.connectors.launching import box_view, prepare_launch
 from tests.fixtures.echo_tree import write_echo_tree
-from tests.fixtures.harness import RawClient, load, run, serving, short_dir
+from tests.fixtures.harness import RawClient, body, load, run, serving, short_dir
 
 NEED = "orjson>=3.10,<4"  # small, and what the echo connector imports when it can
 
@@ -111,7 +111,7 @@ def test_a_missing_environment_refuses_the_start_naming_the_install_command(
             client = await RawClient.connect(router.socket_path("tester"))
             result = await client.call("echo_say", {"text": "a"})
             await client.close()
-            assert result["structuredContent"]["error"] == "unavailable"
+            assert body(result)["error"] == "unavailable"
             assert result["_meta"]["handler/cause"] == "start_failed"
             message = router.services.pool.statuses["echo-local"].message
             assert "binding 'echo-local'" in message
