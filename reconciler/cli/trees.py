@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from reconciler.config.findings import sort_findings
 from reconciler.places import default_run_dir
 
 __all__ = ["add_tree_commands"]
+
+HOSTS = ("claude-desktop", "cursor", "vscode", "claude-code")
 
 
 def add_tree_commands(sub: Any) -> None:
@@ -38,6 +41,10 @@ def add_tree_commands(sub: Any) -> None:
     mcp.add_argument("root", nargs="?", default=".")
     mcp.add_argument("--run-dir", type=Path, default=None, help="the router's run folder (default: $HANDLER_RUN_DIR, "
                      "else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    mcp.add_argument("--host", choices=HOSTS, default="claude-desktop",
+                     help="the MCP host's format: claude-desktop and cursor read {\"mcpServers\": ...}, vscode reads "
+                          "{\"servers\": ...} with type stdio, claude-code gets `claude mcp add` commands "
+                          "(default: claude-desktop; docs/hosts.md says where each file lives)")
     mcp.set_defaults(run=_mcp_config)
 
 
@@ -50,11 +57,17 @@ def _mcp_config(args: argparse.Namespace) -> int:
         raise HandlerError(f"no profile '{args.profile}' in {args.root} (profiles: {known})")
     bridge = Path(sys.executable).parent / "handler-service"
     run_dir = (args.run_dir or default_run_dir()).resolve()
-    servers = {}
-    for name in sorted(profile.selections):
-        servers[name] = {"command": str(bridge) if bridge.exists() else "handler-service",
-                         "args": [name, "--profile", profile.name], "env": {"HANDLER_RUN_DIR": str(run_dir)}}
-    print(json.dumps({"mcpServers": servers}, indent=2))
+    command = str(bridge) if bridge.exists() else "handler-service"
+    servers = {name: {"command": command, "args": [name, "--profile", profile.name],
+                      "env": {"HANDLER_RUN_DIR": str(run_dir)}} for name in sorted(profile.selections)}
+    if args.host == "claude-code":
+        for name, server in servers.items():
+            print(shlex.join(["claude", "mcp", "add", name, "-e", f"HANDLER_RUN_DIR={run_dir}", "--", command,
+                              *server["args"]]))
+    elif args.host == "vscode":
+        print(json.dumps({"servers": {name: {"type": "stdio", **s} for name, s in servers.items()}}, indent=2))
+    else:
+        print(json.dumps({"mcpServers": servers}, indent=2))
     return EXIT_OK
 
 
