@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, load_tree, print_findings
+from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, load_tree, print_findings
 from reconciler.config import CODES, GitSource, HandlerError, Loader, Snapshot, check_frozen, plan_changes
 from reconciler.config.findings import sort_findings
 from reconciler.places import default_run_dir
@@ -21,21 +21,23 @@ __all__ = ["add_tree_commands"]
 
 def add_tree_commands(sub: Any) -> None:
     validate = sub.add_parser("validate", help="run the save-time checks on a config tree")
-    validate.add_argument("root", nargs="?", default=".", help="the config root (holds config/); default: .")
+    add_root_options(validate)
     validate.add_argument("--base", metavar="REF", help="freeze the interface versions that exist at this git ref")
-    validate.add_argument("--format", choices=["text", "json", "github"], default="text")
+    validate.add_argument("--format", choices=["text", "json", "github"], default="text",
+                          help="text for people, json for tools, github for annotations on a pull request")
     validate.add_argument("--codes", action="store_true", help="list every finding code and exit")
     validate.set_defaults(run=_validate)
 
     plan = sub.add_parser("plan", help="what changes for each profile between a git ref and the tree")
-    plan.add_argument("root", nargs="?", default=".")
-    plan.add_argument("--base", metavar="REF", help="compare with this git ref (default: HEAD, or nothing)")
-    plan.add_argument("--format", choices=["text", "json"], default="text")
+    add_root_options(plan)
+    plan.add_argument("--base", metavar="REF", help="compare with this git ref (default: HEAD of the repository "
+                      "holding the tree; an empty tree when it has no commit or is not in git)")
+    plan.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     plan.set_defaults(run=_plan)
 
     mcp = sub.add_parser("mcp-config", help="the mcpServers entries an MCP client needs to give an agent its profile")
-    mcp.add_argument("profile")
-    mcp.add_argument("root", nargs="?", default=".")
+    mcp.add_argument("profile", help="the profile the agent runs as (config/profiles/PROFILE.toml)")
+    add_root_options(mcp)
     mcp.add_argument("--run-dir", type=Path, default=None, help="the router's run folder (default: $HANDLER_RUN_DIR, "
                      "else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
     mcp.set_defaults(run=_mcp_config)
