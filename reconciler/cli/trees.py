@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, load_tree, print_findings
-from reconciler.config import CODES, GitSource, HandlerError, Loader, Snapshot, check_frozen, plan_changes
+from reconciler.config import (
+    CODES,
+    GitSource,
+    HandlerError,
+    Loader,
+    Snapshot,
+    SourceError,
+    check_frozen,
+    plan_changes,
+)
 from reconciler.config.findings import sort_findings
 from reconciler.places import default_run_dir
 
@@ -64,6 +73,16 @@ def _load_base(root: str, ref: str) -> Snapshot:
     return Loader().load(GitSource.for_folder(root, ref))
 
 
+def _load_head(root: str) -> Snapshot | None:
+    """The tree at HEAD of the repository holding `root`: what `plan` compares with by default. None (an empty
+    tree) when `root` is not in a git repository or it has no commit yet."""
+    try:
+        source = GitSource.for_folder(root, "HEAD")
+        return Loader().load(source)
+    except SourceError:
+        return None
+
+
 def _validate(args: argparse.Namespace) -> int:
     if args.codes:
         for code in CODES.values():
@@ -82,7 +101,7 @@ def _plan(args: argparse.Namespace) -> int:
     if head.errors:
         print_findings(list(head.errors), "text", head)
         return EXIT_FINDINGS
-    base = _load_base(args.root, args.base) if args.base else None
+    base = _load_base(args.root, args.base) if args.base else _load_head(args.root)
     plan = plan_changes(base, head)
     if args.format == "json":
         print(json.dumps(plan.to_dict(), indent=2))

@@ -25,7 +25,7 @@ from tomlkit.items import InlineTable, Table
 from reconciler.config.errors import HandlerError
 from reconciler.config.findings import Finding
 from reconciler.config.loading import Loader
-from reconciler.config.planning import Plan, plan_changes
+from reconciler.config.planning import Plan, plan_changes, toml_value
 from reconciler.config.snapshot import Snapshot
 from reconciler.config.sources import Blob, blob_sha, tree_revision
 
@@ -197,19 +197,10 @@ def _select(services: dict[str, Any], interface: str, binding: str) -> dict[str,
 
 def _inline(value: Mapping[str, Any]) -> InlineTable:
     """`value` as one inline table, `{ a = "x", b = { env = "Y" } }`, written as the example tree writes them."""
-    table = tomlkit.parse(f"v = {_render(value)}")["v"]
+    table = tomlkit.parse(f"v = {toml_value(value)}")["v"]
     if not isinstance(table, InlineTable):
         raise TypeError(f"not an inline table: {table!r}")
     return table
-
-
-def _render(value: Any) -> str:
-    if isinstance(value, Mapping):
-        inner = ", ".join(f"{tomlkit.key(str(k)).as_string()} = {_render(v)}" for k, v in value.items())
-        return f"{{ {inner} }}" if inner else "{}"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_render(v) for v in value) + "]"
-    return str(tomlkit.item(value).as_string())
 
 
 # --- checking --------------------------------------------------------------------------------------
