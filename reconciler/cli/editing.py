@@ -103,7 +103,8 @@ def _usage(exc: Exception) -> int:
 def _apply(args: argparse.Namespace, edit: Edit) -> int:
     """Make the change on the tree (or the branch's base commit), check it, and write or commit it when clean."""
     root = require_tree(args.root)
-    source = GitSource.for_folder(root, args.base) if args.branch else FolderSource(root)
+    repository = GitTree.of(root) if args.branch else None  # first: not in git is said in --branch's words
+    source = GitSource.for_folder(root, args.base) if repository else FolderSource(root)
     revision, files = source.read()
     try:
         change = edit(files)
@@ -118,8 +119,8 @@ def _apply(args: argparse.Namespace, edit: Edit) -> int:
     print(checked.plan.render_text())
     if args.check:
         print(f"checked: {change.summary}; nothing written (--check)")
-    elif args.branch:
-        done = commit_to_new_branch(GitTree.of(root), args.base, args.branch, change.files, change.summary)
+    elif repository is not None:
+        done = commit_to_new_branch(repository, args.base, args.branch, change.files, change.summary)
         print(f"committed {done.commit[:12]} to new branch {done.branch} (from {done.base[:12]}): {change.summary}")
         print(f"  push it for a pull request: {done.push_hint()}")
     else:
