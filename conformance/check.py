@@ -54,7 +54,8 @@ def add_connector_command(sub: Any) -> None:
     check.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     check.add_argument("--json", metavar="FILE", help="write the JSON result (per item: outcome, duration, the "
                        "minimal failing input)")
-    check.add_argument("--root", default=".", help="the config root (default: the current folder)")
+    check.add_argument("--root", default=os.environ.get("HANDLER_ROOT") or ".", metavar="DIR",
+                       help="the config root (default: $HANDLER_ROOT, else the current folder)")
     check.add_argument("-k", dest="select", metavar="EXPR", help="only the items matching EXPR (as pytest -k); a "
                        "partial run is not recorded")
     check.add_argument("--no-record", action="store_true", help="do not add the run to catalog/results/")
