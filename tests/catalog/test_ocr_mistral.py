@@ -23,6 +23,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from tests.fixtures.vendor_trees import listed_tools
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
 
@@ -210,14 +211,7 @@ def test_the_stand_in_refuses_a_wrong_shape(mistral: ModuleType, monkeypatch: py
 
 
 def test_its_tools_list_is_ocr_v1_word_for_word() -> None:
-    async def listed() -> list[dict[str, Any]]:
-        params = StdioServerParameters(command=sys.executable, args=[str(CONNECTOR / "main.py")],
-                                       cwd=str(CONNECTOR), env={"MISTRAL_API_KEY": KEY, "PATH": "/usr/bin:/bin"})
-        async with Client(params) as client:
-            result = await client.list_tools()
-            return [t.model_dump(by_alias=True, exclude_none=True) for t in result.tools]
-
-    assert asyncio.run(asyncio.wait_for(listed(), 30)) == [CONTRACT]
+    assert listed_tools(CONNECTOR / "main.py", {"MISTRAL_API_KEY": KEY}) == [CONTRACT]
 
 
 def test_through_the_router(shipped_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:

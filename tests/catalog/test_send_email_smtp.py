@@ -27,6 +27,7 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from tests.fixtures.vendor_trees import listed_tools
 from tests.fixtures.harness import RawClient, body, serving, short_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,14 +181,7 @@ def test_an_untrusted_certificate_is_unavailable(tls_server: tuple[Mailbox, int]
 
 
 def test_its_tools_list_is_send_email_v1_word_for_word() -> None:
-    async def listed() -> list[dict[str, Any]]:
-        params = StdioServerParameters(command=sys.executable, args=[str(CONNECTOR / "main.py")],
-                                       cwd=str(CONNECTOR), env={"PATH": "/usr/bin:/bin"})
-        async with Client(params) as client:
-            result = await client.list_tools()
-            return [t.model_dump(by_alias=True, exclude_none=True) for t in result.tools]
-
-    tools = asyncio.run(asyncio.wait_for(listed(), 30))
+    tools = listed_tools(CONNECTOR / "main.py", {})
     assert tools == json.loads((REPO / "catalog/interfaces/send-email/v1/tools.json").read_text())
 
 

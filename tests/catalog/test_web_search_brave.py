@@ -23,6 +23,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from tests.fixtures.vendor_trees import listed_tools
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
 
@@ -205,11 +206,4 @@ def test_through_the_router(shipped_tree: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_its_tools_list_is_web_search_v1_word_for_word() -> None:
-    async def listed() -> list[dict[str, Any]]:
-        params = StdioServerParameters(command=sys.executable, args=[str(CONNECTOR)], cwd=str(CONNECTOR.parent),
-                                       env={"BRAVE_API_KEY": KEY, "PATH": "/usr/bin:/bin"})
-        async with Client(params) as client:
-            result = await client.list_tools()
-            return [t.model_dump(by_alias=True, exclude_none=True) for t in result.tools]
-
-    assert asyncio.run(asyncio.wait_for(listed(), 30)) == [TOOL]
+    assert listed_tools(CONNECTOR, {"BRAVE_API_KEY": KEY}) == [TOOL]

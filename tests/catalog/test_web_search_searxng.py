@@ -31,7 +31,7 @@ from mcp.client.stdio import StdioServerParameters
 from reconciler.cli import main as handler
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
-from tests.fixtures.vendor_trees import egress_of, write_tree
+from tests.fixtures.vendor_trees import egress_of, listed_tools, write_tree
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/web-search-searxng/main.py"
@@ -258,14 +258,7 @@ def test_a_missing_or_bad_instance_address_is_unavailable_without_a_request(sear
 
 
 def test_its_tools_list_is_web_search_v1_word_for_word() -> None:
-    async def listed() -> list[dict[str, Any]]:
-        params = StdioServerParameters(command=sys.executable, args=[str(CONNECTOR)], cwd=str(CONNECTOR.parent),
-                                       env={"SEARXNG_URL": "https://search.example.org", "PATH": "/usr/bin:/bin"})
-        async with Client(params) as client:
-            result = await client.list_tools()
-            return [t.model_dump(by_alias=True, exclude_none=True) for t in result.tools]
-
-    assert asyncio.run(asyncio.wait_for(listed(), 30)) == [TOOL]
+    assert listed_tools(CONNECTOR, {"SEARXNG_URL": "https://search.example.org"}) == [TOOL]
 
 
 BINDING = """apiVersion = "handler.binding/v1"
