@@ -109,4 +109,5 @@ def decision_text(hold: Hold) -> str:
     """One line for a channel: what became of the hold, and who decided."""
     verb = {"rejected": "Rejected"}.get(hold.state, "Approved")
     by = f" by {hold.decided_by}" if hold.decided_by else ""
-    return f"{verb}{by}: {hold.profile} · {hold.interface} {hold.tool} · request {hold.id}"
+    why = f" — {hold.decision_reason}" if hold.state == "rejected" and hold.decision_reason else ""
+    return f"{verb}{by}: {hold.profile} · {hold.interface} {hold.tool} · request {hold.id}{why}"
