@@ -200,6 +200,9 @@ def _approvals_show(args: argparse.Namespace) -> int:
     _print_hold(hold)
     for notice in told:
         error = f" ({notice.error})" if notice.error else ""
+        if notice.state == "unsent":  # its channel is not configured where the hold was stored
+            print(f"  notice:    {notice.channel} to {notice.target}: not sent: {notice.error}")
+            continue
         print(f"  notice:    {notice.channel} to {notice.target}: {notice.state} after {notice.attempts} "
               f"attempt{'' if notice.attempts == 1 else 's'}{error}")
     print("  arguments:")

@@ -221,11 +221,14 @@ def caller_refusal(hold: Hold, caller: CallRequest) -> str | None:
     return None
 
 
-def hold_status(hold: Hold) -> HoldStatus:
-    """What `handler_status` tells the agent of its hold; a final state carries no advice to wait or retry."""
+def hold_status(hold: Hold, news: str = "") -> HoldStatus:
+    """What `handler_status` tells the agent of its hold; a final state carries no advice to wait or retry.
+
+    `news`, of a pending hold: who was told of it (`notices.pending_news`).
+    """
     charged = None if hold.charged is None else from_micros(hold.charged)
     if hold.state == "pending":
-        return HoldStatus("pending", f"{hold.reason} {PENDING_HINT}")
+        return HoldStatus("pending", " ".join(filter(None, (hold.reason, news, PENDING_HINT))))
     if hold.state in ("approved", "running"):
         return HoldStatus("pending", f"Approved by {hold.decided_by}; it is running now.")
     if hold.state == "rejected":

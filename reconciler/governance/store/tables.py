@@ -99,7 +99,8 @@ notices = sa.Table(
     sa.Column("channel", sa.String(16), nullable=False),  # email | slack
     sa.Column("target", sa.String(320), nullable=False),  # an email address, a Slack channel
     sa.Column("member", sa.String(200)),  # the member an email's link decides as
-    sa.Column("state", sa.String(16), nullable=False, index=True),  # pending, sending, sent, failed, skipped, closed
+    # pending, sending, sent, failed, unsent (its channel not configured where the hold was stored), skipped, closed
+    sa.Column("state", sa.String(16), nullable=False, index=True),
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("next_at", sa.Float, nullable=False),
     sa.Column("claimed_at", sa.Float),
