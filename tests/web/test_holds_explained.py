@@ -18,6 +18,7 @@ from reconciler.cli import main
 from reconciler.governance.holds import get_hold
 from reconciler.governance.notices import list_notices
 from reconciler.governance.store import Store
+from reconciler.web.notifier import decision_text
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, body, short_dir
 from tests.fixtures.service import Service, running
@@ -140,6 +141,12 @@ def test_a_rejection_from_the_dashboard_carries_its_reason_to_the_agent_the_page
             rid, told = await held(client, "echo_write", {"text": "dear bob", "outputPath": "mail.txt"})
             assert "(HANDLER_SMTP_URL is not set)" in told
             fields = await sign_in(http, capsys, tree, service, rid)
+            long = await http.post(f"{dashboard(service)}/approvals/{rid}",
+                                   data={**fields, "decision": "reject", "reason": "x" * 2001})
+            assert long.status_code == 400
+            assert "give at most 2000" in long.text
+            assert "Reject as owner" in long.text  # the form is still there; nothing was decided
+            assert (await status(client, rid))["status"] == "pending"
             done = await http.post(f"{dashboard(service)}/approvals/{rid}",
                                    data={**fields, "decision": "reject", "reason": "Bob left; write to Carol"})
             assert done.status_code == 200, done.text
@@ -153,6 +160,8 @@ def test_a_rejection_from_the_dashboard_carries_its_reason_to_the_agent_the_page
             trail = cli(capsys, tree, "audit", "--request", rid)
             assert "rejected by owner: Bob left; write to Carol" in trail
             assert not (tree / "work/tester/mail.txt").exists()
+            # What a Slack message of the hold is replaced with says it too.
+            assert decision_text(get_hold(store_of(service), rid)).endswith(f"request {rid} — Bob left; write to Carol")
             await client.close()
 
     asyncio.run(scenario())
