@@ -24,6 +24,7 @@ from reconciler.governance.store import holds as rows
 from reconciler.governance.store.audit import record
 
 __all__ = [
+    "FINAL_HINT",
     "PENDING_HINT",
     "REASON_LIMIT",
     "Hold",
@@ -233,9 +234,13 @@ def hold_status(hold: Hold, news: str = "") -> HoldStatus:
         return HoldStatus("pending", f"Approved by {hold.decided_by}; it is running now.")
     if hold.state == "rejected":
         why = f": {hold.decision_reason}" if hold.decision_reason else " (no reason given)"
-        return HoldStatus("rejected", f"Rejected by {hold.decided_by}{why}. {FINAL_HINT}")
+        return HoldStatus("rejected", f"{_sentence(f'Rejected by {hold.decided_by}{why}')} {FINAL_HINT}")
     if hold.state == "executed":
         return HoldStatus("executed", f"Approved by {hold.decided_by} and executed.", hold.result, charged)
-    failed = (hold.message or "the call failed").rstrip(".")
-    return HoldStatus("failed", f"Approved by {hold.decided_by}; the run failed: {failed}. {FINAL_HINT}",
-                      hold.result, charged)
+    failed = _sentence(f"Approved by {hold.decided_by}; the run failed: {hold.message or 'the call failed'}")
+    return HoldStatus("failed", f"{failed} {FINAL_HINT}", hold.result, charged)
+
+
+def _sentence(text: str) -> str:
+    """`text` ending in one full stop (or its own question or exclamation mark), whatever it quotes."""
+    return text if text.endswith(("!", "?", ".")) else text + "."

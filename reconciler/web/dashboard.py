@@ -224,7 +224,8 @@ class _Dashboard:
         if self.desk.on_decision is not None:
             self.desk.on_decision()
         said = f"{hold.state.capitalize()} by {member}" + (f": {hold.decision_reason}" if hold.decision_reason else "")
-        return await self.hold_view(request, hold, None, said + ".", link=link)
+        return await self.hold_view(request, hold, None, said if said.endswith((".", "!", "?")) else said + ".",
+                                    link=link)
 
     def form_member(self, request: Request, hold_id: str, fields: Mapping[str, str]) -> tuple[str | None, str, str]:
         """Who a decision form decides as (None: nobody, and why), and how they proved it."""

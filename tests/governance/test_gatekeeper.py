@@ -6,7 +6,7 @@ import pytest
 
 from reconciler.governance.errors import GovernanceError
 from reconciler.governance.governor import Governor
-from reconciler.governance.holds import REASON_LIMIT, decide_hold, get_hold
+from reconciler.governance.holds import FINAL_HINT, REASON_LIMIT, decide_hold, get_hold
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
@@ -117,6 +117,10 @@ def test_a_rejected_hold_reads_rejected_with_the_reason_given(store: Store) -> N
         assert row["detail"]["reason"] == "rejected by alice: not to the CEO, ask finance first"
         decide_hold(store, silent, "reject", "alice")
         assert (await g.status(silent, mail())).message.startswith("Rejected by alice (no reason given).")
+        stopped = (await g.admit(snapshot, mail(n=3))).request_id
+        assert stopped is not None
+        decide_hold(store, stopped, "reject", "alice", reason="Not now.")
+        assert (await g.status(stopped, mail())).message == "Rejected by alice: Not now. " + FINAL_HINT
 
     run(scenario, store)
 
