@@ -66,9 +66,9 @@ def _add_approvals_commands(sub: Any) -> None:
     show.set_defaults(run=_approvals_show)
     for verb in ("approve", "reject"):
         act = _with_root(asub.add_parser(verb, help=f"{verb} a pending hold as a member of the org"))
-        act.add_argument("request_id", help="the hold's request id (`handler approvals list` shows them)")
-        act.add_argument("--as", dest="member", required=True, metavar="MEMBER",
-                         help="the org member deciding (an owner, or the member the hold is routed to)")
+        act.add_argument("request_id", help="the hold's request id (approvals list shows them)")
+        act.add_argument("--as", dest="member", required=True, metavar="MEMBER", help="who decides: a member of "
+                         "config/org.toml the hold may be decided by")
         if verb == "reject":
             act.add_argument("--reason", default=None, metavar="TEXT",
                              help="why: the agent reads it on its next handler_status, and the audit trail keeps it")
