@@ -14,7 +14,7 @@ from typing import Any
 from conformance.replies import Reply
 from reconciler.config.cases import Assertion, Case
 
-__all__ = ["check_assertion", "evaluate_case", "resolve_path", "strings_in"]
+__all__ = ["check_assertion", "evaluate_case", "resolve_path", "strings_in", "word_error_rate", "words_of"]
 
 _MISSING = object()
 
@@ -122,7 +122,38 @@ def _check_one(op: str, expected: Any, value: Any) -> str | None:
         if isinstance(value, list):
             return None if expected in value else f"the array ({len(value)} items) does not hold it"
         return f"expected a string or an array, got {_kind(value)}"
+    if op == "wordErrorRate":
+        if not isinstance(value, str):
+            return f"expected a string, got {_kind(value)}"
+        return _word_error_problem(value, expected["reference"], expected["maximum"])
     return f"unknown assertion '{op}'"  # the parser admits only the known ones
+
+
+def words_of(text: str) -> list[str]:
+    """The words of a transcript as a word error rate counts them: lower case, without punctuation."""
+    return re.findall(r"[a-z0-9]+(?:'[a-z0-9]+)*", text.lower())
+
+
+def word_error_rate(hypothesis: str, reference: str) -> tuple[float, int]:
+    """(the word error rate, the errors): substitutions, deletions and insertions, the fewest that turn the
+    reference's words into the hypothesis's, over the reference's word count."""
+    said, heard = words_of(reference), words_of(hypothesis)
+    previous = list(range(len(heard) + 1))
+    for i, word in enumerate(said, 1):
+        current = [i]
+        for j, other in enumerate(heard, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word != other)))
+        previous = current
+    errors = previous[-1]
+    return errors / max(len(said), 1), errors
+
+
+def _word_error_problem(value: str, reference: str, maximum: float) -> str | None:
+    rate, errors = word_error_rate(value, reference)
+    if rate <= maximum:
+        return None
+    return (f"the word error rate is {rate:.2f} ({errors} errors in {len(words_of(reference))} words), over "
+            f"{maximum}: heard {_short(value)}")
 
 
 def _bound(is_min: bool, actual: float, limit: Any, unit: str) -> str | None:

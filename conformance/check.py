@@ -36,10 +36,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def add_connector_command(sub: Any) -> None:
-    """Register `handler connector check` (called by the CLI through the `handler.commands` entry points)."""
-    connector = sub.add_parser("connector", help="check a connector against the interfaces it implements")
-    actions = connector.add_subparsers(title="connector commands", metavar="ACTION", required=True)
-    check = actions.add_parser(
+    """Register `handler connector check` (called by the CLI through the `handler.commands` entry points), beside
+    the CLI's own `handler connector install` when the CLI made the `connector` command first."""
+    check = _connector_actions(sub).add_parser(
         "check", help="run the interfaces' cases and schema fuzzing through a real router",
         description="For every interface version the connector implements: run each case of its "
                     "conformance/cases.toml, valid inputs generated from each tool's inputSchema and invalid "
@@ -55,13 +54,22 @@ def add_connector_command(sub: Any) -> None:
     check.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     check.add_argument("--json", metavar="FILE", help="write the JSON result (per item: outcome, duration, the "
                        "minimal failing input)")
-    check.add_argument("--root", default=".", help="the config root (default: the current folder)")
+    check.add_argument("--root", default=os.environ.get("HANDLER_ROOT") or ".", metavar="DIR",
+                       help="the config root (default: $HANDLER_ROOT, else the current folder)")
     check.add_argument("-k", dest="select", metavar="EXPR", help="only the items matching EXPR (as pytest -k); a "
                        "partial run is not recorded")
     check.add_argument("--no-record", action="store_true", help="do not add the run to catalog/results/")
     check.add_argument("--connector-log", metavar="FILE", help="append what the connector writes to its stderr "
                        "(secrets masked) to FILE: why a connector fails, in its own words")
     check.set_defaults(run=_run)
+
+
+def _connector_actions(sub: Any) -> Any:
+    parser = sub.choices.get("connector")
+    if parser is None:
+        parser = sub.add_parser("connector", help="check a connector against the interfaces it implements")
+        return parser.add_subparsers(title="connector commands", metavar="ACTION", required=True)
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def _run(args: argparse.Namespace) -> int:

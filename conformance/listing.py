@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -153,13 +154,15 @@ def add_catalog_command(sub: Any) -> None:
     catalog = sub.add_parser("catalog", help="the catalog listing, built from conformance results")
     actions = catalog.add_subparsers(title="catalog commands", metavar="ACTION", required=True)
     build = actions.add_parser("build", help=f"write {LISTING_FILE} from {RESULTS_FOLDER}/ (--check: verify it)")
-    build.add_argument("--root", default=".", help="the config root (default: .)")
+    build.add_argument("--root", default=os.environ.get("HANDLER_ROOT") or ".", metavar="DIR",
+                       help="the config root (default: $HANDLER_ROOT, else the current folder)")
     build.add_argument("--check", action="store_true", help="write nothing; exit 1 if the listing names a connector "
                        "or tier without a passing result at the current revision")
     build.set_defaults(run=_build)
     changed = actions.add_parser("changed", help="connectors whose files changed since a git ref, with a binding")
     changed.add_argument("--base", metavar="REF", help="the git ref to compare with (default: none, every connector)")
-    changed.add_argument("--root", default=".")
+    changed.add_argument("--root", default=os.environ.get("HANDLER_ROOT") or ".", metavar="DIR",
+                         help="the config root (default: $HANDLER_ROOT, else the current folder)")
     changed.set_defaults(run=_changed)
 
 

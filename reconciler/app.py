@@ -85,7 +85,8 @@ class Reports:
     ready: Callable[[Service], None] = _ignore  # everything started: the router serves
     reloaded: Callable[[Attempt], None] = _ignore  # what a SIGHUP's reconciliation came to
     not_started: Callable[[Attempt], None] = _ignore  # the first attempt, when no revision was good to serve
-    follow: FollowReports = field(default_factory=FollowReports)  # a failed fetch; serving the last good revision
+    # a reconciliation as the source changed, a failed fetch, serving the last good revision
+    follow: FollowReports = field(default_factory=FollowReports)
 
 
 class ServiceError(HandlerError):
@@ -177,7 +178,8 @@ class Service:
         if options.source == "git":
             return Follower.git(options.root, options.ref, self._make_live, state_dir=self.state_dir,
                                 interval=options.interval, reports=self.reports.follow)
-        return Follower.worktree(root, self._make_live, status_file=self.state_dir / "status.json")
+        return Follower.worktree(root, self._make_live, status_file=self.state_dir / "status.json",
+                                 reports=self.reports.follow)
 
     async def _start(self) -> None:
         # Every lock and listener first, so a second service stops here having written nothing.

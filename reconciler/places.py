@@ -1,5 +1,7 @@
 """Where the service keeps its sockets and its state: the defaults of docs/architecture.md §3, in one place.
 
+Connectors' own Python environments are built under `$XDG_CACHE_HOME/handler/envs` (`default_envs_dir`).
+
 `HANDLER_RUN_DIR` (sockets, per-call folders) defaults to `$XDG_RUNTIME_DIR/handler`, else
 `/tmp/handler-$UID`: short, since a unix socket path holds at most ~107 bytes. `HANDLER_STATE_DIR`
 (the call log `calls.jsonl`, connectors' stderr, `status.json`, the governance store's SQLite file)
@@ -27,6 +29,7 @@ __all__ = [
     "PRIVATE_DIR_MODE",
     "PRIVATE_FILE_MODE",
     "PrivatePlaceError",
+    "default_envs_dir",
     "default_run_dir",
     "default_state_dir",
     "ensure_private_dir",
@@ -61,6 +64,14 @@ def default_state_dir(root: Path, env: Mapping[str, str] | None = None) -> Path:
     """`HANDLER_STATE_DIR` of `env` (default: the process's environment), else `.handler/` under `root`."""
     given = (os.environ if env is None else env).get("HANDLER_STATE_DIR")
     return Path(given) if given else root / ".handler"
+
+
+def default_envs_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where connectors' own Python environments are built (docs/config.md, `[needs]`): `$XDG_CACHE_HOME/handler/envs`,
+    else `~/.cache/handler/envs`. A cache: each one is keyed by what its connector declares, and rebuilt at will."""
+    source = os.environ if env is None else env
+    cache = source.get("XDG_CACHE_HOME")
+    return (Path(cache) if cache else Path.home() / ".cache") / "handler" / "envs"
 
 
 def socket_path(run_dir: Path, profile: str) -> Path:

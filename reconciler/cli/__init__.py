@@ -1,9 +1,13 @@
 """The `handler` command: argument parsing and printing only; the work happens in the rooms.
 
 Only this package prints. Its modules: `trees` (validate, plan, mcp-config), `governance`
-(explain, approvals, audit, balance, spend, store), `service` (serve, up, status), `call` (call a
-tool from a script; its flags from `flags`), `llm` (`handler-llm`) and `common` (exit codes, loading
-a tree, printing findings).
+(explain, approvals, audit, balance, spend, store), `service` (serve, up, status), `doctor`, `editing`
+(binding create, profile use), `connectors` (connector install), `call` (call a tool from a script; its
+flags from `flags`), `llm` (`handler-llm`) and `common` (exit codes, the config root, loading a tree,
+printing findings).
+
+Every command that reads a config tree takes `--root DIR` (else $HANDLER_ROOT, else the current
+folder); those that always took a positional ROOT keep it as an alias.
 
 Exit codes: 0 success, 1 findings (or a failed check), 2 unusable arguments (a missing folder, an
 unknown git ref); `handler call` has its own (see `call`). Subcommands of other distributions' parts
@@ -19,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
-from reconciler.cli.common import EXIT_FINDINGS, EXIT_USAGE
+from reconciler.cli.common import EXIT_FINDINGS, EXIT_USAGE, settle_root
 from reconciler.wire.errors import HandlerError
 
 __all__ = ["main"]
@@ -39,7 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return EXIT_USAGE
-    return _guarded(lambda: int(args.run(args)))
+    return _guarded(lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    settle_root(args)
+    return int(args.run(args))
 
 
 def _guarded(run: Callable[[], int]) -> int:
@@ -67,7 +76,9 @@ def _guarded(run: Callable[[], int]) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     from reconciler.cli.call import add_call_command
+    from reconciler.cli.connectors import add_connector_commands
     from reconciler.cli.doctor import add_doctor_command
+    from reconciler.cli.editing import add_edit_commands
     from reconciler.cli.governance import add_governance_commands
     from reconciler.cli.service import add_service_commands
     from reconciler.cli.trees import add_tree_commands
@@ -79,6 +90,8 @@ def _build_parser() -> argparse.ArgumentParser:
     add_service_commands(sub)
     add_call_command(sub)
     add_doctor_command(sub)
+    add_connector_commands(sub)  # `connector install`; the conformance runner adds `connector check` to it
+    add_edit_commands(sub)
     for ep in entry_points(group="handler.commands"):
         ep.load()(sub)
     return parser

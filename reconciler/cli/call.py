@@ -58,7 +58,8 @@ def add_call_command(sub: Any) -> None:
     """List `call` among the commands; `reconciler.cli.main` hands its words to `run_call` before parsing."""
     call = sub.add_parser("call", add_help=False, help="call one tool of a profile's interface, its flags built "
                           "from the tool's schema (`handler call INTERFACE --help` lists the tools)")
-    call.add_argument("words", nargs=argparse.REMAINDER)
+    call.add_argument("words", nargs=argparse.REMAINDER, help="the interface, the tool and its flags (see handler "
+                      "call --help)")
     call.set_defaults(run=lambda args: run_call(args.words))
 
 
@@ -206,8 +207,9 @@ def _add_own_options(parser: argparse.ArgumentParser, *, with_help: bool = True)
                         help="text: the output's text fields, else its JSON (default); json: the JSON body")
     parser.add_argument("--run-dir", type=Path, help="the router's run folder (default: $HANDLER_RUN_DIR, else "
                         "$XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
-    parser.add_argument("--root", default=".", help="the config tree whose tools.json describe the tools when no "
-                        "router answers (default: .)")
+    parser.add_argument("--root", default=os.environ.get("HANDLER_ROOT") or ".", metavar="DIR",
+                        help="the config tree whose tools.json describe the tools when no router answers (default: "
+                        "$HANDLER_ROOT, else the current folder)")
     if with_help:
         parser.add_argument("-h", "--help", action="store_true", help="show the tools, or the tool's fields")
 

@@ -5,7 +5,9 @@ Called by the command modules of `reconciler.cli` only.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,18 +15,67 @@ if TYPE_CHECKING:
     from reconciler.config import Snapshot
     from reconciler.config.findings import Finding
 
-__all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_USAGE", "load_tree", "print_findings"]
+__all__ = [
+    "EXIT_FINDINGS",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "add_root_options",
+    "is_tree",
+    "load_tree",
+    "print_findings",
+    "require_tree",
+    "settle_root",
+]
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
 
+_ROOT_HELP = ("the config root, the folder holding config/ and catalog/ (default: $HANDLER_ROOT, else the current "
+              "folder)")
+
+
+def add_root_options(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    """`--root DIR` (and, where a command always took one, the positional ROOT as its alias); `settle_root`
+    then puts the one given, else $HANDLER_ROOT, else '.', in `args.root`."""
+    if positional:
+        parser.add_argument("root", nargs="?", default=None, metavar="ROOT", help="the same as --root")
+    parser.add_argument("--root", dest="root_option", metavar="DIR", help=_ROOT_HELP)
+    parser.set_defaults(root=None)
+
+
+def settle_root(args: argparse.Namespace) -> None:
+    """`args.root` from the positional ROOT or --root (not two different ones), else $HANDLER_ROOT, else '.'."""
+    from reconciler.config import SourceError
+
+    if not hasattr(args, "root_option"):
+        return
+    given = [r for r in (args.root, args.root_option) if r is not None]
+    if len(given) == 2 and given[0] != given[1]:
+        raise SourceError(f"two config roots given ({given[0]} and --root {given[1]}); give one")
+    args.root = given[0] if given else os.environ.get("HANDLER_ROOT") or "."
+
+
+def is_tree(root: str) -> bool:
+    """Whether `root` is the root of a config tree: it holds config/ or catalog/."""
+    return Path(root, "config").is_dir() or Path(root, "catalog").is_dir()
+
+
+def require_tree(root: str) -> str:
+    """`root`, when it is the root of a config tree; SourceError (exit 2) naming what to give otherwise."""
+    from reconciler.config import SourceError
+
+    if not is_tree(root):
+        where = "the current folder" if root == "." else root
+        raise SourceError(f"{where} holds neither config/ nor catalog/: give the root of a config tree with "
+                          "--root DIR (or HANDLER_ROOT)")
+    return root
+
+
 def load_tree(root: str) -> Snapshot:
     """The config tree at `root`, loaded and checked; SourceError when `root` holds none."""
-    from reconciler.config import FolderSource, Loader, SourceError  # loaded when used: `handler call` starts fast
+    from reconciler.config import FolderSource, Loader  # loaded when used: `handler call` starts fast
 
-    if not Path(root, "config").is_dir() and not Path(root, "catalog").is_dir():
-        raise SourceError(f"{root} holds neither config/ nor catalog/; give the root of a config tree")
-    return Loader().load(FolderSource(root))
+    return Loader().load(FolderSource(require_tree(root)))
 
 
 def print_findings(findings: list[Finding], fmt: str, head: Snapshot) -> None:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, load_tree
+from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, load_tree
 from reconciler.preflight import preflight
 
 __all__ = ["add_doctor_command"]
@@ -21,9 +21,7 @@ def add_doctor_command(sub: Any) -> None:
         description="Checks this machine against the config tree: the connectors' sandbox, every secret reference "
                     "of the bindings the profiles use (resolved now), every connector's program, every profile's "
                     "scope and where it routes holds. Exit 0 when nothing stops a call, 1 otherwise.")
-    doctor.add_argument("root", nargs="?", default=None, help="the config root (default: --root, else .)")
-    doctor.add_argument("--root", dest="root_option", metavar="DIR", help="the config root (default: the current "
-                        "folder, or HANDLER_ROOT)")
+    add_root_options(doctor)
     doctor.add_argument("--no-sandbox", action="store_true", help="the service will run with --no-sandbox: do not "
                         "check the sandbox")
     doctor.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
@@ -31,7 +29,7 @@ def add_doctor_command(sub: Any) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    root = args.root or args.root_option or os.environ.get("HANDLER_ROOT") or "."
+    root = args.root
     snapshot = load_tree(root)
     if not snapshot.ok:
         print(f"handler doctor: {root} has errors; `handler validate {root}` shows them")

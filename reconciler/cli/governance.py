@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from reconciler.cli.common import EXIT_OK, load_tree
+from reconciler.cli.common import EXIT_OK, add_root_options, load_tree, require_tree
 from reconciler.config import SourceError
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.decide import usd
@@ -35,19 +35,21 @@ __all__ = ["add_governance_commands"]
 
 
 def _with_root(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--root", default=".", help="the config root; the store is $HANDLER_STORE_URL, else "
-                                             "$HANDLER_STATE_DIR/handler.db, else ROOT/.handler/handler.db")
+    """--root for a command of the store: the store is $HANDLER_STORE_URL, else $HANDLER_STATE_DIR/handler.db,
+    else ROOT/.handler/handler.db (ROOT must be a config root, so no store is made in a stray folder)."""
+    add_root_options(p, positional=False)
     return p
 
 
 def add_governance_commands(sub: Any) -> None:
     explain = sub.add_parser("explain", help="what a call would get now: executed, pending or blocked, and why")
-    explain.add_argument("root", nargs="?", default=".")
-    explain.add_argument("--profile", required=True)
-    explain.add_argument("--tool", required=True)
+    add_root_options(explain)
+    explain.add_argument("--profile", required=True, help="the profile making the call")
+    explain.add_argument("--tool", required=True, help="the tool called, e.g. ocr_extract")
     explain.add_argument("--cost", type=float, metavar="USD", help="the estimated cost (default: the binding's price)")
-    explain.add_argument("--instance", default="(any instance)")
-    explain.add_argument("--format", choices=["text", "json"], default="text")
+    explain.add_argument("--instance", default="(any instance)", help="the agent instance, for its per-instance cap "
+                         "(default: any)")
+    explain.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     explain.set_defaults(run=_explain)
     _add_approvals_commands(sub)
     _add_ledger_commands(sub)
@@ -57,12 +59,12 @@ def _add_approvals_commands(sub: Any) -> None:
     approvals = sub.add_parser("approvals", help="list, show, approve or reject held calls")
     asub = approvals.add_subparsers(title="approvals commands", metavar="ACTION", required=True)
     listing = _with_root(asub.add_parser("list", help="the pending holds (--all: every hold)"))
-    listing.add_argument("--all", action="store_true")
-    listing.add_argument("--format", choices=["text", "json"], default="text")
+    listing.add_argument("--all", action="store_true", help="every hold, decided ones too")
+    listing.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     listing.set_defaults(run=_approvals_list)
     show = _with_root(asub.add_parser("show", help="one hold: the call, its arguments, why it was held"))
-    show.add_argument("request_id")
-    show.add_argument("--format", choices=["text", "json"], default="text")
+    show.add_argument("request_id", help="the hold's request id (approvals list shows them)")
+    show.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     show.set_defaults(run=_approvals_show)
     for verb in ("approve", "reject"):
         act = _with_root(asub.add_parser(verb, help=f"{verb} a pending hold as a member of the org"))
@@ -74,7 +76,7 @@ def _add_approvals_commands(sub: Any) -> None:
                              help="why: the agent reads it on its next handler_status, and the audit trail keeps it")
         act.set_defaults(run=_approvals_decide, decision=verb)
     link = _with_root(asub.add_parser("link", help="a signed link that lets a member decide a hold in the browser"))
-    link.add_argument("request_id")
+    link.add_argument("request_id", help="the hold's request id (approvals list shows them)")
     link.add_argument("--member", required=True, help="the member the link decides as")
     link.add_argument("--url", default=None, help="the dashboard's address as the member reaches it (default: "
                       "$HANDLER_PUBLIC_URL, else http://127.0.0.1:8765)")
@@ -83,22 +85,23 @@ def _add_approvals_commands(sub: Any) -> None:
 
 def _add_ledger_commands(sub: Any) -> None:
     trail = _with_root(sub.add_parser("audit", help="the audit trail of decisions, holds and balance changes"))
-    trail.add_argument("--request", metavar="ID")
-    trail.add_argument("--limit", type=int, default=50)
-    trail.add_argument("--format", choices=["text", "json"], default="text")
+    trail.add_argument("--request", metavar="ID", help="only the entries of this request")
+    trail.add_argument("--limit", type=int, default=50, help="the newest N entries (default: 50)")
+    trail.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     trail.set_defaults(run=_audit)
 
     balance = sub.add_parser("balance", help="the org's prepaid balance")
     bsub = balance.add_subparsers(title="balance commands", metavar="ACTION", required=True)
     _with_root(bsub.add_parser("show", help="the balance now")).set_defaults(run=_balance_show)
     add = _with_root(bsub.add_parser("add", help="top the balance up by USD (negative: correct it down)"))
-    add.add_argument("usd", type=float)
-    add.add_argument("--as", dest="member", required=True, metavar="MEMBER")
+    add.add_argument("usd", type=float, help="the amount in USD")
+    add.add_argument("--as", dest="member", required=True, metavar="MEMBER", help="the member of config/org.toml "
+                     "making the change (recorded in the audit trail)")
     add.set_defaults(run=_balance_add)
 
     spent = _with_root(sub.add_parser("spend", help="spend per org, profile and instance this month (UTC)"))
-    spent.add_argument("--month", metavar="YYYY-MM")
-    spent.add_argument("--format", choices=["text", "json"], default="text")
+    spent.add_argument("--month", metavar="YYYY-MM", help="the month (default: this one, UTC)")
+    spent.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     spent.set_defaults(run=_spend)
 
     store = sub.add_parser("store", help="the governance store")
@@ -110,7 +113,7 @@ def _add_ledger_commands(sub: Any) -> None:
 @contextlib.contextmanager
 def _store(root: str) -> Iterator[Store]:
     """The store of the tree at `root` (HANDLER_STORE_URL, else SQLite in its state folder), closed after."""
-    store = open_store(store_url(root))
+    store = open_store(store_url(require_tree(root)))
     try:
         yield store
     finally:
@@ -118,7 +121,7 @@ def _store(root: str) -> Iterator[Store]:
 
 
 def _open_existing_store(root: str) -> Store | None:
-    url = store_url(root)
+    url = store_url(require_tree(root))
     return open_store(url) if store_exists(url) else None
 
 

@@ -37,7 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the profile whose socket to use (default: $HANDLER_PROFILE)")
     parser.add_argument("--system", help="instructions that frame the conversation")
     parser.add_argument("--max-tokens", type=int, help="the longest reply allowed, in tokens")
-    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--temperature", type=float, help="sampling temperature, 0 for the most deterministic reply "
+                        "(default: the service's)")
     parser.add_argument("--model", help="a model the service offers (default: the service's)")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON, not only the text")
     parser.add_argument("--run-dir", type=Path, help="the router's run folder (default: $HANDLER_RUN_DIR)")

@@ -11,12 +11,13 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from reconciler.app import Reports, Service, ServiceOptions, serve, up
-from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, load_tree, print_findings
-from reconciler.config import HandlerError, SourceError
+from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, load_tree, print_findings
+from reconciler.config import HandlerError, SourceError, short_revision
 from reconciler.gitops.following import FollowReports
 from reconciler.gitops.status import Attempt, read_status
 from reconciler.governance.auditing import pricing_violations_this_month
@@ -29,6 +30,8 @@ EXIT_NOT_RUNNING = 3  # `handler status`: no service runs on this state folder
 
 __all__ = ["add_service_commands"]
 
+_BRIEF = 3  # changes of an applied reload shown on its console line
+
 _NO_SANDBOX = ("run connectors without a sandbox (where this machine cannot build one: the start says why); they "
                "then see the router's files and reach any host, with no egress allow-list; warns once")
 
@@ -36,7 +39,7 @@ _NO_SANDBOX = ("run connectors without a sandbox (where this machine cannot buil
 def add_service_commands(sub: Any) -> None:
     serving = sub.add_parser("serve", help="serve each profile's tools on its unix socket until stopped (SIGHUP "
                              "reloads)")
-    serving.add_argument("root", nargs="?", default=".", help="the config root; default: .")
+    add_root_options(serving)
     serving.add_argument("--run-dir", type=Path, help="where the profiles' sockets go (default: $HANDLER_RUN_DIR, "
                          "else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
     serving.add_argument("--state-dir", type=Path, help="the call log and connector logs (default: "
@@ -45,18 +48,22 @@ def add_service_commands(sub: Any) -> None:
     serving.set_defaults(run=_serve)
     _add_up_command(sub)
     status = sub.add_parser("status", help="what the running (or last) service applied, attempted and serves")
-    status.add_argument("root", nargs="?", default=".")
-    status.add_argument("--state-dir", type=Path)
-    status.add_argument("--format", choices=["text", "json"], default="text")
+    add_root_options(status)
+    status.add_argument("--state-dir", type=Path, help="the state folder of the service to ask (default: "
+                        "$HANDLER_STATE_DIR, else ROOT/.handler)")
+    status.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     status.set_defaults(run=_status)
 
 
 def _add_up_command(sub: Any) -> None:
     running = sub.add_parser("up", help="run the service: follow the config tree (or a git ref) and serve its "
                              "profiles")
-    running.add_argument("root", nargs="?", default=".", help="the config root (worktree) or a repository git can "
-                         "fetch, a path or a URL (git); default: .")
-    running.add_argument("--source", choices=["worktree", "git"], default="worktree")
+    running.add_argument("root", nargs="?", default=None, metavar="ROOT", help="the same as --root")
+    running.add_argument("--root", dest="root_option", metavar="DIR", help="the config root (worktree), or a "
+                         "repository git can fetch, a path or a URL (git) (default: $HANDLER_ROOT, else the current "
+                         "folder)")
+    running.add_argument("--source", choices=["worktree", "git"], default="worktree", help="worktree: follow the "
+                         "files as they are saved; git: follow --ref of the repository, fetched every --interval")
     running.add_argument("--ref", default="main", help="the branch to follow with --source git (default: main)")
     running.add_argument("--interval", type=float, default=30.0, help="seconds between fetches with --source git")
     running.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT",
@@ -83,21 +90,43 @@ def _serve(args: argparse.Namespace) -> int:
     def ready(router: Router) -> None:
         profiles = ", ".join(sorted(router.live.snapshot.profiles)) or "no profiles"
         sockets = router.run_dir / "profiles"
-        print(f"handler serve: revision {head.revision[:12]}: {profiles} on {sockets}/<profile>.sock",
+        print(f"handler serve: revision {short_revision(head.revision)}: {profiles} on {sockets}/<profile>.sock",
               file=sys.stderr, flush=True)
 
     return serve(head, root=Path(args.root), run_dir=args.run_dir, state_dir=args.state_dir, on_ready=ready,
-                 on_reload=_print_reload, sandbox=not args.no_sandbox)
+                 on_reload=_reload_printer("serve"), sandbox=not args.no_sandbox)
 
 
-def _print_reload(attempt: Attempt) -> None:
-    if attempt.result == "applied":
-        print(f"handler serve: {attempt.message} (revision {attempt.revision[:12]}) serves new sessions",
-              file=sys.stderr, flush=True)
-    elif attempt.result != "unchanged":
-        print(f"handler serve: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}; still "
-              f"serving the last good revision (run `handler validate` to see every finding)", file=sys.stderr,
-              flush=True)
+def _reload_printer(command: str) -> Callable[[Attempt], None]:
+    """One console line per applied reload, with its plan in brief; a refused one's line and its errors."""
+
+    def report(attempt: Attempt) -> None:
+        revision = short_revision(attempt.revision)
+        if attempt.result == "applied":
+            changes = list(attempt.changes)
+            brief = "; ".join(changes[:_BRIEF]) + (f"; and {len(changes) - _BRIEF} more (`handler status` lists "
+                                                   "them)" if len(changes) > _BRIEF else "")
+            print(f"handler {command}: applied {revision} as {attempt.message} ({attempt.reason}): "
+                  f"{brief or 'nothing changes for any profile'}", file=sys.stderr, flush=True)
+        elif attempt.result == "invalid":
+            errors = [f for f in attempt.findings if f["severity"] == "error"]
+            print(f"handler {command}: revision {revision} not applied ({attempt.reason}): {len(errors)} error(s); "
+                  "still serving the last good revision", file=sys.stderr)
+            _print_errors(errors)
+        elif attempt.result != "unchanged":
+            print(f"handler {command}: revision {revision} was {attempt.result} ({attempt.reason}): "
+                  f"{attempt.message}; still serving the last good revision", file=sys.stderr, flush=True)
+
+    return report
+
+
+def _print_errors(findings: Sequence[dict[str, Any]]) -> None:
+    """Findings (as `Finding.to_dict` gives them) with their fix lines, on stderr."""
+    for finding in findings:
+        print(f"  {finding['file']}:{finding['line']}: {finding['code']} {finding['message']}", file=sys.stderr)
+        if finding.get("fix"):
+            print(f"    fix: {finding['fix']}", file=sys.stderr)
+    sys.stderr.flush()
 
 
 # --- handler up ------------------------------------------------------------------------------------
@@ -114,7 +143,8 @@ def _up(args: argparse.Namespace) -> int:
                              run_dir=args.run_dir, state_dir=args.state_dir, http_host=host, http_port=int(port),
                              webhook_secret=secret, sandbox=not args.no_sandbox)
     reports = Reports(ready=_print_up_ready, not_started=_print_not_started,
-                      follow=FollowReports(fetch_failed=_print_fetch_failed, fell_back=_print_fell_back))
+                      follow=FollowReports(fetch_failed=_print_fetch_failed, fell_back=_print_fell_back,
+                                           reconciled=_reload_printer("up")))
     return up(options, reports=reports)
 
 
@@ -124,7 +154,8 @@ def _print_up_ready(service: Service) -> None:
     sockets = router.run_dir / "profiles"
     print(f"handler up: {status.source}", file=sys.stderr)
     if status.applied is not None:
-        print(f"  serving revision {status.applied.revision[:12]} as generation {status.applied.generation}",
+        print(f"  serving revision {short_revision(status.applied.revision)} as generation "
+              f"{status.applied.generation}",
               file=sys.stderr)
     for name in sorted(router.live.snapshot.profiles):
         print(f"  profile {name}: {sockets / name}.sock", file=sys.stderr)
@@ -143,15 +174,14 @@ def _print_fetch_failed(error: HandlerError) -> None:
 
 
 def _print_fell_back(revision: str) -> None:
-    print(f"handler up: the head is not servable; serving the last good revision {revision[:12]}", file=sys.stderr)
+    print(f"handler up: the head is not servable; serving the last good revision {short_revision(revision)}",
+          file=sys.stderr)
 
 
 def _print_not_started(attempt: Attempt) -> None:
-    print(f"handler up: not starting: revision {attempt.revision[:12]} was {attempt.result}: {attempt.message}",
-          file=sys.stderr)
-    for finding in attempt.findings:
-        if finding["severity"] == "error":
-            print(f"{finding['file']}:{finding['line']}: {finding['code']} {finding['message']}", file=sys.stderr)
+    print(f"handler up: not starting: revision {short_revision(attempt.revision)} was {attempt.result}: "
+          f"{attempt.message}", file=sys.stderr)
+    _print_errors([f for f in attempt.findings if f["severity"] == "error"])
     print("fix the tree (`handler validate` shows every finding) and start again", file=sys.stderr)
 
 
@@ -211,13 +241,15 @@ def _print_status(status: dict[str, Any]) -> None:
     print(f"ready:   {'yes' if status['ready'] else 'no'} — {status['reason']}")
     if status["applied"]:
         a = status["applied"]
-        print(f"applied: {a['revision']} (generation {a['generation']}, {a['time']})")
+        print(f"applied: {short_revision(a['revision'])} (generation {a['generation']}, {a['time']})")
     last = status["lastAttempt"]
     if last:
-        print(f"last:    {last['revision']} {last['result']} at {last['time']} ({last['durationMs']} ms): "
-              f"{last['message']}")
+        print(f"last:    {short_revision(last['revision'])} {last['result']} at {last['time']} "
+              f"({last['durationMs']} ms): {last['message']}")
         for f in last["findings"]:
             print(f"  {f['file']}:{f['line']}: {f['code']} {f['message']}")
+            if f.get("fix"):
+                print(f"    fix: {f['fix']}")
     for name, services in status["profiles"].items():
         print(f"profile {name}: " + ", ".join(f"{i} → {b}" for i, b in services.items()))
     for name, conn in status.get("connectors", {}).items():
@@ -232,4 +264,5 @@ def _print_status(status: dict[str, Any]) -> None:
               "binding's [pricing] allows; it was charged the reservation; `handler audit` names them)")
     print("history:")
     for h in status["history"]:
-        print(f"  {h['time']}  {h['result']:9}  {h['reason']:8}  {h['durationMs']:8} ms  {h['revision']}")
+        revision = short_revision(h["revision"])
+        print(f"  {h['time']}  {h['result']:9}  {h['reason']:8}  {h['durationMs']:8} ms  {revision}")

@@ -7,37 +7,55 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, load_tree, print_findings
-from reconciler.config import CODES, GitSource, HandlerError, Loader, Snapshot, check_frozen, plan_changes
+from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, load_tree, print_findings
+from reconciler.config import (
+    CODES,
+    GitSource,
+    HandlerError,
+    Loader,
+    Snapshot,
+    SourceError,
+    check_frozen,
+    plan_changes,
+)
 from reconciler.config.findings import sort_findings
 from reconciler.places import default_run_dir
 
 __all__ = ["add_tree_commands"]
 
+HOSTS = ("claude-desktop", "cursor", "vscode", "claude-code")
+
 
 def add_tree_commands(sub: Any) -> None:
     validate = sub.add_parser("validate", help="run the save-time checks on a config tree")
-    validate.add_argument("root", nargs="?", default=".", help="the config root (holds config/); default: .")
+    add_root_options(validate)
     validate.add_argument("--base", metavar="REF", help="freeze the interface versions that exist at this git ref")
-    validate.add_argument("--format", choices=["text", "json", "github"], default="text")
+    validate.add_argument("--format", choices=["text", "json", "github"], default="text",
+                          help="text for people, json for tools, github for annotations on a pull request")
     validate.add_argument("--codes", action="store_true", help="list every finding code and exit")
     validate.set_defaults(run=_validate)
 
     plan = sub.add_parser("plan", help="what changes for each profile between a git ref and the tree")
-    plan.add_argument("root", nargs="?", default=".")
-    plan.add_argument("--base", metavar="REF", help="compare with this git ref (default: HEAD, or nothing)")
-    plan.add_argument("--format", choices=["text", "json"], default="text")
+    add_root_options(plan)
+    plan.add_argument("--base", metavar="REF", help="compare with this git ref (default: HEAD of the repository "
+                      "holding the tree; an empty tree when it has no commit or is not in git)")
+    plan.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     plan.set_defaults(run=_plan)
 
     mcp = sub.add_parser("mcp-config", help="the mcpServers entries an MCP client needs to give an agent its profile")
-    mcp.add_argument("profile")
-    mcp.add_argument("root", nargs="?", default=".")
+    mcp.add_argument("profile", help="the profile the agent runs as (config/profiles/PROFILE.toml)")
+    add_root_options(mcp)
     mcp.add_argument("--run-dir", type=Path, default=None, help="the router's run folder (default: $HANDLER_RUN_DIR, "
                      "else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    mcp.add_argument("--host", choices=HOSTS, default="claude-desktop",
+                     help="the MCP host's format: claude-desktop and cursor read {\"mcpServers\": ...}, vscode reads "
+                          "{\"servers\": ...} with type stdio, claude-code gets `claude mcp add` commands "
+                          "(default: claude-desktop; docs/hosts.md says where each file lives)")
     mcp.set_defaults(run=_mcp_config)
 
 
@@ -50,16 +68,32 @@ def _mcp_config(args: argparse.Namespace) -> int:
         raise HandlerError(f"no profile '{args.profile}' in {args.root} (profiles: {known})")
     bridge = Path(sys.executable).parent / "handler-service"
     run_dir = (args.run_dir or default_run_dir()).resolve()
-    servers = {}
-    for name in sorted(profile.selections):
-        servers[name] = {"command": str(bridge) if bridge.exists() else "handler-service",
-                         "args": [name, "--profile", profile.name], "env": {"HANDLER_RUN_DIR": str(run_dir)}}
-    print(json.dumps({"mcpServers": servers}, indent=2))
+    command = str(bridge) if bridge.exists() else "handler-service"
+    servers = {name: {"command": command, "args": [name, "--profile", profile.name],
+                      "env": {"HANDLER_RUN_DIR": str(run_dir)}} for name in sorted(profile.selections)}
+    if args.host == "claude-code":
+        for name, server in servers.items():
+            print(shlex.join(["claude", "mcp", "add", name, "-e", f"HANDLER_RUN_DIR={run_dir}", "--", command,
+                              *server["args"]]))
+    elif args.host == "vscode":
+        print(json.dumps({"servers": {name: {"type": "stdio", **s} for name, s in servers.items()}}, indent=2))
+    else:
+        print(json.dumps({"mcpServers": servers}, indent=2))
     return EXIT_OK
 
 
 def _load_base(root: str, ref: str) -> Snapshot:
     return Loader().load(GitSource.for_folder(root, ref))
+
+
+def _load_head(root: str) -> Snapshot | None:
+    """The tree at HEAD of the repository holding `root`: what `plan` compares with by default. None (an empty
+    tree) when `root` is not in a git repository or it has no commit yet."""
+    try:
+        source = GitSource.for_folder(root, "HEAD")
+        return Loader().load(source)
+    except SourceError:
+        return None
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -80,7 +114,7 @@ def _plan(args: argparse.Namespace) -> int:
     if head.errors:
         print_findings(list(head.errors), "text", head)
         return EXIT_FINDINGS
-    base = _load_base(args.root, args.base) if args.base else None
+    base = _load_base(args.root, args.base) if args.base else _load_head(args.root)
     plan = plan_changes(base, head)
     if args.format == "json":
         print(json.dumps(plan.to_dict(), indent=2))

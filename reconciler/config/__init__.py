@@ -16,7 +16,7 @@ from reconciler.config.snapshot import (
     Snapshot,
     effective_limits,
 )
-from reconciler.config.sources import FolderSource, GitSource, TreeSource
+from reconciler.config.sources import FolderSource, GitSource, TreeSource, short_revision
 
 __all__ = [
     "CODES",
@@ -46,4 +46,5 @@ __all__ = [
     "effective_limits",
     "load_snapshot",
     "plan_changes",
+    "short_revision",
 ]

@@ -10,7 +10,8 @@ A case names a tool, an input and what the output must satisfy — properties, n
     expect.pages.minItems = 1
 
 `expect.error` and `expect.contains` are reserved; every other key is a dotted path into the
-output (an integer segment indexes an array, `*` means every item) ending in an assertion.
+output (an integer segment indexes an array, `*` means every item) ending in an assertion. One
+assertion takes a table: `expect.text.wordErrorRate = { reference = "...", maximum = 0.3 }`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ASSERTIONS", "Assertion", "Case", "CaseError", "parse_case"]
+__all__ = ["ASSERTIONS", "TABLE_ASSERTIONS", "Assertion", "Case", "CaseError", "parse_case"]
 
 ASSERTIONS = frozenset(
-    {"minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "equals", "matches", "contains", "exists"}
+    {"minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "equals", "matches", "contains", "exists",
+     "wordErrorRate"}
 )
+# Assertions whose value is a table: `wordErrorRate = { reference = "the words said", maximum = 0.3 }`.
+TABLE_ASSERTIONS = frozenset({"wordErrorRate"})
 _CASE_KEYS = frozenset({"name", "tool", "input", "expect", "description"})
 
 
@@ -91,6 +95,11 @@ def parse_case(raw: Any) -> Case:
 
 
 def _collect(case: str, path: tuple[str, ...], value: Any, out: list[Assertion]) -> None:
+    if path[-1] in TABLE_ASSERTIONS:
+        _check_word_error_rate(case, path, value)
+        segments = tuple(int(p) if p.isdigit() else p for p in path[:-1])
+        out.append(Assertion(segments, path[-1], dict(value)))
+        return
     if path[-1] in ASSERTIONS and not isinstance(value, dict):
         segments = tuple(int(p) if p.isdigit() else p for p in path[:-1])
         out.append(Assertion(segments, path[-1], value))
@@ -103,3 +112,15 @@ def _collect(case: str, path: tuple[str, ...], value: Any, out: list[Assertion])
         )
     for key, inner in value.items():
         _collect(case, (*path, key), inner, out)
+
+
+def _check_word_error_rate(case: str, path: tuple[str, ...], value: Any) -> None:
+    where = f"case '{case}': expect.{'.'.join(path)}"
+    if not isinstance(value, dict) or set(value) != {"reference", "maximum"}:
+        raise CaseError(f'{where} is a table {{ reference = "the words said", maximum = 0.3 }}', ("expect", *path))
+    reference, maximum = value["reference"], value["maximum"]
+    if not isinstance(reference, str) or not reference.split():
+        raise CaseError(f"{where}.reference is the text said, at least one word", ("expect", *path, "reference"))
+    if isinstance(maximum, bool) or not isinstance(maximum, int | float) or maximum < 0:
+        raise CaseError(f"{where}.maximum is a number, 0 or more (0.3: at most 3 errors in 10 words)",
+                        ("expect", *path, "maximum"))

@@ -70,6 +70,7 @@ CODES: dict[str, Code] = _registry(
     Code("N007", E, "[run] runs a file the connector's folder does not hold"),
     Code("N008", E, "[wrap] renames an argument the interface tool does not have"),
     Code("N009", E, "a [wrap] error pattern is not a regular expression"),
+    Code("N010", E, "[run] names a runtime the tree does not provide and [needs] does not declare"),
     # bindings
     Code("B001", E, "the binding's connector does not exist"),
     Code("B002", E, "a required secret slot is not filled"),

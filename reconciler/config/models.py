@@ -8,6 +8,7 @@ value. They describe the shape of one file; whether the files agree with each ot
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,6 +24,7 @@ __all__ = [
     "InterfaceFile",
     "Limits",
     "Member",
+    "Needs",
     "OrgCaps",
     "OrgFile",
     "Outcome",
@@ -182,6 +184,40 @@ class SandboxSpec(_Model):
     tmpMb: int | None = Field(default=None, gt=0)  # its private /tmp (also its HOME)
 
 
+# A PEP 508 requirement by name, with extras, version specifiers and a marker; never a pip option
+# (`--index-url ...`) nor a direct URL (`name @ https://...`): what a connector installs comes from the registry.
+_REQUIREMENT = re.compile(
+    r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:\s*\[[A-Za-z0-9._,\s-]*\])?"
+    r"\s*(?:(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*(?:,\s*(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*)*)?"
+    r"(?:;[^@]*)?$"
+)
+_DEBIAN_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+_PROGRAM = re.compile(r"^[A-Za-z0-9_+.-]+$")
+
+
+class Needs(_Model):
+    """What a connector needs beyond the service (docs/config.md): Python packages, installed into an
+    environment of its own by `handler connector install`; Debian packages and programs, checked at its start."""
+
+    python: list[str] = []  # requirement strings, e.g. "pocketsphinx>=5.1.1,<6"
+    debian: list[str] = []  # Debian package names, e.g. "festival"
+    programs: list[str] = []  # executables that must be on PATH, e.g. "text2wave"
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> Needs:
+        for requirement in self.python:
+            if not _REQUIREMENT.match(requirement.strip()):
+                raise ValueError(f"python: {requirement!r} is not a requirement such as \"pocketsphinx>=5.1,<6\" "
+                                 "(a package name with optional extras, versions and marker; no pip options, no URLs)")
+        for package in self.debian:
+            if not _DEBIAN_PACKAGE.match(package):
+                raise ValueError(f"debian: {package!r} is not a Debian package name such as \"festival\"")
+        for program in self.programs:
+            if not _PROGRAM.match(program):
+                raise ValueError(f"programs: {program!r} is not a program name such as \"text2wave\" (no path)")
+        return self
+
+
 class ConnectorFile(_Model):
     apiVersion: Literal["handler.connector/v1"]
     name: str
@@ -193,6 +229,7 @@ class ConnectorFile(_Model):
     run: RunSpec = RunSpec()
     wrap: WrapSpec | None = None
     sandbox: SandboxSpec = SandboxSpec()
+    needs: Needs = Needs()
 
 
 # --- bindings -----------------------------------------------------------------------------------

@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import tomlkit
+
 from reconciler.config.models import ActionClass
 from reconciler.config.posture import tool_posture
 from reconciler.config.snapshot import Profile, Snapshot
+from reconciler.config.sources import short_revision
 
-__all__ = ["Plan", "ProfilePlan", "describe_profile", "plan_changes", "recheck_needed"]
+__all__ = ["Plan", "ProfilePlan", "describe_profile", "plan_changes", "recheck_needed", "toml_value"]
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,10 @@ class Plan:
         }
 
     def render_text(self) -> str:
+        base, head = short_revision(self.base) if self.base else "(empty tree)", short_revision(self.head)
         if self.empty:
-            return f"No changes ({self.base or 'nothing'} → {self.head})."
-        lines = [f"Plan {self.base or '(empty)'} → {self.head}:"]
+            return f"No changes ({base} → {head})."
+        lines = [f"Plan {base} → {head}:"]
         for p in self.profiles:
             lines.append(f"  profile {p.profile} ({p.status})")
             lines.extend(f"    {c}" for c in p.changes)
@@ -138,12 +142,22 @@ def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                 if x != y:
                     out.append(f"{name}: {tool} {x or '(none)'} → {y or '(none)'}")
     if (old.get("pins") or []) != (new.get("pins") or []):
-        out.append(f"pins: {old.get('pins') or []} → {new.get('pins') or []}")
+        out.append(f"pins: {toml_value(old.get('pins') or [])} → {toml_value(new.get('pins') or [])}")
     if old.get("routing") != new.get("routing"):
         out.append(f"routing: {_routing(old.get('routing'))} → {_routing(new.get('routing'))}")
     if (old.get("caps") or {}) != (new.get("caps") or {}):
-        out.append(f"caps: {old.get('caps') or {}} → {new.get('caps') or {}}")
+        out.append(f"caps: {toml_value(old.get('caps') or {})} → {toml_value(new.get('caps') or {})}")
     return out
+
+
+def toml_value(value: Any) -> str:
+    """`value` written as in a TOML file, inline: `{ monthly_usd = 100.0 }`, `["send-email"]`, `"x"`."""
+    if isinstance(value, dict):
+        inner = ", ".join(f"{tomlkit.key(str(k)).as_string()} = {toml_value(v)}" for k, v in value.items())
+        return f"{{ {inner} }}" if inner else "{}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return str(tomlkit.item(value).as_string())
 
 
 def _template(d: dict[str, Any]) -> str:
@@ -161,4 +175,4 @@ def _selection(s: dict[str, Any]) -> str:
 def _routing(r: dict[str, Any] | None) -> str:
     if not r:
         return "default (policies, else owners)"
-    return " ".join(f"{k}={v}" for k, v in r.items())
+    return toml_value(r)

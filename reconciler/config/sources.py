@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import time
 from collections.abc import Iterable
@@ -18,7 +19,16 @@ from typing import Any, Protocol
 
 from reconciler.config.errors import SourceError
 
-__all__ = ["TREE_FOLDERS", "Blob", "FolderSource", "GitSource", "TreeSource", "blob_sha", "tree_revision"]
+__all__ = [
+    "TREE_FOLDERS",
+    "Blob",
+    "FolderSource",
+    "GitSource",
+    "TreeSource",
+    "blob_sha",
+    "short_revision",
+    "tree_revision",
+]
 
 TREE_FOLDERS = ("catalog/interfaces", "catalog/connectors", "config")
 _RACY_NS = 2_000_000_000
@@ -50,6 +60,12 @@ def tree_revision(files: dict[str, Blob]) -> str:
     for path in sorted(files):
         digest.update(f"{path}\0{files[path].sha}\n".encode())
     return "tree:" + digest.hexdigest()[:12]
+
+
+def short_revision(revision: str) -> str:
+    """A revision as people read it, the same way everywhere: a commit's first 12 hex digits; a folder's
+    tree address (`tree:` and 12 digits already) and a placeholder such as "(unreadable)" whole."""
+    return revision[:12] if re.fullmatch(r"[0-9a-f]{13,}", revision) else revision
 
 
 class FolderSource:

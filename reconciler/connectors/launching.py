@@ -18,6 +18,10 @@ launch is everything that process gets and nothing more:
   runs in the router's own folder and network, with its rlimits and environment still confined);
 - relative paths in `run.command` resolve against the connector's folder
   (`command = ["python3", "main.py"]` runs the connector's own `main.py`);
+- `python` (or `python3`) first in `run.command` is the Python of the connector's own environment when its
+  `[needs]` declares Python packages (its `bin/` leads PATH; a missing one refuses the start, naming
+  `handler connector install`), else the service's; the Debian packages and programs it needs are
+  checked first (`environments`), a missing one refusing the start with the `apt-get install` to run;
 - its stderr, line by line, to the log `handler.connector` and to `connectors/<binding>.stderr.log`,
   with every secret value masked.
 """
@@ -40,6 +44,7 @@ from reconciler.config.snapshot import Binding, Connector, Snapshot
 from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups
 from reconciler.connectors.client import LaunchSpec
 from reconciler.connectors.egress import EgressProxy
+from reconciler.connectors.environments import environment_path, missing_on_machine, require_environment, runtime_home
 from reconciler.connectors.errors import ConnectorStartError
 from reconciler.connectors.relay import Forward
 from reconciler.connectors.sandbox import (
@@ -55,8 +60,8 @@ from reconciler.connectors.secrets import resolve_secret
 from reconciler.places import PrivatePlaceError, ensure_private_dir, open_private_file
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 
-__all__ = ["Launch", "StderrLog", "box_view", "declared_env", "effective_egress", "limited_command", "prepare_launch",
-           "raw_forwards", "resolve_command"]
+__all__ = ["Launch", "StderrLog", "box_view", "declared_env", "effective_egress", "inbox_dir", "limited_command",
+           "prepare_launch", "raw_forwards", "resolve_command"]
 
 log = logging.getLogger("handler.connector")
 _MAX_SOCKET_PATH = 100  # unix socket paths are capped near 107 bytes
@@ -205,6 +210,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
         env = confined_env(declared, folder)
     else:
         env = confined_env(declared, _SANDBOX_HOME, tmp=_SANDBOX_HOME, system_path=True)
+    _meet_needs(connector, binding_name, env)
     command = _program_found(resolve_command(run.command, root / connector.folder), env)
     launch = Launch(LaunchSpec(name=binding_name, command=(), cwd=str(folder), env=env), folder, secrets=secrets,
                     host_uid=uid)
@@ -231,6 +237,20 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
     return launch
 
 
+def _meet_needs(connector: Connector, binding_name: str, env: dict[str, str]) -> None:
+    """Put the connector's own environment first on its PATH (see the module docstring); refuse the start when
+    that environment is not built or the machine lacks a Debian package or program it declares."""
+    try:
+        environment = require_environment(connector)
+    except ConnectorStartError as exc:
+        raise ConnectorStartError(f"binding '{binding_name}': {exc.message}") from None
+    if environment is not None:
+        env["PATH"] = str(environment / "bin") + os.pathsep + env["PATH"]
+    missing = missing_on_machine(connector.spec.needs, env["PATH"])
+    if missing:
+        raise ConnectorStartError(f"binding '{binding_name}': {missing.describe(connector.name)}")
+
+
 async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path | None, binding_name: str,
                  command: list[str], egress: list[str], limits: Limits) -> list[str]:
     """`command` in its sandbox (`sandbox.bwrap_command`): its view, its proxy and relay, its cgroups."""
@@ -245,11 +265,13 @@ async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path |
         relay = [sys.executable, "-m", "reconciler.connectors.relay", "--proxy", str(launch.proxy.socket_path),
                  *(arg for f in forwards for arg in ("--forward", f.to_arg()))]
     writable = list(launch.socket_dirs)
+    readable = []
     if run_dir is not None:
         calls = run_dir / "calls" / binding_name
         _calls_dir(calls, uid)
         writable.append(calls)
-    view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts))
+        readable.append(inbox_dir(run_dir, binding_name, uid))
+    view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts), readable)
     if uid is not None:
         launch.cgroups = make_cgroups(launch.folder.name, limits.processes, limits.memory_bytes)
     write_seccomp(launch.folder / "seccomp.bpf")
@@ -280,13 +302,17 @@ def raw_forwards(egress: Sequence[str]) -> tuple[list[Forward], dict[str, str]]:
 
 
 def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequence[str], writable: Sequence[Path],
-             files: Mapping[str, str]) -> BoxView:
+             files: Mapping[str, str], readable_too: Sequence[Path] = ()) -> BoxView:
     """What the connector sees beyond the system (see `sandbox`): its connector's folder, the interfaces (the
     contracts, public), the Python it runs on and the service's code (for the relay and the wrapper), the
     program it names, read-only; `writable`. Nothing else of the config tree: not the profiles, not the
     other bindings, not another connector's code."""
     connector = snapshot.connectors[snapshot.bindings[binding_name].connector or ""]
-    readable = [root / connector.folder, root / "catalog/interfaces", _CODE, Path(sys.prefix), Path(sys.base_prefix)]
+    readable = [root / connector.folder, root / "catalog/interfaces", _CODE, Path(sys.prefix), Path(sys.base_prefix),
+                *readable_too]
+    environment = environment_path(connector)
+    if environment is not None:  # its own Python environment, and the installation its bin/python links to
+        readable += [environment, *filter(None, [runtime_home(environment)])]
     if command and Path(command[0]).is_absolute():
         program = Path(command[0]).resolve().parent
         readable.append(program.parent if program.name == "bin" else program)  # its runtime: lib/ beside bin/
@@ -339,6 +365,16 @@ def _private_dir(folder: Path, setting: str) -> None:
         ensure_private_dir(folder, setting)
     except PrivatePlaceError as exc:
         raise ConnectorStartError(str(exc)) from None
+
+
+def inbox_dir(run_dir: Path, binding_name: str, uid: int | None) -> Path:
+    """`<run>/inbox/<binding>`: ours, 0700, or 0711 (walkable, not listable) for a connector of its own uid; its
+    sandbox shows it read-only, so what is hard-linked there cannot be written through it."""
+    folder = run_dir / "inbox" / binding_name
+    _private_dir(folder, "HANDLER_RUN_DIR")
+    if uid is not None:
+        folder.chmod(0o711)
+    return folder
 
 
 def _calls_dir(folder: Path, uid: int | None) -> None:

@@ -38,7 +38,7 @@ from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.client import ConnectorProcess, DispatchHook, LaunchSpec
 from reconciler.connectors.drift import find_tool_drift
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
-from reconciler.connectors.launching import Launch, declared_env, prepare_launch
+from reconciler.connectors.launching import Launch, declared_env, inbox_dir, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
 from reconciler.connectors.wrapping import ToolCaller, WrappedConnector, check_wrap
 from reconciler.places import default_state_dir
@@ -183,6 +183,14 @@ class ConnectorPool:
                        if HOST_UID_BASE + (seed + i) % HOST_UID_SPAN not in taken)
             self._uids[binding_name] = uid
         return uid
+
+    def inbox(self, binding_name: str) -> Path | None:
+        """The binding's inbox: a folder of the router's its sandbox shows read-only, where a call's input files are
+        hard-linked rather than copied (`files.CallFolder`); None without a sandbox (a link would let the connector
+        write to the agent's file) or a run folder."""
+        if not self.sandbox or self._run_dir is None:
+            return None
+        return inbox_dir(self._run_dir, binding_name, self.host_uid(binding_name))
 
     # --- the per-call path -------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ class FollowReports:
 
     fetch_failed: Callable[[HandlerError], None] = _ignore  # the remote could not be fetched; the next try follows
     fell_back: Callable[[str], None] = _ignore  # the head cannot serve: this revision, applied before, serves
+    reconciled: Callable[[Attempt], None] = _ignore  # what a reconciliation after the start came to (a save, a fetch)
 
 
 class Follower:
@@ -55,10 +56,11 @@ class Follower:
         self._pushed = asyncio.Event()
 
     @classmethod
-    def worktree(cls, root: Path, swap: SwapFn, *, status_file: Path) -> Follower:
+    def worktree(cls, root: Path, swap: SwapFn, *, status_file: Path,
+                 reports: FollowReports | None = None) -> Follower:
         """Follow the config folders under `root` as they are saved."""
         reconciler = Reconciler(FolderSource(root), swap, label=f"worktree {root.resolve()}", status_file=status_file)
-        return cls(reconciler, tree_root=root)
+        return cls(reconciler, tree_root=root, reports=reports)
 
     @classmethod
     def git(cls, remote: str, ref: str, swap: SwapFn, *, state_dir: Path, interval: float,
@@ -106,13 +108,19 @@ class Follower:
             return
         source = self.reconciler.source
         note = source.note_changes if isinstance(source, FolderSource) else None
-        await watch_tree(self.tree_root, self.reconciler.reconcile, stop, note=note)
+        await watch_tree(self.tree_root, self._reconcile, stop, note=note)
+
+    async def _reconcile(self, reason: str) -> Attempt:
+        """Reconcile as the source changed, and report what came of it."""
+        attempt = await self.reconciler.reconcile(reason)
+        self._reports.reconciled(attempt)
+        return attempt
 
     async def _poll(self, mirror: GitMirror, stop: asyncio.Event) -> None:
         """Fetch every `interval` seconds, or at once after a verified push, and reconcile."""
         while (reason := await self._next_fetch(stop)) is not None:
             if await self._fetch(mirror):
-                await self.reconciler.reconcile(reason)
+                await self._reconcile(reason)
 
     async def _next_fetch(self, stop: asyncio.Event) -> str | None:
         """Why to fetch next ("webhook" or "poll"), once it is time; None once `stop` is set."""

@@ -99,7 +99,7 @@ class Reconciler:
                 new = await asyncio.to_thread(self._loader.load, source or self.source)
             except HandlerError as exc:
                 attempt = self._attempt("(unreadable)", started, "error", reason, str(exc))
-                log.error("reconcile: cannot read the source: %s", exc)
+                log.info("reconcile: cannot read the source: %s", exc)  # reported with the attempt
                 return self._record(attempt)
             if self.live is not None and new.revision == self.live.revision:
                 return self._record(self._attempt(new.revision, started, "unchanged", reason, "already applied"))
@@ -107,7 +107,7 @@ class Reconciler:
                 return self._record(self._invalid(new, started, reason))
             refusal = guard_emptying(self.live, new)
             if refusal is not None:
-                log.warning("reconcile: revision %s refused: %s", new.revision, refusal)
+                log.info("reconcile: revision %s refused: %s", new.revision, refusal)  # reported with the attempt
                 return self._record(self._attempt(new.revision, started, "refused", reason, refusal))
             plan = plan_changes(self.live, new)
             changes = tuple(f"{p.profile}: {c}" for p in plan.profiles for c in p.changes) or (
@@ -136,7 +136,7 @@ class Reconciler:
 
     def _invalid(self, new: Snapshot, started: float, reason: str) -> Attempt:
         errors = new.errors
-        log.warning(
+        log.info(  # the attempt carries the findings; whoever started the service reports them (the CLI prints them)
             "reconcile: revision %s is invalid (%d errors); still serving %s",
             new.revision,
             len(errors),

@@ -245,9 +245,12 @@ class CallFolder:
     following a link.
     """
 
-    def __init__(self, base: Path, call_id: str, owner: int | None = None) -> None:
+    def __init__(self, base: Path, call_id: str, owner: int | None = None, inbox: Path | None = None) -> None:
         self.path = base / call_id
+        self.call_id = call_id
         self.owner = owner
+        self.inbox = inbox  # the binding's read-only inbox (a sandboxed connector's), else inputs go to `in/`
+        self._handed: list[Path] = []
 
     def stage(self, files: tuple[FileArg, ...], arguments: Mapping[str, Any],
               max_bytes: int | None, errors: frozenset[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -258,6 +261,13 @@ class CallFolder:
         args: dict[str, Any] = orjson.loads(orjson.dumps(arguments))  # a deep copy the connector may see
         back: dict[str, str] = {}
         for index, file in enumerate(files):
+            if not file.output and self.inbox is not None:
+                dest = self.inbox / f"{self.call_id}-{_staged_name(index, file)}"
+                self._handed.append(dest)
+                _hand_in(file, dest, max_bytes, errors, shared=self.owner is not None)
+                _set(args, file.where, str(dest))
+                back[str(dest)] = file.value
+                continue
             sub = "out" if file.output else "in"
             dest = self.path / sub / _staged_name(index, file)
             folder = open_folder(str(self.path), (sub,), create=True, mode=0o700)
@@ -280,6 +290,9 @@ class CallFolder:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        for handed in self._handed:
+            with contextlib.suppress(FileNotFoundError):
+                handed.unlink()
 
 
 def _staged_name(index: int, file: FileArg) -> str:
@@ -302,6 +315,29 @@ def _hand_over(folder: int, owner: int, *, mine: bool) -> None:
             os.fchmod(opened, 0o711)
     finally:
         os.close(opened)
+
+
+def _hand_in(file: FileArg, dest: Path, max_bytes: int | None, errors: frozenset[str], *, shared: bool) -> None:
+    """An input put in the binding's inbox, which its sandbox shows read-only: a hard link to the very file opened
+    from the scope's descriptor (no byte copied, nothing swapped in between is followed), or a copy where a link
+    cannot be made (another filesystem, a file another user owns) or would not be readable by the connector's uid."""
+    try:
+        fd, size = open_input(file)
+    except RefusedPathError as refusal:
+        raise _refused(pointer(file.where), file.value, refusal) from None
+    with os.fdopen(fd, "rb") as src:
+        if max_bytes is not None and size > max_bytes:
+            raise too_large(pointer(file.where), file.value, size, max_bytes, errors)
+        readable = not shared or os.fstat(fd).st_mode & stat.S_IROTH
+        if readable:
+            with contextlib.suppress(OSError):  # EXDEV, EPERM (protected hard links): a copy then
+                os.link(f"/proc/self/fd/{fd}", dest, follow_symlinks=True)
+                return
+        out_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(out_fd, "wb") as out:
+            shutil.copyfileobj(src, out, _COPY_CHUNK)
+            if shared:
+                os.fchmod(out.fileno(), 0o644)
 
 
 def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | None, errors: frozenset[str], *,

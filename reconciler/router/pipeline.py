@@ -232,7 +232,7 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
     key = (caller.profile, caller.instance, plan.interface)
     timeout = limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS
     folder = CallFolder(svc.calls_dir / (plan.binding or "-"), f"{os.getpid()}-{next(_call_ids)}",
-                        svc.pool.host_uid(plan.binding or "")) if files else None
+                        svc.pool.host_uid(plan.binding or ""), svc.pool.inbox(plan.binding or "")) if files else None
     taken: bool | None = False
     try:
         deadline, taken = take_slot(book, key, limits)  # step 6

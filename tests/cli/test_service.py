@@ -127,6 +127,18 @@ def test_up_says_what_it_serves_and_ctrl_c_stops_everything(places: tuple[Path, 
 
     assert asyncio.run(call())["structuredContent"] == {"text": "hi"}
     assert _processes_under(root), "the connector process should be running"
+    # A saved change that applies is one line with its plan in brief; one that cannot, its findings and fixes.
+    (root / "config/profiles/second.toml").write_text(
+        (root / "config/profiles/tester.toml").read_text().replace('"tester"', '"second"'))
+    applied = proc.stderr.readline()
+    assert applied.startswith("handler up: applied "), applied
+    assert " as generation 2 (watch): second: " in applied
+    select_binding(root, "echo-missing", profile="second")
+    refused = proc.stderr.readline()
+    assert refused.startswith("handler up: revision "), refused
+    assert refused.endswith(" not applied (watch): 1 error(s); still serving the last good revision\n")
+    assert " P001 binding 'echo-missing' does not exist" in proc.stderr.readline()
+    assert proc.stderr.readline().startswith("    fix: ")
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=DEADLINE) == 0
     proc.stderr.close()
@@ -144,9 +156,10 @@ def test_up_refuses_a_tree_with_nothing_good_to_serve_and_says_why(places: tuple
     said = [line for line in lines if line.startswith("handler up: not starting: revision ")]
     assert len(said) == 1, done.stderr
     assert " was invalid: 1 error(s); first: config/profiles/tester.toml:" in said[0]
-    finding = lines[lines.index(said[0]) + 1]
-    assert finding.startswith("config/profiles/tester.toml:")
+    finding, fix = lines[lines.index(said[0]) + 1: lines.index(said[0]) + 3]
+    assert finding.startswith("  config/profiles/tester.toml:")
     assert " P001 binding 'echo-missing' does not exist" in finding
+    assert fix.startswith("    fix: ")
     assert lines[-1] == "fix the tree (`handler validate` shows every finding) and start again"
     assert not (run_dir / "profiles").exists()
 

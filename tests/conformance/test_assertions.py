@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
-from conformance.cases import evaluate_case, strings_in
+from conformance.cases import evaluate_case, strings_in, word_error_rate
 from conformance.replies import Reply
-from reconciler.config.cases import parse_case
+from reconciler.config.cases import CaseError, parse_case
 
 OUTPUT = {
     "pages": [{"text": "Invoice INV-2024-0042\nTotal: 50.00 EUR", "blocks": [{"text": "Total", "bbox": [1, 2, 3, 4]}]},
@@ -102,3 +103,38 @@ def test_an_expected_output_fails_on_an_error() -> None:
 
 def test_strings_in_reads_values_not_keys() -> None:
     assert sorted(strings_in({"key": ["a", {"inner": "b", "n": 1}], "other": None})) == ["a", "b"]
+
+
+REFERENCE = "Please send the report to the finance team."
+
+
+@pytest.mark.parametrize(("heard", "rate"), [
+    ("please send the report to the finance team", 0.0),  # case and punctuation are not errors
+    ("Please send a report to the finance team!", 1 / 8),  # one substitution
+    ("please send report to the finance team", 1 / 8),  # one deletion
+    ("please send the report to the the finance team", 1 / 8),  # one insertion
+    ("the train to the set she leaves every hour", 1.0),
+    ("", 1.0),
+])
+def test_the_word_error_rate_counts_substitutions_deletions_and_insertions(heard: str, rate: float) -> None:
+    assert word_error_rate(heard, REFERENCE)[0] == pytest.approx(rate)
+
+
+def test_a_word_error_rate_bound_holds_or_fails_saying_the_rate_and_what_was_heard() -> None:
+    bound = case(text={"wordErrorRate": {"reference": REFERENCE, "maximum": 0.2}})
+    assert evaluate_case(bound, executed({"text": "please send a report to the finance team"})) == []
+    (problem,) = evaluate_case(bound, executed({"text": "please spend a report on the finance team"}))
+    assert problem.startswith("text.wordErrorRate = ")
+    assert "the word error rate is 0.38 (3 errors in 8 words), over 0.2: heard 'please spend a report" in problem
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    (0.3, "is a table { reference"),
+    ({"reference": REFERENCE}, "is a table { reference"),
+    ({"reference": " ", "maximum": 0.3}, "reference is the text said"),
+    ({"reference": REFERENCE, "maximum": -1}, "maximum is a number, 0 or more"),
+    ({"reference": REFERENCE, "maximum": True}, "maximum is a number, 0 or more"),
+])
+def test_a_malformed_word_error_rate_bound_is_refused(value: Any, says: str) -> None:
+    with pytest.raises(CaseError, match=re.escape(says)):
+        case(text={"wordErrorRate": value})

@@ -164,3 +164,18 @@ def test_mcp_config_gives_a_client_everything_it_needs_to_reach_the_profile(echo
             return [t.name for t in (await client.list_tools()).tools]
 
     assert run(scenario())[:2] == ["echo_say", "echo_token"]
+
+
+def test_mcp_config_speaks_each_hosts_format(echo_root: Path, run_dir: Path) -> None:
+    handler = str(Path(BRIDGE).parent / "handler")
+
+    def config(host: str) -> str:
+        done = subprocess.run([handler, "mcp-config", "tester", str(echo_root), "--run-dir", str(run_dir), "--host",
+                               host], capture_output=True, text=True, check=True, timeout=60)
+        return done.stdout
+
+    desktop = json.loads(config("claude-desktop"))["mcpServers"]["echo"]
+    assert json.loads(config("cursor"))["mcpServers"]["echo"] == desktop
+    assert json.loads(config("vscode")) == {"servers": {"echo": {"type": "stdio", **desktop}}}
+    assert config("claude-code").splitlines() == [
+        f"claude mcp add echo -e HANDLER_RUN_DIR={run_dir.resolve()} -- {desktop['command']} echo --profile tester"]

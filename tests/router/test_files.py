@@ -91,8 +91,12 @@ def test_the_connector_reads_a_copy_and_the_agent_sees_its_own_path(echo_root: P
         out = body(result)
         assert out == {"bytes": 16, "sha256": hashlib.sha256(b"inside the scope").hexdigest(), "path": given}
         seen = (router.state_dir / "connectors/echo-local.stderr.log").read_text().splitlines()[-1]
-        assert seen.startswith(f"echo_read got {run_dir / 'calls/echo-local'}/")  # a copy, never the agent's file
-        assert list((run_dir / "calls/echo-local").iterdir()) == []  # the per-call folder is gone after the call
+        # The agent's file itself, hard-linked into the binding's inbox, which the sandbox shows read-only: no byte
+        # copied, and nothing the connector could write through.
+        assert seen.startswith(f"echo_read got {run_dir / 'inbox/echo-local'}/"), seen
+        assert "; not writable: " in seen, seen  # another uid's file (the router is root), or a read-only bind
+        assert list((run_dir / "inbox/echo-local").iterdir()) == []  # gone after the call
+        assert (scope / "doc.txt").read_bytes() == b"inside the scope"
 
     exchange(echo_root, run_dir, script)
 

@@ -91,10 +91,10 @@ def test_a_served_service_keeps_every_state_file_0600_and_folder_0700(short: Pat
             return _modes(state) | _modes(run_dir)
 
     wrong = asyncio.run(asyncio.wait_for(scenario(), 120))
-    # What a connector running as its own uid must read (the router is root): its sandbox's /etc files and the
-    # parent of its call folders, each inside a 0700 folder of ours, so no other user reaches them.
+    # What a connector running as its own uid must read (the router is root): its sandbox's /etc files, the parent
+    # of its call folders and its inbox, each inside a 0700 folder of ours, so no other user reaches them.
     shared = {k: v for k, v in wrong.items() if re.fullmatch(r"state/connectors/echo-local\.[^/]+/etc(/\w+)?", k)
-              or k == "run/calls/echo-local"}
+              or k in ("run/calls/echo-local", "run/inbox/echo-local")}
     assert wrong == shared
     assert set(shared.values()) <= ({"755", "644", "711"} if os.geteuid() == 0 else {"755", "644"})
     assert _modes(state) == {}  # the connector's folder goes with its process

@@ -12,14 +12,10 @@ import hashlib
 import hmac
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from email.message import EmailMessage
-from email.parser import BytesParser
-from email.policy import default as default_policy
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -27,7 +23,6 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import httpx
 import orjson
 import pytest
-from aiosmtpd.controller import Controller
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -42,6 +37,7 @@ from reconciler.web.channels import open_channels
 from reconciler.web.http import HttpListener
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, body, load, short_dir
+from tests.fixtures.mail import Mailbox, serving_mailbox
 from tests.fixtures.service import DEADLINE, Service, running
 
 ORG = '''apiVersion = "handler.org/v1"
@@ -72,29 +68,10 @@ SIGNING = "slack-signing-secret"
 HANDLER = str(Path(sys.executable).parent / "handler")
 
 
-class Mailbox:
-    """An aiosmtpd handler that keeps every message it is given."""
-
-    def __init__(self) -> None:
-        self.messages: list[EmailMessage] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        self.messages.append(BytesParser(policy=default_policy).parsebytes(envelope.content))  # type: ignore[arg-type]
-        return "250 OK"
-
-
 @pytest.fixture
 def mailbox() -> Iterator[tuple[Mailbox, int]]:
-    box = Mailbox()
-    with socket.socket() as probe:  # a free port: aiosmtpd checks its own start by connecting to it
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    controller = Controller(box, hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        yield box, port
-    finally:
-        controller.stop()
+    with serving_mailbox() as served:
+        yield served
 
 
 class SlackStandIn:

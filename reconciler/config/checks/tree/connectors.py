@@ -1,6 +1,6 @@
-"""What a connector names exists: the interface versions it implements, the code its `[run]` runs and,
-in `[wrap]`, their tools and arguments, a reshaper the router knows, errors of their closed list and
-error patterns that compile. N001, N005, N006, N007, N008, N009.
+"""What a connector names exists: the interface versions it implements, the code its `[run]` runs and the
+runtime it names, and, in `[wrap]`, their tools and arguments, a reshaper the router knows, errors of their
+closed list and error patterns that compile. N001, N005, N006, N007, N008, N009, N010.
 
 Run by `check_tree` for each connector, again only when the connector or an interface changed.
 """
@@ -31,6 +31,7 @@ def check_connector(snapshot: Snapshot, connector: Connector) -> Iterator[Findin
                 "correct the entry or add the interface version",
             )
     yield from _check_run(snapshot, connector)
+    yield from _check_runtime(snapshot, connector)
     if connector.spec.wrap is not None:
         yield from _check_wrap(snapshot, connector, connector.spec.wrap)
 
@@ -58,6 +59,35 @@ def _check_run(snapshot: Snapshot, connector: Connector) -> Iterator[Finding]:
                 f"the connector's code in its own folder, e.g. {connector.folder}/{name}",
                 f"add {connector.folder}/{name}, or correct [run] command",
             )
+
+
+# The runtimes a tree provides by name: the service's Python, or the connector's own environment's (`[needs]`).
+PYTHON_RUNTIMES = ("python", "python3")
+
+
+def _check_runtime(snapshot: Snapshot, connector: Connector) -> Iterator[Finding]:
+    """N010: the runtime `[run]` names exists wherever the tree runs: `python`/`python3` (the service's Python, or
+    the connector's own environment when `[needs] python` declares packages), an absolute path (the machine's,
+    unseen here), or a program `[needs] programs` declares, which the connector's start then checks on that
+    machine. Any other bare name (`node`, `python3.12`) would be found, or not, on whatever PATH runs it."""
+    command = connector.spec.run.command
+    if not command:
+        return
+    program = command[0]
+    needs = connector.spec.needs
+    if "/" in program or program in PYTHON_RUNTIMES or program in needs.programs:
+        return
+    file = f"{connector.folder}/connector.toml"
+    yield Finding(
+        "N010",
+        file,
+        snapshot.line_of(file, "run", "command", 0),
+        f"[run] runs '{program}', a runtime this tree does not provide and [needs] does not declare",
+        "python or python3 (the service's Python, or the connector's own environment with [needs] python), "
+        "or a program [needs] programs declares",
+        f'run it with python3 (with [needs] python = ["..."] for its packages), or declare it: '
+        f'[needs] programs = ["{program}"] (and debian = ["<its package>"])',
+    )
 
 
 def _check_wrap(snapshot: Snapshot, connector: Connector, wrap: WrapSpec) -> Iterator[Finding]:

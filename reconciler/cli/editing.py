@@ -1,0 +1,152 @@
+"""`handler binding create` and `handler profile use`: change the config tree the way a pull request would.
+
+The edit itself is `reconciler.config.editing` (shared with the dashboard); this module reads the tree
+(the folder, or with `--branch` the commit the branch starts from), prints the findings that keep a
+change out or the plan it makes, and writes the files or commits them to a new branch
+(`reconciler.gitops.branches`). Registered on the parser by `reconciler.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, add_root_options, require_tree
+from reconciler.config import FolderSource, GitSource
+from reconciler.config.editing import (
+    Change,
+    Checked,
+    EditError,
+    check_change,
+    create_binding,
+    parse_secret,
+    parse_setting,
+    parse_use,
+    use_bindings,
+)
+from reconciler.config.sources import Blob
+from reconciler.gitops.branches import GitTree, commit_to_new_branch
+
+__all__ = ["add_edit_commands"]
+
+Edit = Callable[[Mapping[str, Blob]], Change]
+
+
+def add_edit_commands(sub: Any) -> None:
+    binding = sub.add_parser("binding", help="add a binding to the config tree")
+    bsub = binding.add_subparsers(title="binding commands", metavar="ACTION", required=True)
+    create = bsub.add_parser(
+        "create", help="write config/bindings/NAME.toml for a connector, checked first",
+        description="Writes a new binding, after running every save-time check on the tree as it would be and "
+                    "printing the plan; a change with errors is not written. Secrets are references only.")
+    create.add_argument("name", help="the binding's name (its file is config/bindings/NAME.toml)")
+    create.add_argument("--connector", required=True, help="the connector it configures (catalog/connectors/NAME)")
+    create.add_argument("--description", default="", help="one line saying what this binding is for")
+    create.add_argument("--secret", action="append", default=[], metavar="SLOT=REF",
+                        help="fill a secret slot by reference: SLOT=env:VARIABLE, SLOT=file:PATH or "
+                             "SLOT=command:'ARGV' (never a value); repeat for each slot")
+    create.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="set one of the connector's settings; repeat for each")
+    _add_common(create)
+    create.set_defaults(run=_binding_create)
+
+    profile = sub.add_parser("profile", help="change which binding serves an interface for a profile")
+    psub = profile.add_subparsers(title="profile commands", metavar="ACTION", required=True)
+    use = psub.add_parser(
+        "use", help="make PROFILE use BINDING for INTERFACE, checked first",
+        description="Sets services.INTERFACE = BINDING in config/profiles/PROFILE.toml (comments and key order "
+                    "kept), after running every save-time check on the tree as it would be and printing the plan; "
+                    "a change with errors is not written.")
+    use.add_argument("profile", help="the profile (config/profiles/PROFILE.toml)")
+    use.add_argument("uses", nargs="+", metavar="INTERFACE=BINDING",
+                     help="the interface (ocr, or ocr/v1 to pin a version) and the binding to serve it")
+    _add_common(use)
+    use.set_defaults(run=_profile_use)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    add_root_options(parser, positional=False)
+    parser.add_argument("--branch", metavar="NAME", help="commit the change to this new branch of the config "
+                        "root's git repository, for a pull request, instead of writing the files; the work tree, "
+                        "HEAD and every existing branch stay as they are")
+    parser.add_argument("--from", dest="base", default="HEAD", metavar="REF", help="with --branch: the commit the "
+                        "branch starts from (default: HEAD)")
+    parser.add_argument("--check", action="store_true", help="check the change and print its plan; write nothing")
+
+
+def _binding_create(args: argparse.Namespace) -> int:
+    try:
+        secrets = dict(parse_secret(s) for s in args.secret)
+        settings = dict(parse_setting(s) for s in args.setting)
+    except EditError as exc:
+        return _usage(exc)
+    return _apply(args, lambda files: create_binding(files, args.name, args.connector, description=args.description,
+                                                     secrets=secrets, settings=settings))
+
+
+def _profile_use(args: argparse.Namespace) -> int:
+    try:
+        uses = [parse_use(u) for u in args.uses]
+    except EditError as exc:
+        return _usage(exc)
+    return _apply(args, lambda files: use_bindings(files, args.profile, uses))
+
+
+def _usage(exc: Exception) -> int:
+    print(f"handler: {exc}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _apply(args: argparse.Namespace, edit: Edit) -> int:
+    """Make the change on the tree (or the branch's base commit), check it, and write or commit it when clean."""
+    root = require_tree(args.root)
+    repository = GitTree.of(root) if args.branch else None  # first: not in git is said in --branch's words
+    source = GitSource.for_folder(root, args.base) if repository else FolderSource(root)
+    revision, files = source.read()
+    try:
+        change = edit(files)
+    except EditError as exc:
+        return _usage(exc)
+    checked = check_change(revision, files, change)
+    if not checked.ok:
+        _print_refusal(checked)
+        return EXIT_FINDINGS
+    for finding in checked.new_findings:  # warnings the change brings: it goes ahead, but they are shown
+        print(finding.render_text())
+    print(checked.plan.render_text())
+    if args.check:
+        print(f"checked: {change.summary}; nothing written (--check)")
+    elif repository is not None:
+        done = commit_to_new_branch(repository, args.base, args.branch, change.files, change.summary)
+        print(f"committed {done.commit[:12]} to new branch {done.branch} (from {done.base[:12]}): {change.summary}")
+        print(f"  push it for a pull request: {done.push_hint()}")
+    else:
+        for path, text in change.files.items():
+            _write(Path(root, path), text)
+            print(f"wrote {path}: {change.summary}")
+    return EXIT_OK
+
+
+def _print_refusal(checked: Checked) -> None:
+    """The errors that keep the change out, those it brings first; nothing was written."""
+    brought = [f for f in checked.new_findings if f.is_error]
+    already = [f for f in checked.errors if f not in brought]
+    for finding in brought:
+        print(finding.render_text())
+    if already:
+        print(f"the tree already has {len(already)} error(s) the change does not fix "
+              "(`handler validate` shows them):")
+        for finding in already:
+            print(finding.render_text())
+    print(f"\nnot written: {checked.change.summary} would leave {len(checked.errors)} error(s) the service refuses")
+
+
+def _write(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a follower watching the tree never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.handler-tmp")
+    scratch.write_text(text, encoding="utf-8")
+    scratch.replace(path)

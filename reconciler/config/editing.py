@@ -1,0 +1,234 @@
+"""Editing the config tree: a change to its TOML files, checked on the tree as it would be before anything is written.
+
+`handler binding create` and `handler profile use` (and, later, the dashboard's forms) go through here, so
+a change reads the same whoever makes it. Each edit is a pure function from the tree's files to a
+`Change` (tree-relative path → new text): tomlkit keeps every comment and the order of keys of a file it
+edits. `check_change` loads the tree with the change laid over it, runs every save-time check and plans
+it against the tree as it is; the caller writes the files, or commits them to a branch, only when
+`Checked.ok` (docs/config.md, "Editing from the command line").
+
+A secret is only ever a reference (`env`, `file` or `command`), never a value: `parse_secret` refuses
+anything else.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tomlkit
+from tomlkit.items import InlineTable, Table
+
+from reconciler.config.errors import HandlerError
+from reconciler.config.findings import Finding
+from reconciler.config.loading import Loader
+from reconciler.config.planning import Plan, plan_changes, toml_value
+from reconciler.config.snapshot import Snapshot
+from reconciler.config.sources import Blob, blob_sha, tree_revision
+
+__all__ = [
+    "Change",
+    "Checked",
+    "EditError",
+    "check_change",
+    "create_binding",
+    "parse_secret",
+    "parse_setting",
+    "parse_use",
+    "use_bindings",
+]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SECRET_KINDS = ("env", "file", "command")
+
+
+class EditError(HandlerError):
+    """The change asked for cannot be made at all (a malformed argument, a file that exists or is missing)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """New text for some files of the tree, and one line saying what the change does (a commit's subject)."""
+
+    files: Mapping[str, str]  # tree-relative path → the file's whole new text
+    summary: str
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A change with the tree before and after it, the findings that keep it out and the plan it makes."""
+
+    change: Change
+    before: Snapshot
+    after: Snapshot
+    plan: Plan
+
+    @property
+    def errors(self) -> tuple[Finding, ...]:
+        """Every error of the tree as it would be: the service would refuse to apply it."""
+        return self.after.errors
+
+    @property
+    def new_findings(self) -> tuple[Finding, ...]:
+        """The findings the change brings (those of the tree before it left out)."""
+        old = {_identity(f) for f in self.before.findings}
+        return tuple(f for f in self.after.findings if _identity(f) not in old)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def _identity(finding: Finding) -> tuple[str, str, str]:
+    """A finding without its line: an edit moves lines, not what is wrong."""
+    return finding.code, finding.file, finding.message
+
+
+# --- arguments -------------------------------------------------------------------------------------
+
+
+def parse_secret(text: str) -> tuple[str, dict[str, Any]]:
+    """`SLOT=env:VAR`, `SLOT=file:PATH` or `SLOT=command:ARGV` → (slot, its reference); a value is refused."""
+    slot, sep, ref = text.partition("=")
+    kind, colon, target = ref.partition(":")
+    if not sep or not _NAME.match(slot):
+        raise EditError(f"--secret {text!r} is not SLOT=REFERENCE; e.g. --secret api_key=env:BRAVE_API_KEY")
+    if not colon or kind not in SECRET_KINDS or not target:
+        raise EditError(f"--secret {slot}=...: a secret is given by reference, never by value; write "
+                        f"{slot}=env:VARIABLE, {slot}=file:PATH or {slot}=command:'pass show NAME'")
+    if kind == "command":
+        try:
+            argv = shlex.split(target)
+        except ValueError as exc:
+            raise EditError(f"--secret {slot}=command:...: {exc}; quote the command as a shell would") from exc
+        return slot, {"command": argv}
+    return slot, {kind: target}
+
+
+def parse_setting(text: str) -> tuple[str, str]:
+    """`KEY=VALUE` → (key, value); the value stays a string, as the connector reads it from its environment."""
+    key, sep, value = text.partition("=")
+    if not sep or not _NAME.match(key):
+        raise EditError(f"--setting {text!r} is not KEY=VALUE; e.g. --setting country=FR")
+    return key, value
+
+
+def parse_use(text: str) -> tuple[str, str]:
+    """`INTERFACE=BINDING` (the interface as `ocr` or `ocr/v1`) → (interface, binding)."""
+    interface, sep, binding = text.partition("=")
+    name, slash, version = interface.partition("/")
+    if not sep or not _NAME.match(name) or not _NAME.match(binding) or (slash and not re.fullmatch(r"v\d+", version)):
+        raise EditError(f"{text!r} is not INTERFACE=BINDING; e.g. ocr=ocr-local or ocr/v1=ocr-local")
+    return interface, binding
+
+
+# --- edits -----------------------------------------------------------------------------------------
+
+
+def create_binding(files: Mapping[str, Blob], name: str, connector: str, *, description: str = "",
+                   secrets: Mapping[str, Mapping[str, Any]] | None = None,
+                   settings: Mapping[str, str] | None = None) -> Change:
+    """A new `config/bindings/NAME.toml` of `connector`; EditError when that binding exists."""
+    if not _NAME.match(name):
+        raise EditError(f"binding name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter "
+                        "or digit (it names the file config/bindings/NAME.toml)")
+    path = f"config/bindings/{name}.toml"
+    if path in files:
+        raise EditError(f"binding {name} exists ({path}); choose another name, or edit that file")
+    doc = tomlkit.document()
+    doc["apiVersion"] = "handler.binding/v1"
+    doc["name"] = name
+    doc["connector"] = connector
+    if description:
+        doc["description"] = description
+    if secrets:
+        doc["secrets"] = _inline(dict(secrets))
+    if settings:
+        doc["settings"] = _inline(dict(settings))
+    return Change({path: _ended(doc.as_string())}, f"Add binding {name} of connector {connector}")
+
+
+def use_bindings(files: Mapping[str, Blob], profile: str, uses: Sequence[tuple[str, str]]) -> Change:
+    """`config/profiles/PROFILE.toml` with each (interface, binding) set in its `services`, all else kept.
+
+    An interface the profile already selects keeps its key (and so its pinned version, `"ocr/v1"`)
+    unless the version is given; a new one is added at the end of `services`.
+    """
+    path = f"config/profiles/{profile}.toml"
+    blob = files.get(path)
+    if blob is None:
+        known = sorted(p.removeprefix("config/profiles/").removesuffix(".toml")
+                       for p in files if p.startswith("config/profiles/"))
+        raise EditError(f"no profile {profile} ({path} does not exist); profiles: {', '.join(known) or '(none)'}")
+    try:
+        doc = tomlkit.parse(blob.data.decode("utf-8"))
+    except (UnicodeDecodeError, tomlkit.exceptions.ParseError) as exc:
+        raise EditError(f"{path} cannot be edited: {exc}; `handler validate` shows where") from exc
+    services = doc.get("services")
+    chosen: dict[str, Any] = dict(services) if services is not None else {}
+    for interface, binding in uses:
+        chosen = _select(chosen, interface, binding)
+    if isinstance(services, Table):  # a [services] table stays one
+        for key in [k for k in services if k not in chosen]:
+            del services[key]
+        for key, value in chosen.items():
+            services[key] = value
+    else:
+        doc["services"] = _inline(chosen)
+    what = ", ".join(f"{i} → {b}" for i, b in uses)
+    return Change({path: _ended(doc.as_string())}, f"Profile {profile}: {what}")
+
+
+def _select(services: dict[str, Any], interface: str, binding: str) -> dict[str, Any]:
+    """`services` with `interface` served by `binding`, in place of any key naming the same interface."""
+    name = interface.partition("/")[0]
+    same = [k for k in services if k.partition("/")[0] == name]
+    if interface in services or (same and "/" not in interface):
+        key = interface if interface in services else same[0]
+        return {k: (binding if k == key else v) for k, v in services.items()}
+    if same:  # another version of it: the given one replaces it where it stood
+        return {(interface if k == same[0] else k): (binding if k == same[0] else v)
+                for k, v in services.items() if k == same[0] or k not in same}
+    return {**services, interface: binding}
+
+
+def _inline(value: Mapping[str, Any]) -> InlineTable:
+    """`value` as one inline table, `{ a = "x", b = { env = "Y" } }`, written as the example tree writes them."""
+    table = tomlkit.parse(f"v = {toml_value(value)}")["v"]
+    if not isinstance(table, InlineTable):
+        raise TypeError(f"not an inline table: {table!r}")
+    return table
+
+
+# --- checking --------------------------------------------------------------------------------------
+
+
+class _Files:
+    """A fixed set of files as a `TreeSource`."""
+
+    def __init__(self, revision: str, files: Mapping[str, Blob]) -> None:
+        self._revision, self._files = revision, dict(files)
+
+    def read(self) -> tuple[str, dict[str, Blob]]:
+        return self._revision, dict(self._files)
+
+
+def check_change(revision: str, files: Mapping[str, Blob], change: Change) -> Checked:
+    """The tree (`files` at `revision`, as a `TreeSource` reads it) before and after `change`, checked, and the
+    plan from one to the other."""
+    after_files = dict(files)
+    for path, text in change.files.items():
+        data = text.encode("utf-8")
+        after_files[path] = Blob(path, blob_sha(data), data)
+    loader = Loader()  # one loader: what the change leaves alone loads once, and the plan skips it
+    before = loader.load(_Files(revision, files))
+    after = loader.load(_Files(tree_revision(after_files), after_files))
+    return Checked(change, before, after, plan_changes(before, after))
+
+
+def _ended(text: str) -> str:
+    """`text` ending in one newline, as every file of the tree does."""
+    return text if text.endswith("\n") else text + "\n"

@@ -1,0 +1,149 @@
+"""`handler binding create` and `handler profile use` on a copy of the example tree in a git repository:
+TOML written with comments and key order kept, checked before anything is written, and with `--branch`
+committed to a new branch while the work tree, HEAD and the followed ref stay as they were."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+HANDLER = str(Path(sys.executable).with_name("handler"))
+REPO = Path(__file__).resolve().parents[2]
+Git = Callable[..., str]
+
+
+def _handler(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HANDLER_")}
+    identity = {"GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.org",
+                "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.org"}
+    return subprocess.run([HANDLER, *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd,
+                          env={**clean, **identity})
+
+
+@pytest.fixture
+def example(tmp_path: Path, git: Git) -> Path:
+    """The example tree (catalog/ and config/) at `ops/` in a git repository with one commit on main."""
+    root = tmp_path / "repo" / "ops"
+    for part in ("catalog", "config"):
+        shutil.copytree(REPO / part, root / part)
+    git(root.parent, "init", "-q")
+    git(root.parent, "add", "-A")
+    git(root.parent, "commit", "-q", "-m", "the example tree")
+    return root
+
+
+def test_binding_create_writes_a_checked_binding_and_prints_the_plan(example: Path) -> None:
+    done = _handler("binding", "create", "brave-fr", "--connector", "web-search-brave", "--description",
+                    "Brave, French results", "--secret", "api_key=env:BRAVE_FR_KEY", "--setting", "country=FR",
+                    "--root", str(example))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (example / "config/bindings/brave-fr.toml").read_text() == (
+        'apiVersion = "handler.binding/v1"\n'
+        'name = "brave-fr"\n'
+        'connector = "web-search-brave"\n'
+        'description = "Brave, French results"\n'
+        'secrets = { api_key = { env = "BRAVE_FR_KEY" } }\n'
+        'settings = { country = "FR" }\n'
+    )
+    assert "No changes" in done.stdout  # no profile uses it yet
+    assert "wrote config/bindings/brave-fr.toml" in done.stdout
+    # A command reference keeps its words apart, as the shell split them.
+    done = _handler("binding", "create", "brave-pass", "--connector", "web-search-brave", "--secret",
+                    "api_key=command:pass show 'brave/api key'", cwd=example)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert 'secrets = { api_key = { command = ["pass", "show", "brave/api key"] } }' in (
+        example / "config/bindings/brave-pass.toml").read_text()
+    assert _handler("validate", "--root", str(example)).returncode == 0
+
+
+def test_profile_use_keeps_comments_key_order_and_the_pinned_version(example: Path) -> None:
+    path = example / "config/profiles/auditor.toml"
+    before = path.read_text()
+    done = _handler("profile", "use", "auditor", "ocr=ocr-mistral-perso", "--root", str(example))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # One value changed; every comment, key and table where it was, the pinned "ocr/v1" key kept.
+    assert path.read_text() == before.replace('"ocr/v1" = "ocr-local"', '"ocr/v1" = "ocr-mistral-perso"')
+    assert "profile auditor (changed)" in done.stdout
+    assert "ocr: ocr-local (ocr/v1; ocr_extract auto) → ocr-mistral-perso (ocr/v1; ocr_extract auto)" in done.stdout
+
+    path = example / "config/profiles/assistant.toml"
+    before = path.read_text()
+    assert _handler("profile", "use", "assistant", "llm=llm-anthropic", cwd=example).returncode == 0
+    # A new interface goes at the end of services; the comments above and below stay.
+    assert path.read_text() == before.replace('web-search = "search-brave" }',
+                                              'web-search = "search-brave", llm = "llm-anthropic" }')
+
+
+def test_a_change_with_findings_is_refused_and_nothing_is_written(example: Path) -> None:
+    profile = example / "config/profiles/researcher.toml"
+    before = profile.read_text()
+    done = _handler("profile", "use", "researcher", "ocr=ocr-locl", "--root", str(example))
+    assert done.returncode == 1
+    assert "config/profiles/researcher.toml:7: P001" in done.stdout
+    assert "ocr-locl" in done.stdout
+    assert "fix:" in done.stdout  # the finding with its fix line
+    assert "not written" in done.stdout
+    assert profile.read_text() == before
+
+    done = _handler("binding", "create", "brave2", "--connector", "web-search-brave", "--root", str(example))
+    assert done.returncode == 1
+    assert "B002" in done.stdout
+    assert "fix: secrets = { api_key = { env = \"BRAVE_API_KEY\" } }" in done.stdout
+    assert not (example / "config/bindings/brave2.toml").exists()
+
+
+def test_a_secret_value_and_an_existing_binding_are_refused(example: Path) -> None:
+    done = _handler("binding", "create", "leak", "--connector", "web-search-brave", "--secret", "api_key=sk-123",
+                    "--root", str(example))
+    assert done.returncode == 2
+    assert "by reference, never by value" in done.stderr
+    assert "sk-123" not in done.stdout + done.stderr
+    assert not (example / "config/bindings/leak.toml").exists()
+    done = _handler("binding", "create", "ocr-local", "--connector", "ocr-tesseract", "--root", str(example))
+    assert done.returncode == 2
+    assert "binding ocr-local exists" in done.stderr
+
+
+def test_branch_commits_the_change_and_leaves_work_tree_head_and_main_alone(example: Path, git: Git) -> None:
+    repo = example.parent
+    git(repo, "remote", "add", "origin", str(repo.parent / "upstream.git"))
+    main_before = git(repo, "rev-parse", "main")
+    done = _handler("profile", "use", "researcher", "ocr=ocr-mistral-perso", "--branch", "use-mistral",
+                    "--root", str(example))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "committed" in done.stdout
+    assert "new branch use-mistral" in done.stdout
+    assert "push it for a pull request: git push -u origin use-mistral" in done.stdout
+    assert git(repo, "rev-parse", "main") == main_before
+    assert git(repo, "rev-parse", "HEAD") == main_before
+    assert git(repo, "status", "--porcelain") == ""  # work tree and index untouched
+    assert git(repo, "rev-parse", "use-mistral~1") == main_before
+    assert git(repo, "diff", "--name-only", "main", "use-mistral") == "ops/config/profiles/researcher.toml"
+    assert 'ocr = "ocr-mistral-perso"' in git(repo, "show", "use-mistral:ops/config/profiles/researcher.toml")
+    assert git(repo, "log", "-1", "--format=%s", "use-mistral") == "Profile researcher: ocr → ocr-mistral-perso"
+
+    # An existing branch is never moved, the followed one least of all.
+    for branch in ("use-mistral", "main"):
+        tip = git(repo, "rev-parse", branch)
+        again = _handler("binding", "create", "brave2", "--connector", "web-search-brave", "--secret",
+                         "api_key=env:K", "--branch", branch, "--root", str(example))
+        assert again.returncode == 2
+        assert f"branch {branch} exists" in again.stderr
+        assert git(repo, "rev-parse", branch) == tip
+
+
+def test_branch_is_checked_against_the_commit_it_starts_from(example: Path, git: Git) -> None:
+    # A binding written (not committed) in the work tree is not on HEAD: the branch cannot use it.
+    assert _handler("binding", "create", "brave2", "--connector", "web-search-brave", "--secret", "api_key=env:K",
+                    "--root", str(example)).returncode == 0
+    done = _handler("profile", "use", "researcher", "web-search=brave2", "--branch", "use-brave2",
+                    "--root", str(example))
+    assert done.returncode == 1
+    assert "P001" in done.stdout
+    assert git(example.parent, "branch", "--list", "use-brave2") == ""
