@@ -28,6 +28,7 @@ from reconciler.gitops.reconciling import Reconciler
 from reconciler.gitops.status import Attempt
 from reconciler.governance.gate import Gate
 from reconciler.governance.governor import Governor
+from reconciler.governance.notices import Reach
 from reconciler.liveness import CONTROL_NAME, ControlServer, ServiceLock
 from reconciler.places import default_run_dir, default_state_dir, ensure_private_dir
 from reconciler.preflight import preflight
@@ -47,6 +48,9 @@ __all__ = [
     "serve",
     "up",
 ]
+
+# Why a service without its HTTP listener (`handler serve`) tells nobody of a hold.
+_NO_NOTIFIER = "this service runs without its HTTP listener, which sends notices: `handler up` does"
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,8 @@ class Service:
             self._channels = self._open_channels()
             self.listener = HttpListener(self._build_app(), self.options.http_host, self.options.http_port)
             self.listener.bind()
+        elif self._governor is not None:  # no notifier: the agent of a held call is told so
+            self._governor.reach = Reach(dict.fromkeys(("email", "slack"), _NO_NOTIFIER))
         await self._serve_first()
         await self._check_machine()
         if self.listener is not None:
@@ -195,6 +201,8 @@ class Service:
             self._spawn(self.follower.follow(self._stop))
         if self._channels is not None and self.listener is not None:
             self._channels.set_public_url(self.options.http_host, self.listener.port)
+            if self._governor is not None:  # now with the dashboard's address
+                self._governor.reach = self._channels.reach()
             self._spawn(self._channels.notifier.run(self._stop))
 
     async def _check_machine(self) -> None:
@@ -239,6 +247,7 @@ class Service:
             return None
         channels = open_channels(self._governor.store, self._live_snapshot, self.state_dir, os.environ)
         self._governor.on_hold = channels.notifier.wake
+        self._governor.reach = channels.reach()
         return channels
 
     def _live_snapshot(self) -> Snapshot | None:

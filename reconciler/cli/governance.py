@@ -71,6 +71,9 @@ def _add_approvals_commands(sub: Any) -> None:
         act.add_argument("request_id", help="the hold's request id (approvals list shows them)")
         act.add_argument("--as", dest="member", required=True, metavar="MEMBER", help="who decides: a member of "
                          "config/org.toml the hold may be decided by")
+        if verb == "reject":
+            act.add_argument("--reason", default=None, metavar="TEXT",
+                             help="why: the agent reads it on its next handler_status, and the audit trail keeps it")
         act.set_defaults(run=_approvals_decide, decision=verb)
     link = _with_root(asub.add_parser("link", help="a signed link that lets a member decide a hold in the browser"))
     link.add_argument("request_id", help="the hold's request id (approvals list shows them)")
@@ -147,10 +150,33 @@ def _print_hold(hold: Hold) -> None:
     approver = hold.approver or {}
     whom = approver.get("member") or approver.get("channel") or approver.get("members") or approver.get("to")
     print(f"  approver:  {whom or 'any member'}")
+    for label, text in _hold_story(hold):
+        print(f"  {label + ':':10} {text}")
+
+
+def _utc(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else ""
+
+
+def _hold_story(hold: Hold) -> list[tuple[str, str]]:
+    """What became of a hold, line by line: the decision (with its reason), then the run."""
+    at = _utc
+    lines = []
     if hold.decided_by:
-        print(f"  decided:   by {hold.decided_by}")
-    if hold.message:
-        print(f"  message:   {hold.message}")
+        verb = "rejected" if hold.state == "rejected" else "approved"
+        why = f": {hold.decision_reason}" if hold.decision_reason else ""
+        lines.append(("decided", f"{verb} by {hold.decided_by} at {at(hold.decided_at)}{why}"))
+    if hold.state in ("approved", "running"):
+        lines.append(("run", "waiting for a router to run it" if hold.state == "approved" else
+                      f"running now (on {hold.claimed_by})"))
+    elif hold.state == "executed":
+        lines.append(("run", f"executed at {at(hold.finished_at)}"))
+    elif hold.state == "failed":
+        lines.append(("run", f"failed at {at(hold.finished_at)}: {hold.cause or hold.message} (final: never run "
+                      "again)"))
+        if hold.cause and hold.message and hold.message not in hold.cause:
+            lines.append(("agent", f"was told: {hold.message}"))
+    return lines
 
 
 def _approvals_list(args: argparse.Namespace) -> int:
@@ -177,6 +203,9 @@ def _approvals_show(args: argparse.Namespace) -> int:
     _print_hold(hold)
     for notice in told:
         error = f" ({notice.error})" if notice.error else ""
+        if notice.state == "unsent":  # its channel is not configured where the hold was stored
+            print(f"  notice:    {notice.channel} to {notice.target}: not sent: {notice.error}")
+            continue
         print(f"  notice:    {notice.channel} to {notice.target}: {notice.state} after {notice.attempts} "
               f"attempt{'' if notice.attempts == 1 else 's'}{error}")
     print("  arguments:")
@@ -196,11 +225,13 @@ def _approvals_decide(args: argparse.Namespace) -> int:
             raise NotAllowedError(f"{args.member} may not decide {hold.id}: {refusal}")
 
     with _store(args.root) as store:
-        hold = decide_hold(store, args.request_id, args.decision, args.member, check=check)
+        hold = decide_hold(store, args.request_id, args.decision, args.member, check=check,
+                           reason=getattr(args, "reason", None))
     if hold.state == "approved":
         print(f"{hold.id} approved by {args.member}: a running router runs it now (or the next one that starts).")
     else:
-        print(f"{hold.id} rejected by {args.member}: the agent reads 'rejected' on its next handler_status.")
+        why = f": {hold.decision_reason}" if hold.decision_reason else " (no reason given: --reason says why)"
+        print(f"{hold.id} rejected by {args.member}{why}. The agent reads it on its next handler_status.")
     return EXIT_OK
 
 

@@ -65,6 +65,9 @@ class CallResult:
     output: Mapping[str, Any]  # the validated output; when not ok, {"error": code, "message": why}
     cost: float | None = None  # what the connector reported the call cost, USD; None: it did not say
     settlement: Settlement | None = None  # what the gate charged, when the call was settled on its way
+    # Why it failed, for people (a held call's page, `handler approvals show`, the audit trail): the
+    # router's cause and what the connector said, which the agent's `output` leaves out.
+    cause: str | None = None
 
 
 # Runs an approved hold through the router's steps 3-4 and 6-10 (`Router.execute_held`). The hold is

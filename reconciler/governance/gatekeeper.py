@@ -33,7 +33,7 @@ from reconciler.governance.ledger import (
     scopes_for,
     settlement_row,
 )
-from reconciler.governance.notices import add_notices, describe, targets_for
+from reconciler.governance.notices import Reach, add_notices, list_notices, pending_news, targets_for
 from reconciler.governance.rulebook import CapSet, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store import Store, Transaction
@@ -84,6 +84,9 @@ class Gatekeeper:
         self._open = 0  # calls admitted here and not yet settled
         self._closed = False  # then a settlement is written at once: nothing commits the backlog any more
         self.pricing_violations = 0  # reports above the reservation seen here since start
+        # The channels this service can announce holds on (None: not said, every notice is queued as
+        # pending) and where owners decide: what a held call's agent is told follows it.
+        self.reach: Reach | None = None
 
     # --- admission -------------------------------------------------------------------------------
 
@@ -161,11 +164,12 @@ class Gatekeeper:
         values = _hold_values(request_id, snapshot.revision, call, decision)
         insert_hold(tx, values)
         targets = targets_for(values["approver"], snapshot.org)
-        add_notices(tx, request_id, targets)
+        add_notices(tx, request_id, targets, self.reach)
         if targets:
             self.store.notify(tx, request_id)  # other routers' notifiers hear of it at once
         insert_audit(tx, _decided_row(request_id, call, decision))
-        told = " ".join(filter(None, (decision.reason, describe(targets), PENDING_HINT)))
+        news = pending_news(request_id, values["approver"], targets, self.reach)
+        told = " ".join(filter(None, (decision.reason, news, PENDING_HINT)))
         return Admission("pending", told, request_id, None, decision.wire_trace)
 
     # --- settlement ------------------------------------------------------------------------------
@@ -213,7 +217,10 @@ class Gatekeeper:
             return HoldStatus("unknown", f"no request '{request_id}'")
         if caller.profile != hold.profile and caller.instance != hold.parent_instance:
             return HoldStatus("unknown", f"no request '{request_id}'")
-        return hold_status(hold)
+        if hold.state != "pending":
+            return hold_status(hold)
+        notices = await self._workers.run(list_notices, self.store, hold.id)  # who was really told, so far
+        return hold_status(hold, pending_news(hold.id, hold.approver, notices, self.reach))
 
     async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
         try:

@@ -20,6 +20,7 @@ from reconciler.governance.gate import Admission, CallRequest, Executor, HoldSta
 from reconciler.governance.gatekeeper import Gatekeeper
 from reconciler.governance.holdrunner import HoldRunner
 from reconciler.governance.ledger import reconcile_reservations
+from reconciler.governance.notices import Reach
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store import Store, open_store, store_url
 from reconciler.governance.workers import StoreWorkers
@@ -55,6 +56,15 @@ class Governor:
     def _hold_changed(self) -> None:
         if self.on_hold is not None:
             self.on_hold()
+
+    @property
+    def reach(self) -> Reach | None:
+        """The channels this service announces holds on, and its dashboard (None: not said)."""
+        return self._gate.reach
+
+    @reach.setter
+    def reach(self, reach: Reach | None) -> None:
+        self._gate.reach = reach
 
     def use_snapshot(self, snapshot: Snapshot) -> None:
         """The live snapshot, against which approved holds are checked again before they run."""

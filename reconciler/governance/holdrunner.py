@@ -7,8 +7,9 @@ routers sharing the store exactly one wins), then checked again on the live snap
 the explicit blocks and the guardrails, with its price reserved as it would be for a new call. It
 then runs through the router's executor (`Router.execute_held`), is settled at the cost the
 connector reported (else the price), never above what was reserved (`charging`), and finished
-with its result or the reason it failed. A hold is never run twice: one that failed, or whose
-router died while running it, stays so.
+with its result or the reason it failed: for the agent, its message without advice to retry (the
+state is final), for people also its cause (what the router and the connector said). A hold is
+never run twice: one that failed, or whose router died while running it, stays so.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -123,14 +125,16 @@ class HoldRunner:
         hold = await self._workers.run(get_hold, self.store, request_id)
         recheck = await self._workers.run(self._recheck, self.snapshot, hold)  # the snapshot live now
         if isinstance(recheck, str):
-            await self._workers.run(_finish, self.store, request_id, False, None, recheck, None)
+            await self._workers.run(_finish, self.store, hold, False, None, recheck, None, None)
             return True
         result = await self._execute(self._executor, hold)
         actual = to_micros(result.cost) if result.ok and result.cost is not None else None
         charged, _ = await self._workers.run(functools.partial(settle, binding=hold.binding, tool=hold.tool),
                                              self.store, recheck, actual, result.ok, request_id)
-        message = "" if result.ok else _failure_message(result.output)
-        await self._workers.run(_finish, self.store, request_id, result.ok, dict(result.output), message, charged)
+        output = dict(result.output) if result.ok else _final_output(result.output)
+        message = "" if result.ok else _failure_message(output)
+        cause = None if result.ok else _without_retry_advice(result.cause or message)
+        await self._workers.run(_finish, self.store, hold, result.ok, output, message, charged, cause)
         return True
 
     @staticmethod
@@ -140,7 +144,8 @@ class HoldRunner:
         try:
             return await executor(call)
         except Exception as exc:  # the router's executor failed: the hold fails, it is never retried
-            return CallResult(False, {"error": "unavailable", "message": f"the call could not run: {exc}"})
+            return CallResult(False, {"error": "unavailable", "message": f"the call could not run: {exc}"},
+                              cause=f"the router could not run it: {type(exc).__name__}: {exc}")
 
     def _recheck(self, snapshot: Snapshot, hold: Hold) -> Reservation | str:
         """At run time: the binding, explicit blocks and guardrails again; a reservation or the reason."""
@@ -176,10 +181,28 @@ class HoldRunner:
             await asyncio.get_running_loop().run_in_executor(None, self._listener.stop)
 
 
-def _finish(store: Store, request_id: str, ok: bool, result: Mapping[str, Any] | None, message: str,
-            charged: int | None) -> None:
-    finish_hold(store, request_id, ok=ok, result=result, message=message, charged=charged)
+def _finish(store: Store, hold: Hold, ok: bool, result: Mapping[str, Any] | None, message: str,
+            charged: int | None, cause: str | None) -> None:
+    finish_hold(store, hold.id, ok=ok, result=result, message=message, charged=charged, cause=cause,
+                approved_by=hold.decided_by)
 
 
 def _failure_message(output: Mapping[str, Any]) -> str:
     return str(output.get("message") or output.get("error") or "the call failed")
+
+
+# The router's advice on a live call's `unavailable` ("...; retrying later may work"). A failed hold is
+# final, so the advice is dropped from what the agent and the approvers read of it.
+_RETRY_ADVICE = re.compile(r"\s*[;,.]?\s*retrying later may work\.?\s*$", re.IGNORECASE)
+
+
+def _without_retry_advice(text: str) -> str:
+    return _RETRY_ADVICE.sub("", text) or text
+
+
+def _final_output(output: Mapping[str, Any]) -> dict[str, Any]:
+    """A failed run's output as the hold keeps it: its message without advice to retry."""
+    final = dict(output)
+    if isinstance(final.get("message"), str):
+        final["message"] = _without_retry_advice(final["message"])
+    return final

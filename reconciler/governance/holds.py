@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from reconciler.config.snapshot import Snapshot
-from reconciler.governance.errors import HoldNotFoundError, NotAllowedError
+from reconciler.governance.errors import GovernanceError, HoldNotFoundError, NotAllowedError
 from reconciler.governance.gate import CallRequest, HoldStatus
 from reconciler.governance.rulebook import from_micros
 from reconciler.governance.store import Store
@@ -24,11 +24,14 @@ from reconciler.governance.store import holds as rows
 from reconciler.governance.store.audit import record
 
 __all__ = [
+    "FINAL_HINT",
     "PENDING_HINT",
+    "REASON_LIMIT",
     "Hold",
     "approved_ids",
     "caller_refusal",
     "claim_hold",
+    "clean_reason",
     "count_holds",
     "decide_hold",
     "finish_hold",
@@ -44,6 +47,8 @@ HoldState = Literal["pending", "approved", "rejected", "running", "executed", "f
 
 
 PENDING_HINT = "It stays pending until a person decides; ask handler_status with this request_id."
+FINAL_HINT = "This is final: the hold is never run again."
+REASON_LIMIT = 2000  # characters of a decision's reason
 
 
 # A random prefix per process and a counter: unique across routers sharing a store, and cheap (the
@@ -81,6 +86,8 @@ class Hold:
     result: Mapping[str, Any] | None
     message: str
     charged: int | None
+    decision_reason: str | None  # why the approver rejected it, in their words
+    cause: str | None  # why an approved run failed, for people (never shown to the agent)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Hold:
@@ -144,9 +151,22 @@ def may_decide(hold: Hold, snapshot: Snapshot | None, member: str) -> str | None
     return f"this hold is routed to {whom}; {member} is not an owner"
 
 
+def clean_reason(reason: str | None) -> str | None:
+    """A decision's reason as it is stored: trimmed, None when empty; refused when too long to read."""
+    text = " ".join((reason or "").split())
+    if len(text) > REASON_LIMIT:
+        raise GovernanceError(f"the reason is {len(text)} characters long; give at most {REASON_LIMIT} "
+                              "(the agent and the audit trail read it whole)")
+    return text or None
+
+
 def decide_hold(store: Store, request_id: str, decision: Literal["approve", "reject"], actor: str,
-                check: Any = None) -> Hold:
-    """Move a pending hold to approved or rejected, once. `check(hold)` may raise `NotAllowedError` first."""
+                check: Any = None, *, reason: str | None = None) -> Hold:
+    """Move a pending hold to approved or rejected, once, with the decider's reason if they give one.
+
+    `check(hold)` may raise `NotAllowedError` first.
+    """
+    reason = clean_reason(reason)
     hold = get_hold(store, request_id)
     if check is not None:
         check(hold)
@@ -154,11 +174,12 @@ def decide_hold(store: Store, request_id: str, decision: Literal["approve", "rej
         raise NotAllowedError(f"hold {request_id} was already decided: it is {hold.state}"
                               + (f" (by {hold.decided_by})" if hold.decided_by else ""))
     state = "approved" if decision == "approve" else "rejected"
+    said = f"{state} by {actor}" + (f": {reason}" if reason else "")
     with store.begin() as tx:
-        if not rows.set_decided(tx, request_id, state, actor, "rejected by " + actor if state == "rejected" else ""):
+        if not rows.set_decided(tx, request_id, state, actor, said if state == "rejected" else "", reason):
             raise NotAllowedError(f"hold {request_id} was decided by someone else just now")
         record(tx, state, request_id=request_id, profile=hold.profile, instance=hold.instance, tool=hold.tool,
-               actor=actor, status=state)
+               actor=actor, status=state, detail={"reason": said})
         store.notify(tx, request_id)
     return get_hold(store, request_id)
 
@@ -173,12 +194,17 @@ def claim_hold(store: Store, request_id: str, runner: str) -> bool:
 
 
 def finish_hold(store: Store, request_id: str, *, ok: bool, result: Mapping[str, Any] | None, message: str,
-                charged: int | None) -> None:
-    """Record how a claimed hold ended: executed with its result, or failed with the reason."""
+                charged: int | None, cause: str | None = None, approved_by: str | None = None) -> None:
+    """Record how a claimed hold ended: executed with its result, or failed with the agent's message and,
+    for people, its cause ("approved by bob; the run failed: ..." in the audit trail)."""
     state = "executed" if ok else "failed"
+    cause = None if ok else (cause or message)
+    approved = f"approved by {approved_by}" if approved_by else "approved"
+    said = f"{approved}; executed" if ok else f"{approved}; the run failed: {cause}"
     with store.begin() as tx:
-        rows.set_finished(tx, request_id, state, result, message, charged)
-        record(tx, state, request_id=request_id, status=state, detail={"message": message, "charged": charged})
+        rows.set_finished(tx, request_id, state, result, message, charged, cause)
+        record(tx, state, request_id=request_id, status=state,
+               detail={"reason": said, "message": message, "cause": cause, "charged": charged})
         store.notify(tx, request_id)
 
 
@@ -196,14 +222,25 @@ def caller_refusal(hold: Hold, caller: CallRequest) -> str | None:
     return None
 
 
-def hold_status(hold: Hold) -> HoldStatus:
+def hold_status(hold: Hold, news: str = "") -> HoldStatus:
+    """What `handler_status` tells the agent of its hold; a final state carries no advice to wait or retry.
+
+    `news`, of a pending hold: who was told of it (`notices.pending_news`).
+    """
     charged = None if hold.charged is None else from_micros(hold.charged)
     if hold.state == "pending":
-        return HoldStatus("pending", f"{hold.reason} {PENDING_HINT}")
+        return HoldStatus("pending", " ".join(filter(None, (hold.reason, news, PENDING_HINT))))
     if hold.state in ("approved", "running"):
         return HoldStatus("pending", f"Approved by {hold.decided_by}; it is running now.")
     if hold.state == "rejected":
-        return HoldStatus("rejected", f"Rejected by {hold.decided_by}.")
+        why = f": {hold.decision_reason}" if hold.decision_reason else " (no reason given)"
+        return HoldStatus("rejected", f"{_sentence(f'Rejected by {hold.decided_by}{why}')} {FINAL_HINT}")
     if hold.state == "executed":
         return HoldStatus("executed", f"Approved by {hold.decided_by} and executed.", hold.result, charged)
-    return HoldStatus("failed", hold.message or "the call failed", hold.result, charged)
+    failed = _sentence(f"Approved by {hold.decided_by}; the run failed: {hold.message or 'the call failed'}")
+    return HoldStatus("failed", f"{failed} {FINAL_HINT}", hold.result, charged)
+
+
+def _sentence(text: str) -> str:
+    """`text` ending in one full stop (or its own question or exclamation mark), whatever it quotes."""
+    return text if text.endswith(("!", "?", ".")) else text + "."

@@ -16,17 +16,24 @@ __all__ = ["ToolError", "invalid_arguments", "unavailable"]
 class ToolError(HandlerError):
     """A call that ends with one of the interface's error codes (or the router's own two)."""
 
-    def __init__(self, code: str, message: str, *, cause: str | None = None, field: str | None = None) -> None:
+    def __init__(self, code: str, message: str, *, cause: str | None = None, field: str | None = None,
+                 detail: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.cause = cause  # why the router made it `unavailable`: timeout, crashed, output_invalid, ...
         self.field = field  # for output_invalid: where the output broke the schema (a path, never a value)
+        self.detail = detail  # what the operator is told (the log; a held call's cause), never the model
+
+    def operator_text(self) -> str:
+        """The error as the people running the service read it: code, cause, field and detail."""
+        why = ", ".join(filter(None, (self.cause, f"at {self.field}" if self.field else None)))
+        return f"{self.code}{f' ({why})' if why else ''}: {self.detail or self.message}"
 
 
-def unavailable(cause: str, message: str, field: str | None = None) -> ToolError:
+def unavailable(cause: str, message: str, field: str | None = None, detail: str | None = None) -> ToolError:
     """The router's own `unavailable`, with the cause the log and the conformance runner read."""
-    return ToolError("unavailable", message, cause=cause, field=field)
+    return ToolError("unavailable", message, cause=cause, field=field, detail=detail)
 
 
 def invalid_arguments(message: str) -> ToolError:

@@ -189,7 +189,7 @@ async def run_held(svc: Services, generation: Generation, call: CallRequest) -> 
     try:
         plan = resolve_held(generation, call)
     except ToolError as exc:
-        return CallResult(False, {"error": exc.code, "message": exc.message})
+        return CallResult(False, {"error": exc.code, "message": exc.message}, cause=exc.operator_text())
     record = CallRecord(call.profile, call.instance, plan.interface, plan.name, plan.binding, generation.number,
                         time.perf_counter())
     arguments = dict(call.arguments)
@@ -199,7 +199,7 @@ async def run_held(svc: Services, generation: Generation, call: CallRequest) -> 
                                   call.parent_instance), arguments, files, None, record)
     except ToolError as exc:
         note_error(record, exc)
-        return CallResult(False, {"error": exc.code, "message": exc.message})
+        return CallResult(False, {"error": exc.code, "message": exc.message}, cause=exc.operator_text())
     finally:
         svc.log.write(record)
 
@@ -275,7 +275,7 @@ def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
     """
     told = f"JSON-RPC error {exc.code}" if isinstance(exc, ConnectorReplyError) else exc.message
     log.warning("binding '%s' (%s %s): %s: %s", plan.binding, plan.interface, plan.name, exc.cause, told)
-    return unavailable(exc.cause, "the service failed; retrying later may work")
+    return unavailable(exc.cause, "the service failed; retrying later may work", detail=told)
 
 
 def take_slot(book: LimitBook, key: LimitKey, limits: Limits) -> tuple[float, bool | None]:

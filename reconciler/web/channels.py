@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.config.snapshot import Snapshot
+from reconciler.governance.notices import Reach
 from reconciler.governance.store import Store
 from reconciler.web.dashboard import Desk
 from reconciler.web.links import LinkSigner, load_link_secret
@@ -49,6 +50,10 @@ class Channels:
         elif ":" in host:
             host = f"[{host}]"
         self.notifier.public_url = f"http://{host}:{port}"
+
+    def reach(self) -> Reach:
+        """What a hold stored here is announced on, and where owners decide (the agent's pending message)."""
+        return Reach(self.notifier.missing, self.notifier.public_url or None)
 
     async def aclose(self) -> None:
         if self.desk.slack_client is not None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import orjson
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -34,7 +35,7 @@ from starlette.routing import Route
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.auditing import pricing_violations_this_month
-from reconciler.governance.errors import HoldNotFoundError, NotAllowedError
+from reconciler.governance.errors import GovernanceError, HoldNotFoundError, NotAllowedError
 from reconciler.governance.holds import (
     Hold,
     count_holds,
@@ -196,29 +197,35 @@ class _Dashboard:
         who = link.get("member") if link is not None else None  # a link signs in with this very response
         return self.page("hold.html", request, status_code=status_code, hold=hold, notices=notices,
                          decide_as=decide_as, proof=proof, message=message, failed=failed,
-                         **({"who": who} if who else {}))
+                         refresh=_refresh_url(hold, link), **({"who": who} if who else {}))
 
     async def decide_route(self, request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
         form = await request.form()
-        fields = {k: str(form.get(k, "")) for k in ("member", "expires", "sig", "csrf", "decision")}
+        fields = {k: str(form.get(k, "")) for k in ("member", "expires", "sig", "csrf", "decision", "reason")}
         member, why, how = self.form_member(request, hold_id, fields)
         if member is None:
             return self.page("hold_refused.html", request, status_code=403, message=why)
         if fields["decision"] not in ("approve", "reject"):
             return self.page("hold_refused.html", request, status_code=400, message="the form names no decision")
         link = fields if fields["sig"] else None
+        reason = fields["reason"] if fields["decision"] == "reject" else None
         try:
-            hold = await asyncio.to_thread(_decide, self.desk, hold_id, fields["decision"], member)
+            hold = await asyncio.to_thread(_decide, self.desk, hold_id, fields["decision"], member, reason)
         except HoldNotFoundError as exc:
             return self.page("hold_refused.html", request, status_code=404, message=str(exc))
         except NotAllowedError as exc:
             hold = await asyncio.to_thread(get_hold, self.desk.store, hold_id)
             return await self.hold_view(request, hold, None, str(exc), failed=True, status_code=409, link=link)
+        except GovernanceError as exc:  # a reason too long to store: the hold stays pending, the form too
+            hold = await asyncio.to_thread(get_hold, self.desk.store, hold_id)
+            return await self.hold_view(request, hold, member, str(exc), failed=True, status_code=400, link=link)
         log.info("hold %s %s by %s (%s)", hold_id, hold.state, member, how)
         if self.desk.on_decision is not None:
             self.desk.on_decision()
-        return await self.hold_view(request, hold, None, f"{hold.state.capitalize()} by {member}.", link=link)
+        said = f"{hold.state.capitalize()} by {member}" + (f": {hold.decision_reason}" if hold.decision_reason else "")
+        return await self.hold_view(request, hold, None, said if said.endswith((".", "!", "?")) else said + ".",
+                                    link=link)
 
     def form_member(self, request: Request, hold_id: str, fields: Mapping[str, str]) -> tuple[str | None, str, str]:
         """Who a decision form decides as (None: nobody, and why), and how they proved it."""
@@ -256,14 +263,27 @@ class _Dashboard:
         return Response(status_code=200)
 
 
-def _decide(desk: Desk, hold_id: str, decision: str, member: str) -> Hold:
+def _refresh_url(hold: Hold, link: Mapping[str, str] | None) -> str | None:
+    """Where the hold page reloads itself while an approved run is not final (None: it stays).
+
+    A plain GET of the same hold (a link's signature kept, so a member who came by link still sees it):
+    it decides nothing, however often it runs.
+    """
+    if hold.state not in ("approved", "running"):
+        return None
+    query = urlencode({k: link.get(k, "") for k in ("member", "expires", "sig")}) if link is not None else ""
+    return f"/approvals/{quote(hold.id)}" + (f"?{query}" if query else "")
+
+
+def _decide(desk: Desk, hold_id: str, decision: str, member: str, reason: str | None = None) -> Hold:
     snapshot = desk.snapshot()
 
     def check(hold: Hold) -> None:
         if (refusal := may_decide(hold, snapshot, member)) is not None:
             raise NotAllowedError(refusal)
 
-    return decide_hold(desk.store, hold_id, "approve" if decision == "approve" else "reject", member, check)
+    return decide_hold(desk.store, hold_id, "approve" if decision == "approve" else "reject", member, check,
+                       reason=reason)
 
 
 def _decide_from_slack(desk: Desk, action: SlackAction) -> tuple[str, bool]:

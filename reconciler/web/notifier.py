@@ -2,9 +2,10 @@
 
 `handler up` runs one `Notifier` beside its HTTP listener, since the links and buttons lead back to
 it. It claims the due notices of the channels it has settings for (`HANDLER_SMTP_URL`,
-`HANDLER_SLACK_TOKEN`); notices of a channel that is not configured wait in the store until one
-is. A failed send is retried with a growing delay (see `governance.notices`); one that cannot work
-(a recipient or channel refused for good) is failed at once. Log lines name the hold, the channel
+`HANDLER_SLACK_TOKEN`); a notice of a channel that is not configured here is stored `unsent`, with
+the reason (`missing`), and is sent by a notifier that has the channel while its hold waits. A
+failed send is retried with a growing delay (see `governance.notices`); one that cannot work (a
+recipient or channel refused for good) is failed at once. Log lines name the hold, the channel
 and the error, never the call's arguments.
 """
 
@@ -16,7 +17,15 @@ import logging
 from dataclasses import dataclass, field
 
 from reconciler.governance.holds import Hold, get_hold
-from reconciler.governance.notices import Notice, claim_decided, claim_due, mark_failed, mark_sent, mark_skipped
+from reconciler.governance.notices import (
+    Notice,
+    claim_decided,
+    claim_due,
+    mark_failed,
+    mark_sent,
+    mark_skipped,
+    mark_unsendable,
+)
 from reconciler.governance.store import Store
 from reconciler.web.links import LinkSigner
 from reconciler.web.mail import MailError, MailSettings, approval_message, send_mail
@@ -41,6 +50,16 @@ class Notifier:
     def channels(self) -> list[str]:
         return [name for name, on in (("email", self.mail is not None), ("slack", self.slack is not None)) if on]
 
+    @property
+    def missing(self) -> dict[str, str]:
+        """The channels this notifier cannot send on, each with the setting that would change it."""
+        missing = {}
+        if self.mail is None:
+            missing["email"] = "HANDLER_SMTP_URL is not set"
+        if self.slack is None:
+            missing["slack"] = "HANDLER_SLACK_TOKEN is not set"
+        return missing
+
     def wake(self) -> None:
         """A hold was just stored: look at the outbox now (call on the event loop)."""
         if self._wake is not None:
@@ -52,6 +71,7 @@ class Notifier:
         stopping = asyncio.create_task(stop.wait())
         stopping.add_done_callback(lambda _: self.wake())
         try:
+            await self._mark_unsendable()
             while not stop.is_set():
                 self._wake.clear()
                 try:
@@ -64,6 +84,17 @@ class Notifier:
                         await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
         finally:
             stopping.cancel()
+
+    async def _mark_unsendable(self) -> None:
+        """Notices queued before (by a router that did not know) on channels this one cannot send on."""
+        try:
+            count = await asyncio.to_thread(mark_unsendable, self.store, self.missing)
+        except Exception:  # the store is unreachable for a moment: they are marked at the next start
+            log.exception("notices: cannot mark the notices no channel here sends")
+            return
+        if count:
+            log.warning("%d notices wait on channels not configured here (%s): marked unsent", count,
+                        "; ".join(f"{c}: {why}" for c, why in sorted(self.missing.items())))
 
     async def send_due(self) -> int:
         """Claim and send the notices due now, and show decisions in the Slack messages; how many were handled."""
@@ -109,4 +140,5 @@ def decision_text(hold: Hold) -> str:
     """One line for a channel: what became of the hold, and who decided."""
     verb = {"rejected": "Rejected"}.get(hold.state, "Approved")
     by = f" by {hold.decided_by}" if hold.decided_by else ""
-    return f"{verb}{by}: {hold.profile} · {hold.interface} {hold.tool} · request {hold.id}"
+    why = f" — {hold.decision_reason}" if hold.state == "rejected" and hold.decision_reason else ""
+    return f"{verb}{by}: {hold.profile} · {hold.interface} {hold.tool} · request {hold.id}{why}"

@@ -33,7 +33,9 @@ class Recorder:
             raise RuntimeError("the router is gone")
         if self.ok:
             return CallResult(True, {"sent": call.arguments.get("to")}, cost=0.004)
-        return CallResult(False, {"error": "unavailable", "message": "the mail server is down"})
+        # As the router's pipeline fails a call: advice for a live call to the agent, the cause for people.
+        return CallResult(False, {"error": "unavailable", "message": "the service failed; retrying later may work"},
+                          cause="unavailable (crashed): mail-b exited with status 3")
 
 
 async def until(check: Callable[[], Awaitable[bool]], seconds: float = 15.0) -> None:

@@ -102,10 +102,37 @@ def test_approve_as_a_member_runs_nothing_itself_and_is_audited(tree: Path,
     assert events == [("decided", None), ("approved", "alice")]
 
 
+def test_reject_with_a_reason_shows_it_to_the_agent_the_hold_and_the_audit_trail(
+        tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = Loader().load(FolderSource(tree))
+    store = open_store(store_url(tree))
+    governor = Governor(store)
+    call = priced_call("run-1", profile="auditor", tool="web_search_query", query="acme invoices")
+    call = type(call)(call.profile, call.instance, None, "web-search/v1", call.tool, "search-brave", call.arguments)
+    rid = governor.admit_now(snapshot, call).request_id
+    governor.close()
+    assert rid is not None
+
+    code, _, err = run(capsys, "approvals", "reject", rid, "--as", "alice", "--root", str(tree), "--reason", "x" * 2001)
+    assert code == 1
+    assert "at most 2000" in err
+    code, out, _ = run(capsys, "approvals", "reject", rid, "--as", "alice", "--root", str(tree),
+                       "--reason", "use the archive instead")
+    assert code == 0
+    assert f"{rid} rejected by alice: use the archive instead." in out
+    code, out, _ = run(capsys, "approvals", "show", rid, "--root", str(tree))
+    assert "decided:   rejected by alice at " in out
+    assert out.split("decided:", 1)[1].splitlines()[0].endswith(": use the archive instead")
+    code, out, _ = run(capsys, "approvals", "show", rid, "--root", str(tree), "--format", "json")
+    assert json.loads(out)["decision_reason"] == "use the archive instead"
+    code, out, _ = run(capsys, "audit", "--root", str(tree), "--request", rid)
+    assert "rejected by alice: use the archive instead" in out.splitlines()[-1]
+
+
 def test_balance_spend_and_migrate(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "store", "migrate", "--root", str(tree))
     assert code == 0
-    assert "schema at revision 0002" in out  # the newest migration
+    assert "schema at revision 0003" in out  # the newest migration
     code, out, _ = run(capsys, "balance", "show", "--root", str(tree))
     assert "$0.00" in out
     code, out, _ = run(capsys, "balance", "add", "12.5", "--as", "alice", "--root", str(tree))

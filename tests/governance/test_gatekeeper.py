@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
+from reconciler.governance.errors import GovernanceError
 from reconciler.governance.governor import Governor
-from reconciler.governance.holds import decide_hold, get_hold
+from reconciler.governance.holds import FINAL_HINT, REASON_LIMIT, decide_hold, get_hold
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
@@ -90,16 +93,34 @@ def test_a_hold_routed_to_a_person_cannot_be_decided_over_mcp(store: Store) -> N
     run(scenario, store)
 
 
-def test_a_rejected_hold_reads_rejected(store: Store) -> None:
+def test_a_rejected_hold_reads_rejected_with_the_reason_given(store: Store) -> None:
     snapshot = cap_snapshot()
 
     async def scenario(g: Governor) -> None:
         rid = (await g.admit(snapshot, mail())).request_id
+        silent = (await g.admit(snapshot, mail(n=2))).request_id
         assert rid is not None
-        decide_hold(store, rid, "reject", "alice")
+        assert silent is not None
+        too_long = "x" * (REASON_LIMIT + 1)
+        with pytest.raises(GovernanceError, match=f"at most {REASON_LIMIT}"):
+            decide_hold(store, rid, "reject", "alice", reason=too_long)
+        assert get_hold(store, rid).state == "pending"  # a refused reason decides nothing
+        decide_hold(store, rid, "reject", "alice", reason="  not to the CEO,\n ask finance first ")
         status = await g.status(rid, mail())
         assert status.status == "rejected"
-        assert "alice" in status.message
+        assert status.message == ("Rejected by alice: not to the CEO, ask finance first. "
+                                  "This is final: the hold is never run again.")
+        assert "retry" not in status.message
+        assert get_hold(store, rid).decision_reason == "not to the CEO, ask finance first"
+        (row,) = [r for r in read_audit(store, request_id=rid) if r["event"] == "rejected"]
+        assert row["actor"] == "alice"
+        assert row["detail"]["reason"] == "rejected by alice: not to the CEO, ask finance first"
+        decide_hold(store, silent, "reject", "alice")
+        assert (await g.status(silent, mail())).message.startswith("Rejected by alice (no reason given).")
+        stopped = (await g.admit(snapshot, mail(n=3))).request_id
+        assert stopped is not None
+        decide_hold(store, stopped, "reject", "alice", reason="Not now.")
+        assert (await g.status(stopped, mail())).message == "Rejected by alice: Not now. " + FINAL_HINT
 
     run(scenario, store)
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from reconciler.config.snapshot import Snapshot
+from reconciler.governance.auditing import read_audit
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import decide_hold, get_hold, list_holds
 from reconciler.governance.store import Store, open_store
@@ -87,21 +88,33 @@ def test_blocks_and_guardrails_are_checked_again_at_run_time(store: Store, later
         await g.start(recorder)
         status = await g.decide(rid, "approve", PARENT)
         assert status.status == "failed"
-        assert status.message.startswith(reason), status.message
+        assert status.message.startswith(f"Approved by instance parent-1; the run failed: {reason}"), status.message
+        hold = get_hold(store, rid)
+        assert hold.cause is not None
+        assert hold.cause.startswith(reason)
 
     run(scenario, store)
     assert recorder.calls == []
 
 
-def test_a_failed_run_is_recorded_and_costs_nothing(store: Store) -> None:
+def test_a_failed_run_is_final_with_its_cause_recorded_and_costs_nothing(store: Store) -> None:
     async def scenario(g: Governor) -> None:
         await g.start(Recorder(ok=False))
         rid = (await g.admit(cap_snapshot(), mail())).request_id
         assert rid is not None
         status = await g.decide(rid, "approve", PARENT)
         assert status.status == "failed"
-        assert status.message == "the mail server is down"
+        # The agent: who approved, that the run failed, that it is final; no advice to retry a final state.
+        assert status.message == ("Approved by instance parent-1; the run failed: the service failed. "
+                                  "This is final: the hold is never run again.")
+        assert status.result == {"error": "unavailable", "message": "the service failed"}
         assert status.charged == 0.0
+        hold = get_hold(store, rid)  # people: the cause the router gave
+        assert hold.cause == "unavailable (crashed): mail-b exited with status 3"
+        assert hold.message == "the service failed"
+        (failed,) = [r for r in read_audit(store, request_id=rid) if r["event"] == "failed"]
+        assert failed["detail"]["reason"] == ("approved by instance parent-1; the run failed: "
+                                              "unavailable (crashed): mail-b exited with status 3")
 
     run(scenario, store)
 
@@ -143,7 +156,9 @@ def test_an_executor_that_raises_fails_the_hold_once_and_it_costs_nothing(store:
         assert rid is not None
         status = await g.decide(rid, "approve", PARENT)
         assert status.status == "failed"
-        assert status.message == "the call could not run: the router is gone"
+        assert status.message.startswith("Approved by instance parent-1; the run failed: the call could not run: "
+                                          "the router is gone. This is final")
+        assert get_hold(store, rid).cause == "the router could not run it: RuntimeError: the router is gone"
         assert status.charged == 0.0
         assert (await g.decide(rid, "approve", PARENT)).status == "blocked"  # already decided: never again
 

@@ -10,12 +10,16 @@ import sqlalchemy as sa
 from reconciler.governance.governor import Governor
 from reconciler.governance.notices import (
     MAX_ATTEMPTS,
+    Reach,
     Target,
     claim_due,
     list_notices,
     mark_failed,
     mark_sent,
+    mark_unsendable,
+    pending_news,
     targets_for,
+    troubled_notices,
 )
 from reconciler.governance.store import Store
 from reconciler.governance.store.tables import notices
@@ -129,3 +133,69 @@ def test_a_channels_retry_after_is_honoured(store: Store) -> None:
     (waiting,) = list_notices(store, rid)
     assert waiting.state == "pending"
     assert waiting.next_at - notice.next_at >= 120.0  # not the first backoff's 5 s
+
+
+def test_what_the_agent_is_told_follows_the_notices(store: Store) -> None:
+    """Who was really told of a pending hold, or that nobody was, why, and how an owner decides."""
+    nowhere = Reach({"email": "HANDLER_SMTP_URL is not set", "slack": "HANDLER_SLACK_TOKEN is not set"},
+                    "http://dash:8765/")
+    email_only = Reach({"slack": "HANDLER_SLACK_TOKEN is not set"}, None)
+    bob = Target("email", "bob@example.org", "bob")
+    slack = Target("slack", "#approvals")
+    member_bob = {"to": "member", "member": "bob"}
+    assert pending_news("req_1", member_bob, [bob], email_only) == "Waiting for approval; bob is being emailed."
+    assert pending_news("req_1", member_bob, [bob], None) == "Waiting for approval; bob is being emailed."
+    told = pending_news("req_1", {"to": "slack", "channel": "#approvals"}, [slack], nowhere)
+    assert told == ("No channel is configured to tell anyone (HANDLER_SLACK_TOKEN is not set): an owner decides "
+                    "on the dashboard at http://dash:8765/approvals/req_1 or with "
+                    "`handler approvals approve req_1 --as MEMBER` (or reject).")
+    assert "dashboard" not in pending_news("req_1", {"to": "slack", "channel": "#approvals"}, [slack], email_only)
+    assert "(member carol has no email address in config/org.toml)" in pending_news(
+        "req_1", {"to": "member", "member": "carol"}, [], email_only)
+    assert "(Slack #random is not among the org's [slack] channels)" in pending_news(
+        "req_1", {"to": "slack", "channel": "#random"}, [], email_only)
+    assert pending_news("req_1", {"to": "caller"}, [], nowhere).startswith("The instance that started this agent")
+
+    rid = hold_for(store, member_bob)
+    (notice,) = claim_due(store, ["email"])
+    mark_failed(store, notice, "connection refused")
+    (notice,) = list_notices(store, rid)
+    assert pending_news(rid, member_bob, [notice], email_only) == (
+        "Waiting for approval; emailing bob failed so far and is tried again: connection refused.")
+    mark_sent(store, notice)
+    sent = list_notices(store, rid)
+    assert pending_news(rid, member_bob, sent, email_only) == "Waiting for approval; bob was emailed."
+    mark_failed(store, notice, "550 no such user", final=True)
+    assert pending_news(rid, member_bob, list_notices(store, rid), email_only).startswith(
+        "Nobody could be told (emailing bob failed: 550 no such user): an owner decides with")
+
+
+def test_a_notice_on_a_channel_not_configured_is_stored_unsent_and_sent_by_a_service_that_has_it(
+        store: Store) -> None:
+    snapshot = make_snapshot({"p": {"template": "balanced", "routing": {"to": "slack", "channel": "#approvals"}}},
+                             org=ORG)
+
+    async def admit() -> tuple[str, str]:
+        governor = Governor(store, owns_store=False)
+        governor.reach = Reach({"slack": "HANDLER_SLACK_TOKEN is not set"}, "http://dash:8765")
+        try:
+            admission = await governor.admit(snapshot, priced_call(profile="p", tool="mail_send", to="x@example.org"))
+            assert admission.request_id is not None
+            status = await governor.status(admission.request_id, priced_call(profile="p"))
+        finally:
+            await governor.aclose()
+        assert "(HANDLER_SLACK_TOKEN is not set)" in admission.message
+        assert status.message == admission.message  # handler_status says the same, from the notices
+        return admission.request_id, status.message
+
+    rid, _ = asyncio.run(admit())
+    (notice,) = list_notices(store, rid)
+    assert (notice.state, notice.error, notice.attempts) == ("unsent", "HANDLER_SLACK_TOKEN is not set", 0)
+    assert [n.id for n in troubled_notices(store)] == [notice.id]  # on the overview: did not go out
+    assert claim_due(store, ["email"]) == []
+    (claimed,) = claim_due(store, ["slack"])  # a notifier with a Slack token sends it while the hold waits
+    assert claimed.id == notice.id
+    old = hold_for(store, {"to": "slack", "channel": "#approvals"})  # stored without a reach: queued as pending
+    assert mark_unsendable(store, {"slack": "HANDLER_SLACK_TOKEN is not set"}) == 1
+    (swept,) = list_notices(store, old)
+    assert (swept.state, swept.error) == ("unsent", "HANDLER_SLACK_TOKEN is not set")

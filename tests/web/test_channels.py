@@ -163,7 +163,7 @@ def test_an_email_with_a_signed_link_lets_its_member_decide_once(tree: Path, mai
 
     async def scenario() -> None:
         async with running(options(tree)) as service, httpx.AsyncClient() as http:
-            client, rid = await hold_a_write(service, told="Notifying bob by email.")
+            client, rid = await hold_a_write(service, told="Waiting for approval; bob is being emailed.")
             await service.until(lambda: bool(box.messages))
             (mail,) = box.messages
             assert mail["To"] == "bob@example.org"
@@ -275,7 +275,8 @@ def test_a_slack_message_with_buttons_decides_through_a_signed_click(tree: Path,
         monkeypatch.setenv("HANDLER_SLACK_API_URL", slack_url + "/api")
         try:
             async with running(options(tree)) as service, httpx.AsyncClient() as http:
-                client, rid = await hold_a_write(service, told="Notifying Slack #approvals.")
+                client, rid = await hold_a_write(service,
+                                                 told="Waiting for approval; it is being posted to Slack #approvals.")
                 await service.until(lambda: bool(slack.posts))
                 (headers, message), = slack.posts
                 assert headers["authorization"] == "Bearer xoxb-test-token"

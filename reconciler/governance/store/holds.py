@@ -69,10 +69,13 @@ def approved_ids(store: Store, limit: int) -> list[str]:
         return [r[0] for r in rows]
 
 
-def set_decided(tx: Transaction, hold_id: str, state: str, actor: str, message: str) -> bool:
-    """pending → approved | rejected; False when the hold was no longer pending."""
+def set_decided(tx: Transaction, hold_id: str, state: str, actor: str, message: str,
+                reason: str | None = None) -> bool:
+    """pending → approved | rejected, with the decider's reason if they gave one; False when the hold
+    was no longer pending."""
     done = tx.execute(sa.update(holds).where(holds.c.id == hold_id, holds.c.state == "pending")
-                      .values(state=state, decided_by=actor, decided_at=now(), message=message))
+                      .values(state=state, decided_by=actor, decided_at=now(), message=message,
+                              decision_reason=reason))
     return done.rowcount == 1
 
 
@@ -84,8 +87,8 @@ def set_claimed(tx: Transaction, hold_id: str, runner: str) -> bool:
 
 
 def set_finished(tx: Transaction, hold_id: str, state: str, result: Mapping[str, Any] | None, message: str,
-                 charged: int | None) -> None:
-    """running → executed | failed, with the result or the reason and what it cost."""
+                 charged: int | None, cause: str | None = None) -> None:
+    """running → executed | failed, with the result or the reason (and, failed, its cause) and what it cost."""
     tx.execute(sa.update(holds).where(holds.c.id == hold_id, holds.c.state == "running")
                .values(state=state, finished_at=now(), result=dict(result) if result is not None else None,
-                       message=message, charged=charged))
+                       message=message, charged=charged, cause=cause))

@@ -15,13 +15,16 @@ import sqlalchemy as sa
 from reconciler.governance.store.engine import Store, Transaction, now
 from reconciler.governance.store.tables import holds, notices
 
-__all__ = ["claim_decided", "claim_due", "fetch_notices", "fetch_troubled", "insert_notices", "update_notice"]
+__all__ = ["claim_decided", "claim_due", "fetch_notices", "fetch_troubled", "insert_notices", "mark_unsent",
+           "update_notice"]
 
 
 def insert_notices(tx: Transaction, values: Sequence[Mapping[str, Any]]) -> None:
-    """Queue notices (pending, due now) inside the caller's transaction (the one that inserts the hold)."""
+    """Queue notices (pending, due now, unless a value says `unsent`) inside the caller's transaction (the one
+    that inserts the hold)."""
     at = now()
-    tx.execute(sa.insert(notices), [{**v, "state": "pending", "attempts": 0, "next_at": at} for v in values])
+    tx.execute(sa.insert(notices), [{"state": "pending", "error": None, "attempts": 0, "next_at": at, **v}
+                                    for v in values])
 
 
 def _claim(store: Store, candidates: Sequence[tuple[int, str]], state: str,
@@ -39,10 +42,13 @@ def _claim(store: Store, candidates: Sequence[tuple[int, str]], state: str,
 
 
 def claim_due(store: Store, channels: Sequence[str], stale_seconds: float, limit: int) -> list[dict[str, Any]]:
-    """Take up to `limit` notices due now on these channels (pending, or sending for over `stale_seconds`)."""
+    """Take up to `limit` notices due now on these channels: pending, sending for over `stale_seconds`, or
+    unsent (by a service without the channel) while their hold still waits."""
     at = now()
+    waiting = sa.select(holds.c.id).where(holds.c.state == "pending")
     due = sa.or_(sa.and_(notices.c.state == "pending", notices.c.next_at <= at),
-                 sa.and_(notices.c.state == "sending", notices.c.claimed_at < at - stale_seconds))
+                 sa.and_(notices.c.state == "sending", notices.c.claimed_at < at - stale_seconds),
+                 sa.and_(notices.c.state == "unsent", notices.c.hold_id.in_(waiting)))
     with store.read() as conn:
         candidates = [(r.id, r.state) for r in conn.execute(
             sa.select(notices.c.id, notices.c.state).where(due, notices.c.channel.in_(channels))
@@ -60,6 +66,15 @@ def claim_decided(store: Store, channel: str, limit: int) -> list[dict[str, Any]
     return _claim(store, [(i, "sent") for i in ids], "closed")
 
 
+def mark_unsent(store: Store, channel: str, why: str) -> int:
+    """Notices on `channel` queued and never tried: `unsent`, with `why`; how many."""
+    with store.begin() as tx:
+        done = tx.execute(sa.update(notices).where(notices.c.channel == channel, notices.c.state == "pending",
+                                                   notices.c.attempts == 0, notices.c.error.is_(None))
+                          .values(state="unsent", error=why))
+    return int(done.rowcount)
+
+
 def update_notice(store: Store, notice_id: int, **values: Any) -> None:
     """Set these columns of one notice (its state after an attempt)."""
     with store.begin() as tx:
@@ -67,8 +82,8 @@ def update_notice(store: Store, notice_id: int, **values: Any) -> None:
 
 
 def fetch_troubled(store: Store, limit: int) -> list[dict[str, Any]]:
-    """Notices that failed for good, or whose last attempt failed, newest first."""
-    query = (sa.select(notices).where(sa.or_(notices.c.state == "failed",
+    """Notices not sent, failed for good, or whose last attempt failed, newest first."""
+    query = (sa.select(notices).where(sa.or_(notices.c.state.in_(("failed", "unsent")),
                                              sa.and_(notices.c.state == "pending", notices.c.error.is_not(None))))
              .order_by(notices.c.id.desc()).limit(limit))
     with store.read() as conn:

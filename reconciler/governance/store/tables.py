@@ -33,12 +33,16 @@ holds = sa.Table(
     sa.Column("state", sa.String(16), nullable=False, index=True),
     sa.Column("decided_by", sa.String(200)),
     sa.Column("decided_at", sa.Float),
+    sa.Column("decision_reason", sa.Text),  # why the approver rejected it, in their words (migration 0003)
     sa.Column("claimed_by", sa.String(80)),
     sa.Column("claimed_at", sa.Float),
     sa.Column("finished_at", sa.Float),
     sa.Column("result", sa.JSON),
     sa.Column("message", sa.Text, nullable=False, server_default=""),
     sa.Column("charged", sa.BigInteger),
+    # Why an approved run failed, for the people deciding (the hold page, `approvals show`, the audit
+    # trail): the router's cause and what the connector said, which the agent's `message` leaves out.
+    sa.Column("cause", sa.Text),
 )
 
 # Every decision and every change of a hold or the balance, in order.
@@ -95,7 +99,8 @@ notices = sa.Table(
     sa.Column("channel", sa.String(16), nullable=False),  # email | slack
     sa.Column("target", sa.String(320), nullable=False),  # an email address, a Slack channel
     sa.Column("member", sa.String(200)),  # the member an email's link decides as
-    sa.Column("state", sa.String(16), nullable=False, index=True),  # pending, sending, sent, failed, skipped, closed
+    # pending, sending, sent, failed, unsent (its channel not configured where the hold was stored), skipped, closed
+    sa.Column("state", sa.String(16), nullable=False, index=True),
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("next_at", sa.Float, nullable=False),
     sa.Column("claimed_at", sa.Float),

@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 
 from reconciler.governance.errors import StoreError
 from reconciler.governance.governor import Governor
-from reconciler.governance.store import Store, open_store, store_exists, store_url
-from reconciler.governance.store.holds import insert_hold
+from reconciler.governance.store import Store, migrate, open_store, store_exists, store_url
+from reconciler.governance.store.holds import fetch_hold, insert_hold
 from reconciler.governance.store.migrate import head_revision
 from reconciler.governance.store.tables import metadata
 from tests.governance.builders import OWNERS_ORG, make_snapshot, priced_call
@@ -49,6 +51,39 @@ def test_migrations_build_exactly_the_declared_schema(store: Store) -> None:
 def test_migrating_twice_changes_nothing(store: Store) -> None:
     assert store.migrate() == head_revision()
     assert store.migrate() == head_revision()
+
+
+def _alembic(conn: sa.Connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrate.__file__).parent / "migrations"))
+    config.attributes["connection"] = conn
+    return config
+
+
+def test_a_store_of_the_previous_revision_is_migrated_with_its_holds_kept(store_url: str) -> None:
+    """0003 adds a hold's decision reason and a failed run's cause; holds stored before read None for both."""
+    store = open_store(store_url, migrate=False)
+    try:
+        with store.engine.begin() as conn:
+            command.upgrade(_alembic(conn), "0002")
+        with store.begin() as tx:
+            insert_hold(tx, {"id": "req_old", "revision": "r1", "profile": "p", "instance": "i",
+                             "parent_instance": None, "interface": "mail/v1", "tool": "mail_send",
+                             "binding": "mail-b", "arguments": {}, "cost": 0, "approver": None, "reason": "held",
+                             "trace": []})
+        assert store.migrate() == head_revision() == "0003"
+        row = fetch_hold(store, "req_old")
+        assert row is not None
+        assert (row["state"], row["decision_reason"], row["cause"]) == ("pending", None, None)
+        with store.engine.begin() as conn:  # and back: the downgrade drops exactly those columns
+            command.downgrade(_alembic(conn), "0002")
+        with store.engine.connect() as conn:
+            columns = {c["name"] for c in sa.inspect(conn).get_columns("holds")}
+        assert "decision_reason" not in columns
+        assert "cause" not in columns
+        assert "message" in columns
+    finally:
+        store.close()
 
 
 def test_two_processes_migrating_together_do_not_race(store_url: str) -> None:
