@@ -72,16 +72,17 @@ class FuzzStats:
 
 
 def fuzz_tool(call: Call, tool: Tool, fixtures: Sequence[str], error_codes: frozenset[str], *,
-              examples: int, seed: int, stats: FuzzStats | None = None) -> FuzzStats:
-    """Call `tool` with generated valid inputs; raises the (shrunk) failure, else returns the stats
-    (kept in `stats`, when given, also when it raises)."""
+              examples: int, seed: int, stats: FuzzStats | None = None, addresses: Sequence[str] = ()) -> FuzzStats:
+    """Call `tool` with generated valid inputs (`addresses`: URLs to draw half the `format: uri` values
+    from); raises the (shrunk) failure, else returns the stats (kept in `stats`, when given, also when
+    it raises)."""
     stats = stats if stats is not None else FuzzStats()
     output_schema = tool.outputSchema
     first: list[dict[str, Any]] = []
 
     @fuzz_settings(examples)
     @hypothesis_seed(seed)
-    @given(valid_inputs(tool.inputSchema, fixtures))
+    @given(valid_inputs(tool.inputSchema, fixtures, addresses))
     def one_input(arguments: dict[str, Any]) -> None:
         reply = call(arguments)
         stats.examples += 1

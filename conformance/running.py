@@ -295,12 +295,19 @@ class FuzzItem(ConformanceItem):
         stats = FuzzStats()
         try:
             fuzz_tool(self.call, tool, sorted(self.iface.fixtures), self.iface.error_codes,
-                      examples=self.run.examples, seed=self.run.seed, stats=stats)
+                      examples=self.run.examples, seed=self.run.seed, stats=stats, addresses=self.addresses())
         except NoFixturesError as exc:
             pytest.skip(f"{self.iface.key} {tool.name}: {exc}")
         finally:
             self.note("detail.examples", stats.examples)
             self.note("detail.outcomes", dict(stats.outcomes))
+
+
+    def addresses(self) -> list[str]:
+        """The web addresses the interface's cases call this tool with: pages the check serves."""
+        return sorted({value for case in self.iface.cases if case.tool == self.tool.name
+                       for value in case.input.values() if isinstance(value, str)
+                       and value.startswith(("http://", "https://"))})
 
 
 class RefuseItem(ConformanceItem):

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hypothesis import strategies as st
+from hypothesis.provisional import domains
 from hypothesis_jsonschema import from_schema
 
 from reconciler.config.formats import compile_validator
@@ -41,8 +42,11 @@ class NoFixturesError(Exception):
     """A tool takes a `handler-file` but its interface version ships no fixture file to draw one from."""
 
 
-def valid_inputs(schema: Mapping[str, Any], fixtures: Sequence[str]) -> st.SearchStrategy[dict[str, Any]]:
-    """Arguments valid against `schema`, drawing files from `fixtures` (paths in the work folder)."""
+def valid_inputs(schema: Mapping[str, Any], fixtures: Sequence[str],
+                 addresses: Sequence[str] = ()) -> st.SearchStrategy[dict[str, Any]]:
+    """Arguments valid against `schema`, drawing files from `fixtures` (paths in the work folder) and,
+    when given, half the `format: uri` values from `addresses` (the URLs the interface's cases call the
+    tool with, which the check's pages answer), so a fetcher gets outputs as well as errors."""
     if _uses_format(schema, INPUT_FORMAT) and not fixtures:
         raise NoFixturesError("the tool takes a handler-file, but its interface version's conformance/ folder holds "
                               "no fixture file to draw one from")
@@ -50,6 +54,8 @@ def valid_inputs(schema: Mapping[str, Any], fixtures: Sequence[str]) -> st.Searc
         INPUT_FORMAT: st.sampled_from(sorted(fixtures)) if fixtures else st.just("missing"),
         OUTPUT_FORMAT: st.integers(0, 2**32 - 1).map(lambda n: f"{OUTPUT_FOLDER}/{n:08x}"),
     }
+    if addresses:  # the other half as hypothesis-jsonschema draws a uri: an https address on some domain
+        formats["uri"] = st.sampled_from(sorted(addresses)) | domains().map("https://{}".format)
     root = {k: v for k, v in schema.items() if k != "$schema"}
     strategy: st.SearchStrategy[dict[str, Any]] = _Builder(root, formats).build(root)
     # hypothesis-jsonschema reads drafts 4-7, and Python's `$` also matches before a final newline:

@@ -27,12 +27,17 @@ CONNECTOR = REPO / "catalog/connectors/tts-espeak"
 
 @pytest.fixture
 def tree() -> Iterator[Path]:
-    """The shipped config tree in a short folder (sockets live beside it); its `assistant` profile binds
-    tts to `tts-local`, this connector with the en-us voice, and allows tts_synthesize without approval."""
+    """The shipped config tree in a short folder (sockets live beside it), its `assistant` profile's tts
+    swapped to `tts-local` (this connector with the en-us voice); the profile allows tts_synthesize
+    without approval."""
     with short_dir() as folder:
         root = folder / "t"
         for part in ("catalog/interfaces", "catalog/connectors", "config"):
             shutil.copytree(REPO / part, root / part)
+        profile = root / "config/profiles/assistant.toml"
+        shipped = profile.read_text()
+        assert 'tts = "tts-festival-local"' in shipped
+        profile.write_text(shipped.replace('tts = "tts-festival-local"', 'tts = "tts-local"'))
         (root / "work/assistant").mkdir(parents=True)
         yield root
 

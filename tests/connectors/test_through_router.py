@@ -101,7 +101,7 @@ def test_a_wrapped_server_reaches_its_egress_and_nothing_else(tree: Path) -> Non
             ),
         )
         profile = tree / "config/profiles/researcher.toml"
-        profile.write_text(profile.read_text().replace("services = {", 'services = { web-fetch = "fetch-local",'))
+        profile.write_text(profile.read_text().replace('web-fetch = "web-fetch-public"', 'web-fetch = "fetch-local"'))
 
         async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
             async with serving(tree, run_dir) as router:

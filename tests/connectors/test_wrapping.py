@@ -146,7 +146,7 @@ def _tree_with_wrap(root: Path, server_tool: str) -> Path:
         'apiVersion = "handler.binding/v1"\nname = "fetch-local"\nconnector = "web-fetch-mcp"\n'
         'egress = ["127.0.0.1:9"]\n')
     profile = root / "config/profiles/researcher.toml"
-    profile.write_text(profile.read_text().replace("services = {", 'services = { web-fetch = "fetch-local",'))
+    profile.write_text(profile.read_text().replace('web-fetch = "web-fetch-public"', 'web-fetch = "fetch-local"'))
     return root
 
 

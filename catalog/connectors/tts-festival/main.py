@@ -1,0 +1,248 @@
+"""tts-festival: the tts/v1 connector on the host's Festival, an MCP server over stdio.
+
+The router starts it (`python3 main.py`, in this folder) and calls `tts_synthesize` with `outputPath`
+naming a fresh file in the call's own folder; the connector writes the WAV there and the router moves
+it into the agent's work folder at the path the agent chose. The text goes to Festival's `text2wave` on
+its standard input (never through a shell, never as an option or as Scheme); the only Scheme it is
+given is `(voice_NAME)`, for a NAME Festival itself listed. The shipped voice, cmu_us_slt (an HTS
+voice), reads US English: the text is reduced to what that voice can say (accents dropped, letters of
+other scripts left out), and a text with nothing left to say is a WAV of silence.
+
+Settings (environment): FESTIVAL_VOICE, the voice used when a call names none
+("cmu_us_slt_arctic_hts"); FESTIVAL_SAMPLE_RATE, the WAV's rate in Hz ("16000").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import unicodedata
+import wave
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
+
+log = logging.getLogger("tts-festival")
+
+MAX_TEXT = 5000  # tts/v1's maxLength for `text`
+MAX_VOICE = 100  # and for `voice`
+TIMEOUT_SECONDS = 50.0  # under the interface's 60 s, so the agent hears why rather than a timeout
+MAX_STDERR = 64 * 1024
+MAX_LISTING = 1 << 16  # what is read of Festival's voice list
+MIN_RATE, MAX_RATE, DEFAULT_RATE = 8000, 48000, 16000
+DEFAULT_VOICE = "cmu_us_slt_arctic_hts"
+# A Festival voice is a Scheme symbol `voice_<name>`; only names of this shape are ever put into Scheme.
+_VOICE = re.compile(r"^[a-z0-9_]+$")
+
+# tts/v1's tool, word for word (a published interface version never changes): what tools/list answers.
+TTS_SYNTHESIZE = types.Tool(
+    name="tts_synthesize",
+    description="Read a text aloud and save the speech as a WAV file at a path you choose in the work folder.",
+    input_schema={
+        "type": "object", "additionalProperties": False, "required": ["text", "outputPath"],
+        "properties": {
+            "text": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT,
+                     "description": "the text to read aloud"},
+            "outputPath": {"type": "string", "format": "handler-output-file",
+                           "description": "where to save the audio, in the work folder, e.g. out/reply.wav; "
+                                          "the file is always WAV; an existing file is replaced"},
+            "voice": {"type": "string", "minLength": 1, "maxLength": MAX_VOICE,
+                      "description": "a voice name the service offers; omit it for the default voice"},
+        },
+    },
+    output_schema={
+        "type": "object", "additionalProperties": False, "required": ["path", "durationSeconds", "bytes"],
+        "properties": {
+            "path": {"type": "string", "description": "the file written, as given in outputPath"},
+            "durationSeconds": {"type": "number", "minimum": 0, "description": "the length of the speech"},
+            "bytes": {"type": "integer", "minimum": 0, "description": "the size of the file written"},
+        },
+    },
+    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
+                                      open_world_hint=False),
+)
+
+
+class InterfaceError(Exception):
+    """An error of tts/v1's closed list, sent as isError with {"error": code, "message": ...}."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def error_result(code: str, message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=message)],
+                                structured_content={"error": code, "message": message}, is_error=True)
+
+
+def rate_from(raw: str | None) -> int:
+    """The sample-rate setting, within what a WAV for speech needs; the default if it is not a number."""
+    try:
+        value = int((raw or "").strip())
+    except ValueError:
+        return DEFAULT_RATE
+    return max(MIN_RATE, min(MAX_RATE, value))
+
+
+def speakable(text: str) -> str:
+    """What of `text` an English Festival voice can read: accents taken off their letters ("café" is
+    read "cafe"), every other character outside printable ASCII (other scripts, symbols, control
+    characters) made a space. Festival reads bytes as Latin-1 and chokes on some of them."""
+    kept = []
+    for char in unicodedata.normalize("NFKD", text):
+        if " " <= char <= "~" or char == "\n":
+            kept.append(char)
+        elif not unicodedata.combining(char):
+            kept.append(" ")
+    return "".join(kept)
+
+
+def voices_in(listing: bytes) -> frozenset[str]:
+    """The voice names in what `(print (voice.list))` printed: `(cmu_us_slt_arctic_hts kal_diphone)`."""
+    found = re.search(r"\(([a-z0-9_ ]*)\)", listing.decode("utf-8", errors="replace"))
+    return frozenset(found.group(1).split()) if found else frozenset()
+
+
+class Engine:
+    """Runs `text2wave`, one process per call."""
+
+    def __init__(self, voice: str, rate: int) -> None:
+        self.voice = voice.strip() or DEFAULT_VOICE
+        self.rate = rate
+        self.installed = False
+        self.voices: frozenset[str] = frozenset()
+
+    async def start(self) -> None:
+        """Learn the installed voices once: a name outside them is `voice_unknown` (Festival itself
+        would stop on an unbound Scheme symbol and still exit 0)."""
+        try:
+            listed = await anyio.run_process(["festival", "--batch", "(print (voice.list))"], check=False)
+        except OSError as exc:  # not installed: serve anyway, every call says why it fails
+            log.error("festival cannot run (%s); see PROVISIONING.md", exc)
+            return
+        self.voices = voices_in(listed.stdout[:MAX_LISTING])
+        self.installed = listed.returncode == 0 and bool(self.voices)
+        if self.installed and self.voice not in self.voices:
+            log.error("the default voice %s is not installed; Festival has %s", self.voice, sorted(self.voices))
+        log.info("festival ready: voices %s, default %s, %d Hz", sorted(self.voices), self.voice, self.rate)
+
+    def choose_voice(self, voice: str | None) -> str:
+        """The voice a call gets: the one it named, if Festival has it, else the binding's default."""
+        if voice is None:
+            if self.voice not in self.voices:
+                raise InterfaceError("unavailable", f"this service's default voice '{self.voice[:MAX_VOICE]}' is "
+                                     "not installed; an administrator must install it or change the binding")
+            return self.voice
+        if voice not in self.voices or not _VOICE.match(voice):
+            offered = ", ".join(sorted(self.voices))
+            named = f"no voice named '{voice}'" if _VOICE.match(voice) else "no voice by that name"
+            raise InterfaceError("voice_unknown", f"Festival here has {named}; it offers: {offered}; omit "
+                                 "voice for the default one")
+        return voice
+
+    async def synthesize(self, text: str, output: Path, voice: str | None) -> dict[str, Any]:
+        if not self.installed:
+            raise InterfaceError("unavailable", "Festival or its voices are not installed on this machine; an "
+                                 "administrator must install them")
+        chosen = self.choose_voice(voice)
+        words = speakable(text)
+        if not any(char.isalnum() for char in words):  # Festival writes no file at all for these
+            write_silence(output, self.rate)
+            return describe_wav(output)
+        code, stderr = await self.run(["text2wave", "-eval", f"(voice_{chosen})", "-F", str(self.rate),
+                                       "-otype", "riff", "-o", str(output)], words.encode("ascii"))
+        if code != 0 or b"SIOD ERROR" in stderr:  # Festival exits 0 after many of its errors
+            log.error("text2wave failed (status %d): %s", code, stderr[-500:].decode("utf-8", errors="replace"))
+            output.unlink(missing_ok=True)
+            raise InterfaceError("unavailable", "the speech engine failed on this text; retrying later or "
+                                 "with a plainer text may work")
+        return describe_wav(output)
+
+    async def run(self, command: list[str], data: bytes) -> tuple[int, bytes]:
+        """Run `command` with `data` on its stdin; (exit status, the first bytes of its stderr)."""
+        stderr = b""
+        with anyio.move_on_after(TIMEOUT_SECONDS) as scope:
+            async with await anyio.open_process(command, stdout=subprocess.DEVNULL) as process:
+                if process.stdin is None or process.stderr is None:  # never: both are pipes by default
+                    raise InterfaceError("unavailable", "the speech engine could not be started")
+                await process.stdin.send(data)
+                await process.stdin.aclose()
+                async for chunk in process.stderr:
+                    if len(stderr) < MAX_STDERR:
+                        stderr += chunk[: MAX_STDERR - len(stderr)]
+                code = await process.wait()
+        if scope.cancelled_caught:
+            raise InterfaceError("unavailable", "the speech engine took too long on this text; try a shorter text")
+        return code, stderr
+
+
+def write_silence(path: Path, rate: int) -> None:
+    """A valid WAV with no frames: what a text with nothing to say sounds like."""
+    with wave.open(str(path), "wb") as audio:
+        audio.setnchannels(1)
+        audio.setsampwidth(2)
+        audio.setframerate(rate)
+        audio.writeframes(b"")
+
+
+def describe_wav(path: Path) -> dict[str, Any]:
+    """tts/v1's output for the WAV at `path`; a missing or unreadable file is the engine failing."""
+    try:
+        size = path.stat().st_size
+        with wave.open(str(path), "rb") as audio:
+            frames, rate = audio.getnframes(), audio.getframerate()
+    except (OSError, EOFError, wave.Error):
+        log.exception("text2wave left no readable WAV")
+        raise InterfaceError("unavailable", "the speech engine wrote no usable audio; retrying later may "
+                             "work") from None
+    duration = round(frames / rate, 3) if rate > 0 else 0.0
+    return {"path": str(path), "durationSeconds": duration, "bytes": size}
+
+
+def build_server(engine: Engine) -> Server[Any]:
+    async def list_tools(ctx: ServerRequestContext[Any],
+                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[TTS_SYNTHESIZE])
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name != "tts_synthesize":
+            return error_result("unavailable", f"this connector has no tool '{params.name[:100]}'")
+        args = params.arguments or {}
+        text, output, voice = args.get("text"), args.get("outputPath"), args.get("voice")
+        if not isinstance(text, str) or not text or len(text) > MAX_TEXT or not isinstance(output, str):
+            return error_result("unavailable", f"text (1 to {MAX_TEXT} characters) and outputPath are required")
+        if voice is not None and not isinstance(voice, str):
+            return error_result("voice_unknown", "voice must be a voice name, such as 'cmu_us_slt_arctic_hts'")
+        try:
+            result = await engine.synthesize(text, Path(output), voice)
+        except InterfaceError as exc:
+            return error_result(exc.code, exc.message)
+        except Exception:
+            log.exception("tts_synthesize failed")
+            return error_result("unavailable", "the speech engine failed; retrying later may work")
+        summary = f"saved {result['durationSeconds']} seconds of speech ({result['bytes']} bytes)"
+        return types.CallToolResult(content=[types.TextContent(text=summary)], structured_content=result)
+
+    return Server("tts-festival", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def main() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    engine = Engine(os.environ.get("FESTIVAL_VOICE", DEFAULT_VOICE), rate_from(os.environ.get("FESTIVAL_SAMPLE_RATE")))
+    await engine.start()
+    server = build_server(engine)
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+if __name__ == "__main__":
+    anyio.run(main)
