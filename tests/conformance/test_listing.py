@@ -178,6 +178,12 @@ def test_the_shipped_listing_is_supported_by_the_shipped_results() -> None:
     errors, _ = check_listing(REPO, listing)
     assert errors == []
     assert any(e["connector"] == "ocr-tesseract" for e in listing["interfaces"]["ocr/v1"])
+    assert {"connector": "embed-local", "evidence": "local"}.items() <= listing["interfaces"]["embed/v1"][0].items()
+    snapshot = Loader().load(FolderSource(REPO))
+    for entries in listing["interfaces"].values():
+        for entry in entries:  # nothing shipped was checked with real credentials: no entry may say vendor
+            egress = snapshot.connectors[entry["connector"]].spec.egress
+            assert entry["evidence"] == ("stand-in" if egress else "local"), entry
 
 
 LOOPBACK_BINDING = """apiVersion = "handler.binding/v1"
