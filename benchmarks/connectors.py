@@ -5,9 +5,13 @@
   alternate between a sandboxed router and a `--no-sandbox` one, so both see the same machine;
 - the floor: bubblewrap alone starting `true` in the same namespaces, against `true` started plainly;
 - warm: the first call of a new session when the binding's process already runs;
-- shared: calls/s with 8 sessions sharing the one process (each session one call at a time).
+- shared: calls/s with 8 sessions sharing the one process (each session one call at a time);
+- then, per local connector (Tesseract, eSpeak NG, PocketSphinx, all-MiniLM-L6-v2), sandboxed, on its
+  shipped binding: the cold first call (the process started and its engine or model loaded) and a warm
+  call on the running process, with another input so no cache answers it.
 
-Run: .venv/bin/python benchmarks/connectors.py [--rounds N] [--calls N]
+Run: .venv/bin/python benchmarks/connectors.py [--rounds N] [--calls N] [--local-rounds N]
+(the local connectors' environments are built first: `handler connector install`).
 """
 
 from __future__ import annotations
@@ -18,12 +22,28 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, serving, short_dir
+from tests.fixtures.vendor_trees import write_tree
+
+REPO = Path(__file__).resolve().parent.parent
+_OCR, _HEARD = REPO / "catalog/interfaces/ocr/v1/conformance", REPO / "catalog/interfaces/transcribe/v1/conformance"
+# connector, its shipped binding, the interface, the tool, a cold input and a warm one (files copied in first)
+LOCAL = (
+    ("ocr-tesseract", "ocr-local", "ocr", "ocr_extract", {"path": "invoice.png"}, {"path": "invoice.pdf"}),
+    ("tts-espeak", "tts-local", "tts", "tts_synthesize", {"text": "The meeting starts early.", "outputPath": "a.wav"},
+     {"text": "Please send the report to the finance team.", "outputPath": "b.wav"}),
+    ("transcribe-pocketsphinx", "transcribe-local", "transcribe", "transcribe_audio", {"path": "car.wav"},
+     {"path": "train.wav"}),
+    ("embed-local", "embed-local", "embed", "embed_texts", {"texts": ["cat", "kitten", "carburetor"]},
+     {"texts": [f"sentence number {i} about invoices" for i in range(32)]}),
+)
 
 
 async def first_call_ms(root: Path, run_dir: Path, sandbox: bool) -> tuple[float, float]:
@@ -77,10 +97,46 @@ async def shared_rate(root: Path, run_dir: Path, calls: int, sandbox: bool) -> t
     return (calls // 8) * 8 / elapsed, processes
 
 
+async def local_calls_ms(root: Path, run_dir: Path, tool: str, cold: dict[str, object],
+                         warm: dict[str, object]) -> tuple[float, float]:
+    """A sandboxed router of its own: the first call starts the connector cold; the second finds it warm."""
+    out = []
+    async with serving(root, run_dir, call_log=False) as router:
+        client = await RawClient.connect(router.socket_path("tester"))
+        for arguments in (cold, warm):
+            started = time.perf_counter()
+            result = await client.call(tool, arguments)
+            out.append((time.perf_counter() - started) * 1000)
+            if result.get("isError"):
+                raise SystemExit(f"{tool} failed: {result}")
+        await client.close()
+    return out[0], out[1]
+
+
+def local_connectors(rounds: int, runner: Callable[[Coroutine[Any, Any, tuple[float, float]]], tuple[float, float]],
+                     ) -> None:
+    print(f"local connectors (sandboxed, shipped binding, {rounds} rounds each; p50, min..max)")
+    print(f"{'':26}{'cold first call ms':>26}{'warm call ms':>22}")
+    for name, binding, interface, tool, cold, warm in LOCAL:
+        times: tuple[list[float], list[float]] = ([], [])
+        with short_dir() as folder, short_dir() as run_dir:
+            text = (REPO / f"config/bindings/{binding}.toml").read_text()
+            root = write_tree(folder / "t", binding, text, interface)
+            for source in (*_OCR.glob("invoice.*"), *_HEARD.glob("*.wav")):
+                (root / "work/tester" / source.name).write_bytes(source.read_bytes())
+            for _ in range(rounds):
+                c, w = runner(local_calls_ms(root, run_dir, tool, cold, warm))
+                times[0].append(c)
+                times[1].append(w)
+        shown = [f"{statistics.median(t):8.0f} ({min(t):.0f}..{max(t):.0f})" for t in times]
+        print(f"{name:26}{shown[0]:>26}{shown[1]:>22}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--calls", type=int, default=8000)
+    parser.add_argument("--local-rounds", type=int, default=3, help="rounds per local connector (0: skip them)")
     args = parser.parse_args()
     os.environ.setdefault(TOKEN_ENV, "bench-token")
     try:
@@ -114,6 +170,9 @@ def main() -> None:
     print(f"{'8 sessions, one process, calls/s':36}{rates[True][0]:12,.0f}{rates[False][0]:14,.0f}"
           f"{'':10}{rates[True][0] / rates[False][0]:8.2f}")
     print(f"{'floor: bwrap true vs true, ms':36}{boxed:12.1f}{plain:14.1f}{boxed - plain:10.1f}{boxed / plain:8.2f}")
+    if args.local_rounds > 0:
+        print()
+        local_connectors(args.local_rounds, runner)
 
 
 if __name__ == "__main__":

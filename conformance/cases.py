@@ -7,6 +7,7 @@ assertion is reported, not the first, each naming the path, what was expected an
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from conformance.replies import Reply
 from reconciler.config.cases import Assertion, Case
 
-__all__ = ["check_assertion", "evaluate_case", "resolve_path", "strings_in", "word_error_rate", "words_of"]
+__all__ = ["check_assertion", "cosine", "evaluate_case", "resolve_path", "strings_in", "word_error_rate", "words_of"]
 
 _MISSING = object()
 
@@ -126,6 +127,8 @@ def _check_one(op: str, expected: Any, value: Any) -> str | None:
         if not isinstance(value, str):
             return f"expected a string, got {_kind(value)}"
         return _word_error_problem(value, expected["reference"], expected["maximum"])
+    if op == "nearerByCosine":
+        return _nearer_problem(value, expected)
     return f"unknown assertion '{op}'"  # the parser admits only the known ones
 
 
@@ -154,6 +157,29 @@ def _word_error_problem(value: str, reference: str, maximum: float) -> str | Non
         return None
     return (f"the word error rate is {rate:.2f} ({errors} errors in {len(words_of(reference))} words), over "
             f"{maximum}: heard {_short(value)}")
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    """The cosine similarity of two vectors of the same length (0 when either is all zeros)."""
+    norms = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return sum(x * y for x, y in zip(a, b, strict=True)) / norms if norms else 0.0
+
+
+def _nearer_problem(value: Any, expected: dict[str, Any]) -> str | None:
+    """Why item `near` is not nearer to item `anchor` than item `far` is, by cosine similarity (by `margin`)."""
+    anchor, near, far = expected["anchor"], expected["near"], expected["far"]
+    if not isinstance(value, list) or max(anchor, near, far) >= len(value):
+        return f"expected an array of at least {max(anchor, near, far) + 1} vectors, got {_kind(value)}"
+    vectors = [value[anchor], value[near], value[far]]
+    if not all(isinstance(v, list) and v and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+               for v in vectors) or len({len(v) for v in vectors}) != 1:
+        return "items anchor, near and far must be vectors of numbers of one length"
+    close, distant = cosine(vectors[0], vectors[1]), cosine(vectors[0], vectors[2])
+    margin = expected.get("margin", 0)
+    if close > distant + margin:
+        return None
+    return (f"item {near} is not nearer to item {anchor} than item {far}"
+            f"{f' by {margin}' if margin else ''}: cosine similarity {close:.3f} against {distant:.3f}")
 
 
 def _bound(is_min: bool, actual: float, limit: Any, unit: str) -> str | None:

@@ -6,8 +6,8 @@ on the `interface.toml` of every interface version the connector implements, wit
 options, an empty pytest configuration of its own (the tree's pytest settings, if any, are not the
 check's) and no cache written into the tree. Pytest prints
 its progress line, the failures with their minimal examples and the conformance summary; this
-command adds the verdict, and records a complete run in `catalog/results/<connector>.json`, from
-which `handler catalog build` lists the connector.
+command adds the verdict, and records a complete run in `catalog/results/<connector>.json`, with its
+evidence (`evidence_of`: what the connector ran against), from which `handler catalog build` lists it.
 
 Exit codes: 0 every item passed, 1 a failure, 2 the check could not run as asked.
 """
@@ -27,10 +27,10 @@ from typing import Any
 
 from conformance.defaults import DEFAULT_EXAMPLES
 from conformance.errors import CheckError
-from conformance.listing import record_run, tier_of_run
-from conformance.workspace import load_subject
+from conformance.listing import EVIDENCE, record_run, tier_of_run
+from conformance.workspace import Subject, load_subject
 
-__all__ = ["add_connector_command", "check_connector", "check_env"]
+__all__ = ["add_connector_command", "check_connector", "check_env", "evidence_of"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -58,6 +58,12 @@ def add_connector_command(sub: Any) -> None:
                        help="the config root (default: $HANDLER_ROOT, else the current folder)")
     check.add_argument("-k", dest="select", metavar="EXPR", help="only the items matching EXPR (as pytest -k); a "
                        "partial run is not recorded")
+    check.add_argument("--evidence", choices=EVIDENCE, help="what the connector runs against, recorded with the "
+                       "result: local (an engine on this machine; the default for a connector without egress), "
+                       "stand-in (a loopback stand-in of the vendor; the default otherwise) or vendor (the real "
+                       "service, with real credentials; refused for a binding whose egress is loopback only)")
+    check.add_argument("--results", metavar="DIR", help="record the run in DIR/<connector>.json (default: the "
+                       "tree's catalog/results)")
     check.add_argument("--no-record", action="store_true", help="do not add the run to catalog/results/")
     check.add_argument("--connector-log", metavar="FILE", help="append what the connector writes to its stderr "
                        "(secrets masked) to FILE: why a connector fails, in its own words")
@@ -75,13 +81,15 @@ def _connector_actions(sub: Any) -> Any:
 def _run(args: argparse.Namespace) -> int:
     return check_connector(args.connector, args.binding, root=Path(args.root), workers=args.workers,
                            examples=args.examples, seed=args.seed, junit=args.junit, json_path=args.json,
-                           select=args.select, record=not args.no_record, connector_log=args.connector_log)
+                           select=args.select, record=not args.no_record, connector_log=args.connector_log,
+                           evidence=args.evidence, results=args.results)
 
 
 def check_connector(connector: str, binding: str, *, root: Path = Path(), workers: str | None = None,
                     examples: int = DEFAULT_EXAMPLES, seed: int | None = None, junit: str | None = None,
                     json_path: str | None = None, select: str | None = None, record: bool = True,
-                    extra: tuple[str, ...] = (), connector_log: str | None = None) -> int:
+                    extra: tuple[str, ...] = (), connector_log: str | None = None,
+                    evidence: str | None = None, results: str | None = None) -> int:
     """Run the check and print its verdict; the exit code (0 pass, 1 fail, 2 could not run)."""
     missing = [name for name in ("pytest", "xdist", "hypothesis", "hypothesis_jsonschema") if find_spec(name) is None]
     if missing:
@@ -90,6 +98,7 @@ def check_connector(connector: str, binding: str, *, root: Path = Path(), worker
         return EXIT_USAGE
     try:
         subject = load_subject(root, connector, binding)
+        evidence = evidence_of(subject, evidence)
     except CheckError as exc:
         print(f"handler connector check: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -121,7 +130,37 @@ def check_connector(connector: str, binding: str, *, root: Path = Path(), worker
     if document is None:
         print(f"handler connector check: pytest ended with code {code} before any result", file=sys.stderr)
         return EXIT_USAGE
-    return _verdict(root, document, code, record)
+    document["evidence"] = evidence
+    if json_path:
+        Path(json_path).write_text(json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    return _verdict(root, document, code, Path(results) if results else None if record else False)
+
+
+_LOOPBACK = ("127.", "localhost", "::1", "[::1]")
+
+
+def evidence_of(subject: Subject, asked: str | None) -> str:
+    """The evidence a run of `subject` is recorded with (docs/conformance.md, "Evidence").
+
+    A connector without egress can only be `local`. Otherwise the default is `stand-in`, the least a run
+    can claim; `vendor` is refused when the binding's egress is loopback only (it cannot reach the vendor),
+    and `local` is allowed only then (an engine on this machine, such as Ollama). Raises `CheckError`.
+    """
+    name, binding = subject.connector.name, subject.binding
+    if not subject.connector.spec.egress:
+        if asked not in (None, "local"):
+            raise CheckError(f"connector '{name}' reaches no network (egress = []): its evidence is local, not "
+                             f"{asked}; drop --evidence")
+        return "local"
+    egress = binding.spec.egress if binding.spec.egress is not None else subject.connector.spec.egress
+    loopback = bool(egress) and all(e.startswith(_LOOPBACK) for e in egress)
+    if asked == "vendor" and loopback:
+        raise CheckError(f"binding '{binding.name}' reaches only loopback ({', '.join(egress)}): a stand-in or a "
+                         "local server, not the vendor; use --evidence stand-in (or local for a real engine here)")
+    if asked == "local" and not loopback:
+        raise CheckError(f"binding '{binding.name}' reaches beyond this machine ({', '.join(egress)}): its "
+                         "evidence is stand-in or vendor, not local")
+    return asked or "stand-in"
 
 
 def check_env() -> dict[str, str]:
@@ -133,7 +172,8 @@ def check_env() -> dict[str, str]:
     return {"HYPOTHESIS_STORAGE_DIRECTORY": str(cache / "handler" / "hypothesis")}
 
 
-def _verdict(root: Path, document: dict[str, Any], code: int, record: bool) -> int:
+def _verdict(root: Path, document: dict[str, Any], code: int, record: Path | bool | None) -> int:
+    """Print the verdict; record a complete run unless `record` is False (a Path: the results folder)."""
     name = document["connector"]
     for key, summary in sorted(document["interfaces"].items()):
         if document["complete"]:
@@ -148,10 +188,11 @@ def _verdict(root: Path, document: dict[str, Any], code: int, record: bool) -> i
     if not document["items"]:
         print("handler connector check: no item ran", file=sys.stderr)
         return EXIT_FAILED
-    if record and document["complete"]:
-        path = record_run(root, document)
+    print(f"evidence: {document['evidence']}")
+    if record is not False and document["complete"]:
+        path = record_run(root, document, record if isinstance(record, Path) else None)
         print(f"recorded in {path}; `handler catalog build` updates the listing")
-    elif record:
+    elif record is not False:
         print("not recorded: a partial run (-k, or items that did not run) is no evidence for the catalog")
     if code == 0 and document["passed"]:
         return EXIT_OK

@@ -11,6 +11,13 @@ Tiers, from the newest runs at the current revision:
 - `fuzzed`: the cases pass and so does fuzzing (generated valid inputs, refused invalid ones);
 - `repeated`: both pass in the last three runs, each with its own seed.
 
+Beside the tier, each entry says its evidence, recorded by the check with each run: `local` (an engine
+on this machine), `stand-in` (a loopback stand-in of the vendor) or `vendor` (the real service, with
+real credentials). An entry's tier and evidence come from the runs of the newest run's evidence only,
+so a stand-in run never lifts an entry to `vendor`, nor a vendor run's tier to a stand-in's. A run
+recorded without evidence counts for nothing. The listing's `connectors` table holds every
+connector's last check (passed or failed, current or stale), for the dashboard.
+
 `handler catalog build --check` (CI) fails when the listing names a connector, or a tier, that the
 results do not support at the current revision. `handler catalog changed --base REF` names the
 connectors whose files (or whose interfaces' files) changed since REF, with a binding to check them.
@@ -30,6 +37,7 @@ from conformance.errors import ListingError
 from reconciler.config import FolderSource, GitSource, Loader, Snapshot, SourceError
 
 __all__ = [
+    "EVIDENCE",
     "LISTING_FILE",
     "RESULTS_FOLDER",
     "TIERS",
@@ -46,6 +54,7 @@ LISTING_FILE = "catalog/listing.json"
 RESULTS_FORMAT = "handler.conformance-results/v1"
 LISTING_FORMAT = "handler.catalog-listing/v1"
 TIERS = ("cases", "fuzzed", "repeated")
+EVIDENCE = ("local", "stand-in", "vendor")
 REPEATS = 3  # runs in a row, each with its own seed, for `repeated`
 KEEP_RUNS = 10  # runs kept per connector file, newest last
 
@@ -57,11 +66,13 @@ def tier_of_run(summary: Mapping[str, Any]) -> str | None:
     return "fuzzed" if summary.get("fuzzing_pass") else "cases"
 
 
-def record_run(root: Path, document: Mapping[str, Any]) -> Path:
-    """Add a check's run (its JSON result, without the per-item detail) to the connector's result file."""
-    path = root / RESULTS_FOLDER / f"{document['connector']}.json"
+def record_run(root: Path, document: Mapping[str, Any], folder: Path | None = None) -> Path:
+    """Add a check's run (its JSON result, without the per-item detail) to the connector's result file, in
+    `folder` (default: the tree's catalog/results)."""
+    path = (folder if folder is not None else root / RESULTS_FOLDER) / f"{document['connector']}.json"
     runs = _read_results(path) if path.exists() else []
-    keep = ("started", "binding", "binding_hash", "connector_hash", "commit", "seed", "examples", "workers", "passed")
+    keep = ("started", "binding", "binding_hash", "connector_hash", "commit", "seed", "examples", "workers", "passed",
+            "evidence")
     run = {k: document.get(k) for k in keep}
     run["interfaces"] = {
         key: {k: v for k, v in summary.items() if k != "items"} for key, summary in document["interfaces"].items()
@@ -85,36 +96,75 @@ def build_listing(root: Path, snapshot: Snapshot | None = None) -> dict[str, Any
                 continue
             current = [r for r in results.get(name, []) if r.get("connector_hash") == connector.content_hash
                        and (r.get("interfaces") or {}).get(key, {}).get("interface_hash") == iface.content_hash]
+            if not current:
+                continue
+            evidence = current[-1]["evidence"]
+            current = [r for r in current if r["evidence"] == evidence]
             tier = _tier(current, key)
             if tier is None:
                 continue
             latest = current[-1]
-            interfaces[key].append({"connector": name, "tier": tier, "binding": latest.get("binding"),
-                                    "checked": latest.get("started"), "seed": latest.get("seed"),
-                                    "commit": latest.get("commit")})
+            interfaces[key].append({"connector": name, "tier": tier, "evidence": evidence,
+                                    "binding": latest.get("binding"), "checked": latest.get("started"),
+                                    "seed": latest.get("seed"), "commit": latest.get("commit")})
     return {
         "format": LISTING_FORMAT,
         "note": "built by `handler catalog build` from catalog/results/ at the current revision; never edit by hand",
         "tiers": {"cases": "the interface's cases pass", "fuzzed": "cases and schema fuzzing pass",
                   "repeated": f"cases and fuzzing pass in the last {REPEATS} runs, each with its own seed"},
+        "evidence": {"local": "checked against an engine on this machine",
+                     "stand-in": "checked against a loopback stand-in of the vendor: the wire, not the vendor",
+                     "vendor": "checked against the real service, with real credentials"},
         "interfaces": interfaces,
+        "connectors": _last_checks(snapshot, results),
     }
+
+
+def _last_checks(snapshot: Snapshot, results: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each connector's last recorded check: passed or failed, its evidence, and whether it is of the current
+    revision (its folder and its interfaces' folders hash as they did when it ran)."""
+    out: dict[str, Any] = {}
+    for name, connector in sorted(snapshot.connectors.items()):
+        runs = results.get(name, [])
+        if not runs:
+            out[name] = {"checked": None}
+            continue
+        last = runs[-1]
+        current = last.get("connector_hash") == connector.content_hash and all(
+            (last.get("interfaces") or {}).get(key, {}).get("interface_hash") == iface.content_hash
+            for key in connector.spec.implements if (iface := snapshot.interfaces.get(key)) is not None)
+        out[name] = {"checked": last.get("started"), "passed": bool(last.get("passed")),
+                     "evidence": last["evidence"], "binding": last.get("binding"), "commit": last.get("commit"),
+                     "current": current}
+    return out
 
 
 def check_listing(root: Path, listing: Mapping[str, Any], snapshot: Snapshot | None = None) -> tuple[
         list[str], list[str]]:
     """(errors, notes): errors for entries the results do not support now; notes for a listing behind them."""
-    built = build_listing(root, snapshot)["interfaces"]
+    whole = build_listing(root, snapshot)
+    built = whole["interfaces"]
     errors: list[str] = []
     notes: list[str] = []
     given = listing.get("interfaces")
     if not isinstance(given, dict):
         return [f"{LISTING_FILE} has no 'interfaces' table; rebuild it with `handler catalog build`"], []
+    found = listing.get("connectors")
+    claimed: Mapping[str, Any] = found if isinstance(found, dict) else {}
+    for name, last in sorted(claimed.items()):
+        have = whole["connectors"].get(name) or {}
+        if isinstance(last, dict) and last.get("passed") and not have.get("passed"):
+            errors.append(f"{LISTING_FILE}: says connector '{name}' passed its last check, but its last recorded "
+                          "check did not\n  fix: handler catalog build")
     for key, entries in sorted(given.items()):
         supported = {e["connector"]: e["tier"] for e in built.get(key, [])}
+        shown = {e["connector"]: e["evidence"] for e in built.get(key, [])}
         for entry in entries if isinstance(entries, list) else []:
             name, tier = entry.get("connector"), entry.get("tier")
             have = supported.get(name)
+            if have is not None and entry.get("evidence") != shown[name]:
+                errors.append(f"{LISTING_FILE}: {key} lists '{name}' with the evidence '{entry.get('evidence')}', but "
+                              f"its results are '{shown[name]}'\n  fix: handler catalog build")
             if have is None:
                 errors.append(f"{LISTING_FILE}: {key} lists '{name}' without a passing result at the current revision"
                               f" (its files or {key}'s changed since, or it was never checked)\n"
@@ -134,11 +184,15 @@ def check_listing(root: Path, listing: Mapping[str, Any], snapshot: Snapshot | N
 
 def changed_connectors(root: Path, base: str | None) -> list[tuple[str, str | None]]:
     """(connector, a binding of it or None) for each connector whose folder, interfaces or bindings changed
-    since the git ref `base` (with no base: every connector)."""
+    since the git ref `base` (with no base: every connector). Only connectors without egress are named: they
+    run here, offline; one that reaches a network is checked against its stand-in by the test suite, or
+    against the vendor with real credentials (`--evidence vendor`), never by this list."""
     head = Loader().load(FolderSource(root))
     before = Loader().load(GitSource.for_folder(root, base)) if base else Loader().load(_Empty())
     changed: list[tuple[str, str | None]] = []
     for name, connector in sorted(head.connectors.items()):
+        if connector.spec.egress or connector.spec.run.builtin:
+            continue
         bindings = sorted(b for b, spec in head.bindings.items() if spec.connector == name)
         moved = (_hash(before.connectors, name) != connector.content_hash
                  or any(_hash(before.interfaces, key) != _hash(head.interfaces, key)
@@ -255,4 +309,4 @@ def _read_results(path: Path) -> list[dict[str, Any]]:
         raise ListingError(f"{path}: not a readable result file ({exc})") from None
     if not isinstance(body, dict) or body.get("format") != RESULTS_FORMAT or not isinstance(body.get("runs"), list):
         raise ListingError(f"{path}: not a result file (format {RESULTS_FORMAT} with a list of runs)")
-    return [r for r in body["runs"] if isinstance(r, dict)]
+    return [r for r in body["runs"] if isinstance(r, dict) and r.get("evidence") in EVIDENCE]

@@ -34,6 +34,7 @@ from reconciler.places import default_run_dir, default_state_dir, ensure_private
 from reconciler.preflight import preflight
 from reconciler.router.server import Router
 from reconciler.web.channels import Channels, open_channels
+from reconciler.web.dashboard import read_listing
 from reconciler.web.http import HttpListener, WebApp, build_app
 
 __all__ = [
@@ -245,7 +246,9 @@ class Service:
         """Approvals: the dashboard, signed links, Slack, and the notices outbox (with a governance store)."""
         if self._governor is None:
             return None
-        channels = open_channels(self._governor.store, self._live_snapshot, self.state_dir, os.environ)
+        tree_root = self.follower.tree_root
+        channels = open_channels(self._governor.store, self._live_snapshot, self.state_dir, os.environ,
+                                 lambda: read_listing(tree_root))
         self._governor.on_hold = channels.notifier.wake
         self._governor.reach = channels.reach()
         return channels

@@ -10,8 +10,9 @@ A case names a tool, an input and what the output must satisfy — properties, n
     expect.pages.minItems = 1
 
 `expect.error` and `expect.contains` are reserved; every other key is a dotted path into the
-output (an integer segment indexes an array, `*` means every item) ending in an assertion. One
-assertion takes a table: `expect.text.wordErrorRate = { reference = "...", maximum = 0.3 }`.
+output (an integer segment indexes an array, `*` means every item) ending in an assertion. Two
+assertions take a table: `expect.text.wordErrorRate = { reference = "...", maximum = 0.3 }` and
+`expect.vectors.nearerByCosine = { anchor = 0, near = 1, far = 2 }`.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ __all__ = ["ASSERTIONS", "TABLE_ASSERTIONS", "Assertion", "Case", "CaseError", "
 
 ASSERTIONS = frozenset(
     {"minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "equals", "matches", "contains", "exists",
-     "wordErrorRate"}
+     "wordErrorRate", "nearerByCosine"}
 )
-# Assertions whose value is a table: `wordErrorRate = { reference = "the words said", maximum = 0.3 }`.
-TABLE_ASSERTIONS = frozenset({"wordErrorRate"})
+# Assertions whose value is a table: `wordErrorRate = { reference = "the words said", maximum = 0.3 }`,
+# `nearerByCosine = { anchor = 0, near = 1, far = 2 }` (an optional `margin`).
+TABLE_ASSERTIONS = frozenset({"wordErrorRate", "nearerByCosine"})
 _CASE_KEYS = frozenset({"name", "tool", "input", "expect", "description"})
 
 
@@ -96,7 +98,10 @@ def parse_case(raw: Any) -> Case:
 
 def _collect(case: str, path: tuple[str, ...], value: Any, out: list[Assertion]) -> None:
     if path[-1] in TABLE_ASSERTIONS:
-        _check_word_error_rate(case, path, value)
+        if path[-1] == "wordErrorRate":
+            _check_word_error_rate(case, path, value)
+        else:
+            _check_nearer_by_cosine(case, path, value)
         segments = tuple(int(p) if p.isdigit() else p for p in path[:-1])
         out.append(Assertion(segments, path[-1], dict(value)))
         return
@@ -124,3 +129,19 @@ def _check_word_error_rate(case: str, path: tuple[str, ...], value: Any) -> None
     if isinstance(maximum, bool) or not isinstance(maximum, int | float) or maximum < 0:
         raise CaseError(f"{where}.maximum is a number, 0 or more (0.3: at most 3 errors in 10 words)",
                         ("expect", *path, "maximum"))
+
+
+def _check_nearer_by_cosine(case: str, path: tuple[str, ...], value: Any) -> None:
+    where = f"case '{case}': expect.{'.'.join(path)}"
+    shape = f"{where} is a table {{ anchor = 0, near = 1, far = 2 }} (item indexes; margin = 0.1 optional)"
+    if not isinstance(value, dict) or not {"anchor", "near", "far"} <= set(value) <= {"anchor", "near", "far",
+                                                                                      "margin"}:
+        raise CaseError(shape, ("expect", *path))
+    indexes = [value[k] for k in ("anchor", "near", "far")]
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in indexes) or len(set(indexes)) != 3:
+        raise CaseError(f"{where}: anchor, near and far are three different item indexes (0 or more)",
+                        ("expect", *path))
+    margin = value.get("margin", 0)
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin < 2:
+        raise CaseError(f"{where}.margin is a number from 0 to 2: how much nearer, in cosine similarity",
+                        ("expect", *path, "margin"))

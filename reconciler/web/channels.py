@@ -16,6 +16,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.notices import Reach
@@ -61,12 +62,14 @@ class Channels:
 
 
 def open_channels(store: Store, snapshot: Callable[[], Snapshot | None], state_dir: Path,
-                  env: Mapping[str, str]) -> Channels:
+                  env: Mapping[str, str], listing: Callable[[], Mapping[str, Any] | None] | None = None) -> Channels:
     """Raises `MailError` for a `HANDLER_SMTP_URL` that cannot be used, before anything starts."""
     signer = LinkSigner(load_link_secret(state_dir, env))
     slack = SlackSettings.from_env(env)
     client = SlackClient(slack) if slack.token or slack.signing_secret else None
     desk = Desk(store, snapshot, signer, slack, client, env.get("HANDLER_DASHBOARD_TOKEN", "").strip() or None)
+    if listing is not None:
+        desk.listing = listing
     notifier = Notifier(store, signer, env.get("HANDLER_PUBLIC_URL", "").strip().rstrip("/"),
                         MailSettings.from_env(env), client if slack.token else None)
     desk.on_decision = notifier.wake

@@ -73,6 +73,7 @@ class Desk:
     slack_client: SlackClient | None = None  # answers clicks through their response_url
     token: str | None = None  # HANDLER_DASHBOARD_TOKEN
     on_decision: Callable[[], None] | None = None  # the notifier, to show the decision in Slack at once
+    listing: Callable[[], Mapping[str, Any] | None] = lambda: None  # the tree's catalog/listing.json, when read
 
 
 def _templates() -> Environment:
@@ -162,7 +163,9 @@ class _Dashboard:
     async def catalog(self, request: Request) -> Response:
         if (refusal := self.locked(request)) is not None:
             return refusal
-        return self.page("catalog.html", request, interfaces=_catalog(self.desk.snapshot()))
+        listing = await asyncio.to_thread(self.desk.listing)
+        return self.page("catalog.html", request, interfaces=_catalog(self.desk.snapshot(), listing),
+                         listed=listing is not None)
 
     async def hold_page(self, request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
@@ -302,16 +305,38 @@ def _decide_from_slack(desk: Desk, action: SlackAction) -> tuple[str, bool]:
     return f"{decision_text(hold)} (<@{action.user_id}>)", True
 
 
-def _catalog(snapshot: Snapshot | None) -> list[dict[str, Any]]:
+def read_listing(root: Path) -> Mapping[str, Any] | None:
+    """The tree's catalog listing (`catalog/listing.json`, built by `handler catalog build`), or None when
+    there is none to read (a git source's exported tree holds only the config folders)."""
+    try:
+        listing = orjson.loads((root / "catalog" / "listing.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return listing if isinstance(listing, dict) else None
+
+
+def _catalog(snapshot: Snapshot | None, listing: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each interface with its tools and its connectors; for each connector, what the listing says of it: its
+    tier and evidence under that interface (none: not listed), and its last check (failed ones shown red)."""
     if snapshot is None:
         return []
+    listing = listing or {}
+    found = listing.get("connectors")
+    last_checks: Mapping[str, Any] = found if isinstance(found, dict) else {}
     out = []
     for key, iface in sorted(snapshot.interfaces.items()):
+        entries = {e.get("connector"): e for e in (listing.get("interfaces") or {}).get(key, []) if isinstance(e, dict)}
+        connectors = []
+        for name in sorted(n for n, c in snapshot.connectors.items() if key in c.spec.implements):
+            entry, last = entries.get(name) or {}, last_checks.get(name) or {}
+            connectors.append({"name": name, "tier": entry.get("tier"), "evidence": entry.get("evidence"),
+                               "checked": last.get("checked"), "passed": last.get("passed"),
+                               "last_evidence": last.get("evidence"), "current": last.get("current")})
         out.append({
             "key": key,
             "description": iface.spec.description,
             "tools": iface.tools,
-            "connectors": sorted(n for n, c in snapshot.connectors.items() if key in c.spec.implements),
+            "connectors": connectors,
             "bindings": sorted(n for n, b in snapshot.bindings.items()
                                if (c := snapshot.connectors.get(b.connector or "")) is not None
                                and key in c.spec.implements),

@@ -31,7 +31,7 @@ from mcp.client.stdio import StdioServerParameters
 from reconciler.cli import main as handler
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
-from tests.fixtures.vendor_trees import egress_of, listed_tools, write_tree
+from tests.fixtures.vendor_trees import egress_of, listed_tools, stand_in_record, write_tree
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/image-gen-openai/main.py"
@@ -303,7 +303,7 @@ def test_connector_check_passes_against_the_stand_in(images_tree: Path, tmp_path
                                                      capfd: pytest.CaptureFixture[str]) -> None:
     result = tmp_path / "result.json"
     code = handler(["connector", "check", "image-gen-openai", "--binding", "images-test", "--root",
-                    str(images_tree), "--examples", "5", "--seed", "3", "--json", str(result), "--no-record"])
+                    str(images_tree), "--examples", "5", "--seed", "3", "--json", str(result), *stand_in_record()])
     out = capfd.readouterr().out
     assert code == 0, out
     summary = json.loads(result.read_text())["interfaces"]["image-gen/v1"]

@@ -138,3 +138,44 @@ def test_a_word_error_rate_bound_holds_or_fails_saying_the_rate_and_what_was_hea
 def test_a_malformed_word_error_rate_bound_is_refused(value: Any, says: str) -> None:
     with pytest.raises(CaseError, match=re.escape(says)):
         case(text={"wordErrorRate": value})
+
+
+VECTORS = {"vectors": [[1.0, 0.0, 0.0], [0.9, 0.3, 0.0], [0.5, 0.0, 0.8]], "dimensions": 3}
+
+
+def test_nearer_by_cosine_holds_when_near_is_nearer_than_far_by_the_margin() -> None:
+    nearer = case(vectors={"nearerByCosine": {"anchor": 0, "near": 1, "far": 2}})
+    assert evaluate_case(nearer, executed(VECTORS)) == []
+    swapped = case(vectors={"nearerByCosine": {"anchor": 0, "near": 2, "far": 1}})
+    (problem,) = evaluate_case(swapped, executed(VECTORS))
+    assert problem.startswith("vectors.nearerByCosine = ")
+    assert problem.endswith("item 2 is not nearer to item 0 than item 1: cosine similarity 0.530 against 0.949")
+    wide = case(vectors={"nearerByCosine": {"anchor": 0, "near": 1, "far": 2, "margin": 0.5}})
+    (problem,) = evaluate_case(wide, executed(VECTORS))
+    assert "than item 2 by 0.5: cosine similarity 0.949 against 0.530" in problem
+
+
+@pytest.mark.parametrize(("output", "says"), [
+    ({"vectors": [[1.0], [1.0]]}, "expected an array of at least 3 vectors"),
+    ({"vectors": "no"}, "expected an array of at least 3 vectors, got the string 'no'"),
+    ({"vectors": [[1.0, 0.0], [1.0], [0.0, 1.0]]}, "vectors of numbers of one length"),
+    ({"vectors": [[1.0], ["a"], [0.0]]}, "vectors of numbers of one length"),
+])
+def test_nearer_by_cosine_on_the_wrong_shape_says_so(output: Any, says: str) -> None:
+    nearer = case(vectors={"nearerByCosine": {"anchor": 0, "near": 1, "far": 2}})
+    (problem,) = evaluate_case(nearer, executed(output))
+    assert says in problem
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    (0, "is a table { anchor = 0, near = 1, far = 2 }"),
+    ({"anchor": 0, "near": 1}, "is a table { anchor = 0, near = 1, far = 2 }"),
+    ({"anchor": 0, "near": 1, "far": 2, "by": 1}, "is a table { anchor = 0, near = 1, far = 2 }"),
+    ({"anchor": 0, "near": 0, "far": 2}, "three different item indexes"),
+    ({"anchor": -1, "near": 1, "far": 2}, "three different item indexes"),
+    ({"anchor": 0, "near": True, "far": 2}, "three different item indexes"),
+    ({"anchor": 0, "near": 1, "far": 2, "margin": 3}, "margin is a number from 0 to 2"),
+])
+def test_a_malformed_nearer_by_cosine_is_refused(value: Any, says: str) -> None:
+    with pytest.raises(CaseError, match=re.escape(says)):
+        case(vectors={"nearerByCosine": value})

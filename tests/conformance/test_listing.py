@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,10 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from conformance.check import evidence_of
+from conformance.errors import CheckError
 from conformance.listing import (
+    EVIDENCE,
     LISTING_FILE,
     RESULTS_FOLDER,
     build_listing,
@@ -18,6 +22,7 @@ from conformance.listing import (
     check_listing,
     record_run,
 )
+from conformance.workspace import load_subject
 from reconciler.cli import main as handler
 from reconciler.config import FolderSource, Loader
 from tests.conformance.shout_tree import write_shout_tree
@@ -31,13 +36,13 @@ def tree(tmp_path: Path) -> Path:
 
 
 def run(tree: Path, *, seed: int, cases: bool = True, fuzzing: bool = True, connector_hash: str | None = None,
-        started: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+        started: str = "2026-01-01T00:00:00Z", evidence: str = "local") -> dict[str, Any]:
     """A check's JSON result as the plugin writes it, for the tree as it is now."""
     snapshot = Loader().load(FolderSource(tree))
     return {
         "format": "handler.conformance-run/v1", "connector": "shout", "binding": "shout-good", "started": started,
         "connector_hash": connector_hash or snapshot.connectors["shout"].content_hash, "seed": seed,
-        "passed": cases and fuzzing, "complete": True, "items": [],
+        "passed": cases and fuzzing, "complete": True, "items": [], "evidence": evidence,
         "interfaces": {"shout/v1": {"interface_hash": snapshot.interfaces["shout/v1"].content_hash,
                                     "cases_pass": cases, "fuzzing_pass": fuzzing}},
     }
@@ -111,6 +116,46 @@ def test_result_files_keep_the_last_runs_newest_last(tree: Path) -> None:
     assert [r["seed"] for r in runs] == list(range(2, 12))
 
 
+def test_an_entry_takes_its_tier_and_evidence_from_runs_of_the_newest_evidence(tree: Path) -> None:
+    for index, evidence in enumerate(["vendor", "vendor", "vendor", "stand-in"]):
+        record_run(tree, run(tree, seed=index, started=f"2026-01-0{index + 1}T00:00:00Z", evidence=evidence))
+    (entry,) = listed(tree)
+    assert (entry["tier"], entry["evidence"]) == ("fuzzed", "stand-in")  # the vendor streak does not lift it
+    record_run(tree, run(tree, seed=9, started="2026-01-09T00:00:00Z", evidence="vendor"))
+    (entry,) = listed(tree)
+    assert (entry["tier"], entry["evidence"]) == ("repeated", "vendor")
+
+
+def test_a_stand_in_result_listed_as_vendor_fails_the_gate(tree: Path) -> None:
+    record_run(tree, run(tree, seed=1, evidence="stand-in"))
+    claims_vendor = build_listing(tree)
+    claims_vendor["interfaces"]["shout/v1"][0]["evidence"] = "vendor"
+    errors, _ = check_listing(tree, claims_vendor)
+    assert errors == [f"{LISTING_FILE}: shout/v1 lists 'shout' with the evidence 'vendor', but its results are "
+                      "'stand-in'\n  fix: handler catalog build"]
+
+
+def test_a_run_without_evidence_counts_for_nothing(tree: Path) -> None:
+    document = run(tree, seed=1)
+    del document["evidence"]
+    record_run(tree, document)
+    assert listed(tree) == []
+    assert build_listing(tree)["connectors"]["shout"] == {"checked": None}
+
+
+def test_the_last_check_of_each_connector_failed_or_not_is_in_the_listing(tree: Path) -> None:
+    record_run(tree, run(tree, seed=1, started="2026-01-01T00:00:00Z"))
+    record_run(tree, run(tree, seed=2, cases=False, started="2026-01-02T00:00:00Z"))
+    listing = build_listing(tree)
+    assert listing["connectors"]["shout"] == {"checked": "2026-01-02T00:00:00Z", "passed": False,
+                                              "evidence": "local", "binding": "shout-good", "commit": None,
+                                              "current": True}
+    assert listed(tree) == []
+    listing["connectors"]["shout"]["passed"] = True
+    errors, _ = check_listing(tree, listing)
+    assert "says connector 'shout' passed its last check, but its last recorded check did not" in errors[0]
+
+
 def test_changed_connectors_are_named_with_a_binding(tree: Path, git: Callable[..., str]) -> None:
     git(tree, "init", "-q")
     git(tree, "add", "-A")
@@ -133,3 +178,48 @@ def test_the_shipped_listing_is_supported_by_the_shipped_results() -> None:
     errors, _ = check_listing(REPO, listing)
     assert errors == []
     assert any(e["connector"] == "ocr-tesseract" for e in listing["interfaces"]["ocr/v1"])
+    assert {"connector": "embed-local", "evidence": "local"}.items() <= listing["interfaces"]["embed/v1"][0].items()
+    snapshot = Loader().load(FolderSource(REPO))
+    for entries in listing["interfaces"].values():
+        for entry in entries:  # nothing shipped was checked with real credentials: no entry may say vendor
+            egress = snapshot.connectors[entry["connector"]].spec.egress
+            assert entry["evidence"] == ("stand-in" if egress else "local"), entry
+
+
+LOOPBACK_BINDING = """apiVersion = "handler.binding/v1"
+name = "embed-stand-in"
+connector = "embed-openai"
+settings = { base_url = "http://127.0.0.1:8080", model = "m" }
+egress = ["127.0.0.1:8080"]
+
+[pricing]
+embed_texts = 0.001
+"""
+
+
+@pytest.mark.parametrize(("connector", "binding", "asked", "evidence"), [
+    ("embed-local", "embed-local", None, "local"),
+    ("embed-local", "embed-local", "vendor", "reaches no network (egress = []): its evidence is local, not vendor"),
+    ("embed-openai", "embed-openai", None, "stand-in"),  # the least a run can claim
+    ("embed-openai", "embed-openai", "vendor", "vendor"),
+    ("embed-openai", "embed-openai", "local", "reaches beyond this machine (api.openai.com:443)"),
+    ("embed-openai", "embed-stand-in", None, "stand-in"),
+    ("embed-openai", "embed-stand-in", "local", "local"),  # a real engine on this machine, e.g. Ollama
+    ("embed-openai", "embed-stand-in", "vendor", "reaches only loopback (127.0.0.1:8080): a stand-in or a local"),
+])
+def test_the_evidence_a_check_records(shipped_tree: Path, connector: str, binding: str, asked: str | None,
+                                      evidence: str) -> None:
+    (shipped_tree / "config/bindings/embed-stand-in.toml").write_text(LOOPBACK_BINDING)
+    subject = load_subject(shipped_tree, connector, binding)
+    if evidence in EVIDENCE:
+        assert evidence_of(subject, asked) == evidence
+    else:
+        with pytest.raises(CheckError, match=re.escape(evidence)):
+            evidence_of(subject, asked)
+
+
+def test_only_connectors_that_run_here_offline_are_named_for_a_full_run(repo_root: Path) -> None:
+    named = dict(changed_connectors(repo_root, None))
+    assert {"ocr-tesseract", "tts-espeak", "transcribe-pocketsphinx", "embed-local"} <= set(named)
+    assert not {"embed-openai", "ocr-mistral", "web-search-brave", "llm"} & set(named)
+    assert named["embed-local"] == "embed-local"
