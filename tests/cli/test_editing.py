@@ -85,7 +85,8 @@ def test_a_change_with_findings_is_refused_and_nothing_is_written(example: Path)
     before = profile.read_text()
     done = _handler("profile", "use", "researcher", "ocr=ocr-locl", "--root", str(example))
     assert done.returncode == 1
-    assert "config/profiles/researcher.toml:7: P001" in done.stdout
+    services = 1 + before.splitlines().index(next(line for line in before.splitlines() if line.startswith("services")))
+    assert f"config/profiles/researcher.toml:{services}: P001" in done.stdout  # at the line it would change
     assert "ocr-locl" in done.stdout
     assert "fix:" in done.stdout  # the finding with its fix line
     assert "not written" in done.stdout
