@@ -78,6 +78,29 @@ def bwrap_floor_ms(rounds: int) -> tuple[float, float]:
     return statistics.median(times["boxed"]), statistics.median(times["plain"])
 
 
+def cgroup_attach_ms(rounds: int) -> float | None:
+    """p50 of a shell moving itself into a connector's pids and memory cgroups before it execs `true`, less the same
+    shell without them: what the kernel takes to migrate a task (root only; None where no cgroup can be made)."""
+    import subprocess
+
+    from reconciler.connectors.cgroups import make_cgroups
+
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(rounds):
+        groups = make_cgroups(f"bench-{os.getpid()}-{i}", 64, 1 << 30)
+        if groups is None:
+            return None
+        try:
+            for attach in (True, False):
+                script = "".join(f'echo $$ > "{p}"; ' for p in groups.procs) if attach else ""
+                started = time.perf_counter()
+                subprocess.run(["/bin/sh", "-c", script + "exec /usr/bin/true"], check=True)
+                times[attach].append((time.perf_counter() - started) * 1000)
+        finally:
+            groups.remove()
+    return statistics.median(times[True]) - statistics.median(times[False])
+
+
 async def shared_rate(root: Path, run_dir: Path, calls: int, sandbox: bool) -> tuple[float, int]:
     async with serving(root, run_dir, sandbox=sandbox, call_log=False) as router:
         clients = [await RawClient.connect(router.socket_path("tester")) for _ in range(8)]
@@ -170,6 +193,9 @@ def main() -> None:
     print(f"{'8 sessions, one process, calls/s':36}{rates[True][0]:12,.0f}{rates[False][0]:14,.0f}"
           f"{'':10}{rates[True][0] / rates[False][0]:8.2f}")
     print(f"{'floor: bwrap true vs true, ms':36}{boxed:12.1f}{plain:14.1f}{boxed - plain:10.1f}{boxed / plain:8.2f}")
+    attach = cgroup_attach_ms(args.rounds * 2)
+    if attach is not None:
+        print(f"{'of the added: joining its cgroups, ms':36}{attach:12.1f}   (the kernel's task migration; root only)")
     if args.local_rounds > 0:
         print()
         local_connectors(args.local_rounds, runner)
