@@ -80,7 +80,10 @@ def bwrap_floor_ms(rounds: int) -> tuple[float, float]:
 
 def cgroup_attach_ms(rounds: int) -> float | None:
     """p50 of a shell moving itself into a connector's pids and memory cgroups before it execs `true`, less the same
-    shell without them: what the kernel takes to migrate a task (root only; None where no cgroup can be made)."""
+    shell without them: what the kernel takes to migrate a task (root only; None where no cgroup can be made).
+
+    Each attempt follows a pause, as a connector's cold start does: on cgroup v1 the first migration after a
+    quiet spell waits for an RCU grace period (about 10 ms here); migrations in quick succession do not."""
     import subprocess
 
     from reconciler.connectors.cgroups import make_cgroups
@@ -92,6 +95,7 @@ def cgroup_attach_ms(rounds: int) -> float | None:
             return None
         try:
             for attach in (True, False):
+                time.sleep(0.05)
                 script = "".join(f'echo $$ > "{p}"; ' for p in groups.procs) if attach else ""
                 started = time.perf_counter()
                 subprocess.run(["/bin/sh", "-c", script + "exec /usr/bin/true"], check=True)
