@@ -1,8 +1,9 @@
 """The `pids` and `memory` cgroups of one connector process, when the router runs as root (docs/architecture.md §6).
 
-Each launch gets a leaf of its own under `handler/` in each controller it can write: cgroup v1
-(`/sys/fs/cgroup/pids/`, `/sys/fs/cgroup/memory/`) or v2 (`/sys/fs/cgroup/`, with both controllers
-enabled below the root). The sandbox's first shell writes its own pid into each leaf's
+Each launch gets a leaf of its own under `handler/` in each controller it can write: cgroup v1 (below
+the router's own cgroup in `/sys/fs/cgroup/pids/` and `/sys/fs/cgroup/memory/`, so connectors stay within
+the limits the host set on the router) or v2 (`/sys/fs/cgroup/`, with both controllers enabled below
+the root). The sandbox's first shell writes its own pid into each leaf's
 `cgroup.procs` before anything else runs, so every process the connector starts is counted. When the
 process has stopped, `remove` kills whatever is left in the leaves and removes them. Where no cgroup
 can be made (not root, or a read-only `/sys/fs/cgroup`), the launch goes on under its rlimits alone.
@@ -63,7 +64,7 @@ def make_cgroups(name: str, processes: int, memory_bytes: int) -> ConnectorCgrou
             for controller, limit_file, value in (("pids", "pids.max", processes),
                                                   ("memory", "memory.limit_in_bytes", memory_bytes)):
                 if (_ROOT / controller / "cgroup.procs").exists():
-                    leaf = _leaf(_ROOT / controller, name, v2=False)
+                    leaf = _leaf(_ROOT / controller / _own_path(controller), name, v2=False)
                     leaves.append(leaf)
                     _write(leaf / limit_file, value)
     except OSError as exc:
@@ -71,6 +72,19 @@ def make_cgroups(name: str, processes: int, memory_bytes: int) -> ConnectorCgrou
         _warn(f"cannot make cgroups under {_ROOT} ({exc.strerror}); connectors are bounded by rlimits only")
         return None
     return ConnectorCgroups(tuple(leaves)) if leaves else None
+
+
+def _own_path(controller: str) -> str:
+    """The router's own cgroup in a v1 hierarchy (relative), so that its connectors' leaves sit inside it and stay
+    within whatever limits the host set on the router (a systemd unit's, a container's)."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controller in controllers.split(","):
+                return path.strip("/")
+    except (OSError, ValueError):
+        pass
+    return ""
 
 
 def _leaf(base: Path, name: str, *, v2: bool) -> Path:
