@@ -67,7 +67,7 @@ class ServiceOptions:
     http_host: str = "127.0.0.1"
     http_port: int = 8765
     webhook_secret: bytes | None = None
-    sandbox: bool = True  # False: --no-sandbox, connectors run without a network namespace
+    sandbox: bool = True  # False: --no-sandbox, connectors run without their bubblewrap sandbox
     listen: bool = True  # the HTTP listener, the dashboard and the approval notices (`handler serve`: none)
     follow: bool = True  # watch or fetch the source as it changes; False: reload on SIGHUP (`handler serve`)
 

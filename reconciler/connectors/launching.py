@@ -413,8 +413,8 @@ def _warn_unsandboxed() -> None:
     global _warned_no_sandbox  # noqa: PLW0603 - one warning per router process, whatever starts first
     if not _warned_no_sandbox:
         _warned_no_sandbox = True
-        log.warning("connectors run WITHOUT a sandbox (--no-sandbox): no network namespace and no egress "
-                    "allow-list; their environment and rlimits are still confined")
+        log.warning("connectors run WITHOUT a sandbox (--no-sandbox): they see this machine's files and processes "
+                    "and reach any host, with no egress allow-list; their environment and rlimits are still confined")
 
 
 def _setting_text(value: str | int | float | bool) -> str:
