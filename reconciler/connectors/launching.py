@@ -210,11 +210,11 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
         env = confined_env(declared, folder)
     else:
         env = confined_env(declared, _SANDBOX_HOME, tmp=_SANDBOX_HOME, system_path=True)
-    _meet_needs(connector, binding_name, env)
-    command = _program_found(resolve_command(run.command, root / connector.folder), env)
     launch = Launch(LaunchSpec(name=binding_name, command=(), cwd=str(folder), env=env), folder, secrets=secrets,
                     host_uid=uid)
-    try:
+    try:  # whatever stops the start, the folder (and proxy, cgroups) made for it go
+        _meet_needs(connector, binding_name, env)
+        command = _program_found(resolve_command(run.command, root / connector.folder), env)
         egress = effective_egress(binding, connector) if support is not None else []
         if run.transport == "socket" or egress:
             launch.socket_dirs = (_socket_dir(folder, uid),)

@@ -116,6 +116,8 @@ def test_a_missing_environment_refuses_the_start_naming_the_install_command(
             message = router.services.pool.statuses["echo-local"].message
             assert "binding 'echo-local'" in message
             assert "run `handler connector install echo`" in message
+            left = [p.name for p in (router.state_dir / "connectors").iterdir() if p.is_dir()]
+            assert left == []  # the folder made for the start that did not happen is gone
 
     run(scenario())
     assert not (tmp_path / "empty").exists()
