@@ -1,9 +1,10 @@
 """The shipped send-email-smtp connector against a real SMTP server on loopback (aiosmtpd).
 
-Sending over STARTTLS needs the connector to trust the test's self-signed certificate. The router gives a
-connector only its declared settings and secrets (no SSL_CERT_FILE), so the sending itself is tested on the
-connector's own `send` (loaded from its main.py) with SSL_CERT_FILE pointing at that certificate; what needs
-no trust goes through the real router: its tools/list, and a server without STARTTLS refused as `unavailable`.
+Sending over STARTTLS needs the connector to trust the test's self-signed certificate. Its own `send` (loaded
+from its main.py) is tested with SSL_CERT_FILE pointing at that certificate; through the real router and its
+sandbox, which pass no SSL_CERT_FILE, the binding's `ca_file` setting names the certificate, put in the
+connector's folder: `handler connector check` runs send-email/v1's cases and fuzzing that way. A server
+without STARTTLS is refused as `unavailable`, through the router as well.
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ from typing import Any
 import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 
-from tests.fixtures.vendor_trees import listed_tools
 from tests.fixtures.harness import RawClient, body, serving, short_dir
+from tests.fixtures.vendor_trees import listed_tools
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/send-email-smtp"
@@ -240,3 +239,68 @@ def test_through_the_router_a_server_without_starttls_is_refused(monkeypatch: py
     assert "STARTTLS" in body(result)["message"]
     assert mailbox.received == []
     assert mailbox.rcpt_seen == []
+
+
+CHECK_HOST = "127.0.58.9"  # port 587 on a loopback address of its own (as root, as CI runs), for the check
+
+CHECK_BINDING = f"""apiVersion = "handler.binding/v1"
+name = "email-check"
+connector = "send-email-smtp"
+secrets = {{ password = {{ env = "TEST_SMTP_CREDENTIAL" }} }}
+settings = {{ host = "{CHECK_HOST}", from = "{SENDER}", ca_file = "test-ca.pem" }}
+egress = ["{CHECK_HOST}:587"]
+"""
+
+
+@pytest.fixture
+def check_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Mailbox, Path]]:
+    """A submission server on CHECK_HOST:587 requiring STARTTLS and a login, and a tree whose binding trusts its
+    certificate through the connector's `ca_file` setting (a file in the connector's folder)."""
+    import ssl
+
+    monkeypatch.setenv("TEST_SMTP_CREDENTIAL", CREDENTIAL)
+    with short_dir() as folder:
+        cert, key = folder / "cert.pem", folder / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                        f"/CN={CHECK_HOST}", "-addext", f"subjectAltName=IP:{CHECK_HOST}", "-keyout", str(key),
+                        "-out", str(cert)], check=True, capture_output=True, timeout=60)
+        root = folder / "t"
+        for part in ("catalog/interfaces", "catalog/connectors", "config"):
+            shutil.copytree(REPO / part, root / part)
+        shutil.copy(cert, root / "catalog/connectors/send-email-smtp/test-ca.pem")
+        (root / "config/bindings/email-check.toml").write_text(CHECK_BINDING)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(str(cert), str(key))
+        mailbox = Mailbox()
+        controller = Controller(mailbox, hostname=CHECK_HOST, port=587, tls_context=context, require_starttls=True,
+                                authenticator=authenticate, auth_required=True)
+        controller.start()
+        try:
+            yield mailbox, root
+        finally:
+            controller.stop()
+
+
+def test_the_connector_check_passes_against_a_starttls_server(check_server: tuple[Mailbox, Path], tmp_path: Path,
+                                                              capfd: pytest.CaptureFixture[str]) -> None:
+    """Through the real router and its sandbox: the cases and fuzzing of send-email/v1, each message received
+    with its subject, body and recipients, the impossible recipient refused before anything is sent."""
+    from reconciler.cli import main as handler
+
+    mailbox, root = check_server
+    result = tmp_path / "result.json"
+    code = handler(["connector", "check", "send-email-smtp", "--binding", "email-check", "--root", str(root),
+                    "--examples", "5", "--seed", "4", "--json", str(result), "--no-record"])
+    out = capfd.readouterr().out
+    assert code == 0, out
+    summary = json.loads(result.read_text())["interfaces"]["send-email/v1"]
+    assert summary["fuzzing_pass"]
+    sent = {msg["Subject"]: (rcpt, msg) for _, rcpt, raw in mailbox.received
+            for msg in [message_from_bytes(raw, policy=policy.default)]}
+    rcpt, first = sent["Conformance check"]
+    assert rcpt == ["conformance@example.org"]
+    assert first["From"] == SENDER
+    assert first.get_content().replace("\r\n", "\n") == "This message checks that the service can send email.\n"
+    assert sent["Conformance check with copy"][0] == ["conformance@example.org", "conformance-cc@example.org"]
+    assert "nobody@domain.invalid" in mailbox.rcpt_seen  # asked, refused, and nothing was sent to it
+    assert all("nobody@domain.invalid" not in rcpt for rcpt, _ in sent.values())

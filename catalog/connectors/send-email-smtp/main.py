@@ -9,7 +9,9 @@ quota (421, 450, 451, 452) are `limit`; a failed login, a lost connection or any
 `unavailable`. The server's own wording goes to the log (stderr), never into a result.
 
 Settings (environment): SMTP_HOST, SMTP_PORT (587), SMTP_USERNAME (the from address when unset),
-SMTP_FROM; secret: SMTP_PASSWORD. The server's certificate is checked against the system's trust store.
+SMTP_FROM, SMTP_CA_FILE; secret: SMTP_PASSWORD. The server's certificate is checked against the system's
+trust store, or against the CA certificates of SMTP_CA_FILE (a private mail server's), a PEM file in this
+connector's folder (the only place of the tree its sandbox shows).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class Config:
     username: str
     password: str
     sender: str
+    ca_file: str | None = None  # trust these CA certificates instead of the system's
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
@@ -102,7 +105,18 @@ class Config:
             raise InterfaceError("unavailable", "the email service's port setting is not a port number; "
                                  "an administrator must fix its binding")
         return cls(host, int(port_text), env.get("SMTP_USERNAME", "").strip() or sender,
-                   env.get("SMTP_PASSWORD", ""), sender)
+                   env.get("SMTP_PASSWORD", ""), sender, _ca_file(env.get("SMTP_CA_FILE", "").strip()))
+
+
+def _ca_file(name: str) -> str | None:
+    """SMTP_CA_FILE as a path: relative to this connector's folder; one that is not there is `unavailable`."""
+    if not name:
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    if not os.path.isfile(path):
+        raise InterfaceError("unavailable", "the email service's CA file setting names no file in the connector's "
+                             "folder; an administrator must fix its binding")
+    return path
 
 
 def addresses(args: dict[str, Any], key: str) -> list[str]:
@@ -166,7 +180,7 @@ def open_session(config: Config) -> smtplib.SMTP:
     try:
         smtp.ehlo()
         require_starttls(smtp)
-        smtp.starttls(context=ssl.create_default_context())
+        smtp.starttls(context=ssl.create_default_context(cafile=config.ca_file))
         smtp.ehlo()
         if config.password or smtp.has_extn("auth"):
             smtp.login(config.username, config.password)
