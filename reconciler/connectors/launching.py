@@ -201,7 +201,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
     uid = host_uid if support is not None and support.privileged else None
     declared, secrets = await declared_env(binding, connector, root)
     digest = hashlib.sha256(f"{binding.content_hash}:{connector.content_hash}".encode()).hexdigest()[:10]
-    base = state_dir / "connectors"
+    base = (state_dir / "connectors").absolute()  # its paths are read from the launch folder (the sandbox's cwd)
     _private_dir(base, "HANDLER_STATE_DIR")
     folder = Path(tempfile.mkdtemp(dir=base, prefix=f"{binding_name}.{digest}."))
     limits = limits_for(connector.spec.sandbox)

@@ -123,7 +123,11 @@ async def _call(clone: Path, run_dir: Path, profile: str, interface: str, tool: 
                     return {"held": True, **body}
                 await asyncio.sleep(0.1)
             raise AssertionError(f"{tool}: the approved call did not run")
-        assert not result.is_error, result
+        if result.is_error:
+            status = subprocess.run([str(clone / ".venv/bin/handler"), "status", "--root", str(clone)],
+                                    capture_output=True, text=True, timeout=60, check=False)
+            logs = "".join(p.read_text()[-1500:] for p in (clone / ".handler/connectors").glob("*.stderr.log"))
+            raise AssertionError(f"{tool}: {result.content}\n{status.stdout}\n{logs}")
         return {"held": False, "output": result.structured_content}
 
 
