@@ -119,3 +119,17 @@ def test_without_the_engine_every_call_is_unavailable_in_plain_words(tmp_path: P
     assert result.structured_content["error"] == "unavailable"
     assert "not installed" in result.structured_content["message"]
     assert not (tmp_path / "a.wav").exists()
+
+
+def test_it_passes_the_check_with_fuzzing(shipped_tree: Path, tmp_path: Path,
+                                          capfd: pytest.CaptureFixture[str]) -> None:
+    from reconciler.cli import main as handler
+
+    result = tmp_path / "result.json"
+    code = handler(["connector", "check", "tts-espeak", "--binding", "tts-local", "--root", str(shipped_tree),
+                    "--examples", "12", "--seed", "7", "--json", str(result), "--no-record"])
+    out = capfd.readouterr().out
+    assert code == 0, out
+    summary = json.loads(result.read_text())["interfaces"]["tts/v1"]
+    assert summary["cases"]["passed"] == 3
+    assert summary["fuzzing_pass"]
