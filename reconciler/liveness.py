@@ -137,7 +137,7 @@ class ControlServer:
             reply = {"status": self._status()} if ask == "status" else {"error": "ask for 'status'"}
             writer.write(json.dumps(reply).encode() + b"\n")
             await writer.drain()
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError, ValueError):  # ValueError: a line over the reader's limit
             pass
         finally:
             writer.close()

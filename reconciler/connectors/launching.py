@@ -292,7 +292,8 @@ def raw_forwards(egress: Sequence[str]) -> tuple[list[Forward], dict[str, str]]:
         try:
             address = ipaddress.ip_address(host)
         except ValueError:
-            listen = hosts.setdefault(host, f"127.0.0.{len(hosts) + 2}")
+            # its own loopback address (all of 127/8 is the sandbox's loopback), from 127.0.0.2 on
+            listen = hosts.setdefault(host, str(ipaddress.ip_address("127.0.0.2") + len(hosts)))
         else:
             if not address.is_loopback:
                 continue  # an outside address cannot be a loopback listener: HTTP clients still reach it by the proxy

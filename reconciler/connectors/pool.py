@@ -165,6 +165,7 @@ class ConnectorPool:
         self._probes: dict[PoolKey, asyncio.Task[None]] = {}
         self._on_dispatch: DispatchHook | None = None
         self._uids: dict[str, int] = {}
+        self._inboxes: dict[str, Path] = {}  # made (and its mode set) once per binding, not per call
 
     def host_uid(self, binding_name: str) -> int | None:
         """The host uid `binding_name`'s connector runs as when the router is root and sandboxes it, else None.
@@ -190,7 +191,10 @@ class ConnectorPool:
         write to the agent's file) or a run folder."""
         if not self.sandbox or self._run_dir is None:
             return None
-        return inbox_dir(self._run_dir, binding_name, self.host_uid(binding_name))
+        inbox = self._inboxes.get(binding_name)
+        if inbox is None:
+            inbox = self._inboxes[binding_name] = inbox_dir(self._run_dir, binding_name, self.host_uid(binding_name))
+        return inbox
 
     # --- the per-call path -------------------------------------------------------------------
 

@@ -317,6 +317,15 @@ def _hand_over(folder: int, owner: int, *, mine: bool) -> None:
         os.close(opened)
 
 
+def _copy_into(src: BinaryIO, out_fd: int, *, shared: bool) -> None:
+    """`src` copied into the new file `out_fd`; with `shared`, readable by a connector of another uid (which cannot
+    change it)."""
+    with os.fdopen(out_fd, "wb") as out:
+        shutil.copyfileobj(src, out, _COPY_CHUNK)
+        if shared:
+            os.fchmod(out.fileno(), 0o644)
+
+
 def _hand_in(file: FileArg, dest: Path, max_bytes: int | None, errors: frozenset[str], *, shared: bool) -> None:
     """An input put in the binding's inbox, which its sandbox shows read-only: a hard link to the very file opened
     from the scope's descriptor (no byte copied, nothing swapped in between is followed), or a copy where a link
@@ -334,10 +343,7 @@ def _hand_in(file: FileArg, dest: Path, max_bytes: int | None, errors: frozenset
                 os.link(f"/proc/self/fd/{fd}", dest, follow_symlinks=True)
                 return
         out_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(out_fd, "wb") as out:
-            shutil.copyfileobj(src, out, _COPY_CHUNK)
-            if shared:
-                os.fchmod(out.fileno(), 0o644)
+        _copy_into(src, out_fd, shared=shared)
 
 
 def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | None, errors: frozenset[str], *,
@@ -357,10 +363,7 @@ def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | No
                              dir_fd=folder)
         finally:
             os.close(folder)
-        with os.fdopen(out_fd, "wb") as out:
-            shutil.copyfileobj(src, out, _COPY_CHUNK)
-            if shared:  # a connector of another uid reads it; it cannot change it
-                os.fchmod(out.fileno(), 0o644)
+        _copy_into(src, out_fd, shared=shared)
 
 
 def _open_staged(call: Path, staged: str, name: str) -> tuple[int, int]:

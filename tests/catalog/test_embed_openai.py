@@ -37,7 +37,7 @@ from mcp.client.stdio import StdioServerParameters
 from reconciler.cli import main as handler
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
-from tests.fixtures.vendor_trees import egress_of, listed_tools, stand_in_record, write_tree
+from tests.fixtures.vendor_trees import calls_through_router, egress_of, listed_tools, stand_in_record, write_tree
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/embed-openai/main.py"
@@ -324,17 +324,7 @@ def embed_tree(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def test_through_the_sandboxed_router(embed_tree: Path) -> None:
     texts = [f"text number {i}" for i in range(64)]
 
-    async def scenario(run_dir: Path) -> list[dict[str, Any]]:
-        async with serving(embed_tree, run_dir) as router:  # sandboxed: through the egress proxy
-            client = await RawClient.connect(router.socket_path("tester"))
-            try:
-                return [await client.call("embed_texts", {"texts": texts}),
-                        await client.call("embed_texts", {"texts": ["busy"]})]
-            finally:
-                await client.close()
-
-    with short_dir() as run_dir:
-        found, busy = run(scenario(run_dir))
+    found, busy = calls_through_router(embed_tree, "embed_texts", {"texts": texts}, {"texts": ["busy"]})  # sandboxed
     assert not found.get("isError"), found
     assert found["structuredContent"] == {"vectors": [bag_of_words(t) for t in texts], "dimensions": DIMENSIONS}
     assert [len(request["input"]) for request in Embeddings.seen] == [32, 32, 1]  # the binding's batch of 32

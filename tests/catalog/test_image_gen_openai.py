@@ -31,7 +31,7 @@ from mcp.client.stdio import StdioServerParameters
 from reconciler.cli import main as handler
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
-from tests.fixtures.vendor_trees import egress_of, listed_tools, stand_in_record, write_tree
+from tests.fixtures.vendor_trees import calls_through_router, egress_of, listed_tools, stand_in_record, write_tree
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/image-gen-openai/main.py"
@@ -279,18 +279,9 @@ def images_tree(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_through_the_sandboxed_router_the_png_lands_in_the_work_folder(images_tree: Path) -> None:
-    async def scenario(run_dir: Path) -> list[dict[str, Any]]:
-        async with serving(images_tree, run_dir) as router:  # sandboxed: through the egress proxy
-            client = await RawClient.connect(router.socket_path("tester"))
-            try:
-                return [await client.call("image_gen_generate", {"prompt": "an apple", "outputPath": "out/a.png",
-                                                                 "size": "512x512"}),
-                        await client.call("image_gen_generate", {"prompt": "refused", "outputPath": "out/b.png"})]
-            finally:
-                await client.close()
-
-    with short_dir() as run_dir:
-        made, refused = run(scenario(run_dir))
+    made, refused = calls_through_router(images_tree, "image_gen_generate",  # sandboxed
+                                         {"prompt": "an apple", "outputPath": "out/a.png", "size": "512x512"},
+                                         {"prompt": "refused", "outputPath": "out/b.png"})
     assert not made.get("isError"), made
     assert made["structuredContent"] == {"path": "out/a.png", "width": 512, "height": 512}
     assert (images_tree / "work/tester/out/a.png").read_bytes() == png(512, 512)

@@ -31,7 +31,7 @@ from mcp.client.stdio import StdioServerParameters
 from reconciler.cli import main as handler
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
-from tests.fixtures.vendor_trees import egress_of, listed_tools, stand_in_record, write_tree
+from tests.fixtures.vendor_trees import calls_through_router, egress_of, listed_tools, stand_in_record, write_tree
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/web-search-searxng/main.py"
@@ -284,17 +284,8 @@ def searxng_tree(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_through_the_sandboxed_router(searxng_tree: Path) -> None:
-    async def scenario(run_dir: Path) -> list[dict[str, Any]]:
-        async with serving(searxng_tree, run_dir) as router:  # sandboxed: through the egress proxy
-            client = await RawClient.connect(router.socket_path("tester"))
-            try:
-                return [await client.call("web_search_query", {"query": "json schema", "maxResults": 3}),
-                        await client.call("web_search_query", {"query": "limited"})]
-            finally:
-                await client.close()
-
-    with short_dir() as run_dir:
-        found, limited = run(scenario(run_dir))
+    found, limited = calls_through_router(searxng_tree, "web_search_query",  # sandboxed
+                                          {"query": "json schema", "maxResults": 3}, {"query": "limited"})
     assert not found.get("isError"), found
     jsonschema.validate(found["structuredContent"], TOOL["outputSchema"])
     assert found["structuredContent"]["results"][0]["url"] == "https://json-schema.org/"
