@@ -202,9 +202,19 @@ class Needs(_Model):
     python: list[str] = []  # requirement strings, e.g. "pocketsphinx>=5.1.1,<6"
     debian: list[str] = []  # Debian package names, e.g. "festival"
     programs: list[str] = []  # executables that must be on PATH, e.g. "text2wave"
+    # Commands run once in the built environment, after its packages (e.g. fetching a package's own data);
+    # `python`/`python3` first is the environment's Python. Needs `python`.
+    setup: list[list[str]] = []
 
     @model_validator(mode="after")
     def _well_formed(self) -> Needs:
+        if self.setup and not self.python:
+            raise ValueError("setup: runs in the connector's own Python environment; declare its packages in "
+                             "python = [...] too")
+        for command in self.setup:
+            if not command or not all(word.strip() for word in command):
+                raise ValueError(f"setup: {command!r} is not a command such as [\"python3\", \"-m\", \"pkg.setup\"] "
+                                 "(a list of non-empty words)")
         for requirement in self.python:
             if not _REQUIREMENT.match(requirement.strip()):
                 raise ValueError(f"python: {requirement!r} is not a requirement such as \"pocketsphinx>=5.1,<6\" "

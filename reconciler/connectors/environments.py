@@ -46,6 +46,7 @@ def environment_key(needs: Needs) -> str:
     """The hash naming a connector's environment: its sorted requirements and the interpreter it is made from."""
     declared = {
         "python": sorted("".join(r.split()) for r in needs.python),  # spacing is not meaning
+        **({"setup": needs.setup} if needs.setup else {}),  # (absent when empty: existing environments keep their name)
         "interpreter": [platform.python_implementation(), platform.python_version(), _base_python()],
     }
     return hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()[:16]
@@ -158,6 +159,9 @@ def build_environment(connector: Connector, envs: Path | None = None,
             _run([_base_python(), "-m", "venv", "--without-pip", str(path)], "making the virtualenv")
             _run([sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"), "install", "--quiet",
                   "--disable-pip-version-check", "--no-input", *requirements], "pip install")
+            for command in connector.spec.needs.setup:
+                say(f"{connector.name}: setting up: {' '.join(command)}")
+                _run(_in_environment(command, path), f"setup command {command[0]!r}", cwd=path)
             (path / MARKER).write_text(json.dumps({"connector": connector.name, "python": requirements}, indent=1))
             _make_readable(path)
         except BaseException:
@@ -166,9 +170,15 @@ def build_environment(connector: Connector, envs: Path | None = None,
     return True
 
 
-def _run(command: Sequence[str], what: str) -> None:
+def _in_environment(command: Sequence[str], environment: Path) -> list[str]:
+    """A setup command with `python`/`python3` first meaning the environment's own Python."""
+    first = str(environment / "bin" / "python") if command[0] in ("python", "python3") else command[0]
+    return [first, *command[1:]]
+
+
+def _run(command: Sequence[str], what: str, cwd: Path | None = None) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT, check=False,
-                          env=_build_env(os.environ))
+                          env=_build_env(os.environ), cwd=cwd)
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip().splitlines()
         raise ConnectorStartError(f"{what} failed (exit status {done.returncode}): " + " / ".join(said[-6:]))

@@ -85,6 +85,37 @@ def test_the_key_follows_the_requirements_not_their_order_or_spacing() -> None:
     assert key == environment_key(Needs(python=["a>=1", "b<2"], debian=["festival"]))  # the machine's, not the env's
 
 
+def test_setup_runs_once_in_the_new_environment_and_a_failing_one_fails_the_install(
+        echo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    write = "import pathlib, sys; pathlib.Path('made-by-setup').write_text(sys.prefix)"
+    root = with_needs(echo_root, f'python = ["{NEED}"]\nsetup = [["python3", "-c", "{write}"]]')
+    assert handler(["connector", "install", "--root", str(root)]) == 0
+    path = environment_path(connector_of(root))
+    assert path is not None
+    assert path != environment_path(connector_of(with_needs(write_echo_tree(tmp_path / "plain"),
+                                                                                     f'python = ["{NEED}"]')))
+    assert (path / "made-by-setup").read_text() == str(path)  # its own Python, in its own folder
+    assert "setting up: python3 -c" in capsys.readouterr().out
+
+    failing = with_needs(write_echo_tree(tmp_path / "failing"),
+                         f'python = ["{NEED}"]\nsetup = [["python3", "-c", "raise SystemExit(\'no data here\')"]]')
+    assert handler(["connector", "install", "--root", str(failing)]) != 0
+    said = capsys.readouterr()
+    assert "setup command 'python3' failed" in said.out + said.err
+    assert "no data here" in said.out + said.err
+    broken = environment_path(connector_of(failing))
+    assert broken is not None
+    assert not broken.exists()
+
+
+def test_setup_needs_python_packages_and_is_a_list_of_words() -> None:
+    with pytest.raises(ValueError, match="declare its packages"):
+        Needs(setup=[["python3", "-c", "pass"]])
+    with pytest.raises(ValueError, match="list of non-empty words"):
+        Needs(python=["a"], setup=[[]])
+
+
 def test_python3_in_run_is_the_environments_python_through_the_router(needy_root: Path, run_dir: Path) -> None:
     path = environment_path(connector_of(needy_root))
 
