@@ -12,6 +12,7 @@ themselves are the store's (`store.spend`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ from reconciler.governance.holds import new_request_id
 from reconciler.governance.rulebook import CapSet
 from reconciler.governance.store import Store, Transaction, now
 from reconciler.governance.store import spend as rows
-from reconciler.governance.store.audit import audit_row, insert_audit
+from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
 
 __all__ = [
     "Reservation",
@@ -48,8 +49,21 @@ RECONCILE_AFTER_SECONDS = 300.0
 
 
 def current_month(at: float | None = None) -> str:
-    moment = datetime.now(UTC) if at is None else datetime.fromtimestamp(at, UTC)
-    return moment.strftime("%Y-%m")
+    """The calendar month (UTC) of `at`, default now, as "YYYY-MM"; now's is kept until the month ends."""
+    moment = time.time() if at is None else at
+    month, start, end = _month[0]
+    if start <= moment < end:
+        return month
+    day = datetime.fromtimestamp(moment, UTC)
+    first = datetime(day.year, day.month, 1, tzinfo=UTC)
+    following = datetime(day.year + day.month // 12, day.month % 12 + 1, 1, tzinfo=UTC)
+    month = day.strftime("%Y-%m")
+    if at is None:
+        _month[0] = (month, first.timestamp(), following.timestamp())
+    return month
+
+
+_month: list[tuple[str, float, float]] = [("", 0.0, 0.0)]  # the month of the last `current_month()`, its bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +167,7 @@ def reconcile_reservations(store: Store, older_than: float = RECONCILE_AFTER_SEC
 
 
 def settlement_row(request_id: str | None, profile: str, instance: str, ok: bool, reserved: int,
-                   charged: int) -> dict[str, Any]:
+                   charged: int) -> AuditRow:
     """The audit row of a settled call (`settled`) or a released one (`released`: it failed)."""
     return audit_row("settled" if ok else "released", request_id=request_id, profile=profile, instance=instance,
                      status="executed" if ok else "failed", detail={"reserved": reserved, "charged": charged})

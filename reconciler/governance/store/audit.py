@@ -1,35 +1,74 @@
 """The audit trail's rows: every decision, every change of a hold and of the balance, in order.
 
 Writers call `record` inside their own transaction, so an event is in the trail exactly when the
-change it describes is in the store. `handler audit` reads it with `read_audit`.
+change it describes is in the store; the gate's backlog gathers rows built by `audit_row` and writes
+them together with `insert_audit` (docs/architecture.md §10). A row is a plain tuple whose detail is
+already JSON text, inserted through the driver's own `executemany`: the router's writer thread then
+spends its time in the database library, not in Python, while calls run. `handler audit` reads the
+trail with `read_audit`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+import orjson
 import sqlalchemy as sa
 
 from reconciler.governance.store.engine import Store, Transaction, now
 from reconciler.governance.store.tables import audit
 
-__all__ = ["audit_row", "insert_audit", "read_audit", "record"]
+__all__ = ["AuditRow", "audit_row", "insert_audit", "read_audit", "record"]
 
-_INSERT = sa.insert(audit)
+_COPY = "COPY audit (at, event, request_id, profile, instance, tool, actor, status, detail) FROM STDIN"
+_INSERT = {  # by the driver's parameter style
+    "sqlite": "INSERT INTO audit (at, event, request_id, profile, instance, tool, actor, status, detail) "
+              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "postgresql": "INSERT INTO audit (at, event, request_id, profile, instance, tool, actor, status, detail) "
+                  "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+}
+
+
+class AuditRow(NamedTuple):
+    """One row of the trail as the table holds it; `detail` is JSON text."""
+
+    at: float
+    event: str
+    request_id: str | None
+    profile: str | None
+    instance: str | None
+    tool: str | None
+    actor: str | None
+    status: str | None
+    detail: str
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return dict(orjson.loads(self.detail))
 
 
 def audit_row(event: str, *, request_id: str | None = None, profile: str | None = None, instance: str | None = None,
               tool: str | None = None, actor: str | None = None, status: str | None = None,
-              detail: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One audit row as the table holds it, stamped now (the backlog gathers these to insert later)."""
-    return {"at": now(), "event": event, "request_id": request_id, "profile": profile, "instance": instance,
-            "tool": tool, "actor": actor, "status": status, "detail": dict(detail or {})}
+              detail: Mapping[str, Any] | None = None) -> AuditRow:
+    """One audit row, stamped now (the backlog gathers these to insert later)."""
+    return AuditRow(now(), event, request_id, profile, instance, tool, actor, status,
+                    orjson.dumps(detail or {}, option=orjson.OPT_NON_STR_KEYS).decode())
 
 
-def insert_audit(tx: Transaction, row: Mapping[str, Any]) -> None:
-    """Append a row built by `audit_row`, inside the caller's transaction."""
-    tx.execute(_INSERT, row)
+def insert_audit(tx: Transaction, *rows: AuditRow) -> None:
+    """Append rows built by `audit_row`, inside the caller's transaction: SQLite's `executemany`, PostgreSQL's
+    COPY (three times the rows per second of its `executemany`)."""
+    if not rows:
+        return
+    if tx.dialect.name == "postgresql" and len(rows) > 1:
+        driver = tx.connection.driver_connection
+        assert driver is not None  # noqa: S101 - a connection in a transaction has one
+        with driver.cursor() as cursor, cursor.copy(_COPY) as copy:
+            for row in rows:
+                copy.write_row(row)
+        return
+    tx.exec_driver_sql(_INSERT[tx.dialect.name], list(rows) if len(rows) > 1 else tuple(rows[0]))
 
 
 def record(tx: Transaction, event: str, *, request_id: str | None = None, profile: str | None = None,

@@ -2,7 +2,7 @@
 
 A call that nothing limits — no cap on its org, profile or instance, no prepaid balance — is
 decided from config alone, so the router need not wait for the store: its audit rows and its spend
-(for `handler spend`: its price when admitted, the difference to its charge when settled) go into
+(for `handler spend`: its charge, when it is settled) go into
 this backlog, which the gate commits a moment later (every `batch_seconds`) in one transaction,
 again and again until it is empty. Settling a reserved call goes here too: the reservation already
 counted the most the call may cost, so a late settlement only keeps a refund (a failed call, a lower
@@ -21,8 +21,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from reconciler.governance.store.audit import AuditRow, insert_audit
 from reconciler.governance.store.engine import Store, Transaction
-from reconciler.governance.store.tables import audit, balances, reservations, spend
+from reconciler.governance.store.tables import balances, reservations, spend
 
 __all__ = ["Backlog"]
 
@@ -40,7 +41,7 @@ class Backlog:
         # One commit at a time: a flush returns once everything added before it is committed, even
         # when another thread took those rows a moment earlier and is committing them still.
         self._committing = threading.Lock()
-        self._audit: list[dict[str, Any]] = []
+        self._audit: list[AuditRow] = []
         self._spend: dict[tuple[str, str], int] = {}
         self._balances: dict[str, int] = {}
         self._settled: list[dict[str, Any]] = []
@@ -49,7 +50,7 @@ class Backlog:
     def __len__(self) -> int:
         return len(self._audit) + len(self._spend) + len(self._settled) + len(self._reserved)
 
-    def add_audit(self, row: dict[str, Any]) -> None:
+    def add_audit(self, row: AuditRow) -> None:
         """An audit row built by `audit.audit_row` (kept as it is: the caller hands it over)."""
         with self._lock:
             self._audit.append(row)
@@ -115,7 +116,7 @@ class Backlog:
 class _Taken:
     """What one flush took out of the backlog."""
 
-    audit: list[dict[str, Any]]
+    audit: list[AuditRow]
     spend: dict[tuple[str, str], int]
     settled: list[dict[str, Any]]
     balances: dict[str, int]
@@ -134,8 +135,7 @@ def _write(store: Store, tx: Transaction, taken: _Taken) -> None:
     for account, change in sorted(taken.balances.items()):
         tx.execute(sa.update(balances).where(balances.c.account == account)
                    .values(micros=balances.c.micros + change))
-    if taken.audit:
-        tx.execute(sa.insert(audit), taken.audit)
+    insert_audit(tx, *taken.audit)
     if taken.spend:
         zero = [{"scope": s, "month": m, "micros": 0} for (s, m) in sorted(taken.spend)]
         tx.execute(store.insert_ignore(spend), zero)
