@@ -3,8 +3,10 @@
 Each launch gets a leaf of its own under `handler/` in each controller it can write: cgroup v1 (below
 the router's own cgroup in `/sys/fs/cgroup/pids/` and `/sys/fs/cgroup/memory/`, so connectors stay within
 the limits the host set on the router) or v2 (`/sys/fs/cgroup/`, with both controllers enabled below
-the root). The sandbox's first shell writes its own pid into each leaf's
-`cgroup.procs` before anything else runs, so every process the connector starts is counted. When the
+the root). The sandbox's first process — the shell at the head of its command, or a process parked
+ahead of need (`parking`), whose leaves get the binding's limits when a start takes it — writes its
+own pid into each leaf's `cgroup.procs` before anything else runs, so every process the connector
+starts is counted. When the
 process has stopped, `remove` kills whatever is left in the leaves and removes them. Where no cgroup
 can be made (not root, or a read-only `/sys/fs/cgroup`), the launch goes on under its rlimits alone.
 """
@@ -29,10 +31,16 @@ _warned = False
 @dataclass(frozen=True, slots=True)
 class ConnectorCgroups:
     leaves: tuple[Path, ...]
+    limits: tuple[tuple[Path, str], ...] = ()  # (limit file, "processes" or "memory") in the leaves
 
     @property
     def procs(self) -> tuple[str, ...]:
         return tuple(str(leaf / "cgroup.procs") for leaf in self.leaves)
+
+    def set_limits(self, processes: int, memory_bytes: int) -> None:
+        """Bound the leaves (again): at once for what is in them already; OSError when the kernel refuses."""
+        for file, what in self.limits:
+            _write(file, processes if what == "processes" else memory_bytes)
 
     def remove(self) -> None:
         """Kill what is left in the leaves, then remove them."""
@@ -54,24 +62,31 @@ def make_cgroups(name: str, processes: int, memory_bytes: int) -> ConnectorCgrou
     if os.geteuid() != 0:
         return None
     leaves: list[Path] = []
+    limits: list[tuple[Path, str]] = []
     try:
         if (_ROOT / "cgroup.controllers").exists():  # v2: one hierarchy
             leaf = _leaf(_ROOT, name, v2=True)
             leaves.append(leaf)
-            _write(leaf / "pids.max", processes)
-            _write(leaf / "memory.max", memory_bytes)
+            limits += [(leaf / "pids.max", "processes"), (leaf / "memory.max", "memory")]
         else:
-            for controller, limit_file, value in (("pids", "pids.max", processes),
-                                                  ("memory", "memory.limit_in_bytes", memory_bytes)):
+            for controller, limit_file, what in (("pids", "pids.max", "processes"),
+                                                 ("memory", "memory.limit_in_bytes", "memory")):
                 if (_ROOT / controller / "cgroup.procs").exists():
                     leaf = _leaf(_ROOT / controller / _own_path(controller), name, v2=False)
                     leaves.append(leaf)
-                    _write(leaf / limit_file, value)
+                    limits.append((leaf / limit_file, what))
+        made = ConnectorCgroups(tuple(leaves), tuple(limits))
     except OSError as exc:
         ConnectorCgroups(tuple(leaves)).remove()
         _warn(f"cannot make cgroups under {_ROOT} ({exc.strerror}); connectors are bounded by rlimits only")
         return None
-    return ConnectorCgroups(tuple(leaves)) if leaves else None
+    try:
+        made.set_limits(processes, memory_bytes)
+    except OSError as exc:
+        made.remove()
+        _warn(f"cannot bound cgroups under {_ROOT} ({exc.strerror}); connectors are bounded by rlimits only")
+        return None
+    return made if leaves else None
 
 
 def _own_path(controller: str) -> str:

@@ -18,7 +18,7 @@ import logging
 import os
 import stat
 import subprocess
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,6 +55,9 @@ class LaunchSpec:
     on_stderr: Callable[[bytes], None] | None = None  # gets the process's stderr as it comes (else stderr_path)
     socket_path: str | None = None  # transport "socket": the connector serves MCP here (HANDLER_CONNECTOR_SOCKET)
     mask: Callable[[str], str] | None = None  # hides the binding's secrets in what is logged of its output
+    # The first spawn, when a process parked ahead of need runs it (`parking`): (command, cwd, env, stdio
+    # carries MCP) -> that process, or None to spawn the usual way.
+    handoff: Callable[[Sequence[str], str, dict[str, str], bool], subprocess.Popen[bytes] | None] | None = None
 
 
 class DispatchHook(Protocol):
@@ -231,6 +234,11 @@ class ConnectorProcess:
                 return
 
     def _spawn(self) -> subprocess.Popen[bytes]:
+        if self.spec.handoff is not None:
+            parked = self.spec.handoff(self.spec.command, self.spec.cwd, dict(self.spec.env),
+                                       self.spec.socket_path is None)
+            if parked is not None:
+                return parked
         stderr: int = subprocess.DEVNULL
         if self.spec.on_stderr is not None:
             stderr = subprocess.PIPE

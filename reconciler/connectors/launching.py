@@ -9,9 +9,11 @@ launch is everything that process gets and nothing more:
 - the confined environment: the connector's declared settings (the binding's value, else the
   manifest's default) and secrets (resolved now, from the binding's references), plus PATH, LANG
   and HOME; nothing else of the router's environment;
-- its sandbox (`sandbox.bwrap_command`): the view `box_view` computes, its call folder writable, a
-  size-capped `/tmp` as HOME; when the router is root, the host uid the pool gives the binding and
-  its cgroups (`cgroups`); the egress it may reach (the binding's `egress`, else the connector's)
+- its sandbox (`sandbox.entering` and `sandbox.boxed`): the view `box_view` computes, its call folder
+  writable, a size-capped `/tmp` as HOME; when the router is root, the host uid the pool gives the
+  binding and its cgroups (`cgroups`: the leaves of the pool's parked spare, `parking`, when one is
+  ready, whose process then runs the sandbox; else fresh ones its shell joins); the egress it may
+  reach (the binding's `egress`, else the connector's)
   through an `EgressProxy` on a unix socket and the `relay` inside; `egress = []` means no proxy and
   no network at all. Where no sandbox can be built the launch is refused, saying why and what to
   change, unless the router was started with `--no-sandbox` (which warns once: the connector then
@@ -46,12 +48,14 @@ from reconciler.connectors.client import LaunchSpec
 from reconciler.connectors.egress import EgressProxy
 from reconciler.connectors.environments import environment_path, missing_on_machine, require_environment, runtime_home
 from reconciler.connectors.errors import ConnectorStartError
+from reconciler.connectors.parking import Handoff, Parking
 from reconciler.connectors.relay import Forward
 from reconciler.connectors.sandbox import (
     BoxView,
     Limits,
-    bwrap_command,
+    boxed,
     confined_env,
+    entering,
     limits_for,
     sandbox_support,
     write_seccomp,
@@ -83,6 +87,7 @@ class Launch:
     stderr: StderrLog | None = None
     host_uid: int | None = None  # the uid it runs as, when not the router's (the router is root)
     cgroups: ConnectorCgroups | None = None
+    handoff: Handoff | None = None  # its first spawn, by the parked spare it took
 
     async def with_fresh_secrets(self, snapshot: Snapshot, binding_name: str, root: Path) -> Launch:
         """This launch with its secrets resolved again, so a restart picks up a rotated token.
@@ -184,10 +189,12 @@ def effective_egress(binding: Binding, connector: Connector) -> list[str]:
 
 async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, state_dir: Path, *,
                          sandbox: bool = True, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                         run_dir: Path | None = None, host_uid: int | None = None) -> Launch:
+                         run_dir: Path | None = None, host_uid: int | None = None,
+                         parking: Parking | None = None) -> Launch:
     """Everything one process of `binding_name` needs; see the module docstring.
 
-    `host_uid`: the uid its sandbox runs it as when the router is root (the pool gives each binding its own).
+    `host_uid`: the uid its sandbox runs it as when the router is root (the pool gives each binding its own);
+    `parking`: the pool's spare, taken for this launch when one is ready.
     """
     binding = snapshot.bindings[binding_name]
     connector = snapshot.connectors[binding.connector or ""]
@@ -225,7 +232,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
             _warn_unsandboxed()
             command = limited_command(command, limits)
         else:
-            command = await _boxed(launch, snapshot, root, run_dir, binding_name, command, egress, limits)
+            command = await _boxed(launch, snapshot, root, run_dir, binding_name, command, egress, limits, parking)
     except BaseException:
         await launch.cleanup()
         raise
@@ -233,7 +240,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
     launch.stderr = stderr
     launch.spec = LaunchSpec(name=binding_name, command=tuple(command), cwd=str(folder), env=env,
                              max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path,
-                             mask=stderr.mask)
+                             mask=stderr.mask, handoff=launch.handoff)
     return launch
 
 
@@ -252,8 +259,9 @@ def _meet_needs(connector: Connector, binding_name: str, env: dict[str, str]) ->
 
 
 async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path | None, binding_name: str,
-                 command: list[str], egress: list[str], limits: Limits) -> list[str]:
-    """`command` in its sandbox (`sandbox.bwrap_command`): its view, its proxy and relay, its cgroups."""
+                 command: list[str], egress: list[str], limits: Limits, parking: Parking | None) -> list[str]:
+    """`command` in its sandbox (`sandbox.boxed`, after `sandbox.entering`): its view, its proxy and relay, its
+    cgroups (a parked spare's, which is then handed the sandbox to run)."""
     uid = launch.host_uid
     relay = None
     forwards, hosts = raw_forwards(egress)
@@ -272,11 +280,17 @@ async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path |
         writable.append(calls)
         readable.append(inbox_dir(run_dir, binding_name, uid))
     view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts), readable)
+    spare = None
     if uid is not None:
-        launch.cgroups = make_cgroups(launch.folder.name, limits.processes, limits.memory_bytes)
-    write_seccomp(launch.folder / "seccomp.bpf")
-    return bwrap_command(command, view, limits, seccomp=launch.folder / "seccomp.bpf", host_uid=uid, relay=relay,
-                         cgroup_procs=launch.cgroups.procs if launch.cgroups is not None else ())
+        spare = parking.take(limits.processes, limits.memory_bytes) if parking is not None else None
+        launch.cgroups = (spare.cgroups if spare is not None
+                          else make_cgroups(launch.folder.name, limits.processes, limits.memory_bytes))
+    seccomp = launch.folder / "seccomp.bpf"
+    write_seccomp(seccomp)
+    box = boxed(command, view, limits, host_uid=uid, relay=relay)
+    if spare is not None:
+        launch.handoff = spare.handoff(box, seccomp)
+    return [*entering(seccomp, launch.cgroups.procs if launch.cgroups is not None else ()), *box]
 
 
 def raw_forwards(egress: Sequence[str]) -> tuple[list[Forward], dict[str, str]]:

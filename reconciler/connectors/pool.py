@@ -40,6 +40,7 @@ from reconciler.connectors.drift import find_tool_drift
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
 from reconciler.connectors.launching import Launch, declared_env, inbox_dir, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
+from reconciler.connectors.parking import Parking
 from reconciler.connectors.wrapping import ToolCaller, WrappedConnector, check_wrap
 from reconciler.places import default_state_dir
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
@@ -166,6 +167,13 @@ class ConnectorPool:
         self._on_dispatch: DispatchHook | None = None
         self._uids: dict[str, int] = {}
         self._inboxes: dict[str, Path] = {}  # made (and its mode set) once per binding, not per call
+        # A process parked in cgroups ahead of the next start (root only: the cgroups are root's).
+        self._parking = Parking() if sandbox and os.geteuid() == 0 else None
+
+    async def start(self) -> None:
+        """Get ready for the first start: park a spare process (`parking`) when this pool uses cgroups."""
+        if self._parking is not None:
+            await self._parking.start()
 
     def host_uid(self, binding_name: str) -> int | None:
         """The host uid `binding_name`'s connector runs as when the router is root and sandboxes it, else None.
@@ -305,6 +313,10 @@ class ConnectorPool:
         self._current = frozenset(keys)
         self._poke()
 
+    def parked(self) -> int | None:
+        """The process id of the spare parked for the next start, if one is ready (for status and tests)."""
+        return self._parking.parked if self._parking is not None else None
+
     def processes(self) -> list[int]:
         """The process ids of the running connector processes (for status and tests)."""
         return [e.process.pid for e in self._live.values()
@@ -374,7 +386,7 @@ class ConnectorPool:
             return
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
                                             max_line_bytes=self._max_line_bytes, run_dir=self._run_dir,
-                                            host_uid=self.host_uid(binding_name))
+                                            host_uid=self.host_uid(binding_name), parking=self._parking)
         entry.snapshot = snapshot
         process = entry.process = ConnectorProcess(entry.launch.spec, on_dispatch=self._on_dispatch)
         await process.ensure_started()
@@ -470,6 +482,8 @@ class ConnectorPool:
                     await self._reaper
         entries, self._live = list(self._live.values()), {}
         await asyncio.gather(*(self._stop_entry(e, "the router stopped") for e in entries), return_exceptions=True)
+        if self._parking is not None:
+            await self._parking.aclose()
 
 
 def _backoff(count: int) -> float:

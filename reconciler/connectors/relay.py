@@ -1,6 +1,6 @@
 """The egress relay: the first process inside the sandbox of a connector that may reach the network.
 
-Run by the sandbox (`sandbox.bwrap_command`) as `python -m reconciler.connectors.relay --proxy SOCKET
+Run by the sandbox (`sandbox.boxed`) as `python -m reconciler.connectors.relay --proxy SOCKET
 [--forward ADDRESS:PORT=HOST:PORT ...] [--uid UID] -- COMMAND...`.
 
 The sandbox's network namespace has only its loopback. The relay listens there and carries each

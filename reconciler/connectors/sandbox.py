@@ -35,7 +35,7 @@ from pathlib import Path
 from reconciler.config.models import SandboxSpec
 from reconciler.connectors.seccomp import SeccompUnavailableError, filter_program
 
-__all__ = ["DEFAULT_LIMITS", "BoxView", "Limits", "Support", "bwrap_command", "confined_env", "limits_for",
+__all__ = ["DEFAULT_LIMITS", "BoxView", "Limits", "Support", "boxed", "confined_env", "entering", "limits_for",
            "sandbox_support", "write_seccomp"]
 
 _PASSED = ("PATH", "LANG", "LC_ALL", "TZ")
@@ -152,19 +152,23 @@ class BoxView:
     blanked: tuple[str, ...] = ()  # files inside a bound folder that read as empty (other bindings' secrets)
 
 
-def bwrap_command(command: Sequence[str], view: BoxView, limits: Limits, *, seccomp: Path,
-                  host_uid: int | None, relay: Sequence[str] | None = None,
-                  cgroup_procs: Sequence[str] = ()) -> list[str]:
-    """`command` in a bubblewrap sandbox showing `view`.
+def entering(seccomp: Path, cgroup_procs: Sequence[str] = ()) -> list[str]:
+    """The head of a sandboxed command: a short shell that moves itself into the connector's cgroups (root
+    only) and opens the seccomp program on descriptor 9, then runs the rest (a parked process, `parked`,
+    does the same)."""
+    return [shutil.which("sh") or "/bin/sh", "-c", _ENTER, str(seccomp), *cgroup_procs, "--"]
 
-    A short shell first moves itself into the connector's cgroups (root only) and opens the seccomp
-    program on descriptor 9. With `host_uid` (the router is root) the sandbox keeps only what the next
-    step needs to become that uid (`setpriv`, or `relay`, which also binds its forwards' ports first);
-    without it, the user namespace holds the user's own uid and no capability outside it. `prlimit`,
-    last, sets the rlimits on the connector: inside the user namespace, so the process count binds
-    the connector's own processes, not every process of the user running the router.
+
+def boxed(command: Sequence[str], view: BoxView, limits: Limits, *, host_uid: int | None,
+          relay: Sequence[str] | None = None) -> list[str]:
+    """bubblewrap running `command`, its seccomp program read from descriptor 9.
+
+    With `host_uid` (the router is root) the sandbox keeps only what the next step needs to become that
+    uid (`setpriv`, or `relay`, which also binds its forwards' ports first); without it, the user
+    namespace holds the user's own uid and no capability outside it. `prlimit`, last, sets the rlimits
+    on the connector: inside the user namespace, so the process count binds the connector's own
+    processes, not every process of the user running the router.
     """
-    shell = [shutil.which("sh") or "/bin/sh", "-c", _ENTER, str(seccomp), *cgroup_procs, "--"]
     limited = [_PRLIMIT, f"--data={limits.memory_bytes}", f"--cpu={limits.cpu_seconds}",
                f"--fsize={limits.file_bytes}", f"--nproc={limits.processes}", "--"]
     caps = ["--cap-drop", "ALL"]
@@ -182,7 +186,7 @@ def bwrap_command(command: Sequence[str], view: BoxView, limits: Limits, *, secc
     elif host_uid is not None:
         inner = [_SETPRIV, f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups", "--inh-caps=-all",
                  "--no-new-privs", "--", *inner]
-    return [*shell, *box, *inner]
+    return [*box, *inner]
 
 
 # $0: the seccomp program; then each cgroup's `cgroup.procs` up to `--`; then the command.

@@ -69,6 +69,7 @@ class Router:
         """Create the run folder (0700, see `_private`) and open a socket for every profile."""
         for folder in (self.run_dir, self.run_dir / "profiles", self.services.calls_dir):
             _private(folder, "HANDLER_RUN_DIR")
+        await self.services.pool.start()
         for profile in sorted(self.live.snapshot.profiles):
             await self._open(profile)
 

@@ -22,8 +22,9 @@ from reconciler.connectors.relay import Forward
 from reconciler.connectors.sandbox import (
     BoxView,
     Limits,
-    bwrap_command,
+    boxed,
     confined_env,
+    entering,
     sandbox_support,
     write_seccomp,
 )
@@ -133,8 +134,8 @@ async def _run_confined(script: str, arg: str, egress: list[str] | None, folder:
     write_seccomp(folder / "seccomp.bpf")
     files = {"/etc/hosts": str(folder / "hosts")} if egress is not None else {}
     view = BoxView(readable=(str(CODE), sys.prefix, sys.base_prefix), writable=(str(sock),), files=files)
-    command = bwrap_command([sys.executable, "-c", script, arg], view, LIMITS, seccomp=folder / "seccomp.bpf",
-                            host_uid=UID, relay=relay)
+    command = [*entering(folder / "seccomp.bpf"),
+               *boxed([sys.executable, "-c", script, arg], view, LIMITS, host_uid=UID, relay=relay)]
     proc = await asyncio.create_subprocess_exec(
         *command, env=confined_env({}, Path("/tmp"), system_path=True), cwd=folder,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

@@ -1,0 +1,178 @@
+"""One process parked in fresh cgroups ahead of need, so a connector's start does not wait on the kernel.
+
+When the router is root, each connector's processes are bound by `pids` and `memory` cgroups (`cgroups`),
+and the sandbox's first process must join them before it starts anything. On cgroup v1, the first task
+migration after a quiet spell waits for an RCU grace period: about 6 to 16 ms here, most of what the
+sandbox added to a cold start (docs/architecture.md §10). So the pool keeps one spare: a small process
+(`parked`) already in leaves of its own, waiting on a pipe. A start takes it: the leaves get the
+binding's limits, and the spare is handed the sandbox's command (bubblewrap onwards) and the launch's
+environment as its one order, and executes it in place; the next spare is parked a moment later, off
+the start's path. With no spare ready (several starts at once, or the first moments of the router),
+the start goes the usual way, its shell joining fresh leaves itself (`sandbox.entering`).
+
+Only used when the router is root and cgroups can be made; the spare runs as root on the host until it
+executes bubblewrap, exactly as that shell does, and reads nothing but the router's order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups
+
+__all__ = ["Handoff", "Parking", "Spare"]
+
+log = logging.getLogger("handler.connector")
+_PARKED = Path(__file__).with_name("parked.py")
+_SPARE_PROCESSES = 4  # the parked process itself, until a start gives its leaves the binding's limits
+_SPARE_MEMORY = 256 * 1024 * 1024
+_REFILL_SECONDS = 0.5  # after a take: not on the start's own moment, on two cores it would slow it
+_READY_SECONDS = 5.0
+
+# A launch's first spawn, given (its command, cwd, environment, whether stdio carries MCP): the spare's process,
+# or None to spawn the usual way.
+Handoff = Callable[[Sequence[str], str, dict[str, str], bool], "subprocess.Popen[bytes] | None"]
+
+
+@dataclass
+class Spare:
+    """A parked process and its leaves."""
+
+    popen: subprocess.Popen[bytes]
+    cgroups: ConnectorCgroups
+    taken: bool = field(default=False, init=False)
+
+    def handoff(self, box: Sequence[str], seccomp: Path) -> Handoff:
+        """The launch's first spawn: send the order and return this process; None when used already (a restart
+        of the same launch starts the usual way, into the same leaves)."""
+
+        def spawn(_command: Sequence[str], cwd: str, env: dict[str, str],
+                  pipes: bool) -> subprocess.Popen[bytes] | None:
+            if self.taken:
+                return None
+            self.taken = True
+            order = orjson.dumps({"argv": list(box), "env": env, "cwd": cwd, "seccomp": str(seccomp), "pipes": pipes})
+            stdin = self.popen.stdin
+            assert stdin is not None  # noqa: S101 - parked with a pipe
+            stdin.write(len(order).to_bytes(8, "big") + order)
+            stdin.flush()
+            if not pipes:  # a socket connector: it gets /dev/null, as a usual spawn gives it
+                stdin.close()
+                if self.popen.stdout is not None:
+                    self.popen.stdout.close()
+                self.popen.stdin = self.popen.stdout = None
+            return self.popen
+
+        return spawn
+
+    def discard(self) -> None:
+        """End a spare no start took, and remove its leaves."""
+        with contextlib.suppress(OSError):
+            if self.popen.stdin is not None:
+                self.popen.stdin.close()
+        try:
+            self.popen.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        for pipe in (self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                pipe.close()
+        self.cgroups.remove()
+
+
+class Parking:
+    """Keeps one spare ready for the pool's next start."""
+
+    def __init__(self) -> None:
+        self._spare: Spare | None = None
+        self._making: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def parked(self) -> int | None:
+        """The process id of the spare ready now, if any."""
+        return self._spare.popen.pid if self._spare is not None else None
+
+    async def start(self) -> None:
+        """Park the first spare and wait for it (bounded), so the router's first start finds it."""
+        self._refill(delay=0)
+        if self._making is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._making), _READY_SECONDS)
+
+    def take(self, processes: int, memory_bytes: int) -> Spare | None:
+        """The spare, its leaves bound for the binding; None when none is ready (the next one is on its way)."""
+        spare, self._spare = self._spare, None
+        self._refill(delay=_REFILL_SECONDS)
+        if spare is None:
+            return None
+        if spare.popen.poll() is not None:
+            spare.discard()
+            return None
+        try:
+            spare.cgroups.set_limits(processes, memory_bytes)
+        except OSError as exc:
+            log.warning("could not bound a parked connector's cgroups (%s); starting the usual way", exc.strerror)
+            spare.discard()
+            return None
+        return spare
+
+    def _refill(self, delay: float) -> None:
+        if self._closed or self._spare is not None or (self._making is not None and not self._making.done()):
+            return
+        self._making = asyncio.get_running_loop().create_task(self._make(delay))
+
+    async def _make(self, delay: float) -> None:
+        if delay:
+            await asyncio.sleep(delay)
+        spare = await asyncio.to_thread(_park)
+        if self._closed and spare is not None:
+            await asyncio.to_thread(spare.discard)
+            return
+        self._spare = spare
+
+    async def aclose(self) -> None:
+        """End the spare and stop parking."""
+        self._closed = True
+        if self._making is not None:
+            self._making.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._making
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await asyncio.to_thread(spare.discard)
+
+
+def _park() -> Spare | None:
+    """A new spare, once it has joined its leaves; None where that cannot be done here."""
+    cgroups = make_cgroups(f"spare.{secrets.token_hex(4)}", _SPARE_PROCESSES, _SPARE_MEMORY)
+    if cgroups is None:
+        return None
+    try:
+        popen = subprocess.Popen([sys.executable, "-I", "-S", str(_PARKED), *cgroups.procs], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env={},
+                                 start_new_session=True)
+    except OSError as exc:
+        log.warning("could not park a connector process (%s); starts join their cgroups themselves", exc.strerror)
+        cgroups.remove()
+        return None
+    spare = Spare(popen, cgroups)
+    assert popen.stdout is not None  # noqa: S101 - a pipe
+    if os.read(popen.stdout.fileno(), 1) != b"\0":  # it joined its leaves (or died saying why on stderr)
+        said = popen.stderr.read().decode(errors="replace").strip() if popen.stderr else ""
+        log.warning("a parked connector process stopped: %s", said or f"exit status {popen.wait()}")
+        spare.discard()
+        return None
+    return spare
