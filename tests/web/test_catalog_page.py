@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from reconciler.config import FolderSource, Loader
-from reconciler.web.dashboard import _catalog, _templates, read_listing
+from reconciler.web.catalog import catalog_view, read_listing
+from reconciler.web.dashboard import _templates
 
 LISTING = {
     "interfaces": {"embed/v1": [{"connector": "embed-local", "tier": "repeated", "evidence": "local"}],
@@ -23,7 +24,7 @@ def test_the_page_shows_tier_evidence_and_last_check_with_a_failed_one_red(shipp
     (shipped_tree / "catalog/listing.json").write_text(json.dumps(LISTING))
     listing = read_listing(shipped_tree)
     assert listing == LISTING
-    interfaces = _catalog(Loader().load(FolderSource(shipped_tree)), listing)
+    interfaces = catalog_view(Loader().load(FolderSource(shipped_tree)), listing)
     html = _templates().get_template("catalog.html").render(interfaces=interfaces, listed=True, who=None)
     embed = next(i for i in interfaces if i["key"] == "embed/v1")
     local = next(c for c in embed["connectors"] if c["name"] == "embed-local")
@@ -40,7 +41,7 @@ def test_the_page_shows_tier_evidence_and_last_check_with_a_failed_one_red(shipp
 
 def test_without_a_listing_the_page_says_nothing_is_shown_as_checked(shipped_tree: Path) -> None:
     assert read_listing(shipped_tree) is None
-    interfaces = _catalog(Loader().load(FolderSource(shipped_tree)), None)
+    interfaces = catalog_view(Loader().load(FolderSource(shipped_tree)), None)
     html = _templates().get_template("catalog.html").render(interfaces=interfaces, listed=False, who=None)
     assert "no connector below is shown as checked" in html
     assert "never checked" in html
