@@ -46,10 +46,10 @@ def add_dashboard_commands(sub: Any) -> None:
 
 def _login(args: argparse.Namespace) -> int:
     state = args.state_dir or default_state_dir(Path(args.root))
+    _check_owner(args.member, args.root, state)
     if not os.environ.get("HANDLER_LINK_SECRET") and not (state / "link.key").is_file():
         raise SourceError(f"no service keeps its link key in {state} (no link.key there): run this where the "
                           "service runs, with --state-dir or HANDLER_STATE_DIR naming its state folder")
-    _check_owner(args.member, args.root, state)
     signer = LinkSigner(load_link_secret(state))
     print(signer.sign_in_url(_base_url(args.url, state), args.member))
     print(f"open it within {SIGN_IN_MINUTES} minutes; it works once and signs {args.member} in for {OWNER_HOURS} "

@@ -130,6 +130,9 @@ def secret_reference(slot: str, kind: str, target: str, kinds: Sequence[str] = S
     """The reference `{kind = target}` for `slot`, as a binding file writes it; EditError for a kind not in
     `kinds`, an environment variable that is not a name, or an empty target. Never given a value: a form
     or an argument names where the secret is, and this says so when it is anything else."""
+    if not _NAME.match(slot):
+        raise EditError(f"secret slot {slot!r}: a slot's name is letters, digits, '.', '_' and '-' (the connector's "
+                        "secretSlots name them)")
     if kind not in kinds:
         allowed = " or ".join(kinds)
         if kind == "command" and "command" not in kinds:

@@ -164,6 +164,11 @@ class UsedSignIns:
         self._lock = threading.Lock()
         self._used: dict[str, int] = self._read()
 
+    def spent(self, nonce: str) -> bool:
+        """Whether the link with `nonce` was used already."""
+        with self._lock:
+            return nonce in self._used
+
     def use(self, nonce: str, expires: int, now: float | None = None) -> bool:
         """Record `nonce` as used; False when it was used before (the link is spent)."""
         moment = time.time() if now is None else now

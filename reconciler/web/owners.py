@@ -98,6 +98,8 @@ class OwnerDoor:
         member, why = self.desk.signer.check_sign_in(request.query_params)
         if member is not None:
             member, why = self._still_owner(member)
+        if member is not None and self.desk.used_sign_ins.spent(request.query_params["nonce"]):
+            member, why = None, f"this sign-in link was used already; {_HOW} again"
         if member is None:
             return self.login_view(request, 403 if "sig" in request.query_params else 401, message=why)
         fields = {k: request.query_params.get(k, "") for k in ("member", "expires", "nonce", "sig")}

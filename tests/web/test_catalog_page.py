@@ -1,4 +1,5 @@
-"""The dashboard's catalog page: each connector's listed tier and evidence and its last check, a failed one red."""
+"""The dashboard's catalog page: each connector's listed tier and evidence and its last check, a failed one red; each
+interface's bindings and the profiles they serve, linked profile → binding → connector → interface."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 from pathlib import Path
 
 from reconciler.config import FolderSource, Loader
-from reconciler.web.catalog import catalog_view, read_listing
+from reconciler.web.catalog import binding_view, catalog_view, connector_view, profile_view, read_listing
 from reconciler.web.dashboard import _templates
 
 LISTING = {
@@ -46,3 +47,44 @@ def test_without_a_listing_the_page_says_nothing_is_shown_as_checked(shipped_tre
     assert "no connector below is shown as checked" in html
     assert "never checked" in html
     assert "state failed" not in html
+
+
+def test_each_interface_lists_its_bindings_and_the_profiles_each_serves_with_links_down_the_chain(
+        shipped_tree: Path) -> None:
+    snapshot = Loader().load(FolderSource(shipped_tree))
+    interfaces = catalog_view(snapshot, None)
+    ocr = next(i for i in interfaces if i["key"] == "ocr/v1")
+    assert {b["name"]: b["used_by"] for b in ocr["bindings"]} == {
+        "ocr-local": ["auditor", "researcher"], "ocr-mistral-perso": []}
+    html = _templates().get_template("catalog.html").render(interfaces=interfaces, listed=False, who=None)
+    row = html.split('id="ocr/v1-binding-ocr-local"')[1].split("</tr>")[0]
+    assert '<a href="/bindings/ocr-local">ocr-local</a>' in row
+    assert '<a href="/connectors/ocr-tesseract">ocr-tesseract</a>' in row
+    assert '<a href="/profiles/auditor">auditor</a>, <a href="/profiles/researcher">researcher</a>' in row
+
+    profile = profile_view(snapshot, "auditor")
+    assert profile is not None
+    ocr_service = next(s for s in profile["services"] if s["interface"] == "ocr")
+    assert (ocr_service["key"], ocr_service["binding"], ocr_service["pinned"]) == ("ocr/v1", "ocr-local", True)
+    assert [c["name"] for c in ocr_service["choices"]] == ["ocr-local", "ocr-mistral-perso"]
+    page = _templates().get_template("profile.html").render(view=profile, owner="alice", mode="worktree", csrf="c")
+    assert '<a href="/bindings/ocr-local">ocr-local</a>' in page
+    assert '<option value="ocr-mistral-perso">ocr-mistral-perso (ocr-mistral: ocr/v1)</option>' in page
+
+    binding = binding_view(snapshot, "ocr-local")
+    assert binding is not None
+    assert (binding["connector"], binding["used_by"]) == ("ocr-tesseract", [("auditor", "ocr/v1"),
+                                                                            ("researcher", "ocr/v1")])
+    page = _templates().get_template("binding.html").render(view=binding)
+    assert '<a href="/connectors/ocr-tesseract">ocr-tesseract</a>' in page
+
+    connector = connector_view(snapshot, "web-search-brave")
+    assert connector is not None
+    assert [s["name"] for s in connector["slots"]] == ["api_key"]
+    page = _templates().get_template("connector.html").render(view=connector, owner="alice", mode="git", csrf="c",
+                                                              secret_kinds=("env", "file"))
+    assert '<a href="/catalog#web-search/v1"><code>web-search/v1</code></a>' in page
+    assert '<select name="secret.api_key.kind"' in page
+    assert '<option value="command">' not in page
+    assert 'name="setting.country"' in page
+    assert "Commit to a new branch and push it" in page
