@@ -35,14 +35,20 @@ def wait_for(check: Callable[[], bool], what: str, seconds: float = 30.0) -> Non
         time.sleep(0.1)
 
 
-def test_an_owner_creates_a_binding_through_the_form_and_it_lands_on_a_new_branch(
-        base: Path, git: Git, on_phone: OnPhone) -> None:
+def upstream_of_echo_tree(base: Path, git: Git) -> Path:
+    """A bare repository whose main holds the echo tree, as a service in git mode follows it."""
     source = write_echo_tree(base / "src")
     git(source, "init", "-q")
     git(source, "add", "-A")
     git(source, "commit", "-q", "-m", "the echo tree")
     upstream = base / "upstream.git"
     git(base, "clone", "-q", "--bare", str(source), str(upstream))
+    return upstream
+
+
+def test_an_owner_creates_a_binding_through_the_form_and_it_lands_on_a_new_branch(
+        base: Path, git: Git, on_phone: OnPhone) -> None:
+    upstream = upstream_of_echo_tree(base, git)
     main_before = git(upstream, "rev-parse", "main")
     env = clean_env(**{TOKEN_ENV: "a", "HANDLER_RUN_DIR": str(base / "run")})
     state = base / "state"

@@ -88,3 +88,29 @@ def test_each_interface_lists_its_bindings_and_the_profiles_each_serves_with_lin
     assert '<option value="command">' not in page
     assert 'name="setting.country"' in page
     assert "Commit to a new branch and push it" in page
+
+
+def test_the_overview_shows_each_finding_with_its_fix_a_failed_connector_red_and_reloads_itself() -> None:
+    status = {
+        "ready": False, "reason": "revision abc was invalid", "source": "worktree /t", "profiles": {
+            "researcher": {"ocr": "ocr-local (ocr/v1)"}},
+        "lastAttempt": {"revision": "abc", "result": "invalid", "reason": "watch", "time": "t", "findings": [
+            {"code": "P001", "severity": "error", "file": "config/profiles/researcher.toml", "line": 8,
+             "message": "binding 'ocr-locl' does not exist", "expected": "a binding", "fix": 'ocr = "ocr-local"'}]},
+        "connectors": {"ocr-local": {"state": "failed", "message": "tesseract is missing", "drift": []},
+                       "search-brave": {"state": "running", "message": "", "drift": []}},
+    }
+    html = _templates().get_template("overview.html").render(status=status, pending=0, troubled=[], violations=0,
+                                                             refresh_every=10)
+    assert '<meta http-equiv="refresh" content="10">' in html
+    finding = html.split('class="finding"')[1].split("</tr>")[0]
+    assert "binding &#39;ocr-locl&#39; does not exist" in finding
+    assert '<code class="fix">fix: ocr = &#34;ocr-local&#34;</code>' in finding
+    row = html.split('id="binding-ocr-local"')[1].split("</tr>")[0]
+    assert '<span class="state failed">failed</span>' in row
+    assert '<span class="state running">running</span>' in html.split('id="binding-search-brave"')[1]
+    assert '<a href="/profiles/researcher"><strong>researcher</strong></a>' in html
+    assert '<a href="/bindings/ocr-local">ocr-local</a>' in html
+    assert "refresh" not in _templates().get_template("connector.html").render(
+        view={"name": "x", "implements": [], "slots": [], "settings": [], "egress": [], "bindings": []},
+        owner="alice", mode="worktree", csrf="c", secret_kinds=("env", "file"))

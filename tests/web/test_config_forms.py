@@ -158,6 +158,11 @@ def test_a_sign_in_link_works_once_and_not_when_changed(
                 await sign_in(http, link)
                 catalog = await http.get("/catalog")
                 assert "signed in as owner (owner)" in text(catalog)
+                token = csrf(await http.get("/connectors/echo"))
+                out = await http.post("/logout", data={"csrf": csrf(catalog)})
+                assert (out.status_code, out.headers["location"]) == (303, "/")
+                refused = await http.post("/connectors/echo/bindings", data={**BINDING, "csrf": token})
+                assert refused.status_code == 403  # signed out: the form's token is worth nothing now
             async with httpx.AsyncClient(base_url=url(service)) as other:
                 again = await other.get(link)
                 assert again.status_code == 403
