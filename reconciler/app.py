@@ -33,8 +33,8 @@ from reconciler.liveness import CONTROL_NAME, ControlServer, ServiceLock
 from reconciler.places import default_run_dir, default_state_dir, ensure_private_dir
 from reconciler.preflight import preflight
 from reconciler.router.server import Router
+from reconciler.web.catalog import read_listing
 from reconciler.web.channels import Channels, open_channels
-from reconciler.web.dashboard import read_listing
 from reconciler.web.http import HttpListener, WebApp, build_app
 
 __all__ = [
@@ -248,7 +248,7 @@ class Service:
             return None
         tree_root = self.follower.tree_root
         channels = open_channels(self._governor.store, self._live_snapshot, self.state_dir, os.environ,
-                                 lambda: read_listing(tree_root))
+                                 lambda: read_listing(tree_root), self.follower.proposer())
         self._governor.on_hold = channels.notifier.wake
         self._governor.reach = channels.reach()
         return channels

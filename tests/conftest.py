@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-# The echo connector's fixtures (a config tree around it, its secret, a short run folder) serve every suite.
-pytest_plugins = ["tests.fixtures.echo_fixtures"]
+# The echo connector's fixtures (a config tree around it, its secret, a short run folder) serve every suite;
+# the browser's (one headless Chromium per test process, started when a test first asks for it) the web suite.
+pytest_plugins = ["tests.fixtures.echo_fixtures", "tests.fixtures.browser"]
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,9 +2,9 @@
 
 Only this package prints. Its modules: `trees` (validate, plan, mcp-config), `governance`
 (explain, approvals, audit, balance, spend, store), `service` (serve, up, status), `doctor`, `editing`
-(binding create, profile use), `connectors` (connector install), `call` (call a tool from a script; its
-flags from `flags`), `llm` (`handler-llm`) and `common` (exit codes, the config root, loading a tree,
-printing findings).
+(binding create, profile use), `dashboard` (dashboard login), `connectors` (connector install), `call`
+(call a tool from a script; its flags from `flags`), `llm` (`handler-llm`) and `common` (exit codes, the
+config root, loading a tree, printing findings).
 
 Every command that reads a config tree takes `--root DIR` (else $HANDLER_ROOT, else the current
 folder); those that always took a positional ROOT keep it as an alias.
@@ -77,6 +77,7 @@ def _guarded(run: Callable[[], int]) -> int:
 def _build_parser() -> argparse.ArgumentParser:
     from reconciler.cli.call import add_call_command
     from reconciler.cli.connectors import add_connector_commands
+    from reconciler.cli.dashboard import add_dashboard_commands
     from reconciler.cli.doctor import add_doctor_command
     from reconciler.cli.editing import add_edit_commands
     from reconciler.cli.governance import add_governance_commands
@@ -92,6 +93,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_doctor_command(sub)
     add_connector_commands(sub)  # `connector install`; the conformance runner adds `connector check` to it
     add_edit_commands(sub)
+    add_dashboard_commands(sub)
     for ep in entry_points(group="handler.commands"):
         ep.load()(sub)
     return parser

@@ -10,29 +10,25 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, add_root_options, require_tree
 from reconciler.config import FolderSource, GitSource
 from reconciler.config.editing import (
-    Change,
     Checked,
+    Edit,
     EditError,
-    check_change,
+    check_edit,
     create_binding,
     parse_secret,
     parse_setting,
     parse_use,
     use_bindings,
+    write_change,
 )
-from reconciler.config.sources import Blob
 from reconciler.gitops.branches import GitTree, commit_to_new_branch
 
 __all__ = ["add_edit_commands"]
-
-Edit = Callable[[Mapping[str, Blob]], Change]
 
 
 def add_edit_commands(sub: Any) -> None:
@@ -105,12 +101,11 @@ def _apply(args: argparse.Namespace, edit: Edit) -> int:
     root = require_tree(args.root)
     repository = GitTree.of(root) if args.branch else None  # first: not in git is said in --branch's words
     source = GitSource.for_folder(root, args.base) if repository else FolderSource(root)
-    revision, files = source.read()
     try:
-        change = edit(files)
+        checked = check_edit(source, edit)
     except EditError as exc:
         return _usage(exc)
-    checked = check_change(revision, files, change)
+    change = checked.change
     if not checked.ok:
         _print_refusal(checked)
         return EXIT_FINDINGS
@@ -124,17 +119,15 @@ def _apply(args: argparse.Namespace, edit: Edit) -> int:
         print(f"committed {done.commit[:12]} to new branch {done.branch} (from {done.base[:12]}): {change.summary}")
         print(f"  push it for a pull request: {done.push_hint()}")
     else:
-        for path, text in change.files.items():
-            _write(Path(root, path), text)
+        for path in write_change(root, change):
             print(f"wrote {path}: {change.summary}")
     return EXIT_OK
 
 
 def _print_refusal(checked: Checked) -> None:
     """The errors that keep the change out, those it brings first; nothing was written."""
-    brought = [f for f in checked.new_findings if f.is_error]
-    already = [f for f in checked.errors if f not in brought]
-    for finding in brought:
+    already = checked.standing_errors
+    for finding in checked.brought_errors:
         print(finding.render_text())
     if already:
         print(f"the tree already has {len(already)} error(s) the change does not fix "
@@ -143,10 +136,3 @@ def _print_refusal(checked: Checked) -> None:
             print(finding.render_text())
     print(f"\nnot written: {checked.change.summary} would leave {len(checked.errors)} error(s) the service refuses")
 
-
-def _write(path: Path, text: str) -> None:
-    """Write `path` whole or not at all: a follower watching the tree never reads half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.handler-tmp")
-    scratch.write_text(text, encoding="utf-8")
-    scratch.replace(path)

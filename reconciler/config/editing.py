@@ -1,22 +1,25 @@
 """Editing the config tree: a change to its TOML files, checked on the tree as it would be before anything is written.
 
-`handler binding create` and `handler profile use` (and, later, the dashboard's forms) go through here, so
-a change reads the same whoever makes it. Each edit is a pure function from the tree's files to a
-`Change` (tree-relative path → new text): tomlkit keeps every comment and the order of keys of a file it
-edits. `check_change` loads the tree with the change laid over it, runs every save-time check and plans
-it against the tree as it is; the caller writes the files, or commits them to a branch, only when
-`Checked.ok` (docs/config.md, "Editing from the command line").
+`handler binding create` and `handler profile use` and the dashboard's forms go through here, so a change
+reads the same whoever makes it. Each edit is a pure function from the tree's files to a `Change`
+(tree-relative path → new text): tomlkit keeps every comment and the order of keys of a file it edits.
+`check_edit` reads a source, makes the edit and `check_change` loads the tree with the change laid over
+it, runs every save-time check and plans it against the tree as it is; the caller writes the files
+(`write_change`), or commits them to a branch, only when `Checked.ok` (docs/config.md, "Editing from the
+command line").
 
-A secret is only ever a reference (`env`, `file` or `command`), never a value: `parse_secret` refuses
-anything else.
+A secret is only ever a reference (`env`, `file` or `command`), never a value: `secret_reference` refuses
+anything else, and the dashboard allows it `env` and `file` alone (`FORM_SECRET_KINDS`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import tomlkit
@@ -27,22 +30,32 @@ from reconciler.config.findings import Finding
 from reconciler.config.loading import Loader
 from reconciler.config.planning import Plan, plan_changes, toml_value
 from reconciler.config.snapshot import Snapshot
-from reconciler.config.sources import Blob, blob_sha, tree_revision
+from reconciler.config.sources import Blob, TreeSource, blob_sha, tree_revision
 
 __all__ = [
+    "FORM_SECRET_KINDS",
+    "SECRET_KINDS",
     "Change",
     "Checked",
+    "Edit",
     "EditError",
     "check_change",
+    "check_edit",
     "create_binding",
     "parse_secret",
     "parse_setting",
     "parse_use",
+    "secret_reference",
     "use_bindings",
+    "write_change",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_KINDS = ("env", "file", "command")
+# A form in a browser names where a secret is, never how to compute it: a `command` reference runs in the
+# router, unconfined, so it comes only by the command line or a pull request (docs/architecture.md §8).
+FORM_SECRET_KINDS = ("env", "file")
 
 
 class EditError(HandlerError):
@@ -81,6 +94,17 @@ class Checked:
     def ok(self) -> bool:
         return not self.errors
 
+    @property
+    def brought_errors(self) -> tuple[Finding, ...]:
+        """The errors the change itself brings: what to fix in it."""
+        return tuple(f for f in self.new_findings if f.is_error)
+
+    @property
+    def standing_errors(self) -> tuple[Finding, ...]:
+        """The errors the tree had before the change and still has: they keep it out all the same."""
+        brought = set(self.brought_errors)
+        return tuple(f for f in self.errors if f not in brought)
+
 
 def _identity(finding: Finding) -> tuple[str, str, str]:
     """A finding without its line: an edit moves lines, not what is wrong."""
@@ -99,13 +123,38 @@ def parse_secret(text: str) -> tuple[str, dict[str, Any]]:
     if not colon or kind not in SECRET_KINDS or not target:
         raise EditError(f"--secret {slot}=...: a secret is given by reference, never by value; write "
                         f"{slot}=env:VARIABLE, {slot}=file:PATH or {slot}=command:'pass show NAME'")
+    return slot, secret_reference(slot, kind, target)
+
+
+def secret_reference(slot: str, kind: str, target: str, kinds: Sequence[str] = SECRET_KINDS) -> dict[str, Any]:
+    """The reference `{kind = target}` for `slot`, as a binding file writes it; EditError for a kind not in
+    `kinds`, an environment variable that is not a name, or an empty target. Never given a value: a form
+    or an argument names where the secret is, and this says so when it is anything else."""
+    if not _NAME.match(slot):
+        raise EditError(f"secret slot {slot!r}: a slot's name is letters, digits, '.', '_' and '-' (the connector's "
+                        "secretSlots name them)")
+    if kind not in kinds:
+        allowed = " or ".join(kinds)
+        if kind == "command" and "command" not in kinds:
+            raise EditError(f"secret {slot}: a command reference runs in the router, so it is not taken here; "
+                            f"give an {allowed} reference, or write the command with `handler binding create "
+                            "--secret` in a pull request")
+        raise EditError(f"secret {slot}: {kind!r} is not a kind of reference; give {allowed}")
+    target = target.strip()
+    if not target:
+        raise EditError(f"secret {slot}: name the {'variable' if kind == 'env' else kind} it is read from")
+    # What was given is not repeated: it may be the very value that must not be written down.
+    if kind == "env" and not _VARIABLE.match(target):
+        raise EditError(f"secret {slot}: what env names is not an environment variable's name (letters, digits "
+                        "and '_', not starting with a digit); a secret is given by reference, never by value")
+    if kind == "file" and any(c in target for c in "\0\n\r"):
+        raise EditError(f"secret {slot}: what file names is not a path")
     if kind == "command":
         try:
-            argv = shlex.split(target)
+            return {"command": shlex.split(target)}
         except ValueError as exc:
             raise EditError(f"--secret {slot}=command:...: {exc}; quote the command as a shell would") from exc
-        return slot, {"command": argv}
-    return slot, {kind: target}
+    return {kind: target}
 
 
 def parse_setting(text: str) -> tuple[str, str]:
@@ -203,7 +252,9 @@ def _inline(value: Mapping[str, Any]) -> InlineTable:
     return table
 
 
-# --- checking --------------------------------------------------------------------------------------
+# --- checking and writing ---------------------------------------------------------------------------
+
+Edit = Callable[[Mapping[str, Blob]], Change]  # an edit of the tree's files: `create_binding`, `use_bindings`
 
 
 class _Files:
@@ -227,6 +278,24 @@ def check_change(revision: str, files: Mapping[str, Blob], change: Change) -> Ch
     before = loader.load(_Files(revision, files))
     after = loader.load(_Files(tree_revision(after_files), after_files))
     return Checked(change, before, after, plan_changes(before, after))
+
+
+def check_edit(source: TreeSource, edit: Edit) -> Checked:
+    """Read `source`, make `edit` on its files and check the change (EditError when it cannot be made)."""
+    revision, files = source.read()
+    return check_change(revision, files, edit(files))
+
+
+def write_change(root: str | os.PathLike[str], change: Change) -> list[str]:
+    """Write the change's files under the config root `root`, each whole or not at all (a follower watching
+    the tree never reads half a file); the tree-relative paths written."""
+    for path, text in change.files.items():
+        target = Path(root, path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = target.with_name(f".{target.name}.handler-tmp")
+        scratch.write_text(text, encoding="utf-8")
+        scratch.replace(target)
+    return sorted(change.files)
 
 
 def _ended(text: str) -> str:

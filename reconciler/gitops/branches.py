@@ -3,7 +3,10 @@
 The commit is built with a temporary index (`git read-tree`, `update-index`, `write-tree`,
 `commit-tree`), so the work tree, the real index and HEAD stay as they were, and the branch is created
 with `update-ref` only if it does not exist yet: an existing branch, the followed ref above all, is
-never moved. Called by `handler binding create --branch` and `handler profile use --branch`.
+never moved. Called by `handler binding create --branch` and `handler profile use --branch`, and by the
+dashboard's forms in git mode (`proposals`), which commit in the service's bare mirror as the signed-in
+owner (`Identity`) and push the new branch to the remote with `push_new_branch`: a push that could
+only create it, never the followed ref nor any branch that exists there.
 """
 
 from __future__ import annotations
@@ -17,7 +20,19 @@ from pathlib import Path
 
 from reconciler.config import SourceError
 
-__all__ = ["BranchCommit", "GitTree", "commit_to_new_branch"]
+__all__ = ["BranchCommit", "GitTree", "Identity", "commit_to_new_branch", "delete_branch", "push_new_branch"]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a commit is by (author and committer), when the repository's own git config is not the one to use."""
+
+    name: str
+    email: str
+
+    def env(self) -> dict[str, str]:
+        return {"GIT_AUTHOR_NAME": self.name, "GIT_AUTHOR_EMAIL": self.email,
+                "GIT_COMMITTER_NAME": self.name, "GIT_COMMITTER_EMAIL": self.email}
 
 
 @dataclass(frozen=True)
@@ -51,8 +66,10 @@ class BranchCommit:
         return f"git push -u {self.remote} {self.branch}   # then open a pull request from {self.branch}"
 
 
-def commit_to_new_branch(tree: GitTree, base: str, branch: str, files: Mapping[str, str], message: str) -> BranchCommit:
-    """Commit `files` (config-root-relative path → text) on top of `base` as the new branch `branch`."""
+def commit_to_new_branch(tree: GitTree, base: str, branch: str, files: Mapping[str, str], message: str,
+                         identity: Identity | None = None) -> BranchCommit:
+    """Commit `files` (config-root-relative path → text) on top of `base` as the new branch `branch`, by
+    `identity` (default: the repository's git config)."""
     top = tree.top
     _git(top, "check-ref-format", "--branch", branch, what=f"'{branch}' is not a valid branch name")
     if _run(top, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}").returncode == 0:
@@ -67,12 +84,27 @@ def commit_to_new_branch(tree: GitTree, base: str, branch: str, files: Mapping[s
                  what=f"cannot stage {path}")
         new_tree = _git(top, "write-tree", env=env, what="cannot write the tree")
     commit = _git(top, "commit-tree", new_tree, "-p", base_commit, data=message + "\n",
+                  env=identity.env() if identity is not None else None,
                   what="cannot commit (is user.name and user.email set? `git config user.email you@example.org`)")
     # The empty old value makes update-ref create the branch or fail: it never moves one that appeared meanwhile.
     _git(top, "update-ref", f"refs/heads/{branch}", commit, "", what=f"cannot create branch {branch}")
     remotes = _git(top, "remote", what="cannot list the remotes").split()
     remote = "origin" if "origin" in remotes else remotes[0] if remotes else None
     return BranchCommit(branch, commit, base_commit, remote)
+
+
+def push_new_branch(repository: Path, remote: str, commit: str, branch: str) -> None:
+    """Push `commit` to `remote` (a URL or a path) as its new branch `branch`; SourceError when the remote
+    refuses, a branch of that name among the reasons. The lease names no old value, so the push can create
+    the branch and nothing else: an existing one, however it got there, is never moved."""
+    ref = f"refs/heads/{branch}"
+    _git(repository, "push", "--quiet", f"--force-with-lease={ref}:", remote, f"{commit}:{ref}",
+         what=f"cannot push branch {branch} to {remote} (does it exist there already? may this service push?)")
+
+
+def delete_branch(repository: Path, branch: str, commit: str) -> None:
+    """Remove `branch` from `repository` if it still points at `commit` (a branch that was not pushed)."""
+    _git(repository, "update-ref", "-d", f"refs/heads/{branch}", commit, what=f"cannot remove branch {branch}")
 
 
 def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from pathlib import Path
 
 from reconciler.config import GitSource, SourceError
@@ -28,9 +29,18 @@ class GitMirror:
         self.folder = folder
         self.subdir = subdir
         self._source: GitSource | None = None
+        # Held while a fetch moves the refs, and while a change from the dashboard is read, committed and
+        # pushed (`proposals`), so a new branch is never pruned by a fetch before it reaches the remote.
+        self.lock = threading.Lock()
 
     def fetch(self) -> None:
         """Clone the mirror on first use, then fetch; raises SourceError when the remote is unusable."""
+        with self.lock:
+            self._fetch()
+        if self._source is None:
+            self._source = GitSource(self.folder, self.ref, self.subdir)
+
+    def _fetch(self) -> None:
         import git
 
         try:
@@ -46,8 +56,6 @@ class GitMirror:
         except git.GitCommandError as exc:
             detail = (exc.stderr or str(exc)).strip().splitlines()
             raise SourceError(f"cannot fetch {self.remote}: {detail[-1] if detail else exc}") from exc
-        if self._source is None:
-            self._source = GitSource(self.folder, self.ref, self.subdir)
 
     def export(self, revision: str, dest: Path) -> None:
         """Write the config folders of `revision` under `dest` (the service's own copy, never a person's

@@ -9,6 +9,7 @@ the mirror still has it.
 
 `reconciler.app` assembles one per service and hands it the swap that makes a snapshot live;
 what a person should hear of (a failed fetch, the fallback) goes to the `FollowReports` it is given.
+Its `proposer` says where a change made from the dashboard goes (`proposals`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from reconciler.config import FolderSource, GitSource, HandlerError, Snapshot
 from reconciler.gitops.fetching import GitMirror
+from reconciler.gitops.proposals import MirrorProposer, Proposer, WorkTreeProposer
 from reconciler.gitops.reconciling import Reconciler, SwapFn
 from reconciler.gitops.status import Attempt, read_status
 from reconciler.gitops.watching import watch_tree
@@ -82,6 +84,13 @@ class Follower:
     def on_push(self) -> Callable[[], Awaitable[None]] | None:
         """What a verified push webhook calls; None when the source is not git (nothing to fetch)."""
         return self.push if self._mirror is not None else None
+
+    def proposer(self) -> Proposer:
+        """Where a change made from the dashboard goes: this work tree's files, or a new branch of the followed
+        repository, committed in the mirror and pushed."""
+        if self._mirror is not None:
+            return MirrorProposer(self._mirror)
+        return WorkTreeProposer(self.tree_root)
 
     async def push(self) -> None:
         """A push was announced: fetch and reconcile now rather than at the next interval."""

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.config.snapshot import Snapshot
+from reconciler.gitops.proposals import Proposer
 from reconciler.governance.notices import Reach
 from reconciler.governance.store import Store
-from reconciler.web.dashboard import Desk
-from reconciler.web.links import LinkSigner, load_link_secret
+from reconciler.web.desk import Desk
+from reconciler.web.links import LinkSigner, UsedSignIns, load_link_secret
 from reconciler.web.mail import MailSettings
 from reconciler.web.notifier import Notifier
 from reconciler.web.slack import SlackClient, SlackSettings
@@ -62,12 +63,15 @@ class Channels:
 
 
 def open_channels(store: Store, snapshot: Callable[[], Snapshot | None], state_dir: Path,
-                  env: Mapping[str, str], listing: Callable[[], Mapping[str, Any] | None] | None = None) -> Channels:
-    """Raises `MailError` for a `HANDLER_SMTP_URL` that cannot be used, before anything starts."""
+                  env: Mapping[str, str], listing: Callable[[], Mapping[str, Any] | None] | None = None,
+                  proposer: Proposer | None = None) -> Channels:
+    """Raises `MailError` for a `HANDLER_SMTP_URL` that cannot be used, before anything starts. `proposer` is
+    where the dashboard's config edits go (None: its config pages only show)."""
     signer = LinkSigner(load_link_secret(state_dir, env))
     slack = SlackSettings.from_env(env)
     client = SlackClient(slack) if slack.token or slack.signing_secret else None
-    desk = Desk(store, snapshot, signer, slack, client, env.get("HANDLER_DASHBOARD_TOKEN", "").strip() or None)
+    desk = Desk(store, snapshot, signer, slack, client, env.get("HANDLER_DASHBOARD_TOKEN", "").strip() or None,
+                proposer=proposer, used_sign_ins=UsedSignIns(state_dir))
     if listing is not None:
         desk.listing = listing
     notifier = Notifier(store, signer, env.get("HANDLER_PUBLIC_URL", "").strip().rstrip("/"),

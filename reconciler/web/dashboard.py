@@ -1,10 +1,12 @@
 """The dashboard and the decision endpoints of the channels (docs/architecture.md §7).
 
-Pages: `/` (status: the applied revision, the last attempt and its findings, profiles,
-connectors), `/approvals` (holds waiting, decisions made), `/approvals/<id>` (one hold in full,
-its arguments included, and its notices), `/catalog` (interfaces, their tools, connectors and
-bindings). With `HANDLER_DASHBOARD_TOKEN` set, the pages ask for it once (`?token=...`, then a
-cookie); without it they are open to whoever reaches the listener, which is why the listener
+Pages: `/` (status: the applied revision, the last attempt and its findings with their fixes,
+profiles, connectors) and `/approvals` (holds waiting, decisions made), both reloading themselves
+every `REFRESH_SECONDS`; `/approvals/<id>` (one hold in full, its arguments included, and its
+notices); the config's pages and edit forms (`editing`: `/catalog`, `/profiles/<name>`,
+`/bindings/<name>`, `/connectors/<name>`), which need an owner's sign-in (`owners`: `/login`).
+With `HANDLER_DASHBOARD_TOKEN` set, the pages ask for it once (`?token=...`, then a cookie);
+without it they are open to whoever reaches the listener, which is why the listener
 (`http.HttpListener`) refuses an address beyond loopback without the token.
 
 Decisions: a signed link (`links`) opens `/approvals/<id>` as its member with Approve and Reject
@@ -22,7 +24,6 @@ import datetime
 import hmac
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -33,7 +34,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from reconciler.config.snapshot import Snapshot
 from reconciler.governance.auditing import pricing_violations_this_month
 from reconciler.governance.errors import GovernanceError, HoldNotFoundError, NotAllowedError
 from reconciler.governance.holds import (
@@ -46,34 +46,23 @@ from reconciler.governance.holds import (
     recent_decisions,
 )
 from reconciler.governance.notices import list_notices, troubled_notices
-from reconciler.governance.store import Store
-from reconciler.web.links import LINK_DAYS, LinkSigner
+from reconciler.web.desk import Desk
+from reconciler.web.editing import ConfigPages
+from reconciler.web.links import LINK_DAYS
 from reconciler.web.notifier import decision_text
-from reconciler.web.slack import SlackAction, SlackClient, SlackSettings, parse_interaction, verify_request
+from reconciler.web.owners import MEMBER_COOKIE, OwnerDoor
+from reconciler.web.slack import SlackAction, parse_interaction, verify_request
 
-__all__ = ["Desk", "dashboard_routes"]
+__all__ = ["REFRESH_SECONDS", "Desk", "dashboard_routes"]
 
 log = logging.getLogger("handler.http")
 _COOKIE = "handler_dashboard"
-_SESSION = "handler_member"
+_SESSION = MEMBER_COOKIE
+REFRESH_SECONDS = 10  # the overview and the approvals reload themselves (a form page never does)
 # Pages carry decision buttons: no framing (clickjacking), no scripts, forms post only here.
 _HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
             "frame-ancestors 'none'", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
             "Cache-Control": "no-store"}
-
-
-@dataclass
-class Desk:
-    """What the dashboard reads and decides with."""
-
-    store: Store
-    snapshot: Callable[[], Snapshot | None]  # the live one
-    signer: LinkSigner
-    slack: SlackSettings
-    slack_client: SlackClient | None = None  # answers clicks through their response_url
-    token: str | None = None  # HANDLER_DASHBOARD_TOKEN
-    on_decision: Callable[[], None] | None = None  # the notifier, to show the decision in Slack at once
-    listing: Callable[[], Mapping[str, Any] | None] = lambda: None  # the tree's catalog/listing.json, when read
 
 
 def _templates() -> Environment:
@@ -111,6 +100,7 @@ class _Dashboard:
         self.desk = desk
         self.status = status
         self.env = _templates()
+        self.door = OwnerDoor(self)
 
     def routes(self) -> list[Route]:
         return [
@@ -118,12 +108,15 @@ class _Dashboard:
             Route("/approvals", self.approvals),
             Route("/approvals/{hold_id}", self.hold_page, methods=["GET"]),
             Route("/approvals/{hold_id}", self.decide_route, methods=["POST"]),
-            Route("/catalog", self.catalog),
             Route("/hooks/slack", self.slack_hook, methods=["POST"]),
+            *self.door.routes(),
+            *ConfigPages(self, self.door).routes(),
         ]
 
     def page(self, name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("who", self.signed_in(request))
+        context.setdefault("owner", self.door.owner(request)[0])
+        context.setdefault("logout_csrf", self.door.logout_token(request))
         return HTMLResponse(self.env.get_template(name).render(**context), status_code=status_code, headers=_HEADERS)
 
     def signed_in(self, request: Request) -> str | None:
@@ -151,21 +144,14 @@ class _Dashboard:
         troubled = await asyncio.to_thread(troubled_notices, self.desk.store)
         violations = await asyncio.to_thread(pricing_violations_this_month, self.desk.store)
         return self.page("overview.html", request, status=self.status(), pending=pending, troubled=troubled,
-                         violations=violations)
+                         violations=violations, refresh_every=REFRESH_SECONDS)
 
     async def approvals(self, request: Request) -> Response:
         if (refusal := self.locked(request)) is not None:
             return refusal
         pending = await asyncio.to_thread(list_holds, self.desk.store, ("pending",))
         decided = await asyncio.to_thread(recent_decisions, self.desk.store, 50)
-        return self.page("approvals.html", request, pending=pending, decided=decided)
-
-    async def catalog(self, request: Request) -> Response:
-        if (refusal := self.locked(request)) is not None:
-            return refusal
-        listing = await asyncio.to_thread(self.desk.listing)
-        return self.page("catalog.html", request, interfaces=_catalog(self.desk.snapshot(), listing),
-                         listed=listing is not None)
+        return self.page("approvals.html", request, pending=pending, decided=decided, refresh_every=REFRESH_SECONDS)
 
     async def hold_page(self, request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
@@ -303,42 +289,3 @@ def _decide_from_slack(desk: Desk, action: SlackAction) -> tuple[str, bool]:
         return f"Nothing decided: {exc}", False
     log.info("hold %s %s by %s (Slack)", hold.id, hold.state, member)
     return f"{decision_text(hold)} (<@{action.user_id}>)", True
-
-
-def read_listing(root: Path) -> Mapping[str, Any] | None:
-    """The tree's catalog listing (`catalog/listing.json`, built by `handler catalog build`), or None when
-    there is none to read (a git source's exported tree holds only the config folders)."""
-    try:
-        listing = orjson.loads((root / "catalog" / "listing.json").read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return listing if isinstance(listing, dict) else None
-
-
-def _catalog(snapshot: Snapshot | None, listing: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Each interface with its tools and its connectors; for each connector, what the listing says of it: its
-    tier and evidence under that interface (none: not listed), and its last check (failed ones shown red)."""
-    if snapshot is None:
-        return []
-    listing = listing or {}
-    found = listing.get("connectors")
-    last_checks: Mapping[str, Any] = found if isinstance(found, dict) else {}
-    out = []
-    for key, iface in sorted(snapshot.interfaces.items()):
-        entries = {e.get("connector"): e for e in (listing.get("interfaces") or {}).get(key, []) if isinstance(e, dict)}
-        connectors = []
-        for name in sorted(n for n, c in snapshot.connectors.items() if key in c.spec.implements):
-            entry, last = entries.get(name) or {}, last_checks.get(name) or {}
-            connectors.append({"name": name, "tier": entry.get("tier"), "evidence": entry.get("evidence"),
-                               "checked": last.get("checked"), "passed": last.get("passed"),
-                               "last_evidence": last.get("evidence"), "current": last.get("current")})
-        out.append({
-            "key": key,
-            "description": iface.spec.description,
-            "tools": iface.tools,
-            "connectors": connectors,
-            "bindings": sorted(n for n, b in snapshot.bindings.items()
-                               if (c := snapshot.connectors.get(b.connector or "")) is not None
-                               and key in c.spec.implements),
-        })
-    return out

@@ -1,4 +1,4 @@
-"""Signed decision links: a URL that lets one member decide one hold, and nothing else.
+"""Signed links: a URL that lets one member decide one hold, and nothing else; and an owner's sign-in.
 
 An email to an approver carries `/approvals/<id>?member=<m>&expires=<t>&sig=<hmac>`. Opening it
 shows the hold and asks for confirmation; only the form's POST, which carries the same signature,
@@ -8,6 +8,13 @@ decide the other holds they are entitled to; those forms carry a `csrf` token bo
 The signature is HMAC-SHA256 over the hold, the member and the expiry, with `HANDLER_LINK_SECRET`,
 else a random key made once in the state folder (`link.key`, mode 0600) and kept there, so links
 survive a restart.
+
+Editing the config from the dashboard needs more than a decision link, which travels by email: an owner
+signs in with a link `handler dashboard login --member NAME` prints on the service's machine (it reads
+the same key). That link is good for `SIGN_IN_MINUTES` and once (`UsedSignIns` keeps its nonce,
+in memory and in the state folder's `sign-ins.used`, until it expires); it gives an owner session
+(`owner_session`, a cookie signed apart from the member session, `OWNER_HOURS` long) whose forms carry
+a `csrf` token bound to it like the decision forms.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,10 +33,14 @@ from urllib.parse import urlencode
 
 from reconciler.places import ensure_private_dir, open_private_file
 
-__all__ = ["LINK_DAYS", "LinkSigner", "SignedLink", "load_link_secret"]
+__all__ = ["LINK_DAYS", "OWNER_HOURS", "SIGN_IN_MINUTES", "LinkSigner", "SignInLink", "SignedLink", "UsedSignIns",
+           "load_link_secret"]
 
 LINK_DAYS = 7  # a link decides for a week; the hold itself never expires (the dashboard and CLI still work)
+SIGN_IN_MINUTES = 15  # an owner's sign-in link, printed on the service's machine, is opened at once
+OWNER_HOURS = 12  # an owner's session for editing the config: a working day
 _KEY_FILE = "link.key"
+_USED_FILE = "sign-ins.used"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +52,17 @@ class SignedLink:
 
     def query(self) -> str:
         return urlencode({"member": self.member, "expires": self.expires, "sig": self.sig})
+
+
+@dataclass(frozen=True, slots=True)
+class SignInLink:
+    member: str
+    expires: int
+    nonce: str
+    sig: str
+
+    def query(self) -> str:
+        return urlencode({"member": self.member, "expires": self.expires, "nonce": self.nonce, "sig": self.sig})
 
 
 class LinkSigner:
@@ -62,16 +85,55 @@ class LinkSigner:
 
     def session(self, member: str, *, days: float = LINK_DAYS, now: float | None = None) -> str:
         """A cookie value that signs `member` in to the dashboard until it expires."""
-        expires = int((time.time() if now is None else now) + days * 86400)
-        return f"{member}:{expires}:{self._mac('session', '', member, expires)}"
+        return self._session("session", member, days * 86400, now)
 
     def session_member(self, value: str, now: float | None = None) -> str | None:
         """The member a session cookie signs in, or None (absent, forged or expired)."""
+        return self._session_member("session", value, now)
+
+    def owner_session(self, member: str, *, hours: float = OWNER_HOURS, now: float | None = None) -> str:
+        """A cookie value that lets `member` edit the config until it expires (whether they are still an owner
+        is asked of the live config at each use)."""
+        return self._session("owner", member, hours * 3600, now)
+
+    def owner_member(self, value: str, now: float | None = None) -> str | None:
+        """The member an owner session signs in, or None (absent, forged, expired, or a member session)."""
+        return self._session_member("owner", value, now)
+
+    def sign_in(self, member: str, *, minutes: float = SIGN_IN_MINUTES, now: float | None = None) -> SignInLink:
+        """A one-time link that signs `member` in as an owner (`UsedSignIns` makes it one-time)."""
+        expires = int((time.time() if now is None else now) + minutes * 60)
+        nonce = secrets.token_hex(16)
+        return SignInLink(member, expires, nonce, self._mac("sign-in", nonce, member, expires))
+
+    def sign_in_url(self, base: str, member: str) -> str:
+        return f"{base.rstrip('/')}/login?{self.sign_in(member).query()}"
+
+    def check_sign_in(self, params: Mapping[str, str], now: float | None = None) -> tuple[str | None, str]:
+        """(the member a sign-in link is for, "") when its signature holds and it has not expired, else (None, why).
+        Whether it was used already is `UsedSignIns`'s to say."""
+        member, expires, nonce, sig = (params.get(k, "") for k in ("member", "expires", "nonce", "sig"))
+        if not (member and expires and nonce and sig):
+            return None, ("this page was opened without a sign-in link; run `handler dashboard login --member NAME` "
+                          "on the service's machine and open the link it prints")
+        if not expires.isdigit():
+            return None, "the link is damaged (its expiry is not a number)"
+        if not hmac.compare_digest(self._mac("sign-in", nonce, member, int(expires)).encode(), sig.encode()):
+            return None, "the link's signature does not match: it was changed, or signed with another key"
+        if int(expires) < (time.time() if now is None else now):
+            return None, "the sign-in link has expired; run `handler dashboard login --member NAME` again"
+        return member, ""
+
+    def _session(self, kind: str, member: str, seconds: float, now: float | None) -> str:
+        expires = int((time.time() if now is None else now) + seconds)
+        return f"{member}:{expires}:{self._mac(kind, '', member, expires)}"
+
+    def _session_member(self, kind: str, value: str, now: float | None) -> str | None:
         parts = value.rsplit(":", 2)
         if len(parts) != 3 or not parts[1].isdigit():
             return None
         member, expires, mac = parts[0], int(parts[1]), parts[2]
-        if not hmac.compare_digest(self._mac("session", "", member, expires).encode(), mac.encode()):
+        if not hmac.compare_digest(self._mac(kind, "", member, expires).encode(), mac.encode()):
             return None
         return member if expires >= (time.time() if now is None else now) else None
 
@@ -91,6 +153,52 @@ class LinkSigner:
         if int(expires) < (time.time() if now is None else now):
             return None, "the link has expired; ask for a new one (`handler approvals link`) or use the CLI"
         return member, ""
+
+
+class UsedSignIns:
+    """The nonces of sign-in links already used, each kept until its link expires: in memory, and in
+    `sign-ins.used` in the state folder (0600) so a restart does not make a used link good again."""
+
+    def __init__(self, state_dir: Path | None) -> None:
+        self._path = state_dir / _USED_FILE if state_dir is not None else None
+        self._lock = threading.Lock()
+        self._used: dict[str, int] = self._read()
+
+    def spent(self, nonce: str) -> bool:
+        """Whether the link with `nonce` was used already."""
+        with self._lock:
+            return nonce in self._used
+
+    def use(self, nonce: str, expires: int, now: float | None = None) -> bool:
+        """Record `nonce` as used; False when it was used before (the link is spent)."""
+        moment = time.time() if now is None else now
+        with self._lock:
+            if nonce in self._used:
+                return False
+            self._used = {n: e for n, e in self._used.items() if e >= moment}
+            self._used[nonce] = expires
+            self._write()
+        return True
+
+    def _read(self) -> dict[str, int]:
+        if self._path is None:
+            return {}
+        try:
+            with os.fdopen(open_private_file(self._path, os.O_RDONLY), "r", encoding="ascii") as handle:
+                lines = handle.read().split()
+        except (FileNotFoundError, UnicodeDecodeError):
+            return {}
+        return {n: int(e) for n, _, e in (line.partition(",") for line in lines) if e.isdigit()}
+
+    def _write(self) -> None:
+        if self._path is None:
+            return
+        scratch = self._path.with_name(f".{_USED_FILE}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            scratch.unlink()
+        with os.fdopen(open_private_file(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
+            handle.write("".join(f"{n},{e}\n" for n, e in self._used.items()))
+        scratch.replace(self._path)
 
 
 def load_link_secret(state_dir: Path, env: Mapping[str, str] | None = None) -> bytes:

@@ -1,4 +1,5 @@
-"""Signed decision links and Slack request signatures: what they accept and why they refuse."""
+"""Signed decision links, owners' sign-in links and sessions, and Slack request signatures: what they accept
+and why they refuse."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from reconciler.web.links import LinkSigner, load_link_secret
+from reconciler.web.links import LinkSigner, UsedSignIns, load_link_secret
 from reconciler.web.slack import parse_interaction, verify_request
 
 KEY = b"k" * 32
@@ -89,6 +90,52 @@ def test_a_session_signs_in_its_member_until_it_expires() -> None:
     link = signer.sign("req_1", "bob", now=1_000_000.0)
     assert signer.session_member(f"bob:{link.expires}:{link.sig}", now=1_000_000.0) is None
     assert signer.csrf(cookie) != signer.csrf(signer.session("bob", now=1_000_000.0))
+
+
+def test_a_sign_in_link_signs_its_member_in_until_it_expires() -> None:
+    signer = LinkSigner(KEY)
+    link = signer.sign_in("alice", now=1_000_000.0)
+    params = {"member": link.member, "expires": str(link.expires), "nonce": link.nonce, "sig": link.sig}
+    assert link.expires == 1_000_000 + 15 * 60
+    assert signer.check_sign_in(params, now=1_000_000.0) == ("alice", "")
+    for changed in ({"member": "bob"}, {"nonce": "0" * 32}, {"expires": str(link.expires + 3600)}):
+        member, why = signer.check_sign_in({**params, **changed}, now=1_000_000.0)
+        assert member is None
+        assert "signature does not match" in why
+    assert "expired" in signer.check_sign_in(params, now=link.expires + 1.0)[1]
+    assert "handler dashboard login" in signer.check_sign_in({})[1]
+    assert signer.sign_in("alice").nonce != signer.sign_in("alice").nonce  # each link its own
+    # A decision link is no sign-in link, nor the other way round.
+    decision = signer.sign("req_1", "alice", now=1_000_000.0)
+    assert signer.check_sign_in({**params, "expires": str(decision.expires), "nonce": "req_1", "sig": decision.sig},
+                                now=1_000_000.0)[0] is None
+    assert signer.check(link.nonce, {"member": "alice", "expires": str(link.expires), "sig": link.sig},
+                        now=1_000_000.0)[0] is None
+
+
+def test_an_owner_session_is_signed_apart_from_a_member_session() -> None:
+    signer = LinkSigner(KEY)
+    owner = signer.owner_session("alice", now=1_000_000.0)
+    member = signer.session("alice", now=1_000_000.0)
+    assert signer.owner_member(owner, now=1_000_000.0) == "alice"
+    assert signer.owner_member(owner, now=1_000_000.0 + 13 * 3600) is None  # a working day, then expired
+    assert signer.owner_member(member, now=1_000_000.0) is None  # a decision link's session edits nothing
+    assert signer.session_member(owner, now=1_000_000.0) is None
+    _, expires, mac = owner.rsplit(":", 2)
+    assert signer.owner_member(f"bob:{expires}:{mac}", now=1_000_000.0) is None
+
+
+def test_a_sign_in_link_is_spent_once_even_across_a_restart(tmp_path: Path) -> None:
+    used = UsedSignIns(tmp_path)
+    assert not used.spent("n1")
+    assert used.use("n1", 2_000, now=1_000.0)
+    assert used.spent("n1")
+    assert not used.use("n1", 2_000, now=1_000.0)
+    assert stat.S_IMODE((tmp_path / "sign-ins.used").stat().st_mode) == 0o600
+    again = UsedSignIns(tmp_path)  # the service restarted
+    assert not again.use("n1", 2_000, now=1_500.0)
+    assert again.use("n2", 4_000, now=3_000.0)  # n1's link expired meanwhile: forgotten, as it can no longer sign in
+    assert (tmp_path / "sign-ins.used").read_text() == "n2,4000\n"
 
 
 def test_links_never_point_at_a_wildcard_address(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

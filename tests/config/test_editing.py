@@ -1,0 +1,33 @@
+"""A secret in an edit is a reference by name, never a value; the dashboard takes `env` and `file` alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from reconciler.config.editing import FORM_SECRET_KINDS, EditError, parse_secret, secret_reference
+
+
+def test_a_reference_names_where_the_secret_is() -> None:
+    assert secret_reference("api_key", "env", "BRAVE_API_KEY") == {"env": "BRAVE_API_KEY"}
+    assert secret_reference("api_key", "file", " /run/secrets/brave ", FORM_SECRET_KINDS) == (
+        {"file": "/run/secrets/brave"})
+    assert secret_reference("api_key", "command", "pass show 'brave/api key'") == (
+        {"command": ["pass", "show", "brave/api key"]})
+    assert parse_secret("api_key=env:BRAVE_API_KEY") == ("api_key", {"env": "BRAVE_API_KEY"})
+
+
+def test_a_form_takes_no_command_and_nothing_that_looks_like_a_value() -> None:
+    with pytest.raises(EditError, match="a command reference runs in the router, so it is not taken here; give an "
+                                        "env or file reference"):
+        secret_reference("api_key", "command", "cat /run/key", FORM_SECRET_KINDS)
+    with pytest.raises(EditError, match="'value' is not a kind of reference; give env or file"):
+        secret_reference("api_key", "value", "sk-123", FORM_SECRET_KINDS)
+    with pytest.raises(EditError, match="never by value") as refused:
+        secret_reference("api_key", "env", "sk-live-51Hq")
+    assert "sk-live-51Hq" not in str(refused.value)  # what may be the secret itself is not repeated
+    with pytest.raises(EditError, match="name the variable it is read from"):
+        secret_reference("api_key", "env", "  ")
+    with pytest.raises(EditError, match="is not a path"):
+        secret_reference("api_key", "file", "a\nb")
+    with pytest.raises(EditError, match="a slot's name"):
+        secret_reference("api key", "env", "K")

@@ -1,0 +1,179 @@
+"""The dashboard in a real browser (headless Chromium on a 390 px phone screen) against a real `handler up`:
+an owner signs in with `handler dashboard login`, creates a binding through a connector's form (git: a new
+branch pushed, the followed ref untouched), swaps a profile's binding with its dropdown (work tree: the file
+written with its comments, and the router serving the new binding) and approves a hold (the held call then
+runs). Every page is photographed (`artifacts/screenshots/<test>/`) and must fit the phone's width."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.browser import Phone, call_tool, clean_env, handler_up, sign_in
+from tests.fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree
+from tests.fixtures.harness import short_dir
+
+Git = Callable[..., str]
+OnPhone = Callable[[Callable[[Phone], Any]], Any]
+OTHER_ENV = "HANDLER_TEST_OTHER_TOKEN"
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    with short_dir() as folder:
+        yield folder
+
+
+def wait_for(check: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.1)
+
+
+def upstream_of_echo_tree(base: Path, git: Git) -> Path:
+    """A bare repository whose main holds the echo tree, as a service in git mode follows it."""
+    source = write_echo_tree(base / "src")
+    git(source, "init", "-q")
+    git(source, "add", "-A")
+    git(source, "commit", "-q", "-m", "the echo tree")
+    upstream = base / "upstream.git"
+    git(base, "clone", "-q", "--bare", str(source), str(upstream))
+    return upstream
+
+
+def test_an_owner_creates_a_binding_through_the_form_and_it_lands_on_a_new_branch(
+        base: Path, git: Git, on_phone: OnPhone) -> None:
+    upstream = upstream_of_echo_tree(base, git)
+    main_before = git(upstream, "rev-parse", "main")
+    env = clean_env(**{TOKEN_ENV: "a", "HANDLER_RUN_DIR": str(base / "run")})
+    state = base / "state"
+    with handler_up(["--source", "git", "--ref", "main", str(upstream), "--state-dir", str(state)], env,
+                    cwd=base) as up:
+
+        def flow(phone: Phone) -> str:
+            page = phone.page
+            page.goto(up.url + "/catalog")
+            phone.snap("catalog-before-sign-in")
+            page.get_by_role("link", name="new binding").click()
+            assert "handler dashboard login --member NAME" in page.inner_text("#new-binding + .note")
+            sign_in(phone, up, "owner", "--state-dir", str(state))
+            page.get_by_role("link", name="new binding").click()
+            phone.snap("connector")
+
+            # The required token left empty: refused with the finding and its fix; nothing is committed.
+            page.fill("#binding-name", "echo-new")
+            page.fill("#binding-description", "The echo, with its own token")
+            page.fill("#setting-greeting", "bonjour")
+            page.get_by_role("button", name="Commit to a new branch and push it").click()
+            phone.snap("refused")
+            outcome = page.inner_text(".outcome")
+            assert outcome.startswith("Not committed"), outcome
+            finding = page.inner_text("table.findings .finding")
+            assert "B002" in finding
+            assert 'fix: secrets = { token = { env = "ECHO_TOKEN" } }' in finding
+            assert git(upstream, "branch", "--list", "handler/*") == ""
+
+            page.go_back()
+            page.fill("#binding-name", "echo-new")
+            page.fill("#binding-description", "The echo, with its own token")
+            page.select_option("select[name='secret.token.kind']", "env")
+            page.fill("#secret-token-name", "ECHO_NEW_TOKEN")
+            page.fill("#setting-greeting", "bonjour")
+            page.get_by_role("button", name="Commit to a new branch and push it").click()
+            phone.snap("committed")
+            return page.inner_text(".outcome .branch")
+
+        branch = on_phone(flow)
+
+    assert branch.startswith("handler/binding-echo-new-")
+    assert git(upstream, "rev-parse", "main") == main_before  # the followed ref never moves
+    assert git(upstream, "branch", "--list", "handler/*").strip() == branch
+    assert git(upstream, "rev-parse", f"{branch}~1") == main_before
+    assert git(upstream, "diff", "--name-only", "main", branch) == "config/bindings/echo-new.toml"
+    assert git(upstream, "show", f"{branch}:config/bindings/echo-new.toml") == (
+        'apiVersion = "handler.binding/v1"\n'
+        'name = "echo-new"\n'
+        'connector = "echo"\n'
+        'description = "The echo, with its own token"\n'
+        'secrets = { token = { env = "ECHO_NEW_TOKEN" } }\n'
+        'settings = { greeting = "bonjour" }'
+    )
+    assert git(upstream, "log", "-1", "--format=%an <%ae>|%s", branch) == (
+        "owner <owner@example.org>|Add binding echo-new of connector echo")
+
+
+def test_an_owner_swaps_a_profiles_binding_with_the_dropdown_and_the_router_serves_it(
+        base: Path, on_phone: OnPhone) -> None:
+    root = add_other_binding(write_echo_tree(base / "t"), OTHER_ENV)
+    profile = root / "config/profiles/tester.toml"
+    profile.write_text("# The agent that tests the router.\n"
+                       + profile.read_text().replace("services =", "# Which binding serves echo:\nservices =")
+                       + "# end of the profile\n")
+    before = profile.read_text()
+    env = clean_env(**{TOKEN_ENV: "local-token", OTHER_ENV: "other-token", "HANDLER_RUN_DIR": str(base / "run")})
+    sock = base / "run/profiles/tester.sock"
+    with handler_up([str(root)], env, cwd=root) as up:
+        assert call_tool(sock, "echo_token", {}) == {"token": "local-token"}
+
+        def swap(phone: Phone) -> str:
+            page = phone.page
+            sign_in(phone, up, "owner", "--root", str(root))
+            page.goto(up.url + "/")
+            page.get_by_role("link", name="tester").click()
+            phone.snap("profile")
+            page.select_option("#use-echo", "echo-other")
+            page.get_by_role("button", name="Save to the work tree").click()
+            phone.snap("saved")
+            assert "Wrote config/profiles/tester.toml" in page.inner_text(".outcome")
+            return page.inner_text("pre.plan")
+
+        plan = on_phone(swap)
+        assert "echo: echo-local (echo/v1" in plan
+        assert "→ echo-other (echo/v1" in plan
+        assert profile.read_text() == before.replace('echo = "echo-local"', 'echo = "echo-other"')
+        wait_for(lambda: call_tool(sock, "echo_token", {}) == {"token": "other-token"}, "the new binding to serve")
+
+        def drill_down(phone: Phone) -> str:  # overview → profile's binding → its connector → its interface
+            page = phone.page
+            page.goto(up.url + "/")
+            phone.snap("overview")
+            page.locator("a[href='/bindings/echo-other']").first.click()
+            phone.snap("binding")
+            page.get_by_role("link", name="echo", exact=True).first.click()
+            phone.snap("connector")
+            page.get_by_role("link", name="echo/v1").first.click()
+            phone.snap("catalog")
+            return page.url
+
+        assert on_phone(drill_down).endswith("/catalog#echo/v1")
+
+
+def test_an_owner_approves_a_hold_and_the_held_call_runs(base: Path, on_phone: OnPhone) -> None:
+    root = write_echo_tree(base / "t")
+    profile = root / "config/profiles/tester.toml"
+    profile.write_text(profile.read_text().replace('template = "permissive"\n', ""))  # Balanced: a write waits
+    env = clean_env(**{TOKEN_ENV: "t", "HANDLER_RUN_DIR": str(base / "run")})
+    with handler_up([str(root)], env, cwd=root) as up:
+        held = call_tool(base / "run/profiles/tester.sock", "echo_write",
+                         {"text": "approved by a person", "outputPath": "note.txt"})
+        assert held["status"] == "pending", held
+
+        def approve(phone: Phone) -> str:
+            page = phone.page
+            sign_in(phone, up, "owner", "--root", str(root))
+            page.goto(up.url + "/approvals")
+            phone.snap("approvals")
+            page.get_by_role("link", name=held["request_id"]).first.click()
+            phone.snap("hold")
+            page.get_by_role("button", name="Approve as owner").click()
+            page.locator("dd.run .state.executed").wait_for(timeout=30_000)  # the page follows the run
+            phone.snap("executed")
+            return page.inner_text("dd.run")
+
+        assert on_phone(approve).startswith("executed at")
+    assert (root / "work/tester/note.txt").read_text() == "approved by a person"

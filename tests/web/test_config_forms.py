@@ -1,0 +1,310 @@
+"""The dashboard's config forms with `handler up` in this loop, over HTTP: who may send them (an owner signed in
+with `handler dashboard login`, and no one else, whatever the token or a decision link says), what they refuse
+(a bad CSRF token, a `command` secret, a change with a finding: nothing written), and where a clean change goes
+(the work tree's file, or in git mode a new branch pushed to the remote while the followed ref stays)."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+from reconciler.app import UpOptions
+from reconciler.cli import main
+from reconciler.web.links import LinkSigner, load_link_secret
+from tests.fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree
+from tests.fixtures.harness import short_dir
+from tests.fixtures.service import Service, running
+
+Git = Callable[..., str]
+ORG = '''apiVersion = "handler.org/v1"
+name = "test-org"
+
+[members.owner]
+email = "owner@example.org"
+owner = true
+
+[members.bob]
+email = "bob@example.org"
+'''
+BINDING = {"name": "echo-new", "description": "a second echo", "secret.token.kind": "env",
+           "secret.token.name": "ECHO_NEW_TOKEN", "setting.greeting": "salut", "action": "apply"}
+
+
+@pytest.fixture
+def base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    for name in ("HANDLER_STORE_URL", "HANDLER_SMTP_URL", "HANDLER_SLACK_TOKEN", "HANDLER_SLACK_SIGNING_SECRET",
+                 "HANDLER_DASHBOARD_TOKEN", "HANDLER_PUBLIC_URL", "HANDLER_LINK_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(TOKEN_ENV, "t")
+    with short_dir() as folder:
+        monkeypatch.setenv("HANDLER_STATE_DIR", str(folder / "state"))  # `handler dashboard login` finds the key
+        yield folder
+
+
+@pytest.fixture
+def tree(base: Path) -> Path:
+    root = add_other_binding(write_echo_tree(base / "t"), TOKEN_ENV)
+    (root / "config/org.toml").write_text(ORG)
+    return root
+
+
+def options(base: Path, root: Path | str, **more: object) -> UpOptions:
+    return UpOptions(str(root), run_dir=base / "run", state_dir=base / "state", http_port=0, sandbox=False,
+                     **more)  # type: ignore[arg-type]
+
+
+def url(service: Service) -> str:
+    assert service.listener is not None
+    return f"http://127.0.0.1:{service.listener.port}"
+
+
+def signer(base: Path) -> LinkSigner:
+    return LinkSigner(load_link_secret(base / "state"))
+
+
+def login_link(capsys: pytest.CaptureFixture[str], root: Path, service: Service, member: str = "owner") -> str:
+    code = main(["dashboard", "login", "--member", member, "--root", str(root), "--url", url(service)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out.strip()
+
+
+def fields_of(link: str) -> dict[str, str]:
+    return {k: v[0] for k, v in parse_qs(urlsplit(link).query).items()}
+
+
+async def sign_in(http: httpx.AsyncClient, link: str) -> None:
+    page = await http.get(link)
+    assert page.status_code == 200, page.text
+    assert "Sign in as owner" in page.text
+    done = await http.post("/login", data=fields_of(link))
+    assert (done.status_code, done.headers["location"]) == (303, "/catalog")
+
+
+def csrf(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+    assert found, page.text
+    return found.group(1)
+
+
+def text(page: httpx.Response) -> str:
+    """The page as a person reads it: tags out, entities decoded, spaces folded."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page.text)).split())
+
+
+def test_without_an_owners_sign_in_no_form_is_shown_and_every_post_is_refused(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            page = await http.get("/connectors/echo")
+            assert page.status_code == 200
+            assert "handler dashboard login --member NAME" in text(page)
+            assert 'action="/connectors/echo/bindings"' not in page.text
+            refused = await http.post("/connectors/echo/bindings", data=BINDING)
+            assert refused.status_code == 403
+            assert "editing the config needs an owner's sign-in" in text(refused)
+            refused = await http.post("/profiles/tester", data={"use.echo": "echo-other", "was.echo": "echo-local"})
+            assert refused.status_code == 403
+            # A member session, as a decision link gives an owner, is not a sign-in to edit.
+            session = signer(base).session("owner")
+            http.cookies.set("handler_member", session)
+            refused = await http.post("/connectors/echo/bindings",
+                                      data={**BINDING, "csrf": signer(base).csrf(session)})
+            assert refused.status_code == 403
+            assert "needs an owner's sign-in" in text(refused)
+    asyncio.run(scenario())
+    assert not (tree / "config/bindings/echo-new.toml").exists()
+    assert 'echo = "echo-local"' in (tree / "config/profiles/tester.toml").read_text()
+
+
+def test_a_member_who_is_no_owner_cannot_sign_in_nor_edit(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dashboard", "login", "--member", "bob", "--root", str(tree)]) == 1
+    assert "bob is not an owner" in capsys.readouterr().err
+
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            link = signer(base).sign_in_url(url(service), "bob")  # signed with the key, as the CLI would not
+            page = await http.get(link)
+            assert page.status_code == 403
+            assert "bob is not an owner of the org (owners: owner)" in text(page)
+            refused = await http.post("/login", data=fields_of(link))
+            assert refused.status_code == 403
+            assert "handler_owner" not in refused.headers.get("set-cookie", "")
+            # An owner session for bob (signed while bob was an owner, say) edits nothing now he is not one.
+            session = signer(base).owner_session("bob")
+            http.cookies.set("handler_owner", session)
+            refused = await http.post("/connectors/echo/bindings",
+                                      data={**BINDING, "csrf": signer(base).csrf("owner\n" + session)})
+            assert refused.status_code == 403
+            assert "bob is not an owner of the org" in text(refused)
+    asyncio.run(scenario())
+    assert not (tree / "config/bindings/echo-new.toml").exists()
+
+
+def test_a_sign_in_link_works_once_and_not_when_changed(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service:
+            link = login_link(capsys, tree, service)
+            async with httpx.AsyncClient(base_url=url(service)) as http:
+                await sign_in(http, link)
+                catalog = await http.get("/catalog")
+                assert "signed in as owner (owner)" in text(catalog)
+                token = csrf(await http.get("/connectors/echo"))
+                out = await http.post("/logout", data={"csrf": csrf(catalog)})
+                assert (out.status_code, out.headers["location"]) == (303, "/")
+                refused = await http.post("/connectors/echo/bindings", data={**BINDING, "csrf": token})
+                assert refused.status_code == 403  # signed out: the form's token is worth nothing now
+            async with httpx.AsyncClient(base_url=url(service)) as other:
+                again = await other.get(link)
+                assert again.status_code == 403
+                assert "this sign-in link was used already" in text(again)
+                again = await other.post("/login", data=fields_of(link))
+                assert again.status_code == 403
+                assert "used already" in text(again)
+                changed = await other.post("/login", data={**fields_of(link), "member": "bob"})
+                assert changed.status_code == 403
+                assert "signature does not match" in text(changed)
+    asyncio.run(scenario())
+
+
+def test_a_form_without_its_sessions_csrf_token_is_refused(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            await sign_in(http, login_link(capsys, tree, service))
+            for token in ({}, {"csrf": "0" * 64}):
+                refused = await http.post("/connectors/echo/bindings", data={**BINDING, **token})
+                assert refused.status_code == 403
+                assert "the form does not belong to this session" in text(refused)
+            # The token of another session does not do either.
+            other = signer(base).csrf("owner\n" + signer(base).owner_session("owner", hours=1))
+            refused = await http.post("/profiles/tester", data={"use.echo": "echo-other", "was.echo": "echo-local",
+                                                                "csrf": other})
+            assert refused.status_code == 403
+    asyncio.run(scenario())
+    assert not (tree / "config/bindings/echo-new.toml").exists()
+    assert 'echo = "echo-local"' in (tree / "config/profiles/tester.toml").read_text()
+
+
+def test_a_secret_by_command_or_by_value_is_refused_and_nothing_is_written(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            await sign_in(http, login_link(capsys, tree, service))
+            token = csrf(await http.get("/connectors/echo"))
+            refused = await http.post("/connectors/echo/bindings", data={
+                **BINDING, "csrf": token, "secret.token.kind": "command", "secret.token.name": "cat /run/token"})
+            assert refused.status_code == 400
+            assert "a command reference runs in the router, so it is not taken here" in text(refused)
+            refused = await http.post("/connectors/echo/bindings", data={
+                **BINDING, "csrf": token, "secret.token.name": "sk-live-51Hq"})
+            assert refused.status_code == 400
+            assert "never by value" in text(refused)
+            assert "sk-live-51Hq" not in refused.text  # what may be the secret itself is not shown back
+    asyncio.run(scenario())
+    assert not (tree / "config/bindings/echo-new.toml").exists()
+
+
+def test_a_change_with_a_finding_writes_nothing_and_shows_the_fix(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tree / "config/profiles/tester.toml"
+    before = profile.read_text()
+
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            await sign_in(http, login_link(capsys, tree, service))
+            token = csrf(await http.get("/connectors/echo"))
+            refused = await http.post("/connectors/echo/bindings",
+                                      data={**BINDING, "csrf": token, "secret.token.name": ""})
+            assert refused.status_code == 422
+            shown = text(refused)
+            assert "Not written: the tree would have 1 error" in shown
+            assert "B002 error config/bindings/echo-new.toml:1 required secret slot 'token'" in shown
+            assert 'fix: secrets = { token = { env = "ECHO_TOKEN" } }' in shown
+            token = csrf(await http.get("/profiles/tester"))
+            refused = await http.post("/profiles/tester", data={"use.echo": "echo-gone", "was.echo": "echo-local",
+                                                                "csrf": token, "action": "apply"})
+            assert refused.status_code == 422
+            assert "P001" in text(refused)
+            assert "fix:" in text(refused)
+            checked = await http.post("/connectors/echo/bindings", data={**BINDING, "csrf": token, "action": "check"})
+            assert checked.status_code == 200
+            assert "The change passes every check. Nothing was written" in text(checked)
+    asyncio.run(scenario())
+    assert not (tree / "config/bindings/echo-new.toml").exists()
+    assert profile.read_text() == before
+
+
+def test_the_dashboard_token_does_not_stand_in_for_an_owners_sign_in(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HANDLER_DASHBOARD_TOKEN", "a-long-dashboard-token")
+
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            assert (await http.get("/connectors/echo")).status_code == 401
+            opened = await http.get("/connectors/echo?token=a-long-dashboard-token", follow_redirects=True)
+            assert opened.status_code == 200
+            assert "handler dashboard login --member NAME" in text(opened)
+            refused = await http.post("/connectors/echo/bindings", data=BINDING)
+            assert refused.status_code == 403
+            await sign_in(http, login_link(capsys, tree, service))
+            token = csrf(await http.get("/connectors/echo"))
+            done = await http.post("/connectors/echo/bindings", data={**BINDING, "csrf": token})
+            assert done.status_code == 200
+            assert "Wrote config/bindings/echo-new.toml" in text(done)
+    asyncio.run(scenario())
+    assert (tree / "config/bindings/echo-new.toml").read_text() == (
+        'apiVersion = "handler.binding/v1"\nname = "echo-new"\nconnector = "echo"\ndescription = "a second echo"\n'
+        'secrets = { token = { env = "ECHO_NEW_TOKEN" } }\nsettings = { greeting = "salut" }\n')
+
+
+def test_in_git_mode_a_change_is_a_new_branch_pushed_and_the_followed_ref_stays(
+        base: Path, tree: Path, git: Git, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tree / "config/profiles/tester.toml"
+    profile.write_text("# the tester\n" + profile.read_text())
+    git(tree, "init", "-q")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "the echo tree")
+    upstream = base / "upstream.git"
+    git(base, "clone", "-q", "--bare", str(tree), str(upstream))
+    main_before = git(upstream, "rev-parse", "main")
+    mirror = base / "state/mirror.git"
+
+    async def scenario() -> str:
+        async with running(options(base, upstream, source="git", ref="main")) as service, \
+                httpx.AsyncClient(base_url=url(service)) as http:
+            generation = service.generation
+            await sign_in(http, login_link(capsys, tree, service))
+            token = csrf(await http.get("/profiles/tester"))
+            refused = await http.post("/profiles/tester", data={"use.echo": "echo-gone", "was.echo": "echo-local",
+                                                                "csrf": token})
+            assert refused.status_code == 422
+            assert "Not committed" in text(refused)
+            assert git(upstream, "branch", "--list", "handler/*") == ""
+            assert git(mirror, "branch", "--list", "handler/*") == ""
+            done = await http.post("/profiles/tester", data={"use.echo": "echo-other", "was.echo": "echo-local",
+                                                             "csrf": token})
+            assert done.status_code == 200, text(done)
+            branch = re.search(r"new branch (handler/profile-tester-\d{8}-\d{6})", text(done))
+            assert branch, text(done)
+            assert "pushed it to" in text(done)
+            assert service.generation == generation  # nothing applies until the branch is merged
+            assert git(mirror, "rev-parse", "main") == main_before
+            return branch.group(1)
+
+    branch = asyncio.run(scenario())
+    assert git(upstream, "rev-parse", "main") == main_before
+    assert git(upstream, "rev-parse", f"{branch}~1") == main_before
+    assert git(upstream, "show", f"{branch}:config/profiles/tester.toml") == (
+        profile.read_text().replace('echo = "echo-local"', 'echo = "echo-other"').strip())
+    assert git(upstream, "log", "-1", "--format=%an <%ae>|%s", branch) == (
+        "owner <owner@example.org>|Profile tester: echo → echo-other")
