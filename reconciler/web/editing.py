@@ -110,11 +110,11 @@ class ConfigPages:
     async def profile_change(self, request: Request) -> Response:
         """A profile's dropdowns: each interface whose binding was changed on the page, set as `profile use` sets it."""
         name = request.path_params["name"]
-        form = await request.form()
         back = f"/profiles/{name}"
-        owner, why = self.door.check_form(request, form)
-        if owner is None:
-            return self.refused(request, why, back)
+        signed = await self.signed_form(request, back)
+        if isinstance(signed, Response):
+            return signed
+        form, owner = signed
         try:
             uses = [parse_use(f"{key.removeprefix('use.')}={value}") for key, value in _fields(form, "use.")
                     if value and value != form.get(f"was.{key.removeprefix('use.')}", "")]
@@ -129,11 +129,11 @@ class ConfigPages:
     async def binding_create(self, request: Request) -> Response:
         """A connector's "new binding" form: `binding create`, with secrets as env or file references only."""
         connector = request.path_params["name"]
-        form = await request.form()
         back = f"/connectors/{connector}#new-binding"
-        owner, why = self.door.check_form(request, form)
-        if owner is None:
-            return self.refused(request, why, back)
+        signed = await self.signed_form(request, back)
+        if isinstance(signed, Response):
+            return signed
+        form, owner = signed
         try:
             secrets = _secrets(form)
             settings = dict(parse_setting(f"{k.removeprefix('setting.')}={v.strip()}")
@@ -146,6 +146,12 @@ class ConfigPages:
             lambda files: create_binding(files, name, connector, description=description, secrets=secrets,
                                          settings=settings),
             topic=f"binding-{name}", back=back, check_only=form.get("action") == "check")
+
+    async def signed_form(self, request: Request, back: str) -> tuple[FormData, str] | Response:
+        """The posted form and the owner who sent it, or the page refusing it when it is not an owner's."""
+        form = await request.form()
+        owner, why = self.door.check_form(request, form)
+        return (form, owner) if owner is not None else self.refused(request, why, back)
 
     async def propose(self, request: Request, owner: str, edit: Edit, *, topic: str, back: str,
                       check_only: bool) -> Response:

@@ -18,22 +18,13 @@ import httpx
 import pytest
 
 from reconciler.app import UpOptions
-from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.echo_tree import OWNED_ORG, TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, body, short_dir
 from tests.fixtures.mail import serving_mailbox
 from tests.fixtures.service import DEADLINE, Service, running
 
 HANDLER = str(Path(sys.executable).parent / "handler")
-ORG = '''apiVersion = "handler.org/v1"
-name = "test-org"
-
-[members.owner]
-email = "owner@example.org"
-owner = true
-
-[members.bob]
-email = "bob@example.org"
-'''
+ORG = OWNED_ORG
 PROFILE = '''apiVersion = "handler.profile/v1"
 name = "tester"
 scope = "work/tester"

@@ -35,21 +35,12 @@ from reconciler.governance.notices import list_notices
 from reconciler.governance.store.audit import record
 from reconciler.web.channels import open_channels
 from reconciler.web.http import HttpListener
-from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.echo_tree import OWNED_ORG, TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, body, load, short_dir
 from tests.fixtures.mail import Mailbox, serving_mailbox
 from tests.fixtures.service import DEADLINE, Service, running
 
-ORG = '''apiVersion = "handler.org/v1"
-name = "test-org"
-
-[members.owner]
-email = "owner@example.org"
-owner = true
-
-[members.bob]
-email = "bob@example.org"
-
+ORG = OWNED_ORG + '''
 [members.carol]
 slack = "U0CAROL"
 

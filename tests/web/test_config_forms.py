@@ -18,21 +18,12 @@ import pytest
 from reconciler.app import UpOptions
 from reconciler.cli import main
 from reconciler.web.links import LinkSigner, load_link_secret
-from tests.fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree
+from tests.fixtures.echo_tree import OWNED_ORG, TOKEN_ENV, add_other_binding, write_echo_tree
 from tests.fixtures.harness import short_dir
 from tests.fixtures.service import Service, running
 
 Git = Callable[..., str]
-ORG = '''apiVersion = "handler.org/v1"
-name = "test-org"
-
-[members.owner]
-email = "owner@example.org"
-owner = true
-
-[members.bob]
-email = "bob@example.org"
-'''
+ORG = OWNED_ORG
 BINDING = {"name": "echo-new", "description": "a second echo", "secret.token.kind": "env",
            "secret.token.name": "ECHO_NEW_TOKEN", "setting.greeting": "salut", "action": "apply"}
 
