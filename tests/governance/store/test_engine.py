@@ -71,7 +71,7 @@ def test_a_store_of_the_previous_revision_is_migrated_with_its_holds_kept(store_
                              "parent_instance": None, "interface": "mail/v1", "tool": "mail_send",
                              "binding": "mail-b", "arguments": {}, "cost": 0, "approver": None, "reason": "held",
                              "trace": []})
-        assert store.migrate() == head_revision() == "0003"
+        assert store.migrate() == head_revision() == "0004"
         row = fetch_hold(store, "req_old")
         assert row is not None
         assert (row["state"], row["decision_reason"], row["cause"]) == ("pending", None, None)
