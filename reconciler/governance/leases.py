@@ -128,6 +128,7 @@ class _Step:
     asked: bool = False  # calls wait on it: its row is read (and the store's headroom seen) whatever it takes
     need: int = 0  # at least this much more, for the first call waiting on it
     want: int = 0  # as much more as this, if the store's fair share allows
+    unit: int = 1  # the price of a call on it: what it takes comes in whole calls, so no router keeps a crumb
     give: int = 0  # given back (already out of the book)
     close: bool = False
     ahead: int = 0  # `issued` runs this far beyond what its calls use
@@ -283,15 +284,16 @@ class LeaseBook:
             free = lease.granted - used
             step.used, step.charged = used, lease.charged
             step.ahead = max(lease.max_price, sum(asked), round(lease.rate * terms.issue_seconds))
+            step.unit = max(max(asked, default=0), lease.max_price, 1)
             if asked:
                 step.asked = True
                 target = max(sum(asked), lease.max_price, round(lease.rate * terms.lease_seconds))
-                step.want = max(0, target - free)
+                step.want = _whole(max(0, target - free), step.unit)
                 step.need = max(0, min(asked) - free)
             elif not returning and lease.idle == 0 and (lease.headroom is None or lease.headroom > 0):
                 target = round(lease.rate * terms.lease_seconds)
                 if free < target // 2:  # busy: take more before its calls run out
-                    step.want = target - free
+                    step.want = _whole(target - free, step.unit)
             step.close = returning and not asked and lease.reserved == 0
             short = not returning and used + step.ahead // 2 > lease.issued and lease.issued < lease.granted
             due = at - lease.renewed >= terms.ttl_seconds / 3 or (
@@ -418,7 +420,8 @@ class _Rows:
         taken = 0
         if asks:
             room = max(left, 0)
-            taken = min(room, max(step.need, min(step.want, room // (1 + sharing))))
+            share = room // step.unit // (1 + sharing) * step.unit  # whole calls
+            taken = min(room, max(step.need, min(step.want, share)))
             step.headroom = left - taken
         if cut.account is not None:
             self.balances[cut.account] = left - taken
@@ -428,6 +431,11 @@ class _Rows:
             self.spend_moves[key] = self.spend_moves.get(key, 0) - step.give + taken
         step.added = taken
         return taken
+
+
+def _whole(micros: int, unit: int) -> int:
+    """`micros` rounded up to whole calls of `unit`."""
+    return -(-micros // unit) * unit
 
 
 def _write(tx: Transaction, book: LeaseBook, step: _Step, granted: int, at: float) -> None:

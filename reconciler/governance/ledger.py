@@ -22,6 +22,7 @@ from reconciler.governance.decide import SpendState
 from reconciler.governance.holds import new_request_id
 from reconciler.governance.rulebook import CapSet
 from reconciler.governance.store import Store, Transaction, now
+from reconciler.governance.store import leases as lease_rows
 from reconciler.governance.store import spend as rows
 from reconciler.governance.store.audit import audit_row, insert_audit
 
@@ -31,6 +32,7 @@ __all__ = [
     "budget_remaining",
     "current_month",
     "ensure_rows",
+    "leased_balance",
     "read_balance",
     "read_state",
     "reconcile_reservations",
@@ -178,5 +180,28 @@ def add_balance(store: Store, account: str, micros: int, actor: str) -> int:
 
 
 def spend_report(store: Store, month: str | None = None) -> list[dict[str, Any]]:
-    """Spend per scope for one month (default: this one), largest first."""
-    return rows.spend_report(store, month or current_month())
+    """Spend per scope for one month (default: this one), largest first.
+
+    A scope's `micros` is what is counted against its cap: what settled, what running calls may cost,
+    and the budget leases routers hold on it. Of that, `leased` is what live routers' leases hold and
+    their calls have not settled yet (it may still come back), and `stale` what leases of routers that
+    stopped without returning them hold: counted as spent until they are reconciled.
+    """
+    month = month or current_month()
+    held: dict[str, dict[str, int]] = {}
+    for lease in lease_rows.outstanding(store, now()):
+        if lease["scope"] is not None and lease["month"] == month:
+            sums = held.setdefault(lease["scope"], {"leased": 0, "stale": 0})
+            sums["stale" if lease["expired"] else "leased"] += lease["unsettled"]
+    return [{**row, **held.get(row["scope"], {"leased": 0, "stale": 0})}
+            for row in rows.spend_report(store, month)]
+
+
+def leased_balance(store: Store, account: str) -> dict[str, int]:
+    """What budget leases hold of the prepaid balance and have not settled: live routers' (`leased`, it may
+    come back) and stopped routers' (`stale`, spent until reconciled)."""
+    sums = {"leased": 0, "stale": 0}
+    for lease in lease_rows.outstanding(store, now()):
+        if lease["account"] == account:
+            sums["stale" if lease["expired"] else "leased"] += lease["unsettled"]
+    return sums
