@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -167,6 +168,7 @@ class LeaseBook:
         self._leases: dict[Cut, Lease] = {}
         self._needs: dict[tuple[CapSet, str, str, str], Needs] = {}
         self._syncs = 0
+        self._ticked = time.monotonic()
         self.syncing = threading.Lock()  # one sync at a time: only syncs change `granted`
 
     def __len__(self) -> int:
@@ -247,6 +249,7 @@ class LeaseBook:
                 lease.rate = now_rate if now_rate > lease.rate else (lease.rate + now_rate) / 2
                 lease.idle = 0.0 if lease.admitted else lease.idle + seconds
                 lease.admitted = 0
+            self._ticked = time.monotonic()
 
     def plan(self, waiters: Sequence[Waiter], at: float, *, closing: bool, only: Sequence[Cut] | None) -> _Plan:
         """What the next sync does. What it gives back leaves the book now (the store still
@@ -258,6 +261,8 @@ class LeaseBook:
         terms = self.terms
         self._syncs += 1
         plan = _Plan(self._syncs)
+        # Calls that keep asking between ticks (one after the other) show their rate before the next tick does.
+        since_tick = max(time.monotonic() - self._ticked, terms.tick_seconds / 10)
         demand: dict[Cut, list[int]] = {}
         caps: dict[Cut, int | None] = {}
         for waiter in waiters:
@@ -282,12 +287,13 @@ class LeaseBook:
                 lease.issued = min(lease.issued, lease.granted)
             used = lease.used
             free = lease.granted - used
+            rate = max(lease.rate, lease.admitted / since_tick)
             step.used, step.charged = used, lease.charged
-            step.ahead = max(lease.max_price, sum(asked), round(lease.rate * terms.issue_seconds))
+            step.ahead = max(lease.max_price, sum(asked), round(rate * terms.issue_seconds))
             step.unit = max(max(asked, default=0), lease.max_price, 1)
             if asked:
                 step.asked = True
-                target = max(sum(asked), lease.max_price, round(lease.rate * terms.lease_seconds))
+                target = max(sum(asked), lease.max_price, round(rate * terms.lease_seconds))
                 step.want = _whole(max(0, target - free), step.unit)
                 step.need = max(0, min(asked) - free)
             elif not returning and lease.idle == 0 and (lease.headroom is None or lease.headroom > 0):
