@@ -1,11 +1,12 @@
 """The dashboard and the decision endpoints of the channels (docs/architecture.md §7).
 
-Pages: `/` (status: the applied revision, the last attempt and its findings, profiles,
-connectors), `/approvals` (holds waiting, decisions made), `/approvals/<id>` (one hold in full,
-its arguments included, and its notices), `/catalog` (interfaces, their tools, connectors and
-bindings). With `HANDLER_DASHBOARD_TOKEN` set, the pages ask for it once (`?token=...`, then a
-cookie); without it they are open to whoever reaches the listener, which is why the listener
-(`http.HttpListener`) refuses an address beyond loopback without the token.
+Pages: `/` (status: the applied revision, the last attempt and its findings, this month's spend
+with what budget leases hold of it, profiles, connectors), `/approvals` (holds waiting, decisions
+made), `/approvals/<id>` (one hold in full, its arguments included, and its notices), `/catalog`
+(interfaces, their tools, connectors and bindings). With `HANDLER_DASHBOARD_TOKEN` set, the pages
+ask for it once (`?token=...`, then a cookie); without it they are open to whoever reaches the
+listener, which is why the listener (`http.HttpListener`) refuses an address beyond loopback
+without the token.
 
 Decisions: a signed link (`links`) opens `/approvals/<id>` as its member with Approve and Reject
 buttons; only the POST decides, and it needs the link's signature, not the token. Opening a valid
@@ -35,6 +36,7 @@ from starlette.routing import Route
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.auditing import pricing_violations_this_month
+from reconciler.governance.decide import usd
 from reconciler.governance.errors import GovernanceError, HoldNotFoundError, NotAllowedError
 from reconciler.governance.holds import (
     Hold,
@@ -45,6 +47,7 @@ from reconciler.governance.holds import (
     may_decide,
     recent_decisions,
 )
+from reconciler.governance.ledger import spend_report
 from reconciler.governance.notices import list_notices, troubled_notices
 from reconciler.governance.store import Store
 from reconciler.web.links import LINK_DAYS, LinkSigner
@@ -150,8 +153,11 @@ class _Dashboard:
         pending = await asyncio.to_thread(count_holds, self.desk.store, "pending")
         troubled = await asyncio.to_thread(troubled_notices, self.desk.store)
         violations = await asyncio.to_thread(pricing_violations_this_month, self.desk.store)
+        spent = [{"scope": r["scope"], "spent": usd(r["micros"]), "leased": usd(r["leased"]) if r["leased"] else "",
+                  "stale": usd(r["stale"]) if r["stale"] else ""}
+                 for r in await asyncio.to_thread(spend_report, self.desk.store)]
         return self.page("overview.html", request, status=self.status(), pending=pending, troubled=troubled,
-                         violations=violations)
+                         violations=violations, spent=spent)
 
     async def approvals(self, request: Request) -> Response:
         if (refusal := self.locked(request)) is not None:
