@@ -5,9 +5,11 @@ calendar month (UTC) and the prepaid balance, in a fixed order; check them with 
 guardrail rule (`decide.guardrail_block`); add the binding's price, the most the call may cost.
 Settling moves the rows down by the difference to the reported cost, never up: a report above the
 reservation is charged the reservation (`charging`); a refused or failed call is released. Amounts are
-integer micro-USD, so fifty calls at $0.005 make a $0.25 cap exactly. Called by the gate (inside
-its admission transaction), the hold runner, and `handler balance` / `handler spend`; the rows
-themselves are the store's (`store.spend`).
+integer micro-USD, so fifty calls at $0.005 make a $0.25 cap exactly. Called for calls reserved one
+by one — the gate's `admit_now` (inside its admission transaction) and the hold runner — and by
+`handler balance` / `handler spend`; the gate admits the calls of the event loop against budget
+leases instead (`leases`), which this module's report shows. The rows themselves are the store's
+(`store.spend`, `store.leases`).
 """
 
 from __future__ import annotations
