@@ -24,7 +24,7 @@ from reconciler.governance.errors import NotAllowedError
 from reconciler.governance.explain import explain_call
 from reconciler.governance.explain import render_text as render_explanation
 from reconciler.governance.holds import Hold, decide_hold, get_hold, list_holds, may_decide
-from reconciler.governance.ledger import add_balance, current_month, read_balance, spend_report
+from reconciler.governance.ledger import add_balance, current_month, leased_balance, read_balance, spend_report
 from reconciler.governance.notices import list_notices
 from reconciler.governance.rulebook import from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_exists, store_url
@@ -276,8 +276,21 @@ def _balance_show(args: argparse.Namespace) -> int:
     account = _org_name(args.root)
     with _store(args.root) as store:
         micros = read_balance(store, account)
-    print(f"{account}: {usd(micros or 0)} prepaid balance" + ("" if micros is not None else " (never topped up)"))
+        held = leased_balance(store, account)
+    print(f"{account}: {usd(micros or 0)} prepaid balance" + ("" if micros is not None else " (never topped up)")
+          + _leased_note(held, "more"))
     return EXIT_OK
+
+
+def _leased_note(held: dict[str, int], word: str) -> str:
+    """What budget leases hold, as `balance show` and `spend` add it to a figure."""
+    notes = []
+    if held["leased"]:
+        notes.append(f"{usd(held['leased'])} {word} is leased to routers and not settled yet")
+    if held["stale"]:
+        notes.append(f"{usd(held['stale'])} {word} is held by leases of routers that stopped, counted as spent "
+                     "until they are reconciled")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _balance_add(args: argparse.Namespace) -> int:
@@ -292,12 +305,13 @@ def _spend(args: argparse.Namespace) -> int:
     with _store(args.root) as store:
         rows = spend_report(store, args.month)
     if args.format == "json":
-        print(json.dumps([{**r, "usd": from_micros(r["micros"])} for r in rows], indent=2))
+        print(json.dumps([{**r, "usd": from_micros(r["micros"]), "leased_usd": from_micros(r["leased"]),
+                           "stale_usd": from_micros(r["stale"])} for r in rows], indent=2))
         return EXIT_OK
     if not rows:
         print(f"No spend in {args.month or current_month()}.")
     for row in rows:
-        print(f"{row['month']}  {row['scope']:50} {usd(row['micros'])}")
+        print(f"{row['month']}  {row['scope']:50} {usd(row['micros'])}{_leased_note(row, 'of it')}")
     return EXIT_OK
 
 

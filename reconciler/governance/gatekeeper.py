@@ -1,11 +1,15 @@
 """The gate on the call path: admits each call, settles it after, answers `handler_status` and `handler_decide`.
 
-Each admission is one store transaction: the spend rows are read (locked when a cap or balance
-applies), `decide_call` decides on exactly that state, and the reservation, the hold or the refusal
-is written with its audit row before the transaction ends — so no cap is overspent however many
-calls or routers race. A call that nothing limits and that is not held is decided in memory; its
-audit row and spend go to the backlog (`store.backlog`), committed a moment later, and so do
-settlements. The `Governor` puts this gate and the hold runner together as the router's `Gate`.
+A call that a cap or the prepaid balance limits is admitted against this router's budget leases
+(`leasing.Leaser`): its price is reserved on them in memory, and `decide_call` decides on the spend
+state they stand for; when they lack room, one store transaction takes more (or finds the cap
+reached, which the decision then names). The leases are counted in the spend rows, so no cap is
+overspent however many calls or routers race. A call that nothing limits is decided in memory too.
+Either way, an executed or blocked call's audit row and the spend of its scopes no cap limits go to
+the backlog (`store.backlog`), committed a moment later, and so do settlements; a hold is written
+before the agent hears of it. `admit_now` is the same decision in one store transaction with a
+reservation of its own, for callers off the event loop. The `Governor` puts this gate and the hold
+runner together as the router's `Gate`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from reconciler.governance.decide import Decision, SpendState, decide_call
 from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, StoreError
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, Settlement
 from reconciler.governance.holds import PENDING_HINT, caller_refusal, decide_hold, get_hold, hold_status, new_request_id
+from reconciler.governance.leases import Lease
+from reconciler.governance.leasing import Leaser
 from reconciler.governance.ledger import (
     Reservation,
     current_month,
@@ -34,7 +40,7 @@ from reconciler.governance.ledger import (
     settlement_row,
 )
 from reconciler.governance.notices import Reach, add_notices, list_notices, pending_news, targets_for
-from reconciler.governance.rulebook import CapSet, from_micros, to_micros
+from reconciler.governance.rulebook import CapSet, ToolEntry, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store import Store, Transaction
 from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
@@ -66,15 +72,17 @@ class _Token:
     who: PricedCall
     reservation: Reservation | None
     unlimited: _Unlimited | None = None
+    leased: tuple[Lease, ...] = ()  # the leases its price is reserved on
 
 
 class Gatekeeper:
     """Admission, settlement and the built-ins' answers, over one store."""
 
-    def __init__(self, store: Store, workers: StoreWorkers, rulebooks: RulebookCache, *, batch_seconds: float,
-                 held: Callable[[], None], run_now: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(self, store: Store, workers: StoreWorkers, rulebooks: RulebookCache, leaser: Leaser, *,
+                 batch_seconds: float, held: Callable[[], None], run_now: Callable[[str], Awaitable[None]]) -> None:
         """`held` is called on the event loop when a hold was stored; `run_now` runs an approved hold here."""
         self.store = store
+        self._leaser = leaser
         self._workers = workers
         self._rulebooks = rulebooks
         self._batch_seconds = batch_seconds
@@ -94,9 +102,10 @@ class Gatekeeper:
     async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         if self._closed:  # its settlement would have nowhere to go
             return Admission("blocked", "Blocked: this router is shutting down; retry in a moment.")
-        admission = self._admit_unlimited(snapshot, call)
-        if admission is None:
-            admission = await self._workers.run(self.admit_now, snapshot, call)
+        entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
+        found = (await self._admit_leased(snapshot, entry, call) if entry is not None and _limits_spend(entry.caps)
+                 else self._admit_unlimited(snapshot, call))
+        admission = found if found is not None else await self._workers.run(self.admit_now, snapshot, call)
         if len(self._backlog):
             self._flush_soon()
         if admission.status == "pending":
@@ -123,8 +132,41 @@ class Gatekeeper:
         return Admission("executed", decision.reason, request_id, _Token(_priced(request_id, call), None, spent),
                          decision.wire_trace)
 
+    async def _admit_leased(self, snapshot: Snapshot, entry: ToolEntry, call: CallRequest) -> Admission:
+        """Decide a call a cap or the balance limits against this router's leases (see `leasing`)."""
+        cost = to_micros(call.estimated_cost) or entry.price
+        needs = self._leaser.needs(entry.caps, call.profile, call.instance, current_month())
+        held: tuple[Lease, ...] | None = None
+        state = _NO_SPEND
+        if not entry.caps.suspended:  # a suspended org is refused before any lease is taken
+            held = self._leaser.take(needs, cost)
+            refused = None
+            if held is None:
+                waited = await self._leaser.wait(needs, cost)
+                held, refused = waited.held, waited.refused
+            # Held: the leases cover it, which the guardrails read as an untouched budget; else the state
+            # as this router sees the store (the other routers' leases counted as spent), which they refuse.
+            state = _covered(entry.caps, cost) if held is not None else refused or _NO_SPEND
+        decision = decide_call(entry, call.instance, cost, state)
+        if held is not None and decision.outcome is not Outcome.AUTO:
+            self._leaser.give_back(held, cost)
+        request_id = new_request_id()
+        if decision.outcome is Outcome.APPROVE:
+            return await self._workers.run(self._hold_now, snapshot, call, decision, request_id)
+        self._backlog.add_audit(_decided_row(request_id, call, decision))
+        if decision.outcome is Outcome.BLOCK or held is None:
+            return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
+        # The scopes no cap limits are counted through the backlog when it is settled, as for a call nothing limits.
+        counted = _Unlimited(needs.counted, needs.month, cost)
+        return Admission("executed", decision.reason, request_id,
+                         _Token(_priced(request_id, call), None, counted, held), decision.wire_trace)
+
+    def _hold_now(self, snapshot: Snapshot, call: CallRequest, decision: Decision, request_id: str) -> Admission:
+        with self.store.begin() as tx:
+            return self._store_hold(tx, snapshot, call, decision, request_id)
+
     def admit_now(self, snapshot: Snapshot, call: CallRequest) -> Admission:
-        """`admit` without the event loop: one store transaction."""
+        """`admit` without the event loop: one store transaction, with a reservation of its own."""
         entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
         request_id = new_request_id()
         if entry is None:
@@ -185,6 +227,8 @@ class Gatekeeper:
             self._open = max(0, self._open - 1)  # a call admitted by `admit_now` was never counted
         if self._closed:  # a call that outlived `aclose` (the router closes after governance): written now
             await asyncio.to_thread(self._flush_late)
+            if token.leased:
+                await self._leaser.settled_after_close()
         else:
             self._flush_soon()
         return settlement
@@ -203,6 +247,9 @@ class Gatekeeper:
         if held is None:
             if token.unlimited is not None:
                 self._backlog.add_spend(token.unlimited.scopes, token.unlimited.month, charge.charged)
+            if token.leased:
+                left = self._leaser.settle(token.leased, reserved, charge.charged)
+                return Settlement(from_micros(charge.charged), from_micros(left))
             return Settlement(from_micros(charge.charged), None)
         self._backlog.add_settlement(held.id, charge.charged, ok, delta, held.scopes, held.month, held.account)
         remaining = None if held.remaining is None else max(0, held.remaining - delta)
@@ -282,6 +329,7 @@ class Gatekeeper:
         self._closed = True
         if self._open:
             log.info("%d calls admitted here are still running; each is recorded when it ends", self._open)
+        await self._leaser.aclose()
         if self._flushing is not None:
             self._flushing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -291,6 +339,11 @@ class Gatekeeper:
 
 def _limits_spend(caps: CapSet) -> bool:
     return caps.prepaid or caps.org is not None or caps.profile is not None or caps.instance is not None
+
+
+def _covered(caps: CapSet, cost: int) -> SpendState:
+    """The spend state of a call its leases cover: nothing spent, a balance of exactly its price."""
+    return SpendState(balance=cost) if caps.prepaid else _NO_SPEND
 
 
 def _priced(request_id: str, call: CallRequest) -> PricedCall:

@@ -19,6 +19,8 @@ from reconciler.config.snapshot import Snapshot
 from reconciler.governance.gate import Admission, CallRequest, Executor, HoldStatus, Settlement
 from reconciler.governance.gatekeeper import Gatekeeper
 from reconciler.governance.holdrunner import HoldRunner
+from reconciler.governance.leases import LeaseTerms, new_router_id, reconcile_leases
+from reconciler.governance.leasing import Leaser, stable_router_id
 from reconciler.governance.ledger import reconcile_reservations
 from reconciler.governance.notices import Reach
 from reconciler.governance.rulebook_cache import RulebookCache
@@ -34,14 +36,18 @@ class Governor:
     """Governance backed by a store (SQLite or PostgreSQL); implements the router's `Gate`."""
 
     def __init__(self, store: Store, *, poll_seconds: float = 0.25, owns_store: bool = True,
-                 batch_seconds: float = 0.05) -> None:
+                 batch_seconds: float = 0.05, router_id: str | None = None, leases: LeaseTerms | None = None) -> None:
+        """`router_id` names this router's budget leases; give the same one only to the same router restarted
+        (`from_env` keeps one in the state folder), whose start then reconciles what it left."""
         self.store = store
         self._owns_store = owns_store
+        self._restarted_as = router_id
         self._workers = StoreWorkers()
         self._rulebooks = RulebookCache()
+        self._leaser = Leaser(store, self._workers, router_id or new_router_id(), leases or LeaseTerms())
         self._runner = HoldRunner(store, self._workers, self._rulebooks, poll_seconds=poll_seconds,
-                                  heard=self._hold_changed)
-        self._gate = Gatekeeper(store, self._workers, self._rulebooks, batch_seconds=batch_seconds,
+                                  heard=self._hold_changed, make_room=self._leaser.make_room)
+        self._gate = Gatekeeper(store, self._workers, self._rulebooks, self._leaser, batch_seconds=batch_seconds,
                                 held=self._hold_changed, run_now=self._runner.run_now)
         # Called on the event loop when a hold was stored here or (PostgreSQL) by another router: the
         # notifier of `handler up` sends its notices at once instead of at its next poll.
@@ -50,8 +56,10 @@ class Governor:
     @classmethod
     def from_env(cls, root: str | Path = ".", env: Mapping[str, str] | None = None, *,
                  state_dir: Path | None = None) -> Governor:
-        """Open (and migrate, under a lock) the store named by the environment; see `store_url`."""
-        return cls(open_store(store_url(root, env, state_dir=state_dir)))
+        """Open (and migrate, under a lock) the store named by the environment; see `store_url`. With a state
+        folder (one service's), the router's id is kept there."""
+        store = open_store(store_url(root, env, state_dir=state_dir))
+        return cls(store, router_id=stable_router_id(state_dir) if state_dir is not None else None)
 
     def _hold_changed(self) -> None:
         if self.on_hold is not None:
@@ -107,6 +115,11 @@ class Governor:
         reconciled = await self._workers.run(reconcile_reservations, self.store)
         if reconciled:
             log.warning("%d reservations a stopped router never settled are charged what they reserved", reconciled)
+        leases = await self._workers.run(reconcile_leases, self.store, self._restarted_as)
+        if leases:
+            log.warning("%d budget leases stopped routers never returned are reconciled: what they had not issued "
+                        "is given back", len(leases))
+        self._leaser.start()
         await self._runner.start(executor)
 
     # --- closing ---------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from reconciler.governance.decide import decide_call, guardrail_block
 from reconciler.governance.gate import CallRequest, CallResult, Executor
 from reconciler.governance.holds import Hold, approved_ids, claim_hold, finish_hold, get_hold
 from reconciler.governance.ledger import Reservation, current_month, ensure_rows, read_state, reserve, settle
-from reconciler.governance.rulebook import from_micros, to_micros
+from reconciler.governance.rulebook import CapSet, ToolEntry, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store import Store
 from reconciler.governance.store.listening import HoldListener
@@ -41,9 +41,11 @@ class HoldRunner:
     """Runs the approved holds of one store, each exactly once across every router sharing it."""
 
     def __init__(self, store: Store, workers: StoreWorkers, rulebooks: RulebookCache, *, poll_seconds: float,
-                 heard: Callable[[], None]) -> None:
-        """`heard` is called on the event loop when another router changed a hold (PostgreSQL NOTIFY)."""
+                 heard: Callable[[], None], make_room: Callable[[CapSet, str, str, str], bool] | None = None) -> None:
+        """`heard` is called on the event loop when another router changed a hold (PostgreSQL NOTIFY);
+        `make_room` gives back the unused part of this router's budget leases on a call's caps."""
         self.store = store
+        self._make_room = make_room
         self.runner_id = "router-" + secrets.token_hex(6)
         self.snapshot: Snapshot | None = None  # the live snapshot, against which holds are checked again
         self._workers = workers
@@ -156,6 +158,14 @@ class HoldRunner:
             return f"profile {hold.profile} no longer serves {hold.tool}"
         month = current_month()
         ensure_rows(self.store, entry.caps, hold.profile, hold.instance, month)
+        found = self._reserve(entry, hold, month)
+        # What this router's own leases hold unused is room for this call too: given back, then tried again.
+        if isinstance(found, str) and self._make_room is not None and self._make_room(
+                entry.caps, hold.profile, hold.instance, month):
+            found = self._reserve(entry, hold, month)
+        return found
+
+    def _reserve(self, entry: ToolEntry, hold: Hold, month: str) -> Reservation | str:
         with self.store.begin() as tx:
             state = read_state(self.store, tx, entry.caps, hold.profile, hold.instance, lock=True, month=month)
             blocked = guardrail_block(entry.caps, hold.profile, hold.instance, hold.cost, state)

@@ -5,9 +5,11 @@ calendar month (UTC) and the prepaid balance, in a fixed order; check them with 
 guardrail rule (`decide.guardrail_block`); add the binding's price, the most the call may cost.
 Settling moves the rows down by the difference to the reported cost, never up: a report above the
 reservation is charged the reservation (`charging`); a refused or failed call is released. Amounts are
-integer micro-USD, so fifty calls at $0.005 make a $0.25 cap exactly. Called by the gate (inside
-its admission transaction), the hold runner, and `handler balance` / `handler spend`; the rows
-themselves are the store's (`store.spend`).
+integer micro-USD, so fifty calls at $0.005 make a $0.25 cap exactly. Called for calls reserved one
+by one — the gate's `admit_now` (inside its admission transaction) and the hold runner — and by
+`handler balance` / `handler spend`; the gate admits the calls of the event loop against budget
+leases instead (`leases`), which this module's report shows. The rows themselves are the store's
+(`store.spend`, `store.leases`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from reconciler.governance.decide import SpendState
 from reconciler.governance.holds import new_request_id
 from reconciler.governance.rulebook import CapSet
 from reconciler.governance.store import Store, Transaction, now
+from reconciler.governance.store import leases as lease_rows
 from reconciler.governance.store import spend as rows
 from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
 
@@ -32,6 +35,7 @@ __all__ = [
     "budget_remaining",
     "current_month",
     "ensure_rows",
+    "leased_balance",
     "read_balance",
     "read_state",
     "reconcile_reservations",
@@ -192,5 +196,28 @@ def add_balance(store: Store, account: str, micros: int, actor: str) -> int:
 
 
 def spend_report(store: Store, month: str | None = None) -> list[dict[str, Any]]:
-    """Spend per scope for one month (default: this one), largest first."""
-    return rows.spend_report(store, month or current_month())
+    """Spend per scope for one month (default: this one), largest first.
+
+    A scope's `micros` is what is counted against its cap: what settled, what running calls may cost,
+    and the budget leases routers hold on it. Of that, `leased` is what live routers' leases hold and
+    their calls have not settled yet (it may still come back), and `stale` what leases of routers that
+    stopped without returning them hold: counted as spent until they are reconciled.
+    """
+    month = month or current_month()
+    held: dict[str, dict[str, int]] = {}
+    for lease in lease_rows.outstanding(store, now()):
+        if lease["scope"] is not None and lease["month"] == month:
+            sums = held.setdefault(lease["scope"], {"leased": 0, "stale": 0})
+            sums["stale" if lease["expired"] else "leased"] += lease["unsettled"]
+    return [{**row, **held.get(row["scope"], {"leased": 0, "stale": 0})}
+            for row in rows.spend_report(store, month)]
+
+
+def leased_balance(store: Store, account: str) -> dict[str, int]:
+    """What budget leases hold of the prepaid balance and have not settled: live routers' (`leased`, it may
+    come back) and stopped routers' (`stale`, spent until reconciled)."""
+    sums = {"leased": 0, "stale": 0}
+    for lease in lease_rows.outstanding(store, now()):
+        if lease["account"] == account:
+            sums["stale" if lease["expired"] else "leased"] += lease["unsettled"]
+    return sums

@@ -1,13 +1,14 @@
 """The dashboard and the decision endpoints of the channels (docs/architecture.md §7).
 
 Pages: `/` (status: the applied revision, the last attempt and its findings with their fixes,
-profiles, connectors) and `/approvals` (holds waiting, decisions made), both reloading themselves
-every `REFRESH_SECONDS`; `/approvals/<id>` (one hold in full, its arguments included, and its
-notices); the config's pages and edit forms (`editing`: `/catalog`, `/profiles/<name>`,
-`/bindings/<name>`, `/connectors/<name>`), which need an owner's sign-in (`owners`: `/login`).
-With `HANDLER_DASHBOARD_TOKEN` set, the pages ask for it once (`?token=...`, then a cookie);
-without it they are open to whoever reaches the listener, which is why the listener
-(`http.HttpListener`) refuses an address beyond loopback without the token.
+this month's spend with what budget leases hold of it, profiles, connectors) and `/approvals`
+(holds waiting, decisions made), both reloading themselves every `REFRESH_SECONDS`;
+`/approvals/<id>` (one hold in full, its arguments included, and its notices); the config's pages
+and edit forms (`editing`: `/catalog`, `/profiles/<name>`, `/bindings/<name>`, `/connectors/<name>`),
+which need an owner's sign-in (`owners`: `/login`). With `HANDLER_DASHBOARD_TOKEN` set, the pages
+ask for it once (`?token=...`, then a cookie); without it they are open to whoever reaches the
+listener, which is why the listener (`http.HttpListener`) refuses an address beyond loopback
+without the token.
 
 Decisions: a signed link (`links`) opens `/approvals/<id>` as its member with Approve and Reject
 buttons; only the POST decides, and it needs the link's signature, not the token. Opening a valid
@@ -35,6 +36,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from reconciler.governance.auditing import pricing_violations_this_month
+from reconciler.governance.decide import usd
 from reconciler.governance.errors import GovernanceError, HoldNotFoundError, NotAllowedError
 from reconciler.governance.holds import (
     Hold,
@@ -45,6 +47,7 @@ from reconciler.governance.holds import (
     may_decide,
     recent_decisions,
 )
+from reconciler.governance.ledger import spend_report
 from reconciler.governance.notices import list_notices, troubled_notices
 from reconciler.web.desk import Desk
 from reconciler.web.editing import ConfigPages
@@ -143,8 +146,11 @@ class _Dashboard:
         pending = await asyncio.to_thread(count_holds, self.desk.store, "pending")
         troubled = await asyncio.to_thread(troubled_notices, self.desk.store)
         violations = await asyncio.to_thread(pricing_violations_this_month, self.desk.store)
+        spent = [{"scope": r["scope"], "spent": usd(r["micros"]), "leased": usd(r["leased"]) if r["leased"] else "",
+                  "stale": usd(r["stale"]) if r["stale"] else ""}
+                 for r in await asyncio.to_thread(spend_report, self.desk.store)]
         return self.page("overview.html", request, status=self.status(), pending=pending, troubled=troubled,
-                         violations=violations, refresh_every=REFRESH_SECONDS)
+                         violations=violations, spent=spent, refresh_every=REFRESH_SECONDS)
 
     async def approvals(self, request: Request) -> Response:
         if (refusal := self.locked(request)) is not None:

@@ -4,8 +4,13 @@
                                     at once and settles the executed ones; prints {"executed": k, ...}
     python racer.py run URL FILE  — runs approved holds, appending each run's request id to FILE,
                                     until stdin closes
+    python racer.py churn URL N SEED — N calls, 16 at a time, each settled a moment later at its price,
+                                    half of it, or failed; prints {"executed": k, "charged": micros, ...}
+    python racer.py lease URL ROUTER TTL — as router ROUTER (leases expiring TTL seconds unrenewed), 20
+                                    calls one after the other, each settled at $0.002; prints
+                                    {"charged": micros} and waits (with its lease open) until stdin closes
 
-Both use the snapshot `cap_snapshot()` of `builders`, so every process decides the same way.
+All use the snapshot `cap_snapshot()` of `builders` (an org cap of $0.25), so every process decides the same way.
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import sys
 from typing import Any
 
 from reconciler.governance.gate import CallRequest, CallResult
 from reconciler.governance.governor import Governor
+from reconciler.governance.leases import LeaseTerms
+from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import open_store
 from tests.governance.builders import cap_snapshot, priced_call
 
@@ -35,6 +43,47 @@ async def admit(url: str, n: int) -> None:
                               "messages": sorted({a.message for a in admissions if a.status == "blocked"})}
     print(json.dumps(counts), flush=True)
     await governor.aclose()
+
+
+async def churn(url: str, n: int, seed: int) -> None:
+    governor = Governor(open_store(url))
+    snapshot = cap_snapshot()
+    rng = random.Random(seed)  # noqa: S311 - a test's mix of outcomes, not a secret
+    outcomes = [rng.choice([(True, 0.005), (True, 0.0025), (False, 0.0)]) for _ in range(n)]
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    counts = {"executed": 0, "blocked": 0, "charged": 0}
+    calls = iter(range(n))
+
+    async def worker(w: int) -> None:
+        for i in calls:
+            admission = await governor.admit(snapshot, priced_call(f"i{w}"))
+            if admission.status != "executed":
+                counts["blocked"] += 1
+                continue
+            counts["executed"] += 1
+            await asyncio.sleep(rng.random() * 0.004)
+            ok, cost = outcomes[i]
+            counts["charged"] += to_micros((await governor.settle(admission, cost, ok)).charged)
+
+    await asyncio.gather(*(worker(w) for w in range(16)))
+    await governor.aclose()
+    print(json.dumps(counts), flush=True)
+
+
+async def lease(url: str, router: str, ttl: float) -> None:
+    terms = LeaseTerms(lease_seconds=10.0, idle_seconds=3600.0, ttl_seconds=ttl)
+    governor = Governor(open_store(url), router_id=router, leases=terms)
+    snapshot = cap_snapshot()
+    charged = 0
+    for _ in range(20):
+        admission = await governor.admit(snapshot, priced_call("i1"))
+        assert admission.status == "executed", admission
+        charged += to_micros((await governor.settle(admission, 0.002, True)).charged)
+        await asyncio.sleep(0.02)
+    await governor.flush()
+    print(json.dumps({"charged": charged}), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until killed
 
 
 async def run(url: str, path: str) -> None:
@@ -58,5 +107,9 @@ async def run(url: str, path: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "admit":
         asyncio.run(admit(sys.argv[2], int(sys.argv[3])))
+    elif sys.argv[1] == "churn":
+        asyncio.run(churn(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    elif sys.argv[1] == "lease":
+        asyncio.run(lease(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     else:
         asyncio.run(run(sys.argv[2], sys.argv[3]))

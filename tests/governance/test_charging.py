@@ -222,12 +222,11 @@ def test_a_commit_that_fails_keeps_its_rows_for_the_next(store: Store) -> None:
 
 
 def test_a_reservation_a_killed_router_never_settled_counts_and_is_charged_at_the_next_start(store: Store) -> None:
-    async def admit_and_die() -> None:
-        governor = Governor(store, owns_store=False)
-        assert (await governor.admit(capped(0.50), priced_call("i1"))).status == "executed"
-        await governor.flush()  # the reservation's row is written; its settlement never comes
+    """A call reserved on its own (`admit_now`, as an approved hold is) whose router died before it settled."""
+    governor = Governor(store, owns_store=False)
+    assert governor.admit_now(capped(0.50), priced_call("i1")).status == "executed"
+    governor.close()  # the reservation's row is written; its settlement never comes
 
-    asyncio.run(admit_and_die())
     assert org_spend(store) == to_micros(PRICE)  # counted at the most it may cost until reconciled
     assert reconcile_reservations(store, older_than=0.0) == 1
     assert reconcile_reservations(store, older_than=0.0) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -11,8 +12,9 @@ from reconciler.cli import main
 from reconciler.config import FolderSource, Loader
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import get_hold
+from reconciler.governance.leases import LeaseTerms
 from reconciler.governance.store import open_store, store_url
-from tests.governance.builders import priced_call
+from tests.governance.builders import cap_snapshot, priced_call
 
 
 @pytest.fixture
@@ -132,7 +134,7 @@ def test_reject_with_a_reason_shows_it_to_the_agent_the_hold_and_the_audit_trail
 def test_balance_spend_and_migrate(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "store", "migrate", "--root", str(tree))
     assert code == 0
-    assert "schema at revision 0003" in out  # the newest migration
+    assert "schema at revision 0004" in out  # the newest migration
     code, out, _ = run(capsys, "balance", "show", "--root", str(tree))
     assert "$0.00" in out
     code, out, _ = run(capsys, "balance", "add", "12.5", "--as", "alice", "--root", str(tree))
@@ -141,3 +143,27 @@ def test_balance_spend_and_migrate(tree: Path, capsys: pytest.CaptureFixture[str
     assert out.startswith("No spend")
     code, out, _ = run(capsys, "audit", "--root", str(tree))
     assert "balance" in out
+
+
+def test_spend_says_what_budget_leases_hold(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = open_store(store_url(tree))
+
+    async def scenario() -> str:
+        governor = Governor(store, owns_store=False, leases=LeaseTerms(idle_seconds=3600))
+        try:
+            admitted = await governor.admit(cap_snapshot(), priced_call())  # a router holds a lease: not settled
+            _, out, _ = run(capsys, "spend", "--root", str(tree))
+            await governor.settle(admitted, None, True)
+            return out
+        finally:
+            await governor.aclose()
+
+    try:
+        during = asyncio.run(scenario())
+    finally:
+        store.close()
+    (line,) = [line for line in during.splitlines() if "org:acme" in line]
+    assert line.endswith("$0.005 ($0.005 of it is leased to routers and not settled yet)")
+    _, after, _ = run(capsys, "spend", "--root", str(tree))
+    (line,) = [line for line in after.splitlines() if "org:acme" in line]
+    assert line.endswith("$0.005")  # returned: what the call was charged

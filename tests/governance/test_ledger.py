@@ -75,11 +75,11 @@ def test_settling_charges_the_actual_cost_and_refunds_failures(store: Store) -> 
         governor = Governor(store, owns_store=False)
         snapshot = cap_snapshot()
         first = await governor.admit(snapshot, priced_call())
-        assert (await governor.settle(first, 0.002, True)).charged == 0.002
-        # A settlement is committed a moment later; until then the estimate stays counted (on the cap's side).
+        settled = await governor.settle(first, 0.002, True)
+        assert (settled.charged, settled.remaining) == (0.002, 0.248)
+        # What a call does not cost goes back to the router's lease at once: the budget it leaves is the cap's.
         early = await governor.admit(snapshot, priced_call())
-        assert (await governor.settle(early, None, False)).remaining == 0.245
-        await governor.flush()
+        assert (await governor.settle(early, None, False)).remaining == 0.248
         failed = await governor.admit(snapshot, priced_call())
         refunded = await governor.settle(failed, None, False)
         assert refunded.charged == 0.0

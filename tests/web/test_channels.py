@@ -39,6 +39,7 @@ from tests.fixtures.echo_tree import OWNED_ORG, TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, body, load, short_dir
 from tests.fixtures.mail import Mailbox, serving_mailbox
 from tests.fixtures.service import DEADLINE, Service, running
+from tests.governance.builders import cap_snapshot, priced_call
 
 ORG = OWNED_ORG + '''
 [members.carol]
@@ -464,5 +465,30 @@ def test_the_overview_counts_this_months_pricing_violations(tree: Path) -> None:
                 told = await http.get(base_url(service) + "/")
             assert "Pricing violations this month" in told.text
             assert "charged the reservation" in told.text
+
+    asyncio.run(scenario())
+
+
+def test_the_overview_shows_spend_and_what_budget_leases_hold_of_it(tree: Path) -> None:
+    async def scenario() -> None:
+        async with running(options(tree)) as service:
+            assert service.router is not None
+            store = service.router.services.gate.store  # type: ignore[attr-defined]
+            other = Governor(store, owns_store=False)  # another router on the same store, holding a lease
+            try:
+                admitted = await other.admit(cap_snapshot(), priced_call())
+                assert admitted.status == "executed"
+                async with httpx.AsyncClient() as http:
+                    page = await http.get(base_url(service) + "/")
+                assert "Spend this month (UTC)" in page.text
+                row = page.text.split("<code>org:acme</code>", 1)[1].split("</tr>", 1)[0]
+                assert row.count("$0.005") == 2  # counted, and all of it leased: the call has not settled
+                await other.settle(admitted, None, True)
+            finally:
+                await other.aclose()
+            async with httpx.AsyncClient() as http:
+                page = await http.get(base_url(service) + "/")
+            row = page.text.split("<code>org:acme</code>", 1)[1].split("</tr>", 1)[0]
+            assert row.count("$0.005") == 1  # returned: what was charged, nothing leased
 
     asyncio.run(scenario())

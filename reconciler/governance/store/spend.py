@@ -1,4 +1,4 @@
-"""The rows of spend: per scope and month, the prepaid balances, and one reservation per priced call.
+"""The rows of spend: per scope and month, the prepaid balances, and a reservation per call reserved on its own.
 
 The statements the admission path runs are built once per store (`_Statements`), so SQLAlchemy
 reuses their compiled form. A call always counts against three scopes (instance, org, profile:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["audit", "balances", "holds", "metadata", "notices", "reservations", "spend"]
+__all__ = ["audit", "balances", "holds", "leases", "metadata", "notices", "reservations", "spend"]
 
 metadata = sa.MetaData()
 
@@ -87,6 +87,27 @@ reservations = sa.Table(
     sa.Column("reserved", sa.BigInteger, nullable=False),
     sa.Column("charged", sa.BigInteger),
     sa.Column("state", sa.String(16), nullable=False),  # reserved | settled | released
+)
+
+# A router's slice of one cap's headroom (a spend row: scope and month) or of a prepaid balance (account),
+# taken in one transaction and spent in memory (migration 0004). `granted` is counted in the spend row
+# (or taken from the balance) while the lease is open; `issued` is the most the router's calls against
+# it may have cost, written before the router admits past it, so that a lease its router never returns
+# (a `kill -9`) gives back only `granted - issued` when it is reconciled.
+leases = sa.Table(
+    "leases", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("router", sa.String(80), nullable=False, index=True),
+    sa.Column("scope", sa.String(420)),  # "org:acme", "profile:p", "instance:p/i"; NULL for a balance
+    sa.Column("month", sa.String(7)),  # the spend row's month; NULL for a balance
+    sa.Column("account", sa.String(200)),  # the prepaid account; NULL for a spend row
+    sa.Column("granted", sa.BigInteger, nullable=False),
+    sa.Column("issued", sa.BigInteger, nullable=False),
+    sa.Column("charged", sa.BigInteger, nullable=False),  # what its settled calls cost, as last written
+    sa.Column("taken_at", sa.Float, nullable=False),
+    sa.Column("renewed_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False, index=True),  # open | returned | reconciled
 )
 
 # The outbox of approver notifications: one row per hold and channel target, written with the hold

@@ -61,7 +61,8 @@ def _alembic(conn: sa.Connection) -> Config:
 
 
 def test_a_store_of_the_previous_revision_is_migrated_with_its_holds_kept(store_url: str) -> None:
-    """0003 adds a hold's decision reason and a failed run's cause; holds stored before read None for both."""
+    """0003 adds a hold's decision reason and a failed run's cause (holds stored before read None for both),
+    0004 the budget leases."""
     store = open_store(store_url, migrate=False)
     try:
         with store.engine.begin() as conn:
@@ -71,14 +72,15 @@ def test_a_store_of_the_previous_revision_is_migrated_with_its_holds_kept(store_
                              "parent_instance": None, "interface": "mail/v1", "tool": "mail_send",
                              "binding": "mail-b", "arguments": {}, "cost": 0, "approver": None, "reason": "held",
                              "trace": []})
-        assert store.migrate() == head_revision() == "0003"
+        assert store.migrate() == head_revision() == "0004"
         row = fetch_hold(store, "req_old")
         assert row is not None
         assert (row["state"], row["decision_reason"], row["cause"]) == ("pending", None, None)
-        with store.engine.begin() as conn:  # and back: the downgrade drops exactly those columns
+        with store.engine.begin() as conn:  # and back: the downgrade drops exactly those columns and leases
             command.downgrade(_alembic(conn), "0002")
         with store.engine.connect() as conn:
             columns = {c["name"] for c in sa.inspect(conn).get_columns("holds")}
+            assert "leases" not in sa.inspect(conn).get_table_names()
         assert "decision_reason" not in columns
         assert "cause" not in columns
         assert "message" in columns

@@ -1,0 +1,174 @@
+"""The rows of budget leases: a router's slice of a spend row's headroom or of a prepaid balance.
+
+A lease names what it was cut from: a spend row (`scope`, `month`) or a prepaid `account`. While it is
+open, its `granted` amount is counted in that spend row (or taken out of that balance), so the caps
+checked against the rows hold whatever the routers do in memory. `governance.leases` decides what to
+take, give back and write; this module only reads, locks and writes the rows. Every transaction that
+moves leases locks the spend rows first (sorted by scope and month, the order the admission path and
+the backlog use), then the balances (sorted), then the lease rows, so two routers never wait on each
+other in a circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import sqlalchemy as sa
+
+from reconciler.governance.store.audit import record
+from reconciler.governance.store.engine import Store, Transaction
+from reconciler.governance.store.spend import ensure_spend_rows
+from reconciler.governance.store.tables import balances, leases, spend
+
+__all__ = [
+    "Cut",
+    "close_expired",
+    "ensure_rows",
+    "insert_lease",
+    "lock_balances",
+    "lock_leases",
+    "lock_spend",
+    "move_balances",
+    "move_spend",
+    "open_elsewhere",
+    "outstanding",
+    "update_lease",
+]
+
+
+class Cut(NamedTuple):
+    """What a lease is cut from: a spend row (scope, month) or a prepaid account."""
+
+    scope: str | None
+    month: str | None
+    account: str | None
+
+
+def ensure_rows(store: Store, cuts: Iterable[Cut]) -> None:
+    """The spend rows of `cuts`, created before any lock is taken (see `spend.ensure_spend_rows`)."""
+    by_month: dict[str, list[str]] = {}
+    for cut in cuts:
+        if cut.scope is not None and cut.month is not None:
+            by_month.setdefault(cut.month, []).append(cut.scope)
+    for month, scopes in sorted(by_month.items()):
+        ensure_spend_rows(store, sorted(set(scopes)), month)
+
+
+def lock_spend(store: Store, tx: Transaction, rows: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """Lock the spend rows (scope, month) in their sorted order and read them."""
+    found: dict[tuple[str, str], int] = {}
+    for scope, month in sorted(set(rows)):
+        query = sa.select(spend.c.micros).where(spend.c.scope == scope, spend.c.month == month)
+        found[(scope, month)] = int(tx.execute(store.for_update(query)).scalar_one())
+    return found
+
+
+def lock_balances(store: Store, tx: Transaction, accounts: Iterable[str]) -> dict[str, int | None]:
+    """Lock the prepaid balances in sorted order and read them (None: never topped up)."""
+    found: dict[str, int | None] = {}
+    for account in sorted(set(accounts)):
+        query = sa.select(balances.c.micros).where(balances.c.account == account)
+        value = tx.execute(store.for_update(query)).scalar_one_or_none()
+        found[account] = None if value is None else int(value)
+    return found
+
+
+def lock_leases(store: Store, tx: Transaction, ids: Sequence[str]) -> dict[str, str]:
+    """Lock these lease rows and read their state (open, returned, reconciled); a missing id is left out."""
+    if not ids:
+        return {}
+    query = sa.select(leases.c.id, leases.c.state).where(leases.c.id.in_(sorted(ids))).order_by(leases.c.id)
+    return {str(lid): str(state) for lid, state in tx.execute(store.for_update(query))}
+
+
+def move_spend(tx: Transaction, changes: Mapping[tuple[str, str], int]) -> None:
+    """Add each amount (negative: take away) to its spend row, in sorted order."""
+    for (scope, month), micros in sorted(changes.items()):
+        if micros:
+            tx.execute(sa.update(spend).where(spend.c.scope == scope, spend.c.month == month)
+                       .values(micros=spend.c.micros + micros))
+
+
+def move_balances(store: Store, tx: Transaction, changes: Mapping[str, int]) -> None:
+    """Add each amount (negative: take away) to its prepaid balance, in sorted order."""
+    for account, micros in sorted(changes.items()):
+        if micros:
+            tx.execute(store.insert_ignore(balances), [{"account": account, "micros": 0}])
+            tx.execute(sa.update(balances).where(balances.c.account == account)
+                       .values(micros=balances.c.micros + micros))
+
+
+def open_elsewhere(tx: Transaction, router: str, at: float) -> dict[Cut, int]:
+    """How many other routers hold an open, unexpired lease on each cut: they share what is left."""
+    query = (sa.select(leases.c.scope, leases.c.month, leases.c.account, sa.func.count(sa.distinct(leases.c.router)))
+             .where(leases.c.state == "open", leases.c.router != router, leases.c.expires_at > at)
+             .group_by(leases.c.scope, leases.c.month, leases.c.account))
+    return {Cut(s, m, a): int(n) for s, m, a, n in tx.execute(query)}
+
+
+def insert_lease(tx: Transaction, row: Mapping[str, Any]) -> None:
+    tx.execute(sa.insert(leases), [dict(row)])
+
+
+def update_lease(tx: Transaction, lease_id: str, values: Mapping[str, Any]) -> None:
+    tx.execute(sa.update(leases).where(leases.c.id == lease_id).values(**values))
+
+
+def close_expired(store: Store, at: float, router: str | None = None) -> list[dict[str, Any]]:
+    """Reconcile the open leases that expired before `at` (and, with `router`, every open one of that router,
+    whose process is known to be gone): give back `granted - issued`, keep `issued` counted as spent.
+
+    `issued` is the most the lease's calls may have cost (written before they were admitted), so spend
+    never under-counts. Each is recorded in the audit trail (`reconciled`). Returns what was closed.
+    """
+    stale = sa.and_(leases.c.state == "open", leases.c.expires_at < at)
+    if router is not None:
+        stale = sa.or_(stale, sa.and_(leases.c.state == "open", leases.c.router == router))
+    cols = (leases.c.id, leases.c.router, leases.c.scope, leases.c.month, leases.c.account, leases.c.granted,
+            leases.c.issued, leases.c.charged)
+    names = ("id", "router", "scope", "month", "account", "granted", "issued", "charged")
+    with store.read() as conn:  # found without locks, then checked again under them
+        found = [dict(zip(names, row, strict=True)) for row in conn.execute(sa.select(*cols).where(stale))]
+    if not found:
+        return []
+    ensure_rows(store, (Cut(f["scope"], f["month"], f["account"]) for f in found))
+    closed: list[dict[str, Any]] = []
+    with store.begin() as tx:
+        lock_spend(store, tx, [(f["scope"], f["month"]) for f in found if f["scope"] is not None])
+        lock_balances(store, tx, [f["account"] for f in found if f["account"] is not None])
+        locked = (sa.select(*cols).where(leases.c.id.in_([f["id"] for f in found]), stale).order_by(leases.c.id))
+        # Still open and still stale: a lease returned, or renewed by a router alive after all, is left alone.
+        found = [dict(zip(names, row, strict=True)) for row in tx.execute(store.for_update(locked))]
+        spend_back: dict[tuple[str, str], int] = {}
+        balance_back: dict[str, int] = {}
+        for lease in found:
+            granted, issued = int(lease["granted"]), int(lease["issued"])
+            back = granted - issued
+            if lease["scope"] is not None:
+                key = (lease["scope"], lease["month"])
+                spend_back[key] = spend_back.get(key, 0) - back
+            else:
+                balance_back[lease["account"]] = balance_back.get(lease["account"], 0) + back
+            update_lease(tx, lease["id"], {"state": "reconciled", "granted": issued})
+            what = lease["scope"] or f"balance:{lease['account']}"
+            record(tx, "reconciled", actor=lease["router"], status="executed",
+                   detail={"lease": lease["id"], "of": what, "month": lease["month"], "granted": granted,
+                           "issued": issued, "charged": int(lease["charged"]), "returned": back,
+                           "reason": "a lease its router never returned: what it may have spent stays counted, "
+                                     "the rest is given back"})
+            closed.append({**lease, "returned": back})
+        move_spend(tx, spend_back)
+        move_balances(store, tx, balance_back)
+    return closed
+
+
+def outstanding(store: Store, at: float) -> list[dict[str, Any]]:
+    """The open leases, each with what it holds and has not settled (`granted - charged`) and whether its
+    router let it expire (it then counts as spent until it is reconciled)."""
+    query = sa.select(leases.c.id, leases.c.router, leases.c.scope, leases.c.month, leases.c.account,
+                      leases.c.granted, leases.c.charged, leases.c.expires_at).where(leases.c.state == "open")
+    with store.read() as conn:
+        return [{"id": lid, "router": router, "scope": scope, "month": month, "account": account,
+                 "unsettled": max(0, int(granted) - int(charged)), "expired": float(expires) < at}
+                for lid, router, scope, month, account, granted, charged, expires in conn.execute(query)]
