@@ -235,8 +235,8 @@ def bench_pipeline(snapshot: Snapshot, calls: int, pg: str | None) -> None:
             finally:
                 with psycopg.connect(pg, autocommit=True) as conn:
                     conn.execute(f"DROP SCHEMA {schema} CASCADE")
-    print(f"the gate alone, admit+settle, {calls:,} calls, {concurrency} concurrent, profile capped "
-          "(decision, reservation, audit, settlement):")
+    print(f"the gate alone, admit+settle, {calls:,} calls, {concurrency} concurrent, profile capped; most of them "
+          "are held for a person (one store transaction each), the rest blocked by a rule:")
     for name, rate in rates.items():
         print(f"              {name:32} {rate:10,.0f} calls/s")
 
