@@ -98,6 +98,7 @@ class Parking:
     def __init__(self) -> None:
         self._spare: Spare | None = None
         self._making: asyncio.Task[None] | None = None
+        self._in_thread = False  # `_making` is parking a spare on a thread now
         self._closed = False
 
     @property
@@ -136,8 +137,16 @@ class Parking:
 
     async def _make(self, delay: float) -> None:
         if delay:
-            await asyncio.sleep(delay)
-        spare = await asyncio.to_thread(_park)
+            await asyncio.sleep(delay)  # only here may `aclose` cancel it: a thread parking cannot be stopped
+        self._in_thread = True
+        parking = asyncio.ensure_future(asyncio.to_thread(_park))
+        try:
+            spare = await asyncio.shield(parking)
+        except asyncio.CancelledError:  # the loop is going away: the spare the thread brings must not outlive it
+            parking.add_done_callback(_discard_parked)
+            raise
+        finally:
+            self._in_thread = False
         if self._closed and spare is not None:
             await asyncio.to_thread(spare.discard)
             return
@@ -147,12 +156,18 @@ class Parking:
         """End the spare and stop parking."""
         self._closed = True
         if self._making is not None:
-            self._making.cancel()
+            if not self._in_thread:
+                self._making.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._making
+                await self._making  # a spare parked meanwhile sees the parking closed and ends
         spare, self._spare = self._spare, None
         if spare is not None:
             await asyncio.to_thread(spare.discard)
+
+
+def _discard_parked(done: asyncio.Future[Spare | None]) -> None:
+    if not done.cancelled() and done.exception() is None and (spare := done.result()) is not None:
+        spare.discard()
 
 
 def _park() -> Spare | None:
