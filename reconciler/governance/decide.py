@@ -155,7 +155,7 @@ def decide_call(entry: ToolEntry, instance: str, cost: int | None, state: SpendS
     done: Decision | None = entry.memo.get(key)
     if done is None:
         done = entry.memo[key] = _decide_layers(entry, est)
-    return Decision(done.outcome, done.approver, done.reason, done.trace, done.wire_trace, est)
+    return done if done.cost == est else done._replace(cost=est)
 
 
 def _decide_layers(entry: ToolEntry, est: int) -> Decision:

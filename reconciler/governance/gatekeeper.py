@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.charging import PricedCall, charge_call
@@ -42,7 +44,7 @@ from reconciler.governance.ledger import (
 from reconciler.governance.notices import Reach, add_notices, list_notices, pending_news, targets_for
 from reconciler.governance.rulebook import CapSet, ToolEntry, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
-from reconciler.governance.store import Store, Transaction
+from reconciler.governance.store import Store, Transaction, now
 from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
 from reconciler.governance.store.backlog import Backlog
 from reconciler.governance.store.holds import insert_hold
@@ -352,11 +354,21 @@ def _priced(request_id: str, call: CallRequest) -> PricedCall:
 
 def _decided_row(request_id: str, call: CallRequest, decision: Decision) -> AuditRow:
     """The audit row of a decision, whichever way the call went."""
-    detail: dict[str, Any] = {"reason": decision.reason, "cost": decision.cost, "binding": call.binding}
-    if decision.cap:
-        detail["cap"] = decision.cap
-    return audit_row("decided", request_id=request_id, profile=call.profile, instance=call.instance, tool=call.tool,
-                     status=decision.status, detail=detail)
+    key = (decision.reason, decision.cost, call.binding, decision.cap)
+    detail = _DETAILS.get(key)
+    if detail is None:
+        shown: dict[str, Any] = {"reason": decision.reason, "cost": decision.cost, "binding": call.binding}
+        if decision.cap:
+            shown["cap"] = decision.cap
+        if len(_DETAILS) >= _DETAILS_KEPT:
+            _DETAILS.clear()
+        detail = _DETAILS[key] = orjson.dumps(shown).decode()
+    return (now(), "decided", request_id, call.profile, call.instance, call.tool, None, decision.status, detail)
+
+
+# A decision's detail as JSON, by what it holds: the same few decisions recur call after call.
+_DETAILS: dict[tuple[str, int, str, str | None], str] = {}
+_DETAILS_KEPT = 4096
 
 
 def _hold_values(request_id: str, revision: str, call: CallRequest, decision: Decision) -> dict[str, Any]:

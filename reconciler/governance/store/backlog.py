@@ -43,12 +43,13 @@ class Backlog:
         self._committing = threading.Lock()
         self._audit: list[AuditRow] = []
         self._spend: dict[tuple[str, str], int] = {}
+        self._charges: list[tuple[tuple[str, ...], str, int]] = []  # `add_spend`'s, summed into `_spend` at flush
         self._balances: dict[str, int] = {}
         self._settled: list[dict[str, Any]] = []
         self._reserved: list[dict[str, Any]] = []
 
     def __len__(self) -> int:
-        return len(self._audit) + len(self._spend) + len(self._settled) + len(self._reserved)
+        return len(self._audit) + len(self._spend) + len(self._charges) + len(self._settled) + len(self._reserved)
 
     def add_audit(self, row: AuditRow) -> None:
         """An audit row built by `audit.audit_row` (kept as it is: the caller hands it over)."""
@@ -56,12 +57,10 @@ class Backlog:
             self._audit.append(row)
 
     def add_spend(self, scopes: tuple[str, ...], month: str, micros: int) -> None:
-        if not micros:
-            return
-        with self._lock:
-            for scope in scopes:
-                key = (scope, month)
-                self._spend[key] = self._spend.get(key, 0) + micros
+        """`micros` more spent on each of `scopes` this month (summed per scope when flushed, off the call's path)."""
+        if micros:
+            with self._lock:
+                self._charges.append((scopes, month, micros))
 
     def add_reservation(self, row: Mapping[str, Any]) -> None:
         """The record of a reservation whose spend rows are already updated (see `ledger.reserve`)."""
@@ -88,8 +87,12 @@ class Backlog:
         """
         with self._committing:
             with self._lock:
+                charges, self._charges = self._charges, []
                 taken = _Taken(self._audit, self._spend, self._settled, self._balances, self._reserved)
                 self._audit, self._spend, self._settled, self._balances, self._reserved = [], {}, [], {}, []
+            for scopes, month, micros in charges:
+                for scope in scopes:
+                    taken.spend[(scope, month)] = taken.spend.get((scope, month), 0) + micros
             if not taken.count():
                 return 0
             try:
