@@ -14,16 +14,36 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 from reconciler.governance.rulebook import from_micros
 from reconciler.governance.store.audit import AuditRow, audit_row
 
-__all__ = ["Charge", "PricedCall", "charge_call"]
+__all__ = ["Charge", "Charged", "PricedCall", "charge_call"]
 
 log = logging.getLogger("handler.governance")
 
 
-@dataclass(slots=True)  # built on every call: a frozen dataclass takes four times as long to build
+class Charged(Protocol):
+    """Who a charge is for, as a violation names it (`PricedCall`, or the gate's own token of the call)."""
+
+    @property
+    def request_id(self) -> str | None: ...
+
+    @property
+    def profile(self) -> str: ...
+
+    @property
+    def instance(self) -> str: ...
+
+    @property
+    def binding(self) -> str: ...
+
+    @property
+    def tool(self) -> str: ...
+
+
+@dataclass(slots=True)  # a frozen dataclass takes four times as long to build
 class PricedCall:
     """Who a charge is for, as the violation names it."""
 
@@ -40,7 +60,7 @@ class Charge:
     violation: AuditRow | None = None  # the audit row of a report above the reservation
 
 
-def charge_call(call: PricedCall, reserved: int, reported: int | None, ok: bool) -> Charge:
+def charge_call(call: Charged, reserved: int, reported: int | None, ok: bool) -> Charge:
     """The charge of a settled call at `reported` micros (None: not reported, so the reservation).
 
     A failed call is released whatever it reported. A report above the reservation is charged the

@@ -25,7 +25,7 @@ import orjson
 
 from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
-from reconciler.governance.charging import PricedCall, charge_call
+from reconciler.governance.charging import charge_call
 from reconciler.governance.decide import Decision, SpendState, decide_call
 from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, StoreError
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, Settlement
@@ -57,24 +57,34 @@ _NO_SPEND = SpendState()
 _RETRY_SECONDS = 1.0  # between tries to commit the backlog while the store fails
 
 
-# Both built on every call: plain slots, not frozen (a frozen dataclass takes four times as long to build).
-@dataclass(slots=True)
-class _Unlimited:
-    """Spend of a call nothing limits: its charge counted through the backlog when settled, never checked."""
-
-    scopes: tuple[str, ...]
-    month: str
-    estimate: int
-
-
-@dataclass(slots=True)
+@dataclass(slots=True)  # built on every call: plain slots, not frozen (a frozen dataclass takes 4x as long)
 class _Token:
-    """The gate's handle on an admitted call, passed back to `settle` in `Admission.token`."""
+    """The gate's handle on an admitted call, passed back to `settle` in `Admission.token`; also who a charge is
+    for (`charging.Charged`: its fields read only when a violation names them)."""
 
-    who: PricedCall
+    request_id: str
+    call: CallRequest
     reservation: Reservation | None
-    unlimited: _Unlimited | None = None
+    estimate: int = 0  # without a reservation: its price, the most it may be charged
+    scopes: tuple[str, ...] = ()  # without a reservation: the spend rows its charge is added to when settled
+    month: str = ""
     leased: tuple[Lease, ...] = ()  # the leases its price is reserved on
+
+    @property
+    def profile(self) -> str:
+        return self.call.profile
+
+    @property
+    def instance(self) -> str:
+        return self.call.instance
+
+    @property
+    def binding(self) -> str:
+        return self.call.binding
+
+    @property
+    def tool(self) -> str:
+        return self.call.tool
 
 
 class Gatekeeper:
@@ -105,8 +115,10 @@ class Gatekeeper:
         if self._closed:  # its settlement would have nowhere to go
             return Admission("blocked", "Blocked: this router is shutting down; retry in a moment.")
         entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
-        found = (await self._admit_leased(snapshot, entry, call) if entry is not None and _limits_spend(entry.caps)
-                 else self._admit_unlimited(snapshot, call))
+        found = None
+        if entry is not None:
+            found = (await self._admit_leased(snapshot, entry, call) if _limits_spend(entry.caps)
+                     else self._admit_unlimited(entry, call))
         admission = found if found is not None else await self._workers.run(self.admit_now, snapshot, call)
         if len(self._backlog):
             self._flush_soon()
@@ -116,11 +128,8 @@ class Gatekeeper:
             self._open += 1
         return admission
 
-    def _admit_unlimited(self, snapshot: Snapshot, call: CallRequest) -> Admission | None:
+    def _admit_unlimited(self, entry: ToolEntry, call: CallRequest) -> Admission | None:
         """Decide in memory a call that no cap or balance limits and that is not held; None otherwise."""
-        entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
-        if entry is None or _limits_spend(entry.caps):
-            return None
         cost = to_micros(call.estimated_cost) or entry.price
         decision = decide_call(entry, call.instance, cost, _NO_SPEND)
         if decision.outcome is Outcome.APPROVE:
@@ -130,9 +139,9 @@ class Gatekeeper:
         if decision.outcome is Outcome.BLOCK:
             return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
         # Counted at what it cost when it is settled: no cap waits for it.
-        spent = _Unlimited(scopes_for(entry.caps, call.profile, call.instance), current_month(), cost)
-        return Admission("executed", decision.reason, request_id, _Token(_priced(request_id, call), None, spent),
-                         decision.wire_trace)
+        token = _Token(request_id, call, None, cost, scopes_for(entry.caps, call.profile, call.instance),
+                       current_month())
+        return Admission("executed", decision.reason, request_id, token, decision.wire_trace)
 
     async def _admit_leased(self, snapshot: Snapshot, entry: ToolEntry, call: CallRequest) -> Admission:
         """Decide a call a cap or the balance limits against this router's leases (see `leasing`)."""
@@ -159,9 +168,8 @@ class Gatekeeper:
         if decision.outcome is Outcome.BLOCK or held is None:
             return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
         # The scopes no cap limits are counted through the backlog when it is settled, as for a call nothing limits.
-        counted = _Unlimited(needs.counted, needs.month, cost)
-        return Admission("executed", decision.reason, request_id,
-                         _Token(_priced(request_id, call), None, counted, held), decision.wire_trace)
+        token = _Token(request_id, call, None, cost, needs.counted, needs.month, held)
+        return Admission("executed", decision.reason, request_id, token, decision.wire_trace)
 
     def _hold_now(self, snapshot: Snapshot, call: CallRequest, decision: Decision, request_id: str) -> Admission:
         with self.store.begin() as tx:
@@ -191,7 +199,7 @@ class Gatekeeper:
         self._backlog.add_audit(_decided_row(request_id, call, decision))
         if reservation is None:
             return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
-        return Admission("executed", decision.reason, request_id, _Token(_priced(request_id, call), reservation),
+        return Admission("executed", decision.reason, request_id, _Token(request_id, call, reservation),
                          decision.wire_trace)
 
     def _refuse_unserved(self, snapshot: Snapshot, call: CallRequest, request_id: str) -> Admission:
@@ -238,17 +246,17 @@ class Gatekeeper:
     def _settle_token(self, token: _Token, reported: int | None, ok: bool) -> Settlement:
         """Put the settlement of one admitted call (and any pricing violation) in the backlog."""
         held = token.reservation
-        reserved = held.reserved if held is not None else token.unlimited.estimate if token.unlimited else 0
-        charge = charge_call(token.who, reserved, reported, ok)
+        reserved = held.reserved if held is not None else token.estimate
+        charge = charge_call(token, reserved, reported, ok)
         delta = charge.charged - reserved
         if charge.violation is not None:
             self.pricing_violations += 1
             self._backlog.add_audit(charge.violation)
-        who = token.who
-        self._backlog.add_audit(settlement_row(who.request_id, who.profile, who.instance, ok, reserved, charge.charged))
+        call = token.call
+        self._backlog.add_audit(settlement_row(token.request_id, call.profile, call.instance, ok, reserved,
+                                               charge.charged))
         if held is None:
-            if token.unlimited is not None:
-                self._backlog.add_spend(token.unlimited.scopes, token.unlimited.month, charge.charged)
+            self._backlog.add_spend(token.scopes, token.month, charge.charged)
             if token.leased:
                 left = self._leaser.settle(token.leased, reserved, charge.charged)
                 return Settlement(from_micros(charge.charged), from_micros(left))
@@ -346,10 +354,6 @@ def _limits_spend(caps: CapSet) -> bool:
 def _covered(caps: CapSet, cost: int) -> SpendState:
     """The spend state of a call its leases cover: nothing spent, a balance of exactly its price."""
     return SpendState(balance=cost) if caps.prepaid else _NO_SPEND
-
-
-def _priced(request_id: str, call: CallRequest) -> PricedCall:
-    return PricedCall(request_id, call.profile, call.instance, call.binding, call.tool)
 
 
 def _decided_row(request_id: str, call: CallRequest, decision: Decision) -> AuditRow:
