@@ -7,7 +7,8 @@ the root). The sandbox's first process — the shell at the head of its command,
 ahead of need (`parking`), whose leaves get the binding's limits when a start takes it — writes its
 own pid into each leaf's `cgroup.procs` before anything else runs, so every process the connector
 starts is counted. When the
-process has stopped, `remove` kills whatever is left in the leaves and removes them. Where no cgroup
+process has stopped, `remove` kills whatever is left in the leaves and removes them; `sweep_stale`, at a
+pool's start, removes the empty leaves a router stopped by `kill -9` left behind. Where no cgroup
 can be made (not root, or a read-only `/sys/fs/cgroup`), the launch goes on under its rlimits alone.
 """
 
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ConnectorCgroups", "make_cgroups"]
+__all__ = ["ConnectorCgroups", "make_cgroups", "sweep_stale"]
 
 log = logging.getLogger("handler.connector")
 _ROOT = Path("/sys/fs/cgroup")
@@ -53,8 +54,14 @@ class ConnectorCgroups:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
                 time.sleep(0.01)
-            with contextlib.suppress(OSError):
-                leaf.rmdir()
+            for _ in range(50):  # a task just reaped may hold its cgroup a moment longer (EBUSY)
+                try:
+                    leaf.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
 
 
 def make_cgroups(name: str, processes: int, memory_bytes: int) -> ConnectorCgroups | None:
@@ -87,6 +94,26 @@ def make_cgroups(name: str, processes: int, memory_bytes: int) -> ConnectorCgrou
         _warn(f"cannot bound cgroups under {_ROOT} ({exc.strerror}); connectors are bounded by rlimits only")
         return None
     return made if leaves else None
+
+
+def sweep_stale(min_age: float = 60.0) -> int:
+    """Remove leaves nobody is in that were made over `min_age` seconds ago: what a router stopped by `kill -9`
+    left (its connectors ended with it, their leaves stayed). A leaf being set up this moment is younger, and
+    one in use is not empty, so another router's are safe. Returns how many were removed."""
+    if os.geteuid() != 0:
+        return 0
+    parents = ([_ROOT / "handler"] if (_ROOT / "cgroup.controllers").exists()
+               else [_ROOT / c / _own_path(c) / "handler" for c in ("pids", "memory")])
+    removed = 0
+    cutoff = time.time() - min_age
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            for leaf in parent.iterdir():
+                with contextlib.suppress(OSError):
+                    if leaf.is_dir() and leaf.stat().st_mtime < cutoff and not _read_pids(leaf):
+                        leaf.rmdir()
+                        removed += 1
+    return removed
 
 
 def _own_path(controller: str) -> str:

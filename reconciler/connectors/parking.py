@@ -29,7 +29,7 @@ from pathlib import Path
 
 import orjson
 
-from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups
+from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups, sweep_stale
 
 __all__ = ["Handoff", "Parking", "Spare"]
 
@@ -107,7 +107,11 @@ class Parking:
         return self._spare.popen.pid if self._spare is not None else None
 
     async def start(self) -> None:
-        """Park the first spare and wait for it (bounded), so the router's first start finds it."""
+        """Sweep the leaves a killed router left, park the first spare and wait for it (bounded), so the router's
+        first start finds it."""
+        swept = await asyncio.to_thread(sweep_stale)
+        if swept:
+            log.info("removed %d empty connector cgroups left by a router that was killed", swept)
         self._refill(delay=0)
         if self._making is not None:
             with contextlib.suppress(TimeoutError):

@@ -10,6 +10,7 @@ from unittest import mock
 
 import pytest
 
+from reconciler.connectors.cgroups import make_cgroups, sweep_stale
 from reconciler.connectors.parking import Parking
 from reconciler.connectors.sandbox import limits_for
 from tests.fixtures.harness import RawClient, load, run, serving
@@ -114,3 +115,26 @@ def test_one_spare_at_a_time_and_a_closed_parking_ends_it() -> None:
         assert not alive(following)
 
     run(scenario())
+
+
+def test_a_pools_start_sweeps_empty_leaves_a_killed_router_left_and_nothing_in_use() -> None:
+    left = make_cgroups(f"left-by-a-killed-router.{os.getpid()}", 8, 64 << 20)  # its connector gone, it stayed
+    assert left is not None
+
+    async def scenario() -> None:
+        parking = Parking()
+        await parking.start()  # swept only what is a minute old: this one is not yet
+        assert all(leaf.exists() for leaf in left.leaves)
+        spare = parking.parked
+        assert spare is not None
+        await asyncio.sleep(1.1)
+        assert sweep_stale(min_age=1.0) >= 1
+        assert not any(leaf.exists() for leaf in left.leaves)
+        assert pids_leaf(spare).exists()  # a leaf in use is never swept
+        assert alive(spare)
+        await parking.aclose()
+
+    try:
+        run(scenario())
+    finally:
+        left.remove()
