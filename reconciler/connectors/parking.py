@@ -23,6 +23,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,14 +124,15 @@ class Parking:
         self._refill(delay=_REFILL_SECONDS)
         if spare is None:
             return None
-        if spare.popen.poll() is not None:
-            spare.discard()
-            return None
-        try:
-            spare.cgroups.set_limits(processes, memory_bytes)
-        except OSError as exc:
-            log.warning("could not bound a parked connector's cgroups (%s); starting the usual way", exc.strerror)
-            spare.discard()
+        why = f"it stopped (exit status {spare.popen.returncode})" if spare.popen.poll() is not None else ""
+        if not why:
+            try:
+                spare.cgroups.set_limits(processes, memory_bytes)
+            except OSError as exc:
+                why = f"its cgroups refused the binding's limits: {exc.strerror}"
+        if why:
+            log.warning("cannot use the parked connector process (%s); starting the usual way", why)
+            threading.Thread(target=spare.discard, name="discard-spare", daemon=True).start()  # not on the loop
             return None
         return spare
 
@@ -176,6 +178,14 @@ def _discard_parked(done: asyncio.Future[Spare | None]) -> None:
 
 def _park() -> Spare | None:
     """A new spare, once it has joined its leaves; None where that cannot be done here."""
+    try:
+        return _parked_spare()
+    except OSError as exc:
+        log.warning("could not park a connector process (%s); starts join their cgroups themselves", exc)
+        return None
+
+
+def _parked_spare() -> Spare | None:
     cgroups = make_cgroups(f"spare.{secrets.token_hex(4)}", _SPARE_PROCESSES, _SPARE_MEMORY)
     if cgroups is None:
         return None

@@ -138,3 +138,19 @@ def test_a_pools_start_sweeps_empty_leaves_a_killed_router_left_and_nothing_in_u
         run(scenario())
     finally:
         left.remove()
+
+
+def test_a_spare_that_died_is_not_taken_and_its_leaves_go() -> None:
+    async def scenario() -> None:
+        parking = Parking()
+        await parking.start()
+        pid = parking.parked
+        assert pid is not None
+        leaves = [pids_leaf(pid)]
+        os.kill(pid, 9)
+        await eventually(lambda: not alive(pid) or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2])
+        assert parking.take(16, 64 << 20) is None  # the start goes the usual way
+        await eventually(lambda: not any(leaf.exists() for leaf in leaves))
+        await parking.aclose()
+
+    run(scenario())
