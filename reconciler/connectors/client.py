@@ -41,6 +41,11 @@ _SHOWN_BYTES = 200  # how much of a stray output line the log shows
 log = logging.getLogger("handler.connectors")
 
 
+# A launch's first spawn done another way (a process parked ahead of need, `parking`): given its command, cwd,
+# environment and whether stdio carries MCP, the process running it, or None to spawn the usual way.
+Handoff = Callable[[Sequence[str], str, dict[str, str], bool], "subprocess.Popen[bytes] | None"]
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """How to run one binding's connector: the command, its folder and its whole environment."""
@@ -55,9 +60,7 @@ class LaunchSpec:
     on_stderr: Callable[[bytes], None] | None = None  # gets the process's stderr as it comes (else stderr_path)
     socket_path: str | None = None  # transport "socket": the connector serves MCP here (HANDLER_CONNECTOR_SOCKET)
     mask: Callable[[str], str] | None = None  # hides the binding's secrets in what is logged of its output
-    # The first spawn, when a process parked ahead of need runs it (`parking`): (command, cwd, env, stdio
-    # carries MCP) -> that process, or None to spawn the usual way.
-    handoff: Callable[[Sequence[str], str, dict[str, str], bool], subprocess.Popen[bytes] | None] | None = None
+    handoff: Handoff | None = None  # its first spawn, when a parked process runs it
 
 
 class DispatchHook(Protocol):

@@ -44,11 +44,11 @@ from pathlib import Path
 
 from reconciler.config.snapshot import Binding, Connector, Snapshot
 from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups
-from reconciler.connectors.client import LaunchSpec
+from reconciler.connectors.client import Handoff, LaunchSpec
 from reconciler.connectors.egress import EgressProxy
 from reconciler.connectors.environments import environment_path, missing_on_machine, require_environment, runtime_home
 from reconciler.connectors.errors import ConnectorStartError
-from reconciler.connectors.parking import Handoff, Parking
+from reconciler.connectors.parking import Parking
 from reconciler.connectors.relay import Forward
 from reconciler.connectors.sandbox import (
     BoxView,

@@ -24,15 +24,16 @@ import secrets
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
 from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups, sweep_stale
+from reconciler.connectors.client import Handoff
 
-__all__ = ["Handoff", "Parking", "Spare"]
+__all__ = ["Parking", "Spare"]
 
 log = logging.getLogger("handler.connector")
 _PARKED = Path(__file__).with_name("parked.py")
@@ -40,10 +41,6 @@ _SPARE_PROCESSES = 4  # the parked process itself, until a start gives its leave
 _SPARE_MEMORY = 256 * 1024 * 1024
 _REFILL_SECONDS = 0.5  # after a take: not on the start's own moment, on two cores it would slow it
 _READY_SECONDS = 5.0
-
-# A launch's first spawn, given (its command, cwd, environment, whether stdio carries MCP): the spare's process,
-# or None to spawn the usual way.
-Handoff = Callable[[Sequence[str], str, dict[str, str], bool], "subprocess.Popen[bytes] | None"]
 
 
 @dataclass

@@ -44,7 +44,7 @@ from reconciler.governance.ledger import (
 from reconciler.governance.notices import Reach, add_notices, list_notices, pending_news, targets_for
 from reconciler.governance.rulebook import CapSet, ToolEntry, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
-from reconciler.governance.store import Store, Transaction, now
+from reconciler.governance.store import Store, Transaction
 from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
 from reconciler.governance.store.backlog import Backlog
 from reconciler.governance.store.holds import insert_hold
@@ -367,7 +367,8 @@ def _decided_row(request_id: str, call: CallRequest, decision: Decision) -> Audi
         if len(_DETAILS) >= _DETAILS_KEPT:
             _DETAILS.clear()
         detail = _DETAILS[key] = orjson.dumps(shown).decode()
-    return (now(), "decided", request_id, call.profile, call.instance, call.tool, None, decision.status, detail)
+    return audit_row("decided", request_id=request_id, profile=call.profile, instance=call.instance, tool=call.tool,
+                     status=decision.status, detail=detail)
 
 
 # A decision's detail as JSON, by what it holds: the same few decisions recur call after call.

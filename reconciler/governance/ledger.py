@@ -27,7 +27,7 @@ from reconciler.governance.rulebook import CapSet
 from reconciler.governance.store import Store, Transaction, now
 from reconciler.governance.store import leases as lease_rows
 from reconciler.governance.store import spend as rows
-from reconciler.governance.store.audit import AuditRow, insert_audit
+from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
 
 __all__ = [
     "Reservation",
@@ -174,9 +174,8 @@ def settlement_row(request_id: str | None, profile: str, instance: str, ok: bool
                    charged: int) -> AuditRow:
     """The audit row of a settled call (`settled`) or a released one (`released`: it failed)."""
     detail = f'{{"reserved":{int(reserved)},"charged":{int(charged)}}}'  # two integers: no encoder needed
-    if ok:
-        return (now(), "settled", request_id, profile, instance, None, None, "executed", detail)
-    return (now(), "released", request_id, profile, instance, None, None, "failed", detail)
+    return audit_row("settled" if ok else "released", request_id=request_id, profile=profile, instance=instance,
+                     status="executed" if ok else "failed", detail=detail)
 
 
 def budget_remaining(caps: CapSet, state: SpendState) -> int | None:

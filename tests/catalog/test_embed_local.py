@@ -23,6 +23,7 @@ from conformance.cases import cosine
 from reconciler.cli import main as handler
 from reconciler.config import FolderSource, Loader
 from reconciler.connectors.environments import environment_path
+from tests.fixtures.vendor_trees import passing_check
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/embed-local"
@@ -56,12 +57,8 @@ def calls(python: Path, home: Path, *texts: list[str]) -> list[Any]:
 
 def test_it_passes_the_check_with_fuzzing(shipped_tree: Path, tmp_path: Path, python: Path,
                                           capfd: pytest.CaptureFixture[str]) -> None:
-    result = tmp_path / "result.json"
-    code = handler(["connector", "check", "embed-local", "--binding", "embed-local", "--root",
-                    str(shipped_tree), "--examples", "12", "--seed", "5", "--json", str(result), "--no-record"])
-    out = capfd.readouterr().out
-    assert code == 0, out
-    summary = json.loads(result.read_text())["interfaces"]["embed/v1"]
+    summary = passing_check("embed-local", "embed-local", shipped_tree, "embed/v1", examples=12, seed=5,
+                            result=tmp_path / "result.json", capfd=capfd)
     assert summary["cases"] == {"passed": 4, "failed": 0, "skipped": 0}  # the two semantic floors among them
     assert summary["fuzzing_pass"]
     assert summary["refuse"]["failed"] == 0

@@ -31,13 +31,17 @@ from typing import Any, ClassVar
 import httpx
 import jsonschema
 import pytest
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 
-from reconciler.cli import main as handler
-from tests.fixtures.harness import RawClient, body, run, serving, short_dir
+from tests.fixtures.harness import body, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
-from tests.fixtures.vendor_trees import calls_through_router, egress_of, listed_tools, stand_in_record, write_tree
+from tests.fixtures.vendor_trees import (
+    calls_through_router,
+    egress_of,
+    listed_tools,
+    passing_check,
+    stand_in_record,
+    write_tree,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/embed-openai/main.py"
@@ -54,8 +58,8 @@ CONCEPTS = {"kitten": "cat", "bill": "invoice", "settle": "pay", "paid": "pay", 
 def bag_of_words(text: str, dimensions: int = DIMENSIONS) -> list[float]:
     """A unit vector: each word (or its concept) hashed onto one dimension."""
     vector = [0.0] * dimensions
-    for word in re.findall(r"\w+", text.lower()) or [text]:
-        word = CONCEPTS.get(word, word)
+    for found in re.findall(r"\w+", text.lower()) or [text]:
+        word = CONCEPTS.get(found, found)
         vector[hashlib.sha256(word.encode()).digest()[0] % dimensions] += 1.0
     norm = math.sqrt(sum(x * x for x in vector))
     return [round(x / norm, 6) for x in vector]
@@ -334,11 +338,7 @@ def test_through_the_sandboxed_router(embed_tree: Path) -> None:
 
 def test_connector_check_passes_against_the_stand_in(embed_tree: Path, tmp_path: Path,
                                                      capfd: pytest.CaptureFixture[str]) -> None:
-    result = tmp_path / "result.json"
-    code = handler(["connector", "check", "embed-openai", "--binding", "embed-test", "--root",
-                    str(embed_tree), "--examples", "10", "--seed", "3", "--json", str(result), *stand_in_record()])
-    out = capfd.readouterr().out
-    assert code == 0, out
-    summary = json.loads(result.read_text())["interfaces"]["embed/v1"]
+    summary = passing_check("embed-openai", "embed-test", embed_tree, "embed/v1", examples=10, seed=3,
+                            result=tmp_path / "result.json", capfd=capfd, record=stand_in_record())
     assert summary["cases"]["passed"] == 4
     assert summary["fuzzing_pass"]

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import ssl
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from tests.fixtures.harness import short_dir
 from tests.fixtures.loopback import QuietHandler, serve_on
-from tests.fixtures.mail import Mailbox
+from tests.fixtures.mail import Mailbox, self_signed, starttls_server
 
 REPO = Path(__file__).resolve().parents[2]
 SMTP_HOST, PAGES_HOST = "127.0.58.21", "127.0.58.22"  # ports 587 and 80 of addresses of their own (root, as CI)
@@ -77,21 +75,10 @@ def _operator_edits(clone: Path, cert: Path, stub_bin: Path) -> None:
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[Mailbox, Path]]:
     with short_dir() as folder:
-        cert, key = folder / "cert.pem", folder / "key.pem"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                        f"/CN={SMTP_HOST}", "-addext", f"subjectAltName=IP:{SMTP_HOST}", "-keyout", str(key),
-                        "-out", str(cert)], check=True, capture_output=True, timeout=60)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(str(cert), str(key))
+        certificate = self_signed(folder, SMTP_HOST)
         mailbox = Mailbox()
-        smtp = Controller(mailbox, hostname=SMTP_HOST, port=587, tls_context=context, require_starttls=True,
-                          authenticator=_login, auth_required=True)
-        smtp.start()
-        try:
-            with serve_on((PAGES_HOST, 80), _Pages):
-                yield mailbox, cert
-        finally:
-            smtp.stop()
+        with starttls_server(mailbox, SMTP_HOST, 587, certificate, _login), serve_on((PAGES_HOST, 80), _Pages):
+            yield mailbox, certificate[0]
 
 
 def _login(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:

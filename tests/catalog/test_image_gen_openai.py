@@ -25,13 +25,17 @@ from typing import Any, ClassVar
 import httpx
 import jsonschema
 import pytest
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 
-from reconciler.cli import main as handler
-from tests.fixtures.harness import RawClient, body, run, serving, short_dir
+from tests.fixtures.harness import body, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
-from tests.fixtures.vendor_trees import calls_through_router, egress_of, listed_tools, stand_in_record, write_tree
+from tests.fixtures.vendor_trees import (
+    calls_through_router,
+    egress_of,
+    listed_tools,
+    passing_check,
+    stand_in_record,
+    write_tree,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/image-gen-openai/main.py"
@@ -292,11 +296,7 @@ def test_through_the_sandboxed_router_the_png_lands_in_the_work_folder(images_tr
 
 def test_connector_check_passes_against_the_stand_in(images_tree: Path, tmp_path: Path,
                                                      capfd: pytest.CaptureFixture[str]) -> None:
-    result = tmp_path / "result.json"
-    code = handler(["connector", "check", "image-gen-openai", "--binding", "images-test", "--root",
-                    str(images_tree), "--examples", "5", "--seed", "3", "--json", str(result), *stand_in_record()])
-    out = capfd.readouterr().out
-    assert code == 0, out
-    summary = json.loads(result.read_text())["interfaces"]["image-gen/v1"]
+    summary = passing_check("image-gen-openai", "images-test", images_tree, "image-gen/v1", examples=5, seed=3,
+                            result=tmp_path / "result.json", capfd=capfd, record=stand_in_record())
     assert summary["cases"]["passed"] == 2
     assert summary["fuzzing_pass"]

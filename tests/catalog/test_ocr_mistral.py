@@ -10,7 +10,6 @@ import asyncio
 import base64
 import importlib.util
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,12 +19,10 @@ from typing import Any, ClassVar
 import httpx
 import jsonschema
 import pytest
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 
-from tests.fixtures.vendor_trees import listed_tools
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
+from tests.fixtures.vendor_trees import listed_tools
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/ocr-mistral"

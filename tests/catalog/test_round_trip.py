@@ -46,7 +46,7 @@ SENTENCES = (
 )
 # English function words: what is left of a sentence without them is what it is about.
 FUNCTION_WORDS = frozenset(
-    "a an the of to in on at for by with and or but is are was were be been it its this that these those he "
+    "a an the of to in on at for by with and or but is are was were be been it its this that these those he "  # noqa: SIM905 - the words read as prose
     "she they we you i his her their our your my me him them us will would can could shall should may might "
     "must do does did have has had not no so as from up down out into over again before after during".split(" "))
 FLOOR = 0.85

@@ -13,8 +13,6 @@ import asyncio
 import importlib.util
 import json
 import shutil
-import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from email import message_from_bytes, policy
@@ -27,7 +25,8 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from tests.fixtures.harness import RawClient, body, serving, short_dir
-from tests.fixtures.vendor_trees import listed_tools
+from tests.fixtures.mail import free_port, self_signed, starttls_server
+from tests.fixtures.vendor_trees import listed_tools, passing_check
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/send-email-smtp"
@@ -74,42 +73,22 @@ def authenticate(server: Any, session: Any, envelope: Any, mechanism: str, data:
     return AuthResult(success=ok, handled=False)  # not handled: the server answers 535 itself
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def certificate() -> Iterator[tuple[Path, Path]]:
     """A self-signed certificate for 127.0.0.1, made with the openssl command."""
     if shutil.which("openssl") is None:
         pytest.skip("the openssl command is not installed")
     with short_dir() as folder:
-        cert, key = folder / "cert.pem", folder / "key.pem"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                        "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
-        yield cert, key
+        yield self_signed(folder, "127.0.0.1")
 
 
 @pytest.fixture
 def tls_server(certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Mailbox, int]]:
     """A submission server that requires STARTTLS and a login; the connector trusts its certificate."""
-    import ssl
-
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(certificate[0]), str(certificate[1]))
     monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
     mailbox, port = Mailbox(), free_port()
-    controller = Controller(mailbox, hostname="127.0.0.1", port=port, tls_context=context, require_starttls=True,
-                            authenticator=authenticate, auth_required=True)
-    controller.start()
-    try:
+    with starttls_server(mailbox, "127.0.0.1", port, certificate, authenticate):
         yield mailbox, port
-    finally:
-        controller.stop()
 
 
 def config(port: int, password: str = CREDENTIAL) -> Any:
@@ -256,44 +235,27 @@ egress = ["{CHECK_HOST}:587"]
 def check_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Mailbox, Path]]:
     """A submission server on CHECK_HOST:587 requiring STARTTLS and a login, and a tree whose binding trusts its
     certificate through the connector's `ca_file` setting (a file in the connector's folder)."""
-    import ssl
-
     monkeypatch.setenv("TEST_SMTP_CREDENTIAL", CREDENTIAL)
     with short_dir() as folder:
-        cert, key = folder / "cert.pem", folder / "key.pem"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                        f"/CN={CHECK_HOST}", "-addext", f"subjectAltName=IP:{CHECK_HOST}", "-keyout", str(key),
-                        "-out", str(cert)], check=True, capture_output=True, timeout=60)
+        certificate = self_signed(folder, CHECK_HOST)
         root = folder / "t"
         for part in ("catalog/interfaces", "catalog/connectors", "config"):
             shutil.copytree(REPO / part, root / part)
-        shutil.copy(cert, root / "catalog/connectors/send-email-smtp/test-ca.pem")
+        shutil.copy(certificate[0], root / "catalog/connectors/send-email-smtp/test-ca.pem")
         (root / "config/bindings/email-check.toml").write_text(CHECK_BINDING)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(str(cert), str(key))
         mailbox = Mailbox()
-        controller = Controller(mailbox, hostname=CHECK_HOST, port=587, tls_context=context, require_starttls=True,
-                                authenticator=authenticate, auth_required=True)
-        controller.start()
-        try:
+        with starttls_server(mailbox, CHECK_HOST, 587, certificate, authenticate):
             yield mailbox, root
-        finally:
-            controller.stop()
 
 
 def test_the_connector_check_passes_against_a_starttls_server(check_server: tuple[Mailbox, Path], tmp_path: Path,
                                                               capfd: pytest.CaptureFixture[str]) -> None:
     """Through the real router and its sandbox: the cases and fuzzing of send-email/v1, each message received
     with its subject, body and recipients, the impossible recipient refused before anything is sent."""
-    from reconciler.cli import main as handler
 
     mailbox, root = check_server
-    result = tmp_path / "result.json"
-    code = handler(["connector", "check", "send-email-smtp", "--binding", "email-check", "--root", str(root),
-                    "--examples", "5", "--seed", "4", "--json", str(result), "--no-record"])
-    out = capfd.readouterr().out
-    assert code == 0, out
-    summary = json.loads(result.read_text())["interfaces"]["send-email/v1"]
+    summary = passing_check("send-email-smtp", "email-check", root, "send-email/v1", examples=5, seed=4,
+                            result=tmp_path / "result.json", capfd=capfd)
     assert summary["fuzzing_pass"]
     sent = {msg["Subject"]: (rcpt, msg) for _, rcpt, raw in mailbox.received
             for msg in [message_from_bytes(raw, policy=policy.default)]}

@@ -21,6 +21,7 @@ from mcp.client.stdio import StdioServerParameters
 from reconciler.cli import main as handler
 from reconciler.config import FolderSource, Loader
 from reconciler.connectors.environments import environment_path
+from tests.fixtures.vendor_trees import passing_check
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/transcribe-pocketsphinx"
@@ -51,12 +52,8 @@ def calls(python: Path, *arguments: dict[str, Any]) -> list[Any]:
 
 def test_it_passes_the_check_with_fuzzing(shipped_tree: Path, tmp_path: Path, python: Path,
                                           capfd: pytest.CaptureFixture[str]) -> None:
-    result = tmp_path / "result.json"
-    code = handler(["connector", "check", "transcribe-pocketsphinx", "--binding", "transcribe-local", "--root",
-                    str(shipped_tree), "--examples", "12", "--seed", "7", "--json", str(result), "--no-record"])
-    out = capfd.readouterr().out
-    assert code == 0, out
-    summary = json.loads(result.read_text())["interfaces"]["transcribe/v1"]
+    summary = passing_check("transcribe-pocketsphinx", "transcribe-local", shipped_tree, "transcribe/v1",
+                            examples=12, seed=7, result=tmp_path / "result.json", capfd=capfd)
     assert summary["cases"]["passed"] == 10  # eight recordings bounded by word error rate, among them
     assert summary["fuzzing_pass"]
 

@@ -17,6 +17,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from tests.fixtures.harness import RawClient, body, serving, short_dir
+from tests.fixtures.vendor_trees import passing_check
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                 reason="espeak-ng is not installed (apt-get install espeak-ng; CI installs it)")
@@ -123,13 +124,8 @@ def test_without_the_engine_every_call_is_unavailable_in_plain_words(tmp_path: P
 
 def test_it_passes_the_check_with_fuzzing(shipped_tree: Path, tmp_path: Path,
                                           capfd: pytest.CaptureFixture[str]) -> None:
-    from reconciler.cli import main as handler
 
-    result = tmp_path / "result.json"
-    code = handler(["connector", "check", "tts-espeak", "--binding", "tts-local", "--root", str(shipped_tree),
-                    "--examples", "12", "--seed", "7", "--json", str(result), "--no-record"])
-    out = capfd.readouterr().out
-    assert code == 0, out
-    summary = json.loads(result.read_text())["interfaces"]["tts/v1"]
+    summary = passing_check("tts-espeak", "tts-local", shipped_tree, "tts/v1", examples=12, seed=7,
+                            result=tmp_path / "result.json", capfd=capfd)
     assert summary["cases"]["passed"] == 3
     assert summary["fuzzing_pass"]

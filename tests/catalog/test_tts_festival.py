@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from reconciler.cli import main as handler
+from tests.fixtures.vendor_trees import passing_check
 
 pytestmark = pytest.mark.skipif(shutil.which("text2wave") is None,
                                 reason="Festival is not installed (apt-get install festival festvox-us-slt-hts; "
@@ -45,12 +45,8 @@ def calls(path: str, *arguments: dict[str, Any]) -> list[Any]:
 
 def test_it_passes_the_check_with_fuzzing(shipped_tree: Path, tmp_path: Path,
                                           capfd: pytest.CaptureFixture[str]) -> None:
-    result = tmp_path / "result.json"
-    code = handler(["connector", "check", "tts-festival", "--binding", "tts-festival-local", "--root",
-                    str(shipped_tree), "--examples", "12", "--seed", "7", "--json", str(result), "--no-record"])
-    out = capfd.readouterr().out
-    assert code == 0, out
-    summary = json.loads(result.read_text())["interfaces"]["tts/v1"]
+    summary = passing_check("tts-festival", "tts-festival-local", shipped_tree, "tts/v1", examples=12, seed=7,
+                            result=tmp_path / "result.json", capfd=capfd)
     assert summary["cases"]["passed"] == 3
     assert summary["fuzzing_pass"]
 

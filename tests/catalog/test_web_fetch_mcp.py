@@ -8,7 +8,6 @@ name; the binding under check allows that address alone.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
@@ -20,6 +19,7 @@ from reconciler.cli import main as handler
 from reconciler.config import FolderSource, Loader
 from reconciler.connectors.environments import environment_path
 from tests.fixtures.loopback import serve_on
+from tests.fixtures.vendor_trees import passing_check
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = REPO / "catalog/interfaces/web-fetch/v1/conformance/pages"
@@ -52,11 +52,7 @@ def test_it_passes_the_check_with_fuzzing(shipped_tree: Path, tmp_path: Path, pa
     (shipped_tree / "config/bindings/web-fetch-check.toml").write_text(
         'apiVersion = "handler.binding/v1"\nname = "web-fetch-check"\nconnector = "web-fetch-mcp"\n'
         f'egress = ["{ADDRESS[0]}:{ADDRESS[1]}"]\n')
-    result = tmp_path / "result.json"
-    code = handler(["connector", "check", "web-fetch-mcp", "--binding", "web-fetch-check", "--root",
-                    str(shipped_tree), "--examples", "12", "--seed", "7", "--json", str(result), "--no-record"])
-    out = capfd.readouterr().out
-    assert code == 0, out
-    summary = json.loads(result.read_text())["interfaces"]["web-fetch/v1"]
+    summary = passing_check("web-fetch-mcp", "web-fetch-check", shipped_tree, "web-fetch/v1", examples=12, seed=7,
+                            result=tmp_path / "result.json", capfd=capfd)
     assert summary["cases"]["passed"] == 5
     assert summary["fuzzing_pass"]

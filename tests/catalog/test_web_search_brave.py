@@ -20,12 +20,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import pytest
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 
-from tests.fixtures.vendor_trees import listed_tools
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
+from tests.fixtures.vendor_trees import listed_tools
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/web-search-brave/main.py"

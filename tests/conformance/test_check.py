@@ -18,6 +18,7 @@ from conformance.check import check_connector
 from conformance.listing import RESULTS_FOLDER, tier_of_run
 from reconciler.cli import main as handler
 from tests.conformance.shout_tree import TOOLS, binding_name, write_shout_tree
+from tests.fixtures.vendor_trees import passing_check
 
 
 @pytest.fixture
@@ -136,11 +137,7 @@ def test_misnamed_connector_or_binding_gets_did_you_mean(shout: Path, capsys: py
                     reason="tesseract-ocr and poppler-utils are not installed (.ci/run installs them)")
 def test_ocr_tesseract_implements_ocr_v1(shipped_tree: Path, tmp_path: Path,
                                          capfd: pytest.CaptureFixture[str]) -> None:
-    result = tmp_path / "result.json"
-    code = handler(["connector", "check", "ocr-tesseract", "--binding", "ocr-local", "--root", str(shipped_tree),
-                    "--examples", "15", "--seed", "4", "--json", str(result), "--no-record"])
-    out = capfd.readouterr().out
-    assert code == 0, out
-    summary = json.loads(result.read_text())["interfaces"]["ocr/v1"]
+    summary = passing_check("ocr-tesseract", "ocr-local", shipped_tree, "ocr/v1", examples=15, seed=4,
+                            result=tmp_path / "result.json", capfd=capfd)
     assert summary["cases"]["passed"] == 3
     assert summary["fuzzing_pass"]

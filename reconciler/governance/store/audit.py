@@ -37,10 +37,12 @@ AuditRow = tuple[float, str, str | None, str | None, str | None, str | None, str
 
 def audit_row(event: str, *, request_id: str | None = None, profile: str | None = None, instance: str | None = None,
               tool: str | None = None, actor: str | None = None, status: str | None = None,
-              detail: Mapping[str, Any] | None = None) -> AuditRow:
-    """One audit row, stamped now (the backlog gathers these to insert later)."""
-    return (now(), event, request_id, profile, instance, tool, actor, status,
-            orjson.dumps(detail or {}, option=orjson.OPT_NON_STR_KEYS).decode())
+              detail: Mapping[str, Any] | str | None = None) -> AuditRow:
+    """One audit row, stamped now (the backlog gathers these to insert later); a `detail` already JSON text is
+    kept as it is (the gate encodes a recurring one once)."""
+    if not isinstance(detail, str):
+        detail = orjson.dumps(detail or {}, option=orjson.OPT_NON_STR_KEYS).decode()
+    return (now(), event, request_id, profile, instance, tool, actor, status, detail)
 
 
 def insert_audit(tx: Transaction, *rows: AuditRow) -> None:
