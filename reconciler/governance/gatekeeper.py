@@ -1,15 +1,16 @@
 """The gate on the call path: admits each call, settles it after, answers `handler_status` and `handler_decide`.
 
-A call that a cap or the prepaid balance limits is admitted against this router's budget leases
-(`leasing.Leaser`): its price is reserved on them in memory, and `decide_call` decides on the spend
-state they stand for; when they lack room, one store transaction takes more (or finds the cap
-reached, which the decision then names). The leases are counted in the spend rows, so no cap is
-overspent however many calls or routers race. A call that nothing limits is decided in memory too.
-Either way, an executed or blocked call's audit row and the spend of its scopes no cap limits go to
-the backlog (`store.backlog`), committed a moment later, and so do settlements; a hold is written
-before the agent hears of it. `admit_now` is the same decision in one store transaction with a
-reservation of its own, for callers off the event loop. The `Governor` puts this gate and the hold
-runner together as the router's `Gate`.
+A call that nothing limits and nothing holds is admitted on its lane (`lanes`): decided once per
+snapshot, so the call costs a lookup, and its audit rows are recorded on the event loop's thread
+without a lock. A call that a cap or the prepaid balance limits is admitted against this router's
+budget leases (`leasing.Leaser`): its price is reserved on them in memory, and `decide_call` decides
+on the spend state they stand for; when they lack room, one store transaction takes more (or finds
+the cap reached, which the decision then names). The leases are counted in the spend rows, so no cap
+is overspent however many calls or routers race. Either way, an executed or blocked call's audit
+rows and the spend of its scopes no cap limits go to the backlog (`store.backlog`), committed a
+moment later, and so do settlements; a hold is written before the agent hears of it. `admit_now`
+is the same decision in one store transaction with a reservation of its own, for callers off the
+event loop. The `Governor` puts this gate and the hold runner together as the router's `Gate`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from reconciler.governance.charging import charge_call
 from reconciler.governance.decide import Decision, SpendState, decide_call
 from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, StoreError
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, Settlement
-from reconciler.governance.holds import PENDING_HINT, caller_refusal, decide_hold, get_hold, hold_status, new_request_id
+from reconciler.governance.holds import (
+    PENDING_HINT,
+    caller_refusal,
+    decide_hold,
+    get_hold,
+    hold_status,
+    new_request_id,
+)
+from reconciler.governance.lanes import Charges, Records, limits_spend
 from reconciler.governance.leases import Lease
 from reconciler.governance.leasing import Leaser
 from reconciler.governance.ledger import (
@@ -101,7 +110,9 @@ class Gatekeeper:
         self._held = held
         self._run_now = run_now
         self._backlog = Backlog()
+        self._records = Records()  # what the calls on the event loop's thread left to write
         self._flushing: asyncio.Task[None] | None = None
+        self._flush_due = False  # a flush is scheduled: it runs until the backlog and the lanes' records are empty
         self._open = 0  # calls admitted here and not yet settled
         self._closed = False  # then a settlement is written at once: nothing commits the backlog any more
         self.pricing_violations = 0  # reports above the reservation seen here since start
@@ -114,10 +125,17 @@ class Gatekeeper:
     async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         if self._closed:  # its settlement would have nowhere to go
             return Admission("blocked", "Blocked: this router is shutting down; retry in a moment.")
+        lane = self._records.lane(snapshot, call, self._rulebooks)
+        if lane is not None:  # the common case: nothing limits or holds it
+            self._open += 1
+            if not self._flush_due:
+                self._flush_soon()
+            token = self._records.admit(lane, call)
+            return Admission("executed", lane.reason, token[0], token, lane.trace)
         entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
         found = None
         if entry is not None:
-            found = (await self._admit_leased(snapshot, entry, call) if _limits_spend(entry.caps)
+            found = (await self._admit_leased(snapshot, entry, call) if limits_spend(entry.caps)
                      else self._admit_unlimited(entry, call))
         admission = found if found is not None else await self._workers.run(self.admit_now, snapshot, call)
         if len(self._backlog):
@@ -129,7 +147,8 @@ class Gatekeeper:
         return admission
 
     def _admit_unlimited(self, entry: ToolEntry, call: CallRequest) -> Admission | None:
-        """Decide in memory a call that no cap or balance limits and that is not held; None otherwise."""
+        """Decide in memory a call that no cap or balance limits and that is not held, off its lane (blocked);
+        None otherwise."""
         cost = to_micros(call.estimated_cost) or entry.price
         decision = decide_call(entry, call.instance, cost, _NO_SPEND)
         if decision.outcome is Outcome.APPROVE:
@@ -188,7 +207,7 @@ class Gatekeeper:
         # executed and blocked calls go to the backlog. A hold is written here, before the agent hears of it.
         with self.store.begin() as tx:
             state = read_state(self.store, tx, entry.caps, call.profile, call.instance,
-                               lock=_limits_spend(entry.caps), month=month)
+                               lock=limits_spend(entry.caps), month=month)
             decision = decide_call(entry, call.instance, cost, state)
             if decision.outcome is Outcome.APPROVE:
                 return self._store_hold(tx, snapshot, call, decision, request_id)
@@ -229,6 +248,16 @@ class Gatekeeper:
     async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
         """Charge an admitted call what it reported, never more than its reservation (`charging`)."""
         token = admission.token
+        if type(token) is tuple:  # admitted on its lane
+            charged, violation = self._records.settle(token, actual_cost, ok)
+            if violation is not None:
+                self.pricing_violations += 1
+            self._open -= 1
+            if self._closed:
+                await asyncio.to_thread(self._flush_late, self._records.take())
+            elif not self._flush_due:
+                self._flush_soon()
+            return Settlement(from_micros(charged), None)
         if not isinstance(token, _Token):
             return Settlement(0.0, None)
         try:
@@ -301,26 +330,32 @@ class Gatekeeper:
 
     def _flush_soon(self) -> None:
         if self._flushing is None or self._flushing.done():
+            self._flush_due = True
             self._flushing = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def _flush_later(self) -> None:
         """Commit the backlog until it is empty: rows added while a commit runs are not left waiting for
         the next call (they were, and `handler spend` missed the last settlements of a burst)."""
         pause = self._batch_seconds
-        while True:
-            await asyncio.sleep(pause)  # gather what the next moments bring into one commit
-            done = await self._workers.run(self.flush_now)
-            if not len(self._backlog):
-                return
-            pause = self._batch_seconds if done else _RETRY_SECONDS
+        try:
+            while True:
+                await asyncio.sleep(pause)  # gather what the next moments bring into one commit
+                done = await self._workers.run(self.flush_now, self._records.take())
+                if not len(self._backlog) and not len(self._records):
+                    return
+                pause = self._batch_seconds if done else _RETRY_SECONDS
+        finally:
+            self._flush_due = False
 
     async def flush(self) -> None:
         """Commit the backlog now (tests, shutdown)."""
-        await self._workers.run(self.flush_now)
+        await self._workers.run(self.flush_now, self._records.take())
 
-    def flush_now(self) -> bool:
-        """Commit the backlog on this thread; False when the store failed: the rows are kept for the next
-        try (the decisions stand, only their record is late)."""
+    def flush_now(self, taken: tuple[list[AuditRow], Charges] | None = None) -> bool:
+        """Commit the backlog on this thread, with what the event loop's thread recorded (`taken` there); False
+        when the store failed: the rows are kept for the next try (the decisions stand, only their record is late)."""
+        if taken is not None:
+            self._backlog.add_rows(*taken)
         waiting = len(self._backlog)
         try:
             self._backlog.flush(self.store)
@@ -329,8 +364,8 @@ class Gatekeeper:
             return False
         return True
 
-    def _flush_late(self) -> None:
-        if not self.flush_now():
+    def _flush_late(self, taken: tuple[list[AuditRow], Charges] | None = None) -> None:
+        if not self.flush_now(taken):
             log.error("the store failed: %d audit/spend rows are not recorded", len(self._backlog))
 
     async def aclose(self) -> None:
@@ -344,11 +379,7 @@ class Gatekeeper:
             self._flushing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flushing
-        self._flush_late()
-
-
-def _limits_spend(caps: CapSet) -> bool:
-    return caps.prepaid or caps.org is not None or caps.profile is not None or caps.instance is not None
+        self._flush_late(self._records.take())
 
 
 def _covered(caps: CapSet, cost: int) -> SpendState:

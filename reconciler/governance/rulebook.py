@@ -240,6 +240,8 @@ class Rulebook:
     revision: str
     entries: Mapping[tuple[str, str], ToolEntry]
     profiles: Mapping[str, tuple[str, ...]]  # profile → its tools, for "did you mean"
+    # The lanes of calls nothing limits or holds, by (profile, tool, price): filled on first use by `lanes`.
+    lanes: dict[tuple[str, str, float], Any] = field(default_factory=dict, compare=False, repr=False)
 
     def entry(self, profile: str, tool: str) -> ToolEntry | None:
         return self.entries.get((profile, tool))

@@ -56,6 +56,12 @@ class Backlog:
         with self._lock:
             self._audit.append(row)
 
+    def add_rows(self, rows: list[AuditRow], charges: list[tuple[tuple[str, ...], str, int]]) -> None:
+        """Audit rows (built by `audit.audit_row`) and spend as `add_spend` takes it, many at once."""
+        with self._lock:
+            self._audit.extend(rows)
+            self._charges.extend(charges)
+
     def add_spend(self, scopes: tuple[str, ...], month: str, micros: int) -> None:
         """`micros` more spent on each of `scopes` this month (summed per scope when flushed, off the call's path)."""
         if micros:

@@ -1,0 +1,144 @@
+"""Calls that nothing limits and nothing holds, admitted for the cost of a lookup (docs/architecture.md §10).
+
+A call whose org, profile and instance have no cap, whose org is not prepaid and whose decision is
+"runs now" is decided by config and its price alone. That decision — a `Lane` — is worked out once
+per snapshot, profile, tool and price, with the audit rows such a call leaves already encoded; each
+call then costs the gate a lookup, two audit rows built as plain tuples (`decided` when admitted,
+`settled` or `released` when settled: the same rows as on the gate's other paths) and a sum of what
+it was charged. `Records` keeps them on the event loop's thread, so no lock is taken per call; the
+gate's flush takes them there (`take`) and hands them to the backlog, which the store's worker
+commits. A call that reports more than its price is charged its price and recorded as a pricing
+violation, as on every path (`charging`).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from reconciler.config.models import Outcome
+from reconciler.config.snapshot import Snapshot
+from reconciler.governance.charging import PricedCall, charge_call
+from reconciler.governance.decide import SpendState, decide_call
+from reconciler.governance.gate import CallRequest
+from reconciler.governance.holds import new_request_id
+from reconciler.governance.ledger import current_month, scopes_for, settlement_row
+from reconciler.governance.rulebook import CapSet, Rulebook, to_micros
+from reconciler.governance.rulebook_cache import RulebookCache
+from reconciler.governance.store.audit import AuditRow
+
+__all__ = ["Lane", "LaneToken", "Records", "limits_spend"]
+
+_NO_SPEND = SpendState()
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # each lane is its own: compared and hashed by identity
+class Lane:
+    """The decision of every call of one profile's tool at one price that nothing limits or holds."""
+
+    price: float  # USD, as the call carries it: a call reporting exactly this is charged `cost`
+    cost: int  # micros
+    reason: str
+    trace: tuple[Mapping[str, Any], ...]
+    decided: str  # the `decided` row's detail, JSON
+    settled: AuditRow  # the row of a call settled at `cost`, and of a failed one: event, status, detail read
+    released: AuditRow
+    caps: CapSet  # whose org the spend is counted for
+
+
+# An admitted call's token, passed back to `Records.settle`: (its request id, the call, its lane).
+LaneToken = tuple[str, CallRequest, Lane]
+Charges = list[tuple[tuple[str, ...], str, int]]  # (spend scopes, month, micros), as `Backlog.add_rows` takes them
+_OFF = object()  # cached: this profile's tool at this price takes the gate's other paths
+
+
+def limits_spend(caps: CapSet) -> bool:
+    """Whether a cap or the prepaid balance limits what this call may spend."""
+    return caps.prepaid or caps.org is not None or caps.profile is not None or caps.instance is not None
+
+
+def _nothing() -> None:
+    return None
+
+
+class Records:
+    """The lanes of the latest snapshot seen, and the audit rows and charges recorded on the event loop's thread
+    since the last `take`. Used from that thread only."""
+
+    def __init__(self) -> None:
+        self._seen: Callable[[], Snapshot | None] = _nothing  # the snapshot of the last call, weakly
+        self._book: Rulebook | None = None
+        self._lanes: dict[tuple[str, str, float], Any] = {}
+        self.rows: list[AuditRow] = []  # in the order they happened
+        self._charged: dict[tuple[str, str, Lane], int] = {}  # (profile, instance, lane) → micros
+
+    def lane(self, snapshot: Snapshot, call: CallRequest, books: RulebookCache) -> Lane | None:
+        """This call's lane, or None when it must take the gate's other paths."""
+        if self._seen() is not snapshot:
+            self._book = books.rulebook(snapshot)
+            self._lanes, self._seen = self._book.lanes, weakref.ref(snapshot)
+        key = (call.profile, call.tool, call.estimated_cost)
+        found = self._lanes.get(key)
+        if found is None:
+            assert self._book is not None  # noqa: S101 - set with `_seen`
+            found = self._lanes[key] = _compile(self._book, call)
+        return None if found is _OFF else found
+
+    def admit(self, lane: Lane, call: CallRequest) -> LaneToken:
+        """Record the decision of a call admitted on its lane; its token."""
+        rid = new_request_id()
+        # An `audit.audit_row` built in place: (at, event, request_id, profile, instance, tool, actor, status, detail).
+        self.rows.append((time.time(), "decided", rid, call.profile, call.instance, call.tool, None, "executed",
+                          lane.decided))
+        return rid, call, lane
+
+    def settle(self, token: LaneToken, actual_cost: float | None, ok: bool) -> tuple[int, AuditRow | None]:
+        """Record the settlement of a call admitted on its lane: what it is charged (micros), and the pricing
+        violation to record when it reported more than its price."""
+        rid, call, lane = token
+        violation = None
+        if not ok:
+            charged, shape = 0, lane.released
+        elif actual_cost is None or actual_cost == lane.price:
+            charged, shape = lane.cost, lane.settled
+        else:
+            charge = charge_call(PricedCall(rid, call.profile, call.instance, call.binding, call.tool), lane.cost,
+                                 to_micros(actual_cost), True)
+            charged, violation = charge.charged, charge.violation
+            shape = settlement_row(None, "", "", True, lane.cost, charged)
+        self.rows.append((time.time(), shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
+        if violation is not None:
+            self.rows.append(violation)
+        if charged:
+            key = (call.profile, call.instance, lane)
+            self._charged[key] = self._charged.get(key, 0) + charged
+        return charged, violation
+
+    def take(self) -> tuple[list[AuditRow], Charges]:
+        """The rows and charges so far (the charges summed per spend row, counted this month); both start afresh."""
+        rows, charged = self.rows, self._charged
+        self.rows, self._charged = [], {}
+        month = current_month()
+        return rows, [(scopes_for(lane.caps, profile, instance), month, micros)
+                      for (profile, instance, lane), micros in charged.items()]
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self._charged)
+
+
+def _compile(book: Rulebook, call: CallRequest) -> Any:
+    entry = book.entry(call.profile, call.tool)
+    if entry is None or limits_spend(entry.caps):
+        return _OFF
+    cost = to_micros(call.estimated_cost) or entry.price
+    decision = decide_call(entry, call.instance, cost, _NO_SPEND)
+    if decision.outcome is not Outcome.AUTO:  # a block or a hold is not decided on a lane
+        return _OFF
+    decided = orjson.dumps({"reason": decision.reason, "cost": decision.cost, "binding": call.binding}).decode()
+    settled, released = settlement_row(None, "", "", True, cost, cost), settlement_row(None, "", "", False, cost, 0)
+    return Lane(call.estimated_cost, cost, decision.reason, decision.wire_trace, decided, settled, released, entry.caps)
