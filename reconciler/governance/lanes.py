@@ -28,7 +28,7 @@ from reconciler.governance.decide import SpendState, decide_call
 from reconciler.governance.gate import CallRequest
 from reconciler.governance.holds import new_request_id
 from reconciler.governance.ledger import current_month, scopes_for, settlement_row
-from reconciler.governance.rulebook import CapSet, Rulebook, to_micros
+from reconciler.governance.rulebook import CapSet, Rulebook, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store.audit import AuditRow
 
@@ -41,7 +41,7 @@ _NO_SPEND = SpendState()
 class Lane:
     """The decision of every call of one profile's tool at one price that nothing limits or holds."""
 
-    price: float  # USD, as the call carries it: a call reporting exactly this is charged `cost`
+    price: float  # `cost` in USD: a call reporting exactly this is charged `cost` without converting it
     cost: int  # micros
     reason: str
     trace: tuple[Mapping[str, Any], ...]
@@ -141,4 +141,4 @@ def _compile(book: Rulebook, call: CallRequest) -> Any:
         return _OFF
     decided = orjson.dumps({"reason": decision.reason, "cost": decision.cost, "binding": call.binding}).decode()
     settled, released = settlement_row(None, "", "", True, cost, cost), settlement_row(None, "", "", False, cost, 0)
-    return Lane(call.estimated_cost, cost, decision.reason, decision.wire_trace, decided, settled, released, entry.caps)
+    return Lane(from_micros(cost), cost, decision.reason, decision.wire_trace, decided, settled, released, entry.caps)

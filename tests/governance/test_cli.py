@@ -134,7 +134,7 @@ def test_reject_with_a_reason_shows_it_to_the_agent_the_hold_and_the_audit_trail
 def test_balance_spend_and_migrate(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "store", "migrate", "--root", str(tree))
     assert code == 0
-    assert "schema at revision 0004" in out  # the newest migration
+    assert "schema at revision 0005" in out  # the newest migration
     code, out, _ = run(capsys, "balance", "show", "--root", str(tree))
     assert "$0.00" in out
     code, out, _ = run(capsys, "balance", "add", "12.5", "--as", "alice", "--root", str(tree))

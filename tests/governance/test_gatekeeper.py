@@ -7,6 +7,7 @@ import pytest
 from reconciler.governance.errors import GovernanceError
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import FINAL_HINT, REASON_LIMIT, decide_hold, get_hold
+from reconciler.governance.ledger import spend_report
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
@@ -140,6 +141,47 @@ def test_every_decision_leaves_one_decided_row_of_the_same_shape(store: Store) -
             assert row["detail"]["binding"] in ("search-b", "mail-b")
             assert set(row["detail"]) == {"reason", "cost", "binding"}
             assert row["detail"]["cost"] == to_micros(0.005 if row["tool"] == "search_query" else 0.01)
+
+    run(scenario, store)
+
+
+def test_calls_nothing_limits_leave_their_decided_and_settled_rows_in_order_and_their_spend(store: Store) -> None:
+    """Decided once for the snapshot, recorded without a lock: the same rows and spend as any other call's."""
+    free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+    price = to_micros(0.005)  # search_query's
+
+    async def scenario(g: Governor) -> None:
+        settled = []
+        for reported, ok in ((0.002, True), (None, True), (0.0, True), (0.004, False)):
+            admission = await g.admit(free, priced_call())
+            assert admission.status == "executed"
+            settled.append((admission.request_id, (await g.settle(admission, reported, ok)).charged))
+        assert [charged for _, charged in settled] == [0.002, 0.005, 0.0, 0.0]
+        await g.flush()
+        trail = read_audit(store, limit=100)
+        for (rid, charged), ok in zip(settled, (True, True, True, False), strict=True):
+            rows = [r for r in trail if r["request_id"] == rid]
+            assert [(r["event"], r["status"]) for r in rows] == [
+                ("decided", "executed"), ("settled", "executed") if ok else ("released", "failed")]
+            assert rows[1]["detail"] == {"reserved": price, "charged": to_micros(charged)}
+            assert rows[0]["at"] <= rows[1]["at"]
+        assert [r["request_id"] for r in trail] == [rid for rid, _ in settled for _ in range(2)]
+        assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == to_micros(0.007)
+
+    run(scenario, store)
+
+
+def test_a_cap_added_by_a_new_revision_applies_to_the_next_call(store: Store) -> None:
+    """A call nothing limits is decided once per snapshot: the next snapshot's cap is not missed."""
+    free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+    capped = make_snapshot({"p": {"template": "permissive", "caps": {"monthly_usd": 0.001}}},
+                           org=dict(OWNERS_ORG), revision="r2")
+
+    async def scenario(g: Governor) -> None:
+        assert (await g.admit(free, priced_call())).status == "executed"
+        refused = await g.admit(capped, priced_call())
+        assert (refused.status, "profile monthly cap" in refused.message) == ("blocked", True)
+        assert (await g.admit(free, priced_call())).status == "executed"  # a session still on r1
 
     run(scenario, store)
 
