@@ -11,9 +11,9 @@ compiled rulebooks (`rulebook_cache`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.gate import Admission, CallRequest, Executor, HoldStatus, Settlement
@@ -80,17 +80,19 @@ class Governor:
 
     # --- the Gate --------------------------------------------------------------------------------
 
-    async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
+    # `admit` and `settle` hand back the gate's own coroutine rather than awaiting it in one of their own: they
+    # run on every call.
+    def admit(self, snapshot: Snapshot, call: CallRequest) -> Coroutine[Any, Any, Admission]:
         if self._runner.snapshot is None:  # until the router says which snapshot is live, the first one seen is
             self._runner.use_snapshot(snapshot)
-        return await self._gate.admit(snapshot, call)
+        return self._gate.admit(snapshot, call)
 
     def admit_now(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         """`admit` without the event loop: one store transaction."""
         return self._gate.admit_now(snapshot, call)
 
-    async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
-        return await self._gate.settle(admission, actual_cost, ok)
+    def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Coroutine[Any, Any, Settlement]:
+        return self._gate.settle(admission, actual_cost, ok)
 
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
         return await self._gate.status(request_id, caller)
