@@ -47,7 +47,6 @@ from reconciler.governance.ledger import (
     ensure_rows,
     read_state,
     reserve,
-    scopes_for,
     settlement_row,
 )
 from reconciler.governance.notices import Reach, add_notices, list_notices, pending_news, targets_for
@@ -66,7 +65,7 @@ _NO_SPEND = SpendState()
 _RETRY_SECONDS = 1.0  # between tries to commit the backlog while the store fails
 
 
-@dataclass(slots=True)  # built on every call: plain slots, not frozen (a frozen dataclass takes 4x as long)
+@dataclass(slots=True)  # built on every capped call: plain slots, not frozen (a frozen dataclass takes 4x as long)
 class _Token:
     """The gate's handle on an admitted call, passed back to `settle` in `Admission.token`; also who a charge is
     for (`charging.Charged`: its fields read only when a violation names them)."""
@@ -136,7 +135,7 @@ class Gatekeeper:
         found = None
         if entry is not None:
             found = (await self._admit_leased(snapshot, entry, call) if limits_spend(entry.caps)
-                     else self._admit_unlimited(entry, call))
+                     else self._refuse_unlimited(entry, call))
         admission = found if found is not None else await self._workers.run(self.admit_now, snapshot, call)
         if len(self._backlog):
             self._flush_soon()
@@ -146,21 +145,15 @@ class Gatekeeper:
             self._open += 1
         return admission
 
-    def _admit_unlimited(self, entry: ToolEntry, call: CallRequest) -> Admission | None:
-        """Decide in memory a call that no cap or balance limits and that is not held, off its lane (blocked);
-        None otherwise."""
-        cost = to_micros(call.estimated_cost) or entry.price
-        decision = decide_call(entry, call.instance, cost, _NO_SPEND)
-        if decision.outcome is Outcome.APPROVE:
-            return None  # a hold is written before the agent hears of it
+    def _refuse_unlimited(self, entry: ToolEntry, call: CallRequest) -> Admission | None:
+        """A call that no cap or balance limits and that is off its lane: blocked in memory when its rules
+        refuse it; None otherwise (a hold is written before the agent hears of it, in `admit_now`)."""
+        decision = decide_call(entry, call.instance, to_micros(call.estimated_cost) or entry.price, _NO_SPEND)
+        if decision.outcome is not Outcome.BLOCK:
+            return None
         request_id = new_request_id()
         self._backlog.add_audit(_decided_row(request_id, call, decision))
-        if decision.outcome is Outcome.BLOCK:
-            return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
-        # Counted at what it cost when it is settled: no cap waits for it.
-        token = _Token(request_id, call, None, cost, scopes_for(entry.caps, call.profile, call.instance),
-                       current_month())
-        return Admission("executed", decision.reason, request_id, token, decision.wire_trace)
+        return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
 
     async def _admit_leased(self, snapshot: Snapshot, entry: ToolEntry, call: CallRequest) -> Admission:
         """Decide a call a cap or the balance limits against this router's leases (see `leasing`)."""
