@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from reconciler.config.eventloop import LoopPipe
 from reconciler.connectors.errors import (
     ConnectorCrashedError,
     ConnectorError,
@@ -209,14 +210,22 @@ class ConnectorProcess:
         if self.spec.socket_path is None:
             if popen.stdin is None or popen.stdout is None:  # pragma: no cover - both are pipes
                 raise ConnectorStartError(f"connector of binding '{self.spec.name}' has no pipes")
-            writer, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, popen.stdin)
+            stdin, stdout = LoopPipe.taken_from(popen.stdin, loop), LoopPipe.taken_from(popen.stdout, loop)
+            popen.stdin = popen.stdout = None
+            try:
+                writer, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, stdin)
+            except BaseException:
+                stdout.discard()  # never handed to the loop
+                raise
             inc.line.set_writer(writer)
-            await loop.connect_read_pipe(lambda: inc.line, popen.stdout)
+            await loop.connect_read_pipe(lambda: inc.line, stdout)
         else:
             await self._connect_socket(inc, popen, self.spec.socket_path)
         sink = self.spec.on_stderr
         if popen.stderr is not None and sink is not None:
-            inc.stderr, _ = await loop.connect_read_pipe(lambda: _Stderr(sink), popen.stderr)
+            stderr = LoopPipe.taken_from(popen.stderr, loop)
+            popen.stderr = None
+            inc.stderr, _ = await loop.connect_read_pipe(lambda: _Stderr(sink), stderr)
 
     async def _connect_socket(self, inc: _Incarnation, popen: subprocess.Popen[bytes], path: str) -> None:
         """Wait (within the start timeout) for the connector to listen on `path`, then speak MCP there."""

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from reconciler.config.eventloop import LoopPipe
 from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, is_stream_fd, parse_attach, refused_line
 from reconciler.router.hub import Hub
 from reconciler.router.sessions import Session
@@ -114,6 +115,13 @@ class Connection:
             self._group.discard(self)
         self._router.line_budget.change(-self._framer.drop_partial())
         self.session.abort()
+        self.close_streams()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def close_streams(self) -> None:
         for transport in (self.reader, self.writer, self.lifeline):
             if transport is not None and not transport.is_closing():
                 transport.close()
@@ -333,20 +341,27 @@ class Listener:
 
     async def _attach(self, sock: socket.socket, fds: list[int], meta: Mapping[str, str]) -> None:
         conn = Connection(self._router, self._profile, meta, group=self._live)
-        stdin = os.fdopen(fds[0], "rb", buffering=0)  # the read transport owns and closes it
-        stdout = os.fdopen(fds[1], "wb", buffering=0)  # the write transport owns and closes it
+        stdin, stdout = (LoopPipe(fd, self._loop) for fd in fds)  # each owned by its transport once handed over
         fds.clear()
+        handed: set[LoopPipe] = set()
         try:
             lifeline, _ = await self._loop.connect_accepted_socket(lambda: _Lifeline(conn), sock)
             conn.lifeline = lifeline
-            conn.writer, _ = await self._loop.connect_write_pipe(lambda: _AgentOutput(conn), stdout)
-            lifeline.write(ACCEPTED)
-            conn.reader, _ = await self._loop.connect_read_pipe(lambda: _AgentInput(conn), stdin)
+            if not conn.ended:
+                handed.add(stdout)
+                conn.writer, _ = await self._loop.connect_write_pipe(lambda: _AgentOutput(conn), stdout)
+            if not conn.ended:
+                lifeline.write(ACCEPTED)
+                handed.add(stdin)
+                conn.reader, _ = await self._loop.connect_read_pipe(lambda: _AgentInput(conn), stdin)
         except BaseException:
             conn.end()
-            for pipe in (stdin, stdout):
-                pipe.close()
             raise
+        finally:
+            for pipe in {stdin, stdout} - handed:
+                pipe.discard()
+        if conn.ended:  # ended while its streams were being made (the bridge gone, the router closing)
+            conn.close_streams()
 
 
 def _handoff_problem(fds: list[int]) -> str | None:

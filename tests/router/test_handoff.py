@@ -281,3 +281,34 @@ def test_relay_can_be_asked_for(echo_root: Path, run_dir: Path) -> None:
             assert await asyncio.wait_for(proc.wait(), DEADLINE) == 0
 
     on_uvloop(scenario)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_bridge_gone_while_the_router_takes_its_pipes_leaves_none_of_them_open(
+        echo_root: Path, run_dir: Path, loop: str) -> None:
+    """The bridge hands over the agent's pipes and dies at once: whichever step the router is at, it lets go of
+    both, so the agent's stdout ends and nothing of the handoff is left to close later (a descriptor closed
+    after its number was reused closes someone else's file)."""
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            for _ in range(20):
+                agent_in, router_in = os.pipe()[::-1]  # the router reads the agent's stdin from router_in
+                router_out, agent_out = os.pipe()[::-1]  # ... and writes its stdout to router_out
+                with socket.socket(socket.AF_UNIX) as sock:
+                    sock.connect(str(router.socket_path("tester")))
+                    socket.send_fds(sock, [attach_line({"handler/interface": "echo"})], [router_in, router_out])
+                os.close(router_in)
+                os.close(router_out)
+                await until(lambda: not router.connections)
+                os.set_blocking(agent_out, False)
+                async with asyncio.timeout(DEADLINE):
+                    while True:  # the agent's stdout ends once the router closed its end: EOF, not EAGAIN
+                        try:
+                            assert os.read(agent_out, 1) == b"", "the router wrote to an agent whose bridge is gone"
+                            break
+                        except BlockingIOError:
+                            await asyncio.sleep(0.01)
+                os.close(agent_out)
+                os.close(agent_in)
+
+    on_uvloop(scenario) if loop == "uvloop" else asyncio.run(asyncio.wait_for(scenario(), 60))
