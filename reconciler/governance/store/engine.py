@@ -64,6 +64,10 @@ def store_url(root: str | Path = ".", env: Mapping[str, str] | None = None, *, s
     return f"sqlite:///{state / 'handler.db'}"
 
 
+_READING_KEY = "handler_reading"
+_READING = {_READING_KEY: True}  # a connection from `Store.read`
+
+
 class Store:
     """An engine on the store with the few dialect-specific operations the statements need."""
 
@@ -100,9 +104,12 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Transaction]:
-        """A connection for reading; a database failure is a `StoreError`."""
+        """A connection for reading; a database failure is a `StoreError`.
+
+        On SQLite its transaction is a deferred one: in WAL mode a reader neither waits for the writer nor
+        holds it up (the hold runner's poll, taking the write lock, kept the gate's writer waiting)."""
         try:
-            with self.engine.connect() as conn:
+            with self.engine.connect().execution_options(**_READING) as conn:
                 yield conn
         except SQLAlchemyError as exc:
             raise self.failed(exc) from exc
@@ -208,7 +215,7 @@ def _sqlite_engine(url: str) -> Engine:
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READING_KEY) else "BEGIN IMMEDIATE")
 
     return engine
 

@@ -3,6 +3,7 @@ database failures as `StoreError`."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import subprocess
 import sys
@@ -90,6 +91,23 @@ def test_a_store_of_the_previous_revision_is_migrated_with_its_holds_kept(store_
         assert "message" in columns
     finally:
         store.close()
+
+
+def test_a_reader_is_not_held_up_by_a_writer_and_sees_what_was_committed(store: Store) -> None:
+    """The hold runner polls while the gate's writer commits: a read neither waits for a write transaction
+    nor sees what it has not committed (SQLite's WAL, PostgreSQL's MVCC)."""
+    hold = {"id": "req_committed", "revision": "r1", "profile": "p", "instance": "i", "parent_instance": None,
+            "interface": "mail/v1", "tool": "mail_send", "binding": "mail-b", "arguments": {}, "cost": 0,
+            "approver": None, "reason": "held", "trace": []}
+    with store.begin() as tx:
+        insert_hold(tx, hold)
+    with store.begin() as tx:
+        insert_hold(tx, {**hold, "id": "req_uncommitted"})
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # another thread, as the store's workers read
+            seen = pool.submit(lambda: [fetch_hold(store, rid) is not None
+                                        for rid in ("req_committed", "req_uncommitted")]).result(timeout=10)
+    assert seen == [True, False]
+    assert fetch_hold(store, "req_uncommitted") is not None
 
 
 def test_two_processes_migrating_together_do_not_race(store_url: str) -> None:
