@@ -340,7 +340,10 @@ def _hand_in(file: FileArg, dest: Path, max_bytes: int | None, errors: frozenset
         readable = not shared or os.fstat(fd).st_mode & stat.S_IROTH
         if readable:
             with contextlib.suppress(OSError):  # EXDEV, EPERM (protected hard links): a copy then
-                os.link(f"/proc/self/fd/{fd}", dest, follow_symlinks=True)
+                # linkat(2) following the descriptor's /proc entry to the file itself. `src_dir_fd` (ignored for an
+                # absolute path) is what makes CPython call linkat: without it, it calls link(2), which links the
+                # /proc entry and fails with EXDEV, so every input would be copied.
+                os.link(f"/proc/self/fd/{fd}", dest, src_dir_fd=fd, follow_symlinks=True)
                 return
         out_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         _copy_into(src, out_fd, shared=shared)

@@ -81,8 +81,8 @@ def test_an_input_over_max_file_bytes_is_too_large(echo_root: Path, scope: Path,
 
 
 @pytest.mark.parametrize("path", ["doc.txt", "link-in", "./doc.txt", "ABS"])
-def test_the_connector_reads_a_copy_and_the_agent_sees_its_own_path(echo_root: Path, scope: Path, run_dir: Path,
-                                                                   path: str) -> None:
+def test_the_connector_reads_the_agents_file_through_its_inbox_and_the_agent_sees_its_own_path(
+        echo_root: Path, scope: Path, run_dir: Path, path: str) -> None:
     given = str(scope / "doc.txt") if path == "ABS" else path
 
     async def script(c: RawClient, router: Router) -> None:
@@ -95,6 +95,9 @@ def test_the_connector_reads_a_copy_and_the_agent_sees_its_own_path(echo_root: P
         # copied, and nothing the connector could write through.
         assert seen.startswith(f"echo_read got {run_dir / 'inbox/echo-local'}/"), seen
         assert "; not writable: " in seen, seen  # another uid's file (the router is root), or a read-only bind
+        agents = (scope / "doc.txt").stat()
+        if agents.st_dev == run_dir.stat().st_dev:  # else (another filesystem) a copy is the way in
+            assert seen.endswith(f"; file {agents.st_dev}:{agents.st_ino}"), seen
         assert list((run_dir / "inbox/echo-local").iterdir()) == []  # gone after the call
         assert (scope / "doc.txt").read_bytes() == b"inside the scope"
 
