@@ -1,6 +1,8 @@
 """Governance benchmark: decision latency under 1,000 rules and 1,000 policies, Cedar as the anchor,
 and admitted calls per second with governance on (SQLite, PostgreSQL) and off, side by side — also for
 a capped profile, whose calls are admitted against budget leases (goal: >= 5,000 calls/s on each store).
+The full-pipeline lines run the router on uvloop, as `handler serve` does, with its clients in the same
+process; `benchmarks/router.py` measures `handler serve` itself from outside.
 
     .venv/bin/python benchmarks/decide.py [--calls 200000] [--pg postgresql://postgres@127.0.0.1:5432/test]
 
@@ -30,6 +32,7 @@ import orjson
 import psycopg
 
 from reconciler.config import FolderSource, Loader
+from reconciler.config.eventloop import run_on_uvloop
 from reconciler.config.models import BindingFile, InterfaceFile, OrgFile, ProfileFile, Tool
 from reconciler.config.snapshot import BUILTIN_TEMPLATES, Binding, InterfaceVersion, Profile, Selection, Snapshot
 from reconciler.governance.decide import SpendState, decide_call
@@ -299,7 +302,8 @@ def bench_router(calls: int, pg: str | None) -> None:
                     if capped and name.startswith("off"):
                         continue
                     label = f"governance {name}" + (", profile capped (budget leases)" if capped else "")
-                    rate = asyncio.run(_router_rate(root, Path(tmp) / "run", make(), calls, sessions))
+                    # On the loop `handler serve` runs (uvloop), clients and router in this one process.
+                    rate = run_on_uvloop(_router_rate(root, Path(tmp) / "run", make(), calls, sessions))
                     rows.append((label, rate))
             finally:
                 if schema:
@@ -323,7 +327,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--cedar-calls", type=int, default=5_000)
     parser.add_argument("--pipeline-calls", type=int, default=3_000)
-    parser.add_argument("--router-calls", type=int, default=4_000)
+    # Enough calls for a capped profile's leases to reach their size: the first second sizes them from the rate.
+    parser.add_argument("--router-calls", type=int, default=20_000)
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test", help="'' to skip PostgreSQL")
     args = parser.parse_args()
     snapshot = build_snapshot()
