@@ -6,8 +6,9 @@ sit. Per call, `resolve_files` checks each such value inside the profile's scope
 absolute path outside the scope, a symbolic link leading out of it, a missing input or one that is not
 a regular file (a folder, FIFO, device or socket, told apart without reading it), an output over a
 FIFO, device, socket or symlink → `invalid_arguments`; an input over `maxFileBytes` → the interface's
-`too_large` (else `invalid_arguments`). At dispatch a `CallFolder` copies inputs into a per-call folder
-and names the copies (and fresh output paths) in the arguments the connector receives; after the call
+`too_large` (else `invalid_arguments`). At dispatch a `CallFolder` hard-links inputs into a sandboxed
+connector's read-only inbox (a copy across filesystems) or copies them into a per-call folder, and names
+them (and fresh output paths) in the arguments the connector receives; after the call
 it moves what the connector wrote into the scope at the paths the agent named, refusing a symlink, a
 non-regular or oversize file or a missing one. Every open walks down from the scope's descriptor
 without following a symlink (`beneath`), so what changed between the check and the copy is refused.
