@@ -42,11 +42,25 @@ def current_revision(conn: Connection) -> str | None:
 
 
 def upgrade(conn: Connection) -> str:
-    """Bring the schema on `conn` to the newest revision; returns it."""
+    """Bring the schema on `conn` to the newest revision; returns it. A store that a newer version of the
+    project migrated is left as it is: this version refuses it, saying so (docs/scaling.md)."""
     head = head_revision()
-    if current_revision(conn) != head:
+    current = current_revision(conn)
+    if current != head:
+        if current is not None and not _known(current):
+            raise StoreError(
+                f"the store's schema is at revision {current}, which this version does not know (its newest is "
+                f"{head}): a newer version of handler has migrated it. Upgrade handler on this host to that "
+                "version; routers of the newer version keep running on it meanwhile")
         try:
             command.upgrade(_config(conn), "head")
-        except CommandError as exc:  # e.g. a store migrated by a newer version than this one
+        except CommandError as exc:
             raise StoreError(f"cannot migrate the store: {exc}") from exc
     return head
+
+
+def _known(revision: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(_config()).get_revision(revision) is not None
+    except CommandError:
+        return False

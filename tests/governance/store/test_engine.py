@@ -110,6 +110,27 @@ def test_a_reader_is_not_held_up_by_a_writer_and_sees_what_was_committed(store: 
     assert fetch_hold(store, "req_uncommitted") is not None
 
 
+def test_a_store_a_newer_version_migrated_is_refused_saying_what_to_do_and_left_as_it_is(store_url: str) -> None:
+    """A host not yet upgraded, restarting during a rolling upgrade (docs/scaling.md): it must not touch the schema."""
+    store = open_store(store_url)
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    finally:
+        store.close()
+    with pytest.raises(StoreError) as refused:
+        open_store(store_url)
+    assert f"revision 9999, which this version does not know (its newest is {head_revision()})" in str(refused.value)
+    assert "Upgrade handler on this host" in str(refused.value)
+    store = open_store(store_url, migrate=False)
+    try:
+        with store.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "9999"
+            assert "leases" in sa.inspect(conn).get_table_names()
+    finally:
+        store.close()
+
+
 def test_two_processes_migrating_together_do_not_race(store_url: str) -> None:
     code = ("import sys; from reconciler.governance.store import open_store; "
             "s = open_store(sys.argv[1]); print(s.migrate()); s.close()")
