@@ -15,10 +15,11 @@ The router alone (a blocking raw-line client, one JSON-RPC line per call; the li
   hop:    client → a plain line-forwarding unix-socket hop (uvloop, no parsing) → the connector;
   router: client → the governed router's socket → the connector; open: the same, open gate.
 Throughput, 8 concurrent sessions (clients in this process, the router in its own), in turns: the
-open gate, governed on SQLite, governed on PostgreSQL; then two governed routers sharing one
+open gate, governed on SQLite, governed on PostgreSQL, and governed with the profile capped (its
+calls admitted against budget leases) on each store; then two governed routers sharing one
 PostgreSQL, 8 sessions each, uncapped and with the profile capped.
 Goals: (b)-(a) <= 150 µs p50 and >= 10x less than (c)-(a); router-direct <= 2x hop-direct;
-governed >= 90% of the open gate's calls/s on SQLite and on PostgreSQL.
+governed >= 90% of the open gate's calls/s on SQLite and on PostgreSQL; capped >= 5,000 calls/s on each.
 
 Run: .venv/bin/python benchmarks/router.py [--calls N] [--pg URL | --pg '']
 """
@@ -257,6 +258,8 @@ def write_bench_files(base: Path) -> tuple[Path, dict[str, str], list[str]]:
 
 def capped_tree(base: Path) -> Path:
     """The echo tree with its profile capped (a cap far above what the run spends: every call is admitted)."""
+    if (base / "capped").exists():
+        return base / "capped"
     root = write_echo_tree(base / "capped")
     profile = root / "config/profiles/tester.toml"
     profile.write_text(profile.read_text() + "\n[caps]\nmonthly_usd = 100000.0\n")
@@ -381,7 +384,9 @@ def measure_throughput(run: Any, routers: dict[str, tuple[Path, int]], calls: in
     return best
 
 
-THROUGHPUT_LINES = {"open": "open gate", "sqlite": "governed, SQLite", "pg": "governed, PostgreSQL"}
+THROUGHPUT_LINES = {"open": "open gate", "sqlite": "governed, SQLite", "pg": "governed, PostgreSQL",
+                    "sqlite capped": "governed, SQLite, profile capped", "pg capped": "governed, PostgreSQL, capped"}
+CAPPED_GOAL = 5_000  # calls/s of a capped profile, on each store
 
 
 async def two_routers(paths: list[Path], calls: int) -> float:
@@ -429,6 +434,10 @@ def print_ratios(results: dict[str, dict[str, float]], mcp: bool) -> None:
             print(f"  8 sessions, {THROUGHPUT_LINES[name]}: {governed['rate'] / opened['rate']:.0%} of the open "
                   f"gate's calls/s ({governed['rate']:,.0f} / {opened['rate']:,.0f}; goal >= 90%); CPU per call "
                   f"{governed['cpu']:.1f} µs against {opened['cpu']:.1f} µs")
+        if f"x8 {name} capped" in results:
+            capped = results[f"x8 {name} capped"]
+            print(f"  8 sessions, {THROUGHPUT_LINES[name + ' capped']}: {capped['rate']:,.0f} calls/s "
+                  f"(goal >= {CAPPED_GOAL:,}), {capped['rate'] / opened['rate']:.0%} of the open gate")
 
 
 def main() -> None:
@@ -456,11 +465,15 @@ def main() -> None:
     serve = [str(BIN / "handler"), "serve", str(root)]
     routers = Routers(base, env)
     try:
-        with pg_schema(args.pg) as pg_url:
+        with pg_schema(args.pg) as pg_url, pg_schema(args.pg) as capped_pg_url:
             started_routers = {"open": routers.start("open", [sys.executable, str(base / "serve_open.py"), str(root)]),
                                "sqlite": routers.start("sqlite", serve)}
             if pg_url:
                 started_routers["pg"] = routers.start("pg", serve, pg_url)
+            capped = [str(BIN / "handler"), "serve", str(capped_tree(base))]
+            started_routers["sqlite capped"] = routers.start("sqlite-capped", capped)
+            if capped_pg_url:
+                started_routers["pg capped"] = routers.start("pg-capped", capped, capped_pg_url)
             if mcp:
                 results.update(measure_sdk_lines(run, base, started_routers["sqlite"][0], connector, args))
             results.update(measure_raw_lines(base, env, connector, started_routers, args))
