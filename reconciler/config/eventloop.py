@@ -67,10 +67,10 @@ class LoopPipe:
 
     def close(self) -> None:
         """The transport's close: the descriptor is closed once, by whichever loop runs."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0 and self._closes:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        if self._closes:
+            self.discard()
+        else:  # libuv has closed it already
+            self._fd = -1
 
     def discard(self) -> None:
         """Close a pipe that was never handed to the loop."""
