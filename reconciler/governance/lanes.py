@@ -3,12 +3,18 @@
 A call whose org, profile and instance have no cap, whose org is not prepaid and whose decision is
 "runs now" is decided by config and its price alone. That decision — a `Lane` — is worked out once
 per snapshot, profile, tool and price, with the audit rows such a call leaves already encoded; each
-call then costs the gate a lookup, two audit rows built as plain tuples (`decided` when admitted,
-`settled` or `released` when settled: the same rows as on the gate's other paths) and a sum of what
-it was charged. `Records` keeps them on the event loop's thread, so no lock is taken per call; the
-gate's flush takes them there (`take`) and hands them to the backlog, which the store's worker
-commits. A call that reports more than its price is charged its price and recorded as a pricing
-violation, as on every path (`charging`).
+call then costs the gate a lookup, its audit row built as a plain tuple and a sum of what it was
+charged. `Records` keeps them on the event loop's thread, so no lock is taken per call; the gate's
+flush takes them there (`take`) and hands them to the backlog, which the store's worker commits.
+
+A call settled before its decision was taken for the store — most calls: the flush runs every 50 ms
+— leaves one audit row, its settlement (`settled` or `released`), which carries the decision's
+reason, cost and binding beside what it reserved and was charged. A call still running when the
+flush comes has its `decided` row written then, and its settlement row when it ends, as on the gate's
+other paths. Either way the trail holds every decision within a moment of it; one row instead of
+two halves what the store writes for most calls (docs/architecture.md §10). A call that reports
+more than its price is charged its price and recorded as a pricing violation, as on every path
+(`charging`).
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ class Lane:
     decided: str  # the `decided` row's detail, JSON
     settled: AuditRow  # the row of a call settled at `cost`, and of a failed one: event, status, detail read
     released: AuditRow
+    settled_once: str  # the detail of a call settled at `cost` before its decision was written: both in one
+    released_once: str
     caps: CapSet  # whose org the spend is counted for
 
 
@@ -75,6 +83,7 @@ class Records:
         self._book: Rulebook | None = None
         self._lanes: dict[tuple[str, str, float], Any] = {}
         self.rows: list[AuditRow] = []  # in the order they happened
+        self._deciding: dict[str, AuditRow] = {}  # request id → the `decided` row of a call not yet settled or taken
         self._charged: dict[tuple[str, str, Lane], int] = {}  # (profile, instance, lane) → micros
 
     def lane(self, snapshot: Snapshot, call: CallRequest, books: RulebookCache) -> Lane | None:
@@ -93,8 +102,8 @@ class Records:
         """Record the decision of a call admitted on its lane; its token."""
         rid = new_request_id()
         # An `audit.audit_row` built in place: (at, event, request_id, profile, instance, tool, actor, status, detail).
-        self.rows.append((time.time(), "decided", rid, call.profile, call.instance, call.tool, None, "executed",
-                          lane.decided))
+        self._deciding[rid] = (time.time(), "decided", rid, call.profile, call.instance, call.tool, None, "executed",
+                               lane.decided)
         return rid, call, lane
 
     def settle(self, token: LaneToken, actual_cost: float | None, ok: bool) -> tuple[int, AuditRow | None]:
@@ -103,15 +112,19 @@ class Records:
         rid, call, lane = token
         violation = None
         if not ok:
-            charged, shape = 0, lane.released
+            charged, shape, once = 0, lane.released, lane.released_once
         elif actual_cost is None or actual_cost == lane.price:
-            charged, shape = lane.cost, lane.settled
+            charged, shape, once = lane.cost, lane.settled, lane.settled_once
         else:
             charge = charge_call(PricedCall(rid, call.profile, call.instance, call.binding, call.tool), lane.cost,
                                  to_micros(actual_cost), True)
             charged, violation = charge.charged, charge.violation
             shape = settlement_row(None, "", "", True, lane.cost, charged)
-        self.rows.append((time.time(), shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
+            once = _joined(lane.decided, shape[8])
+        if self._deciding.pop(rid, None) is None:  # its decision is written already: the settlement on its own
+            self.rows.append((time.time(), shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
+        else:
+            self.rows.append((time.time(), shape[1], rid, call.profile, call.instance, call.tool, None, shape[7], once))
         if violation is not None:
             self.rows.append(violation)
         if charged:
@@ -120,15 +133,29 @@ class Records:
         return charged, violation
 
     def take(self) -> tuple[list[AuditRow], Charges]:
-        """The rows and charges so far (the charges summed per spend row, counted this month); both start afresh."""
+        """The rows and charges so far (the charges summed per spend row, counted this month), with the `decided`
+        rows of the calls still running; all start afresh."""
         rows, charged = self.rows, self._charged
         self.rows, self._charged = [], {}
+        if self._deciding:  # older than the rows settled since: kept in the order they happened
+            rows.extend(self._deciding.values())
+            rows.sort(key=_stamp)
+            self._deciding = {}
         month = current_month()
         return rows, [(scopes_for(lane.caps, profile, instance), month, micros)
                       for (profile, instance, lane), micros in charged.items()]
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self._charged)
+        return len(self.rows) + len(self._charged) + len(self._deciding)
+
+
+def _stamp(row: AuditRow) -> float:
+    return row[0]
+
+
+def _joined(decided: str, settled: str) -> str:
+    """One JSON object of a `decided` detail's fields followed by a settlement's (both objects, neither empty)."""
+    return f"{decided[:-1]},{settled[1:]}"
 
 
 def _compile(book: Rulebook, call: CallRequest) -> Any:
@@ -141,4 +168,5 @@ def _compile(book: Rulebook, call: CallRequest) -> Any:
         return _OFF
     decided = orjson.dumps({"reason": decision.reason, "cost": decision.cost, "binding": call.binding}).decode()
     settled, released = settlement_row(None, "", "", True, cost, cost), settlement_row(None, "", "", False, cost, 0)
-    return Lane(from_micros(cost), cost, decision.reason, decision.wire_trace, decided, settled, released, entry.caps)
+    return Lane(from_micros(cost), cost, decision.reason, decision.wire_trace, decided, settled, released,
+                _joined(decided, settled[8]), _joined(decided, released[8]), entry.caps)

@@ -145,28 +145,61 @@ def test_every_decision_leaves_one_decided_row_of_the_same_shape(store: Store) -
     run(scenario, store)
 
 
-def test_calls_nothing_limits_leave_their_decided_and_settled_rows_in_order_and_their_spend(store: Store) -> None:
-    """Decided once for the snapshot, recorded without a lock: the same rows and spend as any other call's."""
+def test_a_call_nothing_limits_settled_before_its_record_is_written_leaves_one_row_saying_it_all(
+        store: Store) -> None:
+    """Decided once for the snapshot, recorded without a lock: one row holds the decision and the charge, and the
+    spend is the same as any other call's."""
     free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
     price = to_micros(0.005)  # search_query's
 
     async def scenario(g: Governor) -> None:
         settled = []
-        for reported, ok in ((0.002, True), (None, True), (0.0, True), (0.004, False)):
+        for reported, ok in ((0.002, True), (None, True), (0.0, True), (0.004, False), (0.009, True)):
             admission = await g.admit(free, priced_call())
             assert admission.status == "executed"
             settled.append((admission.request_id, (await g.settle(admission, reported, ok)).charged))
-        assert [charged for _, charged in settled] == [0.002, 0.005, 0.0, 0.0]
+        assert [charged for _, charged in settled] == [0.002, 0.005, 0.0, 0.0, 0.005]  # the last reported too much
         await g.flush()
         trail = read_audit(store, limit=100)
-        for (rid, charged), ok in zip(settled, (True, True, True, False), strict=True):
-            rows = [r for r in trail if r["request_id"] == rid]
-            assert [(r["event"], r["status"]) for r in rows] == [
-                ("decided", "executed"), ("settled", "executed") if ok else ("released", "failed")]
-            assert rows[1]["detail"] == {"reserved": price, "charged": to_micros(charged)}
-            assert rows[0]["at"] <= rows[1]["at"]
-        assert [r["request_id"] for r in trail] == [rid for rid, _ in settled for _ in range(2)]
-        assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == to_micros(0.007)
+        for (rid, charged), ok in zip(settled, (True, True, True, False, True), strict=True):
+            row = next(r for r in trail if r["request_id"] == rid)
+            assert (row["event"], row["status"], row["tool"]) == (
+                ("settled", "executed", "search_query") if ok else ("released", "failed", "search_query"))
+            reason = row["detail"].pop("reason")
+            assert reason == "Runs now: the permissive template maps read to auto."
+            assert row["detail"] == {"cost": price, "binding": "search-b", "reserved": price,
+                                     "charged": to_micros(charged)}
+        # One row a call, in order, and the pricing violation of the last one after its row.
+        assert [(r["request_id"], r["event"]) for r in trail] == [
+            *((rid, "settled") for rid, _ in settled[:3]), (settled[3][0], "released"),
+            (settled[4][0], "settled"), (settled[4][0], "pricing_violation")]
+        assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == to_micros(0.012)
+
+    run(scenario, store)
+
+
+def test_a_call_nothing_limits_still_running_when_the_record_is_written_leaves_its_decision_then_its_settlement(
+        store: Store) -> None:
+    free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+    price = to_micros(0.005)
+
+    async def scenario(g: Governor) -> None:
+        running = await g.admit(free, priced_call())
+        done = await g.admit(free, priced_call())
+        await g.settle(done, None, True)
+        await g.flush()  # `running` has not ended: its decision is written now, on its own
+        rows = read_audit(store, request_id=running.request_id)
+        assert [(r["event"], r["status"], r["tool"]) for r in rows] == [("decided", "executed", "search_query")]
+        assert set(rows[0]["detail"]) == {"reason", "cost", "binding"}
+        # The trail keeps the order things happened in: `running` was decided before `done` was.
+        assert [r["request_id"] for r in read_audit(store)] == [running.request_id, done.request_id]
+        await g.settle(running, 0.001, True)
+        await g.flush()
+        rows = read_audit(store, request_id=running.request_id)
+        assert [(r["event"], r["status"]) for r in rows] == [("decided", "executed"), ("settled", "executed")]
+        assert rows[1]["detail"] == {"reserved": price, "charged": to_micros(0.001)}
+        assert rows[0]["at"] <= rows[1]["at"]
+        assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == price + to_micros(0.001)
 
     run(scenario, store)
 

@@ -3,13 +3,16 @@
 Writers call `record` inside their own transaction, so an event is in the trail exactly when the
 change it describes is in the store; the gate's backlog gathers rows built by `audit_row` and writes
 them together with `insert_audit` (docs/architecture.md §10). A row is a plain tuple whose detail is
-already JSON text, inserted through the driver's own `executemany`: the router's writer thread then
-spends its time in the database library, not in Python, while calls run. `handler audit` reads the
-trail with `read_audit`.
+already JSON text, handed to the driver as it is. On PostgreSQL the rows go in by COPY. On SQLite they
+go in as multi-row statements of up to 256 rows each, because the driver releases the interpreter's
+lock for each statement it runs: `executemany` released and retook it on every row, and each retake
+fought the event loop's thread for it, which cost the router's loop and writer more than the insert
+itself. `handler audit` reads the trail with `read_audit`.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +32,7 @@ _INSERT = {  # by the driver's parameter style
                   "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
 }
 
+_ROWS_A_STATEMENT = 256  # SQLite's: 2,304 parameters, well under its limit of 32,766
 
 # One row of the trail as the table holds it, `detail` already JSON text: (at, event, request_id, profile,
 # instance, tool, actor, status, detail). A plain tuple: the gate builds two on every call.
@@ -46,8 +50,8 @@ def audit_row(event: str, *, request_id: str | None = None, profile: str | None 
 
 
 def insert_audit(tx: Transaction, *rows: AuditRow) -> None:
-    """Append rows built by `audit_row`, inside the caller's transaction: SQLite's `executemany`, PostgreSQL's
-    COPY (three times the rows per second of its `executemany`)."""
+    """Append rows built by `audit_row`, inside the caller's transaction, in their order: PostgreSQL's COPY (three
+    times the rows per second of its `executemany`), SQLite's multi-row INSERT."""
     if not rows:
         return
     if tx.dialect.name == "postgresql" and len(rows) > 1:
@@ -56,6 +60,12 @@ def insert_audit(tx: Transaction, *rows: AuditRow) -> None:
         with driver.cursor() as cursor, cursor.copy(_COPY) as copy:
             for row in rows:
                 copy.write_row(row)
+        return
+    if tx.dialect.name == "sqlite" and len(rows) > 1:
+        for start in range(0, len(rows), _ROWS_A_STATEMENT):
+            chunk = rows[start:start + _ROWS_A_STATEMENT]
+            tx.exec_driver_sql(_INSERT["sqlite"] + ", (?, ?, ?, ?, ?, ?, ?, ?, ?)" * (len(chunk) - 1),
+                               tuple(itertools.chain.from_iterable(chunk)))
         return
     tx.exec_driver_sql(_INSERT[tx.dialect.name], list(rows) if len(rows) > 1 else tuple(rows[0]))
 

@@ -19,6 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from reconciler.governance.errors import StoreError
 from reconciler.governance.governor import Governor
 from reconciler.governance.store import Store, migrate, open_store, store_exists, store_url
+from reconciler.governance.store.audit import audit_row, insert_audit, read_audit
 from reconciler.governance.store.holds import fetch_hold, insert_hold
 from reconciler.governance.store.migrate import head_revision
 from reconciler.governance.store.tables import metadata
@@ -181,3 +182,17 @@ def test_records_that_cannot_be_committed_are_logged_and_the_decisions_stand(
     with caplog.at_level(logging.WARNING, logger="handler.governance"):
         governor.close()
     assert "could not record 2 audit/spend rows" in caplog.text  # the decision and its reservation
+
+
+def test_a_burst_of_audit_rows_committed_at_once_lands_whole_and_in_order(store: Store) -> None:
+    """More rows than one statement takes on SQLite, as a busy router's flush brings them: every field kept."""
+    rows = [audit_row("settled" if n % 3 else "decided", request_id=f"req_{n:06d}", profile="p", instance=f"i{n % 7}",
+                      tool=None if n % 2 else "search_query", status="executed",
+                      detail={"n": n, "note": "a \"quoted\" value, and ünïcode"})
+            for n in range(700)]
+    with store.begin() as tx:
+        insert_audit(tx, *rows)
+    trail = read_audit(store, limit=1000)
+    assert [(r["at"], r["event"], r["request_id"], r["profile"], r["instance"], r["tool"], r["actor"], r["status"])
+            for r in trail] == [row[:8] for row in rows]
+    assert [r["detail"] for r in trail] == [{"n": n, "note": "a \"quoted\" value, and ünïcode"} for n in range(700)]
