@@ -1,14 +1,15 @@
 """The gate on the call path: admits each call, settles it after, answers `handler_status` and `handler_decide`.
 
 A call that nothing limits and nothing holds is admitted on its lane (`lanes`): decided once per
-snapshot, so the call costs a lookup, and its audit rows are recorded on the event loop's thread
-without a lock. A call that a cap or the prepaid balance limits is admitted against this router's
-budget leases (`leasing.Leaser`): its price is reserved on them in memory, and `decide_call` decides
-on the spend state they stand for; when they lack room, one store transaction takes more (or finds
-the cap reached, which the decision then names). The leases are counted in the spend rows, so no cap
-is overspent however many calls or routers race. Either way, an executed or blocked call's audit
-rows and the spend of its scopes no cap limits go to the backlog (`store.backlog`), committed a
-moment later, and so do settlements; a hold is written before the agent hears of it. `admit_now`
+snapshot, so the call costs a lookup. A call that a cap or the prepaid balance limits is admitted
+against this router's budget leases (`leasing.Leaser`): its price is reserved on them in memory, and
+`decide_call` decides on the spend state they stand for; when they lack room, one store transaction
+takes more (or finds the cap reached, which the decision then names). The leases are counted in the
+spend rows, so no cap is overspent however many calls or routers race. Either way, an executed
+call's audit rows are recorded on the event loop's thread without a lock (`lanes.Records`: one row
+for a call settled before its decision is written), and they, a blocked call's row and the spend of
+the scopes no cap limits go to the backlog (`store.backlog`), committed a moment later, as do
+settlements; a hold is written before the agent hears of it. `admit_now`
 is the same decision in one store transaction with a reservation of its own, for callers off the
 event loop. The `Governor` puts this gate and the hold runner together as the router's `Gate`.
 """
@@ -176,9 +177,13 @@ class Gatekeeper:
         request_id = new_request_id()
         if decision.outcome is Outcome.APPROVE:
             return await self._workers.run(self._hold_now, snapshot, call, decision, request_id)
-        self._backlog.add_audit(_decided_row(request_id, call, decision))
         if decision.outcome is Outcome.BLOCK or held is None:
+            self._backlog.add_audit(_decided_row(request_id, call, decision))
             return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
+        # Its record waits with the lanes': most often it is written as one row with its settlement.
+        self._records.decided(request_id, _decided_row(request_id, call, decision))
+        if not self._flush_due:
+            self._flush_soon()
         # The scopes no cap limits are counted through the backlog when it is settled, as for a call nothing limits.
         token = _Token(request_id, call, None, cost, needs.counted, needs.month, held)
         return Admission("executed", decision.reason, request_id, token, decision.wire_trace)
@@ -258,7 +263,7 @@ class Gatekeeper:
         finally:
             self._open = max(0, self._open - 1)  # a call admitted by `admit_now` was never counted
         if self._closed:  # a call that outlived `aclose` (the router closes after governance): written now
-            await asyncio.to_thread(self._flush_late)
+            await asyncio.to_thread(self._flush_late, self._records.take())
             if token.leased:
                 await self._leaser.settled_after_close()
         else:
@@ -273,16 +278,19 @@ class Gatekeeper:
         delta = charge.charged - reserved
         if charge.violation is not None:
             self.pricing_violations += 1
-            self._backlog.add_audit(charge.violation)
         call = token.call
-        self._backlog.add_audit(settlement_row(token.request_id, call.profile, call.instance, ok, reserved,
-                                               charge.charged))
-        if held is None:
+        row = settlement_row(token.request_id, call.profile, call.instance, ok, reserved, charge.charged)
+        violation = () if charge.violation is None else (charge.violation,)
+        if held is None:  # admitted on the event loop against leases (this runs there): its decision waits in records
+            self._records.settled(token.request_id, row, *violation)
             self._backlog.add_spend(token.scopes, token.month, charge.charged)
             if token.leased:
                 left = self._leaser.settle(token.leased, reserved, charge.charged)
                 return Settlement(from_micros(charge.charged), from_micros(left))
             return Settlement(from_micros(charge.charged), None)
+        self._backlog.add_audit(row)
+        for extra in violation:
+            self._backlog.add_audit(extra)
         self._backlog.add_settlement(held.id, charge.charged, ok, delta, held.scopes, held.month, held.account)
         remaining = None if held.remaining is None else max(0, held.remaining - delta)
         return Settlement(from_micros(charge.charged), None if remaining is None else from_micros(remaining))

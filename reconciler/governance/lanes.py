@@ -1,4 +1,5 @@
-"""Calls that nothing limits and nothing holds, admitted for the cost of a lookup (docs/architecture.md §10).
+"""Calls that nothing limits and nothing holds, admitted for the cost of a lookup; the audit rows of every call
+admitted on the event loop (docs/architecture.md §10).
 
 A call whose org, profile and instance have no cap, whose org is not prepaid and whose decision is
 "runs now" is decided by config and its price alone. That decision — a `Lane` — is worked out once
@@ -11,7 +12,8 @@ A call settled before its decision was taken for the store — most calls: the f
 — leaves one audit row, its settlement (`settled` or `released`), which carries the decision's
 reason, cost and binding beside what it reserved and was charged. A call still running when the
 flush comes has its `decided` row written then, and its settlement row when it ends, as on the gate's
-other paths. Either way the trail holds every decision within a moment of it; one row instead of
+other paths. A call admitted against budget leases (`leasing`) is recorded the same way (`decided`,
+`settled`). Either way the trail holds every decision within a moment of it; one row instead of
 two halves what the store writes for most calls (docs/architecture.md §10). A call that reports
 more than its price is charged its price and recorded as a pricing violation, as on every path
 (`charging`).
@@ -131,6 +133,20 @@ class Records:
             key = (call.profile, call.instance, lane)
             self._charged[key] = self._charged.get(key, 0) + charged
         return charged, violation
+
+    def decided(self, request_id: str, row: AuditRow) -> None:
+        """Keep the `decided` row of a call admitted on the event loop off its lane (against budget leases) until it
+        is settled or taken, as a lane's call's is."""
+        self._deciding[request_id] = row
+
+    def settled(self, request_id: str, row: AuditRow, *more: AuditRow) -> None:
+        """Record the settlement row of a call kept by `decided` (and the rows that follow it): one row with its
+        decision when that is not yet taken, else on its own."""
+        decided = self._deciding.pop(request_id, None)
+        if decided is not None:
+            row = (row[0], row[1], row[2], row[3], row[4], decided[5], None, row[7], _joined(decided[8], row[8]))
+        self.rows.append(row)
+        self.rows.extend(more)
 
     def take(self) -> tuple[list[AuditRow], Charges]:
         """The rows and charges so far (the charges summed per spend row, counted this month), with the `decided`

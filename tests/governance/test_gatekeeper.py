@@ -178,6 +178,24 @@ def test_a_call_nothing_limits_settled_before_its_record_is_written_leaves_one_r
     run(scenario, store)
 
 
+def test_a_capped_call_still_running_when_the_record_is_written_has_its_decision_in_the_trail_at_once(
+        store: Store) -> None:
+    """Admitted against this router's leases: its decision is written with the next flush, its settlement after."""
+    async def scenario(g: Governor) -> None:
+        admission = await g.admit(cap_snapshot(), priced_call())
+        assert admission.status == "executed"
+        await g.flush()
+        rows = read_audit(store, request_id=admission.request_id)
+        assert [(r["event"], r["status"], r["tool"]) for r in rows] == [("decided", "executed", "search_query")]
+        await g.settle(admission, 0.001, True)
+        await g.flush()
+        rows = read_audit(store, request_id=admission.request_id)
+        assert [(r["event"], r["status"]) for r in rows] == [("decided", "executed"), ("settled", "executed")]
+        assert rows[1]["detail"] == {"reserved": to_micros(0.005), "charged": to_micros(0.001)}
+
+    run(scenario, store)
+
+
 def test_a_call_nothing_limits_still_running_when_the_record_is_written_leaves_its_decision_then_its_settlement(
         store: Store) -> None:
     free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
