@@ -5,9 +5,9 @@ change it describes is in the store; the gate's backlog gathers rows built by `a
 them together with `insert_audit` (docs/architecture.md §10). A row is a plain tuple whose detail is
 already JSON text, handed to the driver as it is. On PostgreSQL the rows go in by COPY. On SQLite they
 go in as multi-row statements of up to 256 rows each, because the driver releases the interpreter's
-lock for each statement it runs: `executemany` released and retook it on every row, and each retake
-fought the event loop's thread for it, which cost the router's loop and writer more than the insert
-itself. `handler audit` reads the trail with `read_audit`.
+lock for each statement it runs: `executemany` released and retook it on every row, and the threads
+switching at each retake cost the store's writer nearly as much as the inserts themselves.
+`handler audit` reads the trail with `read_audit`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _INSERT = {  # by the driver's parameter style
 _ROWS_A_STATEMENT = 256  # SQLite's: 2,304 parameters, well under its limit of 32,766
 
 # One row of the trail as the table holds it, `detail` already JSON text: (at, event, request_id, profile,
-# instance, tool, actor, status, detail). A plain tuple: the gate builds two on every call.
+# instance, tool, actor, status, detail). A plain tuple: the gate builds one or two on every call.
 AuditRow = tuple[float, str, str | None, str | None, str | None, str | None, str | None, str | None, str]
 
 
@@ -67,7 +67,7 @@ def insert_audit(tx: Transaction, *rows: AuditRow) -> None:
             tx.exec_driver_sql(_INSERT["sqlite"] + ", (?, ?, ?, ?, ?, ?, ?, ?, ?)" * (len(chunk) - 1),
                                tuple(itertools.chain.from_iterable(chunk)))
         return
-    tx.exec_driver_sql(_INSERT[tx.dialect.name], list(rows) if len(rows) > 1 else tuple(rows[0]))
+    tx.exec_driver_sql(_INSERT[tx.dialect.name], tuple(rows[0]))
 
 
 def record(tx: Transaction, event: str, *, request_id: str | None = None, profile: str | None = None,
