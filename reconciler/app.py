@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import signal
 from collections.abc import Callable, Coroutine, Iterator
@@ -32,6 +33,7 @@ from reconciler.governance.notices import Reach
 from reconciler.liveness import CONTROL_NAME, ControlServer, ServiceLock
 from reconciler.places import default_run_dir, default_state_dir, ensure_private_dir
 from reconciler.preflight import preflight
+from reconciler.router.files import clear_leftovers
 from reconciler.router.server import Router
 from reconciler.web.catalog import read_listing
 from reconciler.web.channels import Channels, open_channels
@@ -49,6 +51,8 @@ __all__ = [
     "serve",
     "up",
 ]
+
+log = logging.getLogger("handler.router")
 
 # Why a service without its HTTP listener (`handler serve`) tells nobody of a hold.
 _NO_NOTIFIER = "this service runs without its HTTP listener, which sends notices: `handler up` does"
@@ -187,6 +191,10 @@ class Service:
         ensure_private_dir(self.state_dir, "HANDLER_STATE_DIR")
         ensure_private_dir(self.run_dir, "HANDLER_RUN_DIR")
         self._lock.acquire(self.run_dir)
+        # The run folder is ours alone now: what calls of a service killed mid-call left there goes.
+        if cleared := clear_leftovers(self.run_dir):
+            log.warning("removed %d input links and call folders that calls cut short by the last service's end "
+                        "left in %s", cleared, self.run_dir)
         await self._control.start()
         if self.options.listen:  # unusable channel settings, a busy port: stopped here
             self._channels = self._open_channels()

@@ -1,10 +1,11 @@
 """Is a service running on this state folder, and what does it say now? (docs/architecture.md §8)
 
-A running service holds an exclusive `flock` on `<state>/service.lock` for its whole life; the
-kernel lets go of it when the process ends however it ends, so a lock that can be taken means no
-service runs there, whatever files were left behind. The lock file names the holder (pid, start time,
-run folder) and its control socket, `<run>/service.sock` (0600): one JSON line in, one out, answered
-from the living service (`{"ask": "status"}` → its status document).
+A running service holds an exclusive `flock` on `<state>/service.lock` for its whole life, and one on
+`<run>/service.lock` (its run folder: sockets, connector inboxes, call folders); the kernel lets go of
+them when the process ends however it ends, so a lock that can be taken means no service runs there,
+whatever files were left behind — which the next service may then clear. The lock files name the
+holder (pid, start time, run folder) and its control socket, `<run>/service.sock` (0600): one JSON
+line in, one out, answered from the living service (`{"ask": "status"}` → its status document).
 
 `handler status` asks that socket; when the lock is free it says "not running" and shows the last
 recorded state as history only.
@@ -47,36 +48,60 @@ class Holder:
 
 
 class ServiceLock:
-    """The state folder's service lock, held from `acquire` to `release` (or the process's end)."""
+    """The state folder's and the run folder's service locks, held from `acquire` to `release` (or the process's
+    end)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / LOCK_NAME
         self._fd: int | None = None
+        self._run_fd: int | None = None
 
     def acquire(self, run_dir: Path) -> None:
-        """Take the lock or raise `ServiceRunningError` naming who holds it; then record ourselves in it."""
+        """Take the state folder's lock, then the run folder's, or raise `ServiceRunningError` naming who holds
+        it; then record ourselves in both."""
         fd = open_private_file(self.path, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _take(fd):
             os.close(fd)
             holder = holder_of(self.path.parent)
             who = f"pid {holder.pid}, started {holder.started}, run folder {holder.run_dir}" if holder else "another"
             raise ServiceRunningError(
                 f"a handler service already runs on the state folder {self.path.parent} ({who}); stop it first, "
-                "or give this one its own --state-dir (and --run-dir, --http)") from None
-        record = {"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runDir": str(run_dir),
-                  "control": str(run_dir / CONTROL_NAME)}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
-        self._fd = fd
+                "or give this one its own --state-dir (and --run-dir, --http)")
+        if (run_dir / LOCK_NAME).resolve() == self.path.resolve():  # one folder for both: its lock is held
+            run_fd = os.dup(fd)
+        else:
+            run_fd = open_private_file(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+        if not _take(run_fd):
+            holder = _read_holder(run_fd)
+            os.close(run_fd)
+            os.close(fd)
+            raise ServiceRunningError(
+                f"a handler service already runs on the run folder {run_dir} (pid {holder.pid}, started "
+                f"{holder.started}), where its sockets, connector inboxes and call folders are; stop it first, or "
+                "give this one its own --run-dir")
+        record = json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                             "runDir": str(run_dir), "control": str(run_dir / CONTROL_NAME)}).encode() + b"\n"
+        for held in (fd, run_fd):
+            os.ftruncate(held, 0)
+            os.pwrite(held, record, 0)
+        self._fd, self._run_fd = fd, run_fd
 
     def release(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)
-            os.close(self._fd)  # closing the descriptor lets go of the lock
-            self._fd = None
+        for fd in (self._run_fd, self._fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+                os.close(fd)  # closing the descriptor lets go of the lock
+        self._fd = self._run_fd = None
+
+
+def _take(fd: int) -> bool:
+    """Take `fd`'s exclusive lock; False when another process holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def holder_of(state_dir: Path) -> Holder | None:

@@ -32,7 +32,8 @@ import orjson
 from reconciler.router.beneath import RefusedPathError, describe_mode, open_folder, open_regular
 from reconciler.router.errors import ToolError, invalid_arguments, unavailable
 
-__all__ = ["CallFolder", "FileArg", "FileField", "Scope", "find_file_fields", "resolve_files", "restore_paths"]
+__all__ = ["CallFolder", "FileArg", "FileField", "Scope", "clear_leftovers", "find_file_fields", "resolve_files",
+           "restore_paths"]
 
 ANY: Final = "*"  # a path segment meaning every item of an array
 INPUT_FORMAT: Final = "handler-file"
@@ -294,6 +295,33 @@ class CallFolder:
         for handed in self._handed:
             with contextlib.suppress(FileNotFoundError):
                 handed.unlink()
+
+
+def clear_leftovers(run_dir: Path) -> int:
+    """Remove what the calls of a service that ended mid-call (a `kill -9`) left in its run folder: the inputs
+    linked into `inbox/<binding>/`, which keep the agent's file alive and readable to that binding's next
+    connector, and the `calls/<binding>/<call>/` folders. How many were removed.
+
+    Only for the service holding the run folder's lock (`liveness.ServiceLock`), before it starts a connector:
+    nothing else uses them then. Nothing is followed: a link found there is removed, not its target.
+    """
+    removed = 0
+    for kind in ("inbox", "calls"):
+        try:
+            bindings = list(os.scandir(run_dir / kind))
+        except FileNotFoundError:
+            continue
+        for binding in bindings:
+            if not binding.is_dir(follow_symlinks=False):
+                continue
+            for entry in os.scandir(binding.path):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                removed += 1
+    return removed
 
 
 def _staged_name(index: int, file: FileArg) -> str:

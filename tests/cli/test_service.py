@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,3 +188,62 @@ def test_ctrl_c_before_the_service_takes_its_signals_is_a_quiet_exit_130() -> No
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=DEADLINE, check=False)
     assert done.returncode == 130
     assert done.stderr == "handler: interrupted\n"
+
+
+def _serve(root: Path, run_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    """`handler serve` started, and what it printed until it served."""
+    proc = subprocess.Popen([HANDLER, "serve", str(root)], stderr=subprocess.PIPE, text=True, env=_env(run_dir))
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "tester on" in line:
+            return proc, "".join(seen)
+    proc.wait()
+    raise AssertionError("".join(seen))
+
+
+def test_a_service_killed_mid_call_leaves_the_agents_file_linked_and_the_next_start_removes_it(
+        places: tuple[Path, Path]) -> None:
+    """The input a call was given stays hard-linked in the binding's inbox when the router is killed; left there,
+    it would keep the agent's file alive and readable to the binding's next connector."""
+    root, run_dir = places
+    agents = root / "work/tester/slow.txt"
+    agents.write_text("sleep:30")
+    first, _ = _serve(root, run_dir)
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(run_dir / "profiles/tester.sock"))
+            sock.sendall(orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                       "params": {"name": "echo_read", "arguments": {"path": "slow.txt"}}}) + b"\n")
+            inbox = run_dir / "inbox/echo-local"
+            deadline = time.monotonic() + DEADLINE
+            while not (inbox.is_dir() and any(inbox.iterdir())) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            left = list(inbox.iterdir())
+            assert len(left) == 1, left  # the call is at the connector, its input handed in
+            first.kill()
+            first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        if first.stderr is not None:
+            first.stderr.close()
+    assert left[0].exists()
+    if agents.stat().st_dev == run_dir.stat().st_dev:
+        assert agents.stat().st_nlink == 2  # the agent's file, held alive by the router's link
+
+    second, told = _serve(root, run_dir)
+    try:
+        assert f"removed 2 input links and call folders that calls cut short by the last service's end left in " \
+               f"{run_dir}" in told, told
+        assert list(inbox.iterdir()) == []
+        assert agents.stat().st_nlink == 1
+        assert agents.read_text() == "sleep:30"  # the agent's own file is untouched
+        assert list((run_dir / "calls/echo-local").iterdir()) == []
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0
+        assert second.stderr is not None
+        second.stderr.close()

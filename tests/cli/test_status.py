@@ -95,6 +95,27 @@ def test_a_second_start_on_the_same_state_stops_before_writing_anything(tree: Pa
         _stop(first)
 
 
+def test_a_second_service_on_the_same_run_folder_is_refused_and_the_first_keeps_its_sockets(tree: Path) -> None:
+    """Another tree, so another state folder, but the same run folder: the second would take the first's control
+    socket and clear its connectors' inboxes, so it stops and names the option that separates them."""
+    run_dir = tree.parent / "run"
+    first = _up(tree, run_dir)
+    try:
+        other = write_echo_tree(tree.parent / "t2")
+        second = subprocess.run([HANDLER, "up", str(other), "--http", "127.0.0.1:0"], capture_output=True, text=True,
+                                env=_env(run_dir), timeout=DEADLINE, check=False)
+        assert second.returncode != 0
+        assert f"already runs on the run folder {run_dir} (pid {first.pid}" in second.stderr, second.stderr
+        assert "--run-dir" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert not (other / ".handler/status.json").exists()
+        live = _status(tree)  # the first still answers on its own control socket
+        assert live.returncode == 0, live.stderr
+        assert f"running: pid {first.pid}, run folder {run_dir}" in live.stdout
+    finally:
+        _stop(first)
+
+
 def test_a_busy_port_is_named_with_the_option_that_changes_it(tree: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
