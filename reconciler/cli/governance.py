@@ -261,7 +261,9 @@ def _audit(args: argparse.Namespace) -> int:
         who = f" by {row['actor']}" if row["actor"] else ""
         what = " ".join(str(row[k]) for k in ("profile", "tool") if row[k])
         detail = row["detail"] or {}
-        print(f"{at}  {row['event']:9} {row['request_id'] or '-':25} {what}{who}  {detail.get('reason', '')}".rstrip())
+        counted = f" ({detail['calls']} calls)" if "calls" in detail else ""  # the tally of calls nothing limits
+        print(f"{at}  {row['event']:9} {row['request_id'] or '-':25} {what}{who}{counted}  "
+              f"{detail.get('reason', '')}".rstrip())
     return EXIT_OK
 
 

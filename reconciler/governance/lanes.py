@@ -4,19 +4,21 @@ admitted on the event loop (docs/architecture.md §10).
 A call whose org, profile and instance have no cap, whose org is not prepaid and whose decision is
 "runs now" is decided by config and its price alone. That decision — a `Lane` — is worked out once
 per snapshot, profile, tool and price, with the audit rows such a call leaves already encoded; each
-call then costs the gate a lookup, its audit row built as a plain tuple and a sum of what it was
+call then costs the gate a lookup and two sums: of the calls it records and of what they were
 charged. `Records` keeps them on the event loop's thread, so no lock is taken per call; the gate's
 flush takes them there (`take`) and hands them to the backlog, which the store's worker commits.
 
-A call settled before its decision was taken for the store — most calls: the flush runs every 50 ms
-— leaves one audit row, its settlement (`settled` or `released`), which carries the decision's
-reason, cost and binding beside what it reserved and was charged. A call still running when the
-flush comes has its `decided` row written then, and its settlement row when it ends, as on the gate's
-other paths. A call admitted against budget leases (`leasing`) is recorded the same way (`decided`,
-`settled`). Either way the trail holds every decision within a moment of it; one row instead of
-two halves what the store writes for most calls (docs/architecture.md §10). A call that reports
-more than its price is charged its price and recorded as a pricing violation, as on every path
-(`charging`).
+Such a call is decided by the revision alone, and no one can ask for it by its request id (neither
+the agent nor the call log is told one), so its record is the tally: the calls of one agent run, tool
+and outcome settled before the flush (every 50 ms) leave one audit row, `settled` or `released`, with
+no request id, which carries the decision's reason, cost and binding, how many calls it counts
+(`calls`), what they reserved and were charged, and when the first of them settled (`first`). Each
+call is in the call log on its own (`router.calllog`). A call still running when the flush comes has
+its `decided` row written then and its own settlement row when it ends, as on the gate's other paths;
+a call that reports more than its price is charged its price and recorded as a pricing violation
+with its request id, as on every path (`charging`). A call admitted against budget leases
+(`leasing`) is recorded on its own: one row, `settled` with its decision, when it settles before the
+flush; `decided` then `settled` when it does not.
 """
 
 from __future__ import annotations
@@ -56,8 +58,7 @@ class Lane:
     decided: str  # the `decided` row's detail, JSON
     settled: AuditRow  # the row of a call settled at `cost`, and of a failed one: event, status, detail read
     released: AuditRow
-    settled_once: str  # the detail of a call settled at `cost` before its decision was written: both in one
-    released_once: str
+    tally: str  # the start of the detail of the row that counts the calls settled before their decision was written
     caps: CapSet  # whose org the spend is counted for
 
 
@@ -86,6 +87,8 @@ class Records:
         self._lanes: dict[tuple[str, str, float], Any] = {}
         self.rows: list[AuditRow] = []  # in the order they happened
         self._deciding: dict[str, AuditRow] = {}  # request id → the `decided` row of a call not yet settled or taken
+        # (profile, instance, tool, lane, ok) → [calls, micros charged, when the first settled, when the last did]
+        self._tally: dict[tuple[str, str, str, Lane, bool], list[Any]] = {}
         self._charged: dict[tuple[str, str, Lane], int] = {}  # (profile, instance, lane) → micros
 
     def lane(self, snapshot: Snapshot, call: CallRequest, books: RulebookCache) -> Lane | None:
@@ -114,19 +117,26 @@ class Records:
         rid, call, lane = token
         violation = None
         if not ok:
-            charged, shape, once = 0, lane.released, lane.released_once
+            charged, shape = 0, lane.released
         elif actual_cost is None or actual_cost == lane.price:
-            charged, shape, once = lane.cost, lane.settled, lane.settled_once
+            charged, shape = lane.cost, lane.settled
         else:
             charge = charge_call(PricedCall(rid, call.profile, call.instance, call.binding, call.tool), lane.cost,
                                  to_micros(actual_cost), True)
             charged, violation = charge.charged, charge.violation
             shape = settlement_row(None, "", "", True, lane.cost, charged)
-            once = _joined(lane.decided, shape[8])
+        at = time.time()
         if self._deciding.pop(rid, None) is None:  # its decision is written already: the settlement on its own
-            self.rows.append((time.time(), shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
+            self.rows.append((at, shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
         else:
-            self.rows.append((time.time(), shape[1], rid, call.profile, call.instance, call.tool, None, shape[7], once))
+            counted = (call.profile, call.instance, call.tool, lane, ok)
+            tally = self._tally.get(counted)
+            if tally is None:
+                self._tally[counted] = [1, charged, at, at]
+            else:
+                tally[0] += 1
+                tally[1] += charged
+                tally[3] = at
         if violation is not None:
             self.rows.append(violation)
         if charged:
@@ -153,16 +163,21 @@ class Records:
         rows of the calls still running; all start afresh."""
         rows, charged = self.rows, self._charged
         self.rows, self._charged = [], {}
-        if self._deciding:  # older than the rows settled since: kept in the order they happened
-            rows.extend(self._deciding.values())
+        for (profile, instance, tool, lane, ok), (calls, micros, first, last) in self._tally.items():
+            event, status = ("settled", "executed") if ok else ("released", "failed")
+            rows.append((last, event, None, profile, instance, tool, None, status,
+                         f'{lane.tally}"calls":{calls},"reserved":{calls * lane.cost},"charged":{micros},'
+                         f'"first":{first!r}}}'))
+        rows.extend(self._deciding.values())
+        if self._tally or self._deciding:  # kept in the order they happened
             rows.sort(key=_stamp)
-            self._deciding = {}
+        self._tally, self._deciding = {}, {}
         month = current_month()
         return rows, [(scopes_for(lane.caps, profile, instance), month, micros)
                       for (profile, instance, lane), micros in charged.items()]
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self._charged) + len(self._deciding)
+        return len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally)
 
 
 def _stamp(row: AuditRow) -> float:
@@ -185,4 +200,4 @@ def _compile(book: Rulebook, call: CallRequest) -> Any:
     decided = orjson.dumps({"reason": decision.reason, "cost": decision.cost, "binding": call.binding}).decode()
     settled, released = settlement_row(None, "", "", True, cost, cost), settlement_row(None, "", "", False, cost, 0)
     return Lane(from_micros(cost), cost, decision.reason, decision.wire_trace, decided, settled, released,
-                _joined(decided, settled[8]), _joined(decided, released[8]), entry.caps)
+                f"{decided[:-1]},", entry.caps)

@@ -14,7 +14,7 @@ from reconciler.governance.governor import Governor
 from reconciler.governance.holds import get_hold
 from reconciler.governance.leases import LeaseTerms
 from reconciler.governance.store import open_store, store_url
-from tests.governance.builders import cap_snapshot, priced_call
+from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
 
 
 @pytest.fixture
@@ -167,3 +167,23 @@ def test_spend_says_what_budget_leases_hold(tree: Path, capsys: pytest.CaptureFi
     _, after, _ = run(capsys, "spend", "--root", str(tree))
     (line,) = [line for line in after.splitlines() if "org:acme" in line]
     assert line.endswith("$0.005")  # returned: what the call was charged
+
+
+def test_audit_shows_how_many_calls_nothing_limits_a_row_counts(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))  # no cap, nothing held
+
+    async def calls() -> None:
+        governor = Governor(open_store(store_url(tree)))
+        try:
+            for _ in range(3):
+                admission = await governor.admit(snapshot, priced_call("run-1"))
+                await governor.settle(admission, None, True)
+        finally:
+            await governor.aclose()
+
+    asyncio.run(calls())
+    code, out, _ = run(capsys, "audit", "--root", str(tree))
+    assert code == 0
+    (line,) = [line for line in out.splitlines() if "search_query" in line]
+    assert " settled " in line
+    assert "p search_query (3 calls)  Runs now: the permissive template maps read to auto." in line

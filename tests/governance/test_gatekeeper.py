@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from reconciler.governance.errors import GovernanceError
@@ -145,35 +147,40 @@ def test_every_decision_leaves_one_decided_row_of_the_same_shape(store: Store) -
     run(scenario, store)
 
 
-def test_a_call_nothing_limits_settled_before_its_record_is_written_leaves_one_row_saying_it_all(
+def test_calls_nothing_limits_settled_before_their_record_is_written_leave_one_row_per_run_tool_and_outcome(
         store: Store) -> None:
-    """Decided once for the snapshot, recorded without a lock: one row holds the decision and the charge, and the
-    spend is the same as any other call's."""
+    """Decided by the revision alone, recorded without a lock: one row counts the calls of an agent run, tool and
+    outcome, with the decision and what they were charged; the spend is the same as any other call's."""
     free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
     price = to_micros(0.005)  # search_query's
 
     async def scenario(g: Governor) -> None:
         settled = []
-        for reported, ok in ((0.002, True), (None, True), (0.0, True), (0.004, False), (0.009, True)):
-            admission = await g.admit(free, priced_call())
+        started = time.time()
+        for instance, reported, ok in (("i1", 0.002, True), ("i1", None, True), ("i1", 0.0, True),
+                                       ("i1", 0.004, False), ("i1", 0.009, True), ("i2", None, True)):
+            admission = await g.admit(free, priced_call(instance))
             assert admission.status == "executed"
             settled.append((admission.request_id, (await g.settle(admission, reported, ok)).charged))
-        assert [charged for _, charged in settled] == [0.002, 0.005, 0.0, 0.0, 0.005]  # the last reported too much
+        assert [charged for _, charged in settled] == [0.002, 0.005, 0.0, 0.0, 0.005, 0.005]  # the 5th reported more
         await g.flush()
         trail = read_audit(store, limit=100)
-        for (rid, charged), ok in zip(settled, (True, True, True, False, True), strict=True):
-            row = next(r for r in trail if r["request_id"] == rid)
-            assert (row["event"], row["status"], row["tool"]) == (
-                ("settled", "executed", "search_query") if ok else ("released", "failed", "search_query"))
-            reason = row["detail"].pop("reason")
-            assert reason == "Runs now: the permissive template maps read to auto."
-            assert row["detail"] == {"cost": price, "binding": "search-b", "reserved": price,
-                                     "charged": to_micros(charged)}
-        # One row a call, in order, and the pricing violation of the last one after its row.
-        assert [(r["request_id"], r["event"]) for r in trail] == [
-            *((rid, "settled") for rid, _ in settled[:3]), (settled[3][0], "released"),
-            (settled[4][0], "settled"), (settled[4][0], "pricing_violation")]
-        assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == to_micros(0.012)
+        counted = {(r["instance"], r["event"]): r for r in trail if r["event"] != "pricing_violation"}
+        assert set(counted) == {("i1", "settled"), ("i1", "released"), ("i2", "settled")}
+        for row in counted.values():
+            assert (row["request_id"], row["profile"], row["tool"]) == (None, "p", "search_query")
+            assert row["status"] == ("executed" if row["event"] == "settled" else "failed")
+            assert row["detail"]["reason"] == "Runs now: the permissive template maps read to auto."
+            assert (row["detail"]["cost"], row["detail"]["binding"]) == (price, "search-b")
+            assert started <= row["detail"]["first"] <= row["at"]
+        shown = {key: {k: row["detail"][k] for k in ("calls", "reserved", "charged")} for key, row in counted.items()}
+        assert shown == {("i1", "settled"): {"calls": 4, "reserved": 4 * price, "charged": to_micros(0.012)},
+                         ("i1", "released"): {"calls": 1, "reserved": price, "charged": 0},
+                         ("i2", "settled"): {"calls": 1, "reserved": price, "charged": price}}
+        # The pricing violation names its call, as on every path.
+        (violation,) = [r for r in trail if r["event"] == "pricing_violation"]
+        assert violation["request_id"] == settled[4][0]
+        assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == to_micros(0.017)
 
     run(scenario, store)
 
@@ -209,8 +216,9 @@ def test_a_call_nothing_limits_still_running_when_the_record_is_written_leaves_i
         rows = read_audit(store, request_id=running.request_id)
         assert [(r["event"], r["status"], r["tool"]) for r in rows] == [("decided", "executed", "search_query")]
         assert set(rows[0]["detail"]) == {"reason", "cost", "binding"}
-        # The trail keeps the order things happened in: `running` was decided before `done` was.
-        assert [r["request_id"] for r in read_audit(store)] == [running.request_id, done.request_id]
+        # The trail keeps the order things happened in: `running` was decided before `done` was counted.
+        assert [(r["request_id"], r["event"]) for r in read_audit(store)] == [
+            (running.request_id, "decided"), (None, "settled")]
         await g.settle(running, 0.001, True)
         await g.flush()
         rows = read_audit(store, request_id=running.request_id)
