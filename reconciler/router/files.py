@@ -18,6 +18,7 @@ Paths in the connector's output are mapped back to the agent's.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shutil
@@ -34,6 +35,8 @@ from reconciler.router.errors import ToolError, invalid_arguments, unavailable
 
 __all__ = ["CallFolder", "FileArg", "FileField", "Scope", "clear_leftovers", "find_file_fields", "resolve_files",
            "restore_paths"]
+
+log = logging.getLogger("handler.router")
 
 ANY: Final = "*"  # a path segment meaning every item of an array
 INPUT_FORMAT: Final = "handler-file"
@@ -308,18 +311,25 @@ def clear_leftovers(run_dir: Path) -> int:
     removed = 0
     for kind in ("inbox", "calls"):
         try:
-            bindings = list(os.scandir(run_dir / kind))
+            with os.scandir(run_dir / kind) as found:
+                bindings = [entry.path for entry in found if entry.is_dir(follow_symlinks=False)]
         except FileNotFoundError:
             continue
         for binding in bindings:
-            if not binding.is_dir(follow_symlinks=False):
-                continue
-            for entry in os.scandir(binding.path):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
+            with os.scandir(binding) as found:
+                left = [(entry.path, entry.is_dir(follow_symlinks=False)) for entry in found]
+            for path, folder in left:
+                try:
+                    if folder:
+                        shutil.rmtree(path)
+                    else:
+                        os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:  # kept, and said: a start is not the place to fail over it
+                    log.warning("could not remove %s, left by a call the last service's end cut short: %s", path,
+                                exc.strerror or exc)
+                    continue
                 removed += 1
     return removed
 

@@ -16,7 +16,16 @@ import pytest
 
 from reconciler.router import pipeline
 from reconciler.router.errors import ToolError
-from reconciler.router.files import ANY, CallFolder, FileArg, FileField, Scope, find_file_fields, restore_paths
+from reconciler.router.files import (
+    ANY,
+    CallFolder,
+    FileArg,
+    FileField,
+    Scope,
+    clear_leftovers,
+    find_file_fields,
+    restore_paths,
+)
 from reconciler.router.server import Router
 from tests.fixtures.harness import DEADLINE, RawClient, body, exchange
 
@@ -339,3 +348,23 @@ def test_what_a_connector_leaves_that_is_no_regular_file_is_refused_without_bloc
     assert isinstance(error, ToolError), error
     assert error.cause == "output_invalid"
     assert not (scope / "reply.txt").exists()
+
+
+def test_clearing_a_run_folder_removes_what_calls_left_and_follows_no_link(tmp_path: Path) -> None:
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the run folder's")
+    (run / "inbox/b").mkdir(parents=True)
+    (run / "calls/b/123-1/in").mkdir(parents=True)
+    (run / "calls/b/123-1/in/0-doc.txt").write_text("a call's copy")
+    (run / "inbox/b/123-1-0-doc.txt").write_text("a call's input")
+    (run / "inbox/b/link").symlink_to(outside / "keep.txt")
+    (run / "calls/elsewhere").symlink_to(outside, target_is_directory=True)  # a binding folder that is a link
+    (outside / "inner").mkdir()
+    assert clear_leftovers(run) == 3
+    assert list((run / "inbox/b").iterdir()) == []
+    assert list((run / "calls/b").iterdir()) == []
+    assert (outside / "keep.txt").read_text() == "not the run folder's"
+    assert (outside / "inner").is_dir()  # not reached through the link
+    assert clear_leftovers(run) == 0
+    assert clear_leftovers(tmp_path / "never-made") == 0
