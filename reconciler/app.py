@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import logging
 import os
 import signal
 from collections.abc import Callable, Coroutine, Iterator
@@ -51,8 +50,6 @@ __all__ = [
     "serve",
     "up",
 ]
-
-log = logging.getLogger("handler.router")
 
 # Why a service without its HTTP listener (`handler serve`) tells nobody of a hold.
 _NO_NOTIFIER = "this service runs without its HTTP listener, which sends notices: `handler up` does"
@@ -191,10 +188,7 @@ class Service:
         ensure_private_dir(self.state_dir, "HANDLER_STATE_DIR")
         ensure_private_dir(self.run_dir, "HANDLER_RUN_DIR")
         self._lock.acquire(self.run_dir)
-        # The run folder is ours alone now: what calls of a service killed mid-call left there goes.
-        if cleared := clear_leftovers(self.run_dir):
-            log.warning("removed %d input links and call folders that calls cut short by the last service's end "
-                        "left in %s", cleared, self.run_dir)
+        clear_leftovers(self.run_dir)  # the run folder is ours alone now: what a killed service's calls left goes
         await self._control.start()
         if self.options.listen:  # unusable channel settings, a busy port: stopped here
             self._channels = self._open_channels()

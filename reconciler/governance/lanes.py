@@ -117,16 +117,17 @@ class Records:
         rid, call, lane = token
         violation = None
         if not ok:
-            charged, shape = 0, lane.released
+            charged = 0
         elif actual_cost is None or actual_cost == lane.price:
-            charged, shape = lane.cost, lane.settled
+            charged = lane.cost
         else:
             charge = charge_call(PricedCall(rid, call.profile, call.instance, call.binding, call.tool), lane.cost,
                                  to_micros(actual_cost), True)
             charged, violation = charge.charged, charge.violation
-            shape = settlement_row(None, "", "", True, lane.cost, charged)
         at = time.time()
         if self._deciding.pop(rid, None) is None:  # its decision is written already: the settlement on its own
+            shape = (lane.released if not ok else lane.settled if charged == lane.cost
+                     else settlement_row(None, "", "", True, lane.cost, charged))
             self.rows.append((at, shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
         else:
             counted = (call.profile, call.instance, call.tool, lane, ok)

@@ -303,7 +303,7 @@ class CallFolder:
 def clear_leftovers(run_dir: Path) -> int:
     """Remove what the calls of a service that ended mid-call (a `kill -9`) left in its run folder: the inputs
     linked into `inbox/<binding>/`, which keep the agent's file alive and readable to that binding's next
-    connector, and the `calls/<binding>/<call>/` folders. How many were removed.
+    connector, and the `calls/<binding>/<call>/` folders. How many were removed (and logged).
 
     Only for the service holding the run folder's lock (`liveness.ServiceLock`), before it starts a connector:
     nothing else uses them then. Nothing is followed: a link found there is removed, not its target.
@@ -326,11 +326,14 @@ def clear_leftovers(run_dir: Path) -> int:
                         os.unlink(path)
                 except FileNotFoundError:
                     continue
-                except OSError as exc:  # kept, and said: a start is not the place to fail over it
-                    log.warning("could not remove %s, left by a call the last service's end cut short: %s", path,
-                                exc.strerror or exc)
+                except (OSError, RecursionError) as exc:  # kept, and said: a start is not the place to fail over it
+                    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "nested too deep"
+                    log.warning("could not remove %s, left by a call the last service's end cut short: %s", path, why)
                     continue
                 removed += 1
+    if removed:
+        log.warning("removed %d input links and call folders that calls cut short by the last service's end left "
+                    "in %s", removed, run_dir)
     return removed
 
 

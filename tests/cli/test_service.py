@@ -84,11 +84,16 @@ def test_serve_runs_until_sigterm_and_reloads_on_sighup(places: tuple[Path, Path
         assert proc.wait(timeout=30) == 0
         assert not sock.exists()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        _reap(proc)
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Kill `proc` if it still runs, wait for it, close its stderr."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
 
 
 def _processes_under(folder: Path) -> list[int]:
@@ -225,11 +230,7 @@ def test_a_service_killed_mid_call_leaves_the_agents_file_linked_and_the_next_st
             first.kill()
             first.wait()
     finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-        if first.stderr is not None:
-            first.stderr.close()
+        _reap(first)
     assert left[0].exists()
     if agents.stat().st_dev == run_dir.stat().st_dev:
         assert agents.stat().st_nlink == 2  # the agent's file, held alive by the router's link
