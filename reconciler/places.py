@@ -12,12 +12,19 @@ Both folders hold what others must not read (held calls' arguments, connectors' 
 key): `ensure_private_dir` makes each one 0700 and refuses one another user owns (docs/architecture.md
 §6 and §7). The router and the store call it where they create their folders.
 
+A connector writes into folders the router made for it (its call folder's `out/`, its private `tmp/`), and
+`remove_tree` is how the router removes them: without recursion however deep a tree is, following no
+link, and taking back a folder whose mode was taken away from it.
+
 It stands below every room, outside `reconciler.config`, and imports only the standard library:
 the bridge an agent starts for every interface reads it without loading the config room.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import itertools
 import os
 import pwd
 import stat
@@ -34,12 +41,15 @@ __all__ = [
     "default_state_dir",
     "ensure_private_dir",
     "open_private_file",
+    "remove_tree",
     "socket_path",
 ]
 
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, one of them the terminating NUL
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
+MOST_REMOVED = 1_000_000  # entries `remove_tree` removes before it stops: a writer may fill a folder as fast as it goes
+_PATH_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_PATH
 
 
 class PrivatePlaceError(PermissionError):
@@ -109,6 +119,122 @@ def open_private_file(path: Path, flags: int = os.O_WRONLY | os.O_APPEND | os.O_
         os.close(fd)
         raise
     return fd
+
+
+def remove_tree(path: Path | str, *, most: int = MOST_REMOVED) -> None:
+    """Remove `path` and everything in it, a folder a connector wrote into; nothing there is an error.
+
+    No link is followed: a link met (or at `path` itself) is removed, never its target. No recursion and a
+    few descriptors at a time, however deep the tree: each folder that is not empty has what it holds
+    moved up into `path` before it goes (`renameat`, within the tree). A folder whose owner took its
+    permissions away is given the owner's back (through its descriptor) when it is ours.
+    Raises `OSError` for what cannot be removed, and once `most` entries are removed with more coming.
+    """
+    where = Path(path).absolute()
+    parent, name = str(where.parent), where.name
+    base = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            top = _open_dir(name, base)
+        except FileNotFoundError:
+            return
+        except NotADirectoryError:  # a link or a file: removed itself
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=base)
+            return
+        try:
+            _empty(top, most, str(path))
+        finally:
+            os.close(top)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(name, dir_fd=base)
+    finally:
+        os.close(base)
+
+
+def _open_dir(name: str, folder: int) -> int:
+    """A descriptor to list and change the folder `name` of `folder`, never through a link (`NotADirectoryError`)."""
+    held = _held_dir(name, folder)
+    try:
+        return os.open(f"/proc/self/fd/{held}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    finally:
+        os.close(held)
+
+
+def _held_dir(name: str, folder: int) -> int:
+    """An O_PATH descriptor of the folder `name` of `folder`, its owner's permissions given back when they were
+    taken away and we own it (through the descriptor: this very folder, whatever is renamed meanwhile)."""
+    try:
+        held = os.open(name, _PATH_FLAGS, dir_fd=folder)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotADirectoryError(errno.ENOTDIR, "a symbolic link", name) from None
+        raise
+    try:
+        mode = stat.S_IMODE(os.fstat(held).st_mode)
+        if mode & 0o700 != 0o700 and os.geteuid() != 0:  # root needs none of them
+            Path(f"/proc/self/fd/{held}").chmod(mode | 0o700)
+    except BaseException:
+        os.close(held)
+        raise
+    return held
+
+
+def _empty(top: int, most: int, path: str) -> None:
+    """Remove what the folder `top` holds, lifting what its sub-folders hold into it until none is left."""
+    removed = 0
+    fresh = itertools.count()
+    while True:
+        with os.scandir(top) as found:
+            entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in found]
+        if not entries:
+            return
+        for name, folder in entries:
+            removed += 1
+            if removed > most:
+                raise OSError(errno.ENOTEMPTY, f"still filling after {most:,} entries were removed; stop what "
+                              "writes into it and remove it again", path)
+            try:
+                if not folder:
+                    os.unlink(name, dir_fd=top)
+                    continue
+                try:
+                    os.rmdir(name, dir_fd=top)
+                    continue
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+                _lift(top, name, fresh)
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):  # gone or swapped: the next pass sees
+                continue
+
+
+def _lift(top: int, name: str, fresh: itertools.count[int]) -> None:
+    """Move what the folder `name` of `top` holds into `top`, then remove `name` if that left it empty."""
+    sub = _open_dir(name, top)
+    try:
+        with os.scandir(sub) as found:
+            held = [entry.name for entry in found]
+        for entry in held:
+            granted = False
+            while True:
+                try:
+                    os.rename(entry, f".removing-{next(fresh)}", src_dir_fd=sub, dst_dir_fd=top)
+                    break
+                except FileNotFoundError:
+                    break
+                except PermissionError:  # a folder is moved only when its owner may write it (its `..`)
+                    if granted:
+                        raise
+                    os.close(_held_dir(entry, sub))
+                    granted = True
+                except OSError as exc:  # a name taken in `top` by what cannot be replaced: the next one
+                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
+                        raise
+    finally:
+        os.close(sub)
+    with contextlib.suppress(OSError):  # filled again meanwhile: the next pass lifts it again
+        os.rmdir(name, dir_fd=top)
 
 
 def _make_missing_dirs(path: Path) -> None:

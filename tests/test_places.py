@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from reconciler.places import (
     default_state_dir,
     ensure_private_dir,
     open_private_file,
+    remove_tree,
     socket_path,
 )
 
@@ -101,3 +104,99 @@ def test_a_private_file_is_0600_new_or_found_wider(tmp_path: Path) -> None:
     for path in (new, old):
         os.close(open_private_file(path))
         assert _mode(path) == 0o600
+
+
+def deep_tree(top: Path, depth: int) -> None:
+    """`top` holding folders nested `depth` deep, a file at every hundredth level (made through descriptors: its
+    paths are longer than a path may be)."""
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for level in range(depth):
+            if level % 100 == 0:
+                os.close(os.open(f"f{level}", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+            os.mkdir("d", dir_fd=fd)
+            fd, parent = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+            os.close(parent)
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_nested_deeper_than_the_interpreter_recurses_is_removed(tmp_path: Path) -> None:
+    deep_tree(tmp_path / "out", 3000)
+    with pytest.raises(RecursionError):  # what a connector's tree like this did to `shutil.rmtree`
+        shutil.rmtree(tmp_path / "out")
+    assert (tmp_path / "out").is_dir()
+    remove_tree(tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+    remove_tree(tmp_path / "out")  # nothing there: not an error
+
+
+def test_removing_a_tree_follows_no_link_in_it_nor_at_its_top(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (outside / "inner").mkdir(parents=True)
+    (outside / "keep.txt").write_text("not the connector's")
+    tree = tmp_path / "out"
+    (tree / "a/b").mkdir(parents=True)
+    (tree / "a/b/to-folder").symlink_to(outside, target_is_directory=True)
+    (tree / "a/to-file").symlink_to(outside / "keep.txt")
+    (tree / "a/b/file.txt").write_text("written by a call")
+    os.link(outside / "keep.txt", tree / "hard-link")
+    remove_tree(tree)
+    assert not tree.exists()
+    (tmp_path / "link").symlink_to(outside, target_is_directory=True)
+    remove_tree(tmp_path / "link")
+    assert not (tmp_path / "link").is_symlink()
+    assert (outside / "keep.txt").read_text() == "not the connector's"
+    assert (outside / "inner").is_dir()
+    assert (outside / "keep.txt").stat().st_nlink == 1
+
+
+def _lock_up_and_remove(home: Path) -> bool:
+    """Make a tree and take its folders' permissions away from their owner, then remove it: whether it is gone."""
+    tree = home / "out"
+    (tree / "locked/inner").mkdir(parents=True)
+    (tree / "locked/inner/file").write_text("x")
+    (tree / "read-only").mkdir()
+    (tree / "read-only/file").write_text("x")
+    for folder, mode in (("read-only", 0o500), ("locked/inner", 0o000), ("locked", 0o000), ("", 0o500)):
+        (tree / folder).chmod(mode)
+    remove_tree(tree)
+    return not os.path.lexists(tree)
+
+
+def test_folders_whose_owner_took_their_permissions_away_are_removed(tmp_path: Path) -> None:
+    """As a connector running as the router's own user can leave them. Root needs no permission to remove anything,
+    so as root this runs in a child process that is an ordinary user."""
+    if os.geteuid() != 0:
+        assert _lock_up_and_remove(tmp_path)
+        return
+    home = Path(tempfile.mkdtemp(prefix="remove-tree-"))
+    try:
+        os.chown(home, NOBODY, NOBODY)
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child's result is its exit status
+            code = 1
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                code = 0 if _lock_up_and_remove(home) else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert list(home.iterdir()) == []
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_removing_stops_and_says_so_after_its_bound(tmp_path: Path) -> None:
+    tree = tmp_path / "out"
+    tree.mkdir()
+    for n in range(10):
+        (tree / f"f{n}").write_text("x")
+    with pytest.raises(OSError, match="still filling after 5 entries"):
+        remove_tree(tree, most=5)
+    assert len(list(tree.iterdir())) == 5
+    remove_tree(tree)
+    assert not tree.exists()

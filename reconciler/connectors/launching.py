@@ -61,7 +61,7 @@ from reconciler.connectors.sandbox import (
     write_seccomp,
 )
 from reconciler.connectors.secrets import resolve_secret
-from reconciler.places import PrivatePlaceError, ensure_private_dir, open_private_file
+from reconciler.places import PrivatePlaceError, ensure_private_dir, open_private_file, remove_tree
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 
 __all__ = ["Launch", "StderrLog", "box_view", "declared_env", "effective_egress", "inbox_dir", "limited_command",
@@ -106,8 +106,11 @@ class Launch:
             await self.proxy.aclose()
         if self.cgroups is not None:
             self.cgroups.remove()
-        for folder in (*self.socket_dirs, self.folder):
-            shutil.rmtree(folder, ignore_errors=True)
+        for folder in (*self.socket_dirs, self.folder):  # the private folder holds what the connector wrote in tmp/
+            try:
+                remove_tree(folder)
+            except OSError as exc:
+                log.warning("could not remove %s, a stopped connector's folder: %s", folder, exc.strerror or exc)
 
 
 class StderrLog:

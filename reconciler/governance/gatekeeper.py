@@ -130,8 +130,7 @@ class Gatekeeper:
             self._open += 1
             if not self._flush_due:
                 self._flush_soon()
-            token = self._records.admit(lane, call)
-            return Admission("executed", lane.reason, token[0], token, lane.trace)
+            return Admission("executed", lane.reason, None, self._records.admit(lane, call), lane.trace)
         entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
         found = None
         if entry is not None:

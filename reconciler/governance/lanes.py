@@ -23,6 +23,7 @@ flush; `decided` then `settled` when it does not.
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -62,8 +63,8 @@ class Lane:
     caps: CapSet  # whose org the spend is counted for
 
 
-# An admitted call's token, passed back to `Records.settle`: (its request id, the call, its lane).
-LaneToken = tuple[str, CallRequest, Lane]
+# An admitted call's token, passed back to `Records.settle`: (its key in `Records`, the call, its lane).
+LaneToken = tuple[int, CallRequest, Lane]
 Charges = list[tuple[tuple[str, ...], str, int]]  # (spend scopes, month, micros), as `Backlog.add_rows` takes them
 _OFF = object()  # cached: this profile's tool at this price takes the gate's other paths
 
@@ -86,7 +87,12 @@ class Records:
         self._book: Rulebook | None = None
         self._lanes: dict[tuple[str, str, float], Any] = {}
         self.rows: list[AuditRow] = []  # in the order they happened
-        self._deciding: dict[str, AuditRow] = {}  # request id → the `decided` row of a call not yet settled or taken
+        self._keys = itertools.count()
+        # A lane's calls not yet settled, by key: when each was decided, the call and its lane. One still running at
+        # a `take` has its `decided` row written then, and its key → the request id that row names until it settles.
+        self._running: dict[int, tuple[float, CallRequest, Lane]] = {}
+        self._written: dict[int, str] = {}
+        self._deciding: dict[str, AuditRow] = {}  # request id → the `decided` row of a leased call not yet settled
         # (profile, instance, tool, lane, ok) → [calls, micros charged, when the first settled, when the last did]
         self._tally: dict[tuple[str, str, str, Lane, bool], list[Any]] = {}
         self._charged: dict[tuple[str, str, Lane], int] = {}  # (profile, instance, lane) → micros
@@ -104,32 +110,36 @@ class Records:
         return None if found is _OFF else found
 
     def admit(self, lane: Lane, call: CallRequest) -> LaneToken:
-        """Record the decision of a call admitted on its lane; its token."""
-        rid = new_request_id()
-        # An `audit.audit_row` built in place: (at, event, request_id, profile, instance, tool, actor, status, detail).
-        self._deciding[rid] = (time.time(), "decided", rid, call.profile, call.instance, call.tool, None, "executed",
-                               lane.decided)
-        return rid, call, lane
+        """Record the decision of a call admitted on its lane; its token. Its request id is made only if its
+        `decided` row is written (`take`, while it runs): the tally names none."""
+        key = next(self._keys)
+        self._running[key] = (time.time(), call, lane)
+        return key, call, lane
 
     def settle(self, token: LaneToken, actual_cost: float | None, ok: bool) -> tuple[int, AuditRow | None]:
         """Record the settlement of a call admitted on its lane: what it is charged (micros), and the pricing
         violation to record when it reported more than its price."""
-        rid, call, lane = token
+        key, call, lane = token
+        running = self._running.pop(key, None)
+        rid = self._written.pop(key, None) if running is None else None
         violation = None
         if not ok:
             charged = 0
         elif actual_cost is None or actual_cost == lane.price:
             charged = lane.cost
         else:
-            charge = charge_call(PricedCall(rid, call.profile, call.instance, call.binding, call.tool), lane.cost,
-                                 to_micros(actual_cost), True)
+            charge = charge_call(PricedCall(rid or new_request_id(), call.profile, call.instance, call.binding,
+                                            call.tool), lane.cost, to_micros(actual_cost), True)
             charged, violation = charge.charged, charge.violation
         at = time.time()
-        if self._deciding.pop(rid, None) is None:  # its decision is written already: the settlement on its own
+        if running is None:  # its decision is written already: the settlement on its own, with that request id
             shape = (lane.released if not ok else lane.settled if charged == lane.cost
                      else settlement_row(None, "", "", True, lane.cost, charged))
             self.rows.append((at, shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
-        else:
+            if charged:
+                charges = (call.profile, call.instance, lane)
+                self._charged[charges] = self._charged.get(charges, 0) + charged
+        else:  # counted, and charged with the count (`take`)
             counted = (call.profile, call.instance, call.tool, lane, ok)
             tally = self._tally.get(counted)
             if tally is None:
@@ -140,9 +150,6 @@ class Records:
                 tally[3] = at
         if violation is not None:
             self.rows.append(violation)
-        if charged:
-            key = (call.profile, call.instance, lane)
-            self._charged[key] = self._charged.get(key, 0) + charged
         return charged, violation
 
     def decided(self, request_id: str, row: AuditRow) -> None:
@@ -169,16 +176,22 @@ class Records:
             rows.append((last, event, None, profile, instance, tool, None, status,
                          f'{lane.tally}"calls":{calls},"reserved":{calls * lane.cost},"charged":{micros},'
                          f'"first":{first!r}}}'))
+            if micros:
+                charges = (profile, instance, lane)
+                charged[charges] = charged.get(charges, 0) + micros
+        for key, (at, call, lane) in self._running.items():  # still running: its decision is written now
+            rid = self._written[key] = new_request_id()
+            rows.append((at, "decided", rid, call.profile, call.instance, call.tool, None, "executed", lane.decided))
         rows.extend(self._deciding.values())
-        if self._tally or self._deciding:  # kept in the order they happened
+        if self._tally or self._running or self._deciding:  # kept in the order they happened
             rows.sort(key=_stamp)
-        self._tally, self._deciding = {}, {}
+        self._tally, self._running, self._deciding = {}, {}, {}
         month = current_month()
         return rows, [(scopes_for(lane.caps, profile, instance), month, micros)
                       for (profile, instance, lane), micros in charged.items()]
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally)
+        return len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally) + len(self._running)
 
 
 def _stamp(row: AuditRow) -> float:

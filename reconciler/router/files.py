@@ -30,6 +30,7 @@ from typing import Any, BinaryIO, Final
 
 import orjson
 
+from reconciler.places import remove_tree
 from reconciler.router.beneath import RefusedPathError, describe_mode, open_folder, open_regular
 from reconciler.router.errors import ToolError, invalid_arguments, unavailable
 
@@ -294,7 +295,11 @@ class CallFolder:
                 _move_out(self.path, _staged_name(index, file), file, scope, max_bytes)
 
     def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        """Remove the call's folder, whatever the connector left in `out/`, and the inputs it was handed."""
+        try:
+            remove_tree(self.path)
+        except OSError as exc:  # kept, and said; the next start clears it (`clear_leftovers`)
+            log.warning("could not remove the call folder %s: %s", self.path, exc.strerror or exc)
         for handed in self._handed:
             with contextlib.suppress(FileNotFoundError):
                 handed.unlink()
@@ -321,13 +326,13 @@ def clear_leftovers(run_dir: Path) -> int:
             for path, folder in left:
                 try:
                     if folder:
-                        shutil.rmtree(path)
+                        remove_tree(path)
                     else:
                         os.unlink(path)
                 except FileNotFoundError:
                     continue
-                except (OSError, RecursionError) as exc:  # kept, and said: a start is not the place to fail over it
-                    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "nested too deep"
+                except OSError as exc:  # kept, and said: a start is not the place to fail over it
+                    why = exc.strerror or str(exc)
                     log.warning("could not remove %s, left by a call the last service's end cut short: %s", path, why)
                     continue
                 removed += 1

@@ -56,6 +56,16 @@ def priced_note(settlement: Settlement) -> str:
     return f"handler: executed; charged {_usd(settlement.charged)}; {left}"
 
 
+_UNCAPPED_NOTES: dict[float, bytes] = {}  # charged → the note, JSON: a model's calls of one tool cost the same
+
+
+def _uncapped_note(settlement: Settlement) -> bytes:
+    if len(_UNCAPPED_NOTES) >= 4096:  # reported costs that vary: kept from growing
+        _UNCAPPED_NOTES.clear()
+    note = _UNCAPPED_NOTES[settlement.charged] = orjson.dumps(priced_note(settlement))
+    return note
+
+
 def _usd(amount: float) -> str:
     return "$" + (f"{amount:.6f}".rstrip("0").rstrip(".") or "0")
 
@@ -66,8 +76,10 @@ def executed_result(structured: dict[str, Any], settlement: Settlement | None) -
     if settlement is not None:
         meta[meta_keys.COST] = settlement.charged
         meta[meta_keys.BUDGET] = settlement.remaining
-        if settlement.charged > 0 or settlement.remaining is not None:  # governance priced it
+        if settlement.remaining is not None:  # governance priced it against a cap or balance
             note = orjson.dumps(priced_note(settlement))
+        elif settlement.charged > 0:  # priced, no cap: the note of a price, worked out once
+            note = _UNCAPPED_NOTES.get(settlement.charged) or _uncapped_note(settlement)
     return EncodedResult(orjson.dumps(structured), meta, note)
 
 

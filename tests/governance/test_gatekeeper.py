@@ -133,11 +133,13 @@ def test_every_decision_leaves_one_decided_row_of_the_same_shape(store: Store) -
     free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))  # nothing limits p
 
     async def scenario(g: Governor) -> None:
-        rids = [(await g.admit(free, priced_call())).request_id,  # in memory
-                (await g.admit(cap_snapshot(), priced_call())).request_id,  # under the org cap
+        lane = await g.admit(free, priced_call())  # in memory, on its lane: no request id until its row is written
+        assert lane.request_id is None
+        rids = [(await g.admit(cap_snapshot(), priced_call())).request_id,  # under the org cap
                 (await g.admit(cap_snapshot(), mail())).request_id]  # held
-        await g.flush()
-        for rid in rids:
+        await g.flush()  # the lane's call still runs: its decision is written now, with a request id of its own
+        (written,) = [r for r in read_audit(store) if r["event"] == "decided" and r["request_id"] not in rids]
+        for rid in [written["request_id"], *rids]:
             assert rid is not None
             (row,) = [r for r in read_audit(store, request_id=rid) if r["event"] == "decided"]
             assert row["detail"]["binding"] in ("search-b", "mail-b")
@@ -177,9 +179,12 @@ def test_calls_nothing_limits_settled_before_their_record_is_written_leave_one_r
         assert shown == {("i1", "settled"): {"calls": 4, "reserved": 4 * price, "charged": to_micros(0.012)},
                          ("i1", "released"): {"calls": 1, "reserved": price, "charged": 0},
                          ("i2", "settled"): {"calls": 1, "reserved": price, "charged": price}}
-        # The pricing violation names its call, as on every path.
+        # The pricing violation is a row of its own, as on every path: its call's run, what it reported and paid.
+        assert all(rid is None for rid, _ in settled)  # no one is told a request id of these calls
         (violation,) = [r for r in trail if r["event"] == "pricing_violation"]
-        assert violation["request_id"] == settled[4][0]
+        assert violation["request_id"] is not None
+        assert (violation["profile"], violation["instance"], violation["detail"]["tool"]) == ("p", "i1", "search_query")
+        assert (violation["detail"]["reported"], violation["detail"]["reserved"]) == (to_micros(0.009), price)
         assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == to_micros(0.017)
 
     run(scenario, store)
@@ -212,16 +217,16 @@ def test_a_call_nothing_limits_still_running_when_the_record_is_written_leaves_i
         running = await g.admit(free, priced_call())
         done = await g.admit(free, priced_call())
         await g.settle(done, None, True)
-        await g.flush()  # `running` has not ended: its decision is written now, on its own
-        rows = read_audit(store, request_id=running.request_id)
-        assert [(r["event"], r["status"], r["tool"]) for r in rows] == [("decided", "executed", "search_query")]
-        assert set(rows[0]["detail"]) == {"reason", "cost", "binding"}
+        await g.flush()  # `running` has not ended: its decision is written now, on its own, with a request id
         # The trail keeps the order things happened in: `running` was decided before `done` was counted.
-        assert [(r["request_id"], r["event"]) for r in read_audit(store)] == [
-            (running.request_id, "decided"), (None, "settled")]
+        (decided, counted) = read_audit(store)
+        assert (decided["event"], decided["status"], decided["tool"]) == ("decided", "executed", "search_query")
+        assert set(decided["detail"]) == {"reason", "cost", "binding"}
+        assert decided["request_id"] is not None
+        assert (counted["request_id"], counted["event"]) == (None, "settled")
         await g.settle(running, 0.001, True)
-        await g.flush()
-        rows = read_audit(store, request_id=running.request_id)
+        await g.flush()  # its settlement names the request id its decision was written with
+        rows = read_audit(store, request_id=decided["request_id"])
         assert [(r["event"], r["status"]) for r in rows] == [("decided", "executed"), ("settled", "executed")]
         assert rows[1]["detail"] == {"reserved": price, "charged": to_micros(0.001)}
         assert rows[0]["at"] <= rows[1]["at"]

@@ -23,14 +23,12 @@ import sqlalchemy as sa
 
 from reconciler.governance.store.audit import AuditRow, insert_audit
 from reconciler.governance.store.engine import Store, Transaction
-from reconciler.governance.store.tables import balances, reservations, spend
+from reconciler.governance.store.tables import balances, reservations
 
 __all__ = ["Backlog"]
 
 _CLOSE = (sa.update(reservations).where(reservations.c.id == sa.bindparam("p_id"))
           .values(charged=sa.bindparam("p_charged"), state=sa.bindparam("p_state")))
-_ADD_SPEND = (sa.update(spend).where(spend.c.scope == sa.bindparam("p_scope"), spend.c.month == sa.bindparam("p_month"))
-              .values(micros=spend.c.micros + sa.bindparam("p_add")))
 
 
 class Backlog:
@@ -145,7 +143,22 @@ def _write(store: Store, tx: Transaction, taken: _Taken) -> None:
         tx.execute(sa.update(balances).where(balances.c.account == account)
                    .values(micros=balances.c.micros + change))
     insert_audit(tx, *taken.audit)
-    if taken.spend:
-        zero = [{"scope": s, "month": m, "micros": 0} for (s, m) in sorted(taken.spend)]
-        tx.execute(store.insert_ignore(spend), zero)
-        tx.execute(_ADD_SPEND, [{"p_scope": s, "p_month": m, "p_add": v} for (s, m), v in sorted(taken.spend.items())])
+    _add_to_spend(tx, taken.spend)
+
+
+_MARK = {"sqlite": "?", "postgresql": "%s"}
+_SUMS_A_STATEMENT = 256  # SQLite's: 768 parameters, well under its limit of 32,766
+
+
+def _add_to_spend(tx: Transaction, sums: Mapping[tuple[str, str], int]) -> None:
+    """Add each (scope, month)'s micros to its spend row, made when missing: one upsert statement for up to 256 rows,
+    in the order of their keys (so two routers' flushes lock shared rows in one order on PostgreSQL). An
+    `executemany` of them made a statement a row, and SQLite's driver gives up the interpreter's lock for each."""
+    mark = _MARK[tx.dialect.name]
+    ordered = sorted(sums.items())
+    for start in range(0, len(ordered), _SUMS_A_STATEMENT):
+        chunk = ordered[start:start + _SUMS_A_STATEMENT]
+        values = ", ".join([f"({mark}, {mark}, {mark})"] * len(chunk))
+        tx.exec_driver_sql(f"INSERT INTO spend (scope, month, micros) VALUES {values} ON CONFLICT (scope, month) "  # noqa: S608 - only markers
+                           "DO UPDATE SET micros = spend.micros + excluded.micros",
+                           tuple(item for (scope, month), micros in chunk for item in (scope, month, micros)))
