@@ -254,7 +254,8 @@ class Gatekeeper:
                 await asyncio.to_thread(self._flush_late, self._records.take())
             elif not self._flush_due:
                 self._flush_soon()
-            return Settlement(from_micros(charged), None)
+            lane = token[2]
+            return lane.paid if charged == lane.cost else Settlement(from_micros(charged), None)
         if not isinstance(token, _Token):
             return Settlement(0.0, None)
         try:
@@ -278,18 +279,17 @@ class Gatekeeper:
         if charge.violation is not None:
             self.pricing_violations += 1
         call = token.call
-        row = settlement_row(token.request_id, call.profile, call.instance, ok, reserved, charge.charged)
-        violation = () if charge.violation is None else (charge.violation,)
         if held is None:  # admitted on the event loop against leases (this runs there): its decision waits in records
-            self._records.settled(token.request_id, row, *violation)
+            self._records.settled(token.request_id, call, ok, reserved, charge.charged, charge.violation)
             self._backlog.add_spend(token.scopes, token.month, charge.charged)
             if token.leased:
                 left = self._leaser.settle(token.leased, reserved, charge.charged)
                 return Settlement(from_micros(charge.charged), from_micros(left))
             return Settlement(from_micros(charge.charged), None)
-        self._backlog.add_audit(row)
-        for extra in violation:
-            self._backlog.add_audit(extra)
+        self._backlog.add_audit(settlement_row(token.request_id, call.profile, call.instance, ok, reserved,
+                                               charge.charged))
+        if charge.violation is not None:
+            self._backlog.add_audit(charge.violation)
         self._backlog.add_settlement(held.id, charge.charged, ok, delta, held.scopes, held.month, held.account)
         remaining = None if held.remaining is None else max(0, held.remaining - delta)
         return Settlement(from_micros(charge.charged), None if remaining is None else from_micros(remaining))

@@ -36,7 +36,7 @@ from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.charging import PricedCall, charge_call
 from reconciler.governance.decide import SpendState, decide_call
-from reconciler.governance.gate import CallRequest
+from reconciler.governance.gate import CallRequest, Settlement
 from reconciler.governance.holds import new_request_id
 from reconciler.governance.ledger import current_month, scopes_for, settlement_row
 from reconciler.governance.rulebook import CapSet, Rulebook, from_micros, to_micros
@@ -61,6 +61,7 @@ class Lane:
     released: AuditRow
     tally: str  # the start of the detail of the row that counts the calls settled before their decision was written
     caps: CapSet  # whose org the spend is counted for
+    paid: Settlement  # what a call charged its price is told; one for all of them, read only
 
 
 # An admitted call's token, passed back to `Records.settle`: (its key in `Records`, the call, its lane).
@@ -95,6 +96,9 @@ class Records:
         self._deciding: dict[str, AuditRow] = {}  # request id → the `decided` row of a leased call not yet settled
         # (profile, instance, tool, lane, ok) → [calls, micros charged, when the first settled, when the last did]
         self._tally: dict[tuple[str, str, str, Lane, bool], list[Any]] = {}
+        # Leased calls settled before their decision was taken, by (profile, instance, tool, their `decided` detail,
+        # ok) → [calls, micros reserved, micros charged, when the first settled, when the last did]
+        self._leased: dict[tuple[str, str, str, str, bool], list[Any]] = {}
         self._charged: dict[tuple[str, str, Lane], int] = {}  # (profile, instance, lane) → micros
 
     def lane(self, snapshot: Snapshot, call: CallRequest, books: RulebookCache) -> Lane | None:
@@ -157,14 +161,27 @@ class Records:
         is settled or taken, as a lane's call's is."""
         self._deciding[request_id] = row
 
-    def settled(self, request_id: str, row: AuditRow, *more: AuditRow) -> None:
-        """Record the settlement row of a call kept by `decided` (and the rows that follow it): one row with its
-        decision when that is not yet taken, else on its own."""
+    def settled(self, request_id: str, call: CallRequest, ok: bool, reserved: int, charged: int,
+                violation: AuditRow | None) -> None:
+        """Record the settlement of a call kept by `decided` (and its pricing violation): counted with the calls of
+        its run, tool, decision and outcome when its decision is not yet taken, as a lane's call is; else its
+        settlement row on its own, naming the request id its decision was written with."""
         decided = self._deciding.pop(request_id, None)
-        if decided is not None:
-            row = (row[0], row[1], row[2], row[3], row[4], decided[5], None, row[7], _joined(decided[8], row[8]))
-        self.rows.append(row)
-        self.rows.extend(more)
+        if decided is None:
+            self.rows.append(settlement_row(request_id, call.profile, call.instance, ok, reserved, charged))
+        else:
+            at = time.time()
+            counted = (call.profile, call.instance, call.tool, decided[8], ok)
+            tally = self._leased.get(counted)
+            if tally is None:
+                self._leased[counted] = [1, reserved, charged, at, at]
+            else:
+                tally[0] += 1
+                tally[1] += reserved
+                tally[2] += charged
+                tally[4] = at
+        if violation is not None:
+            self.rows.append(violation)
 
     def take(self) -> tuple[list[AuditRow], Charges]:
         """The rows and charges so far (the charges summed per spend row, counted this month), with the `decided`
@@ -179,28 +196,28 @@ class Records:
             if micros:
                 charges = (profile, instance, lane)
                 charged[charges] = charged.get(charges, 0) + micros
+        for (profile, instance, tool, decided, ok), (calls, reserved, micros, first, last) in self._leased.items():
+            event, status = ("settled", "executed") if ok else ("released", "failed")
+            rows.append((last, event, None, profile, instance, tool, None, status,
+                         f'{decided[:-1]},"calls":{calls},"reserved":{reserved},"charged":{micros},"first":{first!r}}}'))
         for key, (at, call, lane) in self._running.items():  # still running: its decision is written now
             rid = self._written[key] = new_request_id()
             rows.append((at, "decided", rid, call.profile, call.instance, call.tool, None, "executed", lane.decided))
         rows.extend(self._deciding.values())
-        if self._tally or self._running or self._deciding:  # kept in the order they happened
+        if self._tally or self._leased or self._running or self._deciding:  # kept in the order they happened
             rows.sort(key=_stamp)
-        self._tally, self._running, self._deciding = {}, {}, {}
+        self._tally, self._leased, self._running, self._deciding = {}, {}, {}, {}
         month = current_month()
         return rows, [(scopes_for(lane.caps, profile, instance), month, micros)
                       for (profile, instance, lane), micros in charged.items()]
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally) + len(self._running)
+        return (len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally) + len(self._leased)
+                + len(self._running))
 
 
 def _stamp(row: AuditRow) -> float:
     return row[0]
-
-
-def _joined(decided: str, settled: str) -> str:
-    """One JSON object of a `decided` detail's fields followed by a settlement's (both objects, neither empty)."""
-    return f"{decided[:-1]},{settled[1:]}"
 
 
 def _compile(book: Rulebook, call: CallRequest) -> Any:
@@ -214,4 +231,4 @@ def _compile(book: Rulebook, call: CallRequest) -> Any:
     decided = orjson.dumps({"reason": decision.reason, "cost": decision.cost, "binding": call.binding}).decode()
     settled, released = settlement_row(None, "", "", True, cost, cost), settlement_row(None, "", "", False, cost, 0)
     return Lane(from_micros(cost), cost, decision.reason, decision.wire_trace, decided, settled, released,
-                f"{decided[:-1]},", entry.caps)
+                f"{decided[:-1]},", entry.caps, Settlement(from_micros(cost), None))
