@@ -14,11 +14,11 @@ and outcome settled before the flush (every 50 ms) leave one audit row, `settled
 no request id, which carries the decision's reason, cost and binding, how many calls it counts
 (`calls`), what they reserved and were charged, and when the first of them settled (`first`). Each
 call is in the call log on its own (`router.calllog`). A call still running when the flush comes has
-its `decided` row written then and its own settlement row when it ends, as on the gate's other paths;
-a call that reports more than its price is charged its price and recorded as a pricing violation
-with its request id, as on every path (`charging`). A call admitted against budget leases
-(`leasing`) is recorded on its own: one row, `settled` with its decision, when it settles before the
-flush; `decided` then `settled` when it does not.
+its `decided` row written then, with a request id made for it, and its own settlement row naming it
+when it ends; a call that reports more than its price is charged its price and recorded as a pricing
+violation, as on every path (`charging`). A call admitted against budget leases (`leasing`) is
+executed without a request id anyone is told, too: settled before the flush, it is counted with the
+calls of its run, tool, decision (its `decided` detail) and outcome; else `decided`, then `settled`.
 """
 
 from __future__ import annotations
