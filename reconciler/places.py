@@ -50,6 +50,7 @@ PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 MOST_REMOVED = 1_000_000  # entries `remove_tree` removes before it stops: a writer may fill a folder as fast as it goes
 _PATH_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_PATH
+_READ_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class PrivatePlaceError(PermissionError):
@@ -153,31 +154,37 @@ def remove_tree(path: Path | str, *, most: int = MOST_REMOVED) -> None:
 
 
 def _open_dir(name: str, folder: int) -> int:
-    """A descriptor to list and change the folder `name` of `folder`, never through a link (`NotADirectoryError`)."""
-    held = _held_dir(name, folder)
+    """A descriptor to list and change the folder `name` of `folder`, never through a link (`NotADirectoryError`);
+    when it is ours and its owner's permissions were taken away, they are given back (we are not root)."""
     try:
-        return os.open(f"/proc/self/fd/{held}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    finally:
-        os.close(held)
-
-
-def _held_dir(name: str, folder: int) -> int:
-    """An O_PATH descriptor of the folder `name` of `folder`, its owner's permissions given back when they were
-    taken away and we own it (through the descriptor: this very folder, whatever is renamed meanwhile)."""
-    try:
-        held = os.open(name, _PATH_FLAGS, dir_fd=folder)
+        fd = os.open(name, _READ_FLAGS, dir_fd=folder)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotADirectoryError(errno.ENOTDIR, "a symbolic link", name) from None
-        raise
+        if exc.errno != errno.EACCES or os.geteuid() == 0:
+            raise
+        _grant_unopenable(name, folder)
+        fd = os.open(name, _READ_FLAGS, dir_fd=folder)
     try:
-        mode = stat.S_IMODE(os.fstat(held).st_mode)
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
         if mode & 0o700 != 0o700 and os.geteuid() != 0:  # root needs none of them
-            Path(f"/proc/self/fd/{held}").chmod(mode | 0o700)
+            os.fchmod(fd, mode | 0o700)
     except BaseException:
-        os.close(held)
+        os.close(fd)
         raise
-    return held
+    return fd
+
+
+def _grant_unopenable(name: str, folder: int) -> None:
+    """Give the owner's permissions back to a folder it may not even open, through an O_PATH descriptor of that very
+    folder (`/proc/self/fd`), whatever is renamed meanwhile."""
+    held = os.open(name, _PATH_FLAGS, dir_fd=folder)
+    try:
+        Path(f"/proc/self/fd/{held}").chmod(stat.S_IMODE(os.fstat(held).st_mode) | 0o700)
+    except FileNotFoundError:  # no /proc: not "gone", which the caller would take it for
+        raise PermissionError(errno.EACCES, "its permissions cannot be given back without /proc", name) from None
+    finally:
+        os.close(held)
 
 
 def _empty(top: int, most: int, path: str) -> None:
@@ -226,7 +233,7 @@ def _lift(top: int, name: str, fresh: itertools.count[int]) -> None:
                 except PermissionError:  # a folder is moved only when its owner may write it (its `..`)
                     if granted:
                         raise
-                    os.close(_held_dir(entry, sub))
+                    os.close(_open_dir(entry, sub))
                     granted = True
                 except OSError as exc:  # a name taken in `top` by what cannot be replaced: the next one
                     if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
