@@ -59,7 +59,6 @@ class Lane:
     decided: str  # the `decided` row's detail, JSON
     settled: AuditRow  # the row of a call settled at `cost`, and of a failed one: event, status, detail read
     released: AuditRow
-    tally: str  # the start of the detail of the row that counts the calls settled before their decision was written
     caps: CapSet  # whose org the spend is counted for
     paid: Settlement  # what a call charged its price is told; one for all of them, read only
 
@@ -94,11 +93,10 @@ class Records:
         self._running: dict[int, tuple[float, CallRequest, Lane]] = {}
         self._written: dict[int, str] = {}
         self._deciding: dict[str, AuditRow] = {}  # request id → the `decided` row of a leased call not yet settled
-        # (profile, instance, tool, lane, ok) → [calls, micros charged, when the first settled, when the last did]
-        self._tally: dict[tuple[str, str, str, Lane, bool], list[Any]] = {}
-        # Leased calls settled before their decision was taken, by (profile, instance, tool, their `decided` detail,
-        # ok) → [calls, micros reserved, micros charged, when the first settled, when the last did]
-        self._leased: dict[tuple[str, str, str, str, bool], list[Any]] = {}
+        # The calls settled before their decision was taken, counted by (profile, instance, tool, their `decided`
+        # detail, ok, their lane: None for a leased call, whose charge the gate adds itself) → [calls, micros
+        # reserved, micros charged, when the first settled, when the last did]
+        self._tally: dict[tuple[str, str, str, str, bool, Lane | None], list[Any]] = {}
         self._charged: dict[tuple[str, str, Lane], int] = {}  # (profile, instance, lane) → micros
 
     def lane(self, snapshot: Snapshot, call: CallRequest, books: RulebookCache) -> Lane | None:
@@ -144,14 +142,7 @@ class Records:
                 charges = (call.profile, call.instance, lane)
                 self._charged[charges] = self._charged.get(charges, 0) + charged
         else:  # counted, and charged with the count (`take`)
-            counted = (call.profile, call.instance, call.tool, lane, ok)
-            tally = self._tally.get(counted)
-            if tally is None:
-                self._tally[counted] = [1, charged, at, at]
-            else:
-                tally[0] += 1
-                tally[1] += charged
-                tally[3] = at
+            self._count((call.profile, call.instance, call.tool, lane.decided, ok, lane), lane.cost, charged, at)
         if violation is not None:
             self.rows.append(violation)
         return charged, violation
@@ -170,50 +161,46 @@ class Records:
         if decided is None:
             self.rows.append(settlement_row(request_id, call.profile, call.instance, ok, reserved, charged))
         else:
-            at = time.time()
-            counted = (call.profile, call.instance, call.tool, decided[8], ok)
-            tally = self._leased.get(counted)
-            if tally is None:
-                self._leased[counted] = [1, reserved, charged, at, at]
-            else:
-                tally[0] += 1
-                tally[1] += reserved
-                tally[2] += charged
-                tally[4] = at
+            self._count((call.profile, call.instance, call.tool, decided[8], ok, None), reserved, charged, time.time())
         if violation is not None:
             self.rows.append(violation)
+
+    def _count(self, counted: tuple[str, str, str, str, bool, Lane | None], reserved: int, charged: int,
+               at: float) -> None:
+        tally = self._tally.get(counted)
+        if tally is None:
+            self._tally[counted] = [1, reserved, charged, at, at]
+        else:
+            tally[0] += 1
+            tally[1] += reserved
+            tally[2] += charged
+            tally[4] = at
 
     def take(self) -> tuple[list[AuditRow], Charges]:
         """The rows and charges so far (the charges summed per spend row, counted this month), with the `decided`
         rows of the calls still running; all start afresh."""
         rows, charged = self.rows, self._charged
         self.rows, self._charged = [], {}
-        for (profile, instance, tool, lane, ok), (calls, micros, first, last) in self._tally.items():
-            event, status = ("settled", "executed") if ok else ("released", "failed")
-            rows.append((last, event, None, profile, instance, tool, None, status,
-                         f'{lane.tally}"calls":{calls},"reserved":{calls * lane.cost},"charged":{micros},'
-                         f'"first":{first!r}}}'))
-            if micros:
-                charges = (profile, instance, lane)
-                charged[charges] = charged.get(charges, 0) + micros
-        for (profile, instance, tool, decided, ok), (calls, reserved, micros, first, last) in self._leased.items():
+        for (profile, instance, tool, decided, ok, lane), (calls, reserved, micros, first, last) in self._tally.items():
             event, status = ("settled", "executed") if ok else ("released", "failed")
             rows.append((last, event, None, profile, instance, tool, None, status,
                          f'{decided[:-1]},"calls":{calls},"reserved":{reserved},"charged":{micros},"first":{first!r}}}'))
+            if lane is not None and micros:
+                charges = (profile, instance, lane)
+                charged[charges] = charged.get(charges, 0) + micros
         for key, (at, call, lane) in self._running.items():  # still running: its decision is written now
             rid = self._written[key] = new_request_id()
             rows.append((at, "decided", rid, call.profile, call.instance, call.tool, None, "executed", lane.decided))
         rows.extend(self._deciding.values())
-        if self._tally or self._leased or self._running or self._deciding:  # kept in the order they happened
+        if self._tally or self._running or self._deciding:  # kept in the order they happened
             rows.sort(key=_stamp)
-        self._tally, self._leased, self._running, self._deciding = {}, {}, {}, {}
+        self._tally, self._running, self._deciding = {}, {}, {}
         month = current_month()
         return rows, [(scopes_for(lane.caps, profile, instance), month, micros)
                       for (profile, instance, lane), micros in charged.items()]
 
     def __len__(self) -> int:
-        return (len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally) + len(self._leased)
-                + len(self._running))
+        return len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally) + len(self._running)
 
 
 def _stamp(row: AuditRow) -> float:
@@ -230,5 +217,5 @@ def _compile(book: Rulebook, call: CallRequest) -> Any:
         return _OFF
     decided = orjson.dumps({"reason": decision.reason, "cost": decision.cost, "binding": call.binding}).decode()
     settled, released = settlement_row(None, "", "", True, cost, cost), settlement_row(None, "", "", False, cost, 0)
-    return Lane(from_micros(cost), cost, decision.reason, decision.wire_trace, decided, settled, released,
-                f"{decided[:-1]},", entry.caps, Settlement(from_micros(cost), None))
+    return Lane(from_micros(cost), cost, decision.reason, decision.wire_trace, decided, settled, released, entry.caps,
+                Settlement(from_micros(cost), None))

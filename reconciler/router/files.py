@@ -322,15 +322,10 @@ def clear_leftovers(run_dir: Path) -> int:
             continue
         for binding in bindings:
             with os.scandir(binding) as found:
-                left = [(entry.path, entry.is_dir(follow_symlinks=False)) for entry in found]
-            for path, folder in left:
+                left = [entry.path for entry in found]
+            for path in left:
                 try:
-                    if folder:
-                        remove_tree(path)
-                    else:
-                        os.unlink(path)
-                except FileNotFoundError:
-                    continue
+                    remove_tree(path)  # a folder and all it holds; a link or a file itself
                 except OSError as exc:  # kept, and said: a start is not the place to fail over it
                     why = exc.strerror or str(exc)
                     log.warning("could not remove %s, left by a call the last service's end cut short: %s", path, why)
