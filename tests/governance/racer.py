@@ -5,7 +5,8 @@
     python racer.py run URL FILE  — runs approved holds, appending each run's request id to FILE,
                                     until stdin closes
     python racer.py churn URL N SEED — N calls, 16 at a time, each settled a moment later at its price,
-                                    half of it, or failed; prints {"executed": k, "charged": micros, ...}
+                                    half of it, or failed; prints {"executed": k, "charged": micros,
+                                    "leased": how many of the executed were admitted on leases, ...}
     python racer.py lease URL ROUTER TTL — as router ROUTER (leases expiring TTL seconds unrenewed), 20
                                     calls one after the other, each settled at $0.002; prints
                                     {"charged": micros} and waits (with its lease open) until stdin closes
@@ -52,7 +53,7 @@ async def churn(url: str, n: int, seed: int) -> None:
     outcomes = [rng.choice([(True, 0.005), (True, 0.0025), (False, 0.0)]) for _ in range(n)]
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    counts = {"executed": 0, "blocked": 0, "charged": 0}
+    counts = {"executed": 0, "blocked": 0, "charged": 0, "leased": 0}
     calls = iter(range(n))
 
     async def worker(w: int) -> None:
@@ -62,6 +63,7 @@ async def churn(url: str, n: int, seed: int) -> None:
                 counts["blocked"] += 1
                 continue
             counts["executed"] += 1
+            counts["leased"] += bool(admission.token.leased)  # its price reserved on this router's leases
             await asyncio.sleep(rng.random() * 0.004)
             ok, cost = outcomes[i]
             counts["charged"] += to_micros((await governor.settle(admission, cost, ok)).charged)
