@@ -113,24 +113,29 @@ class Gatekeeper:
         self._records = Records()  # what the calls on the event loop's thread left to write
         self._flushing: asyncio.Task[None] | None = None
         self._flush_due = False  # a flush is scheduled: it runs until the backlog and the lanes' records are empty
-        self._open = 0  # calls admitted here and not yet settled
+        self._open = 0  # calls admitted here off their lanes and not yet settled (`Records` counts the lanes')
         self._closed = False  # then a settlement is written at once: nothing commits the backlog any more
-        self.pricing_violations = 0  # reports above the reservation seen here since start
+        self._violations = 0  # reports above the reservation seen here since start, off the lanes
         # The channels this service can announce holds on (None: not said, every notice is queued as
         # pending) and where owners decide: what a held call's agent is told follows it.
         self.reach: Reach | None = None
+
+    @property
+    def pricing_violations(self) -> int:
+        """How many calls settled here since start reported more than they reserved."""
+        return self._violations + self._records.violations
 
     # --- admission -------------------------------------------------------------------------------
 
     async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         if self._closed:  # its settlement would have nowhere to go
             return Admission("blocked", "Blocked: this router is shutting down; retry in a moment.")
-        lane = self._records.lane(snapshot, call, self._rulebooks)
-        if lane is not None:  # the common case: nothing limits or holds it
-            self._open += 1
+        token = self._records.admit(snapshot, call, self._rulebooks)
+        if token is not None:  # the common case: nothing limits or holds it
             if not self._flush_due:
                 self._flush_soon()
-            return Admission("executed", lane.reason, None, self._records.admit(lane, call), lane.trace)
+            lane = token[2]
+            return Admission("executed", lane.reason, None, token, lane.trace)
         entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
         found = None
         if entry is not None:
@@ -246,10 +251,7 @@ class Gatekeeper:
         """Charge an admitted call what it reported, never more than its reservation (`charging`)."""
         token = admission.token
         if type(token) is tuple:  # admitted on its lane
-            charged, violation = self._records.settle(token, actual_cost, ok)
-            if violation is not None:
-                self.pricing_violations += 1
-            self._open -= 1
+            charged = self._records.settle(token, actual_cost, ok)
             if self._closed:
                 await asyncio.to_thread(self._flush_late, self._records.take())
             elif not self._flush_due:
@@ -277,7 +279,7 @@ class Gatekeeper:
         charge = charge_call(token, reserved, reported, ok)
         delta = charge.charged - reserved
         if charge.violation is not None:
-            self.pricing_violations += 1
+            self._violations += 1
         call = token.call
         if held is None:  # admitted on the event loop against leases (this runs there): its decision waits in records
             self._records.settled(token.request_id, call, ok, reserved, charge.charged, charge.violation)
@@ -372,8 +374,8 @@ class Gatekeeper:
         """Admit no more and commit the backlog; a call admitted here and still running is recorded (straight
         into the store) when it is settled, so no settlement is lost to closing first (docs/architecture.md §7)."""
         self._closed = True
-        if self._open:
-            log.info("%d calls admitted here are still running; each is recorded when it ends", self._open)
+        if running := self._open + self._records.running:
+            log.info("%d calls admitted here are still running; each is recorded when it ends", running)
         await self._leaser.aclose()
         if self._flushing is not None:
             self._flushing.cancel()

@@ -52,6 +52,8 @@ _NO_SPEND = SpendState()
 class Lane:
     """The decision of every call of one profile's tool at one price that nothing limits or holds."""
 
+    profile: str
+    tool: str
     price: float  # `cost` in USD: a call reporting exactly this is charged `cost` without converting it
     cost: int  # micros
     reason: str
@@ -63,8 +65,9 @@ class Lane:
     paid: Settlement  # what a call charged its price is told; one for all of them, read only
 
 
-# An admitted call's token, passed back to `Records.settle`: (its key in `Records`, the call, its lane).
-LaneToken = tuple[int, CallRequest, Lane]
+# An admitted call's token, passed back to `Records.settle`: (its key in `Records`, the call, its lane, when it was
+# decided); `Records` keeps it, as it is, while the call runs.
+LaneToken = tuple[int, CallRequest, Lane, float]
 Charges = list[tuple[tuple[str, ...], str, int]]  # (spend scopes, month, micros), as `Backlog.add_rows` takes them
 _OFF = object()  # cached: this profile's tool at this price takes the gate's other paths
 
@@ -88,64 +91,82 @@ class Records:
         self._lanes: dict[tuple[str, str, float], Any] = {}
         self.rows: list[AuditRow] = []  # in the order they happened
         self._keys = itertools.count()
-        # A lane's calls not yet settled, by key: when each was decided, the call and its lane. One still running at
-        # a `take` has its `decided` row written then, and its key → the request id that row names until it settles.
-        self._running: dict[int, tuple[float, CallRequest, Lane]] = {}
+        # A lane's calls not yet settled: their tokens, by key. One still running at a `take` has its `decided` row
+        # written then, and its key → the request id that row names until it settles.
+        self._running: dict[int, LaneToken] = {}
         self._written: dict[int, str] = {}
         self._deciding: dict[str, AuditRow] = {}  # request id → the `decided` row of a leased call not yet settled
-        # The calls settled before their decision was taken, counted by (profile, instance, tool, their `decided`
-        # detail, ok, their lane: None for a leased call, whose charge the gate adds itself) → [calls, micros
-        # reserved, micros charged, when the first settled, when the last did]
-        self._tally: dict[tuple[str, str, str, str, bool, Lane | None], list[Any]] = {}
-        self._charged: dict[tuple[str, str, Lane], int] = {}  # (profile, instance, lane) → micros
+        # The calls settled before their decision was taken, counted → [calls, micros reserved, micros charged, when
+        # the first settled, when the last did]: a lane's by (lane, instance, ok), whose charges are summed here too;
+        # a leased call's (whose charge the gate adds itself) by (profile, instance, tool, its `decided` detail, ok).
+        self._tally: dict[tuple[Lane, str, bool], list[Any]] = {}
+        self._leased: dict[tuple[str, str, str, str, bool], list[Any]] = {}
+        self._charged: dict[tuple[str, Lane], int] = {}  # (instance, lane) → micros
+        self.violations = 0  # lane calls that reported more than their price, since start
 
-    def lane(self, snapshot: Snapshot, call: CallRequest, books: RulebookCache) -> Lane | None:
-        """This call's lane, or None when it must take the gate's other paths."""
+    def admit(self, snapshot: Snapshot, call: CallRequest, books: RulebookCache) -> LaneToken | None:
+        """Record the decision of a call admitted on its lane, and return its token (the lane is its third item); None
+        when the call must take the gate's other paths. Its request id is made only if its `decided` row is written
+        (`take`, while it runs): the tally names none."""
         if self._seen() is not snapshot:
             self._book = books.rulebook(snapshot)
             self._lanes, self._seen = self._book.lanes, weakref.ref(snapshot)
-        key = (call.profile, call.tool, call.estimated_cost)
-        found = self._lanes.get(key)
-        if found is None:
+        lane = self._lanes.get((call.profile, call.tool, call.estimated_cost))
+        if lane is None:
             assert self._book is not None  # noqa: S101 - set with `_seen`
-            found = self._lanes[key] = _compile(self._book, call)
-        return None if found is _OFF else found
-
-    def admit(self, lane: Lane, call: CallRequest) -> LaneToken:
-        """Record the decision of a call admitted on its lane; its token. Its request id is made only if its
-        `decided` row is written (`take`, while it runs): the tally names none."""
+            lane = self._lanes[(call.profile, call.tool, call.estimated_cost)] = _compile(self._book, call)
+        if lane is _OFF:
+            return None
         key = next(self._keys)
-        self._running[key] = (time.time(), call, lane)
-        return key, call, lane
+        token = self._running[key] = (key, call, lane, time.time())
+        return token
 
-    def settle(self, token: LaneToken, actual_cost: float | None, ok: bool) -> tuple[int, AuditRow | None]:
-        """Record the settlement of a call admitted on its lane: what it is charged (micros), and the pricing
-        violation to record when it reported more than its price."""
-        key, call, lane = token
-        running = self._running.pop(key, None)
-        rid = self._written.pop(key, None) if running is None else None
+    def settle(self, token: LaneToken, actual_cost: float | None, ok: bool) -> int:
+        """Record the settlement of a call admitted on its lane; what it is charged (micros). One that reported more
+        than its price is charged its price, and its pricing violation recorded (and counted: `violations`)."""
+        key, call, lane, _ = token
+        running = self._running.pop(key, None) is not None
+        if running and ok and (actual_cost is None or actual_cost == lane.price):  # the common case: its price
+            counted = (lane, call.instance, True)
+            tally = self._tally.get(counted)
+            if tally is None:
+                at = time.time()
+                self._tally[counted] = [1, lane.cost, lane.cost, at, at]
+            else:
+                tally[0] += 1
+                tally[1] += lane.cost
+                tally[2] += lane.cost
+                tally[4] = time.time()
+            return lane.cost
         violation = None
         if not ok:
             charged = 0
         elif actual_cost is None or actual_cost == lane.price:
             charged = lane.cost
         else:
-            charge = charge_call(PricedCall(rid or new_request_id(), call.profile, call.instance, call.binding,
-                                            call.tool), lane.cost, to_micros(actual_cost), True)
+            named = self._written.get(key) or new_request_id()
+            charge = charge_call(PricedCall(named, call.profile, call.instance, call.binding, call.tool), lane.cost,
+                                 to_micros(actual_cost), True)
             charged, violation = charge.charged, charge.violation
-        at = time.time()
-        if running is None:  # its decision is written already: the settlement on its own, with that request id
+        if running:  # counted, and charged with the count (`take`)
+            _count(self._tally, (lane, call.instance, ok), lane.cost, charged, time.time())
+        else:  # its decision is written already: the settlement on its own, with that request id
             shape = (lane.released if not ok else lane.settled if charged == lane.cost
                      else settlement_row(None, "", "", True, lane.cost, charged))
-            self.rows.append((at, shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
+            rid = self._written.pop(key, None)
+            self.rows.append((time.time(), shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
             if charged:
-                charges = (call.profile, call.instance, lane)
+                charges = (call.instance, lane)
                 self._charged[charges] = self._charged.get(charges, 0) + charged
-        else:  # counted, and charged with the count (`take`)
-            self._count((call.profile, call.instance, call.tool, lane.decided, ok, lane), lane.cost, charged, at)
         if violation is not None:
+            self.violations += 1
             self.rows.append(violation)
-        return charged, violation
+        return charged
+
+    @property
+    def running(self) -> int:
+        """How many calls admitted on their lanes are not yet settled."""
+        return len(self._running) + len(self._written)
 
     def decided(self, request_id: str, row: AuditRow) -> None:
         """Keep the `decided` row of a call admitted on the event loop off its lane (against budget leases) until it
@@ -161,46 +182,56 @@ class Records:
         if decided is None:
             self.rows.append(settlement_row(request_id, call.profile, call.instance, ok, reserved, charged))
         else:
-            self._count((call.profile, call.instance, call.tool, decided[8], ok, None), reserved, charged, time.time())
+            _count(self._leased, (call.profile, call.instance, call.tool, decided[8], ok), reserved, charged,
+                   time.time())
         if violation is not None:
             self.rows.append(violation)
-
-    def _count(self, counted: tuple[str, str, str, str, bool, Lane | None], reserved: int, charged: int,
-               at: float) -> None:
-        tally = self._tally.get(counted)
-        if tally is None:
-            self._tally[counted] = [1, reserved, charged, at, at]
-        else:
-            tally[0] += 1
-            tally[1] += reserved
-            tally[2] += charged
-            tally[4] = at
 
     def take(self) -> tuple[list[AuditRow], Charges]:
         """The rows and charges so far (the charges summed per spend row, counted this month), with the `decided`
         rows of the calls still running; all start afresh."""
         rows, charged = self.rows, self._charged
         self.rows, self._charged = [], {}
-        for (profile, instance, tool, decided, ok, lane), (calls, reserved, micros, first, last) in self._tally.items():
-            event, status = ("settled", "executed") if ok else ("released", "failed")
-            rows.append((last, event, None, profile, instance, tool, None, status,
-                         f'{decided[:-1]},"calls":{calls},"reserved":{reserved},"charged":{micros},"first":{first!r}}}'))
-            if lane is not None and micros:
-                charges = (profile, instance, lane)
-                charged[charges] = charged.get(charges, 0) + micros
-        for key, (at, call, lane) in self._running.items():  # still running: its decision is written now
+        for (lane, instance, ok), tally in self._tally.items():
+            rows.append(_tally_row(lane.profile, instance, lane.tool, lane.decided, ok, tally))
+            if tally[2]:
+                charges = (instance, lane)
+                charged[charges] = charged.get(charges, 0) + tally[2]
+        for (profile, instance, tool, decided, ok), tally in self._leased.items():
+            rows.append(_tally_row(profile, instance, tool, decided, ok, tally))
+        for key, (_, call, lane, at) in self._running.items():  # still running: its decision is written now
             rid = self._written[key] = new_request_id()
             rows.append((at, "decided", rid, call.profile, call.instance, call.tool, None, "executed", lane.decided))
         rows.extend(self._deciding.values())
-        if self._tally or self._running or self._deciding:  # kept in the order they happened
+        if self._tally or self._leased or self._running or self._deciding:  # kept in the order they happened
             rows.sort(key=_stamp)
-        self._tally, self._running, self._deciding = {}, {}, {}
+        self._tally, self._leased, self._running, self._deciding = {}, {}, {}, {}
         month = current_month()
-        return rows, [(scopes_for(lane.caps, profile, instance), month, micros)
-                      for (profile, instance, lane), micros in charged.items()]
+        return rows, [(scopes_for(lane.caps, lane.profile, instance), month, micros)
+                      for (instance, lane), micros in charged.items()]
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally) + len(self._running)
+        return (len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally) + len(self._leased)
+                + len(self._running))
+
+
+def _count(tallies: dict[Any, list[Any]], counted: Any, reserved: int, charged: int, at: float) -> None:
+    tally = tallies.get(counted)
+    if tally is None:
+        tallies[counted] = [1, reserved, charged, at, at]
+    else:
+        tally[0] += 1
+        tally[1] += reserved
+        tally[2] += charged
+        tally[4] = at
+
+
+def _tally_row(profile: str, instance: str, tool: str, decided: str, ok: bool, tally: list[Any]) -> AuditRow:
+    """The one row of the calls one tally counts: `decided`'s detail with the count, the sums and the first's time."""
+    calls, reserved, charged, first, last = tally
+    event, status = ("settled", "executed") if ok else ("released", "failed")
+    return (last, event, None, profile, instance, tool, None, status,
+            f'{decided[:-1]},"calls":{calls},"reserved":{reserved},"charged":{charged},"first":{first!r}}}')
 
 
 def _stamp(row: AuditRow) -> float:
@@ -217,5 +248,5 @@ def _compile(book: Rulebook, call: CallRequest) -> Any:
         return _OFF
     decided = orjson.dumps({"reason": decision.reason, "cost": decision.cost, "binding": call.binding}).decode()
     settled, released = settlement_row(None, "", "", True, cost, cost), settlement_row(None, "", "", False, cost, 0)
-    return Lane(from_micros(cost), cost, decision.reason, decision.wire_trace, decided, settled, released, entry.caps,
-                Settlement(from_micros(cost), None))
+    return Lane(call.profile, call.tool, from_micros(cost), cost, decision.reason, decision.wire_trace, decided,
+                settled, released, entry.caps, Settlement(from_micros(cost), None))

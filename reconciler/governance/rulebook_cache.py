@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.rulebook import Rulebook, compile_rulebook
@@ -21,8 +22,10 @@ __all__ = ["RulebookCache"]
 class RulebookCache:
     """Snapshot → its compiled `Rulebook`, for the latest `keep` revisions; safe to use from any thread."""
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int = 4, compiled: Callable[[Snapshot], None] | None = None) -> None:
+        """`compiled` is told of each snapshot compiled here, once (on the thread that asked for it)."""
         self._keep = keep
+        self._compiled = compiled
         self._books: dict[str, tuple[weakref.ref[Snapshot], Rulebook]] = {}
         self._lock = threading.Lock()
 
@@ -40,4 +43,6 @@ class RulebookCache:
             while len(self._books) >= self._keep:
                 self._books.pop(next(iter(self._books)))  # the oldest
             self._books[snapshot.revision] = (weakref.ref(snapshot), book)
+        if self._compiled is not None:
+            self._compiled(snapshot)
         return book
