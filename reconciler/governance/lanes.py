@@ -126,7 +126,8 @@ class Records:
         than its price is charged its price, and its pricing violation recorded (and counted: `violations`)."""
         key, call, lane, _ = token
         running = self._running.pop(key, None) is not None
-        if running and ok and (actual_cost is None or actual_cost == lane.price):  # the common case: its price
+        if running and ok and (actual_cost is None or actual_cost == lane.price):
+            # The common case, charged its price: `_count` written out here, as it runs on nearly every call.
             counted = (lane, call.instance, True)
             tally = self._tally.get(counted)
             if tally is None:

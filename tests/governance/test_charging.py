@@ -109,14 +109,14 @@ def test_two_routers_on_one_store_never_pass_the_cap_together(store_url: str) ->
 
 
 def test_a_report_above_the_price_of_an_uncapped_call_is_charged_the_price(store: Store) -> None:
-    async def scenario() -> float:
+    async def scenario() -> tuple[float, int]:
         governor = Governor(store, owns_store=False)
         try:
-            return (await call_once(governor, uncapped(), 0, 1.00))[1]
+            return (await call_once(governor, uncapped(), 0, 1.00))[1], governor.pricing_violations
         finally:
             await governor.aclose()
 
-    assert asyncio.run(scenario()) == PRICE
+    assert asyncio.run(scenario()) == (PRICE, 1)  # counted where `handler status` reads it
     assert org_spend(store) == to_micros(PRICE)
     assert [v["detail"]["reported"] for v in violations(store)] == [to_micros(1.00)]
 
