@@ -17,8 +17,7 @@ The router alone (a blocking raw-line client, one JSON-RPC line per call; the li
 Throughput, 8 concurrent sessions (clients in this process, the router in its own): governed on SQLite,
 governed on PostgreSQL, and governed with the profile capped (its calls admitted against budget
 leases) on each store, each run back to back with the open gate, round after round; then two
-governed routers sharing one
-PostgreSQL, 8 sessions each, uncapped and with the profile capped.
+governed routers sharing one PostgreSQL, 8 sessions each, uncapped and with the profile capped.
 Goals: (b)-(a) <= 150 µs p50 and >= 10x less than (c)-(a); router-direct <= 2x hop-direct;
 governed >= 90% of the open gate's calls/s on SQLite and on PostgreSQL; capped >= 5,000 calls/s on each.
 
