@@ -19,18 +19,13 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from reconciler.governance.store.engine import Store, Transaction, now
+from reconciler.governance.store.engine import Store, Transaction, marker, now
 from reconciler.governance.store.tables import audit
 
 __all__ = ["AuditRow", "audit_row", "insert_audit", "read_audit", "record"]
 
 _COPY = "COPY audit (at, event, request_id, profile, instance, tool, actor, status, detail) FROM STDIN"
-_INSERT = {  # by the driver's parameter style
-    "sqlite": "INSERT INTO audit (at, event, request_id, profile, instance, tool, actor, status, detail) "
-              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    "postgresql": "INSERT INTO audit (at, event, request_id, profile, instance, tool, actor, status, detail) "
-                  "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-}
+_INSERT = "INSERT INTO audit (at, event, request_id, profile, instance, tool, actor, status, detail) VALUES "
 
 _ROWS_A_STATEMENT = 256  # SQLite's: 2,304 parameters, well under its limit of 32,766
 
@@ -64,10 +59,15 @@ def insert_audit(tx: Transaction, *rows: AuditRow) -> None:
     if tx.dialect.name == "sqlite" and len(rows) > 1:
         for start in range(0, len(rows), _ROWS_A_STATEMENT):
             chunk = rows[start:start + _ROWS_A_STATEMENT]
-            tx.exec_driver_sql(_INSERT["sqlite"] + ", (?, ?, ?, ?, ?, ?, ?, ?, ?)" * (len(chunk) - 1),
-                               tuple(itertools.chain.from_iterable(chunk)))
+            tx.exec_driver_sql(_values(marker(tx), len(chunk)), tuple(itertools.chain.from_iterable(chunk)))
         return
-    tx.exec_driver_sql(_INSERT[tx.dialect.name], tuple(rows[0]))
+    tx.exec_driver_sql(_values(marker(tx), 1), tuple(rows[0]))
+
+
+def _values(mark: str, rows: int) -> str:
+    """The INSERT of `rows` audit rows, with the driver's placeholder `mark`."""
+    row = "(" + ", ".join([mark] * 9) + ")"
+    return _INSERT + ", ".join([row] * rows)
 
 
 def record(tx: Transaction, event: str, *, request_id: str | None = None, profile: str | None = None,

@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from reconciler.governance.store.audit import AuditRow, insert_audit
-from reconciler.governance.store.engine import Store, Transaction
+from reconciler.governance.store.engine import Store, Transaction, marker
 from reconciler.governance.store.tables import balances, reservations
 
 __all__ = ["Backlog"]
@@ -146,7 +146,6 @@ def _write(store: Store, tx: Transaction, taken: _Taken) -> None:
     _add_to_spend(tx, taken.spend)
 
 
-_MARK = {"sqlite": "?", "postgresql": "%s"}
 _SUMS_A_STATEMENT = 256  # SQLite's: 768 parameters, well under its limit of 32,766
 
 
@@ -154,7 +153,7 @@ def _add_to_spend(tx: Transaction, sums: Mapping[tuple[str, str], int]) -> None:
     """Add each (scope, month)'s micros to its spend row, made when missing: one upsert statement for up to 256 rows,
     in the order of their keys (so two routers' flushes lock shared rows in one order on PostgreSQL). An
     `executemany` of them made a statement a row, and SQLite's driver gives up the interpreter's lock for each."""
-    mark = _MARK[tx.dialect.name]
+    mark = marker(tx)
     ordered = sorted(sums.items())
     for start in range(0, len(ordered), _SUMS_A_STATEMENT):
         chunk = ordered[start:start + _SUMS_A_STATEMENT]

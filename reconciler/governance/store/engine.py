@@ -33,7 +33,7 @@ from reconciler.governance.errors import StoreError
 from reconciler.governance.store.migrate import upgrade
 from reconciler.places import PRIVATE_FILE_MODE, default_state_dir, ensure_private_dir, open_private_file
 
-__all__ = ["HOLD_CHANNEL", "Store", "Transaction", "now", "open_store", "store_exists", "store_url"]
+__all__ = ["HOLD_CHANNEL", "Store", "Transaction", "marker", "now", "open_store", "store_exists", "store_url"]
 
 # One open transaction of the store, passed to the store's statements. Callers outside the package
 # only hand it on: it is opaque to them.
@@ -41,6 +41,12 @@ Transaction: TypeAlias = Connection
 
 HOLD_CHANNEL = "handler_holds"  # PostgreSQL NOTIFY channel: a hold was stored or decided
 _MIGRATION_LOCK = 0x48414E444C4552  # "HANDLER": the advisory lock key of migrations
+
+
+def marker(tx: Transaction) -> str:
+    """The driver's placeholder for one parameter of a statement run as it is (`exec_driver_sql`): sqlite3's `?`,
+    psycopg's `%s`."""
+    return "?" if tx.dialect.paramstyle == "qmark" else "%s"
 
 
 def now() -> float:
