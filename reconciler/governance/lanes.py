@@ -126,18 +126,8 @@ class Records:
         than its price is charged its price, and its pricing violation recorded (and counted: `violations`)."""
         key, call, lane, _ = token
         running = self._running.pop(key, None) is not None
-        if running and ok and (actual_cost is None or actual_cost == lane.price):
-            # The common case, charged its price: `_count` written out here, as it runs on nearly every call.
-            counted = (lane, call.instance, True)
-            tally = self._tally.get(counted)
-            if tally is None:
-                at = time.time()
-                self._tally[counted] = [1, lane.cost, lane.cost, at, at]
-            else:
-                tally[0] += 1
-                tally[1] += lane.cost
-                tally[2] += lane.cost
-                tally[4] = time.time()
+        if running and ok and (actual_cost is None or actual_cost == lane.price):  # the common case: its price
+            _count(self._tally, (lane, call.instance, True), lane.cost, lane.cost, time.time())
             return lane.cost
         violation = None
         if not ok:

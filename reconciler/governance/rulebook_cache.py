@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.rulebook import Rulebook, compile_rulebook
@@ -22,10 +21,8 @@ __all__ = ["RulebookCache"]
 class RulebookCache:
     """Snapshot → its compiled `Rulebook`, for the latest `keep` revisions; safe to use from any thread."""
 
-    def __init__(self, keep: int = 4, compiled: Callable[[Snapshot], None] | None = None) -> None:
-        """`compiled` is told of each snapshot compiled here, once (on the thread that asked for it)."""
+    def __init__(self, keep: int = 4) -> None:
         self._keep = keep
-        self._compiled = compiled
         self._books: dict[str, tuple[weakref.ref[Snapshot], Rulebook]] = {}
         self._lock = threading.Lock()
 
@@ -43,6 +40,4 @@ class RulebookCache:
             while len(self._books) >= self._keep:
                 self._books.pop(next(iter(self._books)))  # the oldest
             self._books[snapshot.revision] = (weakref.ref(snapshot), book)
-        if self._compiled is not None:
-            self._compiled(snapshot)
         return book
