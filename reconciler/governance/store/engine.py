@@ -8,7 +8,8 @@ processes), on PostgreSQL row locks taken in a fixed order. The schema is applie
 together cannot race: a file lock beside the SQLite file, `pg_advisory_xact_lock` on PostgreSQL.
 
 What SQLAlchemy or the database driver raises leaves this module as a `StoreError` (`begin`,
-`read`, `migrate`, `open_store`), so callers handle the project's own error type only.
+`read`, `migrate`, `open_store`), so callers handle the project's own error type only: the driver's
+own errors too, from statements run on its connection (the audit trail's COPY on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class Store:
         self._writer = threading.Lock() if self.dialect == "sqlite" else None
         if self.dialect not in ("sqlite", "postgresql"):
             raise StoreError(f"unsupported store '{self.dialect}': use SQLite or PostgreSQL")
+        # What SQLAlchemy raises, and what the driver raises on its own connection (`Transaction.connection`).
+        self._failures: tuple[type[Exception], ...] = (SQLAlchemyError, engine.dialect.loaded_dbapi.Error)
 
     @property
     def url(self) -> str:
@@ -105,7 +108,7 @@ class Store:
                 return
             with self._writer, self.engine.begin() as conn:
                 yield conn
-        except SQLAlchemyError as exc:
+        except self._failures as exc:
             raise self.failed(exc) from exc
 
     @contextmanager
@@ -117,13 +120,13 @@ class Store:
         try:
             with self.engine.connect().execution_options(**_READING) as conn:
                 yield conn
-        except SQLAlchemyError as exc:
+        except self._failures as exc:
             raise self.failed(exc) from exc
 
-    def failed(self, exc: SQLAlchemyError) -> StoreError:
-        """The project's error for what SQLAlchemy raised; the driver's words, never the statement's
+    def failed(self, exc: Exception) -> StoreError:
+        """The project's error for what SQLAlchemy or the driver raised; the driver's words, never the statement's
         parameters (they can hold a call's arguments)."""
-        orig = getattr(exc, "orig", None)
+        orig = getattr(exc, "orig", None) if isinstance(exc, SQLAlchemyError) else exc
         if orig is not None:
             reason = str(orig).strip()
         else:
