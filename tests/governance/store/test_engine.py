@@ -3,12 +3,15 @@ database failures as `StoreError`."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -16,14 +19,19 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 
+from reconciler.config.snapshot import Snapshot
 from reconciler.governance.errors import StoreError
 from reconciler.governance.governor import Governor
+from reconciler.governance.ledger import spend_report
+from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store, migrate, open_store, store_exists, store_url
 from reconciler.governance.store.audit import audit_row, insert_audit, read_audit
 from reconciler.governance.store.holds import fetch_hold, insert_hold
 from reconciler.governance.store.migrate import head_revision
 from reconciler.governance.store.tables import metadata
-from tests.governance.builders import OWNERS_ORG, make_snapshot, priced_call
+from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
+from tests.governance.conftest import PG_ADMIN
+from tests.governance.governed import mail, run
 
 
 def test_the_default_store_is_sqlite_in_the_state_folder(tmp_path: Path) -> None:
@@ -199,3 +207,51 @@ def test_a_burst_of_audit_rows_committed_at_once_lands_whole_and_in_order(store:
     assert [(r["at"], r["event"], r["request_id"], r["profile"], r["instance"], r["tool"], r["actor"], r["status"])
             for r in trail] == [row[:8] for row in rows]
     assert [r["detail"] for r in trail] == [{"n": n, "note": "a \"quoted\" value, and ünïcode"} for n in range(700)]
+
+
+def test_store_connections_the_server_cuts_are_replaced_and_every_record_lands(pg_url: str) -> None:
+    """PostgreSQL ends every connection of the router (a failover, an operator's `pg_terminate_backend`) between
+    calls: the next calls are decided as before, a hold is stored at once, capped calls are admitted, and every
+    flush commits; each call is in the trail and the spend."""
+    name = "handler-test-" + secrets.token_hex(4)
+    store = open_store(f"{pg_url}&application_name={name}")
+    free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+    capped = cap_snapshot()
+    price = to_micros(0.005)  # search_query's
+
+    async def calls(governor: Governor, snapshot: Snapshot, instance: str, count: int) -> None:
+        for _ in range(count):
+            admission = await governor.admit(snapshot, priced_call(instance))
+            assert admission.status == "executed", admission.message
+            await governor.settle(admission, None, True)
+        await governor.flush()
+
+    def cut() -> int:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            row = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                "WHERE application_name = %s", (name,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def scenario(governor: Governor) -> None:
+        await calls(governor, free, "i1", 5)
+        await calls(governor, capped, "i2", 5)
+        assert await asyncio.to_thread(cut) >= 1
+        held = await governor.admit(capped, mail())  # written in a transaction of its own before the agent hears
+        assert held.status == "pending", held.message
+        await calls(governor, free, "i1", 5)
+        await calls(governor, capped, "i2", 5)
+        settled = [r for r in await asyncio.to_thread(read_audit, store, limit=1000) if r["event"] == "settled"]
+        assert sum(r["detail"].get("calls", 1) for r in settled) == 20  # the flushes after the cut committed
+
+    try:
+        run(scenario, store)
+        trail = read_audit(store, limit=1000)
+        counted: dict[str, int] = {}
+        for row in trail:
+            if row["event"] == "settled":
+                counted[row["instance"]] = counted.get(row["instance"], 0) + row["detail"].get("calls", 1)
+        assert counted == {"i1": 10, "i2": 10}
+        assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == 20 * price
+    finally:
+        store.close()
