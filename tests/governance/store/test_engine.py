@@ -30,7 +30,6 @@ from reconciler.governance.store.holds import fetch_hold, insert_hold
 from reconciler.governance.store.migrate import head_revision
 from reconciler.governance.store.tables import metadata
 from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
-from tests.governance.conftest import PG_ADMIN
 from tests.governance.governed import mail, run
 
 
@@ -209,7 +208,7 @@ def test_a_burst_of_audit_rows_committed_at_once_lands_whole_and_in_order(store:
     assert [r["detail"] for r in trail] == [{"n": n, "note": "a \"quoted\" value, and ünïcode"} for n in range(700)]
 
 
-def test_store_connections_the_server_cuts_are_replaced_and_every_record_lands(pg_url: str) -> None:
+def test_store_connections_the_server_cuts_are_replaced_and_every_record_lands(pg_admin: str, pg_url: str) -> None:
     """PostgreSQL ends every connection of the router (a failover, an operator's `pg_terminate_backend`) between
     calls: the next calls are decided as before, a hold is stored at once, capped calls are admitted, and every
     flush commits; each call is in the trail and the spend."""
@@ -227,7 +226,7 @@ def test_store_connections_the_server_cuts_are_replaced_and_every_record_lands(p
         await governor.flush()
 
     def cut() -> int:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        with psycopg.connect(pg_admin, autocommit=True) as admin:
             row = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                                 "WHERE application_name = %s", (name,)).fetchone()
         assert row is not None
