@@ -84,7 +84,7 @@ def _check_message(msg: dict[str, Any]) -> Message | None:
     if not isinstance(method, str):
         raise JsonRpcError(INVALID_REQUEST, "the message has no method, or its method is not a string")
     if has_id and (msg_id is None or isinstance(msg_id, bool) or not isinstance(msg_id, int | str)):
-        raise JsonRpcError(INVALID_REQUEST, "a request id must be a string or an integer, never null")
+        raise JsonRpcError(INVALID_REQUEST, f"a request id must be a string or an integer; this one is {_kind(msg_id)}")
     params = msg.get("params")
     if params is not None and not isinstance(params, dict):
         raise JsonRpcError(INVALID_REQUEST, "params must be an object")
@@ -92,6 +92,17 @@ def _check_message(msg: dict[str, Any]) -> Message | None:
         raise JsonRpcError(INVALID_REQUEST, f"'{method}' is a request and needs an id; only notifications/* "
                            "methods are sent without one")
     return Message(method, params, msg_id, has_id)
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, said for an error message (a value that is not an id is never echoed whole)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float):
+        return "a number with a fraction or beyond 64 bits"
+    return "an object" if isinstance(value, dict) else "an array" if isinstance(value, list) else "not a JSON value"
 
 
 def oversize_error(max_line_bytes: int) -> JsonRpcError:

@@ -77,6 +77,18 @@ def test_bad_messages_get_the_right_error(line: bytes, code: int, reply_id: obje
     assert (raised.value.msg_id if isinstance(raised.value, IdentifiedError) else None) == reply_id
 
 
+@pytest.mark.parametrize(("sent", "said"), [
+    (b"null", "this one is null"), (b"true", "this one is a boolean"), (b"1.5", "a number with a fraction"),
+    (b"123456789012345678901234567890", "beyond 64 bits"), (b'{"a":1}', "this one is an object"),
+    (b"[1]", "this one is an array"),
+])
+def test_a_bad_request_id_is_named_for_what_it_is(sent: bytes, said: str) -> None:
+    with pytest.raises(JsonRpcError) as raised:
+        parse_message(b'{"jsonrpc":"2.0","id":' + sent + b',"method":"ping"}')
+    assert "must be a string or an integer" in raised.value.message
+    assert said in raised.value.message
+
+
 def test_requests_notifications_and_responses() -> None:
     assert parse_message(b'{"jsonrpc":"2.0","id":0,"method":"ping"}') == Message("ping", None, 0, True)
     note = parse_message(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
