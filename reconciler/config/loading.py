@@ -24,6 +24,7 @@ from reconciler.config.checks import (
     check_profile_file,
     check_tools,
     check_tree,
+    linked_file,
     missing_file,
     parse_document,
     read_cases,
@@ -167,7 +168,9 @@ class Loader:
 
     def _sort_file(self, gathered: _Gathered, path: str, blob: Blob) -> None:
         """Read a config file now; set catalog files aside by folder, to be read a folder at a time."""
-        if m := _IFACE.match(path):
+        if blob.link:
+            gathered.findings.append(linked_file(path, blob.data))
+        elif m := _IFACE.match(path):
             gathered.interface_files.setdefault((m[1], m[2]), {})[m[3]] = blob
         elif m := _CONNECTOR.match(path):
             gathered.connector_files.setdefault(m[1], {})[m[2]] = blob

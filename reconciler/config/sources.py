@@ -3,10 +3,15 @@
 Both give the same thing, a map of tree-relative path → `Blob` with git's blob hash, so a tree read
 from a folder and the same tree read from a commit hash alike and load to equal snapshots. Only the
 folders the config lives in are read (`catalog/interfaces`, `catalog/connectors`, `config`).
+
+A symbolic link inside them is listed as git lists it, its target's path as its data (`Blob.link`), and
+never followed: the loader refuses it (F006), so a tree cannot pull in a file from outside itself and a
+link cannot stand in for a file that then silently goes missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -32,6 +37,7 @@ __all__ = [
 
 TREE_FOLDERS = ("catalog/interfaces", "catalog/connectors", "config")
 _RACY_NS = 2_000_000_000
+_GIT_LINK_MODE = 0o120000
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,7 @@ class Blob:
     path: str
     sha: str  # git's blob hash of `data`
     data: bytes
+    link: bool = False  # a symbolic link: `data` is the path it points to, as git stores it
 
 
 class TreeSource(Protocol):
@@ -52,6 +59,12 @@ class TreeSource(Protocol):
 def blob_sha(data: bytes) -> str:
     """The hash git gives a blob with these bytes."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _link(rel: str, path: Path) -> Blob:
+    """The symbolic link at `path`, as git would list it."""
+    data = os.fsencode(path.readlink())
+    return Blob(rel, blob_sha(data), data, link=True)
 
 
 def tree_revision(files: dict[str, Blob]) -> str:
@@ -91,8 +104,9 @@ class FolderSource:
         pending = self._pending if self._pending is not None else set()
         root = self.root.resolve()
         for path in paths:
-            try:
-                rel = Path(path).resolve().relative_to(root).as_posix()
+            noted = Path(path)
+            try:  # the folder resolved, not the file: a link is noted as itself, not as what it points to
+                rel = (noted.parent.resolve() / noted.name).relative_to(root).as_posix()
             except ValueError:
                 continue  # outside the tree
             if rel.startswith(tuple(f"{f}/" for f in TREE_FOLDERS)):
@@ -116,7 +130,11 @@ class FolderSource:
         files = {}
         seen: dict[str, tuple[int, int, Blob]] = {}
         for folder in TREE_FOLDERS:
-            self._walk(f"{self.root}/{folder}", folder, files, seen)
+            top = self.root / folder
+            if top.is_symlink():  # a commit holds it as a link too
+                files[folder] = _link(folder, top)
+            else:
+                self._walk(str(top), folder, files, seen)
         self._stat_cache = seen
         self._files, self._walked_at = files, time.monotonic()
         return tree_revision(files), dict(files)
@@ -134,6 +152,10 @@ class FolderSource:
                 if rel not in files and any(p.startswith(f"{rel}/") for p in files):
                     return None  # a folder went away: walk
                 files.pop(rel, None)
+                self._stat_cache.pop(rel, None)
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                files[rel] = _link(rel, path)
                 self._stat_cache.pop(rel, None)
                 continue
             if not stat.S_ISREG(st.st_mode):
@@ -154,7 +176,10 @@ class FolderSource:
             if entry.name.startswith(".") or entry.name == "__pycache__":
                 continue
             child = f"{rel}/{entry.name}"
-            if entry.is_dir(follow_symlinks=False):
+            if entry.is_symlink():
+                with contextlib.suppress(OSError):  # gone since the listing: not in this read
+                    files[child] = _link(child, Path(entry.path))
+            elif entry.is_dir(follow_symlinks=False):
                 self._walk(entry.path, child, files, seen)
             elif entry.is_file(follow_symlinks=False):
                 st = entry.stat(follow_symlinks=False)
@@ -217,18 +242,21 @@ class GitSource:
                 sub = tree / folder
             except KeyError:
                 continue
+            if sub.type == "blob":  # a link (or a file) where the folder would be
+                files[folder] = Blob(folder, sub.hexsha, sub.data_stream.read(), sub.mode == _GIT_LINK_MODE)
+                continue
             cut = len(str(sub.path)) + 1
             item: Any
             for item in sub.traverse():
-                if item.type != "blob" or item.mode == 0o120000:  # skip symlinks, as the folder source does
+                if item.type != "blob":
                     continue
                 rel = f"{folder}/{item.path[cut:]}"
                 if any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
                     continue
                 blob = self._blobs.get(item.hexsha)
-                if blob is None or blob.path != rel:
-                    data = item.data_stream.read()
-                    blob = Blob(rel, item.hexsha, data)
+                link = item.mode == _GIT_LINK_MODE
+                if blob is None or blob.path != rel or blob.link != link:
+                    blob = Blob(rel, item.hexsha, item.data_stream.read(), link)
                 cache[item.hexsha] = blob
                 files[rel] = blob
         self._blobs = cache

@@ -66,6 +66,8 @@ class GitMirror:
         """
         _, files = GitSource(self.folder, revision, self.subdir).read()
         for rel, blob in files.items():
+            if blob.link:  # never in a revision that is applied (F006); never written as a file either
+                continue
             path = dest / rel
             if path.is_file() and blob_sha(path.read_bytes()) == blob.sha:
                 continue

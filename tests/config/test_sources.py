@@ -89,3 +89,48 @@ def test_a_removed_folder_or_an_old_walk_falls_back_to_a_full_walk(shipped_tree:
     source.note_changes([])
     source.FULL_WALK_SECONDS = 0.0  # the periodic full walk is due: what the watcher missed is seen
     assert source.read()[1]["config/profiles/auditor.toml"].data.endswith(b"# unnoted\n")
+
+
+def test_a_symbolic_link_is_refused_by_name_from_a_folder_and_from_a_commit(shipped_tree: Path,
+                                                                             git: Callable[..., str]) -> None:
+    outside = shipped_tree.parent / "elsewhere.toml"
+    outside.write_text((shipped_tree / "config/bindings/ocr-local.toml").read_text().replace("ocr-local", "linked"))
+    (shipped_tree / "config/bindings/linked.toml").symlink_to(outside)
+    (shipped_tree / "catalog/connectors/ocr-tesseract/helper.py").symlink_to("/etc/hostname")
+    git(shipped_tree, "init", "-q")
+    git(shipped_tree, "add", "-A")
+    git(shipped_tree, "commit", "-qm", "tree with links")
+    for source in (FolderSource(shipped_tree), GitSource(shipped_tree, "HEAD")):
+        snapshot = Loader().load(source)
+        assert not snapshot.ok
+        refused = {f.file: f.message for f in snapshot.findings if f.code == "F006"}
+        assert set(refused) == {"config/bindings/linked.toml", "catalog/connectors/ocr-tesseract/helper.py"}
+        assert f"to {outside}" in refused["config/bindings/linked.toml"]
+        assert "linked" not in snapshot.bindings  # the file it points to is never read
+
+
+def test_a_link_made_in_a_watched_folder_changes_its_revision(shipped_tree: Path) -> None:
+    source = FolderSource(shipped_tree)
+    before, _ = source.read()
+    link = shipped_tree / "config/profiles/copy.toml"
+    link.symlink_to(shipped_tree / "config/profiles/auditor.toml")
+    source.note_changes([link])
+    revision, files = source.read()
+    assert revision != before
+    assert files["config/profiles/copy.toml"].link
+    assert (revision, files) == FolderSource(shipped_tree).read()
+    assert [f.code for f in Loader().load(source).findings if f.severity.value == "error"] == ["F006"]
+
+
+def test_a_config_folder_that_is_a_link_is_refused_not_followed_or_crashed_on(shipped_tree: Path, tmp_path: Path,
+                                                                              git: Callable[..., str]) -> None:
+    real = tmp_path / "real-config"
+    shutil.move(shipped_tree / "config", real)
+    (shipped_tree / "config").symlink_to(real)
+    git(shipped_tree, "init", "-q")
+    git(shipped_tree, "add", "-A")
+    git(shipped_tree, "commit", "-qm", "config elsewhere")
+    for source in (FolderSource(shipped_tree), GitSource(shipped_tree, "HEAD")):
+        snapshot = Loader().load(source)
+        assert [(f.code, f.file) for f in snapshot.findings if f.severity.value == "error"] == [("F006", "config")]
+        assert not snapshot.profiles

@@ -26,7 +26,7 @@ from reconciler.config.checks.history import check_frozen
 from reconciler.config.checks.syntax import parse_document, validate_model
 from reconciler.config.checks.tools import check_tools
 from reconciler.config.checks.tree import Memo, check_tree
-from reconciler.config.checks.tree.layout import missing_file, stray_file
+from reconciler.config.checks.tree.layout import linked_file, missing_file, stray_file
 
 __all__ = [
     "Memo",
@@ -39,6 +39,7 @@ __all__ = [
     "check_profile_file",
     "check_tools",
     "check_tree",
+    "linked_file",
     "missing_file",
     "parse_document",
     "read_cases",

@@ -46,7 +46,11 @@ def build_case(case: Path, dest: Path) -> Path:
     shutil.copytree(BASE, dest)
     for path in case.rglob("*"):
         rel = path.relative_to(case)
-        if path.is_file() and rel.as_posix() not in META_FILES:
+        if path.is_symlink():  # kept a link, as the case folder holds it (F006)
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(path.readlink())
+        elif path.is_file() and rel.as_posix() not in META_FILES:
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)

@@ -1,12 +1,13 @@
-"""What the tree's file listing shows: a file nothing reads (F005), a version folder lacking one of
-the two files every interface version has (I014). The loader asks as it sorts the files.
+"""What the tree's file listing shows: a file nothing reads (F005), a symbolic link (F006), a version
+folder lacking one of the two files every interface version has (I014). The loader asks as it sorts
+the files.
 """
 
 from __future__ import annotations
 
 from reconciler.config.findings import Finding
 
-__all__ = ["missing_file", "stray_file"]
+__all__ = ["linked_file", "missing_file", "stray_file"]
 
 
 def stray_file(path: str) -> Finding:
@@ -18,6 +19,19 @@ def stray_file(path: str) -> Finding:
         "this file is not part of any config kind and is ignored",
         "config/org.toml, config/bindings/*.toml, config/profiles/*.toml or config/templates/*.toml",
         "move or remove the file",
+    )
+
+
+def linked_file(path: str, target: bytes) -> Finding:
+    """F006: `path` is a symbolic link (to `target`), which the tree's sources never follow."""
+    return Finding(
+        "F006",
+        path,
+        1,
+        f"this is a symbolic link (to {target.decode(errors='replace')}), and links in a config tree are not "
+        "followed: a tree holds its files itself, as git stores them",
+        "a file or folder of the tree itself",
+        "replace the link with a copy of what it points to (or remove it)",
     )
 
 
