@@ -10,7 +10,9 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,7 +88,7 @@ def _add_approvals_commands(sub: Any) -> None:
 def _add_ledger_commands(sub: Any) -> None:
     trail = _with_root(sub.add_parser("audit", help="the audit trail of decisions, holds and balance changes"))
     trail.add_argument("--request", metavar="ID", help="only the entries of this request")
-    trail.add_argument("--limit", type=int, default=50, help="the newest N entries (default: 50)")
+    trail.add_argument("--limit", type=_count, default=50, help="the newest N entries (default: 50)")
     trail.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     trail.set_defaults(run=_audit)
 
@@ -94,13 +96,13 @@ def _add_ledger_commands(sub: Any) -> None:
     bsub = balance.add_subparsers(title="balance commands", metavar="ACTION", required=True)
     _with_root(bsub.add_parser("show", help="the balance now")).set_defaults(run=_balance_show)
     add = _with_root(bsub.add_parser("add", help="top the balance up by USD (negative: correct it down)"))
-    add.add_argument("usd", type=float, help="the amount in USD")
+    add.add_argument("usd", type=_usd_change, help="the amount in USD")
     add.add_argument("--as", dest="member", required=True, metavar="MEMBER", help="the member of config/org.toml "
                      "making the change (recorded in the audit trail)")
     add.set_defaults(run=_balance_add)
 
     spent = _with_root(sub.add_parser("spend", help="spend per org, profile and instance this month (UTC)"))
-    spent.add_argument("--month", metavar="YYYY-MM", help="the month (default: this one, UTC)")
+    spent.add_argument("--month", metavar="YYYY-MM", type=_month, help="the month (default: this one, UTC)")
     spent.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     spent.set_defaults(run=_spend)
 
@@ -250,27 +252,71 @@ def _approvals_link(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_MOST_USD = 1_000_000_000  # at a time: a balance stays far inside the store's 64-bit micros
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: give a whole number of at least 1")
+    return value
+
+
+def _month(text: str) -> str:
+    if not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a month: give it as YYYY-MM, e.g. {current_month()}")
+    return text
+
+
+def _usd_change(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 < abs(value) <= _MOST_USD or to_micros(value) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an amount to add: give USD as a number, not zero, of at "
+                                         f"most {_MOST_USD:,} either way (negative corrects the balance down)")
+    return value
+
+
+def _change(micros: int) -> str:
+    return f"added {usd(micros)}" if micros >= 0 else f"corrected down by {usd(-micros)}"
+
+
 def _audit(args: argparse.Namespace) -> int:
     with _store(args.root) as store:
         rows = read_audit(store, request_id=args.request, limit=args.limit)
     if args.format == "json":
         print(json.dumps(rows, indent=2, default=str))
         return EXIT_OK
+    if not rows:
+        print(f"No entries of request {args.request} in the audit trail." if args.request
+              else "No entries in the audit trail yet.")
     for row in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         who = f" by {row['actor']}" if row["actor"] else ""
         what = " ".join(str(row[k]) for k in ("profile", "tool") if row[k])
         detail = row["detail"] or {}
         counted = f" ({detail['calls']} calls)" if "calls" in detail else ""  # the tally of calls nothing limits
+        if row["event"] == "balance" and "added" in detail:
+            counted = f" {detail.get('account', '')}: {_change(detail['added'])}, now {usd(detail['balance'])}"
         print(f"{at}  {row['event']:9} {row['request_id'] or '-':25} {what}{who}{counted}  "
               f"{detail.get('reason', '')}".rstrip())
     return EXIT_OK
 
 
-def _org_name(root: str) -> str:
+def _org_name(root: str, member: str | None = None) -> str:
+    """The org of the tree at `root`, whose balance it is; `member` must be one of its members."""
     snapshot = load_tree(root)
     if snapshot.org is None:
         raise SourceError(f"{root}/config/org.toml is missing: the balance belongs to the org it names")
+    if member is not None and member not in snapshot.org.members:
+        known = ", ".join(sorted(snapshot.org.members)) or "none yet"
+        raise NotAllowedError(f"'{member}' is not a member of org {snapshot.org.name} in config/org.toml (its members: "
+                              f"{known}); give --as the member making the change, as the audit trail records it")
     return snapshot.org.name
 
 
@@ -296,10 +342,10 @@ def _leased_note(held: dict[str, int], word: str) -> str:
 
 
 def _balance_add(args: argparse.Namespace) -> int:
-    account = _org_name(args.root)
+    account = _org_name(args.root, args.member)
     with _store(args.root) as store:
         micros = add_balance(store, account, to_micros(args.usd), args.member)
-    print(f"{account}: balance now {usd(micros)} (added {usd(to_micros(args.usd))} by {args.member})")
+    print(f"{account}: balance now {usd(micros)} ({_change(to_micros(args.usd))} by {args.member})")
     return EXIT_OK
 
 

@@ -145,6 +145,46 @@ def test_balance_spend_and_migrate(tree: Path, capsys: pytest.CaptureFixture[str
     assert "balance" in out
 
 
+@pytest.mark.parametrize("amount", ["nan", "inf", "1e300", "-2000000000", "0", "0.0000001", "twelve"])
+def test_an_amount_that_is_not_money_is_refused_before_the_store_is_touched(
+        tree: Path, capsys: pytest.CaptureFixture[str], amount: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["balance", "add", amount, "--as", "alice", "--root", str(tree)])
+    assert exited.value.code == 2
+    assert f"'{amount}' is not an amount to add" in capsys.readouterr().err
+    assert not (tree / ".handler").exists()
+
+
+def test_the_balance_changes_only_as_a_member_and_the_trail_shows_each_change(
+        tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "balance", "add", "5", "--as", "alcie", "--root", str(tree))
+    assert code == 1
+    assert "'alcie' is not a member of org acme in config/org.toml (its members: alice, bob)" in err
+    code, out, _ = run(capsys, "audit", "--root", str(tree))
+    assert (code, out) == (0, "No entries in the audit trail yet.\n")
+    run(capsys, "balance", "add", "5", "--as", "alice", "--root", str(tree))
+    code, out, _ = run(capsys, "balance", "add", "-2", "--as", "bob", "--root", str(tree))
+    assert out == "acme: balance now $3.00 (corrected down by $2.00 by bob)\n"
+    _, out, _ = run(capsys, "audit", "--root", str(tree))
+    assert [line.split("  ", 1)[1].split() for line in out.splitlines()] == [
+        ["balance", "-", "by", "alice", "acme:", "added", "$5.00,", "now", "$5.00"],
+        ["balance", "-", "by", "bob", "acme:", "corrected", "down", "by", "$2.00,", "now", "$3.00"]]
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["spend", "--month", "2026-13"], "'2026-13' is not a month: give it as YYYY-MM"),
+    (["spend", "--month", "last"], "'last' is not a month"),
+    (["audit", "--limit", "0"], "'0' is not a count"),
+    (["audit", "--limit", "-5"], "'-5' is not a count"),
+])
+def test_a_month_or_a_count_that_means_nothing_is_a_usage_error(
+        tree: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--root", str(tree)])
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err
+
+
 def test_spend_says_what_budget_leases_hold(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = open_store(store_url(tree))
 
