@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "add_root_options",
+    "finite_number",
     "is_tree",
     "load_tree",
     "print_findings",
@@ -32,6 +34,17 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
 _ROOT_HELP = ("the config root, the folder holding config/ and catalog/ (default: $HANDLER_ROOT, else the current "
               "folder)")
+
+
+def finite_number(text: str, *, low: float, high: float, said: str) -> float:
+    """`text` as a number from `low` to `high` (an argparse type's body); else an argparse error naming `said`."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and low <= value <= high):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {said}")
+    return value
 
 
 def add_root_options(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:

@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import re
 import time
@@ -18,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from reconciler.cli.common import EXIT_OK, add_root_options, load_tree, require_tree
+from reconciler.cli.common import EXIT_OK, add_root_options, finite_number, load_tree, require_tree
 from reconciler.config import SourceError
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.decide import usd
@@ -48,7 +47,7 @@ def add_governance_commands(sub: Any) -> None:
     add_root_options(explain)
     explain.add_argument("--profile", required=True, help="the profile making the call")
     explain.add_argument("--tool", required=True, help="the tool called, e.g. ocr_extract")
-    explain.add_argument("--cost", type=float, metavar="USD", help="the estimated cost (default: the binding's price)")
+    explain.add_argument("--cost", type=_cost, metavar="USD", help="the estimated cost (default: the binding's price)")
     explain.add_argument("--instance", default="(any instance)", help="the agent instance, for its per-instance cap "
                          "(default: any)")
     explain.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
@@ -272,14 +271,16 @@ def _month(text: str) -> str:
 
 
 def _usd_change(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not 0 < abs(value) <= _MOST_USD or to_micros(value) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an amount to add: give USD as a number, not zero, of at "
-                                         f"most {_MOST_USD:,} either way (negative corrects the balance down)")
+    said = (f"an amount to add: give USD as a number, not zero, of at most {_MOST_USD:,} either way (negative "
+            "corrects the balance down)")
+    value = finite_number(text, low=-_MOST_USD, high=_MOST_USD, said=said)
+    if to_micros(value) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {said}")
     return value
+
+
+def _cost(text: str) -> float:
+    return finite_number(text, low=0, high=_MOST_USD, said=f"a cost: give USD as a number from 0 to {_MOST_USD:,}")
 
 
 def _change(micros: int) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.app import Reports, Service, ServiceOptions, serve, up
-from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, load_tree, print_findings
+from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, finite_number, load_tree, print_findings
 from reconciler.config import HandlerError, SourceError, short_revision
 from reconciler.gitops.following import FollowReports
 from reconciler.gitops.status import Attempt, read_status
@@ -65,7 +65,8 @@ def _add_up_command(sub: Any) -> None:
     running.add_argument("--source", choices=["worktree", "git"], default="worktree", help="worktree: follow the "
                          "files as they are saved; git: follow --ref of the repository, fetched every --interval")
     running.add_argument("--ref", default="main", help="the branch to follow with --source git (default: main)")
-    running.add_argument("--interval", type=float, default=30.0, help="seconds between fetches with --source git")
+    running.add_argument("--interval", type=_interval, default=30.0, help="seconds between fetches with --source git "
+                         "(at least 1; a verified push webhook fetches at once)")
     running.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT",
                          help="the dashboard, /healthz, /status, /hooks/git, /hooks/slack")
     running.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
@@ -76,6 +77,10 @@ def _add_up_command(sub: Any) -> None:
 
 
 # --- handler serve ---------------------------------------------------------------------------------
+
+
+def _interval(text: str) -> float:
+    return finite_number(text, low=1.0, high=86_400.0, said="an interval: give seconds from 1 to 86,400")
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -176,8 +176,11 @@ def test_the_balance_changes_only_as_a_member_and_the_trail_shows_each_change(
     (["spend", "--month", "last"], "'last' is not a month"),
     (["audit", "--limit", "0"], "'0' is not a count"),
     (["audit", "--limit", "-5"], "'-5' is not a count"),
+    (["explain", "--profile", "researcher", "--tool", "web_search_query", "--cost", "nan"], "'nan' is not a cost"),
+    (["explain", "--profile", "researcher", "--tool", "web_search_query", "--cost", "-5"], "'-5' is not a cost"),
+    (["up", "--source", "git", "--interval", "0"], "'0' is not an interval: give seconds from 1"),
 ])
-def test_a_month_or_a_count_that_means_nothing_is_a_usage_error(
+def test_a_month_a_count_a_cost_or_an_interval_that_means_nothing_is_a_usage_error(
         tree: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str) -> None:
     with pytest.raises(SystemExit) as exited:
         main([*argv, "--root", str(tree)])
