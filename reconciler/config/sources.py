@@ -67,6 +67,12 @@ def _link(rel: str, path: Path) -> Blob:
     return Blob(rel, blob_sha(data), data, link=True)
 
 
+def _prefixes(folder: str) -> list[str]:
+    """"catalog/interfaces" → ["catalog", "catalog/interfaces"]: the paths a link could stand at."""
+    parts = folder.split("/")
+    return ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+
+
 def tree_revision(files: dict[str, Blob]) -> str:
     """A content address for a set of files, for trees that are not a commit."""
     digest = hashlib.sha1(usedforsecurity=False)
@@ -130,11 +136,11 @@ class FolderSource:
         files = {}
         seen: dict[str, tuple[int, int, Blob]] = {}
         for folder in TREE_FOLDERS:
-            top = self.root / folder
-            if top.is_symlink():  # a commit holds it as a link too
-                files[folder] = _link(folder, top)
+            linked = next((p for p in _prefixes(folder) if (self.root / p).is_symlink()), None)
+            if linked is not None:  # `catalog` or `config` itself a link: a commit holds it as one too
+                files[linked] = _link(linked, self.root / linked)
             else:
-                self._walk(str(top), folder, files, seen)
+                self._walk(f"{self.root}/{folder}", folder, files, seen)
         self._stat_cache = seen
         self._files, self._walked_at = files, time.monotonic()
         return tree_revision(files), dict(files)
@@ -155,6 +161,8 @@ class FolderSource:
                 self._stat_cache.pop(rel, None)
                 continue
             if stat.S_ISLNK(st.st_mode):
+                if any(p.startswith(f"{rel}/") for p in files):
+                    return None  # a folder became a link: walk
                 files[rel] = _link(rel, path)
                 self._stat_cache.pop(rel, None)
                 continue
@@ -238,26 +246,33 @@ class GitSource:
         files: dict[str, Blob] = {}
         cache: dict[str, Blob] = {}
         for folder in TREE_FOLDERS:
-            try:
-                sub = tree / folder
-            except KeyError:
-                continue
-            if sub.type == "blob":  # a link (or a file) where the folder would be
-                files[folder] = Blob(folder, sub.hexsha, sub.data_stream.read(), sub.mode == _GIT_LINK_MODE)
-                continue
-            cut = len(str(sub.path)) + 1
-            item: Any
-            for item in sub.traverse():
-                if item.type != "blob":
-                    continue
-                rel = f"{folder}/{item.path[cut:]}"
-                if any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
-                    continue
-                blob = self._blobs.get(item.hexsha)
-                link = item.mode == _GIT_LINK_MODE
-                if blob is None or blob.path != rel or blob.link != link:
-                    blob = Blob(rel, item.hexsha, item.data_stream.read(), link)
-                cache[item.hexsha] = blob
-                files[rel] = blob
+            sub = tree
+            for prefix in _prefixes(folder):
+                try:
+                    sub = sub / prefix.rsplit("/", 1)[-1]
+                except KeyError:
+                    break
+                if sub.type == "blob":  # a link (or a file) where the folder would be
+                    files[prefix] = Blob(prefix, sub.hexsha, sub.data_stream.read(), sub.mode == _GIT_LINK_MODE)
+                    break
+            else:
+                self._read_folder(sub, folder, files, cache)
         self._blobs = cache
         return commit.hexsha, files
+
+    def _read_folder(self, sub: Any, folder: str, files: dict[str, Blob], cache: dict[str, Blob]) -> None:
+        """The files under the tree `sub` (at `folder`), into `files`; `cache` keeps each blob for the next read."""
+        cut = len(str(sub.path)) + 1
+        item: Any
+        for item in sub.traverse():
+            if item.type != "blob":
+                continue
+            rel = f"{folder}/{item.path[cut:]}"
+            if any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
+                continue
+            blob = self._blobs.get(item.hexsha)
+            link = item.mode == _GIT_LINK_MODE
+            if blob is None or blob.path != rel or blob.link != link:
+                blob = Blob(rel, item.hexsha, item.data_stream.read(), link)
+            cache[item.hexsha] = blob
+            files[rel] = blob

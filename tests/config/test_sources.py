@@ -122,15 +122,30 @@ def test_a_link_made_in_a_watched_folder_changes_its_revision(shipped_tree: Path
     assert [f.code for f in Loader().load(source).findings if f.severity.value == "error"] == ["F006"]
 
 
-def test_a_config_folder_that_is_a_link_is_refused_not_followed_or_crashed_on(shipped_tree: Path, tmp_path: Path,
-                                                                              git: Callable[..., str]) -> None:
-    real = tmp_path / "real-config"
-    shutil.move(shipped_tree / "config", real)
-    (shipped_tree / "config").symlink_to(real)
+@pytest.mark.parametrize("folder", ["config", "catalog", "catalog/connectors"])
+def test_a_tree_folder_that_is_a_link_is_refused_not_followed_or_crashed_on(
+        shipped_tree: Path, tmp_path: Path, git: Callable[..., str], folder: str) -> None:
+    real = tmp_path / "real"
+    shutil.move(shipped_tree / folder, real)
+    (shipped_tree / folder).symlink_to(real)
     git(shipped_tree, "init", "-q")
     git(shipped_tree, "add", "-A")
-    git(shipped_tree, "commit", "-qm", "config elsewhere")
+    git(shipped_tree, "commit", "-qm", f"{folder} elsewhere")
     for source in (FolderSource(shipped_tree), GitSource(shipped_tree, "HEAD")):
         snapshot = Loader().load(source)
-        assert [(f.code, f.file) for f in snapshot.findings if f.severity.value == "error"] == [("F006", "config")]
-        assert not snapshot.profiles
+        assert ("F006", folder) in [(f.code, f.file) for f in snapshot.findings if f.severity.value == "error"]
+        assert not snapshot.ok
+
+
+def test_a_watched_folder_swapped_for_a_link_leaves_none_of_its_files_behind(shipped_tree: Path,
+                                                                            tmp_path: Path) -> None:
+    source = FolderSource(shipped_tree)
+    source.read()
+    bindings = shipped_tree / "config/bindings"
+    shutil.move(bindings, tmp_path / "bindings")
+    bindings.symlink_to(tmp_path / "bindings")
+    source.note_changes([bindings])  # the watcher saw the link made, not each file go
+    revision, files = source.read()
+    assert not any(path.startswith("config/bindings/") for path in files)
+    assert files["config/bindings"].link
+    assert (revision, files) == FolderSource(shipped_tree).read()
