@@ -60,6 +60,8 @@ def generate_tree(root: Path, interfaces: int = 200, connectors: int = 1000, pro
             f'apiVersion = "handler.connector/v1"\nname = "{conn}"\nimplements = ["{iface}/v1"]\n'
             f'egress = ["api{i}.example.com:443"]\n\n[secretSlots.api_key]\nenv = "API_KEY"\nrequired = true\n\n'
             '[settings.model]\nenv = "MODEL"\n\n[run]\ncommand = ["python3", "main.py"]\n')
+        # What [run] names must be there (N007: a manifest without code is a stub); the benchmarks never run it.
+        (folder / "main.py").write_text(f'"""The {conn} connector of a generated tree."""\n')
         bindings = root / "config/bindings"
         bindings.mkdir(parents=True, exist_ok=True)
         (bindings / f"bind{i:04d}.toml").write_text(

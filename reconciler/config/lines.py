@@ -53,19 +53,22 @@ class _Scanner:
         self.advance(len(quote))
         start = self.pos
         escapes = not quote.startswith("'")
-        while not self.at_end():
-            if escapes and self.text[self.pos] == "\\":
-                self.advance(2)
+        while True:  # from one quote or backslash to the next: a long string is a few finds, not a loop a character
+            end = self.text.find(quote, self.pos)
+            escape = self.text.find("\\", self.pos, None if end < 0 else end) if escapes else -1
+            if escape >= 0:
+                self.advance(escape + 2 - self.pos)
                 continue
-            if self.peek(len(quote)) == quote:
-                body = self.text[start : self.pos]
-                self.advance(len(quote))
-                # A multi-line string may close with extra quotes (up to two): they belong to it.
-                while len(quote) == 3 and self.peek() == quote[0]:
-                    self.advance()
-                return _unescape(body) if escapes else body
-            self.advance()
-        return self.text[start:]
+            if end < 0:
+                self.advance(len(self.text) - self.pos)
+                return self.text[start:]
+            self.advance(end - self.pos)
+            body = self.text[start : self.pos]
+            self.advance(len(quote))
+            # A multi-line string may close with extra quotes (up to two): they belong to it.
+            while len(quote) == 3 and self.peek() == quote[0]:
+                self.advance()
+            return _unescape(body) if escapes else body
 
     def record(self, path: KeyPath, line: int) -> None:
         # [members.alice] or a.b = 1 also opens its parents: they sit on this line unless seen before.
