@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def write_tree(root: Path, tools: int, cases: int) -> Path:
     conn.mkdir(parents=True)
     (conn / "connector.toml").write_text(
         'apiVersion = "handler.connector/v1"\nname = "shout"\ndescription = "Shouts"\nimplements = ["bench/v1"]\n'
-        f'egress = []\n\n[run]\ncommand = {json.dumps([sys.executable, str(CONNECTOR)])}\ntransport = "stdio"\n')
+        f'egress = []\n\n[run]\ncommand = {json.dumps([sys.executable, "main.py"])}\ntransport = "stdio"\n')
+    shutil.copy(CONNECTOR, conn / "main.py")  # a connector's code lives in its folder: all its sandbox shows of it
     (root / "config/bindings").mkdir(parents=True)
     (root / "config/bindings/shout-good.toml").write_text(
         'apiVersion = "handler.binding/v1"\nname = "shout-good"\nconnector = "shout"\ndescription = "bench"\n')

@@ -50,6 +50,17 @@ _RESTART_CAUSES = frozenset({"timeout", "crashed", "no_reply"})
 _T = TypeVar("_T")
 
 
+def _stderr_tail(path: Path, lines: int = 12) -> str:
+    """The last lines a connector wrote to its stderr (the router's log of them, secrets masked), for an error."""
+    try:
+        said = path.read_text(errors="replace").splitlines()[-lines:]
+    except FileNotFoundError:
+        said = []
+    if not said:
+        return "; it wrote nothing to its stderr"
+    return "; the last of its stderr:\n" + "\n".join(f"    {line}" for line in said)
+
+
 class Harness:
     """A router serving one check's workspace, and a client per interface version's profile."""
 
@@ -89,6 +100,10 @@ class Harness:
         self._run(self._router.start())
         self._tap = _Tap(self._router.services.pool, self.workspace.snapshot, self.subject.binding.name)
         self.start_error = self._run(self._tap.warm_up())
+        if self.start_error is not None:
+            self._run(asyncio.sleep(0.2))  # what it wrote as it ended is still on its way through the pipe
+            logged = self.folder / "state/connectors" / f"{self.subject.binding.name}.stderr.log"
+            self.start_error += _stderr_tail(logged)
 
     def time_limit(self, key: str) -> float:
         """The call time limit the router applies to interface version `key` on this binding."""

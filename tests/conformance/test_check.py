@@ -99,6 +99,20 @@ def test_a_broken_connector_is_caught_with_a_minimal_example(tmp_path: Path, mod
     assert "not recorded: a partial run" in out
 
 
+def test_a_connector_that_dies_at_start_is_reported_with_what_it_said(tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    root = write_shout_tree(tmp_path / "tree")
+    (root / "catalog/connectors/shout/main.py").write_text(
+        "import sys\nprint('shout: cannot load libshout.so.1', file=sys.stderr)\nsys.exit(3)\n")
+    result = tmp_path / "result.json"
+    assert check_connector("shout", "shout-good", root=root, examples=3, seed=1, json_path=str(result),
+                           select="case") == 1
+    capfd.readouterr()
+    message = next(iter(items_of(result).values()))["message"]
+    assert "the connector did not start" in message
+    assert "the last of its stderr:\n    shout: cannot load libshout.so.1" in message
+
+
 def test_2020_12_keywords_the_fuzzer_cannot_honour_are_reported(tmp_path: Path,
                                                                  capfd: pytest.CaptureFixture[str]) -> None:
     tools = json.loads(json.dumps(TOOLS))
