@@ -50,15 +50,21 @@ _RESTART_CAUSES = frozenset({"timeout", "crashed", "no_reply"})
 _T = TypeVar("_T")
 
 
+_TAIL_BYTES = 16_384  # of the connector's stderr log, however much it wrote before it died
+_TAIL_LINE = 400  # characters of each line shown
+
+
 def _stderr_tail(path: Path, lines: int = 12) -> str:
     """The last lines a connector wrote to its stderr (the router's log of them, secrets masked), for an error."""
     try:
-        said = path.read_text(errors="replace").splitlines()[-lines:]
+        with path.open("rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - _TAIL_BYTES))
+            said = log.read().decode(errors="replace").splitlines()[-lines:]
     except FileNotFoundError:
         said = []
     if not said:
         return "; it wrote nothing to its stderr"
-    return "; the last of its stderr:\n" + "\n".join(f"    {line}" for line in said)
+    return "; the last of its stderr:\n" + "\n".join(f"    {line[:_TAIL_LINE]}" for line in said)
 
 
 class Harness:
