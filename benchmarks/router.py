@@ -125,6 +125,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def postgres_cpu_seconds() -> float:
+    """User + system CPU time of every PostgreSQL server process on this host (its backends, WAL writer, ...)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            text = stat.read_text()
+            if text[text.index("(") + 1:text.rindex(")")].startswith("postgres"):
+                total += cpu_seconds(int(stat.parent.name))
+    return total
+
+
 def raw_loop(send: Any, recv_line: Any, calls: int, warmup: int, pid: int | None = None) -> dict[str, float]:
     """Sequential calls; with `pid`, also that process's CPU per call (steadier than latency on a busy host)."""
     return raw_turns({"line": (send, recv_line, pid)}, calls, warmup, rounds=1)["line"]
@@ -240,6 +251,7 @@ def started(command: list[str], env: dict[str, str], ready: str,
 
 def row(name: str, figures: dict[str, float]) -> None:
     cpu = f"   {figures['cpu']:6.1f} µs CPU/call" if "cpu" in figures else ""
+    cpu += f" (+{figures['pg cpu']:5.1f} µs PostgreSQL's)" if "pg cpu" in figures else ""
     print(f"  {name:<52} p50 {figures['p50']:8.1f} µs   p99 {figures['p99']:8.1f} µs   {figures['rate']:9.0f} calls/s"
           + cpu)
 
@@ -374,14 +386,16 @@ def measure_throughput(run: Any, routers: dict[str, tuple[Path, int]], calls: in
           "with the open gate's (best round):")
     best: dict[str, dict[str, float]] = {}
     cpu = dict.fromkeys(routers, 0.0)
+    server = dict.fromkeys(routers, 0.0)
     runs = dict.fromkeys(routers, 0)
     ratios: dict[str, list[float]] = {name: [] for name in routers}
 
     def one(name: str) -> float:
         run_dir, pid = routers[name]
-        before = cpu_seconds(pid)
+        before, server_before = cpu_seconds(pid), postgres_cpu_seconds()
         figures = run(concurrent_sessions(run_dir / "profiles/tester.sock", 8, calls))
         cpu[name] += cpu_seconds(pid) - before
+        server[name] += postgres_cpu_seconds() - server_before
         runs[name] += 1
         if name not in best or figures["rate"] > best[name]["rate"]:
             best[name] = figures
@@ -396,6 +410,7 @@ def measure_throughput(run: Any, routers: dict[str, tuple[Path, int]], calls: in
             ratios[name].append(rates[name] / rates["open"])
     for name, figures in best.items():
         figures["cpu"] = cpu[name] / (runs[name] * (calls // 8 + 50) * 8) * 1e6
+        figures["pg cpu"] = server[name] / (runs[name] * (calls // 8 + 50) * 8) * 1e6
         figures["ratio"] = statistics.median(ratios[name]) if ratios[name] else 1.0
         row(f"router x8, {THROUGHPUT_LINES[name]}", figures)
     return best
