@@ -25,7 +25,7 @@ launch is everything that process gets and nothing more:
   `handler connector install`), else the service's; the Debian packages and programs it needs are
   checked first (`environments`), a missing one refusing the start with the `apt-get install` to run;
 - its stderr, line by line, to the log `handler.connector` and to `connectors/<binding>.stderr.log`,
-  with every secret value masked.
+  with every secret value masked, metered and rotated (`stderrlog`).
 """
 
 from __future__ import annotations
@@ -61,15 +61,15 @@ from reconciler.connectors.sandbox import (
     write_seccomp,
 )
 from reconciler.connectors.secrets import resolve_secret
-from reconciler.places import PrivatePlaceError, ensure_private_dir, open_private_file, remove_tree
-from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
+from reconciler.connectors.stderrlog import StderrLog
+from reconciler.places import PrivatePlaceError, ensure_private_dir, remove_tree
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
-__all__ = ["Launch", "StderrLog", "box_view", "declared_env", "effective_egress", "inbox_dir", "limited_command",
+__all__ = ["Launch", "box_view", "declared_env", "effective_egress", "inbox_dir", "limited_command",
            "prepare_launch", "raw_forwards", "resolve_command"]
 
 log = logging.getLogger("handler.connector")
 _MAX_SOCKET_PATH = 100  # unix socket paths are capped near 107 bytes
-_MAX_STDERR_LINE = 4000
 _warned_no_sandbox = False
 _SANDBOX_HOME = Path("/tmp")  # noqa: S108 - the sandbox's own /tmp: a size-capped tmpfs no one else sees
 _CODE = Path(__file__).resolve().parents[1]  # the service's package: the relay and the wrapper run from it
@@ -111,42 +111,6 @@ class Launch:
                 remove_tree(folder)
             except OSError as exc:
                 log.warning("could not remove %s, a stopped connector's folder: %s", folder, exc.strerror or exc)
-
-
-class StderrLog:
-    """Receives a process's stderr in chunks and logs it line by line, secrets masked."""
-
-    def __init__(self, binding: str, secrets: Sequence[str], path: Path | None = None) -> None:
-        self.binding = binding
-        self.path = path  # also appended here (0600), masked the same: the binding's own stderr log
-        # Longest first: a secret containing another is masked whole.
-        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-        self._framer = LineFramer(_MAX_STDERR_LINE * 4, oversize="pass")
-
-    def add_secrets(self, secrets: Sequence[str]) -> None:
-        self._secrets = sorted({*self._secrets, *(s for s in secrets if s)}, key=len, reverse=True)
-
-    def mask(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def feed(self, data: bytes) -> None:
-        # A line with no end is logged in pieces as it comes, never buffered past the limit.
-        for item in self._framer.feed(data):
-            self._emit(item.data if isinstance(item, Oversize) else item)
-
-    def _emit(self, line: bytes) -> None:
-        text = self.mask(line.decode(errors="replace").rstrip("\r\n"))
-        if not text.strip():
-            return
-        log.info("connector of binding '%s': %s", self.binding, text[:_MAX_STDERR_LINE])
-        if self.path is not None:
-            fd = open_private_file(self.path)
-            try:
-                os.write(fd, (text + "\n").encode())
-            finally:
-                os.close(fd)
 
 
 async def declared_env(binding: Binding, connector: Connector, root: Path) -> tuple[dict[str, str], tuple[str, ...]]:
