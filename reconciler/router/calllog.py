@@ -6,7 +6,9 @@ has no field that could hold them. For an output that broke the schema it names 
 schema keyword, never the value. Finished records are queued and written together — serialized
 then, off the call's path — in one `write(2)` of whole lines on an `O_APPEND` file at most
 `FLUSH_SECONDS` after the call, so lines never interleave and a busy router makes one system call
-for many calls.
+for many calls. The log is never rotated here: an operator's `logrotate` (or `mv`) may move it away at
+any time, and the next batch goes to a new `calls.jsonl` (the file at the path is checked before each
+batch, as `logging.handlers.WatchedFileHandler` does), so no line is written into a file moved aside.
 """
 
 from __future__ import annotations
@@ -124,9 +126,23 @@ class CallLog:
         if self._queue and self._fd >= 0:
             records, self._queue = self._queue, []
             data = b"".join(record.to_line() for record in records)
+            self._follow_path()
             view = memoryview(data)
             while view:  # whole lines, O_APPEND: never interleaved with another writer
                 view = view[os.write(self._fd, view):]
+
+    def _follow_path(self) -> None:
+        """Write to the file now at the path: a fresh one when the last was moved or removed (rotated)."""
+        assert self.path is not None  # noqa: S101 - a log with a file has a path
+        try:
+            now = self.path.stat()
+        except FileNotFoundError:
+            now = None
+        held = os.fstat(self._fd)
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            fd = open_private_file(self.path)
+            os.close(self._fd)
+            self._fd = fd
 
     def close(self) -> None:
         self.flush()

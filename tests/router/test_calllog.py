@@ -61,3 +61,23 @@ def test_every_line_spells_the_interface_name_slash_version(echo_root: Path, run
             ("echo_say", "error", "echo/v1"), ("handler_status", "executed", "handler/v1")]
 
     exchange(echo_root, run_dir, script)
+
+
+def test_a_log_moved_aside_by_logrotate_is_followed_by_a_fresh_one(echo_root: Path, run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        log = router.services.log
+        assert log.path is not None
+        await c.call("echo_say", {"text": "before"})
+        log.flush()
+        rotated = log.path.with_name("calls.jsonl.1")
+        log.path.rename(rotated)  # what `logrotate` does (without copytruncate), while the router runs
+        await c.call("echo_say", {"text": "after"})
+        log.flush()
+        assert [line.count("\n") for line in (rotated.read_text(), log.path.read_text())] == [1, 1]
+        assert log.path.stat().st_mode & 0o777 == 0o600
+        log.path.unlink()  # removed outright: the next batch starts the file again
+        await c.call("echo_say", {"text": "again"})
+        log.flush()
+        assert log.path.read_text().count("\n") == 1
+
+    exchange(echo_root, run_dir, script)
