@@ -43,6 +43,7 @@ __all__ = [
     "open_private_file",
     "remove_tree",
     "socket_path",
+    "why_unreachable",
 ]
 
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, one of them the terminating NUL
@@ -87,6 +88,17 @@ def default_envs_dir(env: Mapping[str, str] | None = None) -> Path:
 
 def socket_path(run_dir: Path, profile: str) -> Path:
     return run_dir / "profiles" / f"{profile}.sock"
+
+
+def why_unreachable(run_dir: Path, profile: str, path: Path, exc: OSError) -> str:
+    """Why the profile's socket did not answer: a profile the running router does not serve (naming
+    those it does, one socket each), or no router running at all."""
+    served = sorted(p.stem for p in (run_dir / "profiles").glob("*.sock")) if (run_dir / "profiles").is_dir() else []
+    if path.exists() or not served:
+        return (f"no router is running for profile '{profile}' (nothing answers at {path}: {exc.strerror}); "
+                "start one with `handler up` or `handler serve`")
+    return (f"unknown profile '{profile}': the running router's configuration has no such profile; it serves "
+            f"{', '.join(served)} (run folder {run_dir})")
 
 
 def ensure_private_dir(path: Path, setting: str = "HANDLER_RUN_DIR or HANDLER_STATE_DIR") -> Path:

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from reconciler.cli.common import load_tree
 from reconciler.cli.flags import add_field_flags, collect_arguments, plan_flags
-from reconciler.places import default_run_dir, socket_path
+from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.wire.client import LineClient
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError, LineClosedError
 from reconciler.wire.meta import STATUS, caller_meta
@@ -114,12 +114,12 @@ class RouterLink:
 
 def connect(profile: str, run_dir: Path | None, interface: str, client_name: str) -> RouterLink:
     """A link to `profile`'s socket naming `interface`; LinkError when no router serves the profile there."""
-    path = socket_path(run_dir or default_run_dir(), profile)
+    run_dir = run_dir or default_run_dir()
+    path = socket_path(run_dir, profile)
     try:
         return RouterLink(path, caller_meta(interface, os.environ), client_name)
     except OSError as exc:
-        raise LinkError(f"no router serves profile '{profile}' at {path} ({exc.strerror or exc}); start one "
-                         "with `handler up`") from None
+        raise LinkError(why_unreachable(run_dir, profile, path, exc)) from None
     except LineClosedError:
         raise LinkError("the router closed the connection before answering initialize") from None
 

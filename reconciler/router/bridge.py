@@ -29,12 +29,12 @@ from typing import Any
 
 import orjson
 
-from reconciler.places import default_run_dir, socket_path
+from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, attach_line, is_stream_fd
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.meta import caller_meta
 
-__all__ = ["hand_over", "main", "relay", "tag_line", "why_unreachable"]
+__all__ = ["hand_over", "main", "relay", "tag_line"]
 
 _CHUNK = 1 << 16
 
@@ -72,17 +72,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
-
-
-def why_unreachable(run_dir: Path, profile: str, path: Path, exc: OSError) -> str:
-    """Why the profile's socket did not answer: a profile the running router does not serve (naming
-    those it does, one socket each), or no router running at all."""
-    served = sorted(p.stem for p in (run_dir / "profiles").glob("*.sock")) if (run_dir / "profiles").is_dir() else []
-    if path.exists() or not served:
-        return (f"no router is running for profile '{profile}' (nothing answers at {path}: {exc.strerror}); "
-                "start one with `handler up` or `handler serve`")
-    return (f"unknown profile '{profile}': the running router's configuration has no such profile; it serves "
-            f"{', '.join(served)} (run folder {run_dir})")
 
 
 def hand_over(sock: socket.socket, meta: Mapping[str, str]) -> bool:

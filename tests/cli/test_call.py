@@ -191,13 +191,20 @@ def test_exit_5_an_interface_error(served: Served) -> None:
     assert json.loads(outage.stdout)["error"] == "unavailable"
 
 
+def test_exit_1_naming_the_profiles_served_when_the_profile_is_unknown(served: Served) -> None:
+    typo = served.call("echo", "echo_say", "--profile", "testr", "--text", "x")
+    assert typo.returncode == 1
+    assert "unknown profile 'testr'" in typo.stderr
+    assert "it serves assistant, auditor, researcher, tester" in typo.stderr
+
+
 def test_exit_1_when_no_router_serves_the_profile_but_help_still_lists_offline(tmp_path: Path) -> None:
     with short_dir() as run_dir:
         env = {**os.environ, "HANDLER_RUN_DIR": str(run_dir)}
         offline = subprocess.run([HANDLER, "call", "ocr", "ocr_extract", "--profile", "researcher", "--path", "a.pdf"],
                                  capture_output=True, text=True, timeout=60, check=False, env=env)
         assert offline.returncode == 1
-        assert "no router serves profile 'researcher'" in offline.stderr
+        assert "no router is running for profile 'researcher'" in offline.stderr
         listing = subprocess.run([HANDLER, "call", "ocr", "--help", "--root", str(REPO)],
                                  capture_output=True, text=True, timeout=60, check=False, env=env)
         assert listing.returncode == 0, listing.stderr
