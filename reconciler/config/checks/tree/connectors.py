@@ -1,6 +1,6 @@
 """What a connector names exists: the interface versions it implements, the code its `[run]` runs and the
 runtime it names, and, in `[wrap]`, their tools and arguments, a reshaper the router knows, errors of their
-closed list and error patterns that compile. N001, N005, N006, N007, N008, N009, N010.
+closed list and error patterns that compile. N001, N005, N006, N007, N008, N009, N010, N011.
 
 Run by `check_tree` for each connector, again only when the connector or an interface changed.
 """
@@ -31,6 +31,7 @@ def check_connector(snapshot: Snapshot, connector: Connector) -> Iterator[Findin
                 "correct the entry or add the interface version",
             )
     yield from _check_run(snapshot, connector)
+    yield from _check_outside(snapshot, connector)
     yield from _check_runtime(snapshot, connector)
     if connector.spec.wrap is not None:
         yield from _check_wrap(snapshot, connector, connector.spec.wrap)
@@ -59,6 +60,30 @@ def _check_run(snapshot: Snapshot, connector: Connector) -> Iterator[Finding]:
                 f"the connector's code in its own folder, e.g. {connector.folder}/{name}",
                 f"add {connector.folder}/{name}, or correct [run] command",
             )
+
+
+# What a sandbox shows of the machine wherever it runs: the system's folders, read-only (connectors.sandbox).
+_SYSTEM_FOLDERS = ("/usr/", "/bin/", "/sbin/", "/lib/", "/lib32/", "/lib64/", "/libx32/")
+
+
+def _check_outside(snapshot: Snapshot, connector: Connector) -> Iterator[Finding]:
+    """N011: an absolute path `[run]` passes (after the program) outside the system's folders: the sandbox shows
+    a connector its own folder, not the machine's others, so it would fail to start wherever it is sandboxed.
+    A warning: the path is the machine's, and a router started with `--no-sandbox` can reach it."""
+    file = f"{connector.folder}/connector.toml"
+    for i, arg in enumerate(connector.spec.run.command or ()):
+        if i == 0 or not arg.startswith("/") or arg.startswith(_SYSTEM_FOLDERS):
+            continue
+        name = arg.rstrip("/").rsplit("/", 1)[-1] or "main.py"
+        yield Finding(
+            "N011",
+            file,
+            snapshot.line_of(file, "run", "command", i),
+            f"[run] passes '{arg}', outside {connector.folder}: the sandbox shows a connector its own folder "
+            "and the system's (/usr), so the connector cannot open it",
+            "the connector's code and data in its own folder, named relative to it",
+            f"copy it into {connector.folder}/ and name it relatively (e.g. '{name}')",
+        )
 
 
 # The runtimes a tree provides by name: the service's Python, or the connector's own environment's (`[needs]`).
