@@ -30,7 +30,7 @@ from reconciler.connectors.errors import (
     ConnectorReplyError,
     ConnectorStartError,
 )
-from reconciler.wire.client import LineClient
+from reconciler.wire.client import MOST_UNREAD_ANSWERS, LineClient
 from reconciler.wire.errors import JsonRpcError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
@@ -38,6 +38,7 @@ __all__ = ["ConnectorProcess", "DispatchHook", "LaunchSpec"]
 
 CLIENT_INFO = {"name": "handler-router", "version": "0.1.0"}
 _SHOWN_BYTES = 200  # how much of a stray output line the log shows
+_SHOWN_BAD_LINES = 20  # stray output lines of one process the log shows
 
 log = logging.getLogger("handler.connectors")
 
@@ -116,6 +117,7 @@ class _ConnectorLine(LineClient):
                          duplex=spec.socket_path is not None)
         self._incarnation = incarnation
         self._spec = spec
+        self._bad_lines = 0
 
     def closed_error(self, why: str) -> Exception:
         return ConnectorCrashedError(why)
@@ -124,11 +126,24 @@ class _ConnectorLine(LineClient):
         return ConnectorReplyError(error.code, error.message)
 
     def bad_line(self, line: bytes) -> None:
-        # A stray print is the connector's bug, not a reason to fail the calls of every session on it.
+        # A stray print is the connector's bug, not a reason to fail the calls of every session on it; a stream of
+        # them is logged only at first, so a connector cannot flood the router's log through its stdout.
+        self._bad_lines += 1
+        if self._bad_lines > _SHOWN_BAD_LINES:
+            return
         text = line[:_SHOWN_BYTES].decode(errors="replace").strip()
         mask = self._spec.mask
         log.warning("%s wrote a line that is not JSON on its output, skipped (stdout is for MCP messages; log to "
-                    "stderr): %s", self.name, mask(text) if mask is not None else "(not shown)")
+                    "stderr): %s%s", self.name, mask(text) if mask is not None else "(not shown)",
+                    "; further such lines of this process are skipped without a word"
+                    if self._bad_lines == _SHOWN_BAD_LINES else "")
+
+    def answer_request(self, msg: Mapping[str, Any]) -> None:
+        unanswered = self.unanswered
+        super().answer_request(msg)
+        if self.unanswered and not unanswered:
+            log.warning("%s sends requests and does not read the answers; they go unanswered while more than "
+                        "%d bytes of them wait", self.name, MOST_UNREAD_ANSWERS)
 
     def oversize_error(self, why: str) -> Exception:
         return ConnectorOutputTooLargeError(why)

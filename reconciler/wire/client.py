@@ -5,7 +5,9 @@ conformance harness and the command-line clients (`handler call`, `handler-llm`)
 Replies are matched to requests by id, so many calls share one stream. A request may carry a
 deadline on the loop's clock: one sweeping timer per client fails the late ones with `TimeoutError`
 (no timer per call), and a request given up on — late or cancelled — is reported to the peer with
-`notifications/cancelled`, as MCP asks. When the stream ends, every pending request fails.
+`notifications/cancelled`, as MCP asks. When the stream ends, every pending request fails. A request
+from the peer is answered (`ping`) or refused, unless the peer left more than `MOST_UNREAD_ANSWERS`
+bytes of answers unread: a peer that floods requests and never reads cannot grow our memory.
 
 What a failure looks like is the user's choice: a subclass overrides `closed_error` and
 `reply_error` to raise its own types, and `bad_line`, `oversize_line` and `answer_request` to treat a
@@ -29,9 +31,10 @@ from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.messages import encode_error, encode_notification, encode_request, encode_result
 from reconciler.wire.versions import LATEST_HANDSHAKE
 
-__all__ = ["SWEEP_SECONDS", "LineClient"]
+__all__ = ["MOST_UNREAD_ANSWERS", "SWEEP_SECONDS", "LineClient"]
 
 SWEEP_SECONDS: Final = 0.02  # how late past its deadline a request may be failed
+MOST_UNREAD_ANSWERS: Final = 1 << 20  # bytes waiting to be written past which the peer's requests go unanswered
 
 
 _REPLY_ID = re.compile(rb'^\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(\d{1,18})\s*[,}]')
@@ -63,6 +66,7 @@ class LineClient(asyncio.Protocol):
         self._deadlines: dict[int, float] = {}  # pending requests that must end by then (the loop's clock)
         self._sweep: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.unanswered = 0  # the peer's requests left unanswered: it was not reading the answers
 
     @classmethod
     async def connect_unix(cls, path: str | Path, **options: Any) -> Self:
@@ -75,6 +79,11 @@ class LineClient(asyncio.Protocol):
     def in_flight(self) -> int:
         """How many requests wait for their reply."""
         return len(self._pending)
+
+    @property
+    def unsent(self) -> int:
+        """Bytes written to the stream that the peer has not taken yet."""
+        return self._writer.get_write_buffer_size() if self._writer is not None else 0
 
     # -- what a subclass may change --------------------------------------------------------------
 
@@ -111,7 +120,11 @@ class LineClient(asyncio.Protocol):
         return JsonRpcError(INTERNAL_ERROR, why)
 
     def answer_request(self, msg: Mapping[str, Any]) -> None:
-        """A request from the peer: `ping` is answered; this client offers no other feature."""
+        """A request from the peer: `ping` is answered; this client offers no other feature. None is answered while
+        the peer leaves more than `MOST_UNREAD_ANSWERS` bytes unread (counted in `unanswered`)."""
+        if self.unsent > MOST_UNREAD_ANSWERS:
+            self.unanswered += 1
+            return
         msg_id = msg["id"]
         with contextlib.suppress(HandlerError):
             if msg.get("method") == "ping":

@@ -154,6 +154,60 @@ def test_a_line_that_is_not_json_is_logged_masked_and_skipped(tmp_path: Path,
     assert all("the token is ***" in m and "s3cret" not in m for m in skipped)
 
 
+def test_a_stream_of_lines_that_are_not_json_is_logged_only_at_first(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        conn = ConnectorProcess(_chatty(tmp_path))
+        try:
+            for _ in range(40):  # 41 stray lines, the handshake's too
+                assert (await conn.call_tool("x", {}))["structuredContent"] == {"text": "ok"}
+        finally:
+            await conn.stop()
+
+    run(scenario())
+    skipped = [r.getMessage() for r in caplog.records if "not JSON" in r.getMessage()]
+    assert len(skipped) == 20
+    assert skipped[-1].endswith("further such lines of this process are skipped without a word")
+
+
+_PINGER = """
+import json, sys
+for raw in sys.stdin:
+    msg = json.loads(raw)
+    if "id" not in msg or "method" not in msg:  # a notification, or an answer to one of its pings
+        continue
+    if msg["method"] == "initialize":
+        result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "pinger"}}
+    else:  # before it answers, 300,000 requests of its own, reading none of the answers
+        for start in range(0, 300_000, 10_000):
+            sys.stdout.write("".join('{"jsonrpc":"2.0","id":%d,"method":"ping"}\\n' % n
+                                     for n in range(start, start + 10_000)))
+        result = {"content": [], "structuredContent": {"text": "ok"}}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"""
+
+
+def test_a_connector_flooding_requests_without_reading_the_answers_is_not_answered_past_a_bound(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    script = tmp_path / "pinger.py"
+    script.write_text(_PINGER)
+    spec = LaunchSpec(name="pinger", command=(sys.executable, str(script)), cwd=str(tmp_path), env={},
+                      start_timeout=5)
+
+    async def scenario() -> None:
+        conn = ConnectorProcess(spec)
+        try:
+            assert (await conn.call_tool("x", {}))["structuredContent"] == {"text": "ok"}
+            assert (await conn.call_tool("x", {}))["structuredContent"] == {"text": "ok"}
+        finally:
+            await conn.stop()
+
+    run(scenario())
+    warned = [r.getMessage() for r in caplog.records if "does not read the answers" in r.getMessage()]
+    assert len(warned) == 1, warned  # once a process, not once a request
+    assert "connector of binding 'pinger' sends requests" in warned[0]
+
+
 def test_a_reply_over_the_line_limit_fails_its_own_call_and_the_process_lives_on(tmp_path: Path) -> None:
     async def scenario() -> None:
         conn = ConnectorProcess(_chatty(tmp_path))

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from reconciler.wire.client import LineClient
+from reconciler.wire.client import MOST_UNREAD_ANSWERS, LineClient
 from reconciler.wire.errors import JsonRpcError, LineClosedError
 
 Peer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -101,6 +101,32 @@ def test_an_error_reply_is_a_json_rpc_error_and_a_server_ping_is_answered() -> N
         assert {"jsonrpc": "2.0", "id": "p1", "result": {}} in seen
 
     asyncio.run(_with_peer(peer, body))
+
+
+def test_a_peer_flooding_requests_it_never_reads_the_answers_of_cannot_grow_the_client() -> None:
+    pings = 300_000  # about 13 MB of requests, whose answers would be 11 MB
+
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = orjson.loads(await reader.readline())
+        for start in range(0, pings, 10_000):  # it reads nothing while it writes
+            writer.write(b"".join(b'{"jsonrpc":"2.0","id":%d,"method":"ping"}\n' % n
+                                  for n in range(start, start + 10_000)))
+            await writer.drain()
+        writer.write(_reply(request["id"], {"after": "the flood"}))
+        await writer.drain()
+
+    read: list[list[dict[str, object]]] = []  # what the peer read, complete once the client has closed
+
+    async def body(client: LineClient, seen: list[dict[str, object]]) -> None:
+        assert await client.request("tools/call") == {"after": "the flood"}  # every line of the flood was read
+        assert client.unsent <= MOST_UNREAD_ANSWERS + 64
+        assert client.unanswered > pings // 2
+        read.append(seen)
+
+    asyncio.run(_with_peer(peer, body))
+    seen = read[0]
+    answered = [m for m in seen if m.get("result") == {}]
+    assert 0 < len(answered) < pings // 2  # while it read, it was answered; not once it stopped
 
 
 def test_a_late_request_times_out_and_the_peer_is_told_it_was_cancelled() -> None:
