@@ -59,7 +59,8 @@ class LaunchSpec:
     stderr_path: str | None = None
     start_timeout: float = 20.0
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-    on_stderr: Callable[[bytes], None] | None = None  # gets the process's stderr as it comes (else stderr_path)
+    # Gets the process's stderr as it comes, then b"" at its end (else it goes to stderr_path).
+    on_stderr: Callable[[bytes], None] | None = None
     socket_path: str | None = None  # transport "socket": the connector serves MCP here (HANDLER_CONNECTOR_SOCKET)
     mask: Callable[[str], str] | None = None  # hides the binding's secrets in what is logged of its output
     handoff: Handoff | None = None  # its first spawn, when a parked process runs it
@@ -362,13 +363,16 @@ async def _connect_unlinked(loop: asyncio.AbstractEventLoop, protocol: asyncio.P
 
 
 class _Stderr(asyncio.Protocol):
-    """Hands the process's stderr to `LaunchSpec.on_stderr` as it comes; closes at its end."""
+    """Hands the process's stderr to `LaunchSpec.on_stderr` as it comes, and b"" at its end; closes then."""
 
     def __init__(self, sink: Callable[[bytes], None]) -> None:
         self._sink = sink
 
     def data_received(self, data: bytes) -> None:
         self._sink(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._sink(b"")
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

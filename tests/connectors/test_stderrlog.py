@@ -95,6 +95,35 @@ def test_a_line_cut_by_dropping_is_not_logged_half(tmp_path: Path, clock: Clock)
     assert logged[3:] == ["next line"]
 
 
+def test_when_a_flooding_process_ends_its_last_lines_are_logged(tmp_path: Path, clock: Clock) -> None:
+    """What a process wrote last is most often why it stopped: kept even when it came within a flood."""
+    path = tmp_path / "b.stderr.log"
+    sink = StderrLog("b", ["s3cret"], path, burst_bytes=4096, rate_bytes=1024, clock=clock)
+    noise = b"".join(b"noise %05d\n" % n for n in range(1000))
+    last = b"Traceback (most recent call last):\nValueError: bad token s3cret\n"
+    for _ in range(19):
+        sink.feed(noise)
+    sink.feed(noise + last)  # its last words in the flood's last chunk
+    sink.feed(b"")  # the process ended
+    logged = lines_of(path)
+    assert "dropped until it slows down" in logged[0]
+    assert logged[1].startswith(f"[handler: {20 * len(noise) + len(last):,} bytes of this connector's stderr were "
+                                "dropped")
+    assert logged[2] == "[handler: the last lines it wrote, dropped above:]"
+    assert logged[-2:] == ["Traceback (most recent call last):", "ValueError: bad token ***"]
+    assert all(line.startswith("noise ") for line in logged[3:-2])  # whole lines only, up to 4 KiB of them
+    assert 300 < len(logged[3:-2]) < 4096 // 12
+
+
+def test_an_unfinished_last_line_is_logged_when_the_process_ends(tmp_path: Path) -> None:
+    path = tmp_path / "b.stderr.log"
+    sink = StderrLog("b", [], path)
+    sink.feed(b"starting\nfatal: cannot open the model")
+    assert lines_of(path) == ["starting"]
+    sink.feed(b"")
+    assert lines_of(path) == ["starting", "fatal: cannot open the model"]
+
+
 def test_a_connector_flooding_stderr_is_read_answers_and_leaves_a_bounded_log(
         echo_root: Path, run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
@@ -112,5 +141,7 @@ def test_a_connector_flooding_stderr_is_read_answers_and_leaves_a_bounded_log(
             assert "dropped until it slows down" in log.read_text()
             flood = [r for r in caplog.records if "flood" in r.getMessage()]
             assert 0 < len(flood) < (stderrlog.BURST_BYTES + FLOOD_BYTES // 4) // 256
+        # Stopped with the router: the last line it wrote, dropped in the flood, is kept.
+        assert log.read_text().splitlines()[-1] == "flood done"
 
     run(scenario())
