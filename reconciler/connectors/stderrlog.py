@@ -53,6 +53,7 @@ class StderrLog:
         self._dropped = 0  # bytes dropped since dropping started (0: not dropping)
         self._resync = False  # dropping cut a line: skip to the end of it before logging again
         self._tail = bytearray()  # the end of what was dropped
+        self._unwritable = False  # the file could not be written last time (said once)
 
     def add_secrets(self, secrets: Sequence[str]) -> None:
         self._secrets = sorted({*self._secrets, *(s for s in secrets if s)}, key=len, reverse=True)
@@ -137,7 +138,15 @@ class StderrLog:
         for text in lines:
             log.info("connector of binding '%s': %s", self.binding, text[:MAX_LINE])
         if self.path is not None:
-            self._append(("\n".join(lines) + "\n").encode())
+            try:
+                self._append(("\n".join(lines) + "\n").encode())
+            except OSError as exc:  # a full disk, a state folder removed: the router's log still has the lines
+                if not self._unwritable:
+                    log.warning("cannot write %s (%s): the stderr of binding '%s' goes only to this log until it "
+                                "can", self.path, exc.strerror or exc, self.binding)
+                self._unwritable = True
+            else:
+                self._unwritable = False
 
     def _append(self, data: bytes) -> None:
         assert self.path is not None  # noqa: S101 - only called with a path

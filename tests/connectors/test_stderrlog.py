@@ -45,6 +45,23 @@ def test_each_line_is_logged_and_appended_with_secrets_masked(tmp_path: Path,
     assert path.stat().st_mode & 0o777 == 0o600
 
 
+def test_a_file_that_cannot_be_written_is_said_once_and_the_lines_still_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "gone" / "b.stderr.log"  # its folder removed under the router
+    sink = StderrLog("b", [], path)
+    with caplog.at_level(logging.INFO, logger="handler.connector"):
+        sink.feed(b"one\ntwo\n")
+        sink.feed(b"three\n")
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith("cannot write")] == [
+        f"cannot write {path} (No such file or directory): the stderr of binding 'b' goes only to this log "
+        "until it can"]
+    assert [m.rsplit(": ", 1)[1] for m in messages if m.startswith("connector of")] == ["one", "two", "three"]
+    path.parent.mkdir()
+    sink.feed(b"four\n")
+    assert lines_of(path) == ["four"]
+
+
 def test_the_file_is_rotated_at_its_size_keeping_one_before_it(tmp_path: Path) -> None:
     path = tmp_path / "b.stderr.log"
     sink = StderrLog("b", [], path, file_bytes=1000, burst_bytes=1 << 20)
