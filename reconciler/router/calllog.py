@@ -9,11 +9,15 @@ then, off the call's path — in one `write(2)` of whole lines on an `O_APPEND` 
 for many calls. The log is never rotated here: an operator's `logrotate` (or `mv`) may move it away at
 any time, and the next batch goes to a new `calls.jsonl` (the file at the path is checked before each
 batch, as `logging.handlers.WatchedFileHandler` does), so no line is written into a file moved aside.
+A batch that cannot be written (a full disk, the folder removed) waits for the next one, up to
+`MOST_UNWRITTEN` bytes (past that the oldest lines go, counted); the router's log says so once, and
+again when writing resumes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -24,12 +28,15 @@ import orjson
 
 from reconciler.places import ensure_private_dir, open_private_file
 
-__all__ = ["FLUSH_SECONDS", "CallLog", "CallRecord"]
+__all__ = ["FLUSH_SECONDS", "MOST_UNWRITTEN", "CallLog", "CallRecord"]
+
+log = logging.getLogger("handler.router")
 
 # Lines are written in batches: at most this long after the call, or at once past 256 queued.
 # A router that dies loses at most this window of log lines (never a call: the log is not the store).
 FLUSH_SECONDS = 0.05
 _FLUSH_RECORDS = 256
+MOST_UNWRITTEN = 4 << 20  # bytes of lines kept while the file cannot be written
 
 
 @dataclass(slots=True)
@@ -101,6 +108,9 @@ class CallLog:
         self._fd = -1
         self._queue: list[CallRecord] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._unwritten = b""  # whole lines a failed write left, written first next time
+        self._lost = 0  # lines dropped while writing failed (0 and `_failing` False: none)
+        self._failing = False
         if path is not None:
             ensure_private_dir(path.parent, "HANDLER_STATE_DIR")
             self._fd = open_private_file(path)
@@ -125,11 +135,35 @@ class CallLog:
             self._timer = None
         if self._queue and self._fd >= 0:
             records, self._queue = self._queue, []
-            data = b"".join(record.to_line() for record in records)
+            self._write(self._unwritten + b"".join(record.to_line() for record in records))
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
             self._follow_path()
-            view = memoryview(data)
             while view:  # whole lines, O_APPEND: never interleaved with another writer
                 view = view[os.write(self._fd, view):]
+        except OSError as exc:
+            self._keep(bytes(view), exc)
+            return
+        self._unwritten = b""
+        if self._failing:
+            self._failing = False
+            log.warning("the call log %s is written again%s", self.path,
+                        f"; {self._lost} lines were lost meanwhile" if self._lost else "")
+            self._lost = 0
+
+    def _keep(self, unwritten: bytes, exc: OSError) -> None:
+        """What a failed write left, kept for the next (its oldest whole lines dropped past `MOST_UNWRITTEN`)."""
+        if not self._failing:
+            log.warning("cannot write the call log %s (%s): its lines wait, at most %d MiB of them", self.path,
+                        exc.strerror or exc, MOST_UNWRITTEN >> 20)
+            self._failing = True
+        if len(unwritten) > MOST_UNWRITTEN:
+            cut = unwritten.find(b"\n", len(unwritten) - MOST_UNWRITTEN) + 1
+            self._lost += unwritten.count(b"\n", 0, cut)
+            unwritten = unwritten[cut:]
+        self._unwritten = unwritten
 
     def _follow_path(self) -> None:
         """Write to the file now at the path: a fresh one when the last was moved or removed (rotated)."""

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
+import orjson
+import pytest
+
+from reconciler.router import calllog
+from reconciler.router.calllog import CallLog, CallRecord
 from reconciler.router.server import Router
 from tests.fixtures.harness import RawClient, exchange, log_lines, log_text
 
@@ -81,3 +88,49 @@ def test_a_log_moved_aside_by_logrotate_is_followed_by_a_fresh_one(echo_root: Pa
         assert log.path.read_text().count("\n") == 1
 
     exchange(echo_root, run_dir, script)
+
+
+def _record(tool: str) -> CallRecord:
+    return CallRecord("tester", "", "echo/v1", tool, "echo-local", 1, time.perf_counter())
+
+
+def test_lines_that_cannot_be_written_wait_for_the_folder_and_are_said_once(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    state = tmp_path / "state"
+    log = CallLog(state / "calls.jsonl", flush_seconds=0)  # no loop: each write is flushed at once
+    log.write(_record("first"))
+    (state / "calls.jsonl").unlink()
+    state.rmdir()  # the state folder removed under the router: nothing can be written
+    with caplog.at_level(logging.WARNING, logger="handler.router"):
+        for n in range(3):
+            log.write(_record(f"waiting-{n}"))
+        state.mkdir()
+        log.write(_record("last"))
+    log.close()
+    tools = [orjson.loads(line)["tool"] for line in (state / "calls.jsonl").read_bytes().splitlines()]
+    assert tools == ["waiting-0", "waiting-1", "waiting-2", "last"]  # none lost, in order
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2
+    assert said[0].startswith(f"cannot write the call log {state / 'calls.jsonl'} (No such file or directory)")
+    assert said[1] == f"the call log {state / 'calls.jsonl'} is written again"
+
+
+def test_past_its_bound_the_oldest_waiting_lines_go_and_are_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(calllog, "MOST_UNWRITTEN", 1000)
+    state = tmp_path / "state"
+    log = CallLog(state / "calls.jsonl", flush_seconds=0)
+    (state / "calls.jsonl").unlink()
+    state.rmdir()
+    with caplog.at_level(logging.WARNING, logger="handler.router"):
+        for n in range(20):
+            log.write(_record(f"waiting-{n:02d}"))
+        state.mkdir()
+        log.write(_record("last"))
+    log.close()
+    tools = [orjson.loads(line)["tool"] for line in (state / "calls.jsonl").read_bytes().splitlines()]
+    assert tools[-1] == "last"
+    kept = len(tools) - 1
+    assert 0 < kept < 20
+    assert tools[:-1] == [f"waiting-{n:02d}" for n in range(20 - kept, 20)]  # the newest, whole lines
+    assert caplog.records[-1].getMessage().endswith(f"; {20 - kept} lines were lost meanwhile")
