@@ -108,7 +108,7 @@ class CallLog:
         self._fd = -1
         self._queue: list[CallRecord] = []
         self._timer: asyncio.TimerHandle | None = None
-        self._unwritten = b""  # whole lines a failed write left, written first next time
+        self._unwritten = b""  # what a failed write left (from mid-line when one was partly written), written next
         self._lost = 0  # lines dropped while writing failed (0 and `_failing` False: none)
         self._failing = False
         if path is not None:
