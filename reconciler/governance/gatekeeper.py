@@ -9,7 +9,8 @@ spend rows, so no cap is overspent however many calls or routers race. Either wa
 call's audit rows are recorded on the event loop's thread without a lock (`lanes.Records`: one row
 for a call settled before its decision is written), and they, a blocked call's row and the spend of
 the scopes no cap limits go to the backlog (`store.backlog`), committed a moment later, as do
-settlements; a hold is written before the agent hears of it. `admit_now`
+settlements (on PostgreSQL from the event loop itself when it is only audit rows and spend:
+`store.committing`; else on a worker thread); a hold is written before the agent hears of it. `admit_now`
 is the same decision in one store transaction with a reservation of its own, for callers off the
 event loop. The `Governor` puts this gate and the hold runner together as the router's `Gate`.
 """
@@ -56,6 +57,7 @@ from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store import Store, Transaction
 from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
 from reconciler.governance.store.backlog import Backlog
+from reconciler.governance.store.committing import LoopCommitter
 from reconciler.governance.store.holds import insert_hold
 from reconciler.governance.workers import StoreWorkers
 
@@ -110,6 +112,10 @@ class Gatekeeper:
         self._held = held
         self._run_now = run_now
         self._backlog = Backlog()
+        # On PostgreSQL the backlog is committed from the event loop (`store.committing`), one commit at a time.
+        self._loop_commits = LoopCommitter(store) if store.dialect == "postgresql" else None
+        self._commit_lock = asyncio.Lock()
+        self._commits: set[asyncio.Future[bool]] = set()
         self._records = Records()  # what the calls on the event loop's thread left to write
         self._flushing: asyncio.Task[None] | None = None
         self._flush_due = False  # a flush is scheduled: it runs until the backlog and the lanes' records are empty
@@ -342,7 +348,7 @@ class Gatekeeper:
         try:
             while True:
                 await asyncio.sleep(pause)  # gather what the next moments bring into one commit
-                done = await self._workers.run(self.flush_now, self._records.take())
+                done = await self._commit(self._records.take())
                 if not len(self._backlog) and not len(self._records):
                     return
                 pause = self._batch_seconds if done else _RETRY_SECONDS
@@ -351,7 +357,31 @@ class Gatekeeper:
 
     async def flush(self) -> None:
         """Commit the backlog now (tests, shutdown)."""
-        await self._workers.run(self.flush_now, self._records.take())
+        await self._commit(self._records.take())
+
+    async def _commit(self, taken: tuple[list[AuditRow], Charges]) -> bool:
+        """Commit the backlog with what the event loop's thread recorded (`taken`): on PostgreSQL from the loop
+        itself when it holds only audit rows and spend (`store.committing`), else on a worker thread. False when
+        the store failed: the rows are kept for the next try."""
+        if self._loop_commits is None:
+            return await self._workers.run(self.flush_now, taken)
+        self._backlog.add_rows(*taken)
+        task = asyncio.ensure_future(self._commit_on_loop())
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
+        return await asyncio.shield(task)  # a commit under way is never cancelled: `aclose` waits for it
+
+    async def _commit_on_loop(self) -> bool:
+        assert self._loop_commits is not None  # noqa: S101 - only called with one
+        async with self._commit_lock:  # one at a time: a commit returns once what was added before it is committed
+            waiting = len(self._backlog)
+            try:
+                if await self._loop_commits.flush(self._backlog):
+                    return True
+            except StoreError as exc:
+                _not_recorded(waiting, exc)
+                return False
+            return await self._workers.run(self.flush_now)  # reservations or settlements too: the worker's transaction
 
     def flush_now(self, taken: tuple[list[AuditRow], Charges] | None = None) -> bool:
         """Commit the backlog on this thread, with what the event loop's thread recorded (`taken` there); False
@@ -362,7 +392,7 @@ class Gatekeeper:
         try:
             self._backlog.flush(self.store)
         except StoreError as exc:
-            log.warning("could not record %d audit/spend rows yet, will retry: %s", waiting, exc)
+            _not_recorded(waiting, exc)
             return False
         return True
 
@@ -381,7 +411,15 @@ class Gatekeeper:
             self._flushing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flushing
+        if self._commits:  # a commit under way on the loop ends first: what it took is in the store or back
+            await asyncio.gather(*self._commits, return_exceptions=True)
         self._flush_late(self._records.take())
+        if self._loop_commits is not None:
+            await self._loop_commits.aclose()
+
+
+def _not_recorded(waiting: int, exc: StoreError) -> None:
+    log.warning("could not record %d audit/spend rows yet, will retry: %s", waiting, exc)
 
 
 def _covered(caps: CapSet, cost: int) -> SpendState:

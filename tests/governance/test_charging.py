@@ -24,7 +24,7 @@ from reconciler.governance.governor import Governor
 from reconciler.governance.ledger import current_month, reconcile_reservations, spend_report
 from reconciler.governance.rulebook import from_micros, to_micros
 from reconciler.governance.store import Store, open_store
-from reconciler.governance.store.audit import read_audit
+from reconciler.governance.store.audit import audit_row, read_audit
 from reconciler.governance.store.backlog import Backlog
 from reconciler.governance.store.tables import reservations
 from tests.governance.builders import OWNERS_ORG, make_snapshot, priced_call
@@ -219,6 +219,24 @@ def test_a_commit_that_fails_keeps_its_rows_for_the_next(store: Store) -> None:
     backlog.add_spend(("org:acme",), current_month(), 300)
     assert backlog.flush(store) == 1
     assert org_spend(store) == 1000
+
+
+def test_the_loop_takes_only_audit_rows_and_spend_and_a_failed_commit_gives_them_back() -> None:
+    """What `store.committing` commits from the event loop on PostgreSQL: a backlog holding a settlement too is left
+    whole to the worker's transaction."""
+    backlog = Backlog()
+    backlog.add_rows([audit_row("settled", profile="p", status="executed", detail={"calls": 3})],
+                     [(("org:acme", "profile:p"), current_month(), 300)])
+    backlog.add_spend(("org:acme",), current_month(), 200)
+    taken = backlog.take_plain()
+    assert taken is not None
+    assert len(taken.audit) == 1
+    assert taken.spend == {("org:acme", current_month()): 500, ("profile:p", current_month()): 300}
+    assert len(backlog) == 0
+    backlog.put_back(taken)  # the commit failed
+    backlog.add_settlement("res_1", 100, True, -50, ("org:acme",), current_month(), None)
+    assert backlog.take_plain() is None  # a settlement waits: nothing is taken, the worker commits it all
+    assert len(backlog) == 4  # the audit row, two spend sums, the settlement
 
 
 def test_a_reservation_a_killed_router_never_settled_counts_and_is_charged_at_the_next_start(store: Store) -> None:

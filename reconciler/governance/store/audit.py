@@ -22,9 +22,9 @@ import sqlalchemy as sa
 from reconciler.governance.store.engine import Store, Transaction, marker, now
 from reconciler.governance.store.tables import audit
 
-__all__ = ["AuditRow", "audit_row", "insert_audit", "read_audit", "record"]
+__all__ = ["COPY_AUDIT", "AuditRow", "audit_row", "insert_audit", "read_audit", "record"]
 
-_COPY = "COPY audit (at, event, request_id, profile, instance, tool, actor, status, detail) FROM STDIN"
+COPY_AUDIT = "COPY audit (at, event, request_id, profile, instance, tool, actor, status, detail) FROM STDIN"
 _INSERT = "INSERT INTO audit (at, event, request_id, profile, instance, tool, actor, status, detail) VALUES "
 
 _ROWS_A_STATEMENT = 256  # SQLite's: 2,304 parameters, well under its limit of 32,766
@@ -52,7 +52,7 @@ def insert_audit(tx: Transaction, *rows: AuditRow) -> None:
     if tx.dialect.name == "postgresql" and len(rows) > 1:
         driver = tx.connection.driver_connection
         assert driver is not None  # noqa: S101 - a connection in a transaction has one
-        with driver.cursor() as cursor, cursor.copy(_COPY) as copy:
+        with driver.cursor() as cursor, cursor.copy(COPY_AUDIT) as copy:
             for row in rows:
                 copy.write_row(row)
         return

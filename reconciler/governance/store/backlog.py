@@ -25,7 +25,7 @@ from reconciler.governance.store.audit import AuditRow, insert_audit
 from reconciler.governance.store.engine import Store, Transaction, marker
 from reconciler.governance.store.tables import balances, reservations
 
-__all__ = ["Backlog"]
+__all__ = ["Backlog", "spend_statements"]
 
 _CLOSE = (sa.update(reservations).where(reservations.c.id == sa.bindparam("p_id"))
           .values(charged=sa.bindparam("p_charged"), state=sa.bindparam("p_state")))
@@ -94,20 +94,31 @@ class Backlog:
                 charges, self._charges = self._charges, []
                 taken = _Taken(self._audit, self._spend, self._settled, self._balances, self._reserved)
                 self._audit, self._spend, self._settled, self._balances, self._reserved = [], {}, [], {}, []
-            for scopes, month, micros in charges:
-                for scope in scopes:
-                    taken.spend[(scope, month)] = taken.spend.get((scope, month), 0) + micros
+            _sum_charges(taken.spend, charges)
             if not taken.count():
                 return 0
             try:
                 with store.begin() as tx:
                     _write(store, tx, taken)
             except BaseException:
-                self._put_back(taken)
+                self.put_back(taken)
                 raise
             return taken.count()
 
-    def _put_back(self, taken: _Taken) -> None:
+    def take_plain(self) -> _Taken | None:
+        """Everything waiting, when it is only audit rows and spend (what `committing.LoopCommitter` writes); None,
+        taking nothing, when reservations, settlements or balances wait too (`flush` commits those). The caller
+        commits what it took or hands it back with `put_back`."""
+        with self._lock:
+            if self._settled or self._reserved or self._balances:
+                return None
+            taken = _Taken(self._audit, self._spend, [], {}, [])
+            charges, self._charges = self._charges, []
+            self._audit, self._spend = [], {}
+        _sum_charges(taken.spend, charges)
+        return taken
+
+    def put_back(self, taken: _Taken) -> None:
         """Return rows a failed commit took, ahead of those added since."""
         with self._lock:
             self._audit[:0] = taken.audit
@@ -149,15 +160,29 @@ def _write(store: Store, tx: Transaction, taken: _Taken) -> None:
 _SUMS_A_STATEMENT = 256  # SQLite's: 768 parameters, well under its limit of 32,766
 
 
-def _add_to_spend(tx: Transaction, sums: Mapping[tuple[str, str], int]) -> None:
-    """Add each (scope, month)'s micros to its spend row, made when missing: one upsert statement for up to 256 rows,
-    in the order of their keys (so two routers' flushes lock shared rows in one order on PostgreSQL). An
-    `executemany` of them made a statement a row, and SQLite's driver gives up the interpreter's lock for each."""
-    mark = marker(tx)
+def _sum_charges(spend: dict[tuple[str, str], int], charges: list[tuple[tuple[str, ...], str, int]]) -> None:
+    for scopes, month, micros in charges:
+        for scope in scopes:
+            spend[(scope, month)] = spend.get((scope, month), 0) + micros
+
+
+def spend_statements(mark: str, sums: Mapping[tuple[str, str], int]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The statements (with their parameters) adding each (scope, month)'s micros to its spend row, made when
+    missing: one for up to 256 rows, in the order of their keys (so two routers' commits lock shared rows in one
+    order on PostgreSQL); `mark` is the driver's placeholder."""
     ordered = sorted(sums.items())
+    statements = []
     for start in range(0, len(ordered), _SUMS_A_STATEMENT):
         chunk = ordered[start:start + _SUMS_A_STATEMENT]
         values = ", ".join([f"({mark}, {mark}, {mark})"] * len(chunk))
-        tx.exec_driver_sql(f"INSERT INTO spend (scope, month, micros) VALUES {values} ON CONFLICT (scope, month) "  # noqa: S608 - only markers
-                           "DO UPDATE SET micros = spend.micros + excluded.micros",
-                           tuple(item for (scope, month), micros in chunk for item in (scope, month, micros)))
+        statements.append((f"INSERT INTO spend (scope, month, micros) VALUES {values} "  # noqa: S608 - only markers
+                           "ON CONFLICT (scope, month) DO UPDATE SET micros = spend.micros + excluded.micros",
+                           tuple(item for (scope, month), micros in chunk for item in (scope, month, micros))))
+    return statements
+
+
+def _add_to_spend(tx: Transaction, sums: Mapping[tuple[str, str], int]) -> None:
+    """Add each (scope, month)'s micros to its spend row (`spend_statements`). An `executemany` of them made a
+    statement a row, and SQLite's driver gives up the interpreter's lock for each."""
+    for statement, parameters in spend_statements(marker(tx), sums):
+        tx.exec_driver_sql(statement, parameters)

@@ -92,6 +92,12 @@ class Store:
     def url(self) -> str:
         return self.engine.url.render_as_string(hide_password=True)
 
+    @property
+    def driver_dsn(self) -> str:
+        """The store's URL as psycopg takes it, password and options kept: for the connections made outside the
+        engine's pool (PostgreSQL's listener, the loop's commits)."""
+        return self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
     @contextmanager
     def begin(self) -> Iterator[Transaction]:
         """One write transaction (`BEGIN IMMEDIATE` on SQLite); a database failure is a `StoreError`.

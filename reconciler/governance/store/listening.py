@@ -20,8 +20,7 @@ __all__ = ["HoldListener"]
 
 class HoldListener:
     def __init__(self, store: Store, wake: Callable[[], object]) -> None:
-        url = store.engine.url.set(drivername="postgresql")
-        self._dsn = url.render_as_string(hide_password=False)
+        self._dsn = store.driver_dsn
         self._wake = wake
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="handler-listen", daemon=True)
