@@ -11,6 +11,11 @@ whatever else serves only this machine. So a name is resolved first and the addr
 loopback, private, link-local or otherwise non-global address is refused unless an entry names that
 exact address (`127.0.0.1:2525`), whatever `*` allows. The proxy then dials the address it checked,
 never the name again, so a second DNS answer cannot swap it (docs/architecture.md §6).
+
+A connector is not trusted to use the proxy gently: it may hold `MAX_CONNECTIONS` connections through
+it at once (each costs the router two descriptors; one more is answered 503 and closed), a request's
+head must arrive within `HEAD_SECONDS` (else 408), and only its first `LOGGED_REFUSALS` refusals are
+logged one by one (every one is still counted in `refused`, the last 100 kept).
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ log = logging.getLogger("handler.egress")
 
 _MAX_HEAD = 64 * 1024
 _DIAL_TIMEOUT = 15.0
+MAX_CONNECTIONS = 64  # open at once through one connector process's proxy
+HEAD_SECONDS = 30.0  # for a request's head to arrive
+LOGGED_REFUSALS = 20  # refusals logged one by one, per proxy
 
 
 def egress_allows(entries: Sequence[str], host: str, port: int) -> bool:
@@ -76,6 +84,8 @@ class EgressProxy:
         self.entries = tuple(entries)
         self.owner = owner  # the binding, for the log
         self.refused: list[str] = []  # host:port refused, newest last (bounded)
+        self.refusals = 0  # how many, since it started
+        self.turned_away = 0  # connections over MAX_CONNECTIONS, answered 503
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -96,6 +106,15 @@ class EgressProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        if len(self._tasks) >= MAX_CONNECTIONS:
+            self.turned_away += 1
+            if self.turned_away == 1:
+                log.warning("egress: binding '%s' holds %d connections through its proxy, the most it may; more are "
+                            "answered 503", self.owner, MAX_CONNECTIONS)
+            await _reply(writer, 503, f"Service Unavailable: this connector has {MAX_CONNECTIONS} connections open "
+                         "through its egress proxy, the most it may; close one first")
+            writer.close()
+            return
         if task is not None:
             self._tasks.add(task)
         try:
@@ -110,7 +129,12 @@ class EgressProxy:
                 await writer.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
+        try:
+            async with asyncio.timeout(HEAD_SECONDS):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            await _reply(writer, 408, f"Request Timeout: no request head within {HEAD_SECONDS:.0f} s")
+            return
         if len(head) > _MAX_HEAD:
             await _reply(writer, 431, "Request Header Fields Too Large")
             return
@@ -169,7 +193,10 @@ class EgressProxy:
     async def _refuse(self, writer: asyncio.StreamWriter, host: str, port: int, why: str) -> None:
         self.refused.append(f"{host}:{port}")
         del self.refused[:-100]
-        log.warning("egress refused: binding '%s' tried %s:%d, %s", self.owner, host, port, why)
+        self.refusals += 1
+        if self.refusals <= LOGGED_REFUSALS:
+            log.warning("egress refused: binding '%s' tried %s:%d, %s%s", self.owner, host, port, why,
+                        "; its further refusals are counted, not logged" if self.refusals == LOGGED_REFUSALS else "")
         await _reply(writer, 403, f"Forbidden: {host}:{port}, {why}")
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from reconciler.connectors import egress
 from reconciler.connectors.egress import EgressProxy, is_global_address, names_address
 from tests.fixtures.harness import short_dir
 from tests.fixtures.loopback import serving_page
@@ -84,3 +86,80 @@ def test_only_an_ip_literal_entry_names_an_address() -> None:
     assert not names_address(["127.0.0.1:2525"], "127.0.0.1", 25)
     assert not names_address(["localhost:2525"], "127.0.0.1", 2525)
     assert not names_address(["*:*"], "127.0.0.1", 2525)
+
+
+async def _status(reader: asyncio.StreamReader) -> str:
+    return (await asyncio.wait_for(reader.readline(), 20)).decode().strip()
+
+
+def test_a_connector_holding_too_many_connections_through_its_proxy_is_answered_503(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Each connection costs the router two descriptors: a connector may not hold more than its share."""
+    async def scenario(folder: Path) -> None:
+        proxy = EgressProxy(folder / "egress.sock", ["example.com:443"], owner="hostile")
+        await proxy.start()
+        held = []
+        try:
+            for _ in range(egress.MAX_CONNECTIONS):  # each waits for its request's head
+                held.append(await asyncio.open_unix_connection(str(proxy.socket_path)))
+            await asyncio.sleep(0.1)
+            reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+            assert (await _status(reader)).startswith("HTTP/1.1 503")
+            writer.close()
+            _, first = held.pop(0)
+            first.close()  # one less: the next is served (and refused for where it goes, not for how many)
+            await asyncio.sleep(0.1)
+            reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+            writer.write(b"CONNECT 10.0.0.1:22 HTTP/1.1\r\n\r\n")
+            assert (await _status(reader)).startswith("HTTP/1.1 403")
+            writer.close()
+            assert proxy.turned_away == 1
+        finally:
+            for _, writer in held:
+                writer.close()
+            await proxy.aclose()
+
+    with short_dir() as folder, caplog.at_level(logging.WARNING, logger="handler.egress"):
+        asyncio.run(scenario(folder))
+    assert sum("the most it may" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_request_head_that_never_comes_is_answered_408(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(egress, "HEAD_SECONDS", 0.2)
+
+    async def scenario(folder: Path) -> None:
+        proxy = EgressProxy(folder / "egress.sock", ["example.com:443"], owner="hostile")
+        await proxy.start()
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+            writer.write(b"CONNECT example.com:443 HTTP/1.1\r\n")  # and nothing more
+            assert (await _status(reader)).startswith("HTTP/1.1 408")
+            writer.close()
+        finally:
+            await proxy.aclose()
+
+    with short_dir() as folder:
+        asyncio.run(scenario(folder))
+
+
+def test_only_the_first_refusals_are_logged_one_by_one_and_all_are_counted(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(folder: Path) -> EgressProxy:
+        proxy = EgressProxy(folder / "egress.sock", ["example.com:443"], owner="hostile")
+        await proxy.start()
+        try:
+            for n in range(30):
+                reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+                writer.write(f"CONNECT 10.0.0.{n}:22 HTTP/1.1\r\n\r\n".encode())
+                assert (await _status(reader)).startswith("HTTP/1.1 403")
+                writer.close()
+        finally:
+            await proxy.aclose()
+        return proxy
+
+    with short_dir() as folder, caplog.at_level(logging.WARNING, logger="handler.egress"):
+        proxy = asyncio.run(scenario(folder))
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("egress refused")]
+    assert len(logged) == egress.LOGGED_REFUSALS
+    assert logged[-1].endswith("its further refusals are counted, not logged")
+    assert proxy.refusals == 30
+    assert proxy.refused[-1] == "10.0.0.29:22"
