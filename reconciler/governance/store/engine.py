@@ -34,7 +34,8 @@ from reconciler.governance.errors import StoreError
 from reconciler.governance.store.migrate import upgrade
 from reconciler.places import PRIVATE_FILE_MODE, default_state_dir, ensure_private_dir, open_private_file
 
-__all__ = ["HOLD_CHANNEL", "Store", "Transaction", "marker", "now", "open_store", "store_exists", "store_url"]
+__all__ = ["HOLD_CHANNEL", "PG_CONNECTION_DEFAULTS", "Store", "Transaction", "marker", "now", "open_store",
+           "store_exists", "store_url"]
 
 # One open transaction of the store, passed to the store's statements. Callers outside the package
 # only hand it on: it is opaque to them.
@@ -94,9 +95,11 @@ class Store:
 
     @property
     def driver_dsn(self) -> str:
-        """The store's URL as psycopg takes it, password and options kept: for the connections made outside the
-        engine's pool (PostgreSQL's listener, the loop's commits)."""
-        return self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        """The store's URL as psycopg takes it, password and options kept, with the connection defaults of the
+        pool's (`PG_CONNECTION_DEFAULTS`): for the connections made outside the engine's pool (PostgreSQL's
+        listener, the loop's commits)."""
+        url = self.engine.url.set(drivername="postgresql")
+        return url.update_query_dict(_connection_defaults(url)).render_as_string(hide_password=False)
 
     @contextmanager
     def begin(self) -> Iterator[Transaction]:
@@ -209,6 +212,18 @@ def _prepare_sqlite_file(database: str) -> None:
                 file.chmod(PRIVATE_FILE_MODE)
 
 
+# libpq's, for every PostgreSQL connection the store makes, unless its URL sets them: a server that does not answer
+# fails a connection in 10 s instead of the system's minutes of TCP retries, and one that stopped answering
+# mid-transaction is found dead by keepalives in about a minute, so the records of calls are retried, not stalled.
+PG_CONNECTION_DEFAULTS: Mapping[str, str] = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
+                                             "keepalives_interval": "10", "keepalives_count": "3"}
+
+
+def _connection_defaults(url: sa.engine.URL) -> dict[str, str]:
+    """`PG_CONNECTION_DEFAULTS` less what the URL sets itself."""
+    return {key: value for key, value in PG_CONNECTION_DEFAULTS.items() if key not in url.query}
+
+
 def _sqlite_engine(url: str) -> Engine:
     database = sa.engine.make_url(url).database
     if database and database != ":memory:":
@@ -256,7 +271,8 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
         if backend == "sqlite":
             engine = _sqlite_engine(url)
         else:
-            engine = sa.create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+            engine = sa.create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True,
+                                      connect_args=_connection_defaults(sa.engine.make_url(url)))
         store = Store(engine)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise StoreError(f"cannot use the store URL {url!r}: {exc}") from exc

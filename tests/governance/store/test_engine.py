@@ -7,8 +7,10 @@ import asyncio
 import concurrent.futures
 import logging
 import secrets
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -254,3 +256,37 @@ def test_store_connections_the_server_cuts_are_replaced_and_every_record_lands(p
         assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == 20 * price
     finally:
         store.close()
+
+
+def test_a_postgresql_server_that_never_answers_fails_the_start_in_seconds_naming_it() -> None:
+    """A store whose host takes the connection and says nothing (a hung server, a black-holed port) is a
+    `StoreError` after the connection timeout, not a start that hangs for the system's minutes of retries."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="timeout") as failed:
+            open_store(f"postgresql+psycopg://handler@127.0.0.1:{port}/store?connect_timeout=1")
+        assert time.monotonic() - started < 10
+    assert f"127.0.0.1:{port}" in str(failed.value)
+
+
+def test_every_postgresql_connection_has_a_connect_timeout_and_keepalives_unless_the_url_says(pg_url: str) -> None:
+    store = open_store(pg_url)
+    try:
+        with store.engine.connect() as conn:
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            settings = {o.keyword.decode(): o.val for o in driver.pgconn.info}
+        shown = (settings["connect_timeout"], settings["keepalives"], settings["keepalives_idle"])
+        assert shown == (b"10", b"1", b"30")
+        assert "connect_timeout=10" in store.driver_dsn  # the listener's and the loop's commits' connections
+    finally:
+        store.close()
+    said = open_store(f"{pg_url}&connect_timeout=3", migrate=False)
+    try:
+        assert "connect_timeout=3" in said.driver_dsn
+        assert "connect_timeout=10" not in said.driver_dsn
+    finally:
+        said.close()
