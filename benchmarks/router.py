@@ -18,6 +18,9 @@ Throughput, 8 concurrent sessions (clients in this process, the router in its ow
 governed on PostgreSQL, and governed with the profile capped (its calls admitted against budget
 leases) on each store, each run back to back with the open gate, round after round; then two
 governed routers sharing one PostgreSQL, 8 sessions each, uncapped and with the profile capped.
+Each throughput line prints the router's CPU per call and, beside it, that of every PostgreSQL
+server process on this host (the store's share when both run on the same cores). `--calls 5000`
+makes the rounds longer and their medians steadier.
 Goals: (b)-(a) <= 150 µs p50 and >= 10x less than (c)-(a); router-direct <= 2x hop-direct;
 governed >= 90% of the open gate's calls/s on SQLite and on PostgreSQL; capped >= 5,000 calls/s on each.
 
