@@ -9,7 +9,7 @@ spend rows, so no cap is overspent however many calls or routers race. Either wa
 call's audit rows are recorded on the event loop's thread without a lock (`lanes.Records`: one row
 for a call settled before its decision is written), and they, a blocked call's row and the spend of
 the scopes no cap limits go to the backlog (`store.backlog`), committed a moment later, as do
-settlements (on PostgreSQL from the event loop itself when it is only audit rows and spend:
+settlements (from the event loop itself when it is only audit rows and spend and the store is free:
 `store.committing`; else on a worker thread); a hold is written before the agent hears of it. `admit_now`
 is the same decision in one store transaction with a reservation of its own, for callers off the
 event loop. The `Governor` puts this gate and the hold runner together as the router's `Gate`.
@@ -57,7 +57,7 @@ from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store import Store, Transaction
 from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
 from reconciler.governance.store.backlog import Backlog
-from reconciler.governance.store.committing import LoopCommitter
+from reconciler.governance.store.committing import loop_committer
 from reconciler.governance.store.holds import insert_hold
 from reconciler.governance.workers import StoreWorkers
 
@@ -112,8 +112,8 @@ class Gatekeeper:
         self._held = held
         self._run_now = run_now
         self._backlog = Backlog()
-        # On PostgreSQL the backlog is committed from the event loop (`store.committing`), one commit at a time.
-        self._loop_commits = LoopCommitter(store) if store.dialect == "postgresql" else None
+        # The backlog is committed from the event loop when it can be (`store.committing`), one commit at a time.
+        self._loop_commits = loop_committer(store)
         self._commit_lock = asyncio.Lock()
         self._commits: set[asyncio.Future[bool]] = set()
         self._records = Records()  # what the calls on the event loop's thread left to write
@@ -360,9 +360,9 @@ class Gatekeeper:
         await self._commit(self._records.take())
 
     async def _commit(self, taken: tuple[list[AuditRow], Charges]) -> bool:
-        """Commit the backlog with what the event loop's thread recorded (`taken`): on PostgreSQL from the loop
-        itself when it holds only audit rows and spend (`store.committing`), else on a worker thread. False when
-        the store failed: the rows are kept for the next try."""
+        """Commit the backlog with what the event loop's thread recorded (`taken`): from the loop itself when it
+        holds only audit rows and spend and the store is free (`store.committing`), else on a worker thread. False
+        when the store failed: the rows are kept for the next try."""
         if self._loop_commits is None:
             return await self._workers.run(self.flush_now, taken)
         self._backlog.add_rows(*taken)
@@ -381,7 +381,7 @@ class Gatekeeper:
             except StoreError as exc:
                 _not_recorded(waiting, exc)
                 return False
-            return await self._workers.run(self.flush_now)  # reservations or settlements too: the worker's transaction
+            return await self._workers.run(self.flush_now)  # settlements too, or the store busy: the worker waits
 
     def flush_now(self, taken: tuple[list[AuditRow], Charges] | None = None) -> bool:
         """Commit the backlog on this thread, with what the event loop's thread recorded (`taken` there); False

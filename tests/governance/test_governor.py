@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 
 import psycopg
@@ -10,7 +11,7 @@ import pytest
 
 from reconciler.governance.governor import Governor
 from reconciler.governance.ledger import spend_report
-from reconciler.governance.store import Store, open_store
+from reconciler.governance.store import Store, committing, open_store
 from reconciler.governance.store.audit import read_audit
 from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
 from tests.governance.governed import PARENT, Recorder, mail, run
@@ -110,3 +111,70 @@ def test_aclose_while_a_commit_waits_on_a_lock_waits_for_it_and_lands_every_reco
         assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == 20 * 5000
     finally:
         store.close()
+
+
+def test_on_sqlite_the_loop_never_waits_for_a_write_lock_another_process_holds(sqlite_store: Store) -> None:
+    """The loop commits the backlog itself only when the file's write lock is free: while another process (here a
+    connection of its own, as `handler` in a shell would be) holds it, the worker waits for it instead, the loop
+    runs on, and every record lands once the lock is let go."""
+    database = sqlite_store.sqlite_file
+    assert database is not None
+    snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+
+    async def scenario() -> int:
+        governor = Governor(sqlite_store, owns_store=False, batch_seconds=3600)
+        other = sqlite3.connect(database, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # the write lock, held
+        for _ in range(10):
+            await governor.settle(await governor.admit(snapshot, priced_call()), None, True)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticking = asyncio.create_task(ticker())
+        flushing = asyncio.create_task(governor.flush())
+        await asyncio.sleep(0.3)
+        assert not flushing.done()  # the worker waits on the lock ...
+        seen = ticks  # ... and the loop did not
+        other.execute("COMMIT")
+        other.close()
+        await flushing
+        ticking.cancel()
+        await governor.aclose()
+        return seen
+
+    assert asyncio.run(scenario()) >= 10
+    settled = [r for r in read_audit(sqlite_store, limit=1000) if r["event"] == "settled"]
+    assert sum(r["detail"].get("calls", 1) for r in settled) == 10
+    assert {r["scope"]: r["micros"] for r in spend_report(sqlite_store)}["profile:p"] == 10 * 5000
+
+
+def test_on_sqlite_the_write_ahead_log_is_checkpointed_off_the_loop(sqlite_store: Store,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(committing, "CHECKPOINT_EVERY", 3)
+    checkpoints = []
+    original = committing.SqliteCommitter._checkpoint_now
+
+    def counted(self: committing.SqliteCommitter) -> None:
+        checkpoints.append(threading.current_thread() is not threading.main_thread())
+        original(self)
+
+    monkeypatch.setattr(committing.SqliteCommitter, "_checkpoint_now", counted)
+    snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+
+    async def scenario() -> None:
+        governor = Governor(sqlite_store, owns_store=False, batch_seconds=3600)
+        for _ in range(7):
+            await governor.settle(await governor.admit(snapshot, priced_call()), None, True)
+            await governor.flush()  # one commit from the loop each
+        await governor.aclose()
+
+    asyncio.run(scenario())
+    # After the 3rd commit, and the 6th unless the first still ran: never more often, never on the loop's thread.
+    assert checkpoints in ([True], [True, True])
+    settled = [r for r in read_audit(sqlite_store, limit=1000) if r["event"] == "settled"]
+    assert sum(r["detail"].get("calls", 1) for r in settled) == 7

@@ -13,7 +13,7 @@ switching at each retake cost the store's writer nearly as much as the inserts t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from reconciler.governance.store.engine import Store, Transaction, marker, now
 from reconciler.governance.store.tables import audit
 
-__all__ = ["COPY_AUDIT", "AuditRow", "audit_row", "insert_audit", "read_audit", "record"]
+__all__ = ["COPY_AUDIT", "AuditRow", "audit_row", "audit_statements", "insert_audit", "read_audit", "record"]
 
 COPY_AUDIT = "COPY audit (at, event, request_id, profile, instance, tool, actor, status, detail) FROM STDIN"
 _INSERT = "INSERT INTO audit (at, event, request_id, profile, instance, tool, actor, status, detail) VALUES "
@@ -56,12 +56,14 @@ def insert_audit(tx: Transaction, *rows: AuditRow) -> None:
             for row in rows:
                 copy.write_row(row)
         return
-    if tx.dialect.name == "sqlite" and len(rows) > 1:
-        for start in range(0, len(rows), _ROWS_A_STATEMENT):
-            chunk = rows[start:start + _ROWS_A_STATEMENT]
-            tx.exec_driver_sql(_values(marker(tx), len(chunk)), tuple(itertools.chain.from_iterable(chunk)))
-        return
-    tx.exec_driver_sql(_values(marker(tx), 1), tuple(rows[0]))
+    for statement, parameters in audit_statements(marker(tx), rows):
+        tx.exec_driver_sql(statement, parameters)
+
+
+def audit_statements(mark: str, rows: Sequence[AuditRow]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The INSERTs (with their parameters) of `rows`, up to 256 a statement; `mark` is the driver's placeholder."""
+    return [(_values(mark, len(chunk)), tuple(itertools.chain.from_iterable(chunk)))
+            for chunk in (rows[start:start + _ROWS_A_STATEMENT] for start in range(0, len(rows), _ROWS_A_STATEMENT))]
 
 
 def _values(mark: str, rows: int) -> str:

@@ -121,6 +121,27 @@ class Store:
             raise self.failed(exc) from exc
 
     @contextmanager
+    def write_turn_now(self) -> Iterator[bool]:
+        """SQLite: this process's turn to write (see `begin`) if no other thread has it now, without waiting for it
+        (True); False while another thread writes. Always True on PostgreSQL, which has no such turn."""
+        if self._writer is None:
+            yield True
+            return
+        if not self._writer.acquire(blocking=False):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._writer.release()
+
+    @property
+    def sqlite_file(self) -> str | None:
+        """The SQLite database's file (None on PostgreSQL, and for a database in memory)."""
+        database = self.engine.url.database
+        return database if self.dialect == "sqlite" and database and database != ":memory:" else None
+
+    @contextmanager
     def read(self) -> Iterator[Transaction]:
         """A connection for reading; a database failure is a `StoreError`.
 
