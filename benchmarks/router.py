@@ -19,8 +19,8 @@ governed on PostgreSQL, and governed with the profile capped (its calls admitted
 leases) on each store, each run back to back with the open gate, round after round; then two
 governed routers sharing one PostgreSQL, 8 sessions each, uncapped and with the profile capped.
 Each throughput line prints the router's CPU per call and, beside it, that of every PostgreSQL
-server process on this host (the store's share when both run on the same cores). `--calls 5000`
-makes the rounds longer and their medians steadier.
+server process on this host (the store's share when both run on the same cores); `--round-calls`
+sets a round's length.
 Goals: (b)-(a) <= 150 µs p50 and >= 10x less than (c)-(a); router-direct <= 2x hop-direct;
 governed >= 90% of the open gate's calls/s on SQLite and on PostgreSQL; capped >= 5,000 calls/s on each.
 
@@ -478,6 +478,9 @@ def print_ratios(results: dict[str, dict[str, float]], mcp: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per configuration (default 2000)")
+    parser.add_argument("--round-calls", type=int, default=20_000,
+                        help="calls of one throughput round, 8 sessions together (default 20,000: rounds of a "
+                             "second or so, whose medians move a point or two between runs; 8,000 moved ±3)")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--part", choices=["all", "raw"], default="all",
                         help="raw: without the MCP client lines and the two-router lines")
@@ -512,7 +515,7 @@ def main() -> None:
             if mcp:
                 results.update(measure_sdk_lines(run, base, started_routers["sqlite"][0], connector, args))
             results.update(measure_raw_lines(base, env, connector, started_routers, args))
-            throughput = measure_throughput(run, started_routers, args.calls * 4)
+            throughput = measure_throughput(run, started_routers, args.round_calls)
             results.update({f"x8 {name}": figures for name, figures in throughput.items()})
             routers.close()
         if mcp and args.pg:
