@@ -119,7 +119,7 @@ class SqliteCommitter:
             try:
                 conn = self._conn or self._connect()
                 conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
+            except sqlite3.Error as exc:
                 backlog.put_back(taken)
                 if _busy(exc):
                     return False
@@ -172,6 +172,6 @@ class SqliteCommitter:
         self._close()
 
 
-def _busy(exc: sqlite3.OperationalError) -> bool:
+def _busy(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or \
         "locked" in str(exc)
