@@ -138,22 +138,11 @@ class EgressProxy:
         if len(head) > _MAX_HEAD:
             await _reply(writer, 431, "Request Header Fields Too Large")
             return
-        request_line, _, rest = head.partition(b"\r\n")
-        method, target, version = request_line.decode("latin-1").split(" ", 2)
-        if method.upper() == "CONNECT":
-            host, _, port_text = target.rpartition(":")
-            port = int(port_text)
-            forward = b""
-        else:
-            url = urlsplit(target)
-            if url.scheme != "http" or not url.hostname:
-                await _reply(writer, 400, "Bad Request: a proxy request names an absolute http:// URL")
-                return
-            host, port = url.hostname, url.port or 80
-            path = url.path or "/"
-            if url.query:
-                path += "?" + url.query
-            forward = f"{method} {path} {version}\r\n".encode("latin-1") + _strip_proxy_headers(rest)
+        asked = _destination(head)
+        if isinstance(asked, str):
+            await _reply(writer, 400, f"Bad Request: {asked}")
+            return
+        host, port, forward = asked
         if not egress_allows(self.entries, host, port):
             await self._refuse(writer, host, port, "which is not in this connector's egress")
             return
@@ -198,6 +187,33 @@ class EgressProxy:
             log.warning("egress refused: binding '%s' tried %s:%d, %s%s", self.owner, host, port, why,
                         "; its further refusals are counted, not logged" if self.refusals == LOGGED_REFUSALS else "")
         await _reply(writer, 403, f"Forbidden: {host}:{port}, {why}")
+
+
+def _destination(head: bytes) -> tuple[str, int, bytes] | str:
+    """Where a request's head asks to go: (host, port, what to send there first: nothing for CONNECT, the
+    request in origin form for plain HTTP); else what is wrong with it."""
+    request_line, _, rest = head.partition(b"\r\n")
+    method, target, version = request_line.decode("latin-1").split(" ", 2)
+    if method.upper() == "CONNECT":
+        host, _, port_text = target.rpartition(":")
+        port = _port(port_text)
+        return (host, port, b"") if host and port else "CONNECT names host:port, the port from 1 to 65535"
+    url = urlsplit(target)
+    if url.scheme != "http" or not url.hostname:
+        return "a proxy request names an absolute http:// URL"
+    try:
+        port = url.port or 80
+    except ValueError:  # out of range, or not a number
+        return "the URL's port is not a number from 1 to 65535"
+    path = url.path or "/"
+    if url.query:
+        path += "?" + url.query
+    return url.hostname, port, f"{method} {path} {version}\r\n".encode("latin-1") + _strip_proxy_headers(rest)
+
+
+def _port(text: str) -> int | None:
+    """A port from 1 to 65535 written in ASCII digits; None for anything else (`int` also takes '+80' and ' 80')."""
+    return int(text) if text.isascii() and text.isdigit() and 0 < int(text) < 65536 else None
 
 
 def _strip_proxy_headers(rest: bytes) -> bytes:

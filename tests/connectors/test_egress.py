@@ -165,3 +165,22 @@ def test_only_the_first_refusals_are_logged_one_by_one_and_all_are_counted(caplo
     assert logged[-1].endswith("its further refusals are counted, not logged")
     assert proxy.refusals == 30
     assert proxy.refused[-1] == "10.0.0.29:22"
+
+
+@pytest.mark.parametrize("target", ["CONNECT 8.8.8.8:99999", "CONNECT 8.8.8.8:-1", "CONNECT 8.8.8.8:0",
+                                    "CONNECT 8.8.8.8:+443", "CONNECT 8.8.8.8", "GET http://8.8.8.8:99999/"])
+def test_a_port_out_of_range_or_not_a_number_is_answered_400(target: str) -> None:
+    async def scenario(folder: Path) -> str:
+        proxy = EgressProxy(folder / "egress.sock", ["*:*"], owner="hostile")
+        await proxy.start()
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+            writer.write(f"{target} HTTP/1.1\r\n\r\n".encode())
+            status = await _status(reader)
+            writer.close()
+            return status
+        finally:
+            await proxy.aclose()
+
+    with short_dir() as folder:
+        assert asyncio.run(scenario(folder)).startswith("HTTP/1.1 400")
