@@ -94,20 +94,32 @@ def _record(tool: str) -> CallRecord:
     return CallRecord("tester", "", "echo/v1", tool, "echo-local", 1, time.perf_counter())
 
 
+def _log_losing_its_folder(tmp_path: Path, *written: CallRecord) -> tuple[Path, CallLog]:
+    """A call log (no loop: each write is flushed at once) that wrote `written`, then whose state folder was
+    removed under it: nothing can be written until the folder is back."""
+    state = tmp_path / "state"
+    log = CallLog(state / "calls.jsonl", flush_seconds=0)
+    for record in written:
+        log.write(record)
+    (state / "calls.jsonl").unlink()
+    state.rmdir()
+    return state, log
+
+
+def _tools(state: Path) -> list[str]:
+    return [orjson.loads(line)["tool"] for line in (state / "calls.jsonl").read_bytes().splitlines()]
+
+
 def test_lines_that_cannot_be_written_wait_for_the_folder_and_are_said_once(tmp_path: Path,
                                                                            caplog: pytest.LogCaptureFixture) -> None:
-    state = tmp_path / "state"
-    log = CallLog(state / "calls.jsonl", flush_seconds=0)  # no loop: each write is flushed at once
-    log.write(_record("first"))
-    (state / "calls.jsonl").unlink()
-    state.rmdir()  # the state folder removed under the router: nothing can be written
+    state, log = _log_losing_its_folder(tmp_path, _record("first"))
     with caplog.at_level(logging.WARNING, logger="handler.router"):
         for n in range(3):
             log.write(_record(f"waiting-{n}"))
         state.mkdir()
         log.write(_record("last"))
     log.close()
-    tools = [orjson.loads(line)["tool"] for line in (state / "calls.jsonl").read_bytes().splitlines()]
+    tools = _tools(state)
     assert tools == ["waiting-0", "waiting-1", "waiting-2", "last"]  # none lost, in order
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2
@@ -118,17 +130,14 @@ def test_lines_that_cannot_be_written_wait_for_the_folder_and_are_said_once(tmp_
 def test_past_its_bound_the_oldest_waiting_lines_go_and_are_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(calllog, "MOST_UNWRITTEN", 1000)
-    state = tmp_path / "state"
-    log = CallLog(state / "calls.jsonl", flush_seconds=0)
-    (state / "calls.jsonl").unlink()
-    state.rmdir()
+    state, log = _log_losing_its_folder(tmp_path)
     with caplog.at_level(logging.WARNING, logger="handler.router"):
         for n in range(20):
             log.write(_record(f"waiting-{n:02d}"))
         state.mkdir()
         log.write(_record("last"))
     log.close()
-    tools = [orjson.loads(line)["tool"] for line in (state / "calls.jsonl").read_bytes().splitlines()]
+    tools = _tools(state)
     assert tools[-1] == "last"
     kept = len(tools) - 1
     assert 0 < kept < 20
