@@ -31,9 +31,12 @@ class CallRequest:
     binding: str
     arguments: Mapping[str, Any]
     estimated_cost: float = 0.0  # the binding's [pricing]: the most the call may cost, reserved at admission
+    # The router's own object for this profile's tool while one snapshot is served (its plan), the same for every
+    # such call; a gate may key what it works out once per profile, tool and price by it. None: no such object.
+    route: object | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # each is its call's own: compared and hashed by identity, a gate's handle on it
 class Admission:
     status: Literal["executed", "pending", "blocked"]  # executed = run it now
     message: str = ""

@@ -40,7 +40,7 @@ from reconciler.governance.holds import (
     hold_status,
     new_request_id,
 )
-from reconciler.governance.lanes import Charges, Records, limits_spend
+from reconciler.governance.lanes import Charges, Lane, Records, limits_spend
 from reconciler.governance.leases import Lease
 from reconciler.governance.leasing import Leaser
 from reconciler.governance.ledger import (
@@ -102,8 +102,10 @@ class Gatekeeper:
     """Admission, settlement and the built-ins' answers, over one store."""
 
     def __init__(self, store: Store, workers: StoreWorkers, rulebooks: RulebookCache, leaser: Leaser, *,
-                 batch_seconds: float, held: Callable[[], None], run_now: Callable[[str], Awaitable[None]]) -> None:
-        """`held` is called on the event loop when a hold was stored; `run_now` runs an approved hold here."""
+                 batch_seconds: float, held: Callable[[], None], run_now: Callable[[str], Awaitable[None]],
+                 seen: Callable[[Snapshot], None] | None = None) -> None:
+        """`held` is called on the event loop when a hold was stored; `run_now` runs an approved hold here;
+        `seen` is told of each snapshot calls come with, when it changes."""
         self.store = store
         self._leaser = leaser
         self._workers = workers
@@ -116,7 +118,8 @@ class Gatekeeper:
         self._loop_commits = loop_committer(store)
         self._commit_lock = asyncio.Lock()
         self._commits: set[asyncio.Future[bool]] = set()
-        self._records = Records()  # what the calls on the event loop's thread left to write
+        # What the calls on the event loop's thread left to write.
+        self._records = Records(seen) if seen is not None else Records()
         self._flushing: asyncio.Task[None] | None = None
         self._flush_due = False  # a flush is scheduled: it runs until the backlog and the lanes' records are empty
         self._open = 0  # calls admitted here off their lanes and not yet settled (`Records` counts the lanes')
@@ -136,12 +139,11 @@ class Gatekeeper:
     async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         if self._closed:  # its settlement would have nowhere to go
             return Admission("blocked", "Blocked: this router is shutting down; retry in a moment.")
-        token = self._records.admit(snapshot, call, self._rulebooks)
-        if token is not None:  # the common case: nothing limits or holds it
+        admitted = self._records.admit(snapshot, call, self._rulebooks)
+        if admitted is not None:  # the common case: nothing limits or holds it
             if not self._flush_due:
                 self._flush_soon()
-            lane = token[2]
-            return Admission("executed", lane.reason, None, token, lane.trace)
+            return admitted
         entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
         found = None
         if entry is not None:
@@ -256,14 +258,13 @@ class Gatekeeper:
     async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
         """Charge an admitted call what it reported, never more than its reservation (`charging`)."""
         token = admission.token
-        if type(token) is tuple:  # admitted on its lane
-            charged = self._records.settle(token, actual_cost, ok)
+        if type(token) is Lane:  # admitted on its lane
+            charged = self._records.settle(admission, actual_cost, ok)
             if self._closed:
                 await asyncio.to_thread(self._flush_late, self._records.take())
             elif not self._flush_due:
                 self._flush_soon()
-            lane = token[2]
-            return lane.paid if charged == lane.cost else Settlement(from_micros(charged), None)
+            return token.paid if charged == token.cost else Settlement(from_micros(charged), None)
         if not isinstance(token, _Token):
             return Settlement(0.0, None)
         try:

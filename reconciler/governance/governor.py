@@ -48,7 +48,10 @@ class Governor:
         self._runner = HoldRunner(store, self._workers, self._rulebooks, poll_seconds=poll_seconds,
                                   heard=self._hold_changed, make_room=self._leaser.make_room)
         self._gate = Gatekeeper(store, self._workers, self._rulebooks, self._leaser, batch_seconds=batch_seconds,
-                                held=self._hold_changed, run_now=self._runner.run_now)
+                                held=self._hold_changed, run_now=self._runner.run_now, seen=self._first_snapshot)
+        # Every call is admitted and settled: by the gatekeeper's own methods, with no call of this object's between.
+        self.admit: Callable[[Snapshot, CallRequest], Coroutine[Any, Any, Admission]] = self._gate.admit
+        self.settle: Callable[[Admission, float | None, bool], Coroutine[Any, Any, Settlement]] = self._gate.settle
         # Called on the event loop when a hold was stored here or (PostgreSQL) by another router: the
         # notifier of `handler up` sends its notices at once instead of at its next poll.
         self.on_hold: Callable[[], None] | None = None
@@ -80,19 +83,15 @@ class Governor:
 
     # --- the Gate --------------------------------------------------------------------------------
 
-    # `admit` and `settle` hand back the gate's own coroutine rather than awaiting it in one of their own: they
-    # run on every call.
-    def admit(self, snapshot: Snapshot, call: CallRequest) -> Coroutine[Any, Any, Admission]:
+    # `admit` and `settle` are the gatekeeper's (set in `__init__`).
+
+    def _first_snapshot(self, snapshot: Snapshot) -> None:
         if self._runner.snapshot is None:  # until the router says which snapshot is live, the first one seen is
             self._runner.use_snapshot(snapshot)
-        return self._gate.admit(snapshot, call)
 
     def admit_now(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         """`admit` without the event loop: one store transaction."""
         return self._gate.admit_now(snapshot, call)
-
-    def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Coroutine[Any, Any, Settlement]:
-        return self._gate.settle(admission, actual_cost, ok)
 
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
         return await self._gate.status(request_id, caller)

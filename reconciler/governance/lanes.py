@@ -23,7 +23,6 @@ calls of its run, tool, decision (its `decided` detail) and outcome; else `decid
 
 from __future__ import annotations
 
-import itertools
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -36,14 +35,14 @@ from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.charging import PricedCall, charge_call
 from reconciler.governance.decide import SpendState, decide_call
-from reconciler.governance.gate import CallRequest, Settlement
+from reconciler.governance.gate import Admission, CallRequest, Settlement
 from reconciler.governance.holds import new_request_id
 from reconciler.governance.ledger import current_month, scopes_for, settlement_row
 from reconciler.governance.rulebook import CapSet, Rulebook, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store.audit import AuditRow
 
-__all__ = ["Lane", "LaneToken", "Records", "limits_spend"]
+__all__ = ["Lane", "Records", "limits_spend"]
 
 _NO_SPEND = SpendState()
 
@@ -65,9 +64,6 @@ class Lane:
     paid: Settlement  # what a call charged its price is told; one for all of them, read only
 
 
-# An admitted call's token, passed back to `Records.settle`: (its key in `Records`, the call, its lane, when it was
-# decided); `Records` keeps it, as it is, while the call runs.
-LaneToken = tuple[int, CallRequest, Lane, float]
 Charges = list[tuple[tuple[str, ...], str, int]]  # (spend scopes, month, micros), as `Backlog.add_rows` takes them
 _OFF = object()  # cached: this profile's tool at this price takes the gate's other paths
 
@@ -81,53 +77,84 @@ def _nothing() -> None:
     return None
 
 
+def _ignore(snapshot: Snapshot) -> None:
+    return None
+
+
 class Records:
     """The lanes of the latest snapshot seen, and the audit rows and charges recorded on the event loop's thread
     since the last `take`. Used from that thread only."""
 
-    def __init__(self) -> None:
+    def __init__(self, seen: Callable[[Snapshot], None] = _ignore) -> None:
+        """`seen` is told of each snapshot a call comes with that the last call did not."""
+        self._on_snapshot = seen
         self._seen: Callable[[], Snapshot | None] = _nothing  # the snapshot of the last call, weakly
         self._book: Rulebook | None = None
         self._lanes: dict[tuple[str, str, float], Any] = {}
+        self._routes: dict[object, Any] = {}  # a call's route → its lane, for the snapshot seen
         self.rows: list[AuditRow] = []  # in the order they happened
-        self._keys = itertools.count()
-        # A lane's calls not yet settled: their tokens, by key. One still running at a `take` has its `decided` row
-        # written then, and its key → the request id that row names until it settles.
-        self._running: dict[int, LaneToken] = {}
-        self._written: dict[int, str] = {}
+        # A lane's calls not yet settled, by admission: the call and when it was decided. One still running at a `take`
+        # has its `decided` row written then, and its admission → the call and the request id that row names until it
+        # settles.
+        self._running: dict[Admission, tuple[CallRequest, float]] = {}
+        self._written: dict[Admission, tuple[CallRequest, str]] = {}
         self._deciding: dict[str, AuditRow] = {}  # request id → the `decided` row of a leased call not yet settled
         # The calls settled before their decision was taken, counted → [calls, micros reserved, micros charged, when
         # the first settled, when the last did]: a lane's by (lane, instance, ok), whose charges are summed here too;
         # a leased call's (whose charge the gate adds itself) by (profile, instance, tool, its `decided` detail, ok).
         self._tally: dict[tuple[Lane, str, bool], list[Any]] = {}
+        # The common case counted apart, with less to add: a lane's calls that succeeded charged its price, by (lane,
+        # instance) → [calls, when the first settled, when the last did]; `take` counts them into `_tally`.
+        self._paid: dict[tuple[Lane, str], list[Any]] = {}
         self._leased: dict[tuple[str, str, str, str, bool], list[Any]] = {}
         self._charged: dict[tuple[str, Lane], int] = {}  # (instance, lane) → micros
         self.violations = 0  # lane calls that reported more than their price, since start
 
-    def admit(self, snapshot: Snapshot, call: CallRequest, books: RulebookCache) -> LaneToken | None:
-        """Record the decision of a call admitted on its lane, and return its token (the lane is its third item); None
-        when the call must take the gate's other paths. Its request id is made only if its `decided` row is written
-        (`take`, while it runs): the tally names none."""
+    def admit(self, snapshot: Snapshot, call: CallRequest, books: RulebookCache) -> Admission | None:
+        """Record the decision of a call admitted on its lane and return its admission, whose token is the lane and
+        which is the call's own handle until `settle`; None when the call must take the gate's other paths. Its request
+        id is made only if its `decided` row is written (`take`, while it runs): the tally names none."""
         if self._seen() is not snapshot:
             self._book = books.rulebook(snapshot)
-            self._lanes, self._seen = self._book.lanes, weakref.ref(snapshot)
-        lane = self._lanes.get((call.profile, call.tool, call.estimated_cost))
+            self._lanes, self._seen, self._routes = self._book.lanes, weakref.ref(snapshot), {}
+            self._on_snapshot(snapshot)
+        lane = self._routes.get(call.route)
         if lane is None:
-            assert self._book is not None  # noqa: S101 - set with `_seen`
-            lane = self._lanes[(call.profile, call.tool, call.estimated_cost)] = _compile(self._book, call)
+            lane = self._lane(call)
         if lane is _OFF:
             return None
-        key = next(self._keys)
-        token = self._running[key] = (key, call, lane, time.time())
-        return token
+        admission = Admission("executed", lane.reason, None, lane, lane.trace)
+        self._running[admission] = (call, time.time())
+        return admission
 
-    def settle(self, token: LaneToken, actual_cost: float | None, ok: bool) -> int:
-        """Record the settlement of a call admitted on its lane; what it is charged (micros). One that reported more
+    def _lane(self, call: CallRequest) -> Any:
+        """The lane of a call's profile, tool and price (or `_OFF`), worked out once per snapshot and found by the
+        call's route from then on."""
+        key = (call.profile, call.tool, call.estimated_cost)
+        lane = self._lanes.get(key)
+        if lane is None:
+            assert self._book is not None  # noqa: S101 - set with `_seen`
+            lane = self._lanes[key] = _compile(self._book, call)
+        if call.route is not None:
+            self._routes[call.route] = lane
+        return lane
+
+    def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> int:
+        """Record the settlement of a call `admit` admitted; what it is charged (micros). One that reported more
         than its price is charged its price, and its pricing violation recorded (and counted: `violations`)."""
-        key, call, lane, _ = token
-        running = self._running.pop(key, None) is not None
+        lane: Lane = admission.token
+        found = self._running.pop(admission, None)
+        running = found is not None
+        call, _ = found if found is not None else self._written[admission]
         if running and ok and (actual_cost is None or actual_cost == lane.price):  # the common case: its price
-            _count(self._tally, (lane, call.instance, True), lane.cost, lane.cost, time.time())
+            counted = (lane, call.instance)
+            paid = self._paid.get(counted)
+            if paid is None:
+                now = time.time()
+                self._paid[counted] = [1, now, now]
+            else:
+                paid[0] += 1
+                paid[2] = time.time()
             return lane.cost
         violation = None
         if not ok:
@@ -135,7 +162,7 @@ class Records:
         elif actual_cost is None or actual_cost == lane.price:
             charged = lane.cost
         else:
-            named = self._written.get(key) or new_request_id()
+            named = new_request_id() if running else self._written[admission][1]
             charge = charge_call(PricedCall(named, call.profile, call.instance, call.binding, call.tool), lane.cost,
                                  to_micros(actual_cost), True)
             charged, violation = charge.charged, charge.violation
@@ -144,7 +171,7 @@ class Records:
         else:  # its decision is written already: the settlement on its own, with that request id
             shape = (lane.released if not ok else lane.settled if charged == lane.cost
                      else settlement_row(None, "", "", True, lane.cost, charged))
-            rid = self._written.pop(key, None)
+            _, rid = self._written.pop(admission)
             self.rows.append((time.time(), shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
             if charged:
                 charges = (call.instance, lane)
@@ -183,6 +210,9 @@ class Records:
         rows of the calls still running; all start afresh."""
         rows, charged = self.rows, self._charged
         self.rows, self._charged = [], {}
+        for (lane, instance), (calls, first, last) in self._paid.items():
+            micros = calls * lane.cost
+            _count(self._tally, (lane, instance, True), micros, micros, first, last, calls)
         for (lane, instance, ok), tally in self._tally.items():
             rows.append(_tally_row(lane.profile, instance, lane.tool, lane.decided, ok, tally))
             if tally[2]:
@@ -190,31 +220,37 @@ class Records:
                 charged[charges] = charged.get(charges, 0) + tally[2]
         for (profile, instance, tool, decided, ok), tally in self._leased.items():
             rows.append(_tally_row(profile, instance, tool, decided, ok, tally))
-        for key, (_, call, lane, at) in self._running.items():  # still running: its decision is written now
-            rid = self._written[key] = new_request_id()
+        for admission, (call, at) in self._running.items():  # still running: its decision is written now
+            rid = new_request_id()
+            self._written[admission] = (call, rid)
+            lane = admission.token
             rows.append((at, "decided", rid, call.profile, call.instance, call.tool, None, "executed", lane.decided))
         rows.extend(self._deciding.values())
-        if self._tally or self._leased or self._running or self._deciding:  # kept in the order they happened
+        if self._paid or self._tally or self._leased or self._running or self._deciding:  # in the order they happened
             rows.sort(key=_stamp)
-        self._tally, self._leased, self._running, self._deciding = {}, {}, {}, {}
+        self._tally, self._paid, self._leased, self._running, self._deciding = {}, {}, {}, {}, {}
         month = current_month()
         return rows, [(scopes_for(lane.caps, lane.profile, instance), month, micros)
                       for (instance, lane), micros in charged.items()]
 
     def __len__(self) -> int:
-        return (len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally) + len(self._leased)
-                + len(self._running))
+        return (len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally) + len(self._paid)
+                + len(self._leased) + len(self._running))
 
 
-def _count(tallies: dict[Any, list[Any]], counted: Any, reserved: int, charged: int, at: float) -> None:
+def _count(tallies: dict[Any, list[Any]], counted: Any, reserved: int, charged: int, first: float,
+           last: float | None = None, calls: int = 1) -> None:
+    """Count `calls` calls settled from `first` to `last` (one call: both at `first`)."""
+    last = first if last is None else last
     tally = tallies.get(counted)
     if tally is None:
-        tallies[counted] = [1, reserved, charged, at, at]
+        tallies[counted] = [calls, reserved, charged, first, last]
     else:
-        tally[0] += 1
+        tally[0] += calls
         tally[1] += reserved
         tally[2] += charged
-        tally[4] = at
+        tally[3] = min(tally[3], first)
+        tally[4] = max(tally[4], last)
 
 
 def _tally_row(profile: str, instance: str, tool: str, decided: str, ok: bool, tally: list[Any]) -> AuditRow:

@@ -162,7 +162,7 @@ async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: 
                      arguments: dict[str, Any], record: CallRecord) -> dict[str, Any] | EncodedResult:
     files = check_arguments(plan, arguments)
     call = CallRequest(caller.profile, caller.instance, caller.parent, plan.interface, plan.name,
-                       plan.binding or "", arguments, plan.price)
+                       plan.binding or "", arguments, plan.price, plan)
     if plan.builtin:
         is_error, out = await run_builtin(svc.gate, plan.name, arguments, call)
         if not is_error:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -246,6 +247,27 @@ def test_a_cap_added_by_a_new_revision_applies_to_the_next_call(store: Store) ->
         refused = await g.admit(capped, priced_call())
         assert (refused.status, "profile monthly cap" in refused.message) == ("blocked", True)
         assert (await g.admit(free, priced_call())).status == "executed"  # a session still on r1
+
+    run(scenario, store)
+
+
+def test_a_call_is_decided_by_its_own_snapshot_whatever_route_it_names(store: Store) -> None:
+    """The gate finds a lane by the call's route only within the snapshot it worked the lane out for: the same route
+    named under a snapshot with a cap takes the cap's path, and back under the first one its lane again."""
+    free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+    capped = make_snapshot({"p": {"template": "permissive", "caps": {"monthly_usd": 0.001}}},
+                           org=dict(OWNERS_ORG), revision="r2")
+    route = object()
+
+    async def scenario(g: Governor) -> None:
+        for snapshot, status in ((free, "executed"), (free, "executed"), (capped, "blocked"), (free, "executed")):
+            admission = await g.admit(snapshot, dataclasses.replace(priced_call(), route=route))
+            assert admission.status == status
+            if status == "executed":
+                assert (await g.settle(admission, None, True)).charged == 0.005
+        await g.flush()
+        settled = [r for r in read_audit(store, limit=100) if r["event"] == "settled"]
+        assert sum(r["detail"]["calls"] for r in settled) == 3
 
     run(scenario, store)
 
