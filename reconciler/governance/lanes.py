@@ -3,10 +3,12 @@ admitted on the event loop (docs/architecture.md §10).
 
 A call whose org, profile and instance have no cap, whose org is not prepaid and whose decision is
 "runs now" is decided by config and its price alone. That decision — a `Lane` — is worked out once
-per snapshot, profile, tool and price, with the audit rows such a call leaves already encoded; each
-call then costs the gate a lookup and two sums: of the calls it records and of what they were
-charged. `Records` keeps them on the event loop's thread, so no lock is taken per call; the gate's
-flush takes them there (`take`) and hands them to the backlog, which the store's worker commits.
+per snapshot, profile, tool and price, with the audit rows such a call leaves already encoded, and
+found from then on by the call's route (the router's plan of the tool); each call then costs the
+gate that lookup, its admission kept as its handle while it runs, and a count (what the calls were
+charged is summed only for those not charged their price). `Records` keeps them on the event loop's
+thread, so no lock is taken per call; the gate's flush takes them there (`take`) and hands them to
+the backlog, which the store's worker commits.
 
 Such a call is decided by the revision alone, and no one can ask for it by its request id (neither
 the agent nor the call log is told one), so its record is the tally: the calls of one agent run, tool
