@@ -29,6 +29,7 @@ from reconciler.config.models import Limits
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError
 from reconciler.connectors.pool import ConnectorPool
+from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import Admission, CallRequest, CallResult, Gate
 from reconciler.router.builtins import run_builtin
 from reconciler.router.calllog import CallLog, CallRecord
@@ -154,8 +155,17 @@ def note_error(record: CallRecord, error: ToolError) -> None:
 
 
 async def govern(gate: Gate, snapshot: Snapshot, call: CallRequest) -> Admission:
-    """Step 5: the governance seam decides executed / pending / blocked and reserves the estimate."""
-    return await gate.admit(snapshot, call)
+    """Step 5: the governance seam decides executed / pending / blocked and reserves the estimate.
+
+    A call governance cannot decide does not run: when its store fails (down, or a lock held elsewhere past the
+    session's timeout), the call is `unavailable` and the operator's log says why.
+    """
+    try:
+        return await gate.admit(snapshot, call)
+    except StoreError as exc:
+        log.warning("%s %s of profile '%s' not admitted: %s", call.interface, call.tool, call.profile, exc)
+        raise unavailable("governance_store", "governance could not decide this call: its store failed; retrying "
+                          "later may work") from None
 
 
 async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import stat
 import threading
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 import sqlalchemy as sa
+from psycopg import conninfo
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -95,11 +97,14 @@ class Store:
 
     @property
     def driver_dsn(self) -> str:
-        """The store's URL as psycopg takes it, password and options kept, with the connection defaults of the
-        pool's (`PG_CONNECTION_DEFAULTS`): for the connections made outside the engine's pool (PostgreSQL's
-        listener, the loop's commits)."""
+        """The store's connection string as psycopg takes it, password and options kept, with the connection
+        defaults of the pool's (`PG_CONNECTION_DEFAULTS`, `PG_SESSION_DEFAULTS`): for the connections made outside
+        the engine's pool (PostgreSQL's listener, the loop's commits). Built by libpq's rules, not as a URL: a URL
+        rendered again writes the spaces of `options` as '+', which libpq does not read back as spaces."""
         url = self.engine.url.set(drivername="postgresql")
-        return url.update_query_dict(_connection_defaults(url)).render_as_string(hide_password=False)
+        query = {key: " ".join(value) if isinstance(value, tuple) else value for key, value in url.query.items()}
+        base = url.set(query={}).render_as_string(hide_password=False)
+        return conninfo.make_conninfo(base, **{**query, **_connection_defaults(url)})
 
     @contextmanager
     def begin(self) -> Iterator[Transaction]:
@@ -184,6 +189,10 @@ class Store:
                 with _file_lock(self.engine), self.engine.begin() as conn:
                     return upgrade(conn)
             with self.engine.begin() as conn:
+                # Another router's migration may hold the lock, and a migration may rewrite a large table: neither is
+                # cut short by the session's timeouts (`PG_SESSION_DEFAULTS`).
+                conn.execute(sa.text("SET LOCAL lock_timeout = 0"))
+                conn.execute(sa.text("SET LOCAL statement_timeout = 0"))
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
                 return upgrade(conn)
         except OperationalError as exc:
@@ -238,11 +247,27 @@ def _prepare_sqlite_file(database: str) -> None:
 # mid-transaction is found dead by keepalives in about a minute, so the records of calls are retried, not stalled.
 PG_CONNECTION_DEFAULTS: Mapping[str, str] = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
                                              "keepalives_interval": "10", "keepalives_count": "3"}
+# The server's, for every session the store opens, unless the URL's `options` set them: a row or lock another session
+# holds (an operator's open transaction in psql, a stuck router) fails the statement waiting for it after 10 s, so
+# the call or the records waiting on it are answered or retried instead of stalled; no statement runs longer than a
+# minute; and a session left idle inside its transaction for a minute is ended by the server, its locks freed.
+# Migrations lift the first two for their own transaction (`Store.migrate`).
+PG_SESSION_DEFAULTS: Mapping[str, str] = {"lock_timeout": "10s", "statement_timeout": "60s",
+                                          "idle_in_transaction_session_timeout": "60s"}
+_SETTING = re.compile(r"(?:-c\s*|--)([A-Za-z_.]+)=")  # a setting in `options`: "-c name=value" or "--name=value"
 
 
 def _connection_defaults(url: sa.engine.URL) -> dict[str, str]:
-    """`PG_CONNECTION_DEFAULTS` less what the URL sets itself."""
-    return {key: value for key, value in PG_CONNECTION_DEFAULTS.items() if key not in url.query}
+    """`PG_CONNECTION_DEFAULTS` less what the URL sets itself, and `options` with the URL's own and
+    `PG_SESSION_DEFAULTS` less those it sets."""
+    found = {key: value for key, value in PG_CONNECTION_DEFAULTS.items() if key not in url.query}
+    given = url.query.get("options", "")
+    given = " ".join(given) if isinstance(given, tuple) else given
+    named = set(_SETTING.findall(given))
+    settings = [f"-c {key}={value}" for key, value in PG_SESSION_DEFAULTS.items() if key not in named]
+    if settings:
+        found["options"] = " ".join(filter(None, (given, *settings)))
+    return found
 
 
 def _sqlite_engine(url: str) -> Engine:
