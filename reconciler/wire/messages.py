@@ -1,9 +1,9 @@
 """JSON-RPC 2.0 messages on lines: parsing what arrives, encoding what goes out.
 
-`parse_message` turns a line into a `Message` or raises the `JsonRpcError` to answer: `-32700` for
-bytes that are not JSON, `-32600` for JSON that is not a single request or notification (a batch, a
-missing `jsonrpc`, a request with no `id` or a null one). The `encode_*` functions write one message
-as one line, newline included.
+`parse_message` turns a line into a `Message` (None: nothing to answer) or raises the `JsonRpcError`
+to answer: `-32700` for bytes that are not JSON (a blank line is answered nothing), `-32600` for JSON
+that is not a single request or notification (a batch, a missing `jsonrpc`, a request with no `id` or
+a null one). The `encode_*` functions write one message as one line, newline included.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class IdentifiedError(JsonRpcError):
 
 
 def parse_message(line: bytes) -> Message | None:
-    """The request or notification on `line`, or None for a response (a server sends no requests).
+    """The request or notification on `line`, or None for a response (a server sends no requests) and for a line of
+    whitespace alone (some clients end lines with CRLF or send blank lines between messages: nothing to answer).
 
     Raises `JsonRpcError`; once the line is a JSON object its error is an `IdentifiedError` carrying
     the request's id when it has a usable one, so the client can match the reply.
@@ -58,6 +59,8 @@ def parse_message(line: bytes) -> Message | None:
     try:
         msg = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
+        if not line.strip():
+            return None
         if str(exc).startswith("depth limit"):
             raise JsonRpcError(PARSE_ERROR, "the message nests arrays or objects deeper than 1024 levels, more "
                                "than a JSON-RPC message may") from None

@@ -40,6 +40,20 @@ def test_bad_lines_get_their_error_and_the_connection_lives_on(echo_root: Path, 
     run(scenario())
 
 
+def test_blank_lines_and_crlf_endings_are_not_answered(echo_root: Path, run_dir: Path) -> None:
+    """Whitespace between messages is nothing to answer (a -32700 with no id would reach the client as a reply it
+    never asked for), and a message ending in CRLF is read as it is."""
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            await c.send_bytes(b"\n\r\n   \n\t\n")
+            await c.send_bytes(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\r\n')
+            assert await c.recv() == {"jsonrpc": "2.0", "id": 1, "result": {}}  # the first reply is the ping's
+            await c.close()
+
+    run(scenario())
+
+
 def test_an_oversize_line_split_across_reads_is_skipped_whole(echo_root: Path, run_dir: Path) -> None:
     async def scenario() -> None:
         async with serving(echo_root, run_dir, max_line_bytes=1024) as router:
