@@ -182,6 +182,7 @@ class SandboxSpec(_Model):
     fileBytes: int | None = Field(default=None, gt=0)
     processes: int | None = Field(default=None, gt=0, le=65536)  # processes and threads at once
     tmpMb: int | None = Field(default=None, gt=0)  # its private /tmp (also its HOME)
+    diskMb: int | None = Field(default=None, gt=0)  # what it may keep in its call and socket folders
 
 
 # A PEP 508 requirement by name, with extras, version specifiers and a marker; never a pip option

@@ -314,6 +314,14 @@ class ConnectorProcess:
             raise ConnectorCrashedError(f"connector of binding '{self.spec.name}' is not running")
         await asyncio.wait_for(inc.line.request("ping", {}), timeout)
 
+    async def exited(self, timeout: float = 5.0) -> None:
+        """Wait until the current process has ended (a kill sent), for at most `timeout` seconds."""
+        popen = self._inc.popen
+        if popen is not None and popen.poll() is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await asyncio.to_thread(popen.wait)
+
     async def stop(self, grace: float = 2.0) -> None:
         """Close stdin, wait `grace` seconds for the process to exit, then kill it (a start under way first ends)."""
         starting = self._starting

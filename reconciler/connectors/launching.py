@@ -45,6 +45,7 @@ from pathlib import Path
 from reconciler.config.snapshot import Binding, Connector, Snapshot
 from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups
 from reconciler.connectors.client import Handoff, LaunchSpec
+from reconciler.connectors.diskwatch import DEFAULT_DISK_BYTES
 from reconciler.connectors.egress import EgressProxy
 from reconciler.connectors.environments import environment_path, missing_on_machine, require_environment, runtime_home
 from reconciler.connectors.errors import ConnectorStartError
@@ -88,6 +89,8 @@ class Launch:
     host_uid: int | None = None  # the uid it runs as, when not the router's (the router is root)
     cgroups: ConnectorCgroups | None = None
     handoff: Handoff | None = None  # its first spawn, by the parked spare it took
+    writable: tuple[Path, ...] = ()  # the host's folders it may write (sandboxed), which the pool measures
+    disk_bytes: int = DEFAULT_DISK_BYTES  # the most those may hold
 
     async def with_fresh_secrets(self, snapshot: Snapshot, binding_name: str, root: Path) -> Launch:
         """This launch with its secrets resolved again, so a restart picks up a rotated token.
@@ -246,6 +249,7 @@ async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path |
         _calls_dir(calls, uid)
         writable.append(calls)
         readable.append(inbox_dir(run_dir, binding_name, uid))
+    launch.writable, launch.disk_bytes = tuple(writable), limits.disk_bytes
     view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts), readable)
     spare = None
     if uid is not None:

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.client import ConnectorProcess, DispatchHook, LaunchSpec
+from reconciler.connectors.diskwatch import CHECK_SECONDS, measure, remove_left
 from reconciler.connectors.drift import find_tool_drift
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
 from reconciler.connectors.launching import Launch, declared_env, inbox_dir, prepare_launch
@@ -138,6 +139,7 @@ class _Entry:
     failure: ConnectorStartError | None = None
     drift: tuple[str, ...] = field(default=())
     snapshot: Snapshot | None = None  # the one it was launched from: a restart resolves its secrets again
+    watch: asyncio.Task[None] | None = None  # what its process keeps in its writable folders (`diskwatch`)
 
     @property
     def busy(self) -> bool:
@@ -342,6 +344,7 @@ class ConnectorPool:
         entry.started_at = entry.last_used = time.monotonic()
         pid = entry.process.pid if entry.process is not None else None
         self.statuses[binding_name] = BindingStatus("running", "", entry.drift, pid)
+        self._watch(entry)
         if entry.connector is None:  # pragma: no cover - every successful start sets it
             raise ConnectorStartError(f"binding '{binding_name}' started nothing")
         return entry.connector
@@ -410,10 +413,42 @@ class ConnectorPool:
                  for code, text in iface.spec.errors.items()}
         entry.connector = InRouter(WrappedConnector(process, wrap, texts))  # type: ignore[arg-type]
 
+    def _watch(self, entry: _Entry) -> None:
+        """Measure what the process of `entry` keeps in its writable folders while it runs (sandboxed only)."""
+        if entry.process is None or entry.launch is None or not entry.launch.writable:
+            return
+        if entry.watch is None or entry.watch.done():
+            entry.watch = asyncio.get_running_loop().create_task(self._watch_disk(entry, entry.process, entry.launch))
+
+    async def _watch_disk(self, entry: _Entry, process: ConnectorProcess, launch: Launch) -> None:
+        """Every `CHECK_SECONDS` while `process` runs: over its bound, it is killed (its calls in flight fail) and what
+        it left in its writable folders is removed before its next start (`diskwatch`)."""
+        while not self._closed and entry.process is process and process.running:
+            await asyncio.sleep(CHECK_SECONDS)
+            usage = await asyncio.to_thread(measure, launch.writable, launch.disk_bytes)
+            why = usage.over(launch.disk_bytes)
+            if why is None or entry.process is not process:
+                continue
+            binding, pid = entry.key[0], process.pid
+            log.error("connector of binding '%s' kept %s; killed, and what it left there removed; raise [sandbox] "
+                      "diskMb in its manifest if its calls need that room", binding, why)
+            killed_at = time.time_ns()
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            await process.exited()
+            removed = 0
+            for folder in launch.writable:
+                removed += await asyncio.to_thread(remove_left, folder, killed_at)
+            log.info("binding '%s': %d entries its killed connector left were removed", binding, removed)
+            return
+
     async def _retire(self, entry: _Entry) -> None:
         """Stop what an entry started (its connector, its process group, its proxy and folder)."""
+        if entry.watch is not None and entry.watch is not asyncio.current_task():
+            entry.watch.cancel()
         connector, process, launch = entry.connector, entry.process, entry.launch
-        entry.connector = entry.process = entry.launch = entry.snapshot = None
+        entry.connector = entry.process = entry.launch = entry.snapshot = entry.watch = None
         if connector is not None:
             with contextlib.suppress(Exception):
                 await connector.stop()

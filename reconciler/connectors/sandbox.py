@@ -18,7 +18,7 @@
 - system calls: the seccomp filter of `seccomp`;
 - limits: memory (RLIMIT_DATA; not RLIMIT_AS, whose address-space count breaks runtimes that reserve
   large unmapped regions), CPU time, file size and processes, from the manifest's `[sandbox]` or the
-  defaults here.
+  defaults here; what it keeps in its writable folders, measured by the pool (`diskwatch`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reconciler.config.models import SandboxSpec
+from reconciler.connectors.diskwatch import DEFAULT_DISK_BYTES
 from reconciler.connectors.seccomp import SeccompUnavailableError, filter_program
 
 __all__ = ["DEFAULT_LIMITS", "BoxView", "Limits", "Support", "boxed", "confined_env", "entering", "limits_for",
@@ -58,6 +59,7 @@ class Limits:
     file_bytes: int
     processes: int
     tmp_bytes: int
+    disk_bytes: int = DEFAULT_DISK_BYTES  # in the folders it may write, on the host's disk (`diskwatch`)
 
 
 DEFAULT_LIMITS = Limits(memory_bytes=4 << 30, cpu_seconds=3600, file_bytes=1 << 30, processes=256,
@@ -72,6 +74,7 @@ def limits_for(spec: SandboxSpec) -> Limits:
         file_bytes=spec.fileBytes or DEFAULT_LIMITS.file_bytes,
         processes=spec.processes or DEFAULT_LIMITS.processes,
         tmp_bytes=spec.tmpMb * (1 << 20) if spec.tmpMb else DEFAULT_LIMITS.tmp_bytes,
+        disk_bytes=spec.diskMb * (1 << 20) if spec.diskMb else DEFAULT_LIMITS.disk_bytes,
     )
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socketserver
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -28,6 +31,7 @@ from reconciler.connectors.sandbox import (
     sandbox_support,
     write_seccomp,
 )
+from tests.fixtures.echo_connector import FILL
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, run, serving, short_dir
 from tests.fixtures.loopback import serving_page
@@ -295,6 +299,36 @@ def test_a_sandboxed_connector_sees_none_of_the_routers_private_files(tmp_path: 
     assert seen[str(secret_file)] == "missing"  # another binding's secret file
     assert seen[str(home_secret)] == "missing"
     assert seen["RUN/calls"] == "folder: echo-local"  # its own call folders only
+
+
+def test_a_connector_filling_its_call_folders_is_killed_and_what_it_left_is_removed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """RLIMIT_FSIZE bounds each file, not how many: a connector writing 1 MiB files into the folder its output goes
+    to is killed once they pass its [sandbox] diskMb (its call fails), its files go, and the next call runs."""
+    with short_dir() as base:
+        root = write_echo_tree(base / "t")
+        manifest = root / "catalog/connectors/echo/connector.toml"
+        manifest.write_text(manifest.read_text() + "\n[sandbox]\ndiskMb = 8\n")
+        run_dir = base / "run"
+        calls = run_dir / "calls/echo-local"
+
+        async def scenario() -> tuple[dict[str, Any], float, dict[str, Any], list[str]]:
+            async with serving(root, run_dir) as router:
+                client = await RawClient.connect(router.socket_path("tester"))
+                started = time.monotonic()
+                filled = await client.call("echo_write", {"text": FILL, "outputPath": "filled.txt"})
+                took = time.monotonic() - started
+                again = await client.call("echo_say", {"text": "after"})
+                await client.close()
+                return filled, took, again, sorted(p.name for p in calls.rglob("*"))
+
+        with caplog.at_level(logging.INFO, logger="handler.connectors"):
+            filled, took, again, left = run(scenario(), timeout=60)
+    assert (filled["isError"], filled["_meta"]["handler/cause"]) == (True, "crashed"), filled
+    assert took < 15, took  # not the 30 s it meant to write for
+    assert again["structuredContent"] == {"text": "after"}
+    assert [name for name in left if name.startswith("fill-")] == []
+    assert "more than 8 MiB (its [sandbox] diskMb)" in caplog.text
 
 
 def test_without_bubblewrap_connectors_do_not_start_and_the_message_says_what_to_do(
