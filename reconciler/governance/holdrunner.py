@@ -1,7 +1,8 @@
 """The runner of approved holds: finds them, claims each once, checks it again, runs it, records the end.
 
 `start(executor)` starts a loop that looks for approved holds in the store — woken by PostgreSQL
-NOTIFY (`store.listening`) or by a decision taken here, else every `poll_seconds` — and also finds
+NOTIFY (`store.listening`) or by a decision taken here, else every `poll_seconds` (while LISTEN is up,
+only every `LISTENING_POLL_SECONDS`, in case a notification was lost) — and also finds
 those approved while no router ran. Each hold is claimed atomically (`holds.claim_hold`: of all the
 routers sharing the store exactly one wins), then checked again on the live snapshot: its binding,
 the explicit blocks and the guardrails, with its price reserved as it would be for a new call. It
@@ -37,6 +38,11 @@ from reconciler.governance.workers import StoreWorkers
 __all__ = ["HoldRunner"]
 
 
+# How often the runner looks for approved holds while PostgreSQL's LISTEN connection is up, which wakes it at every
+# decision: only in case a notification was lost.
+LISTENING_POLL_SECONDS = 5.0
+
+
 class HoldRunner:
     """Runs the approved holds of one store, each exactly once across every router sharing it."""
 
@@ -58,6 +64,11 @@ class HoldRunner:
         self._running: dict[str, asyncio.Task[bool]] = {}
         self._listener: HoldListener | None = None
         self._stopping = False
+
+    @property
+    def listening(self) -> bool:
+        """Whether PostgreSQL's LISTEN connection is up, so every decision wakes this runner at once."""
+        return self._listener is not None and self._listener.connected
 
     def use_snapshot(self, snapshot: Snapshot) -> None:
         """The live snapshot, against which approved holds are checked again before they run."""
@@ -90,7 +101,8 @@ class HoldRunner:
             if self._stopping:
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._poll)
+                await asyncio.wait_for(self._wake.wait(), max(self._poll, LISTENING_POLL_SECONDS) if self.listening
+                                       else self._poll)
 
     async def run_approved(self) -> int:
         """Start every approved hold not yet running here; returns how many were started."""

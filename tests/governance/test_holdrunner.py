@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from reconciler.config.snapshot import Snapshot
+from reconciler.governance import holdrunner
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import decide_hold, get_hold, list_holds
@@ -164,3 +165,48 @@ def test_an_executor_that_raises_fails_the_hold_once_and_it_costs_nothing(store:
 
     run(scenario, store)
     assert len(recorder.calls) == 1
+
+
+def test_a_runner_listening_on_postgresql_polls_seldom_and_still_runs_an_approval_at_once(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While LISTEN is up every decision wakes the runner, so it looks in the store only every few seconds, in case
+    a notification was lost, instead of at its poll interval; an approval made elsewhere still runs at once."""
+    store = open_store(pg_url)
+    looked: list[float] = []
+    real = holdrunner.approved_ids
+
+    def counted(store: Store) -> list[str]:
+        looked.append(time.monotonic())
+        return real(store)
+
+    monkeypatch.setattr(holdrunner, "approved_ids", counted)
+    recorder = Recorder()
+
+    async def scenario(g: Governor) -> None:
+        g.use_snapshot(cap_snapshot())  # the runner looks for holds only once it knows the live snapshot
+        await g.start(recorder)
+
+        async def listening() -> bool:
+            return g._runner.listening
+
+        await until(listening)
+        await asyncio.sleep(0.2)  # the look its connecting woke
+        looked.clear()
+        await asyncio.sleep(1.5)  # thirty polls' worth at the 0.05 s the test asks for
+        assert len(looked) <= 1, looked
+        rid = (await g.admit(cap_snapshot(), mail())).request_id
+        assert rid is not None
+        started = time.monotonic()
+        decide_hold(store, rid, "approve", "alice")  # another process's decision: only its NOTIFY wakes the runner
+
+        async def executed() -> bool:
+            return (await g.status(rid, mail())).status == "executed"
+
+        await until(executed)
+        assert time.monotonic() - started < 3
+        assert len(recorder.calls) == 1
+
+    try:
+        run(scenario, store)
+    finally:
+        store.close()

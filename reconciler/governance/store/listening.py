@@ -1,8 +1,10 @@
 """PostgreSQL LISTEN for hold decisions, so a router runs a hold approved elsewhere at once.
 
 A daemon thread holds one psycopg connection listening on `HOLD_CHANNEL` and calls `wake()` on
-every notification; the hold runner still polls, so a dropped connection only delays runs.
-SQLite has no such channel: routers on SQLite poll.
+every notification, and once each time it starts listening (what was decided while it was not is
+found then). While it listens (`connected`) the hold runner polls only now and then, in case a
+notification is lost; a dropped connection is made again a second later, and until then the runner
+polls at its own pace. SQLite has no such channel: routers on SQLite poll.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class HoldListener:
         self._wake = wake
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="handler-listen", daemon=True)
+        self.connected = False  # listening now: every decision is heard at once
 
     def start(self) -> None:
         self._thread.start()
@@ -33,12 +36,16 @@ class HoldListener:
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
                     conn.execute(f"LISTEN {HOLD_CHANNEL}")
+                    self.connected = True
+                    self._wake()
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=0.5):
                             self._wake()
             except psycopg.Error:
                 # The poll keeps holds moving; try the connection again shortly.
+                self.connected = False
                 self._stop.wait(1.0)
+        self.connected = False
 
     def stop(self) -> None:
         self._stop.set()
