@@ -99,8 +99,10 @@ class EgressProxy:
     async def aclose(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # ended here, not left to be destroyed pending
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
@@ -202,9 +204,12 @@ def _destination(head: bytes) -> tuple[str, int, bytes] | str:
     if url.scheme != "http" or not url.hostname:
         return "a proxy request names an absolute http:// URL"
     try:
-        port = url.port or 80
+        given = url.port
     except ValueError:  # out of range, or not a number
+        given = 0
+    if given == 0:  # `or 80` took an explicit ':0' for http's own port
         return "the URL's port is not a number from 1 to 65535"
+    port = 80 if given is None else given
     path = url.path or "/"
     if url.query:
         path += "?" + url.query

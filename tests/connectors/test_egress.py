@@ -168,7 +168,8 @@ def test_only_the_first_refusals_are_logged_one_by_one_and_all_are_counted(caplo
 
 
 @pytest.mark.parametrize("target", ["CONNECT 8.8.8.8:99999", "CONNECT 8.8.8.8:-1", "CONNECT 8.8.8.8:0",
-                                    "CONNECT 8.8.8.8:+443", "CONNECT 8.8.8.8", "GET http://8.8.8.8:99999/"])
+                                    "CONNECT 8.8.8.8:+443", "CONNECT 8.8.8.8", "GET http://8.8.8.8:99999/",
+                                    "GET http://8.8.8.8:0/", "GET http://8.8.8.8:abc/"])
 def test_a_port_out_of_range_or_not_a_number_is_answered_400(target: str) -> None:
     async def scenario(folder: Path) -> str:
         proxy = EgressProxy(folder / "egress.sock", ["*:*"], owner="hostile")
