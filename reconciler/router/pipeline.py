@@ -163,9 +163,14 @@ async def govern(gate: Gate, snapshot: Snapshot, call: CallRequest) -> Admission
     try:
         return await gate.admit(snapshot, call)
     except StoreError as exc:
-        log.warning("%s %s of profile '%s' not admitted: %s", call.interface, call.tool, call.profile, exc)
-        raise unavailable("governance_store", "governance could not decide this call: its store failed; retrying "
-                          "later may work") from None
+        raise store_failed(call, exc) from None
+
+
+def store_failed(call: CallRequest, exc: StoreError) -> ToolError:
+    """The `unavailable` of a call governance could not decide or answer, its store having failed; logged first."""
+    log.warning("%s %s of profile '%s' not answered: %s", call.interface, call.tool, call.profile, exc)
+    return unavailable("governance_store", "governance could not answer this call: its store failed; retrying "
+                       "later may work")
 
 
 async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller,
@@ -174,7 +179,10 @@ async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: 
     call = CallRequest(caller.profile, caller.instance, caller.parent, plan.interface, plan.name,
                        plan.binding or "", arguments, plan.price, plan)
     if plan.builtin:
-        is_error, out = await run_builtin(svc.gate, plan.name, arguments, call)
+        try:
+            is_error, out = await run_builtin(svc.gate, plan.name, arguments, call)
+        except StoreError as exc:
+            raise store_failed(call, exc) from None
         if not is_error:
             validate_output(plan, out)
         record.outcome = "blocked" if is_error else "executed"

@@ -56,24 +56,26 @@ def test_every_session_has_timeouts_unless_the_url_sets_its_own(pg_url: str, sho
 
 def test_a_lock_held_elsewhere_makes_the_call_unavailable_in_the_lock_timeout_then_the_next_call_runs(
         monkeypatch: pytest.MonkeyPatch, short_lock_store: Store) -> None:
-    """An operator's open transaction locking the spend table: a capped call through the router, which needs a budget
-    lease, is answered `unavailable` (cause `governance_store`) in about the lock timeout instead of waiting for as
-    long as the transaction stays open, and did not run; once the lock is gone the next call runs."""
+    """An operator's open transaction locking the spend and holds tables: a capped call through the router, which
+    needs a budget lease, is answered `unavailable` (cause `governance_store`) in about the lock timeout instead of
+    waiting for as long as the transaction stays open, and did not run; `handler_status` is answered the same way;
+    once the lock is gone the next call runs."""
     monkeypatch.setenv(TOKEN_ENV, "t")
     blocker = psycopg.connect(short_lock_store.driver_dsn)
 
-    async def scenario() -> tuple[dict[str, Any], float, dict[str, Any]]:
+    async def scenario() -> tuple[dict[str, Any], float, dict[str, Any], dict[str, Any]]:
         governor = Governor(short_lock_store, owns_store=False)
         try:
             async with serving(root, base / "run", gate=governor) as router:
                 client = await RawClient.connect(router.socket_path("tester"))
                 try:
-                    blocker.execute("LOCK TABLE spend IN ACCESS EXCLUSIVE MODE")  # held until rolled back
+                    blocker.execute("LOCK TABLE spend, holds IN ACCESS EXCLUSIVE MODE")  # held until rolled back
                     started = time.monotonic()
                     refused = await client.call("echo_say", {"text": "hi"})
                     waited = time.monotonic() - started
+                    asked = await client.call("handler_status", {"request_id": "req-none"})  # the built-ins too
                     blocker.rollback()
-                    return refused, waited, await client.call("echo_say", {"text": "hi"})
+                    return refused, waited, asked, await client.call("echo_say", {"text": "hi"})
                 finally:
                     await client.close()
         finally:
@@ -84,12 +86,13 @@ def test_a_lock_held_elsewhere_makes_the_call_unavailable_in_the_lock_timeout_th
         profile = root / "config/profiles/tester.toml"
         profile.write_text(profile.read_text() + "\n[caps]\nmonthly_usd = 10.0\n")
         try:
-            refused, waited, admitted = run(scenario(), timeout=60)
+            refused, waited, asked, admitted = run(scenario(), timeout=60)
         finally:
             blocker.close()
     assert refused["isError"] is True
     assert (refused["_meta"]["handler/error"], refused["_meta"]["handler/cause"]) == ("unavailable", "governance_store")
     assert "store failed" in refused["content"][0]["text"]
+    assert (asked["_meta"]["handler/error"], asked["_meta"]["handler/cause"]) == ("unavailable", "governance_store")
     assert waited < 8, waited  # the URL's one-second lock timeout, not the transaction's life
     assert admitted.get("isError") is False, admitted
     assert admitted["structuredContent"] == {"text": "hi"}
