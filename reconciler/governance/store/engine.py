@@ -43,7 +43,9 @@ __all__ = ["HOLD_CHANNEL", "PG_CONNECTION_DEFAULTS", "Store", "Transaction", "ma
 # only hand it on: it is opaque to them.
 Transaction: TypeAlias = Connection
 
-HOLD_CHANNEL = "handler_holds"  # PostgreSQL NOTIFY channel: a hold was stored or decided
+# The PostgreSQL NOTIFY channel on which a hold stored or decided is announced, worked out by the server for the
+# schema the session uses: the stores of two schemas in one database (two deployments) do not wake each other.
+HOLD_CHANNEL = "'handler_holds_' || md5(coalesce(current_schema(), ''))"
 _MIGRATION_LOCK = 0x48414E444C4552  # "HANDLER": the advisory lock key of migrations
 
 
@@ -180,7 +182,7 @@ class Store:
     def notify(self, tx: Transaction, payload: str) -> None:
         """Tell other routers a hold changed (PostgreSQL LISTEN/NOTIFY; SQLite routers poll)."""
         if self.dialect == "postgresql":
-            tx.execute(sa.text("SELECT pg_notify(:channel, :payload)"), {"channel": HOLD_CHANNEL, "payload": payload})
+            tx.execute(sa.text(f"SELECT pg_notify({HOLD_CHANNEL}, :payload)"), {"payload": payload})
 
     def migrate(self) -> str:
         """Apply the migrations under a lock; returns the revision the store is at."""
