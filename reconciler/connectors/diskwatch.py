@@ -21,13 +21,14 @@ from pathlib import Path
 
 from reconciler.places import remove_tree
 
-__all__ = ["CHECK_SECONDS", "DEFAULT_DISK_BYTES", "MOST_ENTRIES", "Usage", "measure", "remove_left"]
+__all__ = ["CHECK_SECONDS", "DEFAULT_DISK_BYTES", "KILL_MARGIN_NS", "MOST_ENTRIES", "Usage", "measure", "remove_left"]
 
 log = logging.getLogger("handler.connectors")
 
 DEFAULT_DISK_BYTES = 2 << 30
 MOST_ENTRIES = 100_000
 CHECK_SECONDS = 0.5
+KILL_MARGIN_NS = 10_000_000  # what changed within 10 ms before the kill is left (the next check counts it)
 
 
 @dataclass(frozen=True, slots=True)

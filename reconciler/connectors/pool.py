@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.client import ConnectorProcess, DispatchHook, LaunchSpec
-from reconciler.connectors.diskwatch import CHECK_SECONDS, measure, remove_left
+from reconciler.connectors.diskwatch import CHECK_SECONDS, KILL_MARGIN_NS, measure, remove_left
 from reconciler.connectors.drift import find_tool_drift
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
 from reconciler.connectors.launching import Launch, declared_env, inbox_dir, prepare_launch
@@ -432,7 +432,9 @@ class ConnectorPool:
             binding, pid = entry.key[0], process.pid
             log.error("connector of binding '%s' kept %s; killed, and what it left there removed; raise [sandbox] "
                       "diskMb in its manifest if its calls need that room", binding, why)
-            killed_at = time.time_ns()
+            # Only what changed status before this is the process's. The kernel stamps changes on a coarse clock that
+            # may lag this one by a tick; the margin keeps a folder a call makes just after the kill from looking older.
+            killed_at = time.time_ns() - KILL_MARGIN_NS
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)

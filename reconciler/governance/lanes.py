@@ -147,6 +147,8 @@ class Records:
         lane: Lane = admission.token
         found = self._running.pop(admission, None)
         running = found is not None
+        if found is None and admission not in self._written:  # settled already: counted once, charged nothing more
+            return 0
         call, _ = found if found is not None else self._written[admission]
         if running and ok and (actual_cost is None or actual_cost == lane.price):  # the common case: its price
             counted = (lane, call.instance)

@@ -296,3 +296,18 @@ def test_a_tool_the_profile_does_not_serve_is_blocked_and_recorded(store: Store)
         assert [r["event"] for r in read_audit(store, request_id=refused.request_id)] == ["blocked"]
 
     run(scenario, store)
+
+
+def test_a_lane_call_settled_twice_is_counted_and_charged_once(store: Store) -> None:
+    free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+
+    async def scenario(g: Governor) -> None:
+        admission = await g.admit(free, priced_call())
+        assert (await g.settle(admission, None, True)).charged == 0.005
+        assert (await g.settle(admission, None, True)).charged == 0.0
+        await g.flush()
+        (row,) = read_audit(store)
+        assert (row["event"], row["detail"]["calls"], row["detail"]["charged"]) == ("settled", 1, to_micros(0.005))
+        assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == to_micros(0.005)
+
+    run(scenario, store)
