@@ -447,7 +447,7 @@ class ConnectorPool:
 
     async def _retire(self, entry: _Entry) -> None:
         """Stop what an entry started (its connector, its process group, its proxy and folder)."""
-        if entry.watch is not None and entry.watch is not asyncio.current_task():
+        if entry.watch is not None:
             entry.watch.cancel()
         connector, process, launch = entry.connector, entry.process, entry.launch
         entry.connector = entry.process = entry.launch = entry.snapshot = entry.watch = None

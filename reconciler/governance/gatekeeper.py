@@ -119,7 +119,7 @@ class Gatekeeper:
         self._commit_lock = asyncio.Lock()
         self._commits: set[asyncio.Future[bool]] = set()
         # What the calls on the event loop's thread left to write.
-        self._records = Records(seen) if seen is not None else Records()
+        self._records = Records(seen)
         self._flushing: asyncio.Task[None] | None = None
         self._flush_due = False  # a flush is scheduled: it runs until the backlog and the lanes' records are empty
         self._open = 0  # calls admitted here off their lanes and not yet settled (`Records` counts the lanes')

@@ -87,9 +87,9 @@ class Records:
     """The lanes of the latest snapshot seen, and the audit rows and charges recorded on the event loop's thread
     since the last `take`. Used from that thread only."""
 
-    def __init__(self, seen: Callable[[Snapshot], None] = _ignore) -> None:
+    def __init__(self, seen: Callable[[Snapshot], None] | None = None) -> None:
         """`seen` is told of each snapshot a call comes with that the last call did not."""
-        self._on_snapshot = seen
+        self._on_snapshot = seen or _ignore
         self._seen: Callable[[], Snapshot | None] = _nothing  # the snapshot of the last call, weakly
         self._book: Rulebook | None = None
         self._lanes: dict[tuple[str, str, float], Any] = {}

@@ -35,8 +35,8 @@ class HoldListener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
-                    found = conn.execute(f"SELECT {HOLD_CHANNEL}").fetchone()
-                    conn.execute(f"LISTEN {found[0] if found else 'handler_holds'}")  # md5's hex: a plain name
+                    (channel,) = conn.execute(f"SELECT {HOLD_CHANNEL}").fetchone() or ("",)
+                    conn.execute(f"LISTEN {channel}")  # a letter, then md5's hex: a plain name
                     self.connected = True
                     self._wake()
                     while not self._stop.is_set():
