@@ -119,7 +119,7 @@ class Gatekeeper:
         self._commit_lock = asyncio.Lock()
         self._commits: set[asyncio.Future[bool]] = set()
         # What the calls on the event loop's thread left to write.
-        self._records = Records(seen)
+        self._records = Records(rulebooks, seen)
         self._flushing: asyncio.Task[None] | None = None
         self._flush_due = False  # a flush is scheduled: it runs until the backlog and the lanes' records are empty
         self._open = 0  # calls admitted here off their lanes and not yet settled (`Records` counts the lanes')
@@ -139,7 +139,7 @@ class Gatekeeper:
     async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         if self._closed:  # its settlement would have nowhere to go
             return Admission("blocked", "Blocked: this router is shutting down; retry in a moment.")
-        admitted = self._records.admit(snapshot, call, self._rulebooks)
+        admitted = self._records.admit(snapshot, call)
         if admitted is not None:  # the common case: nothing limits or holds it
             if not self._flush_due:
                 self._flush_soon()
@@ -259,12 +259,12 @@ class Gatekeeper:
         """Charge an admitted call what it reported, never more than its reservation (`charging`)."""
         token = admission.token
         if type(token) is Lane:  # admitted on its lane
-            charged = self._records.settle(admission, actual_cost, ok)
+            settled = self._records.settle(admission, actual_cost, ok)
             if self._closed:
-                await asyncio.to_thread(self._flush_late, self._records.take())
+                await asyncio.to_thread(self._flush_late, self._records.take(everything=True))
             elif not self._flush_due:
                 self._flush_soon()
-            return token.paid if charged == token.cost else Settlement(from_micros(charged), None)
+            return settled
         if not isinstance(token, _Token):
             return Settlement(0.0, None)
         try:
@@ -272,7 +272,7 @@ class Gatekeeper:
         finally:
             self._open = max(0, self._open - 1)  # a call admitted by `admit_now` was never counted
         if self._closed:  # a call that outlived `aclose` (the router closes after governance): written now
-            await asyncio.to_thread(self._flush_late, self._records.take())
+            await asyncio.to_thread(self._flush_late, self._records.take(everything=True))
             if token.leased:
                 await self._leaser.settled_after_close()
         else:
@@ -357,8 +357,8 @@ class Gatekeeper:
             self._flush_due = False
 
     async def flush(self) -> None:
-        """Commit the backlog now (tests, shutdown)."""
-        await self._commit(self._records.take())
+        """Commit the backlog now (tests, shutdown), with the decision of every call still running."""
+        await self._commit(self._records.take(everything=True))
 
     async def _commit(self, taken: tuple[list[AuditRow], Charges]) -> bool:
         """Commit the backlog with what the event loop's thread recorded (`taken`): from the loop itself when it
@@ -414,7 +414,7 @@ class Gatekeeper:
                 await self._flushing
         if self._commits:  # a commit under way on the loop ends first: what it took is in the store or back
             await asyncio.gather(*self._commits, return_exceptions=True)
-        self._flush_late(self._records.take())
+        self._flush_late(self._records.take(everything=True))
         if self._loop_commits is not None:
             await self._loop_commits.aclose()
 

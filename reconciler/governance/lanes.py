@@ -26,7 +26,6 @@ calls of its run, tool, decision (its `decided` detail) and outcome; else `decid
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,10 +74,6 @@ def limits_spend(caps: CapSet) -> bool:
     return caps.prepaid or caps.org is not None or caps.profile is not None or caps.instance is not None
 
 
-def _nothing() -> None:
-    return None
-
-
 def _ignore(snapshot: Snapshot) -> None:
     return None
 
@@ -87,38 +82,44 @@ class Records:
     """The lanes of the latest snapshot seen, and the audit rows and charges recorded on the event loop's thread
     since the last `take`. Used from that thread only."""
 
-    def __init__(self, seen: Callable[[Snapshot], None] | None = None) -> None:
+    def __init__(self, books: RulebookCache, seen: Callable[[Snapshot], None] | None = None) -> None:
         """`seen` is told of each snapshot a call comes with that the last call did not."""
+        self._books = books
         self._on_snapshot = seen or _ignore
-        self._seen: Callable[[], Snapshot | None] = _nothing  # the snapshot of the last call, weakly
+        # The snapshot of the last call: held until a call comes with another (the router holds the live one anyway),
+        # since comparing it costs the call path less than calling a weak reference.
+        self._snapshot: Snapshot | None = None
         self._book: Rulebook | None = None
         self._lanes: dict[tuple[str, str, float], Any] = {}
         self._routes: dict[object, Any] = {}  # a call's route → its lane, for the snapshot seen
         self.rows: list[AuditRow] = []  # in the order they happened
-        # A lane's calls not yet settled, by admission: the call and when it was decided. One still running at a `take`
-        # has its `decided` row written then, and its admission → the call and the request id that row names until it
-        # settles.
+        # A lane's calls not yet settled, by admission: the call and when it was decided; those decided before the last
+        # `take` are carried. One still running at the next has its `decided` row written then, and its admission → the
+        # call and the request id that row names until it settles.
         self._running: dict[Admission, tuple[CallRequest, float]] = {}
+        self._carried: dict[Admission, tuple[CallRequest, float]] = {}
         self._written: dict[Admission, tuple[CallRequest, str]] = {}
-        self._deciding: dict[str, AuditRow] = {}  # request id → the `decided` row of a leased call not yet settled
+        # Request id → the `decided` row of a leased call not yet settled, and of those decided before the last `take`.
+        self._deciding: dict[str, AuditRow] = {}
+        self._deciding_carried: dict[str, AuditRow] = {}
         # The calls settled before their decision was taken, counted → [calls, micros reserved, micros charged, when
-        # the first settled, when the last did]: a lane's by (lane, instance, ok), whose charges are summed here too;
-        # a leased call's (whose charge the gate adds itself) by (profile, instance, tool, its `decided` detail, ok).
+        # the first was decided]: a lane's by (lane, instance, ok), whose charges are summed here too; a leased call's
+        # (whose charge the gate adds itself) by (profile, instance, tool, its `decided` detail, ok).
         self._tally: dict[tuple[Lane, str, bool], list[Any]] = {}
         # The common case counted apart, with less to add: a lane's calls that succeeded charged its price, by (lane,
-        # instance) → [calls, when the first settled, when the last did]; `take` counts them into `_tally`.
+        # instance) → [calls, when the first was decided]; `take` counts them into `_tally`.
         self._paid: dict[tuple[Lane, str], list[Any]] = {}
         self._leased: dict[tuple[str, str, str, str, bool], list[Any]] = {}
         self._charged: dict[tuple[str, Lane], int] = {}  # (instance, lane) → micros
         self.violations = 0  # lane calls that reported more than their price, since start
 
-    def admit(self, snapshot: Snapshot, call: CallRequest, books: RulebookCache) -> Admission | None:
+    def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission | None:
         """Record the decision of a call admitted on its lane and return its admission, whose token is the lane and
         which is the call's own handle until `settle`; None when the call must take the gate's other paths. Its request
         id is made only if its `decided` row is written (`take`, while it runs): the tally names none."""
-        if self._seen() is not snapshot:
-            self._book = books.rulebook(snapshot)
-            self._lanes, self._seen, self._routes = self._book.lanes, weakref.ref(snapshot), {}
+        if snapshot is not self._snapshot:
+            self._book = self._books.rulebook(snapshot)
+            self._lanes, self._snapshot, self._routes = self._book.lanes, snapshot, {}
             self._on_snapshot(snapshot)
         lane = self._routes.get(call.route)
         if lane is None:
@@ -135,47 +136,58 @@ class Records:
         key = (call.profile, call.tool, call.estimated_cost)
         lane = self._lanes.get(key)
         if lane is None:
-            assert self._book is not None  # noqa: S101 - set with `_seen`
+            assert self._book is not None  # noqa: S101 - set with `_snapshot`
             lane = self._lanes[key] = _compile(self._book, call)
         if call.route is not None:
             self._routes[call.route] = lane
         return lane
 
-    def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> int:
-        """Record the settlement of a call `admit` admitted; what it is charged (micros). One that reported more
+    def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
+        """Record the settlement of a call `admit` admitted; what it is told it was charged. One that reported more
         than its price is charged its price, and its pricing violation recorded (and counted: `violations`)."""
         lane: Lane = admission.token
         found = self._running.pop(admission, None)
-        running = found is not None
-        if found is None and admission not in self._written:  # settled already: counted once, charged nothing more
-            return 0
-        call, _ = found if found is not None else self._written[admission]
-        if running and ok and (actual_cost is None or actual_cost == lane.price):  # the common case: its price
-            counted = (lane, call.instance)
+        if found is not None and ok and (actual_cost is None or actual_cost == lane.price):  # the common case
+            counted = (lane, found[0].instance)
             paid = self._paid.get(counted)
             if paid is None:
-                now = time.time()
-                self._paid[counted] = [1, now, now]
+                self._paid[counted] = [1, found[1]]
             else:
                 paid[0] += 1
-                paid[2] = time.time()
-            return lane.cost
+                if found[1] < paid[1]:  # noqa: PLR1730 - a comparison costs the call path less than min()
+                    paid[1] = found[1]
+            return lane.paid
+        charged = self._settle_other(admission, lane, found, actual_cost, ok)
+        return lane.paid if charged == lane.cost else Settlement(from_micros(charged), None)
+
+    def _settle_other(self, admission: Admission, lane: Lane, found: tuple[CallRequest, float] | None,
+                      actual_cost: float | None, ok: bool) -> int:
+        """`settle` of a call that failed, reported another cost than its price, or had its decision taken while it
+        ran (or was settled already: counted once, charged nothing more); what it is charged (micros)."""
+        if found is None:
+            found = self._carried.pop(admission, None)
+        running = found is not None
+        if found is None:
+            if admission not in self._written:
+                return 0
+            call, rid = self._written.pop(admission)
+        else:
+            call, at = found
         violation = None
         if not ok:
             charged = 0
         elif actual_cost is None or actual_cost == lane.price:
             charged = lane.cost
         else:
-            named = new_request_id() if running else self._written[admission][1]
+            named = new_request_id() if running else rid
             charge = charge_call(PricedCall(named, call.profile, call.instance, call.binding, call.tool), lane.cost,
                                  to_micros(actual_cost), True)
             charged, violation = charge.charged, charge.violation
         if running:  # counted, and charged with the count (`take`)
-            _count(self._tally, (lane, call.instance, ok), lane.cost, charged, time.time())
+            _count(self._tally, (lane, call.instance, ok), lane.cost, charged, at)
         else:  # its decision is written already: the settlement on its own, with that request id
             shape = (lane.released if not ok else lane.settled if charged == lane.cost
                      else settlement_row(None, "", "", True, lane.cost, charged))
-            _, rid = self._written.pop(admission)
             self.rows.append((time.time(), shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
             if charged:
                 charges = (call.instance, lane)
@@ -188,7 +200,7 @@ class Records:
     @property
     def running(self) -> int:
         """How many calls admitted on their lanes are not yet settled."""
-        return len(self._running) + len(self._written)
+        return len(self._running) + len(self._carried) + len(self._written)
 
     def decided(self, request_id: str, row: AuditRow) -> None:
         """Keep the `decided` row of a call admitted on the event loop off its lane (against budget leases) until it
@@ -200,68 +212,78 @@ class Records:
         """Record the settlement of a call kept by `decided` (and its pricing violation): counted with the calls of
         its run, tool, decision and outcome when its decision is not yet taken, as a lane's call is; else its
         settlement row on its own, naming the request id its decision was written with."""
-        decided = self._deciding.pop(request_id, None)
+        decided = self._deciding.pop(request_id, None) or self._deciding_carried.pop(request_id, None)
         if decided is None:
             self.rows.append(settlement_row(request_id, call.profile, call.instance, ok, reserved, charged))
         else:
             _count(self._leased, (call.profile, call.instance, call.tool, decided[8], ok), reserved, charged,
-                   time.time())
+                   decided[0])
         if violation is not None:
             self.rows.append(violation)
 
-    def take(self) -> tuple[list[AuditRow], Charges]:
+    def take(self, everything: bool = False) -> tuple[list[AuditRow], Charges]:
         """The rows and charges so far (the charges summed per spend row, counted this month), with the `decided`
-        rows of the calls still running; all start afresh."""
+        rows of the calls still running that were decided before the last take (of every call still running, with
+        `everything`: no take may come after); all start afresh. A tally's row is dated now: its calls settled by
+        then."""
         rows, charged = self.rows, self._charged
         self.rows, self._charged = [], {}
-        for (lane, instance), (calls, first, last) in self._paid.items():
+        now = time.time()
+        for (lane, instance), (calls, first) in self._paid.items():
             micros = calls * lane.cost
-            _count(self._tally, (lane, instance, True), micros, micros, first, last, calls)
+            _count(self._tally, (lane, instance, True), micros, micros, first, calls)
         for (lane, instance, ok), tally in self._tally.items():
-            rows.append(_tally_row(lane.profile, instance, lane.tool, lane.decided, ok, tally))
+            rows.append(_tally_row(now, lane.profile, instance, lane.tool, lane.decided, ok, tally))
             if tally[2]:
                 charges = (instance, lane)
                 charged[charges] = charged.get(charges, 0) + tally[2]
         for (profile, instance, tool, decided, ok), tally in self._leased.items():
-            rows.append(_tally_row(profile, instance, tool, decided, ok, tally))
-        for admission, (call, at) in self._running.items():  # still running: its decision is written now
-            rid = new_request_id()
-            self._written[admission] = (call, rid)
-            lane = admission.token
-            rows.append((at, "decided", rid, call.profile, call.instance, call.tool, None, "executed", lane.decided))
-        rows.extend(self._deciding.values())
-        if self._paid or self._tally or self._leased or self._running or self._deciding:  # in the order they happened
+            rows.append(_tally_row(now, profile, instance, tool, decided, ok, tally))
+        # Still running since before the last take: its decision is written now. One decided since then is carried
+        # to the next take, by which most have ended and are counted (a busy router always has calls under way).
+        written = (self._carried, self._running) if everything else (self._carried,)
+        for running in written:
+            for admission, (call, at) in running.items():
+                rid = new_request_id()
+                self._written[admission] = (call, rid)
+                rows.append((at, "decided", rid, call.profile, call.instance, call.tool, None, "executed",
+                             admission.token.decided))
+        rows.extend(self._deciding_carried.values())
+        if everything:
+            rows.extend(self._deciding.values())
+        if rows:  # in the order they happened
             rows.sort(key=_stamp)
-        self._tally, self._paid, self._leased, self._running, self._deciding = {}, {}, {}, {}, {}
+        self._carried, self._running = ({}, {}) if everything else (self._running, {})
+        self._deciding_carried, self._deciding = ({}, {}) if everything else (self._deciding, {})
+        self._tally, self._paid, self._leased = {}, {}, {}
         month = current_month()
         return rows, [(scopes_for(lane.caps, lane.profile, instance), month, micros)
                       for (instance, lane), micros in charged.items()]
 
     def __len__(self) -> int:
-        return (len(self.rows) + len(self._charged) + len(self._deciding) + len(self._tally) + len(self._paid)
-                + len(self._leased) + len(self._running))
+        return (len(self.rows) + len(self._charged) + len(self._deciding) + len(self._deciding_carried)
+                + len(self._tally) + len(self._paid) + len(self._leased) + len(self._running) + len(self._carried))
 
 
 def _count(tallies: dict[Any, list[Any]], counted: Any, reserved: int, charged: int, first: float,
-           last: float | None = None, calls: int = 1) -> None:
-    """Count `calls` calls settled from `first` to `last` (one call: both at `first`)."""
-    last = first if last is None else last
+           calls: int = 1) -> None:
+    """Count `calls` calls settled, the first of them decided at `first`."""
     tally = tallies.get(counted)
     if tally is None:
-        tallies[counted] = [calls, reserved, charged, first, last]
+        tallies[counted] = [calls, reserved, charged, first]
     else:
         tally[0] += calls
         tally[1] += reserved
         tally[2] += charged
         tally[3] = min(tally[3], first)
-        tally[4] = max(tally[4], last)
 
 
-def _tally_row(profile: str, instance: str, tool: str, decided: str, ok: bool, tally: list[Any]) -> AuditRow:
-    """The one row of the calls one tally counts: `decided`'s detail with the count, the sums and the first's time."""
-    calls, reserved, charged, first, last = tally
+def _tally_row(at: float, profile: str, instance: str, tool: str, decided: str, ok: bool, tally: list[Any]) -> AuditRow:
+    """The one row of the calls one tally counts, dated `at`: `decided`'s detail with the count, the sums and when the
+    first of them was decided."""
+    calls, reserved, charged, first = tally
     event, status = ("settled", "executed") if ok else ("released", "failed")
-    return (last, event, None, profile, instance, tool, None, status,
+    return (at, event, None, profile, instance, tool, None, status,
             f'{decided[:-1]},"calls":{calls},"reserved":{reserved},"charged":{charged},"first":{first!r}}}')
 
 
