@@ -13,14 +13,17 @@ the backlog, which the store's worker commits.
 Such a call is decided by the revision alone, and no one can ask for it by its request id (neither
 the agent nor the call log is told one), so its record is the tally: the calls of one agent run, tool
 and outcome settled before the flush (every 50 ms) leave one audit row, `settled` or `released`, with
-no request id, which carries the decision's reason, cost and binding, how many calls it counts
-(`calls`), what they reserved and were charged, and when the first of them settled (`first`). Each
-call is in the call log on its own (`router.calllog`). A call still running when the flush comes has
-its `decided` row written then, with a request id made for it, and its own settlement row naming it
-when it ends; a call that reports more than its price is charged its price and recorded as a pricing
-violation, as on every path (`charging`). A call admitted against budget leases (`leasing`) is
-executed without a request id anyone is told, too: settled before the flush, it is counted with the
-calls of its run, tool, decision (its `decided` detail) and outcome; else `decided`, then `settled`.
+no request id, dated when the flush took it, which carries the decision's reason, cost and binding,
+how many calls it counts (`calls`), what they reserved and were charged, and when the first of them
+was decided (`first`). Each call is in the call log on its own (`router.calllog`). A call still
+running at a flush is carried to the next (a busy router always has calls under way, most of them
+about to end); one still running then has its `decided` row written, with a request id made for it,
+and its own settlement row naming it when it ends. So a call's decision is in the store within two
+flushes, and an explicit flush or the last one writes the decision of every call still running. A
+call that reports more than its price is charged its price and recorded as a pricing violation, as
+on every path (`charging`). A call admitted against budget leases (`leasing`) is executed without a
+request id anyone is told, too: settled within two flushes, it is counted with the calls of its run,
+tool, decision (its `decided` detail) and outcome; else `decided`, then `settled`.
 """
 
 from __future__ import annotations
