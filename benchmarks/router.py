@@ -21,8 +21,17 @@ governed routers sharing one PostgreSQL, 8 sessions each, uncapped and with the 
 Each throughput line prints the router's CPU per call and, beside it, that of every PostgreSQL
 server process on this host (the store's share when both run on the same cores); `--round-calls`
 sets a round's length.
+Side by side: each governed router and the open gate's at the same moments, 8 sessions each, both
+routers on one CPU of their own (their connectors and the clients on the others), for a window of
+`--window` seconds, round after round. The kernel shares that CPU evenly between the two, so the
+ratio of their calls is the ratio of what a call costs each, measured under the same conditions.
+Run back to back instead, two identical routers differ by up to a tenth on a shared host (the
+neighbours, the caches, where the scheduler puts the clients and connectors), more than the cost
+being measured; the control line, a second open-gate router beside the first, shows how even the
+shared CPU is (its ratio should be 100%).
 Goals: (b)-(a) <= 150 µs p50 and >= 10x less than (c)-(a); router-direct <= 2x hop-direct;
-governed >= 90% of the open gate's calls/s on SQLite and on PostgreSQL; capped >= 5,000 calls/s on each.
+governed >= 90% of the open gate's calls/s on SQLite and on PostgreSQL (side by side); capped >= 5,000
+calls/s on each.
 
 Run: .venv/bin/python benchmarks/router.py [--calls N] [--pg URL | --pg '']
 """
@@ -424,6 +433,108 @@ THROUGHPUT_LINES = {"open": "open gate", "sqlite": "governed, SQLite", "pg": "go
 CAPPED_GOAL = 5_000  # calls/s of a capped profile, on each store
 
 
+def _tasks(pid: int) -> list[int]:
+    return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs (a connector under its sandbox's launcher)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                found += [int(child), *_descendants(int(child))]
+    return found
+
+
+def pin(routers: dict[str, tuple[Path, int]]) -> str:
+    """Put every thread of the routers on one CPU and their connectors and this process on the others; what was
+    done, for the report. On a host of one CPU nothing is pinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return "not pinned (one CPU)"
+    mine, rest = {cpus[0]}, set(cpus[1:])
+    for _, pid in routers.values():
+        for task in _tasks(pid):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(task, mine)
+        for child in _descendants(pid):
+            for task in _tasks(child):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(task, rest)
+    os.sched_setaffinity(0, rest)
+    return f"the routers on CPU {cpus[0]}, their connectors and the clients on CPUs {sorted(rest)}"
+
+
+async def calls_in_window(paths: dict[str, Path], sessions: int, seconds: float) -> dict[str, int]:
+    """8 sessions on each router at once, all connected before any calls; the calls each router answered in the
+    window."""
+    counts = dict.fromkeys(paths, 0)
+    go = asyncio.Event()
+
+    async def session(name: str, path: Path, ready: asyncio.Future[None]) -> None:
+        reader, writer = await asyncio.open_unix_connection(str(path), limit=1 << 24)
+        ready.set_result(None)
+        await go.wait()
+        end = time.perf_counter() + seconds
+        done = 0
+        while time.perf_counter() < end:
+            writer.write(orjson.dumps({**CALL, "id": done}) + b"\n")
+            line = await reader.readline()
+            assert b'"isError":false' in line, line[:300]
+            done += 1
+        counts[name] += done
+        writer.close()
+
+    loop = asyncio.get_running_loop()
+    readies = []
+    tasks = []
+    for name, path in paths.items():
+        for _ in range(sessions):
+            ready = loop.create_future()
+            readies.append(ready)
+            tasks.append(asyncio.ensure_future(session(name, path, ready)))
+    await asyncio.gather(*readies)
+    go.set()
+    await asyncio.gather(*tasks)
+    return counts
+
+
+def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], seconds: float,
+                         rounds: int = 9) -> dict[str, dict[str, float]]:
+    """Each router but the open gate's beside the open gate's (`pin`), 8 sessions each, `rounds` windows of
+    `seconds`: the median, lowest and highest of its calls against the open gate's in the same window."""
+    cpus = os.sched_getaffinity(0)
+    pinned = pin(routers)
+    print(f"\nSide by side with the open gate, 8 sessions each, {rounds} windows of {seconds:g} s ({pinned}):")
+    ratios: dict[str, list[float]] = {name: [] for name in routers if name != "open"}
+    rates: dict[str, list[float]] = {name: [] for name in ratios}
+    try:
+        for name in ratios:  # a warm-up window for each pair
+            run(calls_in_window({"open": routers["open"][0] / SOCKET, name: routers[name][0] / SOCKET}, 8, 0.3))
+        for _ in range(rounds):
+            for name, found in ratios.items():
+                counts = run(calls_in_window({"open": routers["open"][0] / SOCKET, name: routers[name][0] / SOCKET},
+                                             8, seconds))
+                found.append(counts[name] / counts["open"])
+                rates[name].append(counts[name] / seconds)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    out = {}
+    for name, found in ratios.items():
+        out[name] = {"ratio": statistics.median(found), "low": min(found), "high": max(found),
+                     "rate": statistics.median(rates[name])}
+        figures = out[name]
+        label = SIDE_BY_SIDE_LINES.get(name, THROUGHPUT_LINES.get(name, name))
+        print(f"  {label:<52} {figures['ratio']:6.1%} of the open gate's calls (windows {figures['low']:.1%} to "
+              f"{figures['high']:.1%}; {figures['rate']:,.0f} calls/s on half a CPU)")
+    return out
+
+
+SOCKET = Path("profiles/tester.sock")
+SIDE_BY_SIDE_LINES = {"open b": "control: a second open-gate router"}
+
+
 async def two_routers(paths: list[Path], calls: int) -> float:
     """Aggregate calls/s of 8 sessions on each of the routers at once."""
     start = time.perf_counter()
@@ -463,11 +574,20 @@ def print_ratios(results: dict[str, dict[str, float]], mcp: bool) -> None:
     print(f"  CPU per call, one session: the governed router {results['router']['cpu']:.1f} µs, open "
           f"{results['open']['cpu']:.1f} µs, the hop {results['hop']['cpu']:.1f} µs (the process in the middle only)")
     opened = results["x8 open"]
+    if "side open b" in results:
+        control = results["side open b"]
+        print(f"  side by side, control: a second open-gate router {control['ratio']:.1%} of the first "
+              f"(windows {control['low']:.1%} to {control['high']:.1%})")
     for name in ("sqlite", "pg"):
         if f"x8 {name}" in results:
             governed = results[f"x8 {name}"]
-            print(f"  8 sessions, {THROUGHPUT_LINES[name]}: {governed['ratio']:.0%} of the open gate's calls/s, "
-                  f"the median of its pairs' ratios (goal >= 90%; best rounds {governed['rate']:,.0f} / "
+            beside = results.get(f"side {name}")
+            if beside is not None:
+                print(f"  8 sessions, {THROUGHPUT_LINES[name]}: {beside['ratio']:.1%} of the open gate's calls/s "
+                      f"side by side, the median of its windows (goal >= 90%; windows {beside['low']:.1%} to "
+                      f"{beside['high']:.1%})")
+            print(f"  8 sessions, {THROUGHPUT_LINES[name]}: {governed['ratio']:.0%} of the open gate's calls/s "
+                  f"back to back, the median of its pairs' ratios (best rounds {governed['rate']:,.0f} / "
                   f"{opened['rate']:,.0f}); CPU per call {governed['cpu']:.1f} µs against {opened['cpu']:.1f} µs")
         if f"x8 {name} capped" in results:
             capped = results[f"x8 {name} capped"]
@@ -482,6 +602,8 @@ def main() -> None:
                         help="calls of one throughput round, 8 sessions together (default 20,000: rounds of a "
                              "second or so, whose medians move a point or two between runs; 8,000 moved ±3)")
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--window", type=float, default=1.0,
+                        help="seconds of one side-by-side window (default 1; 9 windows a governed line)")
     parser.add_argument("--part", choices=["all", "raw"], default="all",
                         help="raw: without the MCP client lines and the two-router lines")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test",
@@ -517,6 +639,11 @@ def main() -> None:
             results.update(measure_raw_lines(base, env, connector, started_routers, args))
             throughput = measure_throughput(run, started_routers, args.round_calls)
             results.update({f"x8 {name}": figures for name, figures in throughput.items()})
+            started_routers["open b"] = routers.start("open-b", [sys.executable, str(base / "serve_open.py"),
+                                                                 str(root)])
+            run(concurrent_sessions(started_routers["open b"][0] / SOCKET, 8, 2000))  # its connector started
+            beside = measure_side_by_side(run, started_routers, args.window)
+            results.update({f"side {name}": figures for name, figures in beside.items()})
             routers.close()
         if mcp and args.pg:
             measure_scale_out(run, base, root, env, args.pg, args.calls * 4)
