@@ -501,9 +501,10 @@ async def calls_in_window(paths: dict[str, Path], sessions: int, seconds: float)
 
 
 def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], seconds: float,
-                         rounds: int = 9) -> dict[str, dict[str, float]]:
+                         rounds: int = 11) -> dict[str, dict[str, float]]:
     """Each router but the open gate's beside the open gate's (`pin`), 8 sessions each, `rounds` windows of
-    `seconds`: the median, lowest and highest of its calls against the open gate's in the same window."""
+    `seconds` (whose sessions start first alternates window by window): the median, lowest and highest of its
+    calls against the open gate's in the same window."""
     cpus = os.sched_getaffinity(0)
     pinned = pin(routers)
     print(f"\nSide by side with the open gate, 8 sessions each, {rounds} windows of {seconds:g} s ({pinned}):")
@@ -512,10 +513,10 @@ def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], seconds
     try:
         for name in ratios:  # a warm-up window for each pair
             run(calls_in_window({"open": routers["open"][0] / SOCKET, name: routers[name][0] / SOCKET}, 8, 0.3))
-        for _ in range(rounds):
+        for turn in range(rounds):
             for name, found in ratios.items():
-                counts = run(calls_in_window({"open": routers["open"][0] / SOCKET, name: routers[name][0] / SOCKET},
-                                             8, seconds))
+                pair = ("open", name) if turn % 2 == 0 else (name, "open")
+                counts = run(calls_in_window({line: routers[line][0] / SOCKET for line in pair}, 8, seconds))
                 found.append(counts[name] / counts["open"])
                 rates[name].append(counts[name] / seconds)
     finally:
@@ -603,7 +604,7 @@ def main() -> None:
                              "second or so, whose medians move a point or two between runs; 8,000 moved ±3)")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--window", type=float, default=1.0,
-                        help="seconds of one side-by-side window (default 1; 9 windows a governed line)")
+                        help="seconds of one side-by-side window (default 1; 11 windows a line)")
     parser.add_argument("--part", choices=["all", "raw"], default="all",
                         help="raw: without the MCP client lines and the two-router lines")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test",
