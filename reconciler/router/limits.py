@@ -5,6 +5,12 @@ agent run: the key is (profile, instance, interface version). A call over `maxCo
 a slot within its own timeout, handed over in arrival order; a call over `maxCallsPerRun` ends with
 `unavailable` at once (cause `calls_per_run`). The per-call timeout itself wraps the wait and the
 dispatch in the pipeline.
+
+An agent names its run (`handler/instance`), so a client may name a new one on every call: the calls
+made are kept for the latest `RUNS_KEPT` runs, in two generations. When the current one is full it
+becomes the previous one and the previous one is forgotten; a run found in the previous one moves to
+the current with its count. So memory stays bounded whatever a client sends, and a run is forgotten
+(its next call counts from nought) only when it made no call while `RUNS_KEPT` others did.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from reconciler.router.errors import ToolError, unavailable
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "LimitBook", "LimitKey"]
 
 DEFAULT_TIMEOUT_SECONDS = 300.0  # for an interface that states no timeoutSeconds: never wait forever
+RUNS_KEPT = 65_536  # runs (and interfaces) a generation of the calls-made count holds: 15 MB for both at most
 
 LimitKey = tuple[str, str, str]  # (profile, instance, interface key)
 
@@ -24,20 +31,32 @@ LimitKey = tuple[str, str, str]  # (profile, instance, interface key)
 class LimitBook:
     """The router's counters: calls running and calls made, per instance and interface."""
 
-    def __init__(self) -> None:
+    def __init__(self, runs_kept: int = RUNS_KEPT) -> None:
         self._running: dict[LimitKey, int] = {}
         self._waiting: dict[LimitKey, deque[asyncio.Future[None]]] = {}
-        self._made: dict[LimitKey, int] = {}
+        self._runs_kept = runs_kept
+        self._made: dict[LimitKey, int] = {}  # this generation's runs → calls made
+        self._made_before: dict[LimitKey, int] = {}  # the previous generation's
 
     def count_call(self, key: LimitKey, max_calls: int | None) -> None:
         """Count one call of this run, or refuse it when the run has made `max_calls` already."""
-        made = self._made.get(key, 0)
+        made = self._made.get(key)
+        if made is None:  # a run new to this generation: its count from the previous one, if any
+            made = self._made_before.pop(key, 0)
+            if len(self._made) >= self._runs_kept:
+                self._made_before, self._made = self._made, {}
         if max_calls is not None and made >= max_calls:
+            self._made[key] = made
             raise calls_per_run_error(max_calls, key[2])
         self._made[key] = made + 1
 
     def calls_made(self, key: LimitKey) -> int:
-        return self._made.get(key, 0)
+        found = self._made.get(key)
+        return found if found is not None else self._made_before.get(key, 0)
+
+    def runs_counted(self) -> int:
+        """How many runs' calls are counted now (both generations)."""
+        return len(self._made) + len(self._made_before)
 
     def running(self, key: LimitKey) -> int:
         return self._running.get(key, 0)

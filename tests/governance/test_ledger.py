@@ -9,12 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from reconciler.governance.governor import Governor
 from reconciler.governance.ledger import add_balance, current_month, read_balance, spend_report
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
+from reconciler.governance.store import spend as spend_rows
 from reconciler.governance.store.tables import spend
 from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
 
@@ -127,3 +129,14 @@ def test_calls_nothing_limits_are_counted_in_a_batch_without_a_store_round_trip(
         await governor.aclose()
 
     asyncio.run(scenario())
+
+
+def test_the_spend_rows_a_process_remembers_making_stay_bounded(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client may name a new agent run on every call: each makes an instance row, and the memory of them is bounded
+    while every row is still made."""
+    monkeypatch.setattr(spend_rows, "KNOWN_ROWS", 10)
+    for n in range(40):
+        spend_rows.ensure_spend_rows(store, ["org:o", "profile:p", f"instance:p/run-{n}"], "2026-12")
+        assert len(spend_rows._statements(store).known) <= 10 + 3
+    scopes = {row["scope"] for row in spend_report(store, "2026-12")}
+    assert {f"instance:p/run-{n}" for n in range(40)} <= scopes

@@ -149,3 +149,26 @@ def test_no_limit_takes_no_slot_and_the_run_count_refuses_past_its_cap() -> None
         assert refused.value.cause == "calls_per_run"
 
     run(scenario())
+
+
+def test_a_client_naming_a_new_run_on_every_call_cannot_grow_the_count_without_bound() -> None:
+    book = LimitBook(runs_kept=100)
+    active = ("p", "busy", "x/v1")
+    for n in range(1_000):  # a new run per call, and one run calling all along
+        book.count_call(("p", f"run-{n}", "x/v1"), 5)
+        book.count_call(active, None)
+        assert book.runs_counted() <= 200
+    assert book.calls_made(active) == 1_000  # a run that keeps calling keeps its count across generations
+    assert book.calls_made(("p", "run-999", "x/v1")) == 1
+    assert book.calls_made(("p", "run-0", "x/v1")) == 0  # long idle: forgotten
+
+
+def test_a_run_at_its_cap_stays_refused_across_a_generation() -> None:
+    book = LimitBook(runs_kept=10)
+    capped = ("p", "capped", "x/v1")
+    book.count_call(capped, 1)
+    for n in range(15):  # the generation turns over while the run is still calling
+        book.count_call(("p", f"run-{n}", "x/v1"), None)
+        with pytest.raises(ToolError):
+            book.count_call(capped, 1)
+    assert book.calls_made(capped) == 1

@@ -18,6 +18,7 @@ from reconciler.governance.store.engine import Store, Transaction
 from reconciler.governance.store.tables import balances, reservations, spend
 
 __all__ = [
+    "KNOWN_ROWS",
     "add_balance",
     "add_spend",
     "charge_stale_reservations",
@@ -30,6 +31,8 @@ __all__ = [
     "spend_report",
     "take_balance",
 ]
+
+KNOWN_ROWS = 100_000  # spend rows a process remembers it made (`ensure_spend_rows`), about 15 MB at most
 
 
 class _Statements:
@@ -77,13 +80,17 @@ def ensure_spend_rows(store: Store, scopes: Sequence[str], month: str) -> None:
 
     Creating them inside the locking transaction could deadlock on PostgreSQL (one transaction holds
     the org row and waits for another's new instance row, which waits for the org row). Once
-    committed they exist for good, so each process remembers the rows it has seen.
+    committed they exist for good, so each process remembers the rows it has seen: the latest
+    `KNOWN_ROWS` of them (an agent names its run, and a client may name a new one on every call; a row
+    forgotten is only made again, which changes nothing).
     """
     st = _statements(store)
     if all((s, month) in st.known for s in scopes):
         return
     with store.begin() as tx:
         tx.execute(st.ensure_rows, _zero_rows(scopes, month))
+    if len(st.known) >= KNOWN_ROWS:
+        st.known.clear()
     st.known.update((s, month) for s in scopes)
 
 
