@@ -447,13 +447,18 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def pin(routers: dict[str, tuple[Path, int]]) -> str:
-    """Put every thread of the routers on one CPU and their connectors and this process on the others; what was
-    done, for the report. On a host of one CPU nothing is pinned."""
-    cpus = sorted(os.sched_getaffinity(0))
+def pin(routers: dict[str, tuple[Path, int]], cpus: set[int]) -> str:
+    """Put every thread of the routers on one of `cpus` and their connectors and this process on the others; what
+    was done, for the report. With one CPU nothing is pinned."""
     if len(cpus) < 2:
         return "not pinned (one CPU)"
-    mine, rest = {cpus[0]}, set(cpus[1:])
+    first = min(cpus)
+    _place(routers, {first}, cpus - {first})
+    return f"the routers on CPU {first}, their connectors and the clients on CPUs {sorted(cpus - {first})}"
+
+
+def _place(routers: dict[str, tuple[Path, int]], mine: set[int], rest: set[int]) -> None:
+    """Every thread of the routers on `mine`, of their connectors and of this process on `rest`."""
     for _, pid in routers.values():
         for task in _tasks(pid):
             with contextlib.suppress(OSError):
@@ -463,7 +468,6 @@ def pin(routers: dict[str, tuple[Path, int]]) -> str:
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(task, rest)
     os.sched_setaffinity(0, rest)
-    return f"the routers on CPU {cpus[0]}, their connectors and the clients on CPUs {sorted(rest)}"
 
 
 async def calls_in_window(paths: dict[str, Path], sessions: int, seconds: float) -> dict[str, int]:
@@ -506,7 +510,7 @@ def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], seconds
     `seconds` (whose sessions start first alternates window by window): the median, lowest and highest of its
     calls against the open gate's in the same window."""
     cpus = os.sched_getaffinity(0)
-    pinned = pin(routers)
+    pinned = pin(routers, cpus)
     print(f"\nSide by side with the open gate, 8 sessions each, {rounds} windows of {seconds:g} s ({pinned}):")
     ratios: dict[str, list[float]] = {name: [] for name in routers if name != "open"}
     rates: dict[str, list[float]] = {name: [] for name in ratios}
@@ -520,7 +524,7 @@ def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], seconds
                 found.append(counts[name] / counts["open"])
                 rates[name].append(counts[name] / seconds)
     finally:
-        os.sched_setaffinity(0, cpus)
+        _place(routers, cpus, cpus)  # as they were, for what runs next
     out = {}
     for name, found in ratios.items():
         out[name] = {"ratio": statistics.median(found), "low": min(found), "high": max(found),
@@ -638,13 +642,15 @@ def main() -> None:
             if mcp:
                 results.update(measure_sdk_lines(run, base, started_routers["sqlite"][0], connector, args))
             results.update(measure_raw_lines(base, env, connector, started_routers, args))
+            # Side by side first, while every router has served about as much as the others (a router that served
+            # many more calls ran a point or two slower beside a fresh one).
+            control = {"open b": routers.start("open-b", [sys.executable, str(base / "serve_open.py"), str(root)])}
+            for run_dir, _ in (*started_routers.values(), *control.values()):
+                run(concurrent_sessions(run_dir / SOCKET, 8, 2000))  # each one's connector started, its code warm
+            beside = measure_side_by_side(run, {**started_routers, **control}, args.window)
+            results.update({f"side {name}": figures for name, figures in beside.items()})
             throughput = measure_throughput(run, started_routers, args.round_calls)
             results.update({f"x8 {name}": figures for name, figures in throughput.items()})
-            started_routers["open b"] = routers.start("open-b", [sys.executable, str(base / "serve_open.py"),
-                                                                 str(root)])
-            run(concurrent_sessions(started_routers["open b"][0] / SOCKET, 8, 2000))  # its connector started
-            beside = measure_side_by_side(run, started_routers, args.window)
-            results.update({f"side {name}": figures for name, figures in beside.items()})
             routers.close()
         if mcp and args.pg:
             measure_scale_out(run, base, root, env, args.pg, args.calls * 4)
