@@ -297,6 +297,7 @@ class Routers:
         self.base = base
         self.env = env
         self.stack = contextlib.ExitStack()
+        self._own: dict[int, contextlib.ExitStack] = {}  # pid → what stops that router alone
 
     def start(self, name: str, command: list[str], store_url: str | None = None) -> tuple[Path, int]:
         """Start a router; its run folder and pid."""
@@ -304,10 +305,17 @@ class Routers:
         env = {**self.env, "HANDLER_RUN_DIR": str(run_dir), "HANDLER_STATE_DIR": str(self.base / f"state-{name}")}
         if store_url:
             env["HANDLER_STORE_URL"] = store_url
-        proc = self.stack.enter_context(started(command, env, "handler serve"))
+        own = self.stack.enter_context(contextlib.ExitStack())
+        proc = own.enter_context(started(command, env, "handler serve"))
+        self._own[proc.pid] = own
         return run_dir, proc.pid
 
+    def stop(self, pid: int) -> None:
+        """Stop one router before the others."""
+        self._own.pop(pid).close()
+
     def close(self) -> None:
+        self._own.clear()
         self.stack.close()
 
 
@@ -504,36 +512,53 @@ async def calls_in_window(paths: dict[str, Path], sessions: int, seconds: float)
     return counts
 
 
-def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], seconds: float,
-                         rounds: int = 11) -> dict[str, dict[str, float]]:
-    """Each router but the open gate's beside the open gate's (`pin`), 8 sessions each, `rounds` windows of
-    `seconds` (whose sessions start first alternates window by window): the median, lowest and highest of its
-    calls against the open gate's in the same window."""
+def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], pairs: dict[str, tuple[str, str]],
+                         seconds: float, rounds: int = 11) -> dict[str, dict[str, float]]:
+    """Each pair of `pairs` (line → its open-gate router, the router measured) side by side (`pin`), 8 sessions
+    each, `rounds` windows of `seconds` (whose sessions start first alternates window by window): the median,
+    lowest and highest of the measured router's calls against its open gate's in the same window. Every router is
+    in one pair only, so the two of a pair have served the same calls."""
     cpus = os.sched_getaffinity(0)
     pinned = pin(routers, cpus)
     print(f"\nSide by side with the open gate, 8 sessions each, {rounds} windows of {seconds:g} s ({pinned}):")
-    ratios: dict[str, list[float]] = {name: [] for name in routers if name != "open"}
-    rates: dict[str, list[float]] = {name: [] for name in ratios}
+    ratios: dict[str, list[float]] = {line: [] for line in pairs}
+    rates: dict[str, list[float]] = {line: [] for line in pairs}
     try:
-        for name in ratios:  # a warm-up window for each pair
-            run(calls_in_window({"open": routers["open"][0] / SOCKET, name: routers[name][0] / SOCKET}, 8, 0.3))
         for turn in range(rounds):
-            for name, found in ratios.items():
-                pair = ("open", name) if turn % 2 == 0 else (name, "open")
-                counts = run(calls_in_window({line: routers[line][0] / SOCKET for line in pair}, 8, seconds))
-                found.append(counts[name] / counts["open"])
-                rates[name].append(counts[name] / seconds)
+            for line, (base, measured) in pairs.items():
+                pair = (base, measured) if turn % 2 == 0 else (measured, base)
+                counts = run(calls_in_window({name: routers[name][0] / SOCKET for name in pair}, 8, seconds))
+                ratios[line].append(counts[measured] / counts[base])
+                rates[line].append(counts[measured] / seconds)
     finally:
         _place(routers, cpus, cpus)  # as they were, for what runs next
     out = {}
-    for name, found in ratios.items():
-        out[name] = {"ratio": statistics.median(found), "low": min(found), "high": max(found),
-                     "rate": statistics.median(rates[name])}
-        figures = out[name]
-        label = SIDE_BY_SIDE_LINES.get(name, THROUGHPUT_LINES.get(name, name))
+    for line, found in ratios.items():
+        figures = out[line] = {"ratio": statistics.median(found), "low": min(found), "high": max(found),
+                               "rate": statistics.median(rates[line])}
+        label = SIDE_BY_SIDE_LINES.get(line, THROUGHPUT_LINES.get(line, line))
         print(f"  {label:<52} {figures['ratio']:6.1%} of the open gate's calls (windows {figures['low']:.1%} to "
               f"{figures['high']:.1%}; {figures['rate']:,.0f} calls/s on half a CPU)")
     return out
+
+
+def side_by_side_lines(run: Any, routers: Routers, started_routers: dict[str, tuple[Path, int]],
+                       open_gate: list[str], window: float) -> dict[str, dict[str, float]]:
+    """Each governed router beside an open-gate router of its own, and the control: two open-gate routers. Every
+    router is warmed alike and in one pair only; the open gate's own for each line are stopped after."""
+    governed = [name for name in started_routers if name != "open"]
+    twins = {f"open for {name}": routers.start(f"open-{n}", open_gate) for n, name in enumerate(governed)}
+    twins["open b"] = routers.start("open-b", open_gate)
+    pairs = {name: (f"open for {name}", name) for name in governed}
+    pairs["open b"] = ("open", "open b")
+    beside = {**started_routers, **twins}
+    for run_dir, _ in beside.values():
+        run(concurrent_sessions(run_dir / SOCKET, 8, 2000))  # each one's connector started, its code warm
+    try:
+        return measure_side_by_side(run, beside, pairs, window)
+    finally:
+        for _, pid in twins.values():  # idle from here on: stopped, so the rounds after run without them
+            routers.stop(pid)
 
 
 SOCKET = Path("profiles/tester.sock")
@@ -639,16 +664,14 @@ def main() -> None:
             started_routers["sqlite capped"] = routers.start("sqlite-capped", capped)
             if capped_pg_url:
                 started_routers["pg capped"] = routers.start("pg-capped", capped, capped_pg_url)
+            # Side by side first, while every router has served only its warm-up: a router that had served the other
+            # lines first ran up to a few points slower beside a fresh one.
+            beside = side_by_side_lines(run, routers, started_routers, [sys.executable, str(base / "serve_open.py"),
+                                                                         str(root)], args.window)
+            results.update({f"side {name}": figures for name, figures in beside.items()})
             if mcp:
                 results.update(measure_sdk_lines(run, base, started_routers["sqlite"][0], connector, args))
             results.update(measure_raw_lines(base, env, connector, started_routers, args))
-            # Side by side first, while every router has served about as much as the others (a router that served
-            # many more calls ran a point or two slower beside a fresh one).
-            control = {"open b": routers.start("open-b", [sys.executable, str(base / "serve_open.py"), str(root)])}
-            for run_dir, _ in (*started_routers.values(), *control.values()):
-                run(concurrent_sessions(run_dir / SOCKET, 8, 2000))  # each one's connector started, its code warm
-            beside = measure_side_by_side(run, {**started_routers, **control}, args.window)
-            results.update({f"side {name}": figures for name, figures in beside.items()})
             throughput = measure_throughput(run, started_routers, args.round_calls)
             results.update({f"x8 {name}": figures for name, figures in throughput.items()})
             routers.close()
