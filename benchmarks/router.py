@@ -21,14 +21,16 @@ governed routers sharing one PostgreSQL, 8 sessions each, uncapped and with the 
 Each throughput line prints the router's CPU per call and, beside it, that of every PostgreSQL
 server process on this host (the store's share when both run on the same cores); `--round-calls`
 sets a round's length.
-Side by side: each governed router and the open gate's at the same moments, 8 sessions each, both
-routers on one CPU of their own (their connectors and the clients on the others), for a window of
-`--window` seconds, round after round. The kernel shares that CPU evenly between the two, so the
-ratio of their calls is the ratio of what a call costs each, measured under the same conditions.
-Run back to back instead, two identical routers differ by up to a tenth on a shared host (the
-neighbours, the caches, where the scheduler puts the clients and connectors), more than the cost
-being measured; the control line, a second open-gate router beside the first, shows how even the
-shared CPU is (its ratio should be 100%).
+Side by side (run first): each governed router beside an open-gate router of its own at the same
+moments, 8 sessions each, both routers on one CPU of their own (their connectors and the clients on
+the others), for a window of `--window` seconds, round after round. The kernel shares that CPU
+evenly between the two, so the ratio of their calls is the ratio of what a call costs each, measured
+under the same conditions. Run back to back instead, two identical routers differ by up to a tenth
+on a shared host (the neighbours, the caches, where the scheduler puts the clients and connectors),
+more than the cost being measured. Every router is started together, warmed alike and in one pair
+only: an open gate paired with every line, or one that had served the other lines first, came out a
+few points slower than a fresh one. The control line, a second open-gate router beside the first,
+shows how even the pairs are (its ratio should be 100%).
 Goals: (b)-(a) <= 150 µs p50 and >= 10x less than (c)-(a); router-direct <= 2x hop-direct;
 governed >= 90% of the open gate's calls/s on SQLite and on PostgreSQL (side by side); capped >= 5,000
 calls/s on each.
