@@ -195,6 +195,16 @@ class Session:
             self._released = True
             self.router.services.pool.unpin(self.generation.pool_keys)
 
+    def detach(self) -> None:
+        """Its connection has ended: what still runs writes nowhere and tells it nothing. So neither keeps the other
+        alive until the collector's next full pass, which a busy router makes rarely."""
+        self.write = _discard
+        self._on_call_end = None
+
+
+def _discard(data: bytes) -> None:
+    return None
+
 
 def _meta_str(params: Mapping[str, Any] | None, key: str) -> str | None:
     """A non-empty string under `key` in the request's `_meta`, else None."""

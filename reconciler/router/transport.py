@@ -115,6 +115,7 @@ class Connection:
             self._group.discard(self)
         self._router.line_budget.change(-self._framer.drop_partial())
         self.session.abort()
+        self.session.detach()
         self.close_streams()
 
     @property

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from pathlib import Path
 
 import orjson
@@ -114,3 +116,32 @@ def test_unfinished_lines_of_all_connections_stay_under_the_budget_and_are_freed
             await latecomer.close()
 
     run(scenario())
+
+
+def test_a_closed_connection_is_freed_at_once_not_at_the_next_full_collection(echo_root: Path, run_dir: Path) -> None:
+    """A client that connects and leaves over and over: each ended connection is gone when it ends, without waiting
+    for the collector (which the router runs rarely: `gc.freeze` and its thresholds)."""
+    async def scenario() -> list[bool]:
+        gc.disable()
+        try:
+            async with serving(echo_root, run_dir) as router:
+                left = []
+                for _ in range(3):
+                    client = await RawClient.connect(router.socket_path("tester"))
+                    reply = await client.request("tools/call", {"name": "echo_say", "arguments": {"text": "hi"}})
+                    assert reply["result"]["isError"] is False
+                    (conn,) = router.connections
+                    gone = weakref.ref(conn)
+                    del conn
+                    await client.close()
+                    async with asyncio.timeout(DEADLINE):
+                        while router.connections:
+                            await asyncio.sleep(0.01)
+                    for _ in range(5):  # the loop's callbacks of the closed transport run
+                        await asyncio.sleep(0)
+                    left.append(gone() is None)
+                return left
+        finally:
+            gc.enable()
+
+    assert run(scenario()) == [True, True, True]
