@@ -481,8 +481,8 @@ def _place(routers: dict[str, tuple[Path, int]], mine: set[int], rest: set[int])
 
 
 async def calls_in_window(paths: dict[str, Path], sessions: int, seconds: float) -> dict[str, int]:
-    """8 sessions on each router at once, all connected before any calls; the calls each router answered in the
-    window."""
+    """`sessions` sessions on each router at once, all connected before any calls; the calls each router answered
+    in a window of `seconds`."""
     counts = dict.fromkeys(paths, 0)
     go = asyncio.Event()
 
