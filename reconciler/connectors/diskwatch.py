@@ -11,7 +11,6 @@ kill, never a folder a call made after it) before the next start.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import stat
@@ -81,10 +80,12 @@ def remove_left(folder: Path, before_ns: int) -> int:
         return 0
     with listing:
         for entry in listing:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 info = entry.stat(follow_symlinks=False)
-                if info.st_ctime_ns >= before_ns or stat.S_ISSOCK(info.st_mode):
-                    continue
+            except FileNotFoundError:  # gone already
+                continue
+            if info.st_ctime_ns >= before_ns or stat.S_ISSOCK(info.st_mode):
+                continue
             try:
                 remove_tree(entry.path)
                 removed += 1

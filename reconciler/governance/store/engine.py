@@ -36,16 +36,17 @@ from reconciler.governance.errors import StoreError
 from reconciler.governance.store.migrate import upgrade
 from reconciler.places import PRIVATE_FILE_MODE, default_state_dir, ensure_private_dir, open_private_file
 
-__all__ = ["HOLD_CHANNEL", "PG_CONNECTION_DEFAULTS", "Store", "Transaction", "marker", "now", "open_store",
+__all__ = ["HOLD_CHANNEL_SQL", "PG_CONNECTION_DEFAULTS", "Store", "Transaction", "marker", "now", "open_store",
            "store_exists", "store_url"]
 
 # One open transaction of the store, passed to the store's statements. Callers outside the package
 # only hand it on: it is opaque to them.
 Transaction: TypeAlias = Connection
 
-# The PostgreSQL NOTIFY channel on which a hold stored or decided is announced, worked out by the server for the
-# schema the session uses: the stores of two schemas in one database (two deployments) do not wake each other.
-HOLD_CHANNEL = "'handler_holds_' || md5(coalesce(current_schema(), ''))"
+# The SQL expression of the PostgreSQL NOTIFY channel on which a hold stored or decided is announced, worked out by
+# the server for the schema the session uses: the stores of two schemas in one database (two deployments) do not wake
+# each other.
+HOLD_CHANNEL_SQL = "'handler_holds_' || md5(coalesce(current_schema(), ''))"
 _MIGRATION_LOCK = 0x48414E444C4552  # "HANDLER": the advisory lock key of migrations
 
 
@@ -104,7 +105,7 @@ class Store:
         the engine's pool (PostgreSQL's listener, the loop's commits). Built by libpq's rules, not as a URL: a URL
         rendered again writes the spaces of `options` as '+', which libpq does not read back as spaces."""
         url = self.engine.url.set(drivername="postgresql")
-        query = {key: " ".join(value) if isinstance(value, tuple) else value for key, value in url.query.items()}
+        query = {key: _query_text(value) for key, value in url.query.items()}
         base = url.set(query={}).render_as_string(hide_password=False)
         return conninfo.make_conninfo(base, **{**query, **_connection_defaults(url)})
 
@@ -182,7 +183,7 @@ class Store:
     def notify(self, tx: Transaction, payload: str) -> None:
         """Tell other routers a hold changed (PostgreSQL LISTEN/NOTIFY; SQLite routers poll)."""
         if self.dialect == "postgresql":
-            tx.execute(sa.text(f"SELECT pg_notify({HOLD_CHANNEL}, :payload)"), {"payload": payload})
+            tx.execute(sa.text(f"SELECT pg_notify({HOLD_CHANNEL_SQL}, :payload)"), {"payload": payload})
 
     def migrate(self) -> str:
         """Apply the migrations under a lock; returns the revision the store is at."""
@@ -263,13 +264,17 @@ def _connection_defaults(url: sa.engine.URL) -> dict[str, str]:
     """`PG_CONNECTION_DEFAULTS` less what the URL sets itself, and `options` with the URL's own and
     `PG_SESSION_DEFAULTS` less those it sets."""
     found = {key: value for key, value in PG_CONNECTION_DEFAULTS.items() if key not in url.query}
-    given = url.query.get("options", "")
-    given = " ".join(given) if isinstance(given, tuple) else given
+    given = _query_text(url.query.get("options", ""))
     named = set(_SETTING.findall(given))
     settings = [f"-c {key}={value}" for key, value in PG_SESSION_DEFAULTS.items() if key not in named]
     if settings:
         found["options"] = " ".join(filter(None, (given, *settings)))
     return found
+
+
+def _query_text(value: str | tuple[str, ...]) -> str:
+    """A URL query parameter as one string: one given several times (`options`), its values joined by spaces."""
+    return " ".join(value) if isinstance(value, tuple) else value
 
 
 def _sqlite_engine(url: str) -> Engine:

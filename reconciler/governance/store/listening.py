@@ -1,10 +1,10 @@
 """PostgreSQL LISTEN for hold decisions, so a router runs a hold approved elsewhere at once.
 
-A daemon thread holds one psycopg connection listening on `HOLD_CHANNEL` (its schema's) and calls `wake()` on
-every notification, and once each time it starts listening (what was decided while it was not is
-found then). While it listens (`connected`) the hold runner polls only now and then, in case a
-notification is lost; a dropped connection is made again a second later, and until then the runner
-polls at its own pace. SQLite has no such channel: routers on SQLite poll.
+A daemon thread holds one psycopg connection listening on the channel `HOLD_CHANNEL_SQL` names (its
+schema's) and calls `wake()` on every notification, and once each time it starts listening (what was
+decided while it was not is found then). While it listens (`connected`) the hold runner polls only
+now and then, in case a notification is lost; a dropped connection is made again a second later, and
+until then the runner polls at its own pace. SQLite has no such channel: routers on SQLite poll.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from reconciler.governance.store.engine import HOLD_CHANNEL, Store
+from reconciler.governance.store.engine import HOLD_CHANNEL_SQL, Store
 
 __all__ = ["HoldListener"]
 
@@ -35,7 +35,7 @@ class HoldListener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
-                    (channel,) = conn.execute(f"SELECT {HOLD_CHANNEL}").fetchone() or ("",)
+                    (channel,) = conn.execute(f"SELECT {HOLD_CHANNEL_SQL}").fetchone() or ("",)
                     conn.execute(f"LISTEN {channel}")  # a letter, then md5's hex: a plain name
                     self.connected = True
                     self._wake()
