@@ -134,6 +134,9 @@ class RunSpec(_Model):
     command: list[str] | None = None
     transport: Literal["stdio", "socket"] = "stdio"
     builtin: str | None = None
+    # How long the process may take to answer `initialize` (or to listen, for "socket"): a connector that loads
+    # a model before it serves says so here, so its start is never charged to a call's time limit.
+    startSeconds: float = Field(default=20.0, gt=0, le=600)
 
 
 class WrapError(_Model):

@@ -193,13 +193,26 @@ class ConnectorProcess:
         if self._starting is None or self._starting.done():
             self._starting = asyncio.get_running_loop().create_task(self._start())
             self._starting.add_done_callback(_retrieve)
-        await asyncio.shield(self._starting)
+        starting = self._starting
+        try:
+            await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if starting.cancelled() and task is not None and not task.cancelling():  # `stop` gave the start up
+                raise ConnectorStartError(f"connector of binding '{self.spec.name}' was stopped as it started "
+                                          "(a reload or a shutdown); the next call starts it again") from None
+            raise
 
     async def _start(self) -> None:
         self._inc.line.close()  # a previous process that died: release its pipes
         inc = self._inc = _Incarnation(self.spec)
+        spawning = asyncio.ensure_future(asyncio.to_thread(self._spawn))
         try:
-            inc.popen = await asyncio.to_thread(self._spawn)
+            inc.popen = await asyncio.shield(spawning)
+        except asyncio.CancelledError:  # a stop while it spawns: the process it made still ends with `stop`
+            with contextlib.suppress(Exception):
+                inc.popen = await spawning
+            raise
         except OSError as exc:
             inc.line.close()
             raise ConnectorStartError(
@@ -212,7 +225,7 @@ class ConnectorProcess:
         except TimeoutError:
             await self._stop_incarnation(inc)
             raise ConnectorStartError(f"connector of binding '{self.spec.name}' did not answer initialize "
-                                      f"within {self.spec.start_timeout:.0f} s") from None
+                                      f"within {self.spec.start_timeout:g} s") from None
         except ConnectorError as exc:
             await self._stop_incarnation(inc)
             raise ConnectorStartError(f"connector of binding '{self.spec.name}' failed its handshake: "
@@ -254,7 +267,7 @@ class ConnectorProcess:
                 if popen.poll() is not None or loop.time() > end:
                     await self._stop_incarnation(inc)
                     why = ("exited" if popen.poll() is not None
-                           else f"did not listen within {self.spec.start_timeout:.0f} s")
+                           else f"did not listen within {self.spec.start_timeout:g} s")
                     raise ConnectorStartError(f"connector of binding '{self.spec.name}' {why} on its socket "
                                               "(HANDLER_CONNECTOR_SOCKET)") from None
                 await asyncio.sleep(0.01)
@@ -323,13 +336,15 @@ class ConnectorProcess:
                     await asyncio.to_thread(popen.wait)
 
     async def stop(self, grace: float = 2.0) -> None:
-        """Close stdin, wait `grace` seconds for the process to exit, then kill it (a start under way first ends)."""
+        """Close stdin, wait `grace` seconds for the process to exit, then kill it.
+
+        A start under way is given up, not waited for: a connector that loads a model before it answers
+        `initialize` may take its whole `startSeconds`, and a reload or a shutdown must not wait that long.
+        """
         starting = self._starting
         if starting is not None and not starting.done():
-            await asyncio.wait([starting], timeout=self.spec.start_timeout)
-            if not starting.done():
-                starting.cancel()
-                await asyncio.wait([starting])
+            starting.cancel()
+            await asyncio.wait([starting])
         await self._stop_incarnation(self._inc, grace)
 
     async def _stop_incarnation(self, inc: _Incarnation, grace: float = 2.0) -> None:

@@ -209,8 +209,8 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
     stderr = StderrLog(binding_name, secrets, base / f"{binding_name}.stderr.log")
     launch.stderr = stderr
     launch.spec = LaunchSpec(name=binding_name, command=tuple(command), cwd=str(folder), env=env,
-                             max_line_bytes=max_line_bytes, on_stderr=stderr.feed, socket_path=socket_path,
-                             mask=stderr.mask, handoff=launch.handoff)
+                             start_timeout=run.startSeconds, max_line_bytes=max_line_bytes, on_stderr=stderr.feed,
+                             socket_path=socket_path, mask=stderr.mask, handoff=launch.handoff)
     return launch
 
 

@@ -25,6 +25,9 @@ from reconciler.config import FolderSource, Loader
 from reconciler.connectors.environments import environment_path
 from tests.fixtures.vendor_trees import passing_check
 
+# Loading torch and the model can take a minute on a busy machine (connector.toml's startSeconds): a bound on a hang.
+pytestmark = pytest.mark.timeout(300)
+
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/embed-local"
 TOOLS = json.loads((REPO / "catalog/interfaces/embed/v1/tools.json").read_text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -109,6 +110,45 @@ def test_a_command_that_cannot_start_is_a_start_error(tmp_path: Path) -> None:
         quits = LaunchSpec(name="quits", command=(sys.executable, "-c", "pass"), cwd=str(tmp_path), env={})
         with pytest.raises(ConnectorStartError, match="failed its handshake"):
             await ConnectorProcess(quits).call_tool("x", {})
+
+    run(scenario())
+
+
+def _slow_start(seconds: float, **extra: object) -> LaunchSpec:
+    """The echo connector, which first spends `seconds` before it reads its input (a model loading)."""
+    line = (f"import runpy, sys, time; time.sleep({seconds}); sys.argv = [{str(CONNECTOR)!r}]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    return dataclasses.replace(spec(**extra), command=(sys.executable, "-c", line))
+
+
+def test_a_start_gets_the_seconds_its_connector_declares() -> None:
+    async def scenario() -> None:
+        with pytest.raises(ConnectorStartError, match=r"did not answer initialize within 0\.5 s"):
+            await ConnectorProcess(_slow_start(2, start_timeout=0.5)).ensure_started()
+        conn = ConnectorProcess(_slow_start(1, start_timeout=10))
+        try:
+            assert (await conn.call_tool("echo_say", {"text": "loaded"}))["structuredContent"] == {"text": "loaded"}
+        finally:
+            await conn.stop()
+
+    run(scenario())
+
+
+def test_a_stop_gives_up_a_long_start_at_once_and_its_waiting_call_is_told_why() -> None:
+    async def scenario() -> None:
+        conn = ConnectorProcess(_slow_start(300, start_timeout=600))
+        waiting = asyncio.create_task(conn.call_tool("echo_say", {"text": "x"}))
+        for _ in range(500):
+            if conn.pid is not None:
+                break
+            await asyncio.sleep(0.01)
+        pid = conn.pid
+        assert pid is not None
+        await asyncio.wait_for(conn.stop(grace=0.2), 10)  # not the 300 s the process would take to answer
+        with pytest.raises(ConnectorStartError, match="stopped as it started"):
+            await waiting
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
     run(scenario())
 

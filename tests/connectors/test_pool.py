@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.config import FolderSource, Loader
 from reconciler.connectors.pool import ConnectorPool
 from tests.fixtures.echo_tree import TOKEN_ENV
 from tests.fixtures.harness import RawClient, body, load, run, serving
@@ -59,11 +60,31 @@ def test_one_process_per_binding_with_settings_and_secrets_in_its_env(echo_root:
             assert Path(env["HOME"]).parent == echo_root / ".handler/connectors"  # its private folder
             assert spec.cwd == env["HOME"]
             assert echo_secret not in repr(spec)
+            assert spec.start_timeout == 20.0  # [run] startSeconds left out
         finally:
             await pool.close()
         assert not Path(env["HOME"]).exists()  # the private folder goes with the process
 
     run(scenario())
+
+
+def test_a_connector_declares_how_long_its_start_may_take(echo_root: Path) -> None:
+    manifest = echo_root / "catalog/connectors/echo/connector.toml"
+    manifest.write_text(manifest.read_text().replace('transport = "stdio"\n', 'transport = "stdio"\nstartSeconds = 90\n'))
+
+    async def scenario() -> None:
+        pool = ConnectorPool(echo_root, echo_root / ".handler", sandbox=False)
+        try:
+            await pool.connector(load(echo_root), "echo-local")
+            spec = pool.launch_spec("echo-local")
+            assert spec is not None and spec.start_timeout == 90.0
+        finally:
+            await pool.close()
+
+    run(scenario())
+    manifest.write_text(manifest.read_text().replace("startSeconds = 90", "startSeconds = 0"))
+    found = [f.render_text() for f in Loader().load(FolderSource(echo_root)).findings]
+    assert any("'run.startSeconds' is invalid: Input should be greater than 0" in text for text in found), found
 
 
 def test_sessions_share_one_process_and_shutdown_leaves_none(echo_root: Path, run_dir: Path) -> None:

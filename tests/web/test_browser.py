@@ -17,6 +17,9 @@ from tests.fixtures.browser import Phone, call_tool, clean_env, handler_up, sign
 from tests.fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree
 from tests.fixtures.harness import short_dir
 
+# The first test of a process also starts Chromium (tests.fixtures.browser.LAUNCH_DEADLINE): a bound on a hang.
+pytestmark = pytest.mark.timeout(300)
+
 Git = Callable[..., str]
 OnPhone = Callable[[Callable[[Phone], Any]], Any]
 OTHER_ENV = "HANDLER_TEST_OTHER_TOKEN"

