@@ -70,14 +70,16 @@ def test_one_process_per_binding_with_settings_and_secrets_in_its_env(echo_root:
 
 def test_a_connector_declares_how_long_its_start_may_take(echo_root: Path) -> None:
     manifest = echo_root / "catalog/connectors/echo/connector.toml"
-    manifest.write_text(manifest.read_text().replace('transport = "stdio"\n', 'transport = "stdio"\nstartSeconds = 90\n'))
+    declared = manifest.read_text().replace('transport = "stdio"\n', 'transport = "stdio"\nstartSeconds = 90\n')
+    manifest.write_text(declared)
 
     async def scenario() -> None:
         pool = ConnectorPool(echo_root, echo_root / ".handler", sandbox=False)
         try:
             await pool.connector(load(echo_root), "echo-local")
             spec = pool.launch_spec("echo-local")
-            assert spec is not None and spec.start_timeout == 90.0
+            assert spec is not None
+            assert spec.start_timeout == 90.0
         finally:
             await pool.close()
 
