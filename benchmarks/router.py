@@ -5,6 +5,10 @@ Every router here is `handler serve`, governed as it ships (the Governor on its 
 state folder, or PostgreSQL), except the open-gate router, which differs only in its gate (every call
 admitted at once): the comparison that tells what governance costs.
 
+First, the host: a pipe round trip to a process that echoes it, where the scheduler puts the two and with
+both on one CPU. The difference is what waking a process on the other CPU costs here; a line through a
+process in the middle pays it twice more than a direct call, so the latency lines are read against it.
+
 MCP clients (the official `mcp` SDK client, initialize era, calling `echo_say` with its own
 output-schema check on every call; the lines take turns, in 8 rounds):
   (a) the SDK client → the echo connector directly (stdio);
@@ -131,6 +135,47 @@ async def sdk_runs(clients: dict[str, StdioServerParameters], calls: int, warmup
                     assert not result.is_error
                 spent[name] += time.perf_counter() - start
         return {name: summarize(samples[name], spent[name]) for name in opened}
+
+
+ECHO_BYTES = "import os\nwhile (data := os.read(0, 4096)):\n    os.write(1, data)\n"
+
+
+def host_wakeups(calls: int) -> dict[str, float]:
+    """p50 µs of a 200-byte round trip to a process that echoes it over pipes: where the scheduler puts the two,
+    and with both on one CPU. What the first adds over the second is the host's price of waking a process on
+    another CPU, which every line through a process in the middle pays twice more than a direct call."""
+    out = {}
+    cpus = os.sched_getaffinity(0)
+    for name, where in (("free", cpus), ("one CPU", {min(cpus)})):
+        os.sched_setaffinity(0, where)
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", ECHO_BYTES], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            assert proc.stdin is not None
+            assert proc.stdout is not None
+            send, back = proc.stdin.fileno(), proc.stdout.fileno()
+            samples = []
+            for i in range(calls + calls // 10):
+                t0 = time.perf_counter_ns()
+                os.write(send, b"x" * 200)
+                got = 0
+                while got < 200:
+                    got += len(os.read(back, 4096))
+                if i >= calls // 10:
+                    samples.append(time.perf_counter_ns() - t0)
+            proc.stdin.close()
+            proc.wait()
+            proc.stdout.close()
+        finally:
+            os.sched_setaffinity(0, cpus)
+        out[name] = statistics.median(samples) / 1000
+    return out
+
+
+def print_host(calls: int) -> None:
+    wakes = host_wakeups(calls)
+    print(f"this host: a pipe round trip to another process {wakes['free']:.1f} µs p50 where the scheduler puts them, "
+          f"{wakes['one CPU']:.1f} µs on one CPU (the price of a wake-up on another CPU, which lines (b), hop and "
+          "router pay twice more than a direct call)")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -653,6 +698,7 @@ def main() -> None:
 
     print(f"router benchmark: {args.calls} timed calls per line after {args.warmup} warm-up calls; "
           f"{os.cpu_count()} CPUs; Python {sys.version.split()[0]}")
+    print_host(args.calls * 5)
     mcp = args.part == "all"
     serve = [str(BIN / "handler"), "serve", str(root)]
     routers = Routers(base, env)
