@@ -212,6 +212,8 @@ class ConnectorProcess:
         except asyncio.CancelledError:  # a stop while it spawns: the process it made still ends with `stop`
             with contextlib.suppress(Exception):
                 inc.popen = await spawning
+            if inc.popen is not None:  # never handed to the loop: its pipes closed here, EOF on its stdin
+                _close_pipes(inc.popen)
             raise
         except OSError as exc:
             inc.line.close()
@@ -396,6 +398,13 @@ class _Stderr(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._sink(b"")
+
+
+def _close_pipes(popen: subprocess.Popen[bytes]) -> None:
+    for pipe in (popen.stdin, popen.stdout, popen.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -152,6 +154,43 @@ def test_a_stop_gives_up_a_long_start_at_once_and_its_waiting_call_is_told_why()
 
     run(scenario())
 
+
+
+def test_a_stop_while_the_process_spawns_closes_its_pipes_so_it_exits_on_its_own() -> None:
+    """The stop lands in the spawn itself (a parked spare handing the process over): the process the spawn made
+    is told to end by the end of its stdin, as after any start, rather than left to the kill after the grace."""
+    spawned, release = threading.Event(), threading.Event()
+    made: list[subprocess.Popen[bytes]] = []
+
+    def slow_handoff(command: object, cwd: str, env: dict[str, str], pipes: bool) -> subprocess.Popen[bytes]:
+        popen = subprocess.Popen([sys.executable, str(CONNECTOR)], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        made.append(popen)
+        spawned.set()
+        release.wait(30)
+        return popen
+
+    async def scenario() -> None:
+        conn = ConnectorProcess(spec(handoff=slow_handoff))
+        waiting = asyncio.create_task(conn.call_tool("echo_say", {"text": "x"}))
+        assert await asyncio.to_thread(spawned.wait, 10)
+        stopping = asyncio.create_task(conn.stop(grace=60))
+        await asyncio.sleep(0.05)  # the stop has given the start up; the spawn is still under way
+        release.set()
+        try:
+            await asyncio.wait_for(stopping, 30)  # the old code waited out the 60 s grace, then killed it
+        finally:
+            for popen in made:  # so a failure here is a failure, not a hang on a process nothing ends
+                if popen.poll() is None:
+                    popen.kill()
+        with pytest.raises(ConnectorStartError, match="stopped as it started"):
+            await waiting
+
+    run(scenario())
+    (popen,) = made
+    assert popen.returncode == 0  # it ended on its own at the end of its input, not by the kill (-9)
+    assert popen.stdin is None or popen.stdin.closed
+    assert popen.stdout is None or popen.stdout.closed
 
 _CHATTY = """
 import json, sys
