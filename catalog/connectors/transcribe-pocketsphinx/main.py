@@ -166,7 +166,9 @@ class Engine:
     """One PocketSphinx decoder (it is not thread-safe: calls take turns), and recent results by file hash."""
 
     def __init__(self) -> None:
-        self._decoder: Any = None
+        from pocketsphinx import Decoder  # the model loads here, before the server answers `initialize`
+
+        self._decoder: Any = Decoder(samprate=RATE, loglevel="FATAL")
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
@@ -189,10 +191,6 @@ class Engine:
     def _decode(self, pcm: bytes) -> dict[str, Any]:
         if not has_speech(pcm):  # the recognizer would find words in silence or noise
             return {"text": "", "language": "en"}
-        if self._decoder is None:
-            from pocketsphinx import Decoder  # the model loads once, on the first call
-
-            self._decoder = Decoder(samprate=RATE, loglevel="FATAL")
         decoder = self._decoder
         decoder.start_utt()
         decoder.process_raw(pcm, no_search=False, full_utt=True)
