@@ -34,7 +34,8 @@ on a shared host (the neighbours, the caches, where the scheduler puts the clien
 more than the cost being measured. Every router is started together, warmed alike and in one pair
 only: an open gate paired with every line, or one that had served the other lines first, came out a
 few points slower than a fresh one. The control line, a second open-gate router beside the first,
-shows how even the pairs are (its ratio should be 100%).
+shows how even the pairs are (its ratio should be 100%). Then the governed router on PostgreSQL beside the
+one on SQLite, the same way: what the store costs the router itself.
 Goals: (b)-(a) <= 150 µs p50 and >= 10x less than (c)-(a); router-direct <= 2x hop-direct;
 governed >= 90% of the open gate's calls/s on SQLite and on PostgreSQL (side by side); capped >= 5,000
 calls/s on each.
@@ -560,14 +561,15 @@ async def calls_in_window(paths: dict[str, Path], sessions: int, seconds: float)
 
 
 def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], pairs: dict[str, tuple[str, str]],
-                         seconds: float, rounds: int = 11) -> dict[str, dict[str, float]]:
-    """Each pair of `pairs` (line → its open-gate router, the router measured) side by side (`pin`), 8 sessions
-    each, `rounds` windows of `seconds` (whose sessions start first alternates window by window): the median,
-    lowest and highest of the measured router's calls against its open gate's in the same window. Every router is
-    in one pair only, so the two of a pair have served the same calls."""
+                         seconds: float, rounds: int = 11,
+                         against: str = "the open gate") -> dict[str, dict[str, float]]:
+    """Each pair of `pairs` (line → the router it is measured against, `against`: its open gate unless said, and the
+    router measured) side by side (`pin`), 8 sessions each, `rounds` windows of `seconds` (whose sessions start first
+    alternates window by window): the median, lowest and highest of the measured router's calls against the other's
+    in the same window."""
     cpus = os.sched_getaffinity(0)
     pinned = pin(routers, cpus)
-    print(f"\nSide by side with the open gate, 8 sessions each, {rounds} windows of {seconds:g} s ({pinned}):")
+    print(f"\nSide by side with {against}, 8 sessions each, {rounds} windows of {seconds:g} s ({pinned}):")
     ratios: dict[str, list[float]] = {line: [] for line in pairs}
     rates: dict[str, list[float]] = {line: [] for line in pairs}
     try:
@@ -584,7 +586,7 @@ def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], pairs: 
         figures = out[line] = {"ratio": statistics.median(found), "low": min(found), "high": max(found),
                                "rate": statistics.median(rates[line])}
         label = SIDE_BY_SIDE_LINES.get(line, THROUGHPUT_LINES.get(line, line))
-        print(f"  {label:<52} {figures['ratio']:6.1%} of the open gate's calls (windows {figures['low']:.1%} to "
+        print(f"  {label:<52} {figures['ratio']:6.1%} of {against}'s calls (windows {figures['low']:.1%} to "
               f"{figures['high']:.1%}; {figures['rate']:,.0f} calls/s on half a CPU)")
     return out
 
@@ -592,7 +594,9 @@ def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], pairs: 
 def side_by_side_lines(run: Any, routers: Routers, started_routers: dict[str, tuple[Path, int]],
                        open_gate: list[str], window: float) -> dict[str, dict[str, float]]:
     """Each governed router beside an open-gate router of its own, and the control: two open-gate routers. Every
-    router is warmed alike and in one pair only; the open gate's own for each line are stopped after."""
+    router is warmed alike and in one pair only, so the two of a pair have served the same calls; the open gate's own
+    for each line are stopped after. Then, when both run, the governed router on PostgreSQL beside the one on SQLite:
+    what the store costs the router itself."""
     governed = [name for name in started_routers if name != "open"]
     twins = {f"open for {name}": routers.start(f"open-{n}", open_gate) for n, name in enumerate(governed)}
     twins["open b"] = routers.start("open-b", open_gate)
@@ -602,14 +606,18 @@ def side_by_side_lines(run: Any, routers: Routers, started_routers: dict[str, tu
     for run_dir, _ in beside.values():
         run(concurrent_sessions(run_dir / SOCKET, 8, 2000))  # each one's connector started, its code warm
     try:
-        return measure_side_by_side(run, beside, pairs, window)
+        out = measure_side_by_side(run, beside, pairs, window)
     finally:
         for _, pid in twins.values():  # idle from here on: stopped, so the rounds after run without them
             routers.stop(pid)
+    if "pg" in started_routers and "sqlite" in started_routers:
+        out.update(measure_side_by_side(run, started_routers, {"pg beside sqlite": ("sqlite", "pg")}, window,
+                                        against="the governed router on SQLite"))
+    return out
 
 
 SOCKET = Path("profiles/tester.sock")
-SIDE_BY_SIDE_LINES = {"open b": "control: a second open-gate router"}
+SIDE_BY_SIDE_LINES = {"open b": "control: a second open-gate router", "pg beside sqlite": "governed, PostgreSQL"}
 
 
 async def two_routers(paths: list[Path], calls: int) -> float:
@@ -655,6 +663,10 @@ def print_ratios(results: dict[str, dict[str, float]], mcp: bool) -> None:
         control = results["side open b"]
         print(f"  side by side, control: a second open-gate router {control['ratio']:.1%} of the first "
               f"(windows {control['low']:.1%} to {control['high']:.1%})")
+    if "side pg beside sqlite" in results:
+        stores = results["side pg beside sqlite"]
+        print(f"  side by side, the store: governed on PostgreSQL {stores['ratio']:.1%} of governed on SQLite "
+              f"(windows {stores['low']:.1%} to {stores['high']:.1%})")
     for name in ("sqlite", "pg"):
         if f"x8 {name}" in results:
             governed = results[f"x8 {name}"]
