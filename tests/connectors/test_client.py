@@ -175,7 +175,13 @@ def test_a_stop_while_the_process_spawns_closes_its_pipes_so_it_exits_on_its_own
         waiting = asyncio.create_task(conn.call_tool("echo_say", {"text": "x"}))
         assert await asyncio.to_thread(spawned.wait, 10)
         stopping = asyncio.create_task(conn.stop(grace=60))
-        await asyncio.sleep(0.05)  # the stop has given the start up; the spawn is still under way
+        starting = conn._starting
+        assert starting is not None
+        for _ in range(1000):  # until the stop has given the start up; the spawn is still under way
+            if starting.cancelling():
+                break
+            await asyncio.sleep(0.01)
+        assert starting.cancelling()
         release.set()
         try:
             await asyncio.wait_for(stopping, 30)  # the old code waited out the 60 s grace, then killed it
