@@ -138,7 +138,7 @@ async def sdk_runs(clients: dict[str, StdioServerParameters], calls: int, warmup
         return {name: summarize(samples[name], spent[name]) for name in opened}
 
 
-ECHO_BYTES = "import os\nwhile (data := os.read(0, 4096)):\n    os.write(1, data)\n"
+ECHO_SCRIPT = "import os\nwhile (data := os.read(0, 4096)):\n    os.write(1, data)\n"
 
 
 def host_wakeups(calls: int) -> dict[str, float]:
@@ -150,7 +150,7 @@ def host_wakeups(calls: int) -> dict[str, float]:
     for name, where in (("free", cpus), ("one CPU", {min(cpus)})):
         os.sched_setaffinity(0, where)
         try:
-            proc = subprocess.Popen([sys.executable, "-c", ECHO_BYTES], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            proc = subprocess.Popen([sys.executable, "-c", ECHO_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             assert proc.stdin is not None
             assert proc.stdout is not None
             send, back = proc.stdin.fileno(), proc.stdout.fileno()

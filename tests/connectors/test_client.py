@@ -155,7 +155,6 @@ def test_a_stop_gives_up_a_long_start_at_once_and_its_waiting_call_is_told_why()
     run(scenario())
 
 
-
 def test_a_stop_while_the_process_spawns_closes_its_pipes_so_it_exits_on_its_own() -> None:
     """The stop lands in the spawn itself (a parked spare handing the process over): the process the spawn made
     is told to end by the end of its stdin, as after any start, rather than left to the kill after the grace."""
@@ -197,6 +196,7 @@ def test_a_stop_while_the_process_spawns_closes_its_pipes_so_it_exits_on_its_own
     assert popen.returncode == 0  # it ended on its own at the end of its input, not by the kill (-9)
     assert popen.stdin is None or popen.stdin.closed
     assert popen.stdout is None or popen.stdout.closed
+
 
 _CHATTY = """
 import json, sys
