@@ -55,6 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.profile:
         print("handler-service: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
         return 2
+    try:
+        meta = caller_meta(args.interface, os.environ)
+    except ValueError as exc:  # the router would refuse every call: say so before connecting
+        print(f"handler-service: {exc}; set it to the agent run's id, or unset it to have one made per connection",
+              file=sys.stderr)
+        return 2
     run_dir = args.run_dir or default_run_dir()
     path = socket_path(run_dir, args.profile)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -64,7 +70,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sock.close()
         print(f"handler-service: {why_unreachable(run_dir, args.profile, path, exc)}", file=sys.stderr)
         return 1
-    meta = caller_meta(args.interface, os.environ)
     max_line = int(os.environ.get("HANDLER_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES))
     try:
         if args.relay or not hand_over(sock, meta):

@@ -28,7 +28,7 @@ from reconciler.router.protocol import (
     read_envelope,
     refuse_other_era,
 )
-from reconciler.wire.errors import INVALID_REQUEST, METHOD_NOT_FOUND, JsonRpcError
+from reconciler.wire.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, JsonRpcError
 from reconciler.wire.messages import (
     IdentifiedError,
     Message,
@@ -37,7 +37,7 @@ from reconciler.wire.messages import (
     encode_result,
     parse_message,
 )
-from reconciler.wire.meta import INSTANCE, INTERFACE, PARENT_INSTANCE
+from reconciler.wire.meta import INSTANCE, INTERFACE, PARENT_INSTANCE, run_id_problem
 
 __all__ = ["Session"]
 
@@ -139,8 +139,9 @@ class Session:
         return generation.view(self.profile, self.interface or _meta_str(params, INTERFACE))
 
     def _caller(self, params: Mapping[str, Any] | None) -> Caller:
-        return Caller(self.profile, self.instance or _meta_str(params, INSTANCE) or self.default_instance,
-                      self.parent or _meta_str(params, PARENT_INSTANCE))
+        """Who calls: the run ids bound to the session (checked when it was handed over), else the request's."""
+        return Caller(self.profile, self.instance or _run_id(params, INSTANCE) or self.default_instance,
+                      self.parent or _run_id(params, PARENT_INSTANCE))
 
     def _start_call(self, msg: Message, generation: Generation, *, stateless: bool) -> None:
         if msg.id is None:  # pragma: no cover - only requests (with ids) reach here
@@ -211,6 +212,15 @@ def _meta_str(params: Mapping[str, Any] | None, key: str) -> str | None:
     meta = params.get("_meta") if params else None
     value = meta.get(key) if isinstance(meta, dict) else None
     return value if isinstance(value, str) and value else None
+
+
+def _run_id(params: Mapping[str, Any] | None, key: str) -> str | None:
+    """An agent run's id under `key` in the request's `_meta` (None when it names none); a JSON-RPC error when the
+    router may not keep it (`run_id_problem`)."""
+    value = _meta_str(params, key)
+    if value is not None and (problem := run_id_problem(value)) is not None:
+        raise JsonRpcError(INVALID_PARAMS, f"params._meta[{key!r}] {problem}")
+    return value
 
 
 def _unknown_method(method: str) -> JsonRpcError:

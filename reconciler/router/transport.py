@@ -31,6 +31,7 @@ from reconciler.router.sessions import Session
 from reconciler.wire.errors import INVALID_REQUEST, SERVER_BUSY, JsonRpcError
 from reconciler.wire.framing import LineFramer, Oversize
 from reconciler.wire.messages import encode_error, oversize_error
+from reconciler.wire.meta import INSTANCE, PARENT_INSTANCE, run_id_problem
 
 __all__ = ["Connection", "Listener"]
 
@@ -309,7 +310,7 @@ class Listener:
             return
         meta = parse_attach(data) if fds else None
         if meta is not None:
-            problem = _handoff_problem(fds)
+            problem = _handoff_problem(fds) or _meta_problem(meta)
             if problem is None:
                 self._start(self._attach(conn, fds, meta), conn, fds)
                 return
@@ -382,6 +383,15 @@ def _handoff_problem(fds: list[int]) -> str | None:
     first, second = os.fstat(fds[0]), os.fstat(fds[1])
     if (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino):
         return "the agent's stdin and stdout are one socket; relay its lines instead"
+    return None
+
+
+def _meta_problem(meta: Mapping[str, str]) -> str | None:
+    """Why the run ids an attach line binds to its session cannot be kept, or None if they can."""
+    for key in (INSTANCE, PARENT_INSTANCE):
+        problem = run_id_problem(meta[key]) if meta.get(key) else None
+        if problem is not None:
+            return f"the attach line's {key} {problem}"
     return None
 
 

@@ -4,11 +4,18 @@ Requests carry who calls (`handler/interface`, `handler/instance`, `handler/pare
 bridge adds them); results carry what happened (`handler/status`, `handler/cost`, `handler/budget`,
 `handler/cause`, and on an error result the fields of its text body: `handler/error`,
 `handler/requestId`). Every room names a key through these constants, never as a string of its own.
+
+An agent run's id (`handler/instance`, `handler/parentInstance`) is whatever the client says, so it is
+checked before anything keeps it (`run_id_problem`): at most `MAX_RUN_ID_CHARS` characters, none of them
+a control character. The store's columns hold that many, and PostgreSQL refuses a NUL in text: a longer
+id, or one holding a NUL, would have been refused with the audit rows and spend of every call committed
+beside it, again at each retry.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -21,11 +28,13 @@ __all__ = [
     "ERROR",
     "INSTANCE",
     "INTERFACE",
+    "MAX_RUN_ID_CHARS",
     "PARENT_INSTANCE",
     "REQUEST_ID",
     "STATUS",
     "caller_meta",
     "read_reported_cost",
+    "run_id_problem",
 ]
 
 INTERFACE: Final = "handler/interface"
@@ -43,12 +52,29 @@ ATTACHED: Final = "handler/attached"  # the router's answer to it
 # Where a caller's identity comes from when a client is started by whoever launches the agent.
 _CALLER_ENV: Final = (("HANDLER_INSTANCE", INSTANCE), ("HANDLER_PARENT_INSTANCE", PARENT_INSTANCE))
 
+MAX_RUN_ID_CHARS: Final = 200  # what the store's `instance` columns hold
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: NUL among them
+
+
+def run_id_problem(value: str) -> str | None:
+    """What is wrong with an agent run's id as the caller gave it, or None when it may be kept."""
+    if len(value) > MAX_RUN_ID_CHARS:
+        return f"is {len(value)} characters long; an agent run's id has at most {MAX_RUN_ID_CHARS}"
+    if _CONTROL.search(value) is not None:
+        return "holds a control character; an agent run's id is printable text"
+    return None
+
 
 def caller_meta(interface: str, env: Mapping[str, str]) -> dict[str, str]:
-    """The `_meta` a client of the router adds to its requests: the interface, and the instances `env` names."""
+    """The `_meta` a client of the router adds to its requests: the interface, and the instances `env` names.
+
+    ValueError names the variable whose run id the router would refuse, and why."""
     meta = {INTERFACE: interface}
     for name, key in _CALLER_ENV:
         if env.get(name):
+            problem = run_id_problem(env[name])
+            if problem is not None:
+                raise ValueError(f"{name} {problem}")
             meta[key] = env[name]
     return meta
 

@@ -103,3 +103,42 @@ def test_with_no_cap_handler_spend_equals_what_60_concurrent_replies_charged(
             await governor.aclose()
 
     run(scenario(), timeout=120)
+
+
+@pytest.mark.parametrize(("key", "run_id", "problem"), [
+    ("handler/instance", "r" * 201, "is 201 characters long"),
+    ("handler/instance", "run\x00one", "holds a control character"),
+    ("handler/parentInstance", "run\x1b[2Jone", "holds a control character"),
+])
+def test_a_run_id_the_store_cannot_hold_is_refused_and_every_other_call_is_recorded(
+        places: tuple[Path, Path], store: Store, key: str, run_id: str, problem: str) -> None:
+    """An agent run's id is the client's to name. One the store's columns cannot hold (longer than 200 characters, or
+    a NUL, which PostgreSQL refuses in text) would fail the commit of every audit row and spend sum beside it, at each
+    retry: it is refused before anything keeps it, and the calls of the other agents are all recorded."""
+    root, run_dir = places
+    price_misbehave(root, 1.0, cap=None)
+
+    async def scenario() -> None:
+        governor = Governor(store, owns_store=False)
+        try:
+            async with serving(root, run_dir, gate=governor) as router:
+                hostile = await RawClient.connect(router.socket_path("tester"))
+                reply = await hostile.request("tools/call", {"name": "echo_misbehave", "arguments": {"mode": "cost"},
+                                                             "_meta": {key: run_id}})
+                await hostile.close()
+                assert reply["error"]["code"] == -32602
+                assert reply["error"]["message"].startswith(f"params._meta['{key}'] {problem}")
+                charged = await agents(router.socket_path("tester"), 4, 5)
+
+                async def recorded() -> bool:  # while the router runs: its commits go on
+                    return await asyncio.to_thread(profile_spend, store) == to_micros(20 * REPORTED)
+
+                await until(recorded, 10.0)
+                assert charged == [REPORTED] * 20
+        finally:
+            await governor.aclose()
+
+    run(scenario(), timeout=120)
+    settled = [r for r in read_audit(store, limit=1000) if r["event"] == "settled"]
+    assert sum(r["detail"].get("calls", 1) for r in settled) == 20
+    assert {r["instance"] for r in settled} == {"a0", "a1", "a2", "a3"}

@@ -122,6 +122,14 @@ def test_the_bridge_exits_cleanly_when_the_router_closes(echo_root: Path, run_di
     assert run(scenario()) == 0
 
 
+def test_the_bridge_refuses_a_run_id_the_router_would_refuse_before_it_connects(run_dir: Path) -> None:
+    done = subprocess.run([BRIDGE, "echo", "--profile", "ghost"], input=b"", capture_output=True, check=False,
+                          env={"HANDLER_RUN_DIR": str(run_dir), "HANDLER_INSTANCE": "x" * 300}, timeout=30)
+    assert done.returncode == 2
+    assert b"HANDLER_INSTANCE is 300 characters long; an agent run's id has at most 200" in done.stderr
+    assert b"no router is running" not in done.stderr  # said before it tried the socket
+
+
 def test_the_bridge_exits_when_no_router_runs(run_dir: Path) -> None:
     done = subprocess.run([BRIDGE, "echo", "--profile", "ghost"], input=b"", capture_output=True, check=False,
                           env={"HANDLER_RUN_DIR": str(run_dir)}, timeout=30)

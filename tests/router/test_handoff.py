@@ -236,6 +236,32 @@ def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_
     on_uvloop(outer)
 
 
+def test_an_attach_line_binding_a_run_id_the_store_cannot_hold_is_refused(echo_root: Path, run_dir: Path) -> None:
+    """A handed-over session's run ids are bound for its whole life, so they are checked once, at the handoff."""
+    async def scenario(router: Router) -> None:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(router.socket_path("tester")))
+            sock.settimeout(DEADLINE)
+            loop = asyncio.get_running_loop()
+            here, there = socket.socketpair()
+            meta = {"handler/interface": "echo", "handler/instance": "run\x00one"}
+            await loop.run_in_executor(None, socket.send_fds, sock, [attach_line(meta)],
+                                       [there.fileno(), here.fileno()])
+            answer = orjson.loads(await loop.run_in_executor(None, recv_line, sock))
+            here.close()
+            there.close()
+            assert answer == {"handler/attached": False, "message": "the attach line's handler/instance holds a "
+                              "control character; an agent run's id is printable text"}
+            await loop.run_in_executor(None, sock.sendall, line({"jsonrpc": "2.0", "id": 5, "method": "ping"}))
+            assert orjson.loads(await loop.run_in_executor(None, recv_line, sock))["id"] == 5
+
+    async def outer() -> None:
+        async with serving(echo_root, run_dir) as router:
+            await scenario(router)
+
+    on_uvloop(outer)
+
+
 def recv_line(sock: socket.socket) -> bytes:
     data = b""
     while not data.endswith(b"\n"):

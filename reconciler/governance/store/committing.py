@@ -7,7 +7,10 @@ back and forth — 2,500 to 3,800 context switches a second at 8 sessions agains
 most commits hold, audit rows and spend sums, itself (`loop_committer`):
 
 - on PostgreSQL over a psycopg async connection of its own (made when first needed, made again after
-  a failure): the loop awaits the socket between its other work;
+  a failure), in one statement (`PG_FLUSH`): the audit rows and the spend sums go as two JSON
+  parameters that the server unpacks, so a commit is one round trip the loop awaits between its
+  other work. A transaction of COPY and an upsert took five (BEGIN, COPY, its end, the upsert,
+  COMMIT) and cost the router three to four times the CPU a commit (`benchmarks/commit.py`);
 - on SQLite on a connection of its own that never waits: it takes this process's write turn only if
   no thread has it (`Store.write_turn_now`) and the file's write lock only if no other process has
   it (no busy wait), and it never checkpoints the write-ahead log itself (a checkpoint writes the
@@ -26,18 +29,32 @@ import contextlib
 import logging
 import sqlite3
 
+import orjson
 import psycopg
 
 from reconciler.governance.errors import StoreError
-from reconciler.governance.store.audit import COPY_AUDIT, audit_statements
+from reconciler.governance.store.audit import audit_statements
 from reconciler.governance.store.backlog import Backlog, spend_statements
 from reconciler.governance.store.engine import Store
 
-__all__ = ["CHECKPOINT_EVERY", "PostgresCommitter", "SqliteCommitter", "loop_committer"]
+__all__ = ["CHECKPOINT_EVERY", "PG_FLUSH", "PostgresCommitter", "SqliteCommitter", "loop_committer"]
 
 log = logging.getLogger("handler.governance")
 
 CHECKPOINT_EVERY = 200  # SQLite commits from the loop between two checkpoints of the write-ahead log (~10 s busy)
+
+# One flush on PostgreSQL, atomic as every statement is: the audit rows, then the spend sums, each a JSON array of
+# rows taken apart in their order (the audit ids follow it; the spend rows are locked in the order of their keys,
+# as `spend_statements` orders them, so two routers' flushes never deadlock). The data-modifying WITH runs whether
+# or not the INSERT after it reads it.
+PG_FLUSH = (
+    "WITH added AS (INSERT INTO audit (at, event, request_id, profile, instance, tool, actor, status, detail) "
+    "SELECT (r->>0)::float8, r->>1, r->>2, r->>3, r->>4, r->>5, r->>6, r->>7, (r->>8)::json "
+    "FROM json_array_elements(%s::json) WITH ORDINALITY AS a(r, n) ORDER BY n) "
+    "INSERT INTO spend (scope, month, micros) SELECT r->>0, r->>1, (r->>2)::bigint "
+    "FROM json_array_elements(%s::json) WITH ORDINALITY AS s(r, n) ORDER BY n "
+    "ON CONFLICT (scope, month) DO UPDATE SET micros = spend.micros + excluded.micros"
+)
 
 
 def loop_committer(store: Store) -> PostgresCommitter | SqliteCommitter | None:
@@ -59,22 +76,17 @@ class PostgresCommitter:
     async def flush(self, backlog: Backlog) -> bool:
         """Commit what `backlog` holds in one transaction; False when it holds more than audit rows and spend (the
         caller commits it with `Backlog.flush` on a worker thread). When the store fails, what was taken is put back
-        and a `StoreError` raised. Callers shield it from cancellation: cancelled while its COMMIT is under way, it
-        puts back what may have been committed, and spend then counts twice (over, never under)."""
+        and a `StoreError` raised. Callers shield it from cancellation: cancelled while its statement is under way,
+        it puts back what may have been committed, and spend then counts twice (over, never under)."""
         taken = backlog.take_plain()
         if taken is None:
             return False
         if not taken.count():
             return True
+        sums = [(scope, month, micros) for (scope, month), micros in sorted(taken.spend.items())]
         try:
             conn = self._conn or await self._connect()
-            async with conn.transaction(), conn.cursor() as cursor:
-                if taken.audit:
-                    async with cursor.copy(COPY_AUDIT) as copy:
-                        for row in taken.audit:
-                            await copy.write_row(row)
-                for statement, parameters in spend_statements("%s", taken.spend):
-                    await cursor.execute(statement, parameters)
+            await conn.execute(PG_FLUSH, (orjson.dumps(taken.audit).decode(), orjson.dumps(sums).decode()))
         except psycopg.Error as exc:
             backlog.put_back(taken)
             await self.aclose()  # a broken connection is made again at the next commit
@@ -85,7 +97,7 @@ class PostgresCommitter:
         return True
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
-        self._conn = await psycopg.AsyncConnection.connect(self._store.driver_dsn)
+        self._conn = await psycopg.AsyncConnection.connect(self._store.driver_dsn, autocommit=True)
         return self._conn
 
     async def aclose(self) -> None:
