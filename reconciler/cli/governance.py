@@ -19,6 +19,7 @@ from typing import Any
 
 from reconciler.cli.common import EXIT_OK, add_root_options, finite_number, load_tree, require_tree
 from reconciler.config import SourceError
+from reconciler.config.models import MOST_USD
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.decide import usd
 from reconciler.governance.errors import NotAllowedError
@@ -251,9 +252,6 @@ def _approvals_link(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_MOST_USD = 1_000_000_000  # at a time: a balance stays far inside the store's 64-bit micros
-
-
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -271,16 +269,16 @@ def _month(text: str) -> str:
 
 
 def _usd_change(text: str) -> float:
-    said = (f"an amount to add: give USD as a number, not zero, of at most {_MOST_USD:,} either way (negative "
+    said = (f"an amount to add: give USD as a number, not zero, of at most {MOST_USD:,} either way (negative "
             "corrects the balance down)")
-    value = finite_number(text, low=-_MOST_USD, high=_MOST_USD, said=said)
+    value = finite_number(text, low=-MOST_USD, high=MOST_USD, said=said)
     if to_micros(value) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not {said}")
     return value
 
 
 def _cost(text: str) -> float:
-    return finite_number(text, low=0, high=_MOST_USD, said=f"a cost: give USD as a number from 0 to {_MOST_USD:,}")
+    return finite_number(text, low=0, high=MOST_USD, said=f"a cost: give USD as a number from 0 to {MOST_USD:,}")
 
 
 def _change(micros: int) -> str:

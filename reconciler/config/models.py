@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -22,6 +22,7 @@ __all__ = [
     "Defaults",
     "Group",
     "InterfaceFile",
+    "MOST_USD",
     "Limits",
     "Member",
     "Needs",
@@ -50,6 +51,12 @@ __all__ = [
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+MOST_USD = 1_000_000_000  # a price, a cap or a change of balance: sums of them stay far inside the store's 64-bit micros
+# An amount of money in the tree: a number from 0 to `MOST_USD`. Not infinite, not NaN (TOML writes both), not
+# negative: a negative price would credit the caps it is charged to.
+Usd = Annotated[float, Field(ge=0, le=MOST_USD, allow_inf_nan=False)]
 
 
 class ActionClass(enum.StrEnum):
@@ -274,7 +281,7 @@ class BindingFile(_Model):
     secrets: dict[str, SecretRef | str] = {}
     settings: dict[str, str | int | float | bool] = {}
     egress: list[str] | None = None
-    pricing: dict[str, float] = {}
+    pricing: dict[str, Usd] = {}
     limits: Limits | None = None
 
 
@@ -312,8 +319,8 @@ class Rule(_Model):
 
 
 class Caps(_Model):
-    monthly_usd: float | None = Field(default=None, ge=0)
-    instance_usd: float | None = Field(default=None, ge=0)
+    monthly_usd: Usd | None = None
+    instance_usd: Usd | None = None
 
 
 class ProfileFile(_Model):
@@ -386,7 +393,7 @@ class Policy(_Model):
 
 
 class OrgCaps(_Model):
-    monthly_usd: float | None = Field(default=None, ge=0)
+    monthly_usd: Usd | None = None
 
 
 class OrgFile(_Model):
