@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "MOST_USD",
     "ActionClass",
     "Annotations",
     "BindingFile",
@@ -22,7 +23,6 @@ __all__ = [
     "Defaults",
     "Group",
     "InterfaceFile",
-    "MOST_USD",
     "Limits",
     "Member",
     "Needs",
@@ -53,7 +53,7 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
-MOST_USD = 1_000_000_000  # a price, a cap or a change of balance: sums of them stay far inside the store's 64-bit micros
+MOST_USD = 1_000_000_000  # a price, a cap, a change of balance: their sums stay far inside the store's 64-bit micros
 # An amount of money in the tree: a number from 0 to `MOST_USD`. Not infinite, not NaN (TOML writes both), not
 # negative: a negative price would credit the caps it is charged to.
 Usd = Annotated[float, Field(ge=0, le=MOST_USD, allow_inf_nan=False)]
