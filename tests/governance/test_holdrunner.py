@@ -15,6 +15,7 @@ import pytest
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance import holdrunner
 from reconciler.governance.auditing import read_audit
+from reconciler.governance.gate import CallRequest, CallResult
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import decide_hold, get_hold, list_holds
 from reconciler.governance.store import Store, open_store
@@ -116,6 +117,29 @@ def test_a_failed_run_is_final_with_its_cause_recorded_and_costs_nothing(store: 
         (failed,) = [r for r in read_audit(store, request_id=rid) if r["event"] == "failed"]
         assert failed["detail"]["reason"] == ("approved by instance parent-1; the run failed: "
                                               "unavailable (crashed): mail-b exited with status 3")
+
+    run(scenario, store)
+
+
+def test_a_failure_whose_words_hold_a_nul_is_recorded_and_final_on_either_store(store: Store) -> None:
+    """What a connector says of a failure is its own text; PostgreSQL refuses a NUL in a text column, which left the
+    hold running for good, its end never recorded. Stored with U+FFFD in its place, the hold fails once, as any."""
+    class Garbled(Recorder):
+        async def __call__(self, call: CallRequest) -> CallResult:
+            self.calls.append(call)
+            return CallResult(False, {"error": "unavailable", "message": "the service\x00 failed"},
+                              cause="unavailable (connector_error): it said \x00\x00")
+
+    async def scenario(g: Governor) -> None:
+        await g.start(Garbled())
+        rid = (await g.admit(cap_snapshot(), mail())).request_id
+        assert rid is not None
+        status = await g.decide(rid, "approve", PARENT)
+        assert status.status == "failed"
+        hold = get_hold(store, rid)
+        assert (hold.state, hold.message) == ("failed", "the service\ufffd failed")
+        assert hold.cause == "unavailable (connector_error): it said \ufffd\ufffd"
+        assert (await g.status(rid, PARENT)).status == "failed"
 
     run(scenario, store)
 

@@ -37,7 +37,7 @@ from reconciler.governance.store.migrate import upgrade
 from reconciler.places import PRIVATE_FILE_MODE, default_state_dir, ensure_private_dir, open_private_file
 
 __all__ = ["HOLD_CHANNEL_SQL", "PG_CONNECTION_DEFAULTS", "Store", "Transaction", "marker", "now", "open_store",
-           "store_exists", "store_url"]
+           "storable", "store_exists", "store_url"]
 
 # One open transaction of the store, passed to the store's statements. Callers outside the package
 # only hand it on: it is opaque to them.
@@ -54,6 +54,13 @@ def marker(tx: Transaction) -> str:
     """The driver's placeholder for one parameter of a statement run as it is (`exec_driver_sql`): sqlite3's `?`,
     psycopg's `%s`."""
     return "?" if tx.dialect.paramstyle == "qmark" else "%s"
+
+
+def storable(text: str | None) -> str | None:
+    """`text` as a text column keeps it on either store: PostgreSQL refuses a NUL in text, so each becomes U+FFFD.
+    For what a connector or a person wrote (a failed hold's message and cause, a decision's reason), which would
+    otherwise fail the write that records it."""
+    return text.replace("\x00", "\ufffd") if text is not None and "\x00" in text else text
 
 
 def now() -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from reconciler.governance.store.engine import Store, Transaction, now
+from reconciler.governance.store.engine import Store, Transaction, now, storable
 from reconciler.governance.store.tables import holds
 
 __all__ = [
@@ -74,8 +74,8 @@ def set_decided(tx: Transaction, hold_id: str, state: str, actor: str, message: 
     """pending → approved | rejected, with the decider's reason if they gave one; False when the hold
     was no longer pending."""
     done = tx.execute(sa.update(holds).where(holds.c.id == hold_id, holds.c.state == "pending")
-                      .values(state=state, decided_by=actor, decided_at=now(), message=message,
-                              decision_reason=reason))
+                      .values(state=state, decided_by=actor, decided_at=now(), message=storable(message),
+                              decision_reason=storable(reason)))
     return done.rowcount == 1
 
 
@@ -91,4 +91,4 @@ def set_finished(tx: Transaction, hold_id: str, state: str, result: Mapping[str,
     """running → executed | failed, with the result or the reason (and, failed, its cause) and what it cost."""
     tx.execute(sa.update(holds).where(holds.c.id == hold_id, holds.c.state == "running")
                .values(state=state, finished_at=now(), result=dict(result) if result is not None else None,
-                       message=message, charged=charged, cause=cause))
+                       message=storable(message), charged=charged, cause=storable(cause)))
