@@ -7,9 +7,10 @@ bridge adds them); results carry what happened (`handler/status`, `handler/cost`
 
 An agent run's id (`handler/instance`, `handler/parentInstance`) is whatever the client says, so it is
 checked before anything keeps it (`run_id_problem`): at most `MAX_RUN_ID_CHARS` characters, none of them
-a control character. The store's columns hold that many, and PostgreSQL refuses a NUL in text: a longer
-id, or one holding a NUL, would have been refused with the audit rows and spend of every call committed
-beside it, again at each retry.
+a control character. The store keeps it in columns of 200 characters, on its own and inside longer
+values (the approver of a hold its run decides, `instance <id>`), and PostgreSQL refuses a NUL in text:
+a longer id, or one holding a NUL, would have been refused with the audit rows and spend of every call
+committed beside it, again at each retry.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ ATTACHED: Final = "handler/attached"  # the router's answer to it
 # Where a caller's identity comes from when a client is started by whoever launches the agent.
 _CALLER_ENV: Final = (("HANDLER_INSTANCE", INSTANCE), ("HANDLER_PARENT_INSTANCE", PARENT_INSTANCE))
 
-MAX_RUN_ID_CHARS: Final = 200  # what the store's `instance` columns hold
+MAX_RUN_ID_CHARS: Final = 128  # a UUID is 36; the store's columns of 200 hold it with a prefix
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: NUL among them
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from reconciler.governance.gate import CallRequest, CallResult
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import decide_hold, get_hold, list_holds
 from reconciler.governance.store import Store, open_store
+from reconciler.wire.meta import MAX_RUN_ID_CHARS
 from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot
 from tests.governance.governed import PARENT, Recorder, mail, run, until
 
@@ -142,6 +144,23 @@ def test_a_failure_whose_words_hold_a_nul_is_recorded_and_final_on_either_store(
         assert (await g.status(rid, PARENT)).status == "failed"
 
     run(scenario, store)
+
+
+def test_a_parent_run_with_the_longest_id_a_client_may_give_decides_its_childs_hold(store: Store) -> None:
+    """The approver is stored as `instance <id>`: an id as long as the router takes still fits the store's column."""
+    parent = dataclasses.replace(PARENT, instance="p" * MAX_RUN_ID_CHARS)
+    recorder = Recorder()
+
+    async def scenario(g: Governor) -> None:
+        await g.start(recorder)
+        child = dataclasses.replace(mail(), parent_instance=parent.instance)
+        rid = (await g.admit(cap_snapshot(), child)).request_id
+        assert rid is not None
+        assert (await g.decide(rid, "approve", parent)).status == "executed"
+        assert get_hold(store, rid).decided_by == f"instance {parent.instance}"
+
+    run(scenario, store)
+    assert len(recorder.calls) == 1
 
 
 def test_two_router_processes_run_each_approved_hold_exactly_once(store_url: str, store: Store,

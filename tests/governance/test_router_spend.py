@@ -106,13 +106,13 @@ def test_with_no_cap_handler_spend_equals_what_60_concurrent_replies_charged(
 
 
 @pytest.mark.parametrize(("key", "run_id", "problem"), [
-    ("handler/instance", "r" * 201, "is 201 characters long"),
+    ("handler/instance", "r" * 129, "is 129 characters long"),
     ("handler/instance", "run\x00one", "holds a control character"),
     ("handler/parentInstance", "run\x1b[2Jone", "holds a control character"),
 ])
 def test_a_run_id_the_store_cannot_hold_is_refused_and_every_other_call_is_recorded(
         places: tuple[Path, Path], store: Store, key: str, run_id: str, problem: str) -> None:
-    """An agent run's id is the client's to name. One the store's columns cannot hold (longer than 200 characters, or
+    """An agent run's id is the client's to name. One the store's columns cannot hold (longer than 128 characters, or
     a NUL, which PostgreSQL refuses in text) would fail the commit of every audit row and spend sum beside it, at each
     retry: it is refused before anything keeps it, and the calls of the other agents are all recorded."""
     root, run_dir = places

@@ -126,7 +126,7 @@ def test_the_bridge_refuses_a_run_id_the_router_would_refuse_before_it_connects(
     done = subprocess.run([BRIDGE, "echo", "--profile", "ghost"], input=b"", capture_output=True, check=False,
                           env={"HANDLER_RUN_DIR": str(run_dir), "HANDLER_INSTANCE": "x" * 300}, timeout=30)
     assert done.returncode == 2
-    assert b"HANDLER_INSTANCE is 300 characters long; an agent run's id has at most 200" in done.stderr
+    assert b"HANDLER_INSTANCE is 300 characters long; an agent run's id has at most 128" in done.stderr
     assert b"no router is running" not in done.stderr  # said before it tried the socket
 
 

@@ -44,7 +44,7 @@ def test_caller_meta_names_the_interface_and_the_instances_the_environment_sets(
 
 
 @pytest.mark.parametrize("run_id", ["r" * MAX_RUN_ID_CHARS, "é" * MAX_RUN_ID_CHARS, "agent 7 / step 3", "运行-一"])
-def test_a_run_id_of_printable_text_up_to_200_characters_is_kept(run_id: str) -> None:
+def test_a_run_id_of_printable_text_up_to_128_characters_is_kept(run_id: str) -> None:
     assert run_id_problem(run_id) is None
 
 
