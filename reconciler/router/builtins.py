@@ -17,7 +17,9 @@ __all__ = ["BUILTIN_INTERFACE", "BUILTIN_KEY", "BUILTIN_TOOLS", "run_builtin"]
 BUILTIN_INTERFACE: Final = "handler"
 BUILTIN_KEY: Final = "handler/v1"  # its name/vN, as the call log spells every interface
 
-_REQUEST_ID = {"type": "string", "minLength": 1, "maxLength": 200,
+# A request id is `req_` and hex (`holds.new_request_id`): letters, digits, '_' and '-' let any id the store made
+# through, and a NUL (which PostgreSQL refuses even in a lookup) never reaches the store.
+_REQUEST_ID = {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9_-]+$",
                "description": "the request_id a pending result gave"}
 _STATUS_OUTPUT = {
     "type": "object",

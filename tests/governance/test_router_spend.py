@@ -142,3 +142,30 @@ def test_a_run_id_the_store_cannot_hold_is_refused_and_every_other_call_is_recor
     settled = [r for r in read_audit(store, limit=1000) if r["event"] == "settled"]
     assert sum(r["detail"].get("calls", 1) for r in settled) == 20
     assert {r["instance"] for r in settled} == {"a0", "a1", "a2", "a3"}
+
+
+def test_a_request_id_holding_a_nul_is_an_invalid_argument_not_a_failed_store(
+        places: tuple[Path, Path], store: Store) -> None:
+    """PostgreSQL refuses a NUL even in a lookup's parameter: `handler_status` with one answered that governance's
+    store had failed. The built-ins' schema takes the ids the store makes, and says what a request id is."""
+    root, run_dir = places
+
+    async def scenario() -> None:
+        governor = Governor(store, owns_store=False)
+        try:
+            async with serving(root, run_dir, gate=governor) as router:
+                client = await RawClient.connect(router.socket_path("tester"))
+                try:
+                    for rid in ("req_\x00", "req_" + "0" * 100):
+                        refused = await client.call("handler_status", {"request_id": rid},
+                                                    _meta={"handler/interface": "handler"})
+                        assert refused["_meta"]["handler/error"] == "invalid_arguments", refused
+                    unknown = await client.call("handler_status", {"request_id": "req_0123abcd"},
+                                                _meta={"handler/interface": "handler"})
+                    assert unknown["structuredContent"]["status"] == "unknown"
+                finally:
+                    await client.close()
+        finally:
+            await governor.aclose()
+
+    run(scenario(), timeout=60)
