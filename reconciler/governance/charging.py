@@ -56,18 +56,20 @@ class PricedCall:
 
 @dataclass(slots=True)
 class Charge:
-    charged: int  # micros: min(reported, reserved) when the call succeeded, else 0
+    charged: int  # micros: min(reported, reserved); for a failed call 0 unless it may have cost
     violation: AuditRow | None = None  # the audit row of a report above the reservation
 
 
 def charge_call(call: Charged, reserved: int, reported: int | None, ok: bool) -> Charge:
     """The charge of a settled call at `reported` micros (None: not reported, so the reservation).
 
-    A failed call is released whatever it reported. A report above the reservation is charged the
-    reservation, and the returned violation row must be recorded with the settlement.
+    A failed call is released: charged nothing, unless `reported` says what it may have cost (a call
+    that ended unanswered, which may have reached the provider, is charged its price), never more than
+    its reservation. A report above the reservation is charged the reservation, and the returned
+    violation row must be recorded with the settlement.
     """
     if not ok:
-        return Charge(0)
+        return Charge(0 if reported is None else min(reported, reserved))
     if reported is None or reported <= reserved:
         return Charge(reserved if reported is None else reported)
     log.warning("pricing violation: binding '%s' tool %s reported $%.6f, above the $%.6f reserved; charged "

@@ -86,7 +86,8 @@ class Gate(Protocol):
 
     async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
         """Charge an admitted call: `actual_cost` as its connector reported it (None: its estimate), never more
-        than was reserved for it; nothing when not `ok`."""
+        than was reserved for it. When not `ok`: nothing, or `actual_cost` when given (what a call that ended
+        without its connector's answer may have cost)."""
         ...
 
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus: ...
@@ -103,7 +104,7 @@ class OpenGate:
         return Admission("executed", "no governance configured")
 
     async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
-        return Settlement(charged=actual_cost or 0.0 if ok else 0.0)
+        return Settlement(charged=actual_cost or 0.0)
 
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
         return HoldStatus("unknown", f"no request '{request_id}': nothing is ever held without governance")

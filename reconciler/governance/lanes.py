@@ -177,8 +177,8 @@ class Records:
         else:
             call, at = found
         violation = None
-        if not ok:
-            charged = 0
+        if not ok:  # released; one that ended unanswered is charged what it may have cost
+            charged = 0 if actual_cost is None else min(to_micros(actual_cost), lane.cost)
         elif actual_cost is None or actual_cost == lane.price:
             charged = lane.cost
         else:
@@ -189,8 +189,8 @@ class Records:
         if running:  # counted, and charged with the count (`take`)
             _count(self._tally, (lane, call.instance, ok), lane.cost, charged, at)
         else:  # its decision is written already: the settlement on its own, with that request id
-            shape = (lane.released if not ok else lane.settled if charged == lane.cost
-                     else settlement_row(None, "", "", True, lane.cost, charged))
+            shape = (lane.settled if ok and charged == lane.cost else lane.released if not ok and not charged
+                     else settlement_row(None, "", "", ok, lane.cost, charged))
             self.rows.append((time.time(), shape[1], rid, call.profile, call.instance, None, None, shape[7], shape[8]))
             if charged:
                 charges = (call.instance, lane)

@@ -2,9 +2,9 @@
 
 Step 1 (framing) happened in `framing`; `run_tools_call` runs the rest, each step a function below:
 `resolve_tool` (2), `validate_input` (3), `resolve_files` (4, in `files`), `govern` (5), `take_slot`
-and `wait_for_slot` (6), `dispatch` (7), `map_errors` (8), `validate_output` (9), then (10) the
-output files (`CallFolder.deliver`), `Gate.settle` and the log line, which is written whatever step
-ended the call. `run_admitted` runs 6-10 of an admitted call and returns its `CallResult`; a hold,
+and `wait_for_slot` (6), `prepare` and the connector's call (7), `map_errors` (8), `validate_output`
+(9), then (10) the output files (`CallFolder.deliver`), `Gate.settle` and the log line, which is
+written whatever step ended the call. `run_admitted` runs 6-10 of an admitted call and returns its `CallResult`; a hold,
 once approved, takes the same way (`run_held`: 2 on the binding it was held on, 3-4, then
 `run_admitted`), and its `CallResult` goes back to the gate. Each step may end the call by raising:
 a `JsonRpcError` (only malformed params) or a `ToolError`, which becomes a tool result
@@ -28,7 +28,7 @@ from typing import Any
 from reconciler.config.models import Limits
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.errors import ConnectorError, ConnectorReplyError
-from reconciler.connectors.pool import ConnectorPool
+from reconciler.connectors.pool import ConnectorPool, RunningConnector
 from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import Admission, CallRequest, CallResult, Gate
 from reconciler.router.builtins import run_builtin
@@ -243,8 +243,15 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
 
     The wait for a concurrency slot and the call share one deadline. The common case (a slot free,
     the process running, no files) awaits the connector right here, with no coroutine in between.
+
+    A call sent to its connector that ends without the connector's answer (its client cancelled it,
+    its deadline passed, the process died) may have reached the provider: it is charged its price, the
+    most it may cost, as a reservation a killed router left is. Otherwise cancelling every call once
+    sent would run them all against a cap that never moves. A call the connector answered with an
+    error is released.
     """
     ok = False
+    sent = answered = False
     actual: float | None = None
     book, limits = svc.limits, plan.limits
     key = (caller.profile, caller.instance, plan.interface)
@@ -256,11 +263,12 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
         deadline, taken = take_slot(book, key, limits)  # step 6
         if taken is None:
             taken = await wait_for_slot(book, key, limits, deadline)
-        connector = svc.pool.running(plan.pool_key)
-        if connector is not None and folder is None:  # step 7
-            raw, back = await connector.call_tool(plan.name, arguments, deadline=deadline), _NO_PATHS
-        else:
-            raw, back = await dispatch(svc, snapshot, plan, arguments, files, folder, deadline)
+        connector, sending, back = svc.pool.running(plan.pool_key), arguments, _NO_PATHS  # step 7
+        if connector is None or folder is not None:
+            connector, sending, back = await prepare(svc, snapshot, plan, arguments, files, folder, deadline)
+        sent = True  # the request is written before the call's first wait
+        raw = await connector.call_tool(plan.name, sending, deadline=deadline)
+        answered = True
         if taken:
             taken = False
             book.release(key)
@@ -274,13 +282,14 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
         svc.pool.suspect(plan.pool_key)  # a connector stuck on this call is recycled, not waited on
         raise timeout_error(timeout) from None
     except ConnectorError as exc:
+        answered = isinstance(exc, ConnectorReplyError)  # an error it answered with, not a process gone
         raise connector_failed(plan, exc) from None
     finally:
         if taken:
             book.release(key)
         if folder is not None:
             await asyncio.to_thread(folder.remove)
-        cost = actual if actual is not None else plan.price if ok else None
+        cost = actual if actual is not None else plan.price if ok or (sent and not answered) else None
         settlement = await svc.gate.settle(admission, cost, ok) if admission is not None else None  # step 10
         record.cost = settlement.charged if settlement is not None else cost
     return CallResult(True, structured, actual, settlement)
@@ -316,17 +325,18 @@ async def wait_for_slot(book: LimitBook, key: LimitKey, limits: Limits, deadline
         raise concurrency_error(limits.maxConcurrent or 0, limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS) from None
 
 
-async def dispatch(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: dict[str, Any],
-                   files: tuple[FileArg, ...], folder: CallFolder | None,
-                   deadline: float) -> tuple[dict[str, Any], dict[str, str]]:
-    """Step 7: stage files, send the call to the binding's connector process (started on first use)."""
+async def prepare(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: dict[str, Any],
+                  files: tuple[FileArg, ...], folder: CallFolder | None,
+                  deadline: float) -> tuple[RunningConnector, dict[str, Any], dict[str, str]]:
+    """Step 7 before the call is sent: stage its files, start the binding's connector process if it is not running.
+    The connector, the arguments to send it and the connector-side paths to map back."""
     back: dict[str, str] = {}
     async with asyncio.timeout_at(deadline):
         if folder is not None:
             arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
                                                       plan.errors)
         connector = svc.pool.running(plan.pool_key) or await svc.pool.connector(snapshot, plan.binding or "")
-        return await connector.call_tool(plan.name, arguments, deadline=deadline), back
+    return connector, arguments, back
 
 
 def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:

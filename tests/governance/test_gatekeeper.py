@@ -160,16 +160,20 @@ def test_calls_nothing_limits_settled_before_their_record_is_written_leave_one_r
     async def scenario(g: Governor) -> None:
         settled = []
         started = time.time()
+        # A failed call is released (charged nothing), unless it ended unanswered: then the pipeline says what it
+        # may have cost, its price, and it is charged that (i2's second).
         for instance, reported, ok in (("i1", 0.002, True), ("i1", None, True), ("i1", 0.0, True),
-                                       ("i1", 0.004, False), ("i1", 0.009, True), ("i2", None, True)):
+                                       ("i1", None, False), ("i1", 0.009, True), ("i2", None, True),
+                                       ("i2", 0.005, False)):
             admission = await g.admit(free, priced_call(instance))
             assert admission.status == "executed"
             settled.append((admission.request_id, (await g.settle(admission, reported, ok)).charged))
-        assert [charged for _, charged in settled] == [0.002, 0.005, 0.0, 0.0, 0.005, 0.005]  # the 5th reported more
+        # the 5th reported more than its price
+        assert [charged for _, charged in settled] == [0.002, 0.005, 0.0, 0.0, 0.005, 0.005, 0.005]
         await g.flush()
         trail = read_audit(store, limit=100)
         counted = {(r["instance"], r["event"]): r for r in trail if r["event"] != "pricing_violation"}
-        assert set(counted) == {("i1", "settled"), ("i1", "released"), ("i2", "settled")}
+        assert set(counted) == {("i1", "settled"), ("i1", "released"), ("i2", "settled"), ("i2", "released")}
         for row in counted.values():
             assert (row["request_id"], row["profile"], row["tool"]) == (None, "p", "search_query")
             assert row["status"] == ("executed" if row["event"] == "settled" else "failed")
@@ -179,14 +183,15 @@ def test_calls_nothing_limits_settled_before_their_record_is_written_leave_one_r
         shown = {key: {k: row["detail"][k] for k in ("calls", "reserved", "charged")} for key, row in counted.items()}
         assert shown == {("i1", "settled"): {"calls": 4, "reserved": 4 * price, "charged": to_micros(0.012)},
                          ("i1", "released"): {"calls": 1, "reserved": price, "charged": 0},
-                         ("i2", "settled"): {"calls": 1, "reserved": price, "charged": price}}
+                         ("i2", "settled"): {"calls": 1, "reserved": price, "charged": price},
+                         ("i2", "released"): {"calls": 1, "reserved": price, "charged": price}}
         # The pricing violation is a row of its own, as on every path: its call's run, what it reported and paid.
         assert all(rid is None for rid, _ in settled)  # no one is told a request id of these calls
         (violation,) = [r for r in trail if r["event"] == "pricing_violation"]
         assert violation["request_id"] is not None
         assert (violation["profile"], violation["instance"], violation["detail"]["tool"]) == ("p", "i1", "search_query")
         assert (violation["detail"]["reported"], violation["detail"]["reserved"]) == (to_micros(0.009), price)
-        assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == to_micros(0.017)
+        assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == to_micros(0.022)
 
     run(scenario, store)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
-from tests.fixtures.harness import RawClient, run, serving, short_dir
+from tests.fixtures.harness import DEADLINE, RawClient, body, run, serving, short_dir
 from tests.governance.governed import until
 
 REPORTED = 0.25  # what the echo connector's `cost` mode reports for every call
@@ -169,3 +170,61 @@ def test_a_request_id_holding_a_nul_is_an_invalid_argument_not_a_failed_store(
             await governor.aclose()
 
     run(scenario(), timeout=60)
+
+
+@pytest.mark.parametrize("ending", ["cancelled", "timed out"])
+@pytest.mark.parametrize("cap", [0.50, None])
+def test_a_call_that_ends_unanswered_once_the_connector_has_it_is_charged_its_price(
+        monkeypatch: pytest.MonkeyPatch, store: Store, ending: str, cap: float | None) -> None:
+    """Its work may have been paid for at the provider. Released, a client that cancels every call once the connector
+    has it (or a connector past its deadline) would run them all against a cap that never moves: two calls priced
+    $0.25 fill a $0.50 cap, and the next is blocked naming it."""
+    monkeypatch.setenv(TOKEN_ENV, "t")
+    with short_dir() as base:
+        root = write_echo_tree(base / "t", binding_limits={"timeoutSeconds": 1} if ending == "timed out" else None)
+        price_misbehave(root, 0.25, cap=cap)
+        arrivals, release = base / "arrivals", base / "release"
+        held = {"mode": "held", "cost": 0.25, "seconds": 30, "paths": [str(arrivals), str(release)]}
+
+        async def unanswered(client: RawClient, msg_id: int) -> None:
+            """A call the connector receives and never answers in time, or whose client cancels it there."""
+            count = arrivals.read_text().count("arrived") if arrivals.exists() else 0
+            await client.send({"jsonrpc": "2.0", "id": msg_id, "method": "tools/call",
+                               "params": {"name": "echo_misbehave", "arguments": held}})
+            async with asyncio.timeout(DEADLINE):
+                while not arrivals.exists() or arrivals.read_text().count("arrived") == count:
+                    await asyncio.sleep(0.01)
+            if ending == "cancelled":
+                await client.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                   "params": {"requestId": msg_id}})
+            else:
+                reply = await client.recv()
+                assert (reply["id"], reply["result"]["_meta"]["handler/error"]) == (msg_id, "unavailable"), reply
+
+        async def scenario() -> dict[str, Any]:
+            governor = Governor(store, owns_store=False)
+            try:
+                async with serving(root, base / "run", gate=governor, sandbox=False) as router:  # it reads `paths`
+                    client = await RawClient.connect(router.socket_path("tester"))
+                    try:
+                        for msg_id in (1, 2):
+                            await unanswered(client, msg_id)
+                        await until(lambda: asyncio.to_thread(lambda: profile_spend(store) == to_micros(0.50)), 10.0)
+                        release.touch()  # the next call is answered at once, if it runs
+                        return await client.call("echo_misbehave", held)
+                    finally:
+                        await client.close()
+            finally:
+                await governor.aclose()
+
+        third = run(scenario(), timeout=120)
+    if cap is None:
+        assert third["_meta"]["handler/status"] == "executed"
+        assert profile_spend(store) == to_micros(0.75)
+    else:
+        assert third["_meta"]["handler/status"] == "blocked"
+        assert "cap" in body(third)["message"]
+        assert profile_spend(store) == to_micros(0.50)
+    released = [r for r in read_audit(store, limit=1000) if r["event"] == "released"]
+    assert sum(r["detail"].get("calls", 1) for r in released) == 2
+    assert sum(r["detail"]["charged"] for r in released) == to_micros(0.50)

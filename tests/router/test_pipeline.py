@@ -163,10 +163,12 @@ def test_the_governance_seam_admits_then_settles(echo_root: Path, run_dir: Path)
                                                                                   "echo-local", 0.001)
         assert call.arguments == {"text": "t"}
         assert gate.settled == [(gate.settled[0][0], 0.001, True)]
+        await c.call("echo_misbehave", {"mode": "error"})
+        assert gate.settled[-1][1:] == (None, False)  # a call its connector answered with an error: released
         await c.call("echo_misbehave", {"mode": "die"})
-        assert gate.settled[-1][1:] == (None, False)  # a failed call is settled as failed
+        assert gate.settled[-1][1:] == (0.0, False)  # gone mid-call: failed, charged its price (none here)
         await c.call("echo_say", {"text": 1})
-        assert len(gate.admitted) == 2  # invalid arguments end the call before governance
+        assert len(gate.admitted) == 3  # invalid arguments end the call before governance
 
     exchange(echo_root, run_dir, script, gate=gate)
 
