@@ -19,7 +19,6 @@ from typing import Any
 
 from reconciler.cli.common import EXIT_OK, add_root_options, finite_number, load_tree, require_tree
 from reconciler.config import SourceError
-from reconciler.config.models import MOST_USD
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.decide import usd
 from reconciler.governance.errors import NotAllowedError
@@ -32,6 +31,7 @@ from reconciler.governance.rulebook import from_micros, to_micros
 from reconciler.governance.store import Store, open_store, store_exists, store_url
 from reconciler.places import default_state_dir
 from reconciler.web.links import LinkSigner, load_link_secret
+from reconciler.wire.meta import MOST_USD
 
 __all__ = ["add_governance_commands"]
 

@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from reconciler.wire.meta import MOST_USD
+
 __all__ = [
-    "MOST_USD",
     "ActionClass",
     "Annotations",
     "BindingFile",
@@ -53,9 +54,8 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
-MOST_USD = 1_000_000_000  # a price, a cap, a change of balance: their sums stay far inside the store's 64-bit micros
-# An amount of money in the tree: a number from 0 to `MOST_USD`. Not infinite, not NaN (TOML writes both), not
-# negative: a negative price would credit the caps it is charged to.
+# An amount of money in the tree: a number from 0 to `MOST_USD` (`wire.meta`). Not infinite, not NaN (TOML writes
+# both), not negative: a negative price would credit the caps it is charged to.
 Usd = Annotated[float, Field(ge=0, le=MOST_USD, allow_inf_nan=False)]
 
 

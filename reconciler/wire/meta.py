@@ -30,6 +30,7 @@ __all__ = [
     "INSTANCE",
     "INTERFACE",
     "MAX_RUN_ID_CHARS",
+    "MOST_USD",
     "PARENT_INSTANCE",
     "REQUEST_ID",
     "STATUS",
@@ -52,6 +53,10 @@ ATTACHED: Final = "handler/attached"  # the router's answer to it
 
 # Where a caller's identity comes from when a client is started by whoever launches the agent.
 _CALLER_ENV: Final = (("HANDLER_INSTANCE", INSTANCE), ("HANDLER_PARENT_INSTANCE", PARENT_INSTANCE))
+
+# The most any amount of money may be, in USD: a price or a cap in the tree, a cost a connector reports, a change of
+# balance. Sums of such amounts in micro-dollars stay far inside the store's 64-bit integers.
+MOST_USD: Final = 1_000_000_000
 
 MAX_RUN_ID_CHARS: Final = 128  # a UUID is 36; the store's columns of 200 hold it with a prefix
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: NUL among them
@@ -84,10 +89,12 @@ def read_reported_cost(result: Mapping[str, Any]) -> float | None:
     """The cost in USD a connector reported in its result's `_meta`, or None when it reported none usable.
 
     Only a finite number that is not negative counts (a boolean is not a number here): anything else is
-    treated as not reported, and the call is charged its estimate.
+    treated as not reported, and the call is charged its estimate. A report above `MOST_USD` is read as
+    `MOST_USD`: still more than any price, so a pricing violation, and a sum the store can hold (1e300
+    made micro-dollars past 64 bits, and every settlement path failed on them).
     """
     meta = result.get("_meta")
     cost = meta.get(COST) if isinstance(meta, Mapping) else None
     if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0 and math.isfinite(cost):
-        return float(cost)
+        return float(min(cost, MOST_USD))
     return None

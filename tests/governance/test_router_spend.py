@@ -228,3 +228,38 @@ def test_a_call_that_ends_unanswered_once_the_connector_has_it_is_charged_its_pr
     released = [r for r in read_audit(store, limit=1000) if r["event"] == "released"]
     assert sum(r["detail"].get("calls", 1) for r in released) == 2
     assert sum(r["detail"]["charged"] for r in released) == to_micros(0.50)
+
+
+@pytest.mark.parametrize("cap", [0.50, None])
+def test_a_connector_reporting_an_astronomical_cost_is_charged_its_price_and_the_violation_recorded(
+        monkeypatch: pytest.MonkeyPatch, store: Store, cap: float | None) -> None:
+    """1e300 USD is a finite number, so it counted as a report: in micro-dollars past 64 bits, it failed every
+    settlement path (the agent told `unavailable`, the call's spend and audit lost, a lease never settled). Read as
+    the most any amount may be, it is a pricing violation like any other report above the price."""
+    monkeypatch.setenv(TOKEN_ENV, "t")
+    with short_dir() as base:
+        root = write_echo_tree(base / "t")
+        price_misbehave(root, 0.25, cap=cap)
+        release = base / "release"
+        release.touch()
+        reporting = {"mode": "held", "cost": 1e300, "paths": [str(base / "arrivals"), str(release)]}
+
+        async def scenario() -> dict[str, Any]:
+            governor = Governor(store, owns_store=False)
+            try:
+                async with serving(root, base / "run", gate=governor, sandbox=False) as router:
+                    client = await RawClient.connect(router.socket_path("tester"))
+                    try:
+                        return await client.call("echo_misbehave", reporting)
+                    finally:
+                        await client.close()
+            finally:
+                await governor.aclose()
+
+        result = run(scenario(), timeout=60)
+    assert (result["_meta"]["handler/status"], result["_meta"]["handler/cost"]) == ("executed", 0.25)
+    assert profile_spend(store) == to_micros(0.25)
+    trail = read_audit(store, limit=100)
+    (violation,) = [r for r in trail if r["event"] == "pricing_violation"]
+    assert (violation["detail"]["reported"], violation["detail"]["charged"]) == (to_micros(1e9), to_micros(0.25))
+    assert sum(r["detail"].get("calls", 1) for r in trail if r["event"] == "settled") == 1

@@ -20,6 +20,8 @@ from reconciler.wire.meta import (
     (0.25, 0.25),
     (0, 0.0),
     (3, 3.0),
+    (1e300, 1e9),  # read as the most any amount may be: still above every price
+    (2**70, 1e9),
     (-1, None),  # a refund is not a cost
     (True, None),  # a boolean is not a number here
     ("0.5", None),
