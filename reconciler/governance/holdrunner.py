@@ -10,7 +10,9 @@ then runs through the router's executor (`Router.execute_held`), is settled at t
 connector reported (else the price), never above what was reserved (`charging`), and finished
 with its result or the reason it failed: for the agent, its message without advice to retry (the
 state is final), for people also its cause (what the router and the connector said). A hold is
-never run twice: one that failed, or whose router died while running it, stays so.
+never run twice: one that failed, or whose router died while running it, stays so. A store that
+fails once the call has run does not lose its end: the settlement left unwritten counts at the
+reservation until reconciled (over, never under), and the end is written again until it lands.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import re
 import secrets
 from collections.abc import Callable, Mapping
@@ -26,6 +29,7 @@ from typing import Any
 from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.decide import decide_call, guardrail_block
+from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import CallRequest, CallResult, Executor
 from reconciler.governance.holds import Hold, approved_ids, claim_hold, finish_hold, get_hold
 from reconciler.governance.ledger import Reservation, current_month, ensure_rows, read_state, reserve, settle
@@ -37,6 +41,11 @@ from reconciler.governance.workers import StoreWorkers
 
 __all__ = ["HoldRunner"]
 
+log = logging.getLogger("handler.governance")
+
+
+_RETRY_SECONDS = 1.0  # the first pause before recording a hold's end again while the store fails, doubled each time
+_MOST_RETRY_SECONDS = 30.0
 
 # How often the runner looks for approved holds while PostgreSQL's LISTEN connection is up, which wakes it at every
 # decision: only in case a notification was lost.
@@ -143,13 +152,38 @@ class HoldRunner:
             return True
         result = await self._execute(self._executor, hold)
         actual = to_micros(result.cost) if result.ok and result.cost is not None else None
-        charged, _ = await self._workers.run(functools.partial(settle, binding=hold.binding, tool=hold.tool),
-                                             self.store, recheck, actual, result.ok, request_id)
+        try:
+            charged, _ = await self._workers.run(functools.partial(settle, binding=hold.binding, tool=hold.tool),
+                                                 self.store, recheck, actual, result.ok, request_id)
+        except StoreError as exc:  # left reserved: charged what it reserved when reconciled, as a killed router's
+            log.warning("hold %s ran, but its settlement could not be written: it counts at its reservation until "
+                        "reconciled: %s", request_id, exc)
+            charged = recheck.reserved
         output = dict(result.output) if result.ok else _final_output(result.output)
         message = "" if result.ok else _failure_message(output)
         cause = None if result.ok else _without_retry_advice(result.cause or message)
-        await self._workers.run(_finish, self.store, hold, result.ok, output, message, charged, cause)
+        await self._finish_for_good(hold, result.ok, output, message, charged, cause)
         return True
+
+    async def _finish_for_good(self, hold: Hold, ok: bool, output: Mapping[str, Any], message: str, charged: int,
+                               cause: str | None) -> None:
+        """Record the end of a hold that ran, trying again while the store fails (the end kept here meanwhile), so
+        a moment's outage leaves no hold running for good; given up only when the runner stops."""
+        pause = _RETRY_SECONDS
+        while True:
+            try:
+                await self._workers.run(_finish, self.store, hold, ok, output, message, charged, cause)
+            except StoreError as exc:
+                if self._stopping:
+                    log.error("hold %s ran, but its end could not be recorded before the router stopped; it stays "
+                              "running: %s", hold.id, exc)
+                    raise
+                log.warning("hold %s ran, but its end is not recorded yet, will try again in %.0f s: %s", hold.id,
+                            pause, exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _MOST_RETRY_SECONDS)
+            else:
+                return
 
     @staticmethod
     async def _execute(executor: Executor, hold: Hold) -> CallResult:

@@ -196,13 +196,15 @@ def claim_hold(store: Store, request_id: str, runner: str) -> bool:
 def finish_hold(store: Store, request_id: str, *, ok: bool, result: Mapping[str, Any] | None, message: str,
                 charged: int | None, cause: str | None = None, approved_by: str | None = None) -> None:
     """Record how a claimed hold ended: executed with its result, or failed with the agent's message and,
-    for people, its cause ("approved by bob; the run failed: ..." in the audit trail)."""
+    for people, its cause ("approved by bob; the run failed: ..." in the audit trail). Once: a hold finished
+    already (a retry whose first try was written after all) is left as it is."""
     state = "executed" if ok else "failed"
     cause = None if ok else (cause or message)
     approved = f"approved by {approved_by}" if approved_by else "approved"
     said = f"{approved}; executed" if ok else f"{approved}; the run failed: {cause}"
     with store.begin() as tx:
-        rows.set_finished(tx, request_id, state, result, message, charged, cause)
+        if not rows.set_finished(tx, request_id, state, result, message, charged, cause):
+            return
         record(tx, state, request_id=request_id, status=state,
                detail={"reason": said, "message": message, "cause": cause, "charged": charged})
         store.notify(tx, request_id)

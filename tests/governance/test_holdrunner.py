@@ -16,9 +16,12 @@ import pytest
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance import holdrunner
 from reconciler.governance.auditing import read_audit
+from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import CallRequest, CallResult
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import decide_hold, get_hold, list_holds
+from reconciler.governance.ledger import reconcile_reservations, spend_report
+from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store, open_store
 from reconciler.wire.meta import MAX_RUN_ID_CHARS
 from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot
@@ -144,6 +147,50 @@ def test_a_failure_whose_words_hold_a_nul_is_recorded_and_final_on_either_store(
         assert (await g.status(rid, PARENT)).status == "failed"
 
     run(scenario, store)
+
+
+def test_a_store_failing_once_the_call_has_run_loses_neither_its_end_nor_its_charge(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The call has run; its settlement cannot be written, and the first writes of its end fail (the first after
+    it landed, as when a commit's answer is lost). The hold ends executed, recorded once, and its reservation counts
+    until reconciled, charged what it reserved: over, never under."""
+    tries: list[str] = []
+    real_finish = holdrunner.finish_hold
+
+    def failing_settle(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("the store is down")
+
+    def flaky_finish(*args: Any, **kwargs: Any) -> None:
+        tries.append("finish")
+        if len(tries) == 1:
+            real_finish(*args, **kwargs)
+            raise StoreError("the commit's answer was lost")
+        if len(tries) == 2:
+            raise StoreError("the store is down")
+        real_finish(*args, **kwargs)
+
+    monkeypatch.setattr(holdrunner, "settle", failing_settle)
+    monkeypatch.setattr(holdrunner, "finish_hold", flaky_finish)
+    monkeypatch.setattr(holdrunner, "_RETRY_SECONDS", 0.01)
+    recorder = Recorder()
+
+    async def scenario(g: Governor) -> None:
+        await g.start(recorder)
+        rid = (await g.admit(cap_snapshot(), mail())).request_id
+        assert rid is not None
+        status = await g.decide(rid, "approve", PARENT)
+        assert status.status == "executed"
+        hold = get_hold(store, rid)
+        assert (hold.state, hold.charged) == ("executed", hold.cost)
+        assert [r["event"] for r in read_audit(store, request_id=rid)].count("executed") == 1
+
+    run(scenario, store)
+    assert tries == ["finish"] * 3
+    assert len(recorder.calls) == 1
+    counted = {r["scope"]: r["micros"] for r in spend_report(store)}
+    assert counted["profile:h"] == to_micros(0.01)  # the reservation, still counted
+    assert reconcile_reservations(store, older_than=0.0) == 1
+    assert {r["scope"]: r["micros"] for r in spend_report(store)} == counted
 
 
 def test_a_parent_run_with_the_longest_id_a_client_may_give_decides_its_childs_hold(store: Store) -> None:

@@ -87,8 +87,10 @@ def set_claimed(tx: Transaction, hold_id: str, runner: str) -> bool:
 
 
 def set_finished(tx: Transaction, hold_id: str, state: str, result: Mapping[str, Any] | None, message: str,
-                 charged: int | None, cause: str | None = None) -> None:
-    """running → executed | failed, with the result or the reason (and, failed, its cause) and what it cost."""
-    tx.execute(sa.update(holds).where(holds.c.id == hold_id, holds.c.state == "running")
-               .values(state=state, finished_at=now(), result=dict(result) if result is not None else None,
-                       message=storable(message), charged=charged, cause=storable(cause)))
+                 charged: int | None, cause: str | None = None) -> bool:
+    """running → executed | failed, with the result or the reason (and, failed, its cause) and what it cost; False
+    when it was no longer running (finished already)."""
+    done = tx.execute(sa.update(holds).where(holds.c.id == hold_id, holds.c.state == "running")
+                      .values(state=state, finished_at=now(), result=dict(result) if result is not None else None,
+                              message=storable(message), charged=charged, cause=storable(cause)))
+    return done.rowcount == 1
