@@ -4,11 +4,11 @@ Step 1 (framing) happened in `framing`; `run_tools_call` runs the rest, each ste
 `resolve_tool` (2), `validate_input` (3), `resolve_files` (4, in `files`), `govern` (5), `take_slot`
 and `wait_for_slot` (6), `prepare` and the connector's call (7), `map_errors` (8), `validate_output`
 (9), then (10) the output files (`CallFolder.deliver`), `Gate.settle` and the log line, which is
-written whatever step ended the call. `run_admitted` runs 6-10 of an admitted call and returns its `CallResult`; a hold,
-once approved, takes the same way (`run_held`: 2 on the binding it was held on, 3-4, then
-`run_admitted`), and its `CallResult` goes back to the gate. Each step may end the call by raising:
-a `JsonRpcError` (only malformed params) or a `ToolError`, which becomes a tool result
-with `isError: true`. Nothing after the ending step runs, except the settlement of an admitted
+written whatever step ended the call. `run_admitted` runs 6-10 of an admitted call and returns its
+`CallResult`; a hold, once approved, takes the same way (`run_held`: 2 on the binding it was held
+on, 3-4, then `run_admitted`), and its `CallResult` goes back to the gate. Each step may end the
+call by raising: a `JsonRpcError` (only malformed params) or a `ToolError`, which becomes a tool
+result with `isError: true`. Nothing after the ending step runs, except the settlement of an admitted
 call and the log line.
 """
 
