@@ -7,7 +7,8 @@ past $0.50, and with no cap `handler spend` ends equal to what the replies said 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from reconciler.governance.ledger import spend_report
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
+from reconciler.router.server import Router
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import DEADLINE, RawClient, body, run, serving, short_dir
 from tests.governance.governed import until
@@ -57,6 +59,22 @@ async def agents(socket: Path, clients: int, calls_each: int) -> list[float]:
 
     found = await asyncio.gather(*(agent(n) for n in range(clients)))
     return [c for each in found for c in each]
+
+
+@contextlib.asynccontextmanager
+async def governed(store: Store, root: Path, run_dir: Path, *,
+                   sandbox: bool = True) -> AsyncIterator[tuple[Router, RawClient]]:
+    """The router serving `root` governed on `store`, and a client on its profile's socket; all closed after."""
+    governor = Governor(store, owns_store=False)
+    try:
+        async with serving(root, run_dir, gate=governor, sandbox=sandbox) as router:
+            client = await RawClient.connect(router.socket_path("tester"))
+            try:
+                yield router, client
+            finally:
+                await client.close()
+    finally:
+        await governor.aclose()
 
 
 def profile_spend(store: Store) -> int:
@@ -120,24 +138,18 @@ def test_a_run_id_the_store_cannot_hold_is_refused_and_every_other_call_is_recor
     price_misbehave(root, 1.0, cap=None)
 
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False)
-        try:
-            async with serving(root, run_dir, gate=governor) as router:
-                hostile = await RawClient.connect(router.socket_path("tester"))
-                reply = await hostile.request("tools/call", {"name": "echo_misbehave", "arguments": {"mode": "cost"},
-                                                             "_meta": {key: run_id}})
-                await hostile.close()
-                assert reply["error"]["code"] == -32602
-                assert reply["error"]["message"].startswith(f"params._meta['{key}'] {problem}")
-                charged = await agents(router.socket_path("tester"), 4, 5)
+        async with governed(store, root, run_dir) as (router, hostile):
+            reply = await hostile.request("tools/call", {"name": "echo_misbehave", "arguments": {"mode": "cost"},
+                                                         "_meta": {key: run_id}})
+            assert reply["error"]["code"] == -32602
+            assert reply["error"]["message"].startswith(f"params._meta['{key}'] {problem}")
+            charged = await agents(router.socket_path("tester"), 4, 5)
 
-                async def recorded() -> bool:  # while the router runs: its commits go on
-                    return await asyncio.to_thread(profile_spend, store) == to_micros(20 * REPORTED)
+            async def recorded() -> bool:  # while the router runs: its commits go on
+                return await asyncio.to_thread(profile_spend, store) == to_micros(20 * REPORTED)
 
-                await until(recorded, 10.0)
-                assert charged == [REPORTED] * 20
-        finally:
-            await governor.aclose()
+            await until(recorded, 10.0)
+            assert charged == [REPORTED] * 20
 
     run(scenario(), timeout=120)
     settled = [r for r in read_audit(store, limit=1000) if r["event"] == "settled"]
@@ -152,22 +164,14 @@ def test_a_request_id_holding_a_nul_is_an_invalid_argument_not_a_failed_store(
     root, run_dir = places
 
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False)
-        try:
-            async with serving(root, run_dir, gate=governor) as router:
-                client = await RawClient.connect(router.socket_path("tester"))
-                try:
-                    for rid in ("req_\x00", "req_" + "0" * 100):
-                        refused = await client.call("handler_status", {"request_id": rid},
-                                                    _meta={"handler/interface": "handler"})
-                        assert refused["_meta"]["handler/error"] == "invalid_arguments", refused
-                    unknown = await client.call("handler_status", {"request_id": "req_0123abcd"},
-                                                _meta={"handler/interface": "handler"})
-                    assert unknown["structuredContent"]["status"] == "unknown"
-                finally:
-                    await client.close()
-        finally:
-            await governor.aclose()
+        async with governed(store, root, run_dir) as (_, client):
+            for rid in ("req_\x00", "req_" + "0" * 100):
+                refused = await client.call("handler_status", {"request_id": rid},
+                                            _meta={"handler/interface": "handler"})
+                assert refused["_meta"]["handler/error"] == "invalid_arguments", refused
+            unknown = await client.call("handler_status", {"request_id": "req_0123abcd"},
+                                        _meta={"handler/interface": "handler"})
+            assert unknown["structuredContent"]["status"] == "unknown"
 
     run(scenario(), timeout=60)
 
@@ -202,20 +206,12 @@ def test_a_call_that_ends_unanswered_once_the_connector_has_it_is_charged_its_pr
                 assert (reply["id"], reply["result"]["_meta"]["handler/error"]) == (msg_id, "unavailable"), reply
 
         async def scenario() -> dict[str, Any]:
-            governor = Governor(store, owns_store=False)
-            try:
-                async with serving(root, base / "run", gate=governor, sandbox=False) as router:  # it reads `paths`
-                    client = await RawClient.connect(router.socket_path("tester"))
-                    try:
-                        for msg_id in (1, 2):
-                            await unanswered(client, msg_id)
-                        await until(lambda: asyncio.to_thread(lambda: profile_spend(store) == to_micros(0.50)), 10.0)
-                        release.touch()  # the next call is answered at once, if it runs
-                        return await client.call("echo_misbehave", held)
-                    finally:
-                        await client.close()
-            finally:
-                await governor.aclose()
+            async with governed(store, root, base / "run", sandbox=False) as (_, client):  # it reads `paths`
+                for msg_id in (1, 2):
+                    await unanswered(client, msg_id)
+                await until(lambda: asyncio.to_thread(lambda: profile_spend(store) == to_micros(0.50)), 10.0)
+                release.touch()  # the next call is answered at once, if it runs
+                return await client.call("echo_misbehave", held)
 
         third = run(scenario(), timeout=120)
     if cap is None:
@@ -245,16 +241,8 @@ def test_a_connector_reporting_an_astronomical_cost_is_charged_its_price_and_the
         reporting = {"mode": "held", "cost": 1e300, "paths": [str(base / "arrivals"), str(release)]}
 
         async def scenario() -> dict[str, Any]:
-            governor = Governor(store, owns_store=False)
-            try:
-                async with serving(root, base / "run", gate=governor, sandbox=False) as router:
-                    client = await RawClient.connect(router.socket_path("tester"))
-                    try:
-                        return await client.call("echo_misbehave", reporting)
-                    finally:
-                        await client.close()
-            finally:
-                await governor.aclose()
+            async with governed(store, root, base / "run", sandbox=False) as (_, client):  # it reads `paths`
+                return await client.call("echo_misbehave", reporting)
 
         result = run(scenario(), timeout=60)
     assert (result["_meta"]["handler/status"], result["_meta"]["handler/cost"]) == ("executed", 0.25)

@@ -202,11 +202,16 @@ def test_a_relaying_bridge_exits_when_the_router_closes(echo_root: Path, run_dir
     assert on_uvloop(scenario) == 0
 
 
-@pytest.mark.parametrize("kind", ["file", "one-socket", "none"])
+@pytest.mark.parametrize("kind", ["file", "one-socket", "run-id", "none"])
 def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_lines(
         echo_root: Path, run_dir: Path, tmp_path: Path, kind: str) -> None:
+    """Also a handoff binding a run id the store cannot hold ("run-id"): a handed-over session's run ids are bound for
+    its whole life, so they are checked once, at the handoff."""
     plain = tmp_path / "plain"
     plain.write_bytes(b"")
+    meta = {"handler/interface": "echo"}
+    if kind == "run-id":
+        meta["handler/instance"] = "run\x00one"
 
     async def scenario(router: Router) -> None:
         with socket.socket(socket.AF_UNIX) as sock, plain.open("rb") as reading, plain.open("wb") as writing:
@@ -214,8 +219,9 @@ def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_
             sock.settimeout(DEADLINE)
             loop = asyncio.get_running_loop()
             both, other = socket.socketpair()
-            fds = {"file": [reading.fileno(), writing.fileno()], "one-socket": [both.fileno()] * 2}.get(kind, [])
-            await loop.run_in_executor(None, socket.send_fds, sock, [attach_line({"handler/interface": "echo"})], fds)
+            fds = {"file": [reading.fileno(), writing.fileno()], "one-socket": [both.fileno()] * 2,
+                   "run-id": [other.fileno(), both.fileno()]}.get(kind, [])
+            await loop.run_in_executor(None, socket.send_fds, sock, [attach_line(meta)], fds)
             answer = orjson.loads(await loop.run_in_executor(None, recv_line, sock))
             both.close()
             other.close()
@@ -224,34 +230,11 @@ def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_
             elif kind == "one-socket":
                 assert answer["handler/attached"] is False
                 assert "one socket" in answer["message"]
+            elif kind == "run-id":
+                assert answer == {"handler/attached": False, "message": "the attach line's handler/instance holds a "
+                                  "control character; an agent run's id is printable text"}
             else:  # no descriptors: the line is read as JSON-RPC, and it is not
                 assert answer["error"]["code"] == -32600
-            await loop.run_in_executor(None, sock.sendall, line({"jsonrpc": "2.0", "id": 5, "method": "ping"}))
-            assert orjson.loads(await loop.run_in_executor(None, recv_line, sock))["id"] == 5
-
-    async def outer() -> None:
-        async with serving(echo_root, run_dir) as router:
-            await scenario(router)
-
-    on_uvloop(outer)
-
-
-def test_an_attach_line_binding_a_run_id_the_store_cannot_hold_is_refused(echo_root: Path, run_dir: Path) -> None:
-    """A handed-over session's run ids are bound for its whole life, so they are checked once, at the handoff."""
-    async def scenario(router: Router) -> None:
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(str(router.socket_path("tester")))
-            sock.settimeout(DEADLINE)
-            loop = asyncio.get_running_loop()
-            here, there = socket.socketpair()
-            meta = {"handler/interface": "echo", "handler/instance": "run\x00one"}
-            await loop.run_in_executor(None, socket.send_fds, sock, [attach_line(meta)],
-                                       [there.fileno(), here.fileno()])
-            answer = orjson.loads(await loop.run_in_executor(None, recv_line, sock))
-            here.close()
-            there.close()
-            assert answer == {"handler/attached": False, "message": "the attach line's handler/instance holds a "
-                              "control character; an agent run's id is printable text"}
             await loop.run_in_executor(None, sock.sendall, line({"jsonrpc": "2.0", "id": 5, "method": "ping"}))
             assert orjson.loads(await loop.run_in_executor(None, recv_line, sock))["id"] == 5
 
