@@ -2,14 +2,16 @@
 
 Grouped by what the caller does next: `UnknownCallError` and `HoldNotFoundError` mean the name given is wrong
 (with a "did you mean"); `NotAllowedError` means this person or instance may not decide that hold;
-`StoreError` means the store could not be reached or migrated (a database URL or file to fix).
+`StoreError` means the store could not be reached or migrated (a database URL or file to fix);
+`StoreRefusedError`, that it is up but refused what was written (a value it cannot hold: a defect upstream).
 """
 
 from __future__ import annotations
 
 from reconciler.config.errors import HandlerError
 
-__all__ = ["GovernanceError", "HoldNotFoundError", "NotAllowedError", "StoreError", "UnknownCallError"]
+__all__ = ["GovernanceError", "HoldNotFoundError", "NotAllowedError", "StoreError", "StoreRefusedError",
+           "UnknownCallError"]
 
 
 class GovernanceError(HandlerError):
@@ -30,3 +32,8 @@ class NotAllowedError(GovernanceError):
 
 class StoreError(GovernanceError):
     """The store could not be opened, reached or migrated."""
+
+
+class StoreRefusedError(StoreError):
+    """The store is up but refused the data of a write (too long, out of range, a constraint): trying the same
+    write again fails again, so whoever holds it sets it aside rather than retrying it (docs/architecture.md §7)."""

@@ -30,7 +30,7 @@ from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.charging import charge_call
 from reconciler.governance.decide import Decision, SpendState, decide_call
-from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, StoreError
+from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, StoreError, StoreRefusedError
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, Settlement
 from reconciler.governance.holds import (
     PENDING_HINT,
@@ -379,6 +379,8 @@ class Gatekeeper:
             try:
                 if await self._loop_commits.flush(self._backlog):
                     return True
+            except StoreRefusedError:
+                pass  # the worker's flush writes the rows one by one and sets aside those refused
             except StoreError as exc:
                 _not_recorded(waiting, exc)
                 return False

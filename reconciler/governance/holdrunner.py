@@ -29,7 +29,7 @@ from typing import Any
 from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.decide import decide_call, guardrail_block
-from reconciler.governance.errors import StoreError
+from reconciler.governance.errors import StoreError, StoreRefusedError
 from reconciler.governance.gate import CallRequest, CallResult, Executor
 from reconciler.governance.holds import Hold, approved_ids, claim_hold, finish_hold, get_hold
 from reconciler.governance.ledger import Reservation, current_month, ensure_rows, read_state, reserve, settle
@@ -168,11 +168,19 @@ class HoldRunner:
     async def _finish_for_good(self, hold: Hold, ok: bool, output: Mapping[str, Any], message: str, charged: int,
                                cause: str | None) -> None:
         """Record the end of a hold that ran, trying again while the store fails (the end kept here meanwhile), so
-        a moment's outage leaves no hold running for good; given up only when the runner stops."""
+        a moment's outage leaves no hold running for good; given up only when the runner stops. An end the store
+        refuses for its data (which a retry meets again) is recorded as failed, naming the store's reason."""
         pause = _RETRY_SECONDS
         while True:
             try:
                 await self._workers.run(_finish, self.store, hold, ok, output, message, charged, cause)
+            except StoreRefusedError as exc:
+                if not ok and cause == str(exc):  # refused again: nothing of the call's own is left to drop
+                    log.error("hold %s ran, but the store refused its end: it stays running: %s", hold.id, exc)
+                    raise
+                log.error("hold %s ran, but the store refused its end (%s): it is recorded as failed", hold.id, exc)
+                message = "the call ran, but its result could not be stored"
+                ok, output, cause = False, {"error": "unavailable", "message": message}, str(exc)
             except StoreError as exc:
                 if self._stopping:
                     log.error("hold %s ran, but its end could not be recorded before the router stopped; it stays "

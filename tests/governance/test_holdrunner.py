@@ -16,7 +16,7 @@ import pytest
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance import holdrunner
 from reconciler.governance.auditing import read_audit
-from reconciler.governance.errors import StoreError
+from reconciler.governance.errors import StoreError, StoreRefusedError
 from reconciler.governance.gate import CallRequest, CallResult
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import decide_hold, get_hold, list_holds
@@ -191,6 +191,38 @@ def test_a_store_failing_once_the_call_has_run_loses_neither_its_end_nor_its_cha
     assert counted["profile:h"] == to_micros(0.01)  # the reservation, still counted
     assert reconcile_reservations(store, older_than=0.0) == 1
     assert {r["scope"]: r["micros"] for r in spend_report(store)} == counted
+
+
+def test_an_end_the_store_refuses_is_recorded_as_failed_naming_the_refusal_not_retried_for_good(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write the store refuses for its data fails again at every retry: the hold would stay running for good. Its
+    end is recorded as failed instead, once, with the store's reason as its cause."""
+    tries: list[bool] = []
+    real_finish = holdrunner.finish_hold
+
+    def refusing_finish(*args: Any, ok: bool, **kwargs: Any) -> None:
+        tries.append(ok)
+        if ok:
+            raise StoreRefusedError("the store refused a write: value too long for type character varying(200)")
+        real_finish(*args, ok=ok, **kwargs)
+
+    monkeypatch.setattr(holdrunner, "finish_hold", refusing_finish)
+    recorder = Recorder()
+
+    async def scenario(g: Governor) -> None:
+        await g.start(recorder)
+        rid = (await g.admit(cap_snapshot(), mail())).request_id
+        assert rid is not None
+        status = await g.decide(rid, "approve", PARENT)
+        assert status.status == "failed"
+        assert "its result could not be stored" in (status.message or "")
+        hold = get_hold(store, rid)
+        assert hold.state == "failed"
+        assert "value too long" in (hold.cause or "")
+
+    run(scenario, store)
+    assert tries == [True, False]
+    assert len(recorder.calls) == 1
 
 
 def test_a_parent_run_with_the_longest_id_a_client_may_give_decides_its_childs_hold(store: Store) -> None:

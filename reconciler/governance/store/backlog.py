@@ -10,22 +10,36 @@ reported cost) waiting a moment — it errs on the side of the cap. The spend ro
 are written synchronously. A commit that fails puts its rows back for the next one. On a `kill -9`,
 the rows of the last moment are lost: for a reserved call only its refund (spend over-counts, never
 under); for a call nothing limits, its record and spend of that moment.
+
+A commit the store refuses for its data (`StoreRefusedError`: a value too long, out of range) would
+fail again at every retry, and hold up everything behind it for good. So the flush then writes its
+rows one by one, each in a savepoint of one transaction, and sets aside each row the store refuses:
+it goes into the audit trail as a `set_aside` event carrying the row and the store's reason, and
+everything else is committed (docs/architecture.md §7).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
 
-from reconciler.governance.store.audit import AuditRow, insert_audit
-from reconciler.governance.store.engine import Store, Transaction, marker
+from reconciler.governance.errors import StoreRefusedError
+from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
+from reconciler.governance.store.engine import Store, Transaction, failure_reason, marker, refused_by_store
 from reconciler.governance.store.tables import balances, reservations
 
-__all__ = ["Backlog", "spend_statements"]
+__all__ = ["SET_ASIDE", "Backlog", "spend_statements"]
+
+log = logging.getLogger("handler.governance")
+
+SET_ASIDE = "set_aside"  # the audit event of a row the store refused (`Backlog.flush`)
+_AUDIT_COLUMNS = ("at", "event", "request_id", "profile", "instance", "tool", "actor", "status", "detail")
 
 _CLOSE = (sa.update(reservations).where(reservations.c.id == sa.bindparam("p_id"))
           .values(charged=sa.bindparam("p_charged"), state=sa.bindparam("p_state")))
@@ -87,7 +101,8 @@ class Backlog:
         """Commit what is waiting in one transaction; returns how many rows and sums it wrote.
 
         When the store fails, what was taken is put back for the next flush and the failure raised:
-        a settlement is late then, never lost.
+        a settlement is late then, never lost. When it refuses the data, the rows are written one by one and
+        those it refuses set aside (see the module's docstring).
         """
         with self._committing:
             with self._lock:
@@ -98,8 +113,14 @@ class Backlog:
             if not taken.count():
                 return 0
             try:
-                with store.begin() as tx:
-                    _write(store, tx, taken)
+                try:
+                    with store.begin() as tx:
+                        _write(store, tx, taken)
+                except StoreRefusedError as exc:
+                    log.warning("%s; writing the %d rows of this commit one by one", str(exc), taken.count())
+                    with store.begin() as tx:
+                        refused = _write_apart(store, tx, taken)
+                    _report_set_aside(refused)
             except BaseException:
                 self.put_back(taken)
                 raise
@@ -155,6 +176,60 @@ def _write(store: Store, tx: Transaction, taken: _Taken) -> None:
                    .values(micros=balances.c.micros + change))
     insert_audit(tx, *taken.audit)
     _add_to_spend(tx, taken.spend)
+
+
+def _write_apart(store: Store, tx: Transaction, taken: _Taken) -> list[tuple[str, str]]:
+    """The rows of one flush one by one, in `_write`'s order, each in a savepoint; a row the store refuses is
+    written as a `set_aside` audit row instead. Returns (what, the store's reason) of each row set aside."""
+    refused: list[tuple[str, str]] = []
+    for what, row, write in _one_by_one(store, tx, taken):
+        try:
+            with tx.begin_nested():
+                write()
+        except Exception as exc:
+            if not refused_by_store(exc):
+                raise
+            refused.append((what, failure_reason(exc)))
+            set_aside = audit_row(SET_ASIDE, status="refused",
+                                  detail={"what": what, "reason": failure_reason(exc), "row": row})
+            try:
+                with tx.begin_nested():
+                    insert_audit(tx, set_aside)
+            except Exception as again:
+                if not refused_by_store(again):
+                    raise
+                log.error("the store refused a %s (%s) and its set-aside record too (%s); it is lost but for this "
+                          "line: %r", what, failure_reason(exc), failure_reason(again), row)
+    return refused
+
+
+_Write = tuple[str, dict[str, Any], Callable[[], Any]]  # what a row is, its values, the write of it alone
+
+
+def _one_by_one(store: Store, tx: Transaction, taken: _Taken) -> Iterator[_Write]:
+    """Each row of `taken` as (what it is, its values, the write of it alone), in `_write`'s order."""
+    for reserved in taken.reserved:
+        yield "reservation", reserved, partial(tx.execute, store.insert_ignore(reservations), [reserved])
+    for settled in taken.settled:
+        yield "settlement", settled, partial(tx.execute, _CLOSE, [settled])
+    for account, change in sorted(taken.balances.items()):
+        yield "balance change", {"account": account, "micros": change}, partial(
+            tx.execute, sa.update(balances).where(balances.c.account == account)
+            .values(micros=balances.c.micros + change))
+    for audited in taken.audit:
+        yield "audit row", dict(zip(_AUDIT_COLUMNS, audited, strict=True)), partial(insert_audit, tx, audited)
+    for (scope, month), micros in sorted(taken.spend.items()):
+        yield "spend sum", {"scope": scope, "month": month, "micros": micros}, partial(
+            _add_to_spend, tx, {(scope, month): micros})
+
+
+def _report_set_aside(refused: list[tuple[str, str]]) -> None:
+    if refused:
+        what = "; ".join(f"a {what}: {reason}" for what, reason in refused[:3])
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        log.error("the store refused %d rows (%s%s): each is set aside in the audit trail as a %s event with the "
+                  "store's reason (`handler audit` lists them), and every other row is recorded. A refused row is a "
+                  "defect: report it with those events", len(refused), what, more, SET_ASIDE)
 
 
 _SUMS_A_STATEMENT = 256  # SQLite's: 768 parameters, well under its limit of 32,766

@@ -19,7 +19,8 @@ most commits hold, audit rows and spend sums, itself (`loop_committer`):
 
 Whatever the loop cannot commit at once — reservations, settlements or balances waiting too (the paths
 of `admit_now` and of holds), a write lock another holds — is left to the worker's transaction,
-`Backlog.flush`, which waits its turn.
+`Backlog.flush`, which waits its turn. So is a commit the store refused for its data
+(`StoreRefusedError`): the worker writes its rows one by one and sets aside those refused.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ class PostgresCommitter:
     async def flush(self, backlog: Backlog) -> bool:
         """Commit what `backlog` holds in one transaction; False when it holds more than audit rows and spend (the
         caller commits it with `Backlog.flush` on a worker thread). When the store fails, what was taken is put back
-        and a `StoreError` raised. Callers shield it from cancellation: cancelled while its statement is under way,
-        it puts back what may have been committed, and spend then counts twice (over, never under)."""
+        and a `StoreError` raised (`StoreRefusedError` when it refused the data). Callers shield it from
+        cancellation: cancelled while its statement is under way, it puts back what may have been committed, and
+        spend then counts twice (over, never under)."""
         taken = backlog.take_plain()
         if taken is None:
             return False
@@ -90,7 +92,7 @@ class PostgresCommitter:
         except psycopg.Error as exc:
             backlog.put_back(taken)
             await self.aclose()  # a broken connection is made again at the next commit
-            raise StoreError(f"the store {self._store.url} failed: {str(exc).strip()}") from exc
+            raise self._store.failed(exc) from exc
         except BaseException:
             backlog.put_back(taken)
             raise
@@ -119,7 +121,8 @@ class SqliteCommitter:
     async def flush(self, backlog: Backlog) -> bool:
         """Commit what `backlog` holds in one transaction; False, having written nothing, when it holds more than
         audit rows and spend or another thread or process is writing (the caller commits it on a worker thread,
-        which waits its turn). When the store fails, what was taken is put back and a `StoreError` raised."""
+        which waits its turn). When the store fails, what was taken is put back and a `StoreError` raised
+        (`StoreRefusedError` when it refused the data)."""
         with self._store.write_turn_now() as mine:
             if not mine:
                 return False
@@ -141,11 +144,11 @@ class SqliteCommitter:
                 for statement, parameters in (*audit_statements("?", taken.audit), *spend_statements("?", taken.spend)):
                     conn.execute(statement, parameters)
                 conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OverflowError) as exc:  # OverflowError: a number past SQLite's integers
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
                 backlog.put_back(taken)
-                raise StoreError(f"the store {self._store.url} failed: {exc}") from exc
+                raise self._store.failed(exc) from exc
         self._commits += 1
         if self._commits >= CHECKPOINT_EVERY and (self._checkpoint is None or self._checkpoint.done()):
             self._commits = 0

@@ -9,7 +9,9 @@ together cannot race: a file lock beside the SQLite file, `pg_advisory_xact_lock
 
 What SQLAlchemy or the database driver raises leaves this module as a `StoreError` (`begin`,
 `read`, `migrate`, `open_store`), so callers handle the project's own error type only: the driver's
-own errors too, from statements run on its connection (the audit trail's COPY on PostgreSQL).
+own errors too, from statements run on its connection (the audit trail's COPY on PostgreSQL). A
+store that is up but refuses the data (`refused_by_store`) raises `StoreRefusedError`, which a retry
+would only meet again.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import fcntl
 import os
 import re
+import sqlite3
 import stat
 import threading
 import time
@@ -26,18 +29,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeAlias
 
+import psycopg
 import sqlalchemy as sa
 from psycopg import conninfo
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from reconciler.governance.errors import StoreError
+from reconciler.governance.errors import StoreError, StoreRefusedError
 from reconciler.governance.store.migrate import upgrade
 from reconciler.places import PRIVATE_FILE_MODE, default_state_dir, ensure_private_dir, open_private_file
 
-__all__ = ["HOLD_CHANNEL_SQL", "PG_CONNECTION_DEFAULTS", "Store", "Transaction", "marker", "now", "open_store",
-           "storable", "store_exists", "store_url"]
+__all__ = ["HOLD_CHANNEL_SQL", "PG_CONNECTION_DEFAULTS", "Store", "Transaction", "failure_reason", "marker", "now",
+           "open_store", "refused_by_store", "storable", "store_exists", "store_url"]
 
 # One open transaction of the store, passed to the store's statements. Callers outside the package
 # only hand it on: it is opaque to them.
@@ -54,6 +58,25 @@ def marker(tx: Transaction) -> str:
     """The driver's placeholder for one parameter of a statement run as it is (`exec_driver_sql`): sqlite3's `?`,
     psycopg's `%s`."""
     return "?" if tx.dialect.paramstyle == "qmark" else "%s"
+
+
+def refused_by_store(exc: BaseException) -> bool:
+    """Whether the store refused the data of a write rather than failed: PostgreSQL's data exceptions and
+    constraint violations (SQLSTATE classes 22 and 23: too long, out of range, a NUL in text, a duplicate),
+    SQLite's integrity and data errors, and a number past what SQLite's driver binds (OverflowError)."""
+    orig = getattr(exc, "orig", None) if isinstance(exc, SQLAlchemyError) else exc
+    # psycopg's classes stand for SQLSTATE 22 and 23, and it raises DataError itself for a NUL in text.
+    return isinstance(orig, OverflowError | sqlite3.IntegrityError | sqlite3.DataError | psycopg.DataError
+                      | psycopg.IntegrityError)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What SQLAlchemy or the driver raised, in the driver's words, never the statement's parameters (they can hold
+    a call's arguments)."""
+    orig = getattr(exc, "orig", None) if isinstance(exc, SQLAlchemyError) else exc
+    if orig is not None:
+        return str(orig).strip()
+    return exc.__class__.__name__ if isinstance(exc, sa.exc.StatementError) else str(exc)
 
 
 def storable(text: str | None) -> str | None:
@@ -99,7 +122,9 @@ class Store:
         if self.dialect not in ("sqlite", "postgresql"):
             raise StoreError(f"unsupported store '{self.dialect}': use SQLite or PostgreSQL")
         # What SQLAlchemy raises, and what the driver raises on its own connection (`Transaction.connection`).
-        self._failures: tuple[type[Exception], ...] = (SQLAlchemyError, engine.dialect.loaded_dbapi.Error)
+        # OverflowError: a number SQLite's driver cannot bind, raised before the statement reaches the store.
+        self._failures: tuple[type[Exception], ...] = (SQLAlchemyError, engine.dialect.loaded_dbapi.Error,
+                                                       OverflowError)
 
     @property
     def url(self) -> str:
@@ -169,13 +194,10 @@ class Store:
             raise self.failed(exc) from exc
 
     def failed(self, exc: Exception) -> StoreError:
-        """The project's error for what SQLAlchemy or the driver raised; the driver's words, never the statement's
-        parameters (they can hold a call's arguments)."""
-        orig = getattr(exc, "orig", None) if isinstance(exc, SQLAlchemyError) else exc
-        if orig is not None:
-            reason = str(orig).strip()
-        else:
-            reason = exc.__class__.__name__ if isinstance(exc, sa.exc.StatementError) else str(exc)
+        """The project's error for what SQLAlchemy or the driver raised (`failure_reason`)."""
+        reason = failure_reason(exc)
+        if refused_by_store(exc):
+            return StoreRefusedError(f"the store {self.url} refused a write: {reason}")
         return StoreError(f"the store {self.url} failed: {reason}")
 
     def insert_ignore(self, table: sa.Table) -> Any:

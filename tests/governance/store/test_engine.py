@@ -22,7 +22,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 
 from reconciler.config.snapshot import Snapshot
-from reconciler.governance.errors import StoreError
+from reconciler.governance.errors import StoreError, StoreRefusedError
 from reconciler.governance.governor import Governor
 from reconciler.governance.ledger import spend_report
 from reconciler.governance.rulebook import to_micros
@@ -170,8 +170,8 @@ def test_a_failed_statement_is_a_store_error_that_quotes_no_arguments(store: Sto
               "cost": 0, "approver": None, "reason": "held", "trace": []}
     with store.begin() as tx:
         insert_hold(tx, values)
-    with pytest.raises(StoreError, match="failed") as failed, store.begin() as tx:
-        insert_hold(tx, values)  # the same id again
+    with pytest.raises(StoreRefusedError, match="refused a write") as failed, store.begin() as tx:
+        insert_hold(tx, values)  # the same id again: the store is up, it refuses the data
     assert "hunter2" not in str(failed.value)
     assert store.url in str(failed.value)
 
