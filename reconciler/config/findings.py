@@ -45,6 +45,7 @@ CODES: dict[str, Code] = _registry(
     Code("F004", E, "a field is unknown, missing or has the wrong type"),
     Code("F005", W, "a file in the config tree is not read by anything"),
     Code("F006", E, "a file in the config tree is a symbolic link, which is not followed"),
+    Code("F007", E, "a name is longer than 100 characters"),
     # interfaces
     Code("I001", E, "an object schema is open (S2)"),
     Code("I002", E, "a schema is not valid JSON Schema 2020-12"),

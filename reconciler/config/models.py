@@ -58,6 +58,13 @@ class _Model(BaseModel):
 # both), not negative: a negative price would credit the caps it is charged to.
 Usd = Annotated[float, Field(ge=0, le=MOST_USD, allow_inf_nan=False)]
 
+# The name of something in the tree: the store keeps names in columns of 200 characters, and with a prefix
+# ("instance <id>", "profile:<name>"), so a name is at most 100. A tool's name is at most 128, as MCP advises.
+MAX_NAME_CHARS = 100
+MAX_TOOL_NAME_CHARS = 128
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+ToolName = Annotated[str, Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)]
+
 
 class ActionClass(enum.StrEnum):
     READ = "read"
@@ -85,7 +92,7 @@ class Limits(_Model):
 
 class InterfaceFile(_Model):
     apiVersion: Literal["handler.interface/v1"]
-    name: str
+    name: Name
     version: int = Field(ge=1)
     description: str
     limits: Limits = Limits()
@@ -104,7 +111,7 @@ class Annotations(_Model):
 class Tool(_Model):
     """One MCP tool exactly as agents see it."""
 
-    name: str
+    name: ToolName
     title: str | None = None
     description: str
     inputSchema: dict[str, Any]
@@ -241,7 +248,7 @@ class Needs(_Model):
 
 class ConnectorFile(_Model):
     apiVersion: Literal["handler.connector/v1"]
-    name: str
+    name: Name
     description: str = ""
     implements: list[str]
     egress: list[str] = []
@@ -273,7 +280,7 @@ class SecretRef(_Model):
 
 class BindingFile(_Model):
     apiVersion: Literal["handler.binding/v1"]
-    name: str | None = None
+    name: Name | None = None
     connector: str | None = None
     addon: str | None = None
     description: str = ""
@@ -325,7 +332,7 @@ class Caps(_Model):
 
 class ProfileFile(_Model):
     apiVersion: Literal["handler.profile/v1"]
-    name: str | None = None
+    name: Name | None = None
     description: str = ""
     group: str | None = None
     scope: str
@@ -385,7 +392,7 @@ class PolicyWhen(_Model):
 
 
 class Policy(_Model):
-    name: str
+    name: Name
     scope: PolicyScope
     when: PolicyWhen | None = None
     approver: Routing | None = None
@@ -398,11 +405,11 @@ class OrgCaps(_Model):
 
 class OrgFile(_Model):
     apiVersion: Literal["handler.org/v1"]
-    name: str
+    name: Name
     description: str = ""
     requires: list[str] = []
     defaults: Defaults = Defaults()
-    members: dict[str, Member] = {}
+    members: dict[Name, Member] = {}
     groups: dict[str, Group] = {}
     slack: SlackSpec = SlackSpec()
     policies: list[Policy] = []
@@ -414,7 +421,7 @@ class OrgFile(_Model):
 
 class TemplateFile(_Model):
     apiVersion: Literal["handler.template/v1"]
-    name: str
+    name: Name
     description: str = ""
     read: Outcome
     write: Outcome

@@ -12,7 +12,7 @@ from typing import Any
 
 from reconciler.config.documents import Document
 from reconciler.config.findings import Finding
-from reconciler.config.models import BindingFile, ConnectorFile, InterfaceFile, ProfileFile, SecretRef
+from reconciler.config.models import MAX_NAME_CHARS, BindingFile, ConnectorFile, InterfaceFile, ProfileFile, SecretRef
 
 __all__ = [
     "EGRESS",
@@ -31,8 +31,12 @@ EGRESS = re.compile(rf"^{_HOST}:(\*|[0-9]{{1,5}})$")
 
 
 def check_named(doc: Document, spec: object, name: str) -> list[Finding]:
-    """A file's `name`, when given, equals its file name."""
+    """A file's `name`, when given, equals its file name, which is at most `MAX_NAME_CHARS` long (the store keeps
+    names in columns of their own; a `name` given is held to it by the model)."""
     given = getattr(spec, "name", None)
+    if given is None and len(name) > MAX_NAME_CHARS:
+        return [Finding("F007", doc.path, 1, f"the name '{name[:40]}…', the file's, is {len(name)} characters long",
+                        f"a name of at most {MAX_NAME_CHARS} characters", "rename the file")]
     if given is None or given == name:
         return []
     return [
