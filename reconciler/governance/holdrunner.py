@@ -171,16 +171,17 @@ class HoldRunner:
         a moment's outage leaves no hold running for good; given up only when the runner stops. An end the store
         refuses for its data (which a retry meets again) is recorded as failed, naming the store's reason."""
         pause = _RETRY_SECONDS
+        dropped = False  # the call's own output and words, once the store refused them
         while True:
             try:
                 await self._workers.run(_finish, self.store, hold, ok, output, message, charged, cause)
             except StoreRefusedError as exc:
-                if not ok and cause == str(exc):  # refused again: nothing of the call's own is left to drop
+                if dropped:  # refused again: nothing of the call's own is left to drop
                     log.error("hold %s ran, but the store refused its end: it stays running: %s", hold.id, exc)
                     raise
                 log.error("hold %s ran, but the store refused its end (%s): it is recorded as failed", hold.id, exc)
                 message = "the call ran, but its result could not be stored"
-                ok, output, cause = False, {"error": "unavailable", "message": message}, str(exc)
+                ok, output, cause, dropped = False, {"error": "unavailable", "message": message}, str(exc), True
             except StoreError as exc:
                 if self._stopping:
                     log.error("hold %s ran, but its end could not be recorded before the router stopped; it stays "

@@ -189,9 +189,9 @@ def _write_apart(store: Store, tx: Transaction, taken: _Taken) -> list[tuple[str
         except Exception as exc:
             if not refused_by_store(exc):
                 raise
-            refused.append((what, failure_reason(exc)))
-            set_aside = audit_row(SET_ASIDE, status="refused",
-                                  detail={"what": what, "reason": failure_reason(exc), "row": row})
+            reason = failure_reason(exc)
+            refused.append((what, reason))
+            set_aside = audit_row(SET_ASIDE, status="refused", detail={"what": what, "reason": reason, "row": row})
             try:
                 with tx.begin_nested():
                     insert_audit(tx, set_aside)
@@ -199,7 +199,7 @@ def _write_apart(store: Store, tx: Transaction, taken: _Taken) -> list[tuple[str
                 if not refused_by_store(again):
                     raise
                 log.error("the store refused a %s (%s) and its set-aside record too (%s); it is lost but for this "
-                          "line: %r", what, failure_reason(exc), failure_reason(again), row)
+                          "line: %r", what, reason, failure_reason(again), row)
     return refused
 
 
