@@ -17,7 +17,7 @@ from reconciler.config.snapshot import Snapshot
 from reconciler.governance import holdrunner
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.errors import StoreError, StoreRefusedError
-from reconciler.governance.gate import CallRequest, CallResult
+from reconciler.governance.gate import CallRequest, CallResult, Executor, HoldStatus
 from reconciler.governance.governor import Governor
 from reconciler.governance.holds import decide_hold, get_hold, list_holds
 from reconciler.governance.ledger import reconcile_reservations, spend_report
@@ -28,6 +28,15 @@ from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot
 from tests.governance.governed import PARENT, Recorder, mail, run, until
 
 HERE = Path(__file__).resolve().parent
+
+
+async def started_and_approved(g: Governor, executor: Executor) -> tuple[str, HoldStatus]:
+    """Start `g` with `executor`, hold a mail_send and approve it as its parent: its request id and what the
+    approval answered."""
+    await g.start(executor)
+    rid = (await g.admit(cap_snapshot(), mail())).request_id
+    assert rid is not None
+    return rid, await g.decide(rid, "approve", PARENT)
 
 
 def test_a_cli_approval_is_run_by_the_router_loop_once(store: Store) -> None:
@@ -106,10 +115,7 @@ def test_blocks_and_guardrails_are_checked_again_at_run_time(store: Store, later
 
 def test_a_failed_run_is_final_with_its_cause_recorded_and_costs_nothing(store: Store) -> None:
     async def scenario(g: Governor) -> None:
-        await g.start(Recorder(ok=False))
-        rid = (await g.admit(cap_snapshot(), mail())).request_id
-        assert rid is not None
-        status = await g.decide(rid, "approve", PARENT)
+        rid, status = await started_and_approved(g, Recorder(ok=False))
         assert status.status == "failed"
         # The agent: who approved, that the run failed, that it is final; no advice to retry a final state.
         assert status.message == ("Approved by instance parent-1; the run failed: the service failed. "
@@ -136,10 +142,7 @@ def test_a_failure_whose_words_hold_a_nul_is_recorded_and_final_on_either_store(
                               cause="unavailable (connector_error): it said \x00\x00")
 
     async def scenario(g: Governor) -> None:
-        await g.start(Garbled())
-        rid = (await g.admit(cap_snapshot(), mail())).request_id
-        assert rid is not None
-        status = await g.decide(rid, "approve", PARENT)
+        rid, status = await started_and_approved(g, Garbled())
         assert status.status == "failed"
         hold = get_hold(store, rid)
         assert (hold.state, hold.message) == ("failed", "the service\ufffd failed")
@@ -175,10 +178,7 @@ def test_a_store_failing_once_the_call_has_run_loses_neither_its_end_nor_its_cha
     recorder = Recorder()
 
     async def scenario(g: Governor) -> None:
-        await g.start(recorder)
-        rid = (await g.admit(cap_snapshot(), mail())).request_id
-        assert rid is not None
-        status = await g.decide(rid, "approve", PARENT)
+        rid, status = await started_and_approved(g, recorder)
         assert status.status == "executed"
         hold = get_hold(store, rid)
         assert (hold.state, hold.charged) == ("executed", hold.cost)
@@ -210,10 +210,7 @@ def test_an_end_the_store_refuses_is_recorded_as_failed_naming_the_refusal_not_r
     recorder = Recorder()
 
     async def scenario(g: Governor) -> None:
-        await g.start(recorder)
-        rid = (await g.admit(cap_snapshot(), mail())).request_id
-        assert rid is not None
-        status = await g.decide(rid, "approve", PARENT)
+        rid, status = await started_and_approved(g, recorder)
         assert status.status == "failed"
         assert "its result could not be stored" in (status.message or "")
         hold = get_hold(store, rid)
@@ -274,10 +271,7 @@ def test_an_executor_that_raises_fails_the_hold_once_and_it_costs_nothing(store:
     recorder = Recorder(raises=True)
 
     async def scenario(g: Governor) -> None:
-        await g.start(recorder)
-        rid = (await g.admit(cap_snapshot(), mail())).request_id
-        assert rid is not None
-        status = await g.decide(rid, "approve", PARENT)
+        rid, status = await started_and_approved(g, recorder)
         assert status.status == "failed"
         assert status.message.startswith("Approved by instance parent-1; the run failed: the call could not run: "
                                           "the router is gone. This is final")

@@ -172,10 +172,13 @@ def _write(store: Store, tx: Transaction, taken: _Taken) -> None:
     if taken.settled:
         tx.execute(_CLOSE, taken.settled)
     for account, change in sorted(taken.balances.items()):
-        tx.execute(sa.update(balances).where(balances.c.account == account)
-                   .values(micros=balances.c.micros + change))
+        tx.execute(_change_balance(account, change))
     insert_audit(tx, *taken.audit)
     _add_to_spend(tx, taken.spend)
+
+
+def _change_balance(account: str, change: int) -> sa.Update:
+    return sa.update(balances).where(balances.c.account == account).values(micros=balances.c.micros + change)
 
 
 def _write_apart(store: Store, tx: Transaction, taken: _Taken) -> list[tuple[str, str]]:
@@ -214,8 +217,7 @@ def _one_by_one(store: Store, tx: Transaction, taken: _Taken) -> Iterator[_Write
         yield "settlement", settled, partial(tx.execute, _CLOSE, [settled])
     for account, change in sorted(taken.balances.items()):
         yield "balance change", {"account": account, "micros": change}, partial(
-            tx.execute, sa.update(balances).where(balances.c.account == account)
-            .values(micros=balances.c.micros + change))
+            tx.execute, _change_balance(account, change))
     for audited in taken.audit:
         yield "audit row", dict(zip(_AUDIT_COLUMNS, audited, strict=True)), partial(insert_audit, tx, audited)
     for (scope, month), micros in sorted(taken.spend.items()):
