@@ -13,7 +13,9 @@ MCP clients (the official `mcp` SDK client, initialize era, calling `echo_say` w
 output-schema check on every call; the lines take turns, in 8 rounds):
   (a) the SDK client → the echo connector directly (stdio);
   (b) the SDK client → `handler-service` → the governed router → the connector;
-  (c) the SDK client → a FastMCP proxy (`fastmcp.server.create_proxy`) → the connector.
+  (c) the SDK client → a FastMCP proxy (`fastmcp.server.create_proxy`) → the connector;
+  (h) the SDK client → a plain stdio hop (starts the connector, copies bytes both ways) → the connector: the floor
+      that any process in the middle pays on this host, which (b) is read against.
 The router alone (a blocking raw-line client, one JSON-RPC line per call; the lines take turns):
   direct: client → the connector's stdio;
   hop:    client → a plain line-forwarding unix-socket hop (uvloop, no parsing) → the connector;
@@ -87,6 +89,26 @@ async def main(path, command):
     print("ready", flush=True)
     await server.serve_forever()
 uvloop.run(main(sys.argv[1], sys.argv[2:]))
+'''
+
+# The floor of any process in the middle of an MCP client's stdio: it starts the connector and copies bytes both ways
+# (uvloop, no parsing), as the plain hop does on a socket.
+STDIO_HOP = '''
+import asyncio, os, sys, uvloop
+async def main(command):
+    loop = asyncio.get_running_loop()
+    proc = await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, limit=1 << 24)
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", 0))
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(1, "wb", 0))
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    async def pump(src, dst):
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+    await asyncio.gather(pump(reader, proc.stdin), pump(proc.stdout, writer), return_exceptions=True)
+uvloop.run(main(sys.argv[1:]))
 '''
 
 # The router as `handler serve` runs it but with the governance seam open (every call admitted at once).
@@ -323,6 +345,7 @@ def write_bench_files(base: Path) -> tuple[Path, dict[str, str], list[str]]:
     env = {**os.environ, TOKEN_ENV: "bench-token", "HANDLER_LINK_SECRET": "bench-link-secret"}
     (base / "forward.py").write_text(FORWARDER)
     (base / "proxy.py").write_text(PROXY)
+    (base / "stdio_hop.py").write_text(STDIO_HOP)
     (base / "serve_open.py").write_text(SERVE_OPEN)
     connector = [sys.executable, str(CONNECTOR), str(tools)]
     return root, env, connector
@@ -394,17 +417,19 @@ def measure_sdk_lines(run: Any, base: Path, governed_run: Path, connector: list[
                       args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Lines (a), (b) and (c): the SDK client direct, through handler-service and the governed router, through
     FastMCP."""
-    print("\nMCP clients (the official SDK client, initialize era, validating each result; the three "
+    print("\nMCP clients (the official SDK client, initialize era, validating each result; the four "
           "lines interleaved in 8 rounds):")
     results: dict[str, dict[str, float]] = run(sdk_runs({
         "a": StdioServerParameters(command=connector[0], args=connector[1:]),
         "b": StdioServerParameters(command=str(BIN / "handler-service"), args=["echo", "--profile", "tester"],
                                    env={"HANDLER_RUN_DIR": str(governed_run)}),
         "c": StdioServerParameters(command=sys.executable, args=[str(base / "proxy.py"), *connector[1:]]),
+        "h": StdioServerParameters(command=sys.executable, args=[str(base / "stdio_hop.py"), *connector]),
     }, args.calls, args.warmup))
     row("(a) SDK client -> connector", results["a"])
     row("(b) SDK client -> handler-service -> governed router", results["b"])
     row("(c) SDK client -> FastMCP proxy -> connector", results["c"])
+    row("(h) SDK client -> plain stdio hop -> connector", results["h"])
     return results
 
 
@@ -652,6 +677,9 @@ def print_ratios(results: dict[str, dict[str, float]], mcp: bool) -> None:
         print(f"  (c)-(a) FastMCP proxy adds                     {added_c:8.1f} µs")
         print(f"  (c) adds {added_c / added_b if added_b > 0 else float('inf'):.1f}x what (b) adds          "
               "(goal >= 10x)")
+        added_h = results["h"]["p50"] - results["a"]["p50"]
+        print(f"  (h)-(a) a plain stdio hop adds {added_h:8.1f} µs, the floor of any process in the middle on this "
+              f"host; (b) adds {added_b - added_h:.1f} µs more")
     added_router = results["router"]["p50"] - results["direct"]["p50"]
     added_hop = results["hop"]["p50"] - results["direct"]["p50"]
     print(f"  governed router adds {added_router:8.1f} µs, a plain hop adds {added_hop:8.1f} µs: "
