@@ -88,6 +88,8 @@ def _add_approvals_commands(sub: Any) -> None:
 def _add_ledger_commands(sub: Any) -> None:
     trail = _with_root(sub.add_parser("audit", help="the audit trail of decisions, holds and balance changes"))
     trail.add_argument("--request", metavar="ID", help="only the entries of this request")
+    trail.add_argument("--event", metavar="NAME", help="only the entries of this event (set_aside: the rows the store "
+                       "refused; pricing_violation: costs reported above the reservation)")
     trail.add_argument("--limit", type=_count, default=50, help="the newest N entries (default: 50)")
     trail.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     trail.set_defaults(run=_audit)
@@ -287,13 +289,14 @@ def _change(micros: int) -> str:
 
 def _audit(args: argparse.Namespace) -> int:
     with _store(args.root) as store:
-        rows = read_audit(store, request_id=args.request, limit=args.limit)
+        rows = read_audit(store, request_id=args.request, event=args.event, limit=args.limit)
     if args.format == "json":
         print(json.dumps(rows, indent=2, default=str))
         return EXIT_OK
     if not rows:
-        print(f"No entries of request {args.request} in the audit trail." if args.request
-              else "No entries in the audit trail yet.")
+        of = " and ".join(filter(None, (f"event {args.event}" if args.event else None,
+                                        f"request {args.request}" if args.request else None)))
+        print(f"No entries of {of} in the audit trail." if of else "No entries in the audit trail yet.")
     for row in rows:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["at"]))
         who = f" by {row['actor']}" if row["actor"] else ""

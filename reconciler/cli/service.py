@@ -20,7 +20,7 @@ from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, fini
 from reconciler.config import HandlerError, SourceError, short_revision
 from reconciler.gitops.following import FollowReports
 from reconciler.gitops.status import Attempt, read_status
-from reconciler.governance.auditing import pricing_violations_this_month
+from reconciler.governance.auditing import SET_ASIDE, pricing_violations_this_month, set_aside_this_month
 from reconciler.governance.store import open_store, store_exists, store_url
 from reconciler.liveness import ask_service, holder_of
 from reconciler.places import default_state_dir
@@ -204,7 +204,7 @@ def _status(args: argparse.Namespace) -> int:
         print(f"handler status: a service runs on {state} (pid {holder.pid}) but does not answer on "
               f"{holder.control}; is it stuck starting? `kill -TERM {holder.pid}` stops it", file=sys.stderr)
         return EXIT_FINDINGS
-    status["pricingViolations"] = _pricing_violations(args.root)
+    status.update(_audit_alarms(args.root))
     if args.format == "json":
         print(json.dumps(status, indent=2))
     else:
@@ -229,14 +229,15 @@ def _not_running(state: Path, form: str) -> int:
     return EXIT_NOT_RUNNING
 
 
-def _pricing_violations(root: str) -> int | None:
-    """This month's reports of a cost above the reservation, from the store (None when there is no store yet)."""
+def _audit_alarms(root: str) -> dict[str, int | None]:
+    """This month's reports of a cost above the reservation and rows the store refused, from the store (None when
+    there is no store yet)."""
     url = store_url(root)
     if not store_exists(url):
-        return None
+        return {"pricingViolations": None, "setAside": None}
     store = open_store(url, migrate=False)
     try:
-        return pricing_violations_this_month(store)
+        return {"pricingViolations": pricing_violations_this_month(store), "setAside": set_aside_this_month(store)}
     finally:
         store.close()
 
@@ -266,7 +267,12 @@ def _print_status(status: dict[str, Any]) -> None:
         print(f"{problem['level']}: {problem['subject']}: {problem['message']}\n  fix: {problem['fix']}")
     if status.get("pricingViolations"):
         print(f"pricing violations this month: {status['pricingViolations']} (a connector reported more than its "
-              "binding's [pricing] allows; it was charged the reservation; `handler audit` names them)")
+              "binding's [pricing] allows; it was charged the reservation; `handler audit --event pricing_violation` "
+              "names them)")
+    if status.get("setAside"):
+        print(f"rows the store refused this month: {status['setAside']} (each set aside in the audit trail with the "
+              f"store's reason, and not counted where it belonged; `handler audit --event {SET_ASIDE}` lists them; "
+              "a refused row is a defect: report it)")
     print("history:")
     for h in status["history"]:
         revision = short_revision(h["revision"])

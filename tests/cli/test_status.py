@@ -19,6 +19,7 @@ from reconciler.governance.store import open_store, store_url
 from reconciler.governance.store.audit import record
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import short_dir
+from tests.governance.store.test_set_aside import refuse_a_row
 
 HANDLER = str(Path(sys.executable).with_name("handler"))
 DEADLINE = 30.0
@@ -128,22 +129,27 @@ def test_a_busy_port_is_named_with_the_option_that_changes_it(tree: Path) -> Non
     assert not (tree / ".handler/status.json").exists()  # stopped before writing anything
 
 
-def test_status_counts_the_pricing_violations_of_this_month(tree: Path) -> None:
+def test_status_counts_the_pricing_violations_and_the_rows_set_aside_of_this_month(tree: Path) -> None:
     proc = _up(tree, tree.parent / "run")
     try:
         quiet = _status(tree)
         assert quiet.returncode == 0, quiet.stderr
         assert "pricing violations" not in quiet.stdout  # none yet: nothing to say
+        assert "refused" not in quiet.stdout
         store = open_store(store_url(tree))
         try:
             for _ in range(2):
                 with store.begin() as tx:
                     record(tx, "pricing_violation", profile="tester", tool="echo_say",
                            detail={"binding": "echo-local", "reported": 1_000_000, "reserved": 10_000})
+            refuse_a_row(store)
         finally:
             store.close()
         told = _status(tree)
         assert "pricing violations this month: 2" in told.stdout, told.stdout
-        assert json.loads(_status(tree, "--format", "json").stdout)["pricingViolations"] == 2
+        assert "rows the store refused this month: 1" in told.stdout
+        assert "`handler audit --event set_aside` lists them" in told.stdout
+        shown = json.loads(_status(tree, "--format", "json").stdout)
+        assert (shown["pricingViolations"], shown["setAside"]) == (2, 1)
     finally:
         _stop(proc)

@@ -14,7 +14,9 @@ from reconciler.governance.governor import Governor
 from reconciler.governance.holds import get_hold
 from reconciler.governance.leases import LeaseTerms
 from reconciler.governance.store import open_store, store_url
+from reconciler.governance.store.audit import record
 from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
+from tests.governance.store.test_set_aside import refuse_a_row
 
 
 @pytest.fixture
@@ -131,10 +133,32 @@ def test_reject_with_a_reason_shows_it_to_the_agent_the_hold_and_the_audit_trail
     assert "rejected by alice: use the archive instead" in out.splitlines()[-1]
 
 
+def test_audit_lists_the_entries_of_one_event(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = open_store(store_url(tree))
+    try:
+        with store.begin() as tx:
+            record(tx, "pricing_violation", profile="auditor", tool="web_search_query",
+                   detail={"binding": "search-brave", "reported": 2_000_000, "reserved": 10_000})
+        refuse_a_row(store)
+    finally:
+        store.close()
+    code, out, _ = run(capsys, "audit", "--root", str(tree), "--event", "set_aside")
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 1
+    assert "set_aside" in lines[0]
+    assert "pricing_violation" not in out
+    assert "too large" in lines[0]  # the store's reason
+    code, out, _ = run(capsys, "audit", "--root", str(tree), "--event", "set_aside", "--format", "json")
+    assert [row["detail"]["what"] for row in json.loads(out)] == ["spend sum"]
+    code, out, _ = run(capsys, "audit", "--root", str(tree), "--event", "approved", "--request", "req_none")
+    assert out.strip() == "No entries of event approved and request req_none in the audit trail."
+
+
 def test_balance_spend_and_migrate(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "store", "migrate", "--root", str(tree))
     assert code == 0
-    assert "schema at revision 0005" in out  # the newest migration
+    assert "schema at revision 0007" in out  # the newest migration
     code, out, _ = run(capsys, "balance", "show", "--root", str(tree))
     assert "$0.00" in out
     code, out, _ = run(capsys, "balance", "add", "12.5", "--as", "alice", "--root", str(tree))

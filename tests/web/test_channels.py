@@ -40,6 +40,7 @@ from tests.fixtures.harness import RawClient, body, load, short_dir
 from tests.fixtures.mail import Mailbox, serving_mailbox
 from tests.fixtures.service import DEADLINE, Service, running
 from tests.governance.builders import cap_snapshot, priced_call
+from tests.governance.store.test_set_aside import refuse_a_row
 
 ORG = OWNED_ORG + '''
 [members.carol]
@@ -457,7 +458,7 @@ def _spend_cells(page: str, scope: str) -> list[str]:
     return [cell.split("</td>", 1)[0] for cell in row.split("<td>")[1:]]
 
 
-def test_the_overview_counts_this_months_pricing_violations(tree: Path) -> None:
+def test_the_overview_counts_this_months_pricing_violations_and_rows_set_aside(tree: Path) -> None:
     async def scenario() -> None:
         async with running(options(tree)) as service:
             assert service.router is not None
@@ -469,8 +470,13 @@ def test_the_overview_counts_this_months_pricing_violations(tree: Path) -> None:
                     record(tx, "pricing_violation", profile="assistant", tool="send_email_send",
                            detail={"binding": "email-smtp", "reported": 2_000_000, "reserved": 10_000})
                 told = await http.get(base_url(service) + "/")
+                assert "Rows the store refused" not in told.text
+                await asyncio.to_thread(refuse_a_row, store)
+                refused = await http.get(base_url(service) + "/")
             assert "Pricing violations this month" in told.text
             assert "charged the reservation" in told.text
+            assert "Rows the store refused this month</dt>" in refused.text
+            assert "1: each is set aside in the audit trail" in refused.text
 
     asyncio.run(scenario())
 

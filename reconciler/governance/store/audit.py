@@ -80,11 +80,14 @@ def record(tx: Transaction, event: str, *, request_id: str | None = None, profil
                                   actor=actor, status=status, detail=detail))
 
 
-def read_audit(store: Store, *, request_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-    """The newest `limit` audit rows (oldest first), optionally of one request."""
+def read_audit(store: Store, *, request_id: str | None = None, event: str | None = None,
+               limit: int = 100) -> list[dict[str, Any]]:
+    """The newest `limit` audit rows (oldest first), optionally of one request, of one event or both."""
     query = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
     if request_id:
         query = query.where(audit.c.request_id == request_id)
+    if event:
+        query = query.where(audit.c.event == event)
     with store.read() as conn:
         rows = [dict(r._mapping) for r in conn.execute(query)]
     return rows[::-1]

@@ -230,8 +230,9 @@ def _report_set_aside(refused: list[tuple[str, str]]) -> None:
         what = "; ".join(f"a {what}: {reason}" for what, reason in refused[:3])
         more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
         log.error("the store refused %d rows (%s%s): each is set aside in the audit trail as a %s event with the "
-                  "store's reason (`handler audit` lists them), and every other row is recorded. A refused row is a "
-                  "defect: report it with those events", len(refused), what, more, SET_ASIDE)
+                  "store's reason (`handler audit --event %s` lists them), and every other row is recorded. A "
+                  "refused row is a defect: report it with those events", len(refused), what, more, SET_ASIDE,
+                  SET_ASIDE)
 
 
 _SUMS_A_STATEMENT = 256  # SQLite's: 768 parameters, well under its limit of 32,766

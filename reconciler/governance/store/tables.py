@@ -58,10 +58,12 @@ audit = sa.Table(
     sa.Column("actor", sa.String(200)),
     sa.Column("status", sa.String(16)),
     sa.Column("detail", sa.JSON, nullable=False),
-    # Only pricing violations are read by time (this month's): an index on every row's time cost a quarter
-    # of each insert (migration 0005).
+    # Only pricing violations and rows set aside are read by time (this month's): an index on every row's time
+    # cost a quarter of each insert (migrations 0005, 0006).
     sa.Index("ix_audit_violations", "at", sqlite_where=sa.text("event = 'pricing_violation'"),
              postgresql_where=sa.text("event = 'pricing_violation'")),
+    sa.Index("ix_audit_set_aside", "at", sqlite_where=sa.text("event = 'set_aside'"),
+             postgresql_where=sa.text("event = 'set_aside'")),
 )
 
 # Spend per scope ("org:acme", "profile:assistant", "instance:assistant/abc") per calendar month (UTC).

@@ -14,7 +14,7 @@ from reconciler.governance.ledger import current_month, spend_report
 from reconciler.governance.store import Store, open_store
 from reconciler.governance.store.audit import AuditRow, read_audit
 from reconciler.governance.store.backlog import SET_ASIDE, Backlog
-from reconciler.governance.store.tables import spend
+from reconciler.governance.store.tables import balances, spend
 from tests.governance.builders import OWNERS_ORG, make_snapshot, priced_call
 from tests.governance.store.test_committing import flushed
 
@@ -23,9 +23,16 @@ PAST = 2**63  # a sum past it: SQLite's driver cannot bind it, PostgreSQL refuse
 
 
 def _at_the_top(store: Store, scope: str) -> None:
-    """A spend row so near the top that PostgreSQL refuses to add 2,000 to it (SQLite makes the sum a REAL)."""
+    """A spend row so near the top that either store refuses to add 2,000 to it."""
     with store.begin() as tx:
         tx.execute(sa.insert(spend), [{"scope": scope, "month": current_month(), "micros": TOP - 1000}])
+
+
+def refuse_a_row(store: Store) -> None:
+    """A commit holding a spend sum either store refuses (past 64 bits): set aside, as a defect's row would be."""
+    backlog = Backlog()
+    backlog.add_spend(("org:acme",), current_month(), PAST)
+    assert backlog.flush(store) == 1
 
 
 def _row(instance: str) -> AuditRow:
@@ -82,9 +89,41 @@ def test_postgresql_refuses_text_past_a_column_and_a_nul_and_each_is_set_aside_a
     pg_store.close()
 
 
+def test_a_sum_past_64_bits_is_refused_and_set_aside_on_either_store(store: Store) -> None:
+    """SQLite made such a sum a REAL and kept it without a word; now it refuses it as PostgreSQL does."""
+    month = current_month()
+    _at_the_top(store, "profile:p")
+    backlog = Backlog()
+    backlog.add_spend(("profile:p", "org:acme"), month, 2000)
+    assert backlog.flush(store) == 2
+    aside = [r for r in read_audit(store) if r["event"] == SET_ASIDE]
+    assert [(r["detail"]["what"], r["detail"]["row"]) for r in aside] == [
+        ("spend sum", {"scope": "profile:p", "month": month, "micros": 2000})]
+    assert "range" in aside[0]["detail"]["reason"]
+    spent = {r["scope"]: r["micros"] for r in spend_report(store)}
+    assert spent == {"profile:p": TOP - 1000, "org:acme": 2000}
+    assert type(spent["profile:p"]) is int  # not a float near it
+
+
+def test_a_balance_past_64_bits_is_refused_and_set_aside_on_either_store(store: Store) -> None:
+    with store.begin() as tx:
+        tx.execute(sa.insert(balances), [{"account": "org:acme", "micros": TOP - 10}])
+    backlog = Backlog()
+    # A call that reserved 100 more than it cost: the difference goes back to the balance, past the top.
+    backlog.add_settlement("res-1", 0, True, -100, ("org:acme",), current_month(), "org:acme")
+    backlog.flush(store)
+    aside = [r for r in read_audit(store) if r["event"] == SET_ASIDE]
+    assert [(r["detail"]["what"], r["detail"]["row"]) for r in aside] == [
+        ("balance change", {"account": "org:acme", "micros": 100})]
+    with store.read() as conn:
+        kept = conn.execute(sa.select(balances.c.micros)).scalar_one()
+    assert kept == TOP - 10
+    assert type(kept) is int
+
+
 def test_a_governed_call_whose_spend_the_store_refuses_is_still_recorded_and_the_next_call_too(
-        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    store = open_store(pg_url)
+        store_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    store = open_store(store_url)
     snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
     _at_the_top(store, "profile:p")
 
@@ -107,4 +146,4 @@ def test_a_governed_call_whose_spend_the_store_refuses_is_still_recorded_and_the
     assert spent["profile:p"] == TOP - 1000
     assert spent["org:acme"] == 4000  # the other sums of both calls are recorded
     assert "set aside in the audit trail" in caplog.text
-    assert "`handler audit` lists them" in caplog.text
+    assert "`handler audit --event set_aside` lists them" in caplog.text
