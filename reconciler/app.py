@@ -34,9 +34,11 @@ from reconciler.places import default_run_dir, default_state_dir, ensure_private
 from reconciler.preflight import preflight
 from reconciler.router.files import clear_leftovers
 from reconciler.router.server import Router
+from reconciler.router.tally import CallTally
 from reconciler.web.catalog import read_listing
 from reconciler.web.channels import Channels, open_channels
-from reconciler.web.http import HttpListener, WebApp, build_app
+from reconciler.web.http import HttpListener, ListenerSettings, WebApp, build_app
+from reconciler.web.metrics import MetricsSources
 
 __all__ = [
     "NotServableError",
@@ -259,8 +261,18 @@ class Service:
         return self._router.live.snapshot if self._router is not None else None
 
     def _build_app(self) -> WebApp:
+        metrics = MetricsSources(self.reconciler.status.to_dict, self._call_counts,
+                                 self._governor.store if self._governor is not None else None)
         return build_app(self.reconciler.status.to_dict, webhook_secret=self.options.webhook_secret,
-                         on_push=self.follower.on_push, desk=self._channels.desk if self._channels else None)
+                         on_push=self.follower.on_push, desk=self._channels.desk if self._channels else None,
+                         metrics=metrics, token=ListenerSettings.from_env(os.environ).token)
+
+    def _call_counts(self) -> CallTally | None:
+        """The router's tally of ended calls, with every call ended so far counted (its log's batch written)."""
+        if self._router is None:
+            return None
+        self._router.services.log.flush()
+        return self._router.services.log.tally
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(work))

@@ -1,17 +1,16 @@
 """One JSON line per call, appended to `$HANDLER_STATE_DIR/calls.jsonl` (docs/architecture.md §6).
 
-A line holds who called what and how it ended — time, profile, instance, interface, tool, binding,
-outcome, error code, cause, duration, cost — and never arguments, results or secrets: the record
-has no field that could hold them. For an output that broke the schema it names the field and the
-schema keyword, never the value. Finished records are queued and written together — serialized
-then, off the call's path — in one `write(2)` of whole lines on an `O_APPEND` file at most
-`FLUSH_SECONDS` after the call, so lines never interleave and a busy router makes one system call
-for many calls. The log is never rotated here: an operator's `logrotate` (or `mv`) may move it away at
-any time, and the next batch goes to a new `calls.jsonl` (the file at the path is checked before each
-batch, as `logging.handlers.WatchedFileHandler` does), so no line is written into a file moved aside.
-A batch that cannot be written (a full disk, the folder removed) waits for the next one, up to
-`MOST_UNWRITTEN` bytes (past that the oldest lines go, counted); the router's log says so once, and
-again when writing resumes.
+A line holds who called what and how it ended — time, profile, instance, interface, tool, binding, outcome,
+error code, cause, duration, cost — and never arguments, results or secrets: the record has no field that
+could hold them. For an output that broke the schema it names the field and the schema keyword, never the
+value. Finished records are queued and written together — serialized then, off the call's path — in one
+`write(2)` of whole lines on an `O_APPEND` file at most `FLUSH_SECONDS` after the call, so lines never
+interleave and a busy router makes one system call for many calls; each batch is counted then for the metrics
+(`tally`). The log is never rotated here: an operator's `logrotate` (or `mv`) may move it away at any time,
+and the next batch goes to a new `calls.jsonl` (the file at the path is checked before each batch, as
+`logging.handlers.WatchedFileHandler` does), so no line is written into a file moved aside. A batch that
+cannot be written (a full disk, the folder removed) waits for the next one, up to `MOST_UNWRITTEN` bytes (past
+that the oldest lines go, counted); the router's log says so once, and again when writing resumes.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from typing import Any
 import orjson
 
 from reconciler.places import ensure_private_dir, open_private_file
+from reconciler.router.tally import CallTally
 
 __all__ = ["FLUSH_SECONDS", "MOST_UNWRITTEN", "CallLog", "CallRecord"]
 
@@ -105,6 +105,7 @@ class CallLog:
     def __init__(self, path: Path | None, flush_seconds: float = FLUSH_SECONDS) -> None:
         self.path = path
         self.flush_seconds = flush_seconds
+        self.tally = CallTally()  # what /metrics counts, added a batch at a time
         self._fd = -1
         self._queue: list[CallRecord] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -135,6 +136,7 @@ class CallLog:
             self._timer = None
         if self._queue and self._fd >= 0:
             records, self._queue = self._queue, []
+            self.tally.add(records)
             self._write(self._unwritten + b"".join(record.to_line() for record in records))
 
     def _write(self, data: bytes) -> None:

@@ -1,4 +1,4 @@
-"""The HTTP listener of `handler up`: `/healthz`, `/status`, the git push webhook `/hooks/git` and,
+"""The HTTP listener of `handler up`: `/healthz`, `/status`, `/metrics`, the git push webhook `/hooks/git` and,
 with a governance store, the dashboard and the channels' endpoints (`dashboard`).
 
 A Starlette app served by uvicorn inside the service's own event loop (its signal handling is left
@@ -29,6 +29,7 @@ from reconciler.config.errors import HandlerError
 from reconciler.gitops.webhook import verify_signature
 from reconciler.web.dashboard import Desk, dashboard_routes
 from reconciler.web.guards import BodyLimiter, BodyLimits, HostAllowList, allowed_hosts, is_loopback
+from reconciler.web.metrics import CONTENT_TYPE_LATEST, MetricsSources, bearer_allowed, render_metrics
 
 __all__ = ["BodyLimits", "HttpListener", "ListenerError", "ListenerSettings", "WebApp", "build_app"]
 
@@ -44,8 +45,11 @@ def build_app(
     webhook_secret: bytes | None,
     on_push: Callable[[], Awaitable[None]] | None,
     desk: Desk | None = None,
+    metrics: MetricsSources | None = None,
+    token: str | None = None,
 ) -> Starlette:
-    """The ASGI app. `on_push` is awaited for a verified push (None: the source is not git)."""
+    """The ASGI app. `on_push` is awaited for a verified push (None: the source is not git); `metrics` serves
+    `/metrics`, which asks for `token` (HANDLER_DASHBOARD_TOKEN) as a bearer token when one is set."""
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
@@ -71,11 +75,21 @@ def build_app(
         await on_push()
         return JSONResponse({"ok": True, "fetching": True}, status_code=202)
 
+    async def metrics_route(request: Request) -> Response:
+        if not bearer_allowed(token, request.headers.get("authorization")):
+            return Response("this page asks for HANDLER_DASHBOARD_TOKEN as a bearer token: in Prometheus, "
+                            "authorization: {credentials: <the token>}\n", status_code=401,
+                            headers={"WWW-Authenticate": "Bearer"}, media_type="text/plain")
+        assert metrics is not None  # noqa: S101 - routed only with sources
+        return Response(await render_metrics(metrics), media_type=CONTENT_TYPE_LATEST)
+
     routes = [
         Route("/healthz", healthz),
         Route("/status", status_route),
         Route("/hooks/git", hook, methods=["POST"]),
     ]
+    if metrics is not None:
+        routes.append(Route("/metrics", metrics_route))
     if desk is not None:
         routes += dashboard_routes(desk, status)
     return Starlette(routes=routes)
