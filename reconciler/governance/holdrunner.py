@@ -73,6 +73,7 @@ class HoldRunner:
         self._running: dict[str, asyncio.Task[bool]] = {}
         self._listener: HoldListener | None = None
         self._stopping = False
+        self._unread = False  # the last poll could not read the store (said once in the log, until it can again)
 
     @property
     def listening(self) -> bool:
@@ -106,12 +107,28 @@ class HoldRunner:
         while not self._stopping:
             self._wake.clear()
             if self.snapshot is not None:
-                await self.run_approved()
+                await self._poll_store()
             if self._stopping:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(self._poll, LISTENING_POLL_SECONDS) if self.listening
                                        else self._poll)
+
+    async def _poll_store(self) -> None:
+        """`run_approved`, for the loop: a store that cannot be read now (down, restarting, a lock held past its
+        timeout) is read again at the next poll. Raised, it ended the loop, and this router ran no approved hold
+        again until it restarted."""
+        try:
+            await self.run_approved()
+        except StoreError as exc:
+            if not self._unread:
+                self._unread = True
+                log.warning("cannot read the approved holds from the store (%s); trying again every %.2g s, approved "
+                            "holds wait there until it answers", exc, self._poll)
+            return
+        if self._unread:
+            self._unread = False
+            log.warning("the approved holds are read from the store again")
 
     async def run_approved(self) -> int:
         """Start every approved hold not yet running here; returns how many were started."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,11 +24,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from reconciler.governance.auditing import pricing_violations_this_month, set_aside_this_month
+from reconciler.governance.errors import StoreError
 from reconciler.governance.holds import count_holds
 from reconciler.governance.ledger import spend_report
 from reconciler.governance.store import Store
 
 __all__ = ["CONTENT_TYPE_LATEST", "CallCounts", "MetricsSources", "bearer_allowed", "render_metrics"]
+
+log = logging.getLogger("handler.http")
 
 
 class CallCounts(Protocol):
@@ -69,10 +73,17 @@ def bearer_allowed(token: str | None, authorization: str | None) -> bool:
 
 
 async def render_metrics(sources: MetricsSources) -> bytes:
-    """The page's body: every metric, read now."""
+    """The page's body: every metric, read now. A store that cannot be read (down, its lock held past the
+    timeout) leaves its figures out and says so in `handler_store_up`, so the page still serves the rest."""
     calls = sources.calls()
     status = sources.status()
-    figures = await asyncio.to_thread(_read_store, sources.store) if sources.store is not None else None
+    figures: _StoreFigures | StoreError | None = None
+    if sources.store is not None:
+        try:
+            figures = await asyncio.to_thread(_read_store, sources.store)
+        except StoreError as exc:
+            log.warning("/metrics: the store's figures are left out: %s", exc)
+            figures = exc
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Figures(calls, status, figures))
     return generate_latest(registry)
@@ -87,7 +98,8 @@ def _read_store(store: Store) -> _StoreFigures:
 class _Figures(Collector):
     """One scrape's figures, as metric families."""
 
-    def __init__(self, calls: CallCounts | None, status: Mapping[str, Any], store: _StoreFigures | None) -> None:
+    def __init__(self, calls: CallCounts | None, status: Mapping[str, Any],
+                 store: _StoreFigures | StoreError | None) -> None:
         self._calls, self._status, self._store = calls, status, store
 
     def collect(self) -> Iterator[Metric]:
@@ -140,7 +152,12 @@ class _Figures(Collector):
 
     def _store_metrics(self) -> Iterator[Metric]:
         store = self._store
-        if store is None:
+        if store is None:  # no governance store: nothing to say of one
+            return
+        failed = isinstance(store, StoreError)
+        yield GaugeMetricFamily("handler_store_up", "1 when this scrape read the governance store, 0 when it "
+                                "could not (the router's log says why)", value=0 if failed else 1)
+        if isinstance(store, StoreError):
             return
         yield GaugeMetricFamily("handler_holds_pending", "Held calls waiting for a decision (the whole store)",
                                 value=store.pending)

@@ -326,3 +326,38 @@ def test_a_runner_listening_on_postgresql_polls_seldom_and_still_runs_an_approva
         run(scenario, store)
     finally:
         store.close()
+
+
+def test_the_loop_outlives_a_store_it_cannot_read_and_runs_what_was_approved_meanwhile(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """The poll finds the store unreadable (here its holds table renamed away, as a migration gone wrong would);
+    once it can read it again, a hold approved from the CLI in between runs, without restarting the router."""
+    snapshot = cap_snapshot()
+    recorder = Recorder()
+
+    def rename(old: str, new: str) -> None:
+        with store.begin() as tx:
+            tx.exec_driver_sql(f"ALTER TABLE {old} RENAME TO {new}")
+
+    async def scenario(g: Governor) -> None:
+        await g.start(recorder)
+        rid = (await g.admit(snapshot, mail())).request_id
+        assert rid is not None
+        rename("holds", "holds_aside")
+
+        async def told() -> bool:
+            return "cannot read the approved holds from the store" in caplog.text
+
+        await until(told)
+        rename("holds_aside", "holds")
+        decide_hold(store, rid, "approve", "alice")
+
+        async def executed() -> bool:
+            return get_hold(store, rid).state == "executed"
+
+        await until(executed)
+        assert len(recorder.calls) == 1
+
+    run(scenario, store)
+    assert caplog.text.count("cannot read the approved holds") == 1  # said once for the outage, not at every poll
+    assert "the approved holds are read from the store again" in caplog.text

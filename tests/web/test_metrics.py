@@ -4,6 +4,7 @@ store's figures, labels a hostile client cannot multiply, and the dashboard toke
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,6 +83,7 @@ def test_calls_are_counted_by_how_they_ended_and_the_store_figures_are_read(tree
             assert after[("handler_spend_usd", (("scope", "profile:tester"),))] == counted["profile:tester"] >= 0.003
             assert after[("handler_connector_state", (("binding", "echo-local"), ("state", "running")))] == 1
             assert after[("handler_set_aside_this_month", ())] == 0
+            assert after[("handler_store_up", ())] == 1
 
     asyncio.run(scenario())
 
@@ -122,3 +124,25 @@ def test_with_a_dashboard_token_the_page_asks_for_it(tree: Path, monkeypatch: py
             assert samples[("handler_ready", ())] == 1
 
     asyncio.run(scenario())
+
+
+def test_a_store_that_cannot_be_read_leaves_its_figures_out_and_the_page_serves_the_rest(
+        tree: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async with running(options(tree)) as service:
+            client = await service.session()
+            assert not (await client.call("echo_say", {"text": "hi"}))["isError"]
+            await client.close()
+            assert service.router is not None
+            store = service.router.services.gate.store  # type: ignore[attr-defined]
+            with sqlite3.connect(store.engine.url.database) as db:  # a migration gone wrong, say
+                db.execute("ALTER TABLE holds RENAME TO holds_aside")
+            samples = await scrape(service)
+            assert samples[("handler_store_up", ())] == 0
+            assert ("handler_holds_pending", ()) not in samples
+            assert calls(samples, tool="echo_say", outcome="executed") == 1
+            assert samples[("handler_ready", ())] == 1
+
+    asyncio.run(scenario())
+    assert "/metrics: the store's figures are left out" in caplog.text
+    assert "holds" in caplog.text
