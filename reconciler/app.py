@@ -212,7 +212,7 @@ class Service:
 
     async def _check_machine(self) -> None:
         """The preflight (`reconciler.preflight`), for the start's banner, `handler status` and the dashboard."""
-        problems = await preflight(self.router.live.snapshot, self.follower.tree_root, os.environ,
+        problems = await preflight(self.router.live.snapshot, self.follower.tree_root, os.environ, run_dir=self.run_dir,
                                    sandbox=self.options.sandbox)
         self.reconciler.status.preflight = [p.to_dict() for p in problems]
 

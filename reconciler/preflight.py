@@ -7,7 +7,8 @@ says it at start and the dashboard shows it:
 - the sandbox: can connectors start here at all (bubblewrap, libseccomp, user namespaces);
 - per binding a profile uses: every secret reference resolves now (an env variable set, a file
   readable, a command that answers), and its connector's program is on this machine;
-- per profile: its scope folder exists; where it routes holds (Slack, a member), that channel is
+- per profile: its socket's path fits under the run folder (a unix socket's path holds 107 bytes); its
+  scope folder exists; where it routes holds (Slack, a member), that channel is
   configured here (`HANDLER_SLACK_TOKEN`, `HANDLER_SMTP_URL`), else nobody is told of a hold and
   only the dashboard and `handler approvals` can decide it.
 
@@ -17,6 +18,7 @@ leave them working with less than the tree asks for.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -28,6 +30,7 @@ from reconciler.connectors.errors import ConnectorStartError
 from reconciler.connectors.launching import resolve_command
 from reconciler.connectors.sandbox import confined_env, sandbox_support
 from reconciler.connectors.secrets import resolve_secret
+from reconciler.places import MAX_SOCKET_PATH, default_run_dir, socket_path
 from reconciler.web.mail import MailError, MailSettings
 from reconciler.web.slack import SlackSettings
 
@@ -48,8 +51,11 @@ class Problem:
         return f"{self.level}: {self.subject}: {self.message}\n  fix: {self.fix}"
 
 
-async def preflight(snapshot: Snapshot, root: Path, env: Mapping[str, str], *, sandbox: bool = True) -> list[Problem]:
-    """Every problem of this machine with `snapshot`, most basic first."""
+async def preflight(snapshot: Snapshot, root: Path, env: Mapping[str, str], *, sandbox: bool = True,
+                    run_dir: Path | None = None) -> list[Problem]:
+    """Every problem of this machine with `snapshot`, most basic first; `run_dir` is where the profiles' sockets go
+    (default: `HANDLER_RUN_DIR`'s default)."""
+    run_dir = run_dir if run_dir is not None else default_run_dir()
     problems: list[Problem] = []
     if sandbox:
         support = sandbox_support()
@@ -60,7 +66,7 @@ async def preflight(snapshot: Snapshot, root: Path, env: Mapping[str, str], *, s
     for name in used:
         problems += await _binding_problems(snapshot, name, root)
     for profile in sorted(snapshot.profiles.values(), key=lambda p: p.name):
-        problems += _profile_problems(snapshot, profile, root, env)
+        problems += _profile_problems(snapshot, profile, root, env, run_dir)
     return problems
 
 
@@ -95,9 +101,15 @@ def _secret_fix(ref: object) -> str:
     return "make the command print the secret and exit 0"
 
 
-def _profile_problems(snapshot: Snapshot, profile: Profile, root: Path, env: Mapping[str, str]) -> list[Problem]:
+def _profile_problems(snapshot: Snapshot, profile: Profile, root: Path, env: Mapping[str, str],
+                      run_dir: Path) -> list[Problem]:
     subject = f"profile {profile.name}"
     problems = []
+    sock = socket_path(run_dir, profile.name)
+    if len(os.fsencode(sock)) > MAX_SOCKET_PATH:
+        problems.append(Problem("error", subject, f"its socket {sock} is {len(os.fsencode(sock))} bytes long, past "
+                                f"the {MAX_SOCKET_PATH} a unix socket's path holds: the router cannot serve it",
+                                "give the profile a shorter name, or set HANDLER_RUN_DIR to a shorter folder"))
     scope = Path(profile.spec.scope)
     scope = scope if scope.is_absolute() else root / scope
     if not scope.is_dir():

@@ -180,6 +180,38 @@ def test_saved_files_reach_new_sessions_and_bad_saves_change_nothing(short: Path
     asyncio.run(asyncio.wait_for(scenario(), 120))
 
 
+def test_a_profile_whose_socket_cannot_be_opened_changes_nothing_and_the_next_save_applies(short: Path) -> None:
+    """A valid revision the router cannot serve (a profile name too long for a socket under this run folder): the
+    attempt is an error saying why and how to fix it, every session and socket stays as it was, and the watcher
+    goes on: it had died with the error, and no later save was ever applied."""
+    root = _echo_tree(short / "tree")
+    options = UpOptions(root=str(root), run_dir=short / "run", state_dir=short / "state", http_port=0)
+    long_name = "p" * 95
+    tester = (root / "config/profiles/tester.toml").read_text()
+
+    async def scenario() -> None:
+        async with running(options) as service:
+            assert service.router is not None and service.reconciler is not None
+            reconciler = service.reconciler
+            (root / f"config/profiles/{long_name}.toml").write_text(tester.replace('"tester"', f'"{long_name}"'))
+            await service.until(lambda: reconciler.status.last_attempt is not None
+                                and reconciler.status.last_attempt.result == "error")
+            said = reconciler.status.last_attempt.message  # type: ignore[union-attr]
+            assert f"profile '{long_name}' cannot be served" in said
+            assert "give the profile a shorter name, or set HANDLER_RUN_DIR to a shorter folder" in said
+            assert service.generation == 1
+            assert service.router.live.number == 1  # the router swapped nothing
+            client = await service.session()  # the old profile's socket serves on
+            assert await _token(client) == "token-A"
+            (root / f"config/profiles/{long_name}.toml").unlink()
+            (root / "config/profiles/second.toml").write_text(tester.replace('"tester"', '"second"'))
+            await service.until(lambda: service.generation == 2)
+            assert service.router.socket_path("second").exists()
+            await client.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
 def test_a_steady_load_across_twenty_reloads_loses_no_call(short: Path) -> None:
     root = _echo_tree(short / "tree")
     options = UpOptions(root=str(root), run_dir=short / "run", state_dir=short / "state", http_port=0)

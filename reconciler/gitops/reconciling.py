@@ -113,7 +113,16 @@ class Reconciler:
             changes = tuple(f"{p.profile}: {c}" for p in plan.profiles for c in p.changes) or (
                 ("(no change for any profile)",) if self.live is not None else ()
             )
-            generation = await self._swap(new)
+            try:
+                generation = await self._swap(new)
+            except Exception as exc:  # nothing changed (the router swaps whole or not at all): the last good serves on
+                if not isinstance(exc, HandlerError):
+                    log.exception("reconcile: the router failed to apply revision %s", new.revision)
+                said = str(exc) if isinstance(exc, HandlerError) else f"the router failed to apply it ({exc!r})"
+                log.warning("reconcile: revision %s not applied: %s", new.revision, said)
+                return self._record(self._attempt(new.revision, started, "error", reason,
+                                                  f"{said}; still serving "
+                                                  f"{self.live.revision if self.live else 'nothing'}"))
             self.live = new
             self._mark_applied(new, generation)
             attempt = self._attempt(

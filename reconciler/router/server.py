@@ -74,26 +74,42 @@ class Router:
             await self._open(profile)
 
     async def swap(self, snapshot: Snapshot) -> Generation:
-        """Make `snapshot` live for sessions that start from now on; returns the new generation."""
+        """Make `snapshot` live for sessions that start from now on; returns the new generation.
+
+        A new profile whose socket cannot be opened (its path past the limit, another router serving it) is a
+        `RouterError` raised before anything changes: the live generation stays live, every socket as it was.
+        """
         generation = compile_generation(snapshot, self.live.number + 1, self.root, self._cache)
+        opening = sorted(set(snapshot.profiles) - set(self._listeners))
+        for profile in opening:
+            if (problem := self._socket_problem(profile)) is not None:
+                raise RouterError(problem)
         self.live = generation  # the swap itself: one assignment, nothing awaited in between
         self.services.pool.set_live(generation.pool_keys)  # the others drain as their sessions end
-        for profile in sorted(set(snapshot.profiles) - set(self._listeners)):
+        for profile in opening:
             await self._open(profile)
         for profile in sorted(set(self._listeners) - set(snapshot.profiles)):
             await self._close_socket(profile)
         return generation
 
     async def _open(self, profile: str) -> None:
+        if (problem := self._socket_problem(profile)) is not None:
+            raise RouterError(problem)
+        path = self.socket_path(profile)
+        if path.exists() or path.is_symlink():
+            path.unlink()  # a socket nobody listens on: a stopped router's
+        self._listeners[profile] = Listener(self, profile, path)
+
+    def _socket_problem(self, profile: str) -> str | None:
+        """Why the profile's socket cannot be opened, or None."""
         path = self.socket_path(profile)
         if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-            raise RouterError(f"the socket path {path} is over {MAX_SOCKET_PATH} bytes; set HANDLER_RUN_DIR to a "
-                              "shorter folder")
-        if path.exists() or path.is_symlink():
-            if _someone_listens(path):
-                raise RouterError(f"another router already serves profile '{profile}' at {path}")
-            path.unlink()
-        self._listeners[profile] = Listener(self, profile, path)
+            return (f"profile '{profile}' cannot be served: its socket {path} is {len(os.fsencode(path))} bytes long, "
+                    f"past the {MAX_SOCKET_PATH} a unix socket's path holds; give the profile a shorter name, or set "
+                    "HANDLER_RUN_DIR to a shorter folder")
+        if (path.exists() or path.is_symlink()) and _someone_listens(path):
+            return f"another router already serves profile '{profile}' at {path}"
+        return None
 
     async def _close_socket(self, profile: str) -> None:
         self._listeners.pop(profile).close()

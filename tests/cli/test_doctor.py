@@ -66,3 +66,19 @@ def test_a_tree_this_machine_serves_whole_is_ok(tmp_path: Path) -> None:
     done = _doctor(root, {TOKEN_ENV: "t"})
     assert done.returncode == 0, done.stdout
     assert done.stdout == f"OK: nothing on this machine keeps {root} from working\n"
+
+
+def test_a_profile_whose_socket_would_not_fit_the_run_folder_is_named(tmp_path: Path) -> None:
+    """Valid as data (a name of 95 characters), but its socket under this run folder is past what a unix socket's
+    path holds: `handler up` could not serve it, and doctor says so before."""
+    root = write_echo_tree(tmp_path / "t")
+    name = "p" * 95
+    tester = (root / "config/profiles/tester.toml").read_text()
+    (root / f"config/profiles/{name}.toml").write_text(tester.replace('"tester"', f'"{name}"'))
+    run_dir = tmp_path / "run"
+    done = _doctor(root, {TOKEN_ENV: "t", "HANDLER_RUN_DIR": str(run_dir)})
+    assert done.returncode == 1, done.stdout
+    assert f"error: profile {name}: its socket {run_dir}/profiles/{name}.sock is " in done.stdout
+    assert "past the 107 a unix socket's path holds" in done.stdout
+    assert "fix: give the profile a shorter name, or set HANDLER_RUN_DIR to a shorter folder" in done.stdout
+    assert "profile tester" not in done.stdout  # its socket fits
