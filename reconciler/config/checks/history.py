@@ -58,7 +58,7 @@ def _first_changed_line(base: Snapshot, head: Snapshot, path: str) -> int:
         return 1
     try:
         a, b = _parse(old.format, old.text), _parse(new.format, new.text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return 1
     diff = _first_diff(a, b, ())
     return new.line_of(*diff) if diff is not None else 1

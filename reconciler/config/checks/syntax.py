@@ -38,6 +38,10 @@ def parse_document(path: str, sha: str, data: bytes) -> tuple[Document | None, A
         return doc, None, _invalid_toml(path, exc)
     except orjson.JSONDecodeError as exc:
         return doc, None, _invalid_json(path, exc)
+    except RecursionError:  # tomllib parses nested arrays and inline tables by recursion; orjson stops at 1024
+        return doc, None, Finding("F001", path, 1, "invalid TOML: arrays or inline tables nested too deeply to read",
+                                  "a TOML document nested a few levels deep, as every file of a config tree is",
+                                  "remove the nesting (no field of a config file takes values nested this deep)")
     return doc, value, None
 
 
