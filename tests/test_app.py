@@ -191,7 +191,8 @@ def test_a_profile_whose_socket_cannot_be_opened_changes_nothing_and_the_next_sa
 
     async def scenario() -> None:
         async with running(options) as service:
-            assert service.router is not None and service.reconciler is not None
+            assert service.router is not None
+            assert service.reconciler is not None
             reconciler = service.reconciler
             (root / f"config/profiles/{long_name}.toml").write_text(tester.replace('"tester"', f'"{long_name}"'))
             await service.until(lambda: reconciler.status.last_attempt is not None
