@@ -90,17 +90,15 @@ class Reconciler:
         """Bring the router to the source's current revision if it is good; return what happened.
 
         `source`, when given, is read this once instead of the followed one (a revision applied
-        before, to serve while the followed one cannot be).
+        before, to serve while the followed one cannot be). Nothing here raises: whatever goes wrong is
+        the attempt's result, so whoever follows the source goes on to the next change.
         """
         async with self._lock:  # one reconciliation at a time; the loader is not shared across threads
             started = time.perf_counter()
             self.attempts += 1
-            try:
-                new = await asyncio.to_thread(self._loader.load, source or self.source)
-            except HandlerError as exc:
-                attempt = self._attempt("(unreadable)", started, "error", reason, str(exc))
-                log.info("reconcile: cannot read the source: %s", exc)  # reported with the attempt
-                return self._record(attempt)
+            new = await self._load(source or self.source, started, reason)
+            if isinstance(new, Attempt):
+                return self._record(new)
             if self.live is not None and new.revision == self.live.revision:
                 return self._record(self._attempt(new.revision, started, "unchanged", reason, "already applied"))
             if not new.ok:
@@ -113,16 +111,9 @@ class Reconciler:
             changes = tuple(f"{p.profile}: {c}" for p in plan.profiles for c in p.changes) or (
                 ("(no change for any profile)",) if self.live is not None else ()
             )
-            try:
-                generation = await self._swap(new)
-            except Exception as exc:  # nothing changed (the router swaps whole or not at all): the last good serves on
-                if not isinstance(exc, HandlerError):
-                    log.exception("reconcile: the router failed to apply revision %s", new.revision)
-                said = str(exc) if isinstance(exc, HandlerError) else f"the router failed to apply it ({exc!r})"
-                log.warning("reconcile: revision %s not applied: %s", new.revision, said)
-                return self._record(self._attempt(new.revision, started, "error", reason,
-                                                  f"{said}; still serving "
-                                                  f"{self.live.revision if self.live else 'nothing'}"))
+            generation = await self._apply(new, started, reason)
+            if isinstance(generation, Attempt):
+                return self._record(generation)
             self.live = new
             self._mark_applied(new, generation)
             attempt = self._attempt(
@@ -142,6 +133,32 @@ class Reconciler:
                 len(plan.profiles),
             )
             return self._record(attempt)
+
+    async def _load(self, source: TreeSource, started: float, reason: str) -> Snapshot | Attempt:
+        """The source's revision, or the attempt saying why it could not be read."""
+        try:
+            return await asyncio.to_thread(self._loader.load, source)
+        except HandlerError as exc:
+            log.info("reconcile: cannot read the source: %s", exc)  # reported with the attempt
+            return self._attempt("(unreadable)", started, "error", reason, str(exc))
+        except Exception as exc:  # a defect of ours: logged whole, and the next change is tried as usual
+            log.exception("reconcile: the loader failed on the source")
+            return self._attempt("(unreadable)", started, "error", reason,
+                                 f"the loader failed ({exc!r}); the service's log has the details")
+
+    async def _apply(self, new: Snapshot, started: float, reason: str) -> int | Attempt:
+        """The router's swap to `new` (its generation), or the attempt saying why it did not take it. The router swaps
+        whole or not at all, so on failure the last good revision serves on."""
+        try:
+            return await self._swap(new)
+        except HandlerError as exc:
+            said = str(exc)
+        except Exception as exc:  # a defect of ours: logged whole
+            log.exception("reconcile: the router failed to apply revision %s", new.revision)
+            said = f"the router failed to apply it ({exc!r})"
+        log.warning("reconcile: revision %s not applied: %s", new.revision, said)
+        serving = self.live.revision if self.live else "nothing"
+        return self._attempt(new.revision, started, "error", reason, f"{said}; still serving {serving}")
 
     def _invalid(self, new: Snapshot, started: float, reason: str) -> Attempt:
         errors = new.errors

@@ -6,6 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from reconciler.config import FolderSource
 from reconciler.gitops.reconciling import Reconciler
 from reconciler.gitops.status import read_status
@@ -94,3 +96,38 @@ def test_emptying_one_profile_in_use_is_refused(shipped_tree: Path) -> None:
     attempt = asyncio.run(reconciler.reconcile("watch"))
     assert attempt.result == "refused", (attempt.message, json.dumps(attempt.findings)[:500])
     assert "auditor" in attempt.message
+
+
+def test_a_defect_in_the_loader_or_the_swap_is_an_error_attempt_and_the_next_change_applies(
+        shipped_tree: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing raised inside reconcile may end whoever follows the source (it did end the work tree's watcher): an
+    error of ours is the attempt's result, logged whole, and the last good revision serves on."""
+    reconciler, swaps = _reconciler(shipped_tree)
+    assert asyncio.run(reconciler.reconcile("start")).result == "applied"
+    profile = shipped_tree / "config/profiles/researcher.toml"
+    good = profile.read_text()
+    real_load = reconciler._loader.load
+
+    def broken_load(source: object) -> object:
+        raise RuntimeError("a defect in the loader")
+
+    monkeypatch.setattr(reconciler._loader, "load", broken_load)
+    failed = asyncio.run(reconciler.reconcile("watch"))
+    assert failed.result == "error"
+    assert "the loader failed (RuntimeError('a defect in the loader'))" in failed.message
+    monkeypatch.setattr(reconciler._loader, "load", real_load)
+
+    async def broken_swap(snapshot: object) -> int:
+        raise RuntimeError("a defect in the swap")
+
+    reconciler._swap = broken_swap
+    profile.write_text(good.replace('"ocr-local"', '"ocr-mistral-perso"'))
+    refused = asyncio.run(reconciler.reconcile("watch"))
+    assert refused.result == "error"
+    assert "the router failed to apply it (RuntimeError('a defect in the swap')); still serving" in refused.message
+    assert reconciler.live is swaps.live[-1]  # the last good revision
+    assert "Traceback" in caplog.text  # both logged whole, for the bug report
+
+    reconciler._swap = swaps
+    applied = asyncio.run(reconciler.reconcile("watch"))
+    assert (applied.result, len(swaps.live)) == ("applied", 2)
