@@ -35,6 +35,7 @@ __all__ = [
     "MAX_SOCKET_PATH",
     "PRIVATE_DIR_MODE",
     "PRIVATE_FILE_MODE",
+    "SHORTER_SOCKET",
     "PrivatePlaceError",
     "default_envs_dir",
     "default_run_dir",
@@ -43,6 +44,7 @@ __all__ = [
     "open_private_file",
     "remove_tree",
     "socket_path",
+    "socket_too_long",
     "why_unreachable",
 ]
 
@@ -88,6 +90,19 @@ def default_envs_dir(env: Mapping[str, str] | None = None) -> Path:
 
 def socket_path(run_dir: Path, profile: str) -> Path:
     return run_dir / "profiles" / f"{profile}.sock"
+
+
+SHORTER_SOCKET = "give the profile a shorter name, or set HANDLER_RUN_DIR to a shorter folder"
+
+
+def socket_too_long(run_dir: Path, profile: str) -> str | None:
+    """What is wrong with the profile's socket path under `run_dir` when no socket can have it (fixed by
+    `SHORTER_SOCKET`), else None."""
+    path = socket_path(run_dir, profile)
+    size = len(os.fsencode(path))
+    if size <= MAX_SOCKET_PATH:
+        return None
+    return f"its socket {path} is {size} bytes long, past the {MAX_SOCKET_PATH} a unix socket's path holds"
 
 
 def why_unreachable(run_dir: Path, profile: str, path: Path, exc: OSError) -> str:

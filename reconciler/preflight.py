@@ -18,7 +18,6 @@ leave them working with less than the tree asks for.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -30,7 +29,7 @@ from reconciler.connectors.errors import ConnectorStartError
 from reconciler.connectors.launching import resolve_command
 from reconciler.connectors.sandbox import confined_env, sandbox_support
 from reconciler.connectors.secrets import resolve_secret
-from reconciler.places import MAX_SOCKET_PATH, default_run_dir, socket_path
+from reconciler.places import SHORTER_SOCKET, default_run_dir, socket_too_long
 from reconciler.web.mail import MailError, MailSettings
 from reconciler.web.slack import SlackSettings
 
@@ -105,11 +104,8 @@ def _profile_problems(snapshot: Snapshot, profile: Profile, root: Path, env: Map
                       run_dir: Path) -> list[Problem]:
     subject = f"profile {profile.name}"
     problems = []
-    sock = socket_path(run_dir, profile.name)
-    if len(os.fsencode(sock)) > MAX_SOCKET_PATH:
-        problems.append(Problem("error", subject, f"its socket {sock} is {len(os.fsencode(sock))} bytes long, past "
-                                f"the {MAX_SOCKET_PATH} a unix socket's path holds: the router cannot serve it",
-                                "give the profile a shorter name, or set HANDLER_RUN_DIR to a shorter folder"))
+    if (too_long := socket_too_long(run_dir, profile.name)) is not None:
+        problems.append(Problem("error", subject, f"{too_long}: the router cannot serve it", SHORTER_SOCKET))
     scope = Path(profile.spec.scope)
     scope = scope if scope.is_absolute() else root / scope
     if not scope.is_dir():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 from pathlib import Path
 
@@ -19,7 +18,14 @@ from reconciler.config.errors import HandlerError
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.pool import DEFAULT_IDLE_SECONDS, ConnectorPool
 from reconciler.governance.gate import CallRequest, CallResult, Gate, OpenGate
-from reconciler.places import MAX_SOCKET_PATH, PrivatePlaceError, default_state_dir, ensure_private_dir, socket_path
+from reconciler.places import (
+    SHORTER_SOCKET,
+    PrivatePlaceError,
+    default_state_dir,
+    ensure_private_dir,
+    socket_path,
+    socket_too_long,
+)
 from reconciler.router.calllog import CallLog
 from reconciler.router.generation import Generation, ValidatorCache, compile_generation
 from reconciler.router.hub import ConnectionBounds
@@ -102,11 +108,9 @@ class Router:
 
     def _socket_problem(self, profile: str) -> str | None:
         """Why the profile's socket cannot be opened, or None."""
+        if (too_long := socket_too_long(self.run_dir, profile)) is not None:
+            return f"profile '{profile}' cannot be served: {too_long}; {SHORTER_SOCKET}"
         path = self.socket_path(profile)
-        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-            return (f"profile '{profile}' cannot be served: its socket {path} is {len(os.fsencode(path))} bytes long, "
-                    f"past the {MAX_SOCKET_PATH} a unix socket's path holds; give the profile a shorter name, or set "
-                    "HANDLER_RUN_DIR to a shorter folder")
         if (path.exists() or path.is_symlink()) and _someone_listens(path):
             return f"another router already serves profile '{profile}' at {path}"
         return None
