@@ -21,6 +21,7 @@ from reconciler.config import HandlerError, SourceError, short_revision
 from reconciler.gitops.following import FollowReports
 from reconciler.gitops.status import Attempt, read_status
 from reconciler.governance.auditing import SET_ASIDE, pricing_violations_this_month, set_aside_this_month
+from reconciler.governance.errors import StoreError
 from reconciler.governance.store import open_store, store_exists, store_url
 from reconciler.liveness import ask_service, holder_of
 from reconciler.places import default_state_dir
@@ -229,17 +230,20 @@ def _not_running(state: Path, form: str) -> int:
     return EXIT_NOT_RUNNING
 
 
-def _audit_alarms(root: str) -> dict[str, int | None]:
+def _audit_alarms(root: str) -> dict[str, int | str | None]:
     """This month's reports of a cost above the reservation and rows the store refused, from the store (None when
-    there is no store yet)."""
+    there is no store yet); a store that cannot be read is said under `storeProblem`, and the status shown whole."""
     url = store_url(root)
     if not store_exists(url):
         return {"pricingViolations": None, "setAside": None}
-    store = open_store(url, migrate=False)
     try:
-        return {"pricingViolations": pricing_violations_this_month(store), "setAside": set_aside_this_month(store)}
-    finally:
-        store.close()
+        store = open_store(url, migrate=False)
+        try:
+            return {"pricingViolations": pricing_violations_this_month(store), "setAside": set_aside_this_month(store)}
+        finally:
+            store.close()
+    except StoreError as exc:
+        return {"pricingViolations": None, "setAside": None, "storeProblem": str(exc)}
 
 
 def _print_status(status: dict[str, Any]) -> None:
@@ -269,6 +273,9 @@ def _print_status(status: dict[str, Any]) -> None:
         print(f"pricing violations this month: {status['pricingViolations']} (a connector reported more than its "
               "binding's [pricing] allows; it was charged the reservation; `handler audit --event pricing_violation` "
               "names them)")
+    if status.get("storeProblem"):
+        print(f"store: cannot be read now: {status['storeProblem']} (the service's calls that need it answer "
+              "unavailable until it can)")
     if status.get("setAside"):
         print(f"rows the store refused this month: {status['setAside']} (each set aside in the audit trail with the "
               f"store's reason, and not counted where it belonged; `handler audit --event {SET_ASIDE}` lists them; "

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -152,4 +153,25 @@ def test_status_counts_the_pricing_violations_and_the_rows_set_aside_of_this_mon
         shown = json.loads(_status(tree, "--format", "json").stdout)
         assert (shown["pricingViolations"], shown["setAside"]) == (2, 1)
     finally:
+        _stop(proc)
+
+
+def test_a_store_that_cannot_be_read_is_one_line_of_the_status_not_its_end(tree: Path) -> None:
+    proc = _up(tree, tree.parent / "run")
+    database = tree / ".handler/handler.db"
+    try:
+        with sqlite3.connect(database) as db:  # a migration gone wrong, say
+            db.execute("ALTER TABLE audit RENAME TO audit_aside")
+        told = _status(tree)
+        assert told.returncode == 0, told.stderr
+        assert "running: pid" in told.stdout  # the rest of the status, as ever
+        assert "profile tester: echo → echo-local" in told.stdout
+        assert "store: cannot be read now: the store sqlite:" in told.stdout
+        assert "no such table: audit" in told.stdout
+        shown = json.loads(_status(tree, "--format", "json").stdout)
+        assert "no such table: audit" in shown["storeProblem"]
+        assert shown["setAside"] is None
+    finally:
+        with sqlite3.connect(database) as db:
+            db.execute("ALTER TABLE audit_aside RENAME TO audit")
         _stop(proc)
