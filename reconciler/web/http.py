@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from reconciler.config.errors import HandlerError
 from reconciler.gitops.webhook import verify_signature
+from reconciler.governance.errors import StoreError
 from reconciler.web.dashboard import Desk, dashboard_routes
 from reconciler.web.guards import BodyLimiter, BodyLimits, HostAllowList, allowed_hosts, is_loopback
 from reconciler.web.metrics import CONTENT_TYPE_LATEST, MetricsSources, bearer_allowed, render_metrics
@@ -92,7 +93,16 @@ def build_app(
         routes.append(Route("/metrics", metrics_route))
     if desk is not None:
         routes += dashboard_routes(desk, status)
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={StoreError: _store_unavailable})
+
+
+async def _store_unavailable(request: Request, exc: Exception) -> Response:
+    """A page that needs the store while it cannot be read (down, restarting, a lock held past the timeout): 503,
+    saying so, rather than a bare 500 and a traceback."""
+    log.warning("%s %s: the store cannot be read now: %s", request.method, request.url.path, exc)
+    return Response(f"The governance store cannot be read now: {exc}\nThis page works again once it answers; "
+                    "`handler status` says more.\n", status_code=503, media_type="text/plain",
+                    headers={"Retry-After": "5"})
 
 
 class ListenerError(HandlerError):

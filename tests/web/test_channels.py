@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -479,6 +480,33 @@ def test_the_overview_counts_this_months_pricing_violations_and_rows_set_aside(t
             assert "1: each is set aside in the audit trail" in refused.text
 
     asyncio.run(scenario())
+
+
+def test_a_page_needing_a_store_that_cannot_be_read_says_so_and_works_again_once_it_can(
+        tree: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async with running(options(tree)) as service:
+            assert service.router is not None
+            store = service.router.services.gate.store  # type: ignore[attr-defined]
+            database = store.engine.url.database
+            async with httpx.AsyncClient() as http:
+                with sqlite3.connect(database) as db:  # a migration gone wrong, say
+                    db.execute("ALTER TABLE holds RENAME TO holds_aside")
+                down = await http.get(base_url(service) + "/")
+                assert down.status_code == 503
+                assert down.headers["retry-after"] == "5"
+                assert "The governance store cannot be read now" in down.text
+                assert "no such table: holds" in down.text
+                assert (await http.get(base_url(service) + "/status")).status_code == 200  # needs no store
+                with sqlite3.connect(database) as db:
+                    db.execute("ALTER TABLE holds_aside RENAME TO holds")
+                back = await http.get(base_url(service) + "/")
+            assert back.status_code == 200
+            assert "Waiting for a decision" in back.text
+
+    asyncio.run(scenario())
+    assert "GET /: the store cannot be read now" in caplog.text
+    assert "Traceback" not in caplog.text
 
 
 def test_the_overview_shows_spend_and_what_budget_leases_hold_of_it(tree: Path) -> None:
