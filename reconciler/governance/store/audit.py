@@ -82,12 +82,17 @@ def record(tx: Transaction, event: str, *, request_id: str | None = None, profil
 
 def read_audit(store: Store, *, request_id: str | None = None, event: str | None = None,
                limit: int = 100) -> list[dict[str, Any]]:
-    """The newest `limit` audit rows (oldest first), optionally of one request, of one event or both."""
-    query = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
+    """The newest `limit` audit rows (oldest first), optionally of one request, of one event or both.
+
+    Of one event, the newest are the latest by time: the events read by time (pricing violations, rows set aside)
+    then come from their own index instead of a scan of the whole trail."""
+    query = sa.select(audit).limit(limit)
     if request_id:
         query = query.where(audit.c.request_id == request_id)
     if event:
-        query = query.where(audit.c.event == event)
+        query = query.where(audit.c.event == event).order_by(audit.c.at.desc(), audit.c.id.desc())
+    else:
+        query = query.order_by(audit.c.id.desc())
     with store.read() as conn:
         rows = [dict(r._mapping) for r in conn.execute(query)]
     return rows[::-1]
