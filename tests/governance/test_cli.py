@@ -254,3 +254,15 @@ def test_audit_shows_how_many_calls_nothing_limits_a_row_counts(tree: Path, caps
     (line,) = [line for line in out.splitlines() if "search_query" in line]
     assert " settled " in line
     assert "p search_query (3 calls)  Runs now: the permissive template maps read to auto." in line
+
+
+def test_a_store_file_that_is_not_a_database_says_what_to_do(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    database = Path(store_url(tree).removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    database.write_bytes(b"not SQLite, but a file someone copied over it\n" * 200)
+    for command in (("audit",), ("approvals", "list"), ("spend",)):
+        code, _, err = run(capsys, *command, "--root", str(tree))
+        assert code == 1
+        assert "failed: file is not a database. The file is damaged or is not this store" in err
+        assert "move the file aside (with its -wal and -shm files) and restore it from a backup" in err
+        assert "Traceback" not in err

@@ -70,6 +70,10 @@ def refused_by_store(exc: BaseException) -> bool:
                       | psycopg.IntegrityError)
 
 
+# What SQLite says of a file that is not a database or is damaged: no retry helps, a person must act.
+_SQLITE_DAMAGED = frozenset({"file is not a database", "database disk image is malformed"})
+
+
 def failure_reason(exc: BaseException) -> str:
     """What SQLAlchemy or the driver raised, in the driver's words, never the statement's parameters (they can hold
     a call's arguments)."""
@@ -198,6 +202,11 @@ class Store:
         reason = failure_reason(exc)
         if refused_by_store(exc):
             return StoreRefusedError(f"the store {self.url} refused a write: {reason}")
+        if self.dialect == "sqlite" and reason in _SQLITE_DAMAGED:
+            return StoreError(f"the store {self.url} failed: {reason}. The file is damaged or is not this store: "
+                              "stop the service, move the file aside (with its -wal and -shm files) and restore it "
+                              "from a backup, or start on a new store there (holds, spend and the audit trail "
+                              "start empty)")
         return StoreError(f"the store {self.url} failed: {reason}")
 
     def insert_ignore(self, table: sa.Table) -> Any:
