@@ -43,6 +43,7 @@ __all__ = [
     "ensure_private_dir",
     "open_private_file",
     "remove_tree",
+    "run_dir_room",
     "socket_path",
     "socket_too_long",
     "why_unreachable",
@@ -95,13 +96,18 @@ def socket_path(run_dir: Path, profile: str) -> Path:
 SHORTER_SOCKET = "give the profile a shorter name, or set HANDLER_RUN_DIR to a shorter folder"
 
 
+def run_dir_room(profile: str) -> int:
+    """How many bytes the run folder may take before the profile's socket path is past `MAX_SOCKET_PATH`."""
+    return MAX_SOCKET_PATH - len(os.fsencode(socket_path(Path("/"), profile)))
+
+
 def socket_too_long(run_dir: Path, profile: str) -> str | None:
     """What is wrong with the profile's socket path under `run_dir` when no socket can have it (fixed by
     `SHORTER_SOCKET`), else None."""
+    if len(os.fsencode(run_dir)) <= run_dir_room(profile):
+        return None
     path = socket_path(run_dir, profile)
     size = len(os.fsencode(path))
-    if size <= MAX_SOCKET_PATH:
-        return None
     return f"its socket {path} is {size} bytes long, past the {MAX_SOCKET_PATH} a unix socket's path holds"
 
 

@@ -93,7 +93,7 @@ class Router:
         self.live = generation  # the swap itself: one assignment, nothing awaited in between
         self.services.pool.set_live(generation.pool_keys)  # the others drain as their sessions end
         for profile in opening:
-            await self._open(profile)
+            self._listen(profile)  # each checked above
         for profile in sorted(set(self._listeners) - set(snapshot.profiles)):
             await self._close_socket(profile)
         return generation
@@ -101,6 +101,10 @@ class Router:
     async def _open(self, profile: str) -> None:
         if (problem := self._socket_problem(profile)) is not None:
             raise RouterError(problem)
+        self._listen(profile)
+
+    def _listen(self, profile: str) -> None:
+        """Serve the profile on its socket, whose path `_socket_problem` found usable."""
         path = self.socket_path(profile)
         if path.exists() or path.is_symlink():
             path.unlink()  # a socket nobody listens on: a stopped router's

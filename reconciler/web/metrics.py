@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ from reconciler.governance.auditing import pricing_violations_this_month, set_as
 from reconciler.governance.errors import StoreError
 from reconciler.governance.holds import count_holds
 from reconciler.governance.ledger import spend_report
+from reconciler.governance.rulebook import from_micros
 from reconciler.governance.store import Store
 
 __all__ = ["CONTENT_TYPE_LATEST", "CallCounts", "MetricsSources", "bearer_allowed", "render_metrics"]
@@ -143,9 +145,7 @@ class _Figures(Collector):
         yield connectors
         problems = GaugeMetricFamily("handler_preflight_problems", "What `handler doctor` finds on this machine, "
                                      "by level", labels=["level"])
-        levels: dict[str, int] = {}
-        for problem in status.get("preflight") or []:
-            levels[problem.get("level", "")] = levels.get(problem.get("level", ""), 0) + 1
+        levels = Counter(problem.get("level") for problem in status.get("preflight") or [])
         for level in ("error", "warning"):
             problems.add_metric([level], levels.get(level, 0))
         yield problems
@@ -154,11 +154,11 @@ class _Figures(Collector):
         store = self._store
         if store is None:  # no governance store: nothing to say of one
             return
-        failed = isinstance(store, StoreError)
-        yield GaugeMetricFamily("handler_store_up", "1 when this scrape read the governance store, 0 when it "
-                                "could not (the router's log says why)", value=0 if failed else 1)
+        up = "1 when this scrape read the governance store, 0 when it could not (the router's log says why)"
         if isinstance(store, StoreError):
+            yield GaugeMetricFamily("handler_store_up", up, value=0)
             return
+        yield GaugeMetricFamily("handler_store_up", up, value=1)
         yield GaugeMetricFamily("handler_holds_pending", "Held calls waiting for a decision (the whole store)",
                                 value=store.pending)
         yield GaugeMetricFamily("handler_set_aside_this_month", "Rows the store refused this month (UTC), each set "
@@ -168,5 +168,5 @@ class _Figures(Collector):
         spend = GaugeMetricFamily("handler_spend_usd", "Spend counted against each scope's caps this month (UTC), "
                                   "running calls and budget leases included", labels=["scope"])
         for scope, micros in store.spend:
-            spend.add_metric([scope], micros / 1_000_000)
+            spend.add_metric([scope], from_micros(micros))
         yield spend

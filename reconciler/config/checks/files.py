@@ -13,7 +13,7 @@ from typing import Any
 from reconciler.config.documents import Document
 from reconciler.config.findings import Finding
 from reconciler.config.models import MAX_NAME_CHARS, BindingFile, ConnectorFile, InterfaceFile, ProfileFile, SecretRef
-from reconciler.places import MAX_SOCKET_PATH
+from reconciler.places import MAX_SOCKET_PATH, run_dir_room
 
 __all__ = [
     "EGRESS",
@@ -204,7 +204,6 @@ def check_binding_file(doc: Document, spec: BindingFile, name: str) -> list[Find
 # A profile is served on `$HANDLER_RUN_DIR/profiles/<name>.sock`, and a unix socket's path holds 107 bytes: a name
 # past this leaves under 32 of them for the run folder, which every host chooses for itself.
 _SOCKET_NAME_CHARS = 60
-_SOCKET_ROOM = MAX_SOCKET_PATH - len("/profiles/") - len(".sock")
 
 
 def check_profile_file(doc: Document, spec: ProfileFile, name: str) -> list[Finding]:
@@ -214,9 +213,9 @@ def check_profile_file(doc: Document, spec: ProfileFile, name: str) -> list[Find
         findings.append(Finding(
             "P014", doc.path, doc.line_of("name") if spec.name else 1,
             f"the profile's name is {size} bytes long: its socket, $HANDLER_RUN_DIR/profiles/{name[:20]}….sock, "
-            f"leaves {_SOCKET_ROOM - size} bytes of the {MAX_SOCKET_PATH} a unix socket's path holds for the run "
+            f"leaves {run_dir_room(name)} bytes of the {MAX_SOCKET_PATH} a unix socket's path holds for the run "
             "folder",
-            f"a name of at most {_SOCKET_NAME_CHARS} characters, which leaves {_SOCKET_ROOM - _SOCKET_NAME_CHARS} "
+            f"a name of at most {_SOCKET_NAME_CHARS} characters, which leaves {run_dir_room('x' * _SOCKET_NAME_CHARS)} "
             "(the defaults, $XDG_RUNTIME_DIR/handler or /tmp/handler-$UID, take about 20)",
             "a shorter name (and file name)"))
     scope = PurePosixPath(spec.scope)
