@@ -20,4 +20,4 @@ def verify_signature(secret: bytes, body: bytes, header: str | None) -> bool:
     """True when `header` is GitHub's signature of `body` with `secret` (compared in constant time)."""
     if not secret or not header or not header.startswith("sha256="):
         return False
-    return hmac.compare_digest(sign_body(secret, body), header)
+    return hmac.compare_digest(sign_body(secret, body).encode(), header.encode())  # bytes: a str with "é" raises

@@ -9,7 +9,12 @@
   a body that takes longer than `BodyLimits.seconds` to arrive is cut with 408. Nothing buffers a
   whole body the limit has not already allowed.
 
-Both are plain ASGI, so they apply to every route, the dashboard's and the hooks' alike.
+Both are plain ASGI, so they apply to every route, the dashboard's and the hooks' alike. Beneath them,
+`guarded_connections` makes uvicorn's HTTP/1.1 connection guard itself, before any request exists: a client must
+send a whole request head within `ConnectionLimits.head_seconds` of connecting (or of its last request) or it
+gets 408 and is closed, and past `ConnectionLimits.most` connections open at once a new one gets 503 and is
+closed at once. Without them a client that opens connections and never finishes a head held a descriptor
+each for ever, until the process ran out of them and the router's own sockets could accept no agent.
 """
 
 from __future__ import annotations
@@ -17,20 +22,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 from urllib.parse import urlsplit
 
+import h11
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from reconciler.config.errors import HandlerError
 
-__all__ = ["BodyLimiter", "BodyLimits", "HostAllowList", "allowed_hosts", "is_loopback", "is_wildcard"]
+__all__ = ["BodyLimiter", "BodyLimits", "ConnectionLimits", "HostAllowList", "allowed_hosts", "guarded_connections",
+           "is_loopback", "is_wildcard"]
 
+_log = logging.getLogger("handler.http")
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 - recognised here, never bound
 _CLOSE = {"Connection": "close"}  # a refused body is left unread: the connection cannot carry another request
@@ -46,6 +56,75 @@ class BodyLimits:
 
     def limit_for(self, path: str) -> int:
         return self.hooks if path.startswith("/hooks/") else self.forms
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How many connections the listener holds at once, and how long one may take to send a request head."""
+
+    most: int = 256  # the dashboard's users and the hooks' senders are a few; the router's sockets need descriptors
+    head_seconds: float = 10.0  # a head is one packet from any real client
+
+
+def guarded_connections(limits: ConnectionLimits) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol with `limits` applied to every connection (the module's docstring)."""
+
+    class Guarded(_GuardedH11):
+        most, head_seconds = limits.most, limits.head_seconds
+
+    return Guarded
+
+
+class _GuardedH11(H11Protocol):
+    most: int
+    head_seconds: float
+    _head_timer: asyncio.TimerHandle | None = None
+    _refused_at = 0.0  # when the last refusal was logged, for all connections: once a minute under a flood
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.most:
+            now = self.loop.time()
+            if now - _GuardedH11._refused_at > 60:
+                _GuardedH11._refused_at = now
+                _log.warning("the HTTP listener holds %d connections, its most: refusing new ones until some close",
+                             self.most)
+            self._answer_and_close(503, f"This service holds {self.most} connections already; retry in a moment.\n")
+            return
+        self._await_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _await_head(self) -> None:
+        """Arm the head's deadline while the client owes a request head; disarm it once the head is in."""
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(self.head_seconds, self._head_late)
+        else:
+            self._stop_head_timer()
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self._answer_and_close(408, f"No whole request arrived within {self.head_seconds:g} seconds.\n")
+
+    def _answer_and_close(self, status: int, text: str) -> None:
+        body = text.encode()
+        reason = {408: b"Request Timeout", 503: b"Service Unavailable"}[status]
+        self.transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
+                             b"Connection: close\r\n\r\n%s" % (status, reason, len(body), body))
+        self.transport.close()
 
 
 def is_wildcard(host: str) -> bool:
@@ -130,18 +209,31 @@ class BodyLimiter:
             return
         limit = self.limits.limit_for(scope["path"])
         declared = Headers(scope=scope).get("content-length")
-        if declared is not None and (not declared.strip().isdigit() or int(declared) > limit):
-            await _refuse(scope, send, *_declared_refusal(declared, limit))
+        if declared is not None and ((size := _size(declared)) is None or size > limit):
+            await _refuse(scope, send, *_declared_refusal(size, limit))
             return
         reader = _LimitedBody(scope, receive, send, limit, self.limits.seconds)
         with contextlib.suppress(_BodyRefusedError):  # the refusal went out; what the route sent after it was dropped
             await self.app(scope, reader.receive, reader.send)
 
 
-def _declared_refusal(declared: str, limit: int) -> tuple[int, str]:
-    if not declared.strip().isdigit():
+_PAST_ANY_LIMIT = 1 << 62
+
+
+def _size(declared: str) -> int | None:
+    """A Content-Length's bytes (ASCII digits: `str.isdigit` also takes "²", which `int` refuses), None when it is
+    not a number; past 18 digits, more than any limit (`int` refuses a string of 4,300)."""
+    text = declared.strip()
+    if not (text.isascii() and text.isdigit()):
+        return None
+    return int(text) if len(text) <= 18 else _PAST_ANY_LIMIT
+
+
+def _declared_refusal(size: int | None, limit: int) -> tuple[int, str]:
+    if size is None:
         return 400, "Content-Length is not a number.\n"
-    return 413, f"The body is {declared.strip()} bytes; this route takes at most {limit}.\n"
+    said = f"{size} bytes" if size < _PAST_ANY_LIMIT else "more than 18 digits of bytes"
+    return 413, f"The body is {said}; this route takes at most {limit}.\n"
 
 
 class _LimitedBody:

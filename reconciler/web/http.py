@@ -29,10 +29,18 @@ from reconciler.config.errors import HandlerError
 from reconciler.gitops.webhook import verify_signature
 from reconciler.governance.errors import StoreError
 from reconciler.web.dashboard import Desk, dashboard_routes
-from reconciler.web.guards import BodyLimiter, BodyLimits, HostAllowList, allowed_hosts, is_loopback
+from reconciler.web.guards import (
+    BodyLimiter,
+    BodyLimits,
+    ConnectionLimits,
+    HostAllowList,
+    allowed_hosts,
+    guarded_connections,
+    is_loopback,
+)
 from reconciler.web.metrics import CONTENT_TYPE_LATEST, MetricsSources, bearer_allowed, render_metrics
 
-__all__ = ["BodyLimits", "HttpListener", "ListenerError", "ListenerSettings", "WebApp", "build_app"]
+__all__ = ["BodyLimits", "ConnectionLimits", "HttpListener", "ListenerError", "ListenerSettings", "WebApp", "build_app"]
 
 log = logging.getLogger("handler.http")
 
@@ -116,6 +124,7 @@ class ListenerSettings:
     token: str | None = None  # HANDLER_DASHBOARD_TOKEN: required to listen beyond loopback
     public_url: str | None = None  # HANDLER_PUBLIC_URL: its host is allowed in `Host`
     limits: BodyLimits = field(default_factory=BodyLimits)
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ListenerSettings:
@@ -148,7 +157,8 @@ class HttpListener:
         settings = ListenerSettings.from_env(os.environ) if settings is None else settings
         check_exposure(host, port, settings)
         guarded = HostAllowList(BodyLimiter(app, settings.limits), allowed_hosts(host, settings.public_url))
-        config = uvicorn.Config(guarded, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(guarded, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
+                                http=guarded_connections(settings.connections))
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None

@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import threading
 import time
@@ -34,13 +35,19 @@ from urllib.parse import urlencode
 from reconciler.places import ensure_private_dir, open_private_file
 
 __all__ = ["LINK_DAYS", "OWNER_HOURS", "SIGN_IN_MINUTES", "LinkSigner", "SignInLink", "SignedLink", "UsedSignIns",
-           "load_link_secret"]
+           "epoch_seconds", "load_link_secret"]
 
 LINK_DAYS = 7  # a link decides for a week; the hold itself never expires (the dashboard and CLI still work)
 SIGN_IN_MINUTES = 15  # an owner's sign-in link, printed on the service's machine, is opened at once
 OWNER_HOURS = 12  # an owner's session for editing the config: a working day
 _KEY_FILE = "link.key"
 _USED_FILE = "sign-ins.used"
+_EPOCH = re.compile(r"[0-9]{1,12}")  # seconds since 1970, ASCII: `str.isdigit` also takes "²", which `int` refuses
+
+
+def epoch_seconds(text: str) -> int | None:
+    """A time a link, a cookie or a request carries (seconds since 1970, at most 12 ASCII digits), or None."""
+    return int(text) if _EPOCH.fullmatch(text) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +123,12 @@ class LinkSigner:
         if not (member and expires and nonce and sig):
             return None, ("this page was opened without a sign-in link; run `handler dashboard login --member NAME` "
                           "on the service's machine and open the link it prints")
-        if not expires.isdigit():
+        until = epoch_seconds(expires)
+        if until is None:
             return None, "the link is damaged (its expiry is not a number)"
-        if not hmac.compare_digest(self._mac("sign-in", nonce, member, int(expires)).encode(), sig.encode()):
+        if not hmac.compare_digest(self._mac("sign-in", nonce, member, until).encode(), sig.encode()):
             return None, "the link's signature does not match: it was changed, or signed with another key"
-        if int(expires) < (time.time() if now is None else now):
+        if until < (time.time() if now is None else now):
             return None, "the sign-in link has expired; run `handler dashboard login --member NAME` again"
         return member, ""
 
@@ -130,9 +138,10 @@ class LinkSigner:
 
     def _session_member(self, kind: str, value: str, now: float | None) -> str | None:
         parts = value.rsplit(":", 2)
-        if len(parts) != 3 or not parts[1].isdigit():
+        expires = epoch_seconds(parts[1]) if len(parts) == 3 else None
+        if expires is None:
             return None
-        member, expires, mac = parts[0], int(parts[1]), parts[2]
+        member, mac = parts[0], parts[2]
         if not hmac.compare_digest(self._mac(kind, "", member, expires).encode(), mac.encode()):
             return None
         return member if expires >= (time.time() if now is None else now) else None
@@ -146,11 +155,12 @@ class LinkSigner:
         member, expires, sig = params.get("member", ""), params.get("expires", ""), params.get("sig", "")
         if not (member and expires and sig):
             return None, "this page was opened without a decision link"
-        if not expires.isdigit():
+        until = epoch_seconds(expires)
+        if until is None:
             return None, "the link is damaged (its expiry is not a number)"
-        if not hmac.compare_digest(self._mac("decision", hold_id, member, int(expires)).encode(), sig.encode()):
+        if not hmac.compare_digest(self._mac("decision", hold_id, member, until).encode(), sig.encode()):
             return None, "the link's signature does not match: it was changed, or signed with another key"
-        if int(expires) < (time.time() if now is None else now):
+        if until < (time.time() if now is None else now):
             return None, "the link has expired; ask for a new one (`handler approvals link`) or use the CLI"
         return member, ""
 
@@ -188,7 +198,8 @@ class UsedSignIns:
                 lines = handle.read().split()
         except (FileNotFoundError, UnicodeDecodeError):
             return {}
-        return {n: int(e) for n, _, e in (line.partition(",") for line in lines) if e.isdigit()}
+        kept = ((n, epoch_seconds(e)) for n, _, e in (line.partition(",") for line in lines))
+        return {n: e for n, e in kept if e is not None}
 
     def _write(self) -> None:
         if self._path is None:

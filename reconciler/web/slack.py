@@ -27,6 +27,7 @@ import orjson
 from reconciler.config.errors import HandlerError
 from reconciler.governance.holds import Hold
 from reconciler.governance.rulebook import from_micros
+from reconciler.web.links import epoch_seconds
 
 __all__ = ["APPROVE", "REJECT", "SlackAction", "SlackClient", "SlackError", "SlackSettings", "hold_blocks",
            "parse_interaction", "verify_request"]
@@ -115,7 +116,8 @@ class SlackClient:
             raise SlackError(f"cannot reach Slack at {self._settings.api_url}: {exc}") from None
         if reply.status_code == 429:
             retry = reply.headers.get("retry-after", "")
-            raise SlackError("Slack is rate limiting this app", retry_after=float(retry) if retry.isdigit() else None)
+            wait = float(retry) if retry.isascii() and retry.isdigit() else None
+            raise SlackError("Slack is rate limiting this app", retry_after=wait)
         try:
             data = reply.json()
         except ValueError:
@@ -142,7 +144,8 @@ class SlackClient:
         with `replace=False`, show `text` to the clicker alone."""
         body = {"replace_original": True, "text": text} if replace else {
             "replace_original": False, "response_type": "ephemeral", "text": text}
-        with contextlib.suppress(httpx.HTTPError):  # the decision stands; only the message stays as it was
+        # The decision stands; only the message stays as it was. InvalidURL: a response_url that is not a URL.
+        with contextlib.suppress(httpx.HTTPError, httpx.InvalidURL):
             await self._client.post(response_url, json=body)
 
 
@@ -151,12 +154,13 @@ def verify_request(secret: bytes, timestamp: str | None, body: bytes, signature:
     """None when Slack signed this request (v0, HMAC-SHA256) in the last five minutes; else why not."""
     if not timestamp or not signature:
         return "the request has no X-Slack-Request-Timestamp or X-Slack-Signature"
-    if not timestamp.isdigit():
+    sent = epoch_seconds(timestamp)
+    if sent is None:
         return "X-Slack-Request-Timestamp is not a number"
-    if abs((time.time() if now is None else now) - int(timestamp)) > MAX_AGE_SECONDS:
+    if abs((time.time() if now is None else now) - sent) > MAX_AGE_SECONDS:
         return "the request is more than five minutes old (a replay, or a clock far off)"
     expected = "v0=" + hmac.new(secret, b"v0:" + timestamp.encode() + b":" + body, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, signature):
+    if not hmac.compare_digest(expected.encode(), signature.encode()):  # bytes: a str with "é" would raise
         return "the signature does not match HANDLER_SLACK_SIGNING_SECRET"
     return None
 

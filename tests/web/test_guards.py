@@ -19,7 +19,14 @@ from reconciler.gitops.status import Status
 from reconciler.governance.store import open_store
 from reconciler.web.dashboard import Desk
 from reconciler.web.guards import host_name
-from reconciler.web.http import BodyLimits, HttpListener, ListenerError, ListenerSettings, build_app
+from reconciler.web.http import (
+    BodyLimits,
+    ConnectionLimits,
+    HttpListener,
+    ListenerError,
+    ListenerSettings,
+    build_app,
+)
 from reconciler.web.links import LinkSigner
 from reconciler.web.slack import SlackSettings
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
@@ -31,8 +38,8 @@ HANDLER = str(Path(sys.executable).parent / "handler")
 
 
 @asynccontextmanager
-async def listening(store_dir: Path, pushes: list[bytes] | None = None,
-                    limits: BodyLimits | None = None) -> AsyncIterator[int]:
+async def listening(store_dir: Path, pushes: list[bytes] | None = None, limits: BodyLimits | None = None,
+                    connections: ConnectionLimits | None = None) -> AsyncIterator[int]:
     """A listener with the dashboard on 127.0.0.1 (its port), HANDLER_PUBLIC_URL set to PUBLIC."""
 
     async def on_push() -> None:
@@ -42,7 +49,8 @@ async def listening(store_dir: Path, pushes: list[bytes] | None = None,
     desk = Desk(open_store(f"sqlite:///{store_dir / 'store.db'}"), lambda: None, LinkSigner(b"k" * 32),
                 SlackSettings(None, None))
     app = build_app(Status("worktree /tree").to_dict, webhook_secret=b"secret", on_push=on_push, desk=desk)
-    settings = ListenerSettings(public_url=PUBLIC, limits=limits or BodyLimits())
+    settings = ListenerSettings(public_url=PUBLIC, limits=limits or BodyLimits(),
+                                connections=connections or ConnectionLimits())
     listener = HttpListener(app, "127.0.0.1", 0, settings)
     await listener.start()
     try:
@@ -142,6 +150,67 @@ def test_a_slow_body_is_cut_with_408(tmp_path: Path) -> None:
             answer = await exchange(port, head, [b"{" * 10])  # ninety bytes never come
             assert status_of(answer) == 408, answer
             assert b"did not arrive within 0.3 seconds" in answer
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_never_finishes_a_request_head_is_closed_and_cannot_hold_every_descriptor(
+        tmp_path: Path) -> None:
+    partial = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # the blank line that ends a head never comes
+
+    async def scenario() -> None:
+        limits = ConnectionLimits(most=3, head_seconds=0.5)
+        async with listening(tmp_path, connections=limits) as port:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert status_of(await exchange(port, partial, [])) == 408  # closed, not held for ever
+            assert 0.4 < loop.time() - started < 5
+            held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+            for _, writer in held:
+                writer.write(partial)
+            refused = await exchange(port, partial, [])  # a fourth, while three are open
+            assert status_of(refused) == 503, refused
+            assert b"holds 3 connections already" in refused
+            for reader, writer in held:  # each is answered 408 and closed at its deadline, freeing its place
+                async with asyncio.timeout(DEADLINE):
+                    assert status_of(await reader.read()) == 408
+                writer.close()
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                assert (await http.get("/healthz")).status_code == 200
+            # Between requests too: a kept-alive connection whose next head stalls is closed at the deadline.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            async with asyncio.timeout(DEADLINE):
+                first = await reader.readuntil(b'{"ok":true}')
+                writer.write(partial)
+                late = await reader.read()
+            writer.close()
+            assert first.startswith(b"HTTP/1.1 200"), first
+            assert late.startswith(b"HTTP/1.1 408"), late
+
+    asyncio.run(scenario())
+
+
+def test_signatures_and_times_that_are_not_ascii_are_refused_not_a_server_error(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with listening(tmp_path) as port, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            signed = {"X-Hub-Signature-256": "sha256=\u00e9".encode()}
+            hook = await http.post("/hooks/git", content=b"{}", headers=signed)
+            assert hook.status_code == 401, hook.text
+            link = await http.get("/approvals/req_x", params={"member": "alice", "expires": "\u00b2", "sig": "x"})
+            assert link.status_code == 404, link.text  # the link was read (no hold here to show)
+            long_expiry = await http.get("/approvals/req_x", params={"member": "alice", "expires": "9" * 5000,
+                                                                       "sig": "x"})
+            assert long_expiry.status_code == 404, long_expiry.text
+            signin = await http.get("/login", params={"member": "alice", "expires": "\u00b2", "nonce": "n",
+                                                      "sig": "s"})
+            assert signin.status_code == 403, signin.text
+        raw = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: handler_member=alice:\xb2:abc\r\nConnection: close\r\n\r\n"
+        async with listening(tmp_path) as port:
+            assert status_of(await exchange(port, raw, [])) == 200  # an unreadable cookie signs nobody in
+            huge = (b"POST /hooks/git HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n")
+            answer = await exchange(port, huge, [])
+            assert status_of(answer) in (400, 413), answer  # h11 or the limit refuses it, never a 500
 
     asyncio.run(scenario())
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import stat
+import time
 from pathlib import Path
 
 import orjson
 import pytest
 
+from reconciler.gitops.webhook import verify_signature
 from reconciler.web.links import LinkSigner, UsedSignIns, load_link_secret
 from reconciler.web.slack import parse_interaction, verify_request
 
@@ -154,3 +156,17 @@ def test_links_never_point_at_a_wildcard_address(tmp_path: Path, caplog: pytest.
     with caplog.at_level("WARNING"):
         assert wildcard not in public_url(wildcard, {})
     assert "set HANDLER_PUBLIC_URL" in caplog.text
+
+
+def test_times_that_are_not_ascii_digits_are_damaged_links_and_requests() -> None:
+    signer = LinkSigner(KEY)
+    for expires in ("\u00b2", "\u0661\u0662", "9" * 5000, "-5", "1e9", ""):
+        assert signer.check("req_1", {"member": "alice", "expires": expires, "sig": "x"})[0] is None
+        assert signer.check_sign_in({"member": "alice", "expires": expires, "nonce": "n", "sig": "x"})[0] is None
+        assert signer.session_member(f"alice:{expires}:abc") is None
+        assert signer.owner_member(f"alice:{expires}:abc") is None
+        assert verify_request(KEY, expires or "x", b"body", "v0=abc") == "X-Slack-Request-Timestamp is not a number"
+    assert "link is damaged" in signer.check("req_1", {"member": "alice", "expires": "\u00b2", "sig": "x"})[1]
+    now = str(int(time.time()))
+    assert verify_request(KEY, now, b"body", "v0=\u00e9") == "the signature does not match HANDLER_SLACK_SIGNING_SECRET"
+    assert not verify_signature(b"secret", b"{}", "sha256=\u00e9")
