@@ -123,7 +123,23 @@ class _Dashboard:
         return HTMLResponse(self.env.get_template(name).render(**context), status_code=status_code, headers=_HEADERS)
 
     def signed_in(self, request: Request) -> str | None:
-        return self.desk.signer.session_member(request.cookies.get(_SESSION, ""))
+        return self.still_member(self.desk.signer.session_member(request.cookies.get(_SESSION, "")))[0]
+
+    def linked(self, hold_id: str, params: Mapping[str, str]) -> tuple[str | None, str]:
+        """(the member a decision link decides as, "") or (None, why it does not)."""
+        member, why = self.desk.signer.check(hold_id, params)
+        return self.still_member(member) if member is not None else (None, why)
+
+    def still_member(self, member: str | None) -> tuple[str | None, str]:
+        """`member` while the live config names them a member of the org, else (None, why): a link and a session are
+        signed for days, and must stop opening the dashboard once the member is removed by a pull request."""
+        if member is None:
+            return None, "sign in first: open a decision link"
+        snapshot = self.desk.snapshot()
+        if snapshot is not None and snapshot.org is not None and member in snapshot.org.members:
+            return member, ""
+        return None, (f"{member} is no longer a member of the org (config/org.toml): their links and sessions no "
+                      "longer open the dashboard")
 
     def locked(self, request: Request) -> Response | None:
         """The response for a visitor without the dashboard token, or None to let them in."""
@@ -162,7 +178,7 @@ class _Dashboard:
 
     async def hold_page(self, request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
-        linked, why = self.desk.signer.check(hold_id, request.query_params)
+        linked, why = self.linked(hold_id, request.query_params)
         if linked is None and (refusal := self.locked(request)) is not None:
             if "sig" in request.query_params:  # a link that does not hold: say why, show nothing
                 return self.page("hold_refused.html", request, status_code=403, message=why)
@@ -226,10 +242,10 @@ class _Dashboard:
     def form_member(self, request: Request, hold_id: str, fields: Mapping[str, str]) -> tuple[str | None, str, str]:
         """Who a decision form decides as (None: nobody, and why), and how they proved it."""
         if fields["sig"]:  # a signed link's form
-            member, why = self.desk.signer.check(hold_id, fields)
+            member, why = self.linked(hold_id, fields)
             return member, why, "signed link"
         session = request.cookies.get(_SESSION, "")  # a signed-in member's form
-        member, why = self.desk.signer.session_member(session), "sign in first: open a decision link"
+        member, why = self.still_member(self.desk.signer.session_member(session))
         if member is not None and not hmac.compare_digest(fields["csrf"].encode(),
                                                           self.desk.signer.csrf(session).encode()):
             member, why = None, "the form does not belong to this session; reload the page"

@@ -419,6 +419,43 @@ def test_the_dashboard_shows_status_holds_and_catalog_and_asks_for_its_token(
     asyncio.run(scenario())
 
 
+def test_a_member_removed_from_the_org_is_signed_out_of_the_dashboard(tree: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    route(tree, '{ to = "member", member = "bob" }')
+    monkeypatch.setenv("HANDLER_DASHBOARD_TOKEN", "let-me-in")
+
+    async def scenario() -> None:
+        async with running(options(tree)) as service, httpx.AsyncClient() as bob:
+            client, rid = await hold_a_write(service)
+            url = base_url(service)
+            env = {**os.environ, "HANDLER_STATE_DIR": str(tree.parent / "state"), "HANDLER_PUBLIC_URL": url}
+            signed = await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", "bob",
+                                                              "--root", str(tree)], capture_output=True, text=True,
+                                             env=env, check=True)
+            link = signed.stdout.strip()
+            assert "Approve as bob" in (await bob.get(link)).text  # the link signs bob in
+            assert (await bob.get(url + "/approvals")).status_code == 200
+            for save in (lambda: route(tree, '{ to = "member", member = "owner" }'),  # holds no longer go to bob,
+                         lambda: (tree / "config/org.toml").write_text(  # so he may be removed
+                             ORG.replace('[members.bob]\nemail = "bob@example.org"\n', ""))):
+                live = service.generation
+                save()
+                await service.until(lambda: service.generation > live)  # noqa: B023 - awaited within the turn
+            listing = await bob.get(url + "/approvals")
+            assert listing.status_code == 401, listing.text  # the session no longer opens the dashboard
+            again = await bob.get(link)
+            assert again.status_code == 403, again.text
+            assert "bob is no longer a member of the org" in again.text
+            assert "dear bob" not in again.text
+            fields = {k: v[0] for k, v in parse_qs(urlsplit(link).query).items()}
+            posted = await bob.post(link.split("?")[0], data={**fields, "decision": "approve"})
+            assert posted.status_code == 403, posted.text
+            assert await status_of(client, rid) == "pending"
+            await client.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_stored_hold_wakes_the_notifier_without_waiting_for_its_poll(tree: Path, mailbox: tuple[Mailbox, int],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     box, port = mailbox
