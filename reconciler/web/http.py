@@ -58,12 +58,16 @@ def build_app(
     token: str | None = None,
 ) -> Starlette:
     """The ASGI app. `on_push` is awaited for a verified push (None: the source is not git); `metrics` serves
-    `/metrics`, which asks for `token` (HANDLER_DASHBOARD_TOKEN) as a bearer token when one is set."""
+    `/metrics`. `/status` and `/metrics` ask for `token` (HANDLER_DASHBOARD_TOKEN) as a bearer token when one is
+    set; `/healthz` never does (it says nothing but that the service answers)."""
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
     async def status_route(request: Request) -> Response:
+        # It names every profile and binding, the plan, and which secrets are missing: as private as /metrics.
+        if not bearer_allowed(token, request.headers.get("authorization")):
+            return _bearer_refusal()
         return JSONResponse(status())
 
     async def hook(request: Request) -> Response:
@@ -86,9 +90,7 @@ def build_app(
 
     async def metrics_route(request: Request) -> Response:
         if not bearer_allowed(token, request.headers.get("authorization")):
-            return Response("this page asks for HANDLER_DASHBOARD_TOKEN as a bearer token: in Prometheus, "
-                            "authorization: {credentials: <the token>}\n", status_code=401,
-                            headers={"WWW-Authenticate": "Bearer"}, media_type="text/plain")
+            return _bearer_refusal()
         assert metrics is not None  # noqa: S101 - routed only with sources
         return Response(await render_metrics(metrics), media_type=CONTENT_TYPE_LATEST)
 
@@ -102,6 +104,12 @@ def build_app(
     if desk is not None:
         routes += dashboard_routes(desk, status)
     return Starlette(routes=routes, exception_handlers={StoreError: _store_unavailable})
+
+
+def _bearer_refusal() -> Response:
+    return Response("this page asks for HANDLER_DASHBOARD_TOKEN as a bearer token: the header `Authorization: Bearer "
+                    "<the token>` (curl -H; in Prometheus, authorization: {credentials: <the token>})\n",
+                    status_code=401, headers={"WWW-Authenticate": "Bearer"}, media_type="text/plain")
 
 
 async def _store_unavailable(request: Request, exc: Exception) -> Response:

@@ -107,19 +107,26 @@ def test_a_client_naming_many_unknown_tools_adds_one_series(tree: Path) -> None:
     asyncio.run(scenario())
 
 
-def test_with_a_dashboard_token_the_page_asks_for_it(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_a_dashboard_token_the_page_and_the_status_ask_for_it(tree: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HANDLER_DASHBOARD_TOKEN", "a-long-random-token")
 
     async def scenario() -> None:
         async with running(options(tree)) as service:
             assert service.listener is not None
-            url = f"http://127.0.0.1:{service.listener.port}/metrics"
+            base = f"http://127.0.0.1:{service.listener.port}"
             async with httpx.AsyncClient() as http:
                 for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic a-long-random-token"}):
-                    refused = await http.get(url, headers=headers)
+                    refused = await http.get(base + "/metrics", headers=headers)
                     assert refused.status_code == 401
                     assert "HANDLER_DASHBOARD_TOKEN" in refused.text
                     assert "handler_calls" not in refused.text
+                    status = await http.get(base + "/status", headers=headers)  # it names profiles and bindings
+                    assert status.status_code == 401
+                    assert "tester" not in status.text
+                given = await http.get(base + "/status", headers={"Authorization": "Bearer a-long-random-token"})
+                assert given.json()["ready"] is True
+                assert (await http.get(base + "/healthz")).status_code == 200  # a probe needs no token
             samples = await scrape(service, Authorization="Bearer a-long-random-token")
             assert samples[("handler_ready", ())] == 1
 
