@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,15 @@ from reconciler.governance.decide import usd
 from reconciler.governance.errors import NotAllowedError
 from reconciler.governance.explain import explain_call
 from reconciler.governance.explain import render_text as render_explanation
-from reconciler.governance.holds import Hold, decide_hold, get_hold, list_holds, may_decide
+from reconciler.governance.holds import (
+    LISTED_HOLDS,
+    Hold,
+    count_holds,
+    decide_hold,
+    get_hold,
+    list_holds,
+    may_decide,
+)
 from reconciler.governance.ledger import add_balance, current_month, leased_balance, read_balance, spend_report
 from reconciler.governance.notices import list_notices
 from reconciler.governance.rulebook import from_micros, to_micros
@@ -62,6 +71,8 @@ def _add_approvals_commands(sub: Any) -> None:
     asub = approvals.add_subparsers(title="approvals commands", metavar="ACTION", required=True)
     listing = _with_root(asub.add_parser("list", help="the pending holds (--all: every hold)"))
     listing.add_argument("--all", action="store_true", help="every hold, decided ones too")
+    listing.add_argument("--limit", type=_limit, default=LISTED_HOLDS, metavar="N",
+                         help=f"list the N oldest (default {LISTED_HOLDS}; 0: all); it says how many it leaves out")
     listing.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     listing.set_defaults(run=_approvals_list)
     show = _with_root(asub.add_parser("show", help="one hold: the call, its arguments, why it was held"))
@@ -184,8 +195,13 @@ def _hold_story(hold: Hold) -> list[tuple[str, str]]:
 
 
 def _approvals_list(args: argparse.Namespace) -> int:
+    states = () if args.all else ("pending",)
     with _store(args.root) as store:
-        found = list_holds(store, states=() if args.all else ("pending",))
+        found = list_holds(store, states, args.limit or None)
+        total = count_holds(store, states) if args.limit and len(found) == args.limit else len(found)
+    if total > len(found):
+        print(f"the {len(found)} oldest of {total} {'holds' if args.all else 'pending holds'} are listed; "
+              "--limit 0 lists them all", file=sys.stderr)
     if args.format == "json":
         print(json.dumps([h.to_dict() for h in found], indent=2, default=str))
         return EXIT_OK
@@ -255,13 +271,24 @@ def _approvals_link(args: argparse.Namespace) -> int:
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
+    value = _whole(text)
+    if value is None or value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count: give a whole number of at least 1")
     return value
+
+
+def _limit(text: str) -> int:
+    value = _whole(text)
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a limit: give a whole number (0: no limit)")
+    return value
+
+
+def _whole(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def _month(text: str) -> str:

@@ -25,6 +25,7 @@ from reconciler.governance.store.audit import record
 
 __all__ = [
     "FINAL_HINT",
+    "LISTED_HOLDS",
     "PENDING_HINT",
     "REASON_LIMIT",
     "Hold",
@@ -108,8 +109,11 @@ def get_hold(store: Store, request_id: str) -> Hold:
     return Hold.from_row(found)
 
 
-def list_holds(store: Store, states: Sequence[str] = ("pending",), limit: int = 200) -> list[Hold]:
-    """Holds in these states (every hold when `states` is empty), oldest first."""
+LISTED_HOLDS = 200  # what a listing shows unless asked for more; each says how many it leaves out
+
+
+def list_holds(store: Store, states: Sequence[str] = ("pending",), limit: int | None = LISTED_HOLDS) -> list[Hold]:
+    """Holds in these states (every hold when `states` is empty), oldest first; `limit` None: all of them."""
     return [Hold.from_row(r) for r in rows.fetch_holds(store, states, limit)]
 
 
@@ -118,8 +122,9 @@ def recent_decisions(store: Store, limit: int = 50) -> list[Hold]:
     return [Hold.from_row(r) for r in rows.fetch_recent_decisions(store, limit)]
 
 
-def count_holds(store: Store, state: str = "pending") -> int:
-    return rows.count_holds(store, state)
+def count_holds(store: Store, states: Sequence[str] = ("pending",)) -> int:
+    """How many holds are in these states (every hold when `states` is empty)."""
+    return rows.count_holds(store, states)
 
 
 def approved_ids(store: Store, limit: int = 50) -> list[str]:

@@ -39,6 +39,7 @@ from reconciler.governance.auditing import pricing_violations_this_month, set_as
 from reconciler.governance.decide import usd
 from reconciler.governance.errors import GovernanceError, HoldNotFoundError, NotAllowedError
 from reconciler.governance.holds import (
+    LISTED_HOLDS,
     Hold,
     count_holds,
     decide_hold,
@@ -159,7 +160,7 @@ class _Dashboard:
     async def overview(self, request: Request) -> Response:
         if (refusal := self.locked(request)) is not None:
             return refusal
-        pending = await asyncio.to_thread(count_holds, self.desk.store, "pending")
+        pending = await asyncio.to_thread(count_holds, self.desk.store)
         troubled = await asyncio.to_thread(troubled_notices, self.desk.store)
         violations = await asyncio.to_thread(pricing_violations_this_month, self.desk.store)
         set_aside = await asyncio.to_thread(set_aside_this_month, self.desk.store)
@@ -173,8 +174,10 @@ class _Dashboard:
         if (refusal := self.locked(request)) is not None:
             return refusal
         pending = await asyncio.to_thread(list_holds, self.desk.store, ("pending",))
+        waiting = len(pending) if len(pending) < LISTED_HOLDS else await asyncio.to_thread(count_holds, self.desk.store)
         decided = await asyncio.to_thread(recent_decisions, self.desk.store, 50)
-        return self.page("approvals.html", request, pending=pending, decided=decided, refresh_every=REFRESH_SECONDS)
+        return self.page("approvals.html", request, pending=pending, waiting=waiting, decided=decided,
+                         refresh_every=REFRESH_SECONDS)
 
     async def hold_page(self, request: Request) -> Response:
         hold_id = request.path_params["hold_id"]

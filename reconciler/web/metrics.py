@@ -93,7 +93,7 @@ async def render_metrics(sources: MetricsSources) -> bytes:
 
 def _read_store(store: Store) -> _StoreFigures:
     spend = [(row["scope"], int(row["micros"])) for row in spend_report(store)]
-    return _StoreFigures(count_holds(store, "pending"), set_aside_this_month(store),
+    return _StoreFigures(count_holds(store), set_aside_this_month(store),
                          pricing_violations_this_month(store), spend)
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from reconciler.config import FolderSource, Loader
 from reconciler.config.models import BindingFile, InterfaceFile, OrgFile, ProfileFile, TemplateFile, Tool
 from reconciler.config.snapshot import BUILTIN_TEMPLATES, Binding, InterfaceVersion, Profile, Selection, Snapshot
 from reconciler.governance.gate import CallRequest
+from reconciler.governance.governor import Governor
+from reconciler.governance.store import open_store, store_url
 
 __all__ = ["OWNERS_ORG", "PRICES", "TOOLS", "cap_snapshot", "make_snapshot", "priced_call"]
 
@@ -80,3 +84,20 @@ def cap_snapshot() -> Snapshot:
 def priced_call(instance: str = "i1", profile: str = "p", tool: str = "search_query", **arguments: Any) -> CallRequest:
     iface = "search" if tool.startswith("search") else "mail"
     return CallRequest(profile, instance, "parent-1", f"{iface}/v1", tool, f"{iface}-b", arguments or {"q": "x"})
+
+
+def hold_calls(tree: Path, count: int) -> list[str]:
+    """`count` held web searches of the auditor (Restrictive: each waits for a person), oldest first."""
+    snapshot = Loader().load(FolderSource(tree))
+    governor = Governor(open_store(store_url(tree)))
+    held = []
+    for n in range(count):
+        call = priced_call(f"run-{n}", profile="auditor", tool="web_search_query", query=f"q{n}")
+        call = type(call)(call.profile, call.instance, None, "web-search/v1", call.tool, "search-brave",
+                          call.arguments)
+        rid = governor.admit_now(snapshot, call).request_id
+        assert rid is not None
+        held.append(rid)
+    governor.close()
+    return held
+

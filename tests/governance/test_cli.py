@@ -15,7 +15,7 @@ from reconciler.governance.holds import get_hold
 from reconciler.governance.leases import LeaseTerms
 from reconciler.governance.store import open_store, store_url
 from reconciler.governance.store.audit import record
-from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
+from tests.governance.builders import OWNERS_ORG, cap_snapshot, hold_calls, make_snapshot, priced_call
 from tests.governance.store.test_set_aside import refuse_a_row
 
 
@@ -266,3 +266,21 @@ def test_a_store_file_that_is_not_a_database_says_what_to_do(tree: Path, capsys:
         assert "failed: file is not a database. The file is damaged or is not this store" in err
         assert "move the file aside (with its -wal and -shm files) and restore it from a backup" in err
         assert "Traceback" not in err
+
+
+def test_a_listing_says_how_many_holds_it_leaves_out(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    held = hold_calls(tree, 5)
+    code, out, err = run(capsys, "approvals", "list", "--limit", "3", "--root", str(tree))
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines()] == held[:3]
+    assert "the 3 oldest of 5 pending holds are listed; --limit 0 lists them all" in err
+    code, out, err = run(capsys, "approvals", "list", "--limit", "0", "--format", "json", "--root", str(tree))
+    assert [hold["id"] for hold in json.loads(out)] == held
+    assert err == ""
+    code, out, err = run(capsys, "approvals", "list", "--root", str(tree))  # the default lists 200: all of these
+    assert len(out.splitlines()) == 5
+    assert err == ""
+    with pytest.raises(SystemExit) as exited:
+        main(["approvals", "list", "--limit", "-1", "--root", str(tree)])
+    assert exited.value.code == 2
+    assert "'-1' is not a limit" in capsys.readouterr().err

@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from reconciler.gitops.status import Status
-from reconciler.governance.store import open_store
+from reconciler.governance.holds import LISTED_HOLDS
+from reconciler.governance.store import open_store, store_url
 from reconciler.web.dashboard import Desk
 from reconciler.web.guards import host_name
 from reconciler.web.http import (
@@ -32,6 +33,7 @@ from reconciler.web.slack import SlackSettings
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import short_dir
 from tests.fixtures.service import DEADLINE
+from tests.governance.builders import hold_calls
 
 PUBLIC = "https://approvals.example.org"
 HANDLER = str(Path(sys.executable).parent / "handler")
@@ -39,14 +41,15 @@ HANDLER = str(Path(sys.executable).parent / "handler")
 
 @asynccontextmanager
 async def listening(store_dir: Path, pushes: list[bytes] | None = None, limits: BodyLimits | None = None,
-                    connections: ConnectionLimits | None = None) -> AsyncIterator[int]:
-    """A listener with the dashboard on 127.0.0.1 (its port), HANDLER_PUBLIC_URL set to PUBLIC."""
+                    connections: ConnectionLimits | None = None, store: str | None = None) -> AsyncIterator[int]:
+    """A listener with the dashboard on 127.0.0.1 (its port), HANDLER_PUBLIC_URL set to PUBLIC; its store a new one in
+    `store_dir`, or `store`."""
 
     async def on_push() -> None:
         if pushes is not None:
             pushes.append(b"push")
 
-    desk = Desk(open_store(f"sqlite:///{store_dir / 'store.db'}"), lambda: None, LinkSigner(b"k" * 32),
+    desk = Desk(open_store(store or f"sqlite:///{store_dir / 'store.db'}"), lambda: None, LinkSigner(b"k" * 32),
                 SlackSettings(None, None))
     app = build_app(Status("worktree /tree").to_dict, webhook_secret=b"secret", on_push=on_push, desk=desk)
     settings = ListenerSettings(public_url=PUBLIC, limits=limits or BodyLimits(),
@@ -242,3 +245,22 @@ def test_handler_up_on_every_address_without_a_token_says_what_to_set(tree: Path
     assert done.returncode != 0
     assert "--http 0.0.0.0:0" in done.stderr, done.stderr
     assert "HANDLER_DASHBOARD_TOKEN" in done.stderr, done.stderr
+
+
+def test_the_approvals_page_counts_every_pending_hold_and_says_when_it_lists_only_the_oldest(
+        shipped_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HANDLER_STORE_URL", raising=False)
+    monkeypatch.delenv("HANDLER_STATE_DIR", raising=False)
+    held = hold_calls(shipped_tree, LISTED_HOLDS + 3)
+
+    async def scenario() -> None:
+        async with listening(shipped_tree, store=store_url(shipped_tree)) as port, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            page = (await http.get("/approvals")).text
+            assert f"Waiting for a decision ({LISTED_HOLDS + 3})" in page
+            assert f"The {LISTED_HOLDS} oldest are listed here" in page
+            assert "handler approvals list --limit 0" in page
+            assert held[0] in page
+            assert held[-1] not in page
+
+    asyncio.run(scenario())

@@ -39,8 +39,8 @@ def fetch_hold(store: Store, hold_id: str) -> dict[str, Any] | None:
     return None if row is None else dict(row._mapping)
 
 
-def fetch_holds(store: Store, states: Sequence[str], limit: int) -> list[dict[str, Any]]:
-    """Holds in these states (all when empty), oldest first."""
+def fetch_holds(store: Store, states: Sequence[str], limit: int | None) -> list[dict[str, Any]]:
+    """Holds in these states (all when empty), oldest first; `limit` None: all of them."""
     query = sa.select(holds).order_by(holds.c.created_at).limit(limit)
     if states:
         query = query.where(holds.c.state.in_(states))
@@ -55,9 +55,13 @@ def fetch_recent_decisions(store: Store, limit: int) -> list[dict[str, Any]]:
         return [dict(r._mapping) for r in conn.execute(query)]
 
 
-def count_holds(store: Store, state: str) -> int:
+def count_holds(store: Store, states: Sequence[str]) -> int:
+    """How many holds are in these states (all when empty)."""
+    query = sa.select(sa.func.count()).select_from(holds)
+    if states:
+        query = query.where(holds.c.state.in_(states))
     with store.read() as conn:
-        found = conn.execute(sa.select(sa.func.count()).select_from(holds).where(holds.c.state == state)).scalar()
+        found = conn.execute(query).scalar()
     return int(found or 0)
 
 

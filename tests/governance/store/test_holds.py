@@ -27,7 +27,7 @@ def test_a_hold_is_decided_claimed_and_finished_once(store: Store) -> None:
     with store.begin() as tx:
         insert_hold(tx, _values("req_1"))
     assert fetch_hold(store, "req_nope") is None
-    assert (count_holds(store, "pending"), approved_ids(store, 10)) == (1, [])
+    assert (count_holds(store, ("pending",)), approved_ids(store, 10)) == (1, [])
     with store.begin() as tx:
         assert not set_claimed(tx, "req_1", "router-a")  # not approved yet
         assert set_decided(tx, "req_1", "approved", "alice", "")
