@@ -23,7 +23,7 @@ from reconciler.gitops.proposals import Proposer
 from reconciler.governance.notices import Reach
 from reconciler.governance.store import Store
 from reconciler.web.desk import Desk
-from reconciler.web.links import LinkSigner, UsedSignIns, load_link_secret
+from reconciler.web.links import ENDED_SESSIONS, LinkSigner, SpentTokens, load_link_secret
 from reconciler.web.mail import MailSettings
 from reconciler.web.notifier import Notifier
 from reconciler.web.slack import SlackClient, SlackSettings
@@ -71,7 +71,8 @@ def open_channels(store: Store, snapshot: Callable[[], Snapshot | None], state_d
     slack = SlackSettings.from_env(env)
     client = SlackClient(slack) if slack.token or slack.signing_secret else None
     desk = Desk(store, snapshot, signer, slack, client, env.get("HANDLER_DASHBOARD_TOKEN", "").strip() or None,
-                proposer=proposer, used_sign_ins=UsedSignIns(state_dir))
+                proposer=proposer, used_sign_ins=SpentTokens(state_dir),
+                ended_sessions=SpentTokens(state_dir, ENDED_SESSIONS))
     if listing is not None:
         desk.listing = listing
     notifier = Notifier(store, signer, env.get("HANDLER_PUBLIC_URL", "").strip().rstrip("/"),

@@ -124,7 +124,7 @@ class _Dashboard:
         return HTMLResponse(self.env.get_template(name).render(**context), status_code=status_code, headers=_HEADERS)
 
     def signed_in(self, request: Request) -> str | None:
-        return self.still_member(self.desk.signer.session_member(request.cookies.get(_SESSION, "")))[0]
+        return self.still_member(self.desk.member_session(request.cookies.get(_SESSION, "")))[0]
 
     def linked(self, hold_id: str, params: Mapping[str, str]) -> tuple[str | None, str]:
         """(the member a decision link decides as, "") or (None, why it does not)."""
@@ -248,7 +248,7 @@ class _Dashboard:
             member, why = self.linked(hold_id, fields)
             return member, why, "signed link"
         session = request.cookies.get(_SESSION, "")  # a signed-in member's form
-        member, why = self.still_member(self.desk.signer.session_member(session))
+        member, why = self.still_member(self.desk.member_session(session))
         if member is not None and not hmac.compare_digest(fields["csrf"].encode(),
                                                           self.desk.signer.csrf(session).encode()):
             member, why = None, "the form does not belong to this session; reload the page"

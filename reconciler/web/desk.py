@@ -9,7 +9,7 @@ from typing import Any
 from reconciler.config.snapshot import Snapshot
 from reconciler.gitops.proposals import Proposer
 from reconciler.governance.store import Store
-from reconciler.web.links import LinkSigner, UsedSignIns
+from reconciler.web.links import ENDED_SESSIONS, LinkSigner, SpentTokens, session_token
 from reconciler.web.slack import SlackClient, SlackSettings
 
 __all__ = ["Desk"]
@@ -28,4 +28,23 @@ class Desk:
     on_decision: Callable[[], None] | None = None  # the notifier, to show the decision in Slack at once
     listing: Callable[[], Mapping[str, Any] | None] = lambda: None  # the tree's catalog/listing.json, when read
     proposer: Proposer | None = None  # where the edit forms' changes go (None: the pages only show the config)
-    used_sign_ins: UsedSignIns = field(default_factory=lambda: UsedSignIns(None))  # owners' one-time links
+    used_sign_ins: SpentTokens = field(default_factory=lambda: SpentTokens(None))  # owners' one-time links
+    ended_sessions: SpentTokens = field(default_factory=lambda: SpentTokens(None, ENDED_SESSIONS))  # signed out
+
+    def member_session(self, value: str) -> str | None:
+        """The member a member session's cookie signs in; None when absent, forged, expired or signed out."""
+        return None if self._ended(value) else self.signer.session_member(value)
+
+    def owner_session(self, value: str) -> str | None:
+        """The member an owner session's cookie signs in; None when absent, forged, expired or signed out."""
+        return None if self._ended(value) else self.signer.owner_member(value)
+
+    def end_session(self, value: str) -> None:
+        """Sign a session out for good: its cookie, or any copy of it, signs nobody in again."""
+        token = session_token(value)
+        if token is not None and (self.signer.session_member(value) or self.signer.owner_member(value)):
+            self.ended_sessions.use(*token)
+
+    def _ended(self, value: str) -> bool:
+        token = session_token(value)
+        return token is not None and self.ended_sessions.spent(token[0])

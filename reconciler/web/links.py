@@ -11,10 +11,12 @@ survive a restart.
 
 Editing the config from the dashboard needs more than a decision link, which travels by email: an owner
 signs in with a link `handler dashboard login --member NAME` prints on the service's machine (it reads
-the same key). That link is good for `SIGN_IN_MINUTES` and once (`UsedSignIns` keeps its nonce,
+the same key). That link is good for `SIGN_IN_MINUTES` and once (`SpentTokens` keeps its nonce,
 in memory and in the state folder's `sign-ins.used`, until it expires); it gives an owner session
 (`owner_session`, a cookie signed apart from the member session, `OWNER_HOURS` long) whose forms carry
-a `csrf` token bound to it like the decision forms.
+a `csrf` token bound to it like the decision forms. Signing out ends the sessions the browser held, on
+the server too: their signatures are kept in `sessions.ended` until they expire, so a copy of the
+cookie opens nothing after it.
 """
 
 from __future__ import annotations
@@ -34,14 +36,15 @@ from urllib.parse import urlencode
 
 from reconciler.places import ensure_private_dir, open_private_file
 
-__all__ = ["LINK_DAYS", "OWNER_HOURS", "SIGN_IN_MINUTES", "LinkSigner", "SignInLink", "SignedLink", "UsedSignIns",
-           "epoch_seconds", "load_link_secret"]
+__all__ = ["ENDED_SESSIONS", "LINK_DAYS", "OWNER_HOURS", "SIGN_IN_MINUTES", "USED_SIGN_INS", "LinkSigner", "SignInLink",
+           "SignedLink", "SpentTokens", "epoch_seconds", "load_link_secret", "session_token"]
 
 LINK_DAYS = 7  # a link decides for a week; the hold itself never expires (the dashboard and CLI still work)
 SIGN_IN_MINUTES = 15  # an owner's sign-in link, printed on the service's machine, is opened at once
 OWNER_HOURS = 12  # an owner's session for editing the config: a working day
 _KEY_FILE = "link.key"
-_USED_FILE = "sign-ins.used"
+USED_SIGN_INS = "sign-ins.used"  # the nonces of owners' sign-in links already used
+ENDED_SESSIONS = "sessions.ended"  # the signatures of sessions signed out before they expired
 _EPOCH = re.compile(r"[0-9]{1,12}")  # seconds since 1970, ASCII: `str.isdigit` also takes "²", which `int` refuses
 
 
@@ -137,11 +140,10 @@ class LinkSigner:
         return f"{member}:{expires}:{self._mac(kind, '', member, expires)}"
 
     def _session_member(self, kind: str, value: str, now: float | None) -> str | None:
-        parts = value.rsplit(":", 2)
-        expires = epoch_seconds(parts[1]) if len(parts) == 3 else None
-        if expires is None:
+        parsed = _parse_session(value)
+        if parsed is None:
             return None
-        member, mac = parts[0], parts[2]
+        member, expires, mac = parsed
         if not hmac.compare_digest(self._mac(kind, "", member, expires).encode(), mac.encode()):
             return None
         return member if expires >= (time.time() if now is None else now) else None
@@ -165,22 +167,37 @@ class LinkSigner:
         return member, ""
 
 
-class UsedSignIns:
-    """The nonces of sign-in links already used, each kept until its link expires: in memory, and in
-    `sign-ins.used` in the state folder (0600) so a restart does not make a used link good again."""
+def session_token(value: str) -> tuple[str, int] | None:
+    """(the signature, the expiry) of a session cookie's value as it reads, unchecked; None if it does not read."""
+    parsed = _parse_session(value)
+    return (parsed[2], parsed[1]) if parsed is not None else None
 
-    def __init__(self, state_dir: Path | None) -> None:
-        self._path = state_dir / _USED_FILE if state_dir is not None else None
+
+def _parse_session(value: str) -> tuple[str, int, str] | None:
+    """A session cookie's value `member:expires:signature` taken apart, unchecked; None if it does not read so."""
+    parts = value.rsplit(":", 2)
+    expires = epoch_seconds(parts[1]) if len(parts) == 3 else None
+    return (parts[0], expires, parts[2]) if expires is not None else None
+
+
+class SpentTokens:
+    """Tokens already spent, each kept until it expires: in memory, and in a file of the state folder (0600) so a
+    restart does not make a spent one good again. The nonces of owners' sign-in links (`USED_SIGN_INS`: a link is
+    used once) and the signatures of sessions signed out (`ENDED_SESSIONS`)."""
+
+    def __init__(self, state_dir: Path | None, name: str = USED_SIGN_INS) -> None:
+        self._name = name
+        self._path = state_dir / name if state_dir is not None else None
         self._lock = threading.Lock()
         self._used: dict[str, int] = self._read()
 
     def spent(self, nonce: str) -> bool:
-        """Whether the link with `nonce` was used already."""
+        """Whether `nonce` was spent already."""
         with self._lock:
             return nonce in self._used
 
     def use(self, nonce: str, expires: int, now: float | None = None) -> bool:
-        """Record `nonce` as used; False when it was used before (the link is spent)."""
+        """Record `nonce` as spent until `expires`; False when it was spent before."""
         moment = time.time() if now is None else now
         with self._lock:
             if nonce in self._used:
@@ -204,7 +221,7 @@ class UsedSignIns:
     def _write(self) -> None:
         if self._path is None:
             return
-        scratch = self._path.with_name(f".{_USED_FILE}.tmp")
+        scratch = self._path.with_name(f".{self._name}.tmp")
         with contextlib.suppress(FileNotFoundError):
             scratch.unlink()
         with os.fdopen(open_private_file(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:

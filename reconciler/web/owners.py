@@ -59,7 +59,7 @@ class OwnerDoor:
 
     def owner(self, request: Request) -> tuple[str | None, str]:
         """(the owner this request is signed in as, "") or (None, why not)."""
-        member = self.desk.signer.owner_member(request.cookies.get(OWNER_COOKIE, ""))
+        member = self.desk.owner_session(request.cookies.get(OWNER_COOKIE, ""))
         if member is None:
             return None, f"editing the config needs an owner's sign-in: {_HOW}"
         return self._still_owner(member)
@@ -134,6 +134,8 @@ class OwnerDoor:
         form = await request.form()
         if not hmac.compare_digest(str(form.get("csrf", "")).encode(), self.logout_token(request).encode()):
             return self.login_view(request, 403, message="the form does not belong to this session; reload the page")
+        for cookie in (OWNER_COOKIE, MEMBER_COOKIE):  # ended here, so a copy of either opens nothing either
+            self.desk.end_session(request.cookies.get(cookie, ""))
         response = RedirectResponse("/", status_code=303)
         response.delete_cookie(OWNER_COOKIE, httponly=True, samesite="strict")
         response.delete_cookie(MEMBER_COOKIE, httponly=True, samesite="strict")

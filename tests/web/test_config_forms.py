@@ -150,10 +150,16 @@ def test_a_sign_in_link_works_once_and_not_when_changed(
                 catalog = await http.get("/catalog")
                 assert "signed in as owner (owner)" in text(catalog)
                 token = csrf(await http.get("/connectors/echo"))
+                copied = dict(http.cookies)  # what someone who read the browser's cookies would keep
                 out = await http.post("/logout", data={"csrf": csrf(catalog)})
                 assert (out.status_code, out.headers["location"]) == (303, "/")
                 refused = await http.post("/connectors/echo/bindings", data={**BINDING, "csrf": token})
                 assert refused.status_code == 403  # signed out: the form's token is worth nothing now
+            async with httpx.AsyncClient(base_url=url(service), cookies=copied) as replay:
+                replayed = await replay.post("/connectors/echo/bindings", data={**BINDING, "csrf": token})
+                assert replayed.status_code == 403  # the copy was signed out with the browser's own
+                assert "needs an owner's sign-in" in text(replayed)
+                assert "signed in as" not in text(await replay.get("/catalog"))
             async with httpx.AsyncClient(base_url=url(service)) as other:
                 again = await other.get(link)
                 assert again.status_code == 403

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from reconciler.gitops.webhook import verify_signature
-from reconciler.web.links import LinkSigner, UsedSignIns, load_link_secret
+from reconciler.web.links import LinkSigner, SpentTokens, load_link_secret
 from reconciler.web.slack import parse_interaction, verify_request
 
 KEY = b"k" * 32
@@ -128,13 +128,13 @@ def test_an_owner_session_is_signed_apart_from_a_member_session() -> None:
 
 
 def test_a_sign_in_link_is_spent_once_even_across_a_restart(tmp_path: Path) -> None:
-    used = UsedSignIns(tmp_path)
+    used = SpentTokens(tmp_path)
     assert not used.spent("n1")
     assert used.use("n1", 2_000, now=1_000.0)
     assert used.spent("n1")
     assert not used.use("n1", 2_000, now=1_000.0)
     assert stat.S_IMODE((tmp_path / "sign-ins.used").stat().st_mode) == 0o600
-    again = UsedSignIns(tmp_path)  # the service restarted
+    again = SpentTokens(tmp_path)  # the service restarted
     assert not again.use("n1", 2_000, now=1_500.0)
     assert again.use("n2", 4_000, now=3_000.0)  # n1's link expired meanwhile: forgotten, as it can no longer sign in
     assert (tmp_path / "sign-ins.used").read_text() == "n2,4000\n"
