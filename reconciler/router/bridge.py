@@ -70,10 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sock.close()
         print(f"handler-service: {why_unreachable(run_dir, args.profile, path, exc)}", file=sys.stderr)
         return 1
-    max_line = int(os.environ.get("HANDLER_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES))
     try:
         if args.relay or not hand_over(sock, meta):
-            relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, max_line)
+            # The router's own cap, never a lower one: a line over the bridge's cap passes untagged, and under the
+            # router's it would be served with the agent's own run ids, a held agent deciding its own hold.
+            relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, DEFAULT_MAX_LINE_BYTES)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -101,6 +101,25 @@ def test_the_bridge_exits_cleanly_when_stdin_closes_after_its_requests(echo_root
     assert replies[1]["result"]["structuredContent"] == {"text": "x"}
 
 
+def test_a_relayed_line_always_carries_the_bridges_run_ids_however_long(echo_root: Path, run_dir: Path) -> None:
+    long_call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                 "params": {"name": "echo_say", "arguments": {"text": "x" * 6000},
+                            "_meta": {"handler/instance": "forged"}}}
+
+    async def scenario() -> tuple[bytes, list[dict[str, object]]]:
+        async with serving(echo_root, run_dir) as router:
+            proc = await asyncio.create_subprocess_exec(
+                BRIDGE, "echo", "--profile", "tester", "--relay", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                env={"HANDLER_RUN_DIR": str(run_dir), "PATH": "/usr/bin:/bin", "HANDLER_INSTANCE": "run-42",
+                     "HANDLER_MAX_LINE_BYTES": "4096"})  # a lower cap once let a long line through untagged
+            out, _ = await proc.communicate(orjson.dumps(long_call) + b"\n")
+            return out, log_lines(router)
+
+    out, lines = run(scenario())
+    assert orjson.loads(out)["result"]["structuredContent"] == {"text": "x" * 6000}
+    assert lines[-1]["instance"] == "run-42"
+
+
 def test_the_bridge_exits_cleanly_when_the_router_closes(echo_root: Path, run_dir: Path) -> None:
     import asyncio
 
