@@ -105,9 +105,9 @@ class Session:
         elif has_envelope(params):
             if self.era is Era.HANDSHAKE:
                 raise refuse_other_era(Era.HANDSHAKE, method, params)
-            self.version = read_envelope(params)
-            self.era = Era.STATELESS
-            self._stateless(msg, generation)
+            version = read_envelope(params)
+            self._stateless(msg, generation)  # raises for a request it refuses, which settles nothing
+            self.era, self.version = Era.STATELESS, version
         elif self.era is Era.STATELESS or method == "server/discover":
             read_envelope(params)  # raises: a stateless request needs its envelope
         elif method in _HANDSHAKE_METHODS:
@@ -176,7 +176,9 @@ class Session:
             request_id = (msg.params or {}).get("requestId")
             task = self.tasks.get(request_id) if isinstance(request_id, int | str) else None
             if task is not None:
-                task.cancel()
+                # After its first step, which is already due: a task cancelled before it starts never runs its
+                # `finally`, so the call would go unlogged and its id stay taken for the rest of the connection.
+                self._loop.call_soon(task.cancel)
         # notifications/initialized and the rest need nothing from a tools-only server
 
     async def drain(self) -> None:

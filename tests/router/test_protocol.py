@@ -156,6 +156,16 @@ def test_an_initialized_connection_refuses_the_envelope(echo_root: Path, run_dir
     exchange(echo_root, run_dir, script)
 
 
+def test_a_refused_request_settles_no_era(echo_root: Path, run_dir: Path) -> None:
+    async def script(c: RawClient) -> None:
+        for method, params in (("resources/list", {"_meta": modern()}), ("ping", {"_meta": modern()}),
+                               ("tools/list", {"_meta": {**modern(), "handler/interface": "ocr"}})):
+            assert "error" in await c.request(method, params)  # refused: the connection is still undecided
+        assert (await c.request("initialize", INIT))["result"]["protocolVersion"] == "2025-11-25"
+
+    exchange(echo_root, run_dir, script)
+
+
 def test_an_interface_the_profile_does_not_use_is_refused(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient) -> None:
         reply = await c.request("initialize", INIT, handler__interface="ocr")

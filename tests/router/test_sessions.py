@@ -121,6 +121,28 @@ def test_a_cancelled_call_gets_no_reply_and_is_logged(echo_root: Path, run_dir: 
     run(scenario())
 
 
+def test_a_call_cancelled_in_the_same_read_as_its_request_is_logged_and_frees_its_id(echo_root: Path,
+                                                                                      run_dir: Path) -> None:
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "echo_misbehave", "arguments": {"mode": "sleep", "seconds": 5},
+                       "_meta": {"handler/instance": "i-early"}}}
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            await c.send_bytes(orjson.dumps(call) + b"\n" + orjson.dumps(cancel) + b"\n")  # before its task starts
+            assert (await c.request("ping"))["result"] == {}
+            await _wait_for(lambda: '"cancelled"' in log_text(router))
+            await c.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "echo_say", "arguments": {"text": "again"}}})
+            again = await c.recv()
+            assert again["result"]["structuredContent"] == {"text": "again"}, again  # its id was freed
+            await c.close()
+
+    run(scenario())
+
+
 def test_a_call_of_a_client_that_disconnects_is_finished_and_logged(echo_root: Path, run_dir: Path) -> None:
     # On a unix socket a vanished client and one that closed its sending side look the same (EOF):
     # the calls in flight finish, as for `echo ... | handler-service`; cancelling is the client's
