@@ -56,7 +56,8 @@ class Connection:
         self._finishing: asyncio.Task[None] | None = None
         self._ended = False
         self._holds: set[str] = set()  # why its input is paused: "replies" unsent, "calls" in flight
-        self._waiting: list[bytes | Oversize] = []  # lines read in the same chunk after the bound was reached
+        self._waiting: list[bytes | Oversize] = []  # lines read before a hold began: handled once it lifts
+        self._lifted: asyncio.Future[None] | None = None  # the input's end, waiting for the waiting lines
         self._group = group  # the connections of its profile's socket, which the listener counts
         router.connections.add(self)
         if group is not None:
@@ -66,8 +67,8 @@ class Connection:
         framer, budget = self._framer, self._router.line_budget
         held = framer.buffered
         items = framer.feed(data)
-        if self._waiting or "calls" in self._holds:
-            self._waiting.extend(items)  # read before the bound was reached: handled once calls end
+        if self._waiting or self._holds:
+            self._waiting.extend(items)  # read before the hold began: handled, in order, once it lifts
         else:
             self._handle(items)
         if framer.buffered != held and not budget.change(framer.buffered - held):
@@ -77,24 +78,24 @@ class Connection:
                                                         "messages right now; this one was skipped, send it again")))
 
     def _handle(self, items: list[bytes | Oversize]) -> None:
-        """Handle framed lines in order until the calls in flight reach the bound; keep the rest waiting."""
+        """Handle framed lines in order until a hold begins — the calls in flight at the bound, or replies the client
+        leaves unread past the transport's high-water mark — and keep the rest waiting. A read holds thousands of
+        short requests: answered all at once to a client that never reads, their replies grew the router by
+        megabytes a connection."""
         for index, item in enumerate(items):
             if type(item) is bytes:
                 self.session.handle(item)
                 if len(self.session.tasks) >= self._max_calls:
                     self._hold("calls")
-                    self._waiting.extend(items[index + 1 :])
-                    return
             else:
                 self._write(encode_error(None, oversize_error(self._framer.max_line_bytes)))
+            if self._holds:
+                self._waiting.extend(items[index + 1 :])
+                return
 
     def _call_ended(self) -> None:
         if "calls" in self._holds and len(self.session.tasks) < self._max_calls:
-            waiting, self._waiting = self._waiting, []
-            self._holds.discard("calls")
-            self._handle(waiting)
-            if "calls" not in self._holds:
-                self._release("calls")
+            self._release("calls")
 
     def input_ended(self) -> None:
         """The client closed its sending side: finish the calls in flight, reply, then close the output."""
@@ -102,7 +103,12 @@ class Connection:
             self._finishing = asyncio.get_running_loop().create_task(self._finish())
 
     async def _finish(self) -> None:
-        await self.session.drain()
+        while True:
+            await self.session.drain()
+            if not self._waiting or self._ended:
+                break
+            self._lifted = asyncio.get_running_loop().create_future()  # the lines still waiting are owed replies
+            await self._lifted
         if self.writer is not None:
             self.writer.close()  # flushes what is buffered; its connection_lost then ends the rest
 
@@ -115,6 +121,7 @@ class Connection:
         if self._group is not None:
             self._group.discard(self)
         self._router.line_budget.change(-self._framer.drop_partial())
+        self._wake_finish()
         self.session.abort()
         self.session.detach()
         self.close_streams()
@@ -142,8 +149,20 @@ class Connection:
 
     def _release(self, why: str) -> None:
         self._holds.discard(why)
-        if not self._holds and self.reader is not None and not self.reader.is_closing():
+        if self._holds:
+            return
+        if self._waiting:
+            waiting, self._waiting = self._waiting, []
+            self._handle(waiting)
+            if self._holds:
+                return
+            self._wake_finish()
+        if self.reader is not None and not self.reader.is_closing():
             self.reader.resume_reading()
+
+    def _wake_finish(self) -> None:
+        if self._lifted is not None and not self._lifted.done():
+            self._lifted.set_result(None)
 
     def _write(self, data: bytes) -> None:
         writer = self.writer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
 import weakref
 from pathlib import Path
 
@@ -145,3 +146,28 @@ def test_a_closed_connection_is_freed_at_once_not_at_the_next_full_collection(ec
             gc.enable()
 
     assert run(scenario()) == [True, True, True]
+
+
+def test_a_client_that_never_reads_holds_the_router_to_a_bounded_buffer_and_loses_no_reply(
+        echo_root: Path, run_dir: Path) -> None:
+    count = 4000  # about 200 KB of requests in one write: each reply (the tool list) is ~90 times its request
+    lines = b"".join(orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/list"}) + b"\n" for i in range(count))
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(router.socket_path("tester")))
+            await asyncio.to_thread(sock.sendall, lines)  # and reads nothing yet
+            await asyncio.sleep(0.5)
+            (conn,) = router.connections
+            assert conn.writer is not None
+            held = conn.writer.get_write_buffer_size()
+            assert held < 1 << 20, held  # answering all 4,000 at once held ~16 MB for this one client
+            sock.setblocking(False)
+            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
+            async with asyncio.timeout(DEADLINE):
+                ids = [orjson.loads(await reader.readline())["id"] for _ in range(count)]
+            assert ids == list(range(count))  # every reply, in order, once the client reads
+            writer.close()
+
+    run(scenario())
