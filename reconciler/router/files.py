@@ -359,11 +359,15 @@ def _hand_over(folder: int, owner: int, *, mine: bool) -> None:
         os.close(opened)
 
 
-def _copy_into(src: BinaryIO, out_fd: int, *, shared: bool) -> None:
-    """`src` copied into the new file `out_fd`; with `shared`, readable by a connector of another uid (which cannot
-    change it)."""
+def _copy_into(src: BinaryIO, out_fd: int, size: int, *, shared: bool) -> None:
+    """The first `size` bytes of `src` (its size when it was checked against `maxFileBytes`: a file the agent grows
+    meanwhile is cut there, never copied past it) into the new file `out_fd`; with `shared`, readable by a connector
+    of another uid (which cannot change it)."""
     with os.fdopen(out_fd, "wb") as out:
-        shutil.copyfileobj(src, out, _COPY_CHUNK)
+        left = size
+        while left > 0 and (chunk := src.read(min(_COPY_CHUNK, left))):
+            out.write(chunk)
+            left -= len(chunk)
         if shared:
             os.fchmod(out.fileno(), 0o644)
 
@@ -388,7 +392,7 @@ def _hand_in(file: FileArg, dest: Path, max_bytes: int | None, errors: frozenset
                 os.link(f"/proc/self/fd/{fd}", dest, src_dir_fd=fd, follow_symlinks=True)
                 return
         out_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        _copy_into(src, out_fd, shared=shared)
+        _copy_into(src, out_fd, size, shared=shared)
 
 
 def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | None, errors: frozenset[str], *,
@@ -408,7 +412,7 @@ def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | No
                              dir_fd=folder)
         finally:
             os.close(folder)
-        _copy_into(src, out_fd, shared=shared)
+        _copy_into(src, out_fd, size, shared=shared)
 
 
 def _open_staged(call: Path, staged: str, name: str) -> tuple[int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import os
 import socket
 import stat
@@ -368,3 +369,13 @@ def test_clearing_a_run_folder_removes_what_calls_left_and_follows_no_link(tmp_p
     assert (outside / "inner").is_dir()  # not reached through the link
     assert clear_leftovers(run) == 0
     assert clear_leftovers(tmp_path / "never-made") == 0
+
+
+def test_a_copied_input_is_cut_at_the_size_it_was_checked_at(tmp_path: Path) -> None:
+    # The agent may grow its file between the check against maxFileBytes and the copy: the copy stops there.
+    from reconciler.router.files import _copy_into
+
+    grown = io.BytesIO(b"x" * 900 + b"y" * 5_000_000)
+    dest = tmp_path / "copied"
+    _copy_into(grown, os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 900, shared=False)
+    assert dest.read_bytes() == b"x" * 900
