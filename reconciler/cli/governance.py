@@ -270,17 +270,21 @@ def _approvals_link(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_MOST_ROWS = 1_000_000_000  # a count a store takes as an integer (one past 64 bits was sent and refused as a write)
+
+
 def _count(text: str) -> int:
     value = _whole(text)
-    if value is None or value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count: give a whole number of at least 1")
+    if value is None or not 1 <= value <= _MOST_ROWS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: give a whole number from 1 to {_MOST_ROWS:,}")
     return value
 
 
 def _limit(text: str) -> int:
     value = _whole(text)
-    if value is None or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a limit: give a whole number (0: no limit)")
+    if value is None or not 0 <= value <= _MOST_ROWS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a limit: give a whole number up to {_MOST_ROWS:,} (0: no "
+                                         "limit)")
     return value
 
 

@@ -34,7 +34,8 @@ HOSTS = ("claude-desktop", "cursor", "vscode", "claude-code")
 def add_tree_commands(sub: Any) -> None:
     validate = sub.add_parser("validate", help="run the save-time checks on a config tree")
     add_root_options(validate)
-    validate.add_argument("--base", metavar="REF", help="freeze the interface versions that exist at this git ref")
+    validate.add_argument("--base", metavar="REF", type=_ref,
+                          help="freeze the interface versions that exist at this git ref")
     validate.add_argument("--format", choices=["text", "json", "github"], default="text",
                           help="text for people, json for tools, github for annotations on a pull request")
     validate.add_argument("--codes", action="store_true", help="list every finding code and exit")
@@ -42,8 +43,8 @@ def add_tree_commands(sub: Any) -> None:
 
     plan = sub.add_parser("plan", help="what changes for each profile between a git ref and the tree")
     add_root_options(plan)
-    plan.add_argument("--base", metavar="REF", help="compare with this git ref (default: HEAD of the repository "
-                      "holding the tree; an empty tree when it has no commit or is not in git)")
+    plan.add_argument("--base", metavar="REF", type=_ref, help="compare with this git ref (default: HEAD of the "
+                      "repository holding the tree; an empty tree when it has no commit or is not in git)")
     plan.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     plan.set_defaults(run=_plan)
 
@@ -121,3 +122,12 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         print(plan.render_text())
     return EXIT_OK
+
+
+def _ref(text: str) -> str:
+    """A git ref as given; an empty one is refused: in CI, `--base "$BASE_REF"` with the variable unset would
+    otherwise turn the frozen-version check off without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the ref is empty: name a branch, a tag or a commit (in CI, is the variable "
+                                         "set?)")
+    return text
