@@ -28,10 +28,9 @@ from reconciler.governance.explain import render_text as render_explanation
 from reconciler.governance.holds import (
     LISTED_HOLDS,
     Hold,
-    count_holds,
     decide_hold,
     get_hold,
-    list_holds,
+    listed_holds,
     may_decide,
 )
 from reconciler.governance.ledger import add_balance, current_month, leased_balance, read_balance, spend_report
@@ -197,8 +196,7 @@ def _hold_story(hold: Hold) -> list[tuple[str, str]]:
 def _approvals_list(args: argparse.Namespace) -> int:
     states = () if args.all else ("pending",)
     with _store(args.root) as store:
-        found = list_holds(store, states, args.limit or None)
-        total = count_holds(store, states) if args.limit and len(found) == args.limit else len(found)
+        found, total = listed_holds(store, states, args.limit or None)
     if total > len(found):
         print(f"the {len(found)} oldest of {total} {'holds' if args.all else 'pending holds'} are listed; "
               "--limit 0 lists them all", file=sys.stderr)

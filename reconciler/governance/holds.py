@@ -39,6 +39,7 @@ __all__ = [
     "get_hold",
     "hold_status",
     "list_holds",
+    "listed_holds",
     "may_decide",
     "new_request_id",
     "recent_decisions",
@@ -115,6 +116,13 @@ LISTED_HOLDS = 200  # what a listing shows unless asked for more; each says how 
 def list_holds(store: Store, states: Sequence[str] = ("pending",), limit: int | None = LISTED_HOLDS) -> list[Hold]:
     """Holds in these states (every hold when `states` is empty), oldest first; `limit` None: all of them."""
     return [Hold.from_row(r) for r in rows.fetch_holds(store, states, limit)]
+
+
+def listed_holds(store: Store, states: Sequence[str] = ("pending",),
+                 limit: int | None = LISTED_HOLDS) -> tuple[list[Hold], int]:
+    """`list_holds`, with how many holds are in these states in all: counted only when the list is full."""
+    found = list_holds(store, states, limit)
+    return found, count_holds(store, states) if limit is not None and len(found) >= limit else len(found)
 
 
 def recent_decisions(store: Store, limit: int = 50) -> list[Hold]:

@@ -39,12 +39,11 @@ from reconciler.governance.auditing import pricing_violations_this_month, set_as
 from reconciler.governance.decide import usd
 from reconciler.governance.errors import GovernanceError, HoldNotFoundError, NotAllowedError
 from reconciler.governance.holds import (
-    LISTED_HOLDS,
     Hold,
     count_holds,
     decide_hold,
     get_hold,
-    list_holds,
+    listed_holds,
     may_decide,
     recent_decisions,
 )
@@ -173,8 +172,7 @@ class _Dashboard:
     async def approvals(self, request: Request) -> Response:
         if (refusal := self.locked(request)) is not None:
             return refusal
-        pending = await asyncio.to_thread(list_holds, self.desk.store, ("pending",))
-        waiting = len(pending) if len(pending) < LISTED_HOLDS else await asyncio.to_thread(count_holds, self.desk.store)
+        pending, waiting = await asyncio.to_thread(listed_holds, self.desk.store)
         decided = await asyncio.to_thread(recent_decisions, self.desk.store, 50)
         return self.page("approvals.html", request, pending=pending, waiting=waiting, decided=decided,
                          refresh_every=REFRESH_SECONDS)
