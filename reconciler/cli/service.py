@@ -159,7 +159,7 @@ def _up(args: argparse.Namespace) -> int:
                              webhook_secret=secret, sandbox=not args.no_sandbox, reply_poll_us=_reply_poll_us())
     reports = Reports(ready=_print_up_ready, not_started=_print_not_started,
                       follow=FollowReports(fetch_failed=_print_fetch_failed, fell_back=_print_fell_back,
-                                           reconciled=_reload_printer("up")))
+                                           reconciled=_reload_printer("up"), recovered=_print_recovered))
     return up(options, reports=reports)
 
 
@@ -186,6 +186,11 @@ def _print_up_ready(service: Service) -> None:
 
 def _print_fetch_failed(error: HandlerError) -> None:
     print(f"handler up: {error}", file=sys.stderr)
+
+
+def _print_recovered(attempt: Attempt) -> None:
+    print(f"handler up: the source's head serves again ({attempt.reason}): revision "
+          f"{short_revision(attempt.revision)}", file=sys.stderr, flush=True)
 
 
 def _print_fell_back(revision: str) -> None:

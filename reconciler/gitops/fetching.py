@@ -87,4 +87,8 @@ class GitMirror:
         if self._source is None:
             self.fetch()
         assert self._source is not None  # noqa: S101 - fetch() sets it or raises
-        return self._source.read()
+        try:
+            return self._source.read()
+        except SourceError:  # the one a read raises: the ref names nothing here (deleted at the remote, say)
+            raise SourceError(f"{self.remote} has no branch, tag or commit '{self.ref}' (as of the last fetch); "
+                              "push it there, or follow another ref") from None

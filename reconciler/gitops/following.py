@@ -5,7 +5,8 @@ watched (`watching`): each save reconciles. A git source is a mirror (`fetching`
 `interval` seconds, or at once when the push webhook calls `push()`; the applied revision's files
 are exported to the follower's `tree_root`, where connectors run from their folder. At start, a
 git head that cannot be served gives way to the revision applied last time (`status.json`), if
-the mirror still has it.
+the mirror still has it. A failure that polls meet again and again (a remote down, a branch
+deleted there, a broken head) is reported once, and once more when the head serves again.
 
 `reconciler.app` assembles one per service and hands it the swap that makes a snapshot live;
 what a person should hear of (a failed fetch, the fallback) goes to the `FollowReports` it is given.
@@ -42,7 +43,9 @@ class FollowReports:
 
     fetch_failed: Callable[[HandlerError], None] = _ignore  # the remote could not be fetched; the next try follows
     fell_back: Callable[[str], None] = _ignore  # the head cannot serve: this revision, applied before, serves
-    reconciled: Callable[[Attempt], None] = _ignore  # what a reconciliation after the start came to (a save, a fetch)
+    # What a reconciliation after the start came to (a save, a fetch); a poll's failure only when it is new.
+    reconciled: Callable[[Attempt], None] = _ignore
+    recovered: Callable[[Attempt], None] = _ignore  # after a failure was reported, a poll serves the head again
 
 
 class Follower:
@@ -56,6 +59,7 @@ class Follower:
         self._mirror = mirror
         self._reports = reports or FollowReports()
         self._pushed = asyncio.Event()
+        self._failing: str | None = None  # the failure of a fetch or poll reported last, until the head serves
 
     @classmethod
     def worktree(cls, root: Path, swap: SwapFn, *, status_file: Path,
@@ -129,7 +133,23 @@ class Follower:
         """Fetch every `interval` seconds, or at once after a verified push, and reconcile."""
         while (reason := await self._next_fetch(stop)) is not None:
             if await self._fetch(mirror):
-                await self._reconcile(reason)
+                self._report_polled(await self.reconciler.reconcile(reason))
+
+    def _report_polled(self, attempt: Attempt) -> None:
+        """Report what a poll came to, except a failure the same as the one reported last (each poll meets it)."""
+        if attempt.result not in ("applied", "unchanged"):
+            if self._is_news(f"{attempt.result} {attempt.revision}: {attempt.message}"):
+                self._reports.reconciled(attempt)
+            return
+        if self._failing is not None:
+            self._failing = None
+            self._reports.recovered(attempt)
+        self._reports.reconciled(attempt)
+
+    def _is_news(self, failure: str) -> bool:
+        """Whether `failure` differs from the one reported last; it is the one reported last from now on."""
+        news, self._failing = failure != self._failing, failure
+        return news
 
     async def _next_fetch(self, stop: asyncio.Event) -> str | None:
         """Why to fetch next ("webhook" or "poll"), once it is time; None once `stop` is set."""
@@ -147,7 +167,8 @@ class Follower:
         try:
             await asyncio.to_thread(mirror.fetch)
         except HandlerError as exc:
-            self._reports.fetch_failed(exc)
+            if self._is_news(str(exc)):
+                self._reports.fetch_failed(exc)
             return False
         return True
 

@@ -34,6 +34,7 @@ from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, Sto
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, Settlement
 from reconciler.governance.holds import (
     PENDING_HINT,
+    Hold,
     caller_refusal,
     decide_hold,
     get_hold,
@@ -305,12 +306,18 @@ class Gatekeeper:
 
     # --- the built-ins: handler_status, handler_decide -------------------------------------------
 
-    async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
+    async def _visible_hold(self, request_id: str, caller: CallRequest) -> Hold | None:
+        """The hold `request_id` if this caller may know of it: a caller of its profile, or the instance that
+        started its agent. To anyone else it does not exist, so the built-ins answer as for an unknown id."""
         try:
             hold = await self._workers.run(get_hold, self.store, request_id)
         except HoldNotFoundError:
-            return HoldStatus("unknown", f"no request '{request_id}'")
-        if caller.profile != hold.profile and caller.instance != hold.parent_instance:
+            return None
+        return hold if caller.profile == hold.profile or caller.instance == hold.parent_instance else None
+
+    async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
+        hold = await self._visible_hold(request_id, caller)
+        if hold is None:
             return HoldStatus("unknown", f"no request '{request_id}'")
         if hold.state != "pending":
             return hold_status(hold)
@@ -318,9 +325,8 @@ class Gatekeeper:
         return hold_status(hold, pending_news(hold.id, hold.approver, notices, self.reach))
 
     async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
-        try:
-            hold = await self._workers.run(get_hold, self.store, request_id)
-        except HoldNotFoundError:
+        hold = await self._visible_hold(request_id, caller)
+        if hold is None:
             return HoldStatus("unknown", f"no request '{request_id}'")
         refusal = caller_refusal(hold, caller)
         if refusal is not None:

@@ -2,10 +2,11 @@
 
 `find_file_fields` runs once per snapshot: it walks a tool's `inputSchema` for string properties
 whose format is `handler-file` (an input) or `handler-output-file` (an output) and records where they
-sit. Per call, `resolve_files` checks each such value inside the profile's scope: a `..` segment, an
-absolute path outside the scope, a symbolic link leading out of it, a missing input or one that is not
-a regular file (a folder, FIFO, device or socket, told apart without reading it), an output over a
-FIFO, device, socket or symlink → `invalid_arguments`; an input over `maxFileBytes` → the interface's
+sit. Per call, `resolve_files` checks each such value inside the profile's scope: a `..` segment, a
+path ending in `/` or `/.` (a folder's name), an absolute path outside the scope, a symbolic link
+leading out of it, a missing input or one that is not a regular file (a folder, FIFO, device or
+socket, told apart without reading it), an output over a FIFO, device, socket or symlink →
+`invalid_arguments`; an input over `maxFileBytes` → the interface's
 `too_large` (else `invalid_arguments`). At dispatch a `CallFolder` hard-links inputs into a sandboxed
 connector's read-only inbox (a copy across filesystems) or copies them into a per-call folder, and names
 them (and fresh output paths) in the arguments the connector receives; after the call
@@ -167,6 +168,10 @@ def _lexical(scope: Scope, value: str, where: Where) -> str:
     name = pointer(where)
     if not value or "\x00" in value:
         raise invalid_arguments(f"{name}: the path is empty or holds a NUL character; name a file in the work folder")
+    if value.endswith(("/", "/.")):  # normpath drops the ending, which would leave a file where a folder was named
+        ending = value[value.rindex("/"):]
+        raise invalid_arguments(f"{name}: '{value}' ends in '{ending}', so it names a folder; name a file, without "
+                                f"the '{ending}'")
     path = PurePosixPath(value)
     if ".." in path.parts:
         raise invalid_arguments(f"{name}: '{value}' contains '..'; name a path inside the work folder, relative to it")

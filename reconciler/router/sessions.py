@@ -217,12 +217,13 @@ def _meta_str(params: Mapping[str, Any] | None, key: str) -> str | None:
 
 
 def _run_id(params: Mapping[str, Any] | None, key: str) -> str | None:
-    """An agent run's id under `key` in the request's `_meta` (None when it names none); a JSON-RPC error when the
-    router may not keep it (`run_id_problem`)."""
-    value = _meta_str(params, key)
+    """An agent run's id under `key` in the request's `_meta` (None when it names none: no key, null or ""); a
+    JSON-RPC error when the router may not keep it (`run_id_problem`), a value that is not a string among them."""
+    meta = params.get("_meta") if params else None
+    value = meta.get(key) if isinstance(meta, dict) else None
     if value is not None and (problem := run_id_problem(value)) is not None:
         raise JsonRpcError(INVALID_PARAMS, f"params._meta[{key!r}] {problem}")
-    return value
+    return value or None
 
 
 def _unknown_method(method: str) -> JsonRpcError:

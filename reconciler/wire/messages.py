@@ -1,7 +1,8 @@
 """JSON-RPC 2.0 messages on lines: parsing what arrives, encoding what goes out.
 
 `parse_message` turns a line into a `Message` (None: nothing to answer) or raises the `JsonRpcError`
-to answer: `-32700` for bytes that are not JSON (a blank line is answered nothing), `-32600` for JSON
+to answer: `-32700` for bytes that are not JSON (a blank line is answered nothing) and for JSON past the parser's
+limits (nesting deeper than 1024 levels, a number past a 64-bit float), `-32600` for JSON
 that is not a single request or notification (a batch, a missing `jsonrpc`, a request with no `id` or
 a null one). The `encode_*` functions write one message as one line, newline included.
 """
@@ -64,6 +65,10 @@ def parse_message(line: bytes) -> Message | None:
         if str(exc).startswith("depth limit"):
             raise JsonRpcError(PARSE_ERROR, "the message nests arrays or objects deeper than 1024 levels, more "
                                "than a JSON-RPC message may") from None
+        if exc.msg.startswith("number is infinity"):  # valid JSON, past what a 64-bit float holds (about 1.8e308)
+            raise JsonRpcError(PARSE_ERROR, f"the message holds a number out of range at column {exc.colno}: "
+                               "its magnitude is past 1.8e308, the most a 64-bit float holds; send a smaller "
+                               "number, or send it as a string") from None
         raise JsonRpcError(PARSE_ERROR, "the line is not valid JSON; send one JSON-RPC message per line") from None
     if not isinstance(msg, dict):
         what = "a batch (an array)" if isinstance(msg, list) else "not a JSON object"

@@ -6,7 +6,7 @@ bridge adds them); results carry what happened (`handler/status`, `handler/cost`
 `handler/requestId`). Every room names a key through these constants, never as a string of its own.
 
 An agent run's id (`handler/instance`, `handler/parentInstance`) is whatever the client says, so it is
-checked before anything keeps it (`run_id_problem`): at most `MAX_RUN_ID_CHARS` characters, none of them
+checked before anything keeps it (`run_id_problem`): a string of at most `MAX_RUN_ID_CHARS` characters, none of them
 a control character. The store keeps it in columns of 200 characters, on its own and inside longer
 values (the approver of a hold its run decides, `instance <id>`), and PostgreSQL refuses a NUL in text:
 a longer id, or one holding a NUL, would have been refused with the audit rows and spend of every call
@@ -62,8 +62,10 @@ MAX_RUN_ID_CHARS: Final = 128  # a UUID is 36; the store's columns of 200 hold i
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: NUL among them
 
 
-def run_id_problem(value: str) -> str | None:
+def run_id_problem(value: object) -> str | None:
     """What is wrong with an agent run's id as the caller gave it, or None when it may be kept."""
+    if not isinstance(value, str):
+        return "must be a string, an agent run's id"
     if len(value) > MAX_RUN_ID_CHARS:
         return f"is {len(value)} characters long; an agent run's id has at most {MAX_RUN_ID_CHARS}"
     if _CONTROL.search(value) is not None:

@@ -1,5 +1,5 @@
 """Following a source: a first fetch and reconcile, a push that fetches at once, a fetch that fails and is
-said, and a head that cannot serve giving way to the revision applied last time."""
+said, a head that cannot serve giving way to the revision applied last time, and a failure said once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from reconciler.config import FolderSource, HandlerError, SourceError
 from reconciler.gitops.following import Follower, FollowReports
-from reconciler.gitops.status import read_status
+from reconciler.gitops.status import Attempt, read_status
 from tests.gitops.swaps import Swaps
 
 DEADLINE = 20.0
@@ -21,9 +21,12 @@ class Heard:
     def __init__(self) -> None:
         self.fetch_errors: list[HandlerError] = []
         self.fallbacks: list[str] = []
+        self.attempts: list[Attempt] = []
+        self.recoveries: list[Attempt] = []
 
     def reports(self) -> FollowReports:
-        return FollowReports(fetch_failed=self.fetch_errors.append, fell_back=self.fallbacks.append)
+        return FollowReports(fetch_failed=self.fetch_errors.append, fell_back=self.fallbacks.append,
+                             reconciled=self.attempts.append, recovered=self.recoveries.append)
 
 
 def _break(clone: Path, git: Callable[..., str]) -> str:
@@ -125,3 +128,43 @@ def test_a_work_tree_is_read_where_it_is_and_takes_no_pushes(shipped_tree: Path)
     assert isinstance(follower.reconciler.source, FolderSource)
     assert asyncio.run(follower.start()).result == "applied"
     assert len(swaps.live) == 1
+
+
+async def _polls(follower: Follower, count: int) -> None:
+    """Return once the follower has reconciled `count` more times (each poll of a git source reconciles once)."""
+    until = follower.reconciler.attempts + count
+    async with asyncio.timeout(DEADLINE):
+        while follower.reconciler.attempts < until:
+            await asyncio.sleep(0.02)
+
+
+def test_a_followed_branch_deleted_at_the_source_is_said_once_by_its_name_and_once_when_it_is_back(
+    remote: tuple[Path, Path], tmp_path: Path, git: Callable[..., str]
+) -> None:
+    bare, clone = remote
+    git(clone, "push", "-q", "origin", "HEAD:feature")
+    good = git(clone, "rev-parse", "HEAD")
+    heard, swaps = Heard(), Swaps()
+    follower = Follower.git(str(bare), "feature", swaps, state_dir=tmp_path / "state", interval=0.05,
+                            reports=heard.reports())
+
+    async def scenario() -> None:
+        assert (await follower.start()).result == "applied"
+        stop = asyncio.Event()
+        task = asyncio.create_task(follower.follow(stop))
+        git(clone, "push", "-q", "origin", "--delete", "feature")
+        await _polls(follower, 5)
+        assert follower.reconciler.live is not None
+        assert follower.reconciler.live.revision == good  # the last good revision serves on
+        git(clone, "push", "-q", "origin", "HEAD:feature")
+        await _polls(follower, 3)  # the first may have fetched before the push
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    (gone,) = [a for a in heard.attempts if a.result != "unchanged"]  # said once, not at every poll
+    assert gone.result == "error"
+    assert gone.message == (f"{bare} has no branch, tag or commit 'feature' (as of the last fetch); push it there, "
+                            "or follow another ref")
+    assert [(a.result, a.revision) for a in heard.recoveries] == [("unchanged", good)]
+    assert [s.revision for s in swaps.live] == [good]

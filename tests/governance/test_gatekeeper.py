@@ -14,6 +14,7 @@ from reconciler.governance.ledger import spend_report
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
+from reconciler.router.builtins import run_builtin
 from tests.governance.builders import OWNERS_ORG, cap_snapshot, make_snapshot, priced_call
 from tests.governance.governed import PARENT, STRANGER, Recorder, mail, run
 
@@ -314,5 +315,25 @@ def test_a_lane_call_settled_twice_is_counted_and_charged_once(store: Store) -> 
         (row,) = read_audit(store)
         assert (row["event"], row["detail"]["calls"], row["detail"]["charged"]) == ("settled", 1, to_micros(0.005))
         assert {r["scope"]: r["micros"] for r in spend_report(store)}["profile:p"] == to_micros(0.005)
+
+    run(scenario, store)
+
+
+@pytest.mark.parametrize("routing", [{"to": "caller"}, {"to": "member", "member": "alice"}],
+                         ids=["to-caller", "to-member"])
+def test_a_hold_of_another_profile_is_answered_as_an_unknown_id_by_both_builtins(
+        store: Store, routing: dict[str, str]) -> None:
+    snapshot = make_snapshot({"h": {"template": "balanced", "routing": routing}, "p": {"template": "permissive"}},
+                             org=dict(OWNERS_ORG))
+
+    async def scenario(g: Governor) -> None:
+        rid = (await g.admit(snapshot, mail())).request_id
+        assert rid is not None
+        for name, extra in (("handler_status", {}), ("handler_decide", {"decision": "approve"}),
+                            ("handler_decide", {"decision": "reject"})):
+            told = await run_builtin(g, name, {"request_id": rid, **extra}, STRANGER)
+            is_error, unknown = await run_builtin(g, name, {"request_id": "req_nope", **extra}, STRANGER)
+            assert told == (is_error, {**unknown, "message": unknown["message"].replace("req_nope", rid)}), name
+        assert get_hold(store, rid).state == "pending"
 
     run(scenario, store)

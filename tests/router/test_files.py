@@ -56,6 +56,8 @@ ESCAPES_IN = [
     ("missing.txt", "there is no file"),
     ("sub", "not a regular file"),
     ("", "empty"),
+    ("doc.txt/", "ends in '/', so it names a folder"),
+    ("doc.txt/.", "ends in '/.', so it names a folder"),
 ]
 
 
@@ -122,6 +124,8 @@ ESCAPES_OUT = [
     ("doc.txt/inner.txt", "goes through a file"),
     ("sub", "is a folder"),
     (".", "names the work folder itself"),
+    ("new.txt/", "ends in '/', so it names a folder"),
+    ("doc.txt/", "ends in '/', so it names a folder"),
 ]
 
 
@@ -132,6 +136,8 @@ def test_every_output_escape_is_refused(echo_root: Path, scope: Path, run_dir: P
         assert body(result)["error"] == "invalid_arguments", result
         assert why in body(result)["message"]
         assert (echo_root / "secret.txt").read_text() == "outside the scope"
+        assert (scope / "doc.txt").read_text() == "inside the scope"
+        assert not (scope / "new.txt").exists()
 
     exchange(echo_root, run_dir, script)
 

@@ -62,6 +62,22 @@ def test_a_message_nested_past_the_parser_limit_is_a_parse_error_and_the_session
     exchange(echo_root, run_dir, script)
 
 
+@pytest.mark.parametrize("number", [b"1e400", b"-1e400", b"1" + b"0" * 400])
+def test_a_number_past_a_double_is_a_parse_error_that_says_so(echo_root: Path, run_dir: Path, number: bytes) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        await c.send_bytes(b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo_say",'
+                           b'"arguments":{"text":' + number + b"}}}\n")
+        reply = await c.recv()
+        assert reply["error"]["code"] == -32700
+        message = reply["error"]["message"]
+        assert "not valid JSON" not in message
+        assert "a number out of range at column 95" in message
+        assert "send it as a string" in message
+        assert body(await c.call("echo_say", {"text": "still here"})) == {"text": "still here"}
+
+    exchange(echo_root, run_dir, script)
+
+
 def test_an_unknown_tool_is_an_error_result_that_lists_the_tools(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("ocr_extract", {})

@@ -40,6 +40,26 @@ def test_bad_lines_get_their_error_and_the_connection_lives_on(echo_root: Path, 
     run(scenario())
 
 
+def test_a_run_id_that_is_not_a_string_is_refused_naming_its_key(echo_root: Path, run_dir: Path) -> None:
+    """Ignored, the call ran as the connection's own run, outside the per-run limits the client meant to name."""
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            for key, value in (("handler/instance", 7), ("handler/instance", {"id": "r"}),
+                               ("handler/parentInstance", ["p"]), ("handler/parentInstance", True)):
+                reply = await c.request("tools/call", {"name": "echo_say", "arguments": {"text": "x"},
+                                                       "_meta": {key: value}})
+                assert reply["error"]["code"] == -32602, reply
+                assert reply["error"]["message"] == f"params._meta['{key}'] must be a string, an agent run's id"
+            assert "echo_say" not in log_text(router)  # nothing ran
+            done = await c.call("echo_say", {"text": "x"}, _meta={"handler/instance": "r-1"})
+            assert done["isError"] is False
+            assert log_lines(router)[-1]["instance"] == "r-1"
+            await c.close()
+
+    run(scenario())
+
+
 def test_blank_lines_and_crlf_endings_are_not_answered(echo_root: Path, run_dir: Path) -> None:
     """Whitespace between messages is nothing to answer (a -32700 with no id would reach the client as a reply it
     never asked for), and a message ending in CRLF is read as it is."""
