@@ -8,7 +8,8 @@ leading out of it, a missing input or one that is not a regular file (a folder, 
 socket, told apart without reading it), an output over a FIFO, device, socket or symlink →
 `invalid_arguments`; an input over `maxFileBytes` → the interface's
 `too_large` (else `invalid_arguments`). At dispatch a `CallFolder` hard-links inputs into a sandboxed
-connector's read-only inbox (a copy across filesystems) or copies them into a per-call folder, and names
+connector's read-only inbox, each held as it was checked by a read lease until the call ends (a copy
+across filesystems, or of a file open for writing), or copies them into a per-call folder, and names
 them (and fresh output paths) in the arguments the connector receives; after the call
 it moves what the connector wrote into the scope at the paths the agent named, refusing a symlink, a
 non-regular or oversize file or a missing one. Every open walks down from the scope's descriptor
@@ -19,10 +20,12 @@ Paths in the connector's output are mapped back to the agent's.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
 import shutil
+import signal
 import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -44,6 +47,7 @@ ANY: Final = "*"  # a path segment meaning every item of an array
 INPUT_FORMAT: Final = "handler-file"
 OUTPUT_FORMAT: Final = "handler-output-file"
 _COPY_CHUNK = 1 << 20
+_F_SETSIG: Final = getattr(fcntl, "F_SETSIG", 10)  # Linux's number; which signal tells of a lease's break
 
 Where = tuple[str | int, ...]
 
@@ -262,6 +266,7 @@ class CallFolder:
         self.owner = owner
         self.inbox = inbox  # the binding's read-only inbox (a sandboxed connector's), else inputs go to `in/`
         self._handed: list[Path] = []
+        self._lent: list[tuple[_Lent, FileArg]] = []  # inputs linked into the inbox, each under a read lease
 
     def stage(self, files: tuple[FileArg, ...], arguments: Mapping[str, Any],
               max_bytes: int | None, errors: frozenset[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -275,7 +280,9 @@ class CallFolder:
             if not file.output and self.inbox is not None:
                 dest = self.inbox / f"{self.call_id}-{_staged_name(index, file)}"
                 self._handed.append(dest)
-                _hand_in(file, dest, max_bytes, errors, shared=self.owner is not None)
+                lent = _hand_in(file, dest, max_bytes, errors, shared=self.owner is not None)
+                if lent is not None:
+                    self._lent.append((lent, file))
                 _set(args, file.where, str(dest))
                 back[str(dest)] = file.value
                 continue
@@ -294,7 +301,13 @@ class CallFolder:
         return args, back
 
     def deliver(self, files: tuple[FileArg, ...], scope: Scope, max_bytes: int | None) -> None:
-        """Step 10: move each output the connector wrote into the scope, at the path the agent named."""
+        """Step 10: move each output the connector wrote into the scope, at the path the agent named; first, refuse
+        the result if an input lent to the connector was written to while it read it."""
+        for lent, file in self._lent:
+            if lent.changed():
+                raise invalid_arguments(f"{pointer(file.where)}: '{file.value}' was written to during the call, so "
+                                        "what the service read is not what was checked; the result is discarded. "
+                                        "Leave an input unchanged until its call returns")
         for index, file in enumerate(files):
             if file.output:
                 _move_out(self.path, _staged_name(index, file), file, scope, max_bytes)
@@ -308,6 +321,9 @@ class CallFolder:
         for handed in self._handed:
             with contextlib.suppress(FileNotFoundError):
                 handed.unlink()
+        for lent, _ in self._lent:
+            lent.end()
+        self._lent.clear()
 
 
 def clear_leftovers(run_dir: Path) -> int:
@@ -377,27 +393,76 @@ def _copy_into(src: BinaryIO, out_fd: int, size: int, *, shared: bool) -> None:
             os.fchmod(out.fileno(), 0o644)
 
 
-def _hand_in(file: FileArg, dest: Path, max_bytes: int | None, errors: frozenset[str], *, shared: bool) -> None:
+def _hand_in(file: FileArg, dest: Path, max_bytes: int | None, errors: frozenset[str], *,
+             shared: bool) -> _Lent | None:
     """An input put in the binding's inbox, which its sandbox shows read-only: a hard link to the very file opened
-    from the scope's descriptor (no byte copied, nothing swapped in between is followed), or a copy where a link
-    cannot be made (another filesystem, a file another user owns) or would not be readable by the connector's uid."""
+    from the scope's descriptor (no byte copied, nothing swapped in between is followed), held unchanged for the call
+    by a read lease; or a copy of the size checked, where a link cannot be made (another filesystem, a file another
+    user owns), would not be readable by the connector's uid, or the file cannot be leased (someone has it open for
+    writing). What is lent is returned: the call ends the lease (`CallFolder.remove`)."""
     try:
         fd, size = open_input(file)
     except RefusedPathError as refusal:
         raise _refused(pointer(file.where), file.value, refusal) from None
-    with os.fdopen(fd, "rb") as src:
+    lent = _lease(fd)
+    try:
+        if lent is not None:
+            size = lent.size  # measured under the lease: no one can write to it any more
         if max_bytes is not None and size > max_bytes:
             raise too_large(pointer(file.where), file.value, size, max_bytes, errors)
         readable = not shared or os.fstat(fd).st_mode & stat.S_IROTH
-        if readable:
+        if lent is not None and readable:
             with contextlib.suppress(OSError):  # EXDEV, EPERM (protected hard links): a copy then
                 # linkat(2) following the descriptor's /proc entry to the file itself. `src_dir_fd` (ignored for an
                 # absolute path) is what makes CPython call linkat: without it, it calls link(2), which links the
                 # /proc entry and fails with EXDEV, so every input would be copied.
                 os.link(f"/proc/self/fd/{fd}", dest, src_dir_fd=fd, follow_symlinks=True)
-                return
+                fd = -1  # the lease's now: kept open until the call ends
+                return lent
         out_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        _copy_into(src, out_fd, size, shared=shared)
+        with os.fdopen(os.dup(fd), "rb") as src:
+            _copy_into(src, out_fd, size, shared=shared)
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class _Lent:
+    """An input linked into the inbox, and the read lease that keeps it as it was checked until the call ends."""
+
+    fd: int
+    size: int
+    mtime_ns: int
+
+    def changed(self) -> bool:
+        """Whether the file was written to during the call: someone opened it for writing past the lease's break
+        time (the kernel then ends the lease) and changed it."""
+        if fcntl.fcntl(self.fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK:
+            return False
+        info = os.fstat(self.fd)
+        return (info.st_size, info.st_mtime_ns) != (self.size, self.mtime_ns)
+
+    def end(self) -> None:
+        os.close(self.fd)  # the lease ends with it: a writer waiting for it goes on
+
+
+def _lease(fd: int) -> _Lent | None:
+    """A read lease on the open file `fd`, or None where it cannot be had. The kernel grants one only while no one
+    has the file open for writing, and from then on holds every open for writing or truncation until the lease
+    ends (or its break time passes, 45 s by default): what the connector reads stays what was checked. The break
+    is signalled with SIGURG, whose default is to be ignored (SIGIO's would end the router), and only while
+    nothing handles SIGURG here."""
+    if signal.getsignal(signal.SIGURG) not in (signal.SIG_DFL, signal.SIG_IGN):
+        return None
+    try:
+        fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError:  # EAGAIN: open for writing somewhere; EACCES: another user's file; leases turned off
+        return None
+    info = os.fstat(fd)
+    return _Lent(fd, info.st_size, info.st_mtime_ns)
 
 
 def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | None, errors: frozenset[str], *,

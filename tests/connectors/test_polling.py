@@ -155,9 +155,10 @@ def test_calls_to_a_real_connector_with_polling_answer_whole_and_once(tmp_path: 
     run(scenario())
 
 
-@pytest.mark.parametrize("value", ["abc", "-5", "1e3", "99999999", "５"])
+# The last: a fullwidth five, which str.isdigit() takes.
+@pytest.mark.parametrize("value", ["abc", "-5", "1e3", "99999999", "\uff15"])
 def test_a_window_that_is_not_microseconds_is_refused_saying_what_to_write(value: str) -> None:
-    with pytest.raises(ValueError, match="HANDLER_REPLY_POLL_US=.* is not a number of microseconds from 0 to"):
+    with pytest.raises(ValueError, match=r"HANDLER_REPLY_POLL_US=.* is not a number of microseconds from 0 to"):
         window_from_env({"HANDLER_REPLY_POLL_US": value})
 
 

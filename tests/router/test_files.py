@@ -385,3 +385,87 @@ def test_a_copied_input_is_cut_at_the_size_it_was_checked_at(tmp_path: Path) -> 
     dest = tmp_path / "copied"
     _copy_into(grown, os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 900, shared=False)
     assert dest.read_bytes() == b"x" * 900
+
+
+def _lent_input(tmp_path: Path, content: bytes) -> tuple[CallFolder, FileArg, Path, Path]:
+    """A call folder with an inbox, and the agent's file `doc.bin` checked as an input of its scope."""
+    scope, inbox = tmp_path / "scope", tmp_path / "inbox"
+    scope.mkdir()
+    inbox.mkdir()
+    (scope / "doc.bin").write_bytes(content)
+    real = os.path.realpath(scope)
+    file = FileArg(("path",), "doc.bin", f"{real}/doc.bin", output=False, size=len(content), root=real)
+    return CallFolder(tmp_path / "calls", "c1", inbox=inbox), file, scope / "doc.bin", inbox
+
+
+_WRITER = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | (os.O_NONBLOCK if sys.argv[2] == "now" else 0))
+os.write(fd, b"y" * 5000)
+print("wrote", flush=True)
+"""
+
+
+def test_an_input_lent_through_the_inbox_stays_as_checked_until_its_call_ends(tmp_path: Path) -> None:
+    """The agent cannot grow its file past maxFileBytes while the connector reads the link: a write waits for the
+    call's end (and the router is not ended by the lease's break signal)."""
+    import subprocess
+    import sys
+
+    folder, file, agents, inbox = _lent_input(tmp_path, b"x" * 900)
+    args, _ = folder.stage((file,), {"path": "doc.bin"}, 1000, frozenset({"too_large"}))
+    lent = Path(args["path"])
+    assert lent.parent == inbox
+    assert lent.stat().st_ino == agents.stat().st_ino  # a link: no byte copied
+    now = subprocess.run([sys.executable, "-c", _WRITER, str(agents), "now"], capture_output=True, text=True,
+                         timeout=30, check=False)
+    assert now.returncode == 1
+    assert "BlockingIOError" in now.stderr  # refused at once to a writer that will not wait
+    waiting = subprocess.Popen([sys.executable, "-c", _WRITER, str(agents), "wait"], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=0.5)
+        assert lent.read_bytes() == b"x" * 900  # what the connector reads is what was checked
+        folder.deliver((file,), Scope(str(tmp_path / "scope"), os.path.realpath(tmp_path / "scope")), 1000)
+    finally:
+        folder.remove()  # the call ends: the writer goes on
+    assert waiting.communicate(timeout=30)[0] == "wrote\n"
+    assert agents.stat().st_size == 5900
+    assert list(inbox.iterdir()) == []
+
+
+def test_an_input_open_for_writing_is_copied_at_its_checked_size_not_lent(tmp_path: Path) -> None:
+    folder, file, agents, _ = _lent_input(tmp_path, b"x" * 900)
+    writer = os.open(agents, os.O_WRONLY | os.O_APPEND)  # the agent still writing it: no lease can be had
+    try:
+        args, _ = folder.stage((file,), {"path": "doc.bin"}, 1000, frozenset({"too_large"}))
+        os.write(writer, b"y" * 5000)
+        copied = Path(args["path"])
+        assert copied.stat().st_ino != agents.stat().st_ino
+        assert copied.read_bytes() == b"x" * 900
+    finally:
+        os.close(writer)
+        folder.remove()
+
+
+def test_a_result_read_from_an_input_written_to_during_the_call_is_discarded(tmp_path: Path) -> None:
+    """Past the lease's break time (45 s by default) the kernel lets a writer in: the file changed under the
+    connector, and the call's result is refused rather than handed back as if it were of the file checked."""
+    import fcntl
+
+    folder, file, agents, _ = _lent_input(tmp_path, b"x" * 900)
+    folder.stage((file,), {"path": "doc.bin"}, 1000, frozenset({"too_large"}))
+    scope = Scope(str(tmp_path / "scope"), os.path.realpath(tmp_path / "scope"))
+    try:
+        folder.deliver((file,), scope, 1000)  # unchanged: delivered
+        (held,) = [lent.fd for lent, _ in folder._lent]
+        fcntl.fcntl(held, fcntl.F_SETLEASE, fcntl.F_UNLCK)  # the lease gone, as its break time passing ends it
+        folder.deliver((file,), scope, 1000)  # not written to: still delivered
+        with agents.open("ab") as grow:
+            grow.write(b"y" * 5000)
+        with pytest.raises(ToolError, match=r"'doc\.bin' was written to during the call") as refused:
+            folder.deliver((file,), scope, 1000)
+        assert refused.value.code == "invalid_arguments"
+    finally:
+        folder.remove()
