@@ -136,7 +136,7 @@ class Session:
             raise _unknown_method(msg.method)
 
     def _view(self, generation: Generation, params: Mapping[str, Any] | None) -> View:
-        return generation.view(self.profile, self.interface or _meta_str(params, INTERFACE))
+        return generation.view(self.profile, self.interface or _interface(params))
 
     def _caller(self, params: Mapping[str, Any] | None) -> Caller:
         """Who calls: the run ids bound to the session (checked when it was handed over), else the request's."""
@@ -209,18 +209,30 @@ def _discard(data: bytes) -> None:
     return None
 
 
-def _meta_str(params: Mapping[str, Any] | None, key: str) -> str | None:
-    """A non-empty string under `key` in the request's `_meta`, else None."""
+def _meta(params: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The request's `_meta` (None when it has none); a JSON-RPC error when it is not an object."""
     meta = params.get("_meta") if params else None
-    value = meta.get(key) if isinstance(meta, dict) else None
-    return value if isinstance(value, str) and value else None
+    if meta is None or isinstance(meta, dict):
+        return meta
+    raise JsonRpcError(INVALID_PARAMS, "params._meta must be an object, as MCP defines it; send {} or leave it out")
+
+
+def _interface(params: Mapping[str, Any] | None) -> str | None:
+    """The interface a request names in `_meta` (None when it names none: no key, null or ""); a JSON-RPC error
+    when the value is not a string."""
+    meta = _meta(params)
+    value = meta.get(INTERFACE) if meta else None
+    if value is None or isinstance(value, str):
+        return value or None
+    raise JsonRpcError(INVALID_PARAMS, f"params._meta[{INTERFACE!r}] must be a string naming an interface, "
+                       "such as ocr or ocr/v1")
 
 
 def _run_id(params: Mapping[str, Any] | None, key: str) -> str | None:
     """An agent run's id under `key` in the request's `_meta` (None when it names none: no key, null or ""); a
     JSON-RPC error when the router may not keep it (`run_id_problem`), a value that is not a string among them."""
-    meta = params.get("_meta") if params else None
-    value = meta.get(key) if isinstance(meta, dict) else None
+    meta = _meta(params)
+    value = meta.get(key) if meta else None
     if value is not None and (problem := run_id_problem(value)) is not None:
         raise JsonRpcError(INVALID_PARAMS, f"params._meta[{key!r}] {problem}")
     return value or None

@@ -60,6 +60,28 @@ def test_a_run_id_that_is_not_a_string_is_refused_naming_its_key(echo_root: Path
     run(scenario())
 
 
+def test_an_interface_that_is_not_a_string_or_a_meta_that_is_not_an_object_is_refused(echo_root: Path,
+                                                                                      run_dir: Path) -> None:
+    """Ignored, the request was served as if it named no interface (or no run) at all."""
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            for meta, said in (({"handler/interface": 7}, "params._meta['handler/interface'] must be a string naming "
+                                "an interface, such as ocr or ocr/v1"),
+                               (["handler/instance", "r"], "params._meta must be an object, as MCP defines it; "
+                                "send {} or leave it out")):
+                for method, params in (("tools/list", {}), ("tools/call", {"name": "echo_say",
+                                                                           "arguments": {"text": "x"}})):
+                    reply = await c.request(method, {**params, "_meta": meta})
+                    assert reply["error"]["code"] == -32602, reply
+                    assert reply["error"]["message"] == said
+            assert "echo_say" not in log_text(router)  # nothing ran
+            assert (await c.call("echo_say", {"text": "x"}, _meta={"handler/interface": "echo"}))["isError"] is False
+            await c.close()
+
+    run(scenario())
+
+
 def test_blank_lines_and_crlf_endings_are_not_answered(echo_root: Path, run_dir: Path) -> None:
     """Whitespace between messages is nothing to answer (a -32700 with no id would reach the client as a reply it
     never asked for), and a message ending in CRLF is read as it is."""
