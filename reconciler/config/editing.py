@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import tomlkit
+from pydantic import ValidationError
 from tomlkit.items import InlineTable, Table
 
 from reconciler.config.errors import HandlerError
 from reconciler.config.findings import Finding
 from reconciler.config.loading import Loader
+from reconciler.config.models import SecretRef
 from reconciler.config.planning import Plan, plan_changes, toml_value
 from reconciler.config.snapshot import Snapshot
 from reconciler.config.sources import Blob, TreeSource, blob_sha, tree_revision
@@ -51,7 +53,6 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_KINDS = ("env", "file", "command")
 # A form in a browser names where a secret is, never how to compute it: a `command` reference runs in the
 # router, unconfined, so it comes only by the command line or a pull request (docs/architecture.md §8).
@@ -128,8 +129,9 @@ def parse_secret(text: str) -> tuple[str, dict[str, Any]]:
 
 def secret_reference(slot: str, kind: str, target: str, kinds: Sequence[str] = SECRET_KINDS) -> dict[str, Any]:
     """The reference `{kind = target}` for `slot`, as a binding file writes it; EditError for a kind not in
-    `kinds`, an environment variable that is not a name, or an empty target. Never given a value: a form
-    or an argument names where the secret is, and this says so when it is anything else."""
+    `kinds`, an empty target, or a reference that could never name a secret (`models.SecretRef`: a command
+    without a program, an environment variable that is not a name). Never given a value: a form or an
+    argument names where the secret is, and this says so when it is anything else."""
     if not _NAME.match(slot):
         raise EditError(f"secret slot {slot!r}: a slot's name is letters, digits, '.', '_' and '-' (the connector's "
                         "secretSlots name them)")
@@ -143,18 +145,18 @@ def secret_reference(slot: str, kind: str, target: str, kinds: Sequence[str] = S
     target = target.strip()
     if not target:
         raise EditError(f"secret {slot}: name the {'variable' if kind == 'env' else kind} it is read from")
-    # What was given is not repeated: it may be the very value that must not be written down.
-    if kind == "env" and not _VARIABLE.match(target):
-        raise EditError(f"secret {slot}: what env names is not an environment variable's name (letters, digits "
-                        "and '_', not starting with a digit); a secret is given by reference, never by value")
-    if kind == "file" and any(c in target for c in "\0\n\r"):
-        raise EditError(f"secret {slot}: what file names is not a path")
     if kind == "command":
         try:
-            return {"command": shlex.split(target)}
+            reference: dict[str, Any] = {"command": shlex.split(target)}
         except ValueError as exc:
             raise EditError(f"--secret {slot}=command:...: {exc}; quote the command as a shell would") from exc
-    return {kind: target}
+    else:
+        reference = {kind: target}
+    try:  # what a binding file may hold, by the model's own rules; its message never repeats what was given
+        SecretRef.model_validate(reference)
+    except ValidationError as exc:
+        raise EditError(f"secret {slot}: {exc.errors()[0]['msg']}") from None
+    return reference
 
 
 def parse_setting(text: str) -> tuple[str, str]:

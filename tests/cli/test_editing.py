@@ -106,6 +106,14 @@ def test_a_secret_value_and_an_existing_binding_are_refused(example: Path) -> No
     assert "by reference, never by value" in done.stderr
     assert "sk-123" not in done.stdout + done.stderr
     assert not (example / "config/bindings/leak.toml").exists()
+    # A reference that could never name a secret is refused as a usage error, in one line.
+    for secret in ('api_key=command:""', "api_key=env:A B"):
+        done = _handler("binding", "create", "never", "--connector", "web-search-brave", "--secret", secret,
+                        "--root", str(example))
+        assert done.returncode == 2
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("handler: secret api_key: "), done.stderr
+        assert not (example / "config/bindings/never.toml").exists()
     done = _handler("binding", "create", "ocr-local", "--connector", "ocr-tesseract", "--root", str(example))
     assert done.returncode == 2
     assert "binding ocr-local exists" in done.stderr

@@ -29,5 +29,14 @@ def test_a_form_takes_no_command_and_nothing_that_looks_like_a_value() -> None:
         secret_reference("api_key", "env", "  ")
     with pytest.raises(EditError, match="is not a path"):
         secret_reference("api_key", "file", "a\nb")
+    with pytest.raises(EditError, match="never by value"):
+        secret_reference("api_key", "env", "A B")
     with pytest.raises(EditError, match="a slot's name"):
         secret_reference("api key", "env", "K")
+
+
+def test_a_command_without_a_program_is_refused() -> None:
+    """What the shell splits to an empty first word could never run: refused as the binding file would be."""
+    for command in ('""', "'' show key"):
+        with pytest.raises(EditError, match="the command names no program"):
+            secret_reference("api_key", "command", command)
