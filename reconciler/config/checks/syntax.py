@@ -36,7 +36,7 @@ def parse_document(path: str, sha: str, data: bytes) -> tuple[Document | None, A
     try:
         value = tomllib.loads(text) if fmt == "toml" else orjson.loads(data)
     except tomllib.TOMLDecodeError as exc:
-        return doc, None, _invalid_toml(path, exc)
+        return doc, None, _invalid_toml(path, text, exc)
     except orjson.JSONDecodeError as exc:
         return doc, None, _invalid_json(path, exc)
     except RecursionError:  # tomllib parses nested arrays and inline tables by recursion; orjson stops at 1024
@@ -57,12 +57,14 @@ def _not_utf8(path: str, exc: UnicodeDecodeError) -> Finding:
     )
 
 
-def _invalid_toml(path: str, exc: tomllib.TOMLDecodeError) -> Finding:
+def _invalid_toml(path: str, text: str, exc: tomllib.TOMLDecodeError) -> Finding:
     match = _TOML_POSITION.search(str(exc))
+    # Without a line, tomllib says "at end of document": a string, array or table was left open, and what was
+    # written last (blank lines aside) is the nearest a line can point.
     return Finding(
         "F001",
         path,
-        int(match.group(1)) if match else 1,
+        int(match.group(1)) if match else text.rstrip().count("\n") + 1,
         f"invalid TOML: {_TOML_POSITION.sub('', str(exc)).strip()}",
         "a valid TOML document",
         "fix the syntax on that line (quotes, brackets, '=' between key and value)",
