@@ -206,7 +206,8 @@ def use_bindings(files: Mapping[str, Blob], profile: str, uses: Sequence[tuple[s
     """`config/profiles/PROFILE.toml` with each (interface, binding) set in its `services`, all else kept.
 
     An interface the profile already selects keeps its key (and so its pinned version, `"ocr/v1"`)
-    unless the version is given; a new one is added at the end of `services`.
+    unless the version is given, and its key stays where it stands, with its comment; a new one is added
+    at the end of `services`, whether an inline table, a `[services]` table or dotted `services.x` keys.
     """
     path = f"config/profiles/{profile}.toml"
     blob = files.get(path)
@@ -218,32 +219,57 @@ def use_bindings(files: Mapping[str, Blob], profile: str, uses: Sequence[tuple[s
         doc = tomlkit.parse(blob.data.decode("utf-8"))
     except (UnicodeDecodeError, tomlkit.exceptions.ParseError) as exc:
         raise EditError(f"{path} cannot be edited: {exc}; `handler validate` shows where") from exc
+    # A [services] table, or the tables of dotted keys (one for each `services.x = ...`): edited in place.
+    tables = [item for key, item in doc.body if key is not None and key.key == "services" and isinstance(item, Table)]
     services = doc.get("services")
-    chosen: dict[str, Any] = dict(services) if services is not None else {}
-    for interface, binding in uses:
-        chosen = _select(chosen, interface, binding)
-    if isinstance(services, Table):  # a [services] table stays one
-        for key in [k for k in services if k not in chosen]:
-            del services[key]
-        for key, value in chosen.items():
-            services[key] = value
-    else:
+    if tables:
+        for interface, binding in uses:
+            _select_in(tables, interface, binding)
+    elif services is None or isinstance(services, InlineTable):  # an inline table is written anew, as one
+        chosen: dict[str, Any] = dict(services or {})
+        for interface, binding in uses:
+            chosen = _select(chosen, interface, binding)
         doc["services"] = _inline(chosen)
+    else:
+        raise EditError(f"{path}: services is not a table; `handler validate` shows where")
     what = ", ".join(f"{i} → {b}" for i, b in uses)
     return Change({path: _ended(doc.as_string())}, f"Profile {profile}: {what}")
 
 
+def _placed(keys: Sequence[str], interface: str) -> tuple[str | None, str, list[str]]:
+    """Where selecting `interface` goes among the services keys `keys`: the key it takes the place of (None: a
+    new key at the end), the key it is written as, and the other keys of the same interface it removes."""
+    name = interface.partition("/")[0]
+    same = [k for k in keys if k.partition("/")[0] == name]
+    if interface in keys:
+        return interface, interface, []
+    if same and "/" not in interface:  # the key as it is, pinned version and all
+        return same[0], same[0], []
+    if same:  # another version of it: the given one replaces it where it stood
+        return same[0], interface, same[1:]
+    return None, interface, []
+
+
 def _select(services: dict[str, Any], interface: str, binding: str) -> dict[str, Any]:
     """`services` with `interface` served by `binding`, in place of any key naming the same interface."""
-    name = interface.partition("/")[0]
-    same = [k for k in services if k.partition("/")[0] == name]
-    if interface in services or (same and "/" not in interface):
-        key = interface if interface in services else same[0]
-        return {k: (binding if k == key else v) for k, v in services.items()}
-    if same:  # another version of it: the given one replaces it where it stood
-        return {(interface if k == same[0] else k): (binding if k == same[0] else v)
-                for k, v in services.items() if k == same[0] or k not in same}
-    return {**services, interface: binding}
+    old, key, dropped = _placed(list(services), interface)
+    chosen = {(key if k == old else k): (binding if k == old else v) for k, v in services.items() if k not in dropped}
+    return chosen if old is not None else {**chosen, key: binding}
+
+
+def _select_in(tables: Sequence[Table], interface: str, binding: str) -> None:
+    """`_select` in the tables that hold the services keys, each key edited where it stands."""
+    old, key, dropped = _placed([k for table in tables for k in table], interface)
+    for gone in dropped:
+        del next(t for t in tables if gone in t)[gone]
+    if old is None:
+        tables[-1][key] = binding
+        return
+    table = next(t for t in tables if old in t)
+    if key == old:
+        table[key] = binding
+    else:  # tomlkit renames a key only by `_replace`, which its own assignment uses: place and comment are kept
+        table.value._replace(old, key, tomlkit.item(binding))
 
 
 def _inline(value: Mapping[str, Any]) -> InlineTable:

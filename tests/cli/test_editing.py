@@ -80,6 +80,21 @@ def test_profile_use_keeps_comments_key_order_and_the_pinned_version(example: Pa
                                               'web-search = "search-brave", llm = "llm-anthropic" }')
 
 
+def test_profile_use_edits_dotted_services_keys_in_place(example: Path) -> None:
+    path = example / "config/profiles/researcher.toml"
+    text = path.read_text()
+    line = next(line for line in text.splitlines() if line.startswith("services = "))
+    dotted = ('services.ocr = "ocr-local"  # scans stay here\n'
+              'services.web-search = "search-brave"  # the team\'s key\n')
+    path.write_text(before := text.replace(line + "\n", dotted))
+    done = _handler("profile", "use", "researcher", "ocr/v1=ocr-mistral-perso", "web-search=search-searxng",
+                    "--root", str(example))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The pin replaces the key where it stood; both comments stay; no inline table in their place.
+    assert path.read_text() == before.replace('services.ocr = "ocr-local"', 'services."ocr/v1" = "ocr-mistral-perso"'
+                                              ).replace('"search-brave"', '"search-searxng"')
+
+
 def test_a_change_with_findings_is_refused_and_nothing_is_written(example: Path) -> None:
     profile = example / "config/profiles/researcher.toml"
     before = profile.read_text()
