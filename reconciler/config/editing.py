@@ -32,7 +32,7 @@ from reconciler.config.loading import Loader
 from reconciler.config.models import SecretRef
 from reconciler.config.planning import Plan, plan_changes, toml_value
 from reconciler.config.snapshot import Snapshot
-from reconciler.config.sources import Blob, TreeSource, blob_sha, tree_revision
+from reconciler.config.sources import Blob, TreeSource, blob_sha, path_prefixes, tree_revision
 
 __all__ = [
     "FORM_SECRET_KINDS",
@@ -210,6 +210,10 @@ def use_bindings(files: Mapping[str, Blob], profile: str, uses: Sequence[tuple[s
     at the end of `services`, whether an inline table, a `[services]` table or dotted `services.x` keys.
     """
     path = f"config/profiles/{profile}.toml"
+    link = next((files[p] for p in path_prefixes(path) if p in files and files[p].link), None)
+    if link is not None:  # its data is the link's target: the tree never follows it, so neither does an edit
+        raise EditError(f"{link.path} is a symbolic link (to {link.data.decode(errors='replace')}), and links in a "
+                        "config tree are not followed (F006); replace it with a copy of what it points to")
     blob = files.get(path)
     if blob is None:
         known = sorted(p.removeprefix("config/profiles/").removesuffix(".toml")

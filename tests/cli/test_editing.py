@@ -134,6 +134,28 @@ def test_a_secret_value_and_an_existing_binding_are_refused(example: Path) -> No
     assert "binding ocr-local exists" in done.stderr
 
 
+def test_a_profile_behind_a_symbolic_link_is_refused_as_the_loader_refuses_it(example: Path, tmp_path: Path) -> None:
+    """The tree never follows a link (F006): an edit says so, for the file or a folder of it, and writes nothing."""
+    profile = example / "config/profiles/researcher.toml"
+    outside = tmp_path / "researcher.toml"
+    outside.write_text(text := profile.read_text())
+    profile.unlink()
+    profile.symlink_to(outside)
+    done = _handler("profile", "use", "researcher", "ocr=ocr-mistral-perso", "--root", str(example))
+    assert done.returncode == 2
+    assert done.stderr == (f"handler: config/profiles/researcher.toml is a symbolic link (to {outside}), and links "
+                           "in a config tree are not followed (F006); replace it with a copy of what it points to\n")
+    assert profile.is_symlink()
+    assert outside.read_text() == text
+
+    folder = example / "config/profiles"
+    folder.rename(tmp_path / "profiles")
+    folder.symlink_to(tmp_path / "profiles")
+    done = _handler("profile", "use", "auditor", "ocr=ocr-mistral-perso", "--root", str(example))
+    assert done.returncode == 2
+    assert done.stderr.startswith("handler: config/profiles is a symbolic link"), done.stderr
+
+
 def test_branch_commits_the_change_and_leaves_work_tree_head_and_main_alone(example: Path, git: Git) -> None:
     repo = example.parent
     git(repo, "remote", "add", "origin", str(repo.parent / "upstream.git"))
