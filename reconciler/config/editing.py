@@ -23,14 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import tomlkit
+from pydantic import ValidationError
 from tomlkit.items import InlineTable, Table
 
 from reconciler.config.errors import HandlerError
 from reconciler.config.findings import Finding
 from reconciler.config.loading import Loader
+from reconciler.config.models import SecretRef
 from reconciler.config.planning import Plan, plan_changes, toml_value
 from reconciler.config.snapshot import Snapshot
-from reconciler.config.sources import Blob, TreeSource, blob_sha, tree_revision
+from reconciler.config.sources import Blob, TreeSource, blob_sha, path_prefixes, tree_revision
 
 __all__ = [
     "FORM_SECRET_KINDS",
@@ -51,7 +53,6 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_KINDS = ("env", "file", "command")
 # A form in a browser names where a secret is, never how to compute it: a `command` reference runs in the
 # router, unconfined, so it comes only by the command line or a pull request (docs/architecture.md §8).
@@ -128,8 +129,9 @@ def parse_secret(text: str) -> tuple[str, dict[str, Any]]:
 
 def secret_reference(slot: str, kind: str, target: str, kinds: Sequence[str] = SECRET_KINDS) -> dict[str, Any]:
     """The reference `{kind = target}` for `slot`, as a binding file writes it; EditError for a kind not in
-    `kinds`, an environment variable that is not a name, or an empty target. Never given a value: a form
-    or an argument names where the secret is, and this says so when it is anything else."""
+    `kinds`, an empty target, or a reference that could never name a secret (`models.SecretRef`: a command
+    without a program, an environment variable that is not a name). Never given a value: a form or an
+    argument names where the secret is, and this says so when it is anything else."""
     if not _NAME.match(slot):
         raise EditError(f"secret slot {slot!r}: a slot's name is letters, digits, '.', '_' and '-' (the connector's "
                         "secretSlots name them)")
@@ -143,18 +145,18 @@ def secret_reference(slot: str, kind: str, target: str, kinds: Sequence[str] = S
     target = target.strip()
     if not target:
         raise EditError(f"secret {slot}: name the {'variable' if kind == 'env' else kind} it is read from")
-    # What was given is not repeated: it may be the very value that must not be written down.
-    if kind == "env" and not _VARIABLE.match(target):
-        raise EditError(f"secret {slot}: what env names is not an environment variable's name (letters, digits "
-                        "and '_', not starting with a digit); a secret is given by reference, never by value")
-    if kind == "file" and any(c in target for c in "\0\n\r"):
-        raise EditError(f"secret {slot}: what file names is not a path")
     if kind == "command":
         try:
-            return {"command": shlex.split(target)}
+            reference: dict[str, Any] = {"command": shlex.split(target)}
         except ValueError as exc:
             raise EditError(f"--secret {slot}=command:...: {exc}; quote the command as a shell would") from exc
-    return {kind: target}
+    else:
+        reference = {kind: target}
+    try:  # what a binding file may hold, by the model's own rules; its message never repeats what was given
+        SecretRef.model_validate(reference)
+    except ValidationError as exc:
+        raise EditError(f"secret {slot}: {exc.errors()[0]['msg']}") from None
+    return reference
 
 
 def parse_setting(text: str) -> tuple[str, str]:
@@ -204,9 +206,14 @@ def use_bindings(files: Mapping[str, Blob], profile: str, uses: Sequence[tuple[s
     """`config/profiles/PROFILE.toml` with each (interface, binding) set in its `services`, all else kept.
 
     An interface the profile already selects keeps its key (and so its pinned version, `"ocr/v1"`)
-    unless the version is given; a new one is added at the end of `services`.
+    unless the version is given, and its key stays where it stands, with its comment; a new one is added
+    at the end of `services`, whether an inline table, a `[services]` table or dotted `services.x` keys.
     """
     path = f"config/profiles/{profile}.toml"
+    link = next((files[p] for p in path_prefixes(path) if p in files and files[p].link), None)
+    if link is not None:  # its data is the link's target: the tree never follows it, so neither does an edit
+        raise EditError(f"{link.path} is a symbolic link (to {link.data.decode(errors='replace')}), and links in a "
+                        "config tree are not followed (F006); replace it with a copy of what it points to")
     blob = files.get(path)
     if blob is None:
         known = sorted(p.removeprefix("config/profiles/").removesuffix(".toml")
@@ -216,32 +223,57 @@ def use_bindings(files: Mapping[str, Blob], profile: str, uses: Sequence[tuple[s
         doc = tomlkit.parse(blob.data.decode("utf-8"))
     except (UnicodeDecodeError, tomlkit.exceptions.ParseError) as exc:
         raise EditError(f"{path} cannot be edited: {exc}; `handler validate` shows where") from exc
+    # A [services] table, or the tables of dotted keys (one for each `services.x = ...`): edited in place.
+    tables = [item for key, item in doc.body if key is not None and key.key == "services" and isinstance(item, Table)]
     services = doc.get("services")
-    chosen: dict[str, Any] = dict(services) if services is not None else {}
-    for interface, binding in uses:
-        chosen = _select(chosen, interface, binding)
-    if isinstance(services, Table):  # a [services] table stays one
-        for key in [k for k in services if k not in chosen]:
-            del services[key]
-        for key, value in chosen.items():
-            services[key] = value
-    else:
+    if tables:
+        for interface, binding in uses:
+            _select_in(tables, interface, binding)
+    elif services is None or isinstance(services, InlineTable):  # an inline table is written anew, as one
+        chosen: dict[str, Any] = dict(services or {})
+        for interface, binding in uses:
+            chosen = _select(chosen, interface, binding)
         doc["services"] = _inline(chosen)
+    else:
+        raise EditError(f"{path}: services is not a table; `handler validate` shows where")
     what = ", ".join(f"{i} → {b}" for i, b in uses)
     return Change({path: _ended(doc.as_string())}, f"Profile {profile}: {what}")
 
 
+def _placed(keys: Sequence[str], interface: str) -> tuple[str | None, str, list[str]]:
+    """Where selecting `interface` goes among the services keys `keys`: the key it takes the place of (None: a
+    new key at the end), the key it is written as, and the other keys of the same interface it removes."""
+    name = interface.partition("/")[0]
+    same = [k for k in keys if k.partition("/")[0] == name]
+    if interface in keys:
+        return interface, interface, []
+    if same and "/" not in interface:  # the key as it is, pinned version and all
+        return same[0], same[0], []
+    if same:  # another version of it: the given one replaces it where it stood
+        return same[0], interface, same[1:]
+    return None, interface, []
+
+
 def _select(services: dict[str, Any], interface: str, binding: str) -> dict[str, Any]:
     """`services` with `interface` served by `binding`, in place of any key naming the same interface."""
-    name = interface.partition("/")[0]
-    same = [k for k in services if k.partition("/")[0] == name]
-    if interface in services or (same and "/" not in interface):
-        key = interface if interface in services else same[0]
-        return {k: (binding if k == key else v) for k, v in services.items()}
-    if same:  # another version of it: the given one replaces it where it stood
-        return {(interface if k == same[0] else k): (binding if k == same[0] else v)
-                for k, v in services.items() if k == same[0] or k not in same}
-    return {**services, interface: binding}
+    old, key, dropped = _placed(list(services), interface)
+    chosen = {(key if k == old else k): (binding if k == old else v) for k, v in services.items() if k not in dropped}
+    return chosen if old is not None else {**chosen, key: binding}
+
+
+def _select_in(tables: Sequence[Table], interface: str, binding: str) -> None:
+    """`_select` in the tables that hold the services keys, each key edited where it stands."""
+    old, key, dropped = _placed([k for table in tables for k in table], interface)
+    for gone in dropped:
+        del next(t for t in tables if gone in t)[gone]
+    if old is None:
+        tables[-1][key] = binding
+        return
+    table = next(t for t in tables if old in t)
+    if key == old:
+        table[key] = binding
+    else:  # tomlkit renames a key only by `_replace`, which its own assignment uses: place and comment are kept
+        table.value._replace(old, key, tomlkit.item(binding))
 
 
 def _inline(value: Mapping[str, Any]) -> InlineTable:

@@ -11,11 +11,14 @@ import enum
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
 from reconciler.wire.meta import MOST_USD
 
 __all__ = [
+    "ENV_NAME",
+    "REFERENCE_FORMS",
     "ActionClass",
     "Annotations",
     "BindingFile",
@@ -263,19 +266,56 @@ class ConnectorFile(_Model):
 # --- bindings -----------------------------------------------------------------------------------
 
 
-class SecretRef(_Model):
-    """Where a secret comes from; exactly one of the three. A literal value is never accepted."""
+# An environment variable's name, as a shell writes one: what an `env` secret reference names.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# How a secret reference is written, for the findings that say what a slot should hold.
+REFERENCE_FORMS = 'a reference — { command = [...] }, { env = "NAME" } or { file = "path" }'
 
-    command: list[str] | None = Field(default=None, min_length=1)
+
+def _secret_error(form: str, message: str) -> PydanticCustomError:
+    """A secret reference's own error: `checks.syntax` words it for the slot, with an example of `form`, and never
+    shows what was written (it may be the secret itself)."""
+    return PydanticCustomError("secret_reference", message, {"form": form})
+
+
+class SecretRef(_Model):
+    """Where a secret comes from: exactly one of a command (its program first), an environment variable's name
+    or a file's path. A literal value is never accepted, nor a reference that could never name a secret."""
+
+    command: list[str] | None = None
     env: str | None = None
     file: str | None = None
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> SecretRef:
+    def _names_a_secret(self) -> SecretRef:
         given = [k for k in ("command", "env", "file") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("a secret reference names exactly one of command, env or file")
+            named = " and ".join(given) if given else "none of command, env and file"
+            raise _secret_error(given[0] if given else "env",
+                                f"the reference names {named}; it names exactly one of command, env or file")
+        if self.command is not None and not (self.command and self.command[0].strip()):
+            raise _secret_error("command", "the command names no program (its first word is missing or empty)")
+        if self.env is not None and not ENV_NAME.fullmatch(self.env):
+            raise _secret_error("env", "what env names is not an environment variable's name (letters, digits "
+                                       "and '_', not starting with a digit); a secret is given by reference, never "
+                                       "by value")
+        if self.file is not None and (not self.file.strip() or any(c in self.file for c in "\0\n\r")):
+            raise _secret_error("file", "what file names is not a path (it is empty, or holds a line break or a NUL)")
         return self
+
+
+def _secret_form(value: Any) -> str | None:
+    return "literal" if isinstance(value, str) else "reference" if isinstance(value, dict | SecretRef) else None
+
+
+# A string is a literal secret, kept in the model so the check can point at it (B003); a table is read as a
+# reference alone, so its errors are a reference's; anything else is neither.
+Secret = Annotated[
+    Annotated[SecretRef, Tag("reference")] | Annotated[str, Tag("literal")],
+    Discriminator(_secret_form, custom_error_type="secret_reference", custom_error_context={"form": "env"},
+                  custom_error_message="not a reference: a secret is named by where it is, never written as a "
+                                       "value"),
+]
 
 
 class BindingFile(_Model):
@@ -284,8 +324,7 @@ class BindingFile(_Model):
     connector: str | None = None
     addon: str | None = None
     description: str = ""
-    # A plain string here is a literal secret: kept in the model so the check can point at it.
-    secrets: dict[str, SecretRef | str] = {}
+    secrets: dict[str, Secret] = {}
     settings: dict[str, str | int | float | bool] = {}
     egress: list[str] | None = None
     pricing: dict[str, Usd] = {}

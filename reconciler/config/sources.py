@@ -31,6 +31,7 @@ __all__ = [
     "GitSource",
     "TreeSource",
     "blob_sha",
+    "path_prefixes",
     "short_revision",
     "tree_revision",
 ]
@@ -67,9 +68,9 @@ def _link(rel: str, path: Path) -> Blob:
     return Blob(rel, blob_sha(data), data, link=True)
 
 
-def _prefixes(folder: str) -> list[str]:
+def path_prefixes(path: str) -> list[str]:
     """"catalog/interfaces" → ["catalog", "catalog/interfaces"]: the paths a link could stand at."""
-    parts = folder.split("/")
+    parts = path.split("/")
     return ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
 
 
@@ -136,7 +137,7 @@ class FolderSource:
         files = {}
         seen: dict[str, tuple[int, int, Blob]] = {}
         for folder in TREE_FOLDERS:
-            linked = next((p for p in _prefixes(folder) if (self.root / p).is_symlink()), None)
+            linked = next((p for p in path_prefixes(folder) if (self.root / p).is_symlink()), None)
             if linked is not None:  # `catalog` or `config` itself a link: a commit holds it as one too
                 files[linked] = _link(linked, self.root / linked)
             else:
@@ -247,7 +248,7 @@ class GitSource:
         cache: dict[str, Blob] = {}
         for folder in TREE_FOLDERS:
             sub = tree
-            for prefix in _prefixes(folder):
+            for prefix in path_prefixes(folder):
                 try:
                     sub = sub / prefix.rsplit("/", 1)[-1]
                 except KeyError:

@@ -80,6 +80,21 @@ def test_profile_use_keeps_comments_key_order_and_the_pinned_version(example: Pa
                                               'web-search = "search-brave", llm = "llm-anthropic" }')
 
 
+def test_profile_use_edits_dotted_services_keys_in_place(example: Path) -> None:
+    path = example / "config/profiles/researcher.toml"
+    text = path.read_text()
+    line = next(line for line in text.splitlines() if line.startswith("services = "))
+    dotted = ('services.ocr = "ocr-local"  # scans stay here\n'
+              'services.web-search = "search-brave"  # the team\'s key\n')
+    path.write_text(before := text.replace(line + "\n", dotted))
+    done = _handler("profile", "use", "researcher", "ocr/v1=ocr-mistral-perso", "web-search=search-searxng",
+                    "--root", str(example))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The pin replaces the key where it stood; both comments stay; no inline table in their place.
+    assert path.read_text() == before.replace('services.ocr = "ocr-local"', 'services."ocr/v1" = "ocr-mistral-perso"'
+                                              ).replace('"search-brave"', '"search-searxng"')
+
+
 def test_a_change_with_findings_is_refused_and_nothing_is_written(example: Path) -> None:
     profile = example / "config/profiles/researcher.toml"
     before = profile.read_text()
@@ -106,9 +121,39 @@ def test_a_secret_value_and_an_existing_binding_are_refused(example: Path) -> No
     assert "by reference, never by value" in done.stderr
     assert "sk-123" not in done.stdout + done.stderr
     assert not (example / "config/bindings/leak.toml").exists()
+    # A reference that could never name a secret is refused as a usage error, in one line.
+    for secret in ('api_key=command:""', "api_key=env:A B"):
+        done = _handler("binding", "create", "never", "--connector", "web-search-brave", "--secret", secret,
+                        "--root", str(example))
+        assert done.returncode == 2
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("handler: secret api_key: "), done.stderr
+        assert not (example / "config/bindings/never.toml").exists()
     done = _handler("binding", "create", "ocr-local", "--connector", "ocr-tesseract", "--root", str(example))
     assert done.returncode == 2
     assert "binding ocr-local exists" in done.stderr
+
+
+def test_a_profile_behind_a_symbolic_link_is_refused_as_the_loader_refuses_it(example: Path, tmp_path: Path) -> None:
+    """The tree never follows a link (F006): an edit says so, for the file or a folder of it, and writes nothing."""
+    profile = example / "config/profiles/researcher.toml"
+    outside = tmp_path / "researcher.toml"
+    outside.write_text(text := profile.read_text())
+    profile.unlink()
+    profile.symlink_to(outside)
+    done = _handler("profile", "use", "researcher", "ocr=ocr-mistral-perso", "--root", str(example))
+    assert done.returncode == 2
+    assert done.stderr == (f"handler: config/profiles/researcher.toml is a symbolic link (to {outside}), and links "
+                           "in a config tree are not followed (F006); replace it with a copy of what it points to\n")
+    assert profile.is_symlink()
+    assert outside.read_text() == text
+
+    folder = example / "config/profiles"
+    folder.rename(tmp_path / "profiles")
+    folder.symlink_to(tmp_path / "profiles")
+    done = _handler("profile", "use", "auditor", "ocr=ocr-mistral-perso", "--root", str(example))
+    assert done.returncode == 2
+    assert done.stderr.startswith("handler: config/profiles is a symbolic link"), done.stderr
 
 
 def test_branch_commits_the_change_and_leaves_work_tree_head_and_main_alone(example: Path, git: Git) -> None:

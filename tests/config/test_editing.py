@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.config.editing import FORM_SECRET_KINDS, EditError, parse_secret, secret_reference
+from reconciler.config.editing import FORM_SECRET_KINDS, EditError, parse_secret, secret_reference, use_bindings
+from reconciler.config.sources import Blob, blob_sha
 
 
 def test_a_reference_names_where_the_secret_is() -> None:
@@ -29,5 +30,62 @@ def test_a_form_takes_no_command_and_nothing_that_looks_like_a_value() -> None:
         secret_reference("api_key", "env", "  ")
     with pytest.raises(EditError, match="is not a path"):
         secret_reference("api_key", "file", "a\nb")
+    with pytest.raises(EditError, match="never by value"):
+        secret_reference("api_key", "env", "A B")
     with pytest.raises(EditError, match="a slot's name"):
         secret_reference("api key", "env", "K")
+
+
+def test_a_command_without_a_program_is_refused() -> None:
+    """What the shell splits to an empty first word could never run: refused as the binding file would be."""
+    for command in ('""', "'' show key"):
+        with pytest.raises(EditError, match="the command names no program"):
+            secret_reference("api_key", "command", command)
+
+
+def _profile(text: str) -> dict[str, Blob]:
+    data = text.encode()
+    return {"config/profiles/p.toml": Blob("config/profiles/p.toml", blob_sha(data), data)}
+
+
+def _use(text: str, *uses: tuple[str, str]) -> str:
+    return use_bindings(_profile(text), "p", uses).files["config/profiles/p.toml"]
+
+
+_TABLE = '''apiVersion = "handler.profile/v1"
+scope = "work/p"
+
+[services]
+# On this machine.
+"ocr/v1" = "ocr-local"  # pinned: v2 reads worse
+web-search = "search-brave"  # the team's key
+
+[caps]
+monthly_usd = 5.0
+'''
+
+_DOTTED = '''apiVersion = "handler.profile/v1"
+scope = "work/p"
+services."ocr/v1" = "ocr-local"  # pinned: v2 reads worse
+services.web-search = "search-brave"  # the team's key
+pins = ["web-search"]
+'''
+
+
+@pytest.mark.parametrize("text", [_TABLE, _DOTTED], ids=["services-table", "dotted-keys"])
+def test_profile_use_keeps_each_key_where_it_stands_with_its_comment(text: str) -> None:
+    prefix = "services." if text is _DOTTED else ""
+    # Another binding: the value alone changes.
+    assert _use(text, ("web-search", "search-searxng")) == text.replace(
+        'web-search = "search-brave"', 'web-search = "search-searxng"')
+    # Another version: the pinned key is replaced where it stood, its comment kept.
+    assert _use(text, ("ocr/v2", "ocr-mistral")) == text.replace(
+        '"ocr/v1" = "ocr-local"', '"ocr/v2" = "ocr-mistral"')
+    # A new interface comes after the last key of services.
+    assert _use(text, ("llm", "llm-anthropic")) == text.replace(
+        "# the team's key\n", f"# the team's key\n{prefix}llm = \"llm-anthropic\"\n")
+
+
+def test_profile_use_refuses_services_that_are_not_a_table() -> None:
+    with pytest.raises(EditError, match=r"config/profiles/p\.toml: services is not a table"):
+        _use('apiVersion = "handler.profile/v1"\nscope = "w"\nservices = "ocr-local"\n', ("ocr", "ocr-local"))

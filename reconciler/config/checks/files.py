@@ -10,9 +10,18 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
+from reconciler.config.checks.syntax import secret_example
 from reconciler.config.documents import Document
 from reconciler.config.findings import Finding
-from reconciler.config.models import MAX_NAME_CHARS, BindingFile, ConnectorFile, InterfaceFile, ProfileFile, SecretRef
+from reconciler.config.models import (
+    MAX_NAME_CHARS,
+    REFERENCE_FORMS,
+    BindingFile,
+    ConnectorFile,
+    InterfaceFile,
+    ProfileFile,
+    SecretRef,
+)
 from reconciler.places import MAX_SOCKET_PATH, run_dir_room
 
 __all__ = [
@@ -185,15 +194,14 @@ def check_binding_file(doc: Document, spec: BindingFile, name: str) -> list[Find
         )
     for slot, ref in spec.secrets.items():
         if not isinstance(ref, SecretRef):
-            env = slot.upper()
             findings.append(
                 Finding(
                     "B003",
                     doc.path,
                     doc.line_of("secrets", slot),
                     f"secret slot '{slot}' holds a literal value",
-                    'a reference — { command = [...] }, { env = "NAME" } or { file = "path" }',
-                    f'{slot} = {{ env = "{env}" }}',
+                    REFERENCE_FORMS,
+                    secret_example(slot, "env"),
                 )
             )
     for i, entry in enumerate(spec.egress or []):

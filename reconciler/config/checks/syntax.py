@@ -16,8 +16,9 @@ from pydantic import BaseModel, ValidationError
 
 from reconciler.config.documents import Document
 from reconciler.config.findings import Finding, suggest
+from reconciler.config.models import ENV_NAME, REFERENCE_FORMS
 
-__all__ = ["model_finding", "parse_document", "validate_model"]
+__all__ = ["model_finding", "parse_document", "secret_example", "validate_model"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -35,7 +36,7 @@ def parse_document(path: str, sha: str, data: bytes) -> tuple[Document | None, A
     try:
         value = tomllib.loads(text) if fmt == "toml" else orjson.loads(data)
     except tomllib.TOMLDecodeError as exc:
-        return doc, None, _invalid_toml(path, exc)
+        return doc, None, _invalid_toml(path, text, exc)
     except orjson.JSONDecodeError as exc:
         return doc, None, _invalid_json(path, exc)
     except RecursionError:  # tomllib parses nested arrays and inline tables by recursion; orjson stops at 1024
@@ -56,12 +57,14 @@ def _not_utf8(path: str, exc: UnicodeDecodeError) -> Finding:
     )
 
 
-def _invalid_toml(path: str, exc: tomllib.TOMLDecodeError) -> Finding:
+def _invalid_toml(path: str, text: str, exc: tomllib.TOMLDecodeError) -> Finding:
     match = _TOML_POSITION.search(str(exc))
+    # Without a line, tomllib says "at end of document": a string, array or table was left open, and what was
+    # written last (blank lines aside) is the nearest a line can point.
     return Finding(
         "F001",
         path,
-        int(match.group(1)) if match else 1,
+        int(match.group(1)) if match else text.rstrip().count("\n") + 1,
         f"invalid TOML: {_TOML_POSITION.sub('', str(exc)).strip()}",
         "a valid TOML document",
         "fix the syntax on that line (quotes, brackets, '=' between key and value)",
@@ -98,15 +101,20 @@ def validate_model(doc: Document, value: Any, model: type[M], api_version: str) 
         return model.model_validate(value), []
     except ValidationError as exc:
         known = _field_names(model)
-        return None, [model_finding(doc, err, known) for err in exc.errors()]
+        return None, [model_finding(doc, value, err, known) for err in exc.errors()]
 
 
-def model_finding(doc: Document, err: Any, known: set[str]) -> Finding:
-    """The F004 finding for one pydantic error; `known` are the field names a misspelt key is matched to."""
-    loc: tuple[str | int, ...] = tuple(p for p in err["loc"] if not (isinstance(p, str) and p[:1].isupper()))
+def model_finding(doc: Document, value: Any, err: Any, known: set[str]) -> Finding:
+    """The F004 finding for one pydantic error in `value`, the data as parsed; `known` are the field names a
+    misspelt key is matched to."""
+    kind = err["type"]
+    loc = _written_path(value, err["loc"], kind)
     where = ".".join(str(p) for p in loc) or "the file"
     line = doc.line_of(*loc)
-    kind = err["type"]
+    if kind == "secret_reference" and loc:  # `models.SecretRef`'s own: what is wrong, never what was written
+        slot = str(loc[-1])
+        return Finding("F004", doc.path, line, f"secret slot '{slot}': {err['msg']}", REFERENCE_FORMS,
+                       secret_example(slot, err["ctx"]["form"]))
     if kind == "extra_forbidden":
         key = str(loc[-1]) if loc else ""
         return Finding(
@@ -136,6 +144,32 @@ def model_finding(doc: Document, err: Any, known: set[str]) -> Finding:
         _expected_from(err),
         f"correct the value of '{where}'",
     )
+
+
+def secret_example(slot: str, form: str) -> str:
+    """A reference of `form` (command, env or file) for `slot`, as a binding's secrets table writes it."""
+    if form == "command":
+        return f'{slot} = {{ command = ["pass", "show", "{slot}"] }}'
+    if form == "file":
+        return f'{slot} = {{ file = "/run/secrets/{slot}" }}'
+    name = re.sub(r"[^A-Za-z0-9_]", "_", slot).upper()
+    return f'{slot} = {{ env = "{name if ENV_NAME.fullmatch(name) else "_" + name}" }}'
+
+
+def _written_path(value: Any, loc: tuple[str | int, ...], kind: str) -> tuple[str | int, ...]:
+    """The keys and indexes of `loc` that lead through `value`, as the file writes them. The others name the
+    members of a union ('str', 'WrapTool', 'function-after[...]') or a dict's '[key]': pydantic's, never the
+    file's. A missing key is not in the file, but it is what the error is about: it is kept."""
+    path: list[str | int] = []
+    for i, part in enumerate(loc):
+        if isinstance(value, dict) and part in value:  # noqa: SIM114 - apart, mypy narrows `part` to int below
+            value = value[part]
+        elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+            value = value[part]
+        elif not (kind == "missing" and i == len(loc) - 1):
+            continue
+        path.append(part)
+    return tuple(path)
 
 
 def _expected_from(err: Any) -> str:

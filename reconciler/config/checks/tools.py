@@ -65,9 +65,8 @@ def check_tools(doc: Document, value: Any, interface: str) -> tuple[list[Tool], 
         try:
             tool = Tool.model_validate(raw)
         except ValidationError as exc:
-            findings.extend(
-                model_finding(doc, {**e, "loc": (index, *e["loc"])}, set(Tool.model_fields)) for e in exc.errors()
-            )
+            known = set(Tool.model_fields)
+            findings.extend(model_finding(doc, value, {**e, "loc": (index, *e["loc"])}, known) for e in exc.errors())
             continue
         findings.extend(_check_name(doc, index, tool, prefix, seen))
         seen.setdefault(tool.name, index)

@@ -17,3 +17,13 @@ def test_case(case: Path) -> None:
 def test_an_unknown_key_says_did_you_mean() -> None:
     (finding,) = findings_of(case_named("syntax/F004-unknown-key"))
     assert "did you mean 'template'?" in finding.message
+
+
+def test_a_secret_reference_is_one_finding_in_plain_words_that_never_repeats_the_value() -> None:
+    findings = findings_of(case_named("syntax/F004-secret-reference"))
+    text = "".join(f.render_text() for f in findings)
+    assert "123456" not in text  # a number written where a reference goes may be the secret itself
+    for internal in ("function-after", "SecretRef", "'secrets."):  # pydantic's names for the union and its members
+        assert internal not in text
+    slots = [f.message.split("'")[1] for f in findings if f.code == "F004"]
+    assert len(slots) == len(set(slots)) == 10  # one finding per slot
