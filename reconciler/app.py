@@ -23,7 +23,6 @@ from typing import Any
 
 from reconciler.config import ConfigError, HandlerError, Snapshot
 from reconciler.config.eventloop import run_on_uvloop
-from reconciler.connectors.polling import DEFAULT_WINDOW_US
 from reconciler.gitops.following import Follower, FollowReports
 from reconciler.gitops.reconciling import Reconciler
 from reconciler.gitops.status import Attempt
@@ -74,7 +73,6 @@ class ServiceOptions:
     sandbox: bool = True  # False: --no-sandbox, connectors run without their bubblewrap sandbox
     listen: bool = True  # the HTTP listener, the dashboard and the approval notices (`handler serve`: none)
     follow: bool = True  # watch or fetch the source as it changes; False: reload on SIGHUP (`handler serve`)
-    reply_poll_us: int = DEFAULT_WINDOW_US  # reading a fast connector's reply as it comes (`connectors.polling`)
 
 
 UpOptions = ServiceOptions  # the name `handler up`'s callers know it by
@@ -238,8 +236,7 @@ class Service:
 
     async def _start_router(self, snapshot: Snapshot) -> int:
         self._router = router = Router(snapshot, root=self.follower.tree_root, run_dir=self.run_dir,
-                                       state_dir=self.state_dir, gate=self._gate, sandbox=self.options.sandbox,
-                                       reply_poll_us=self.options.reply_poll_us)
+                                       state_dir=self.state_dir, gate=self._gate, sandbox=self.options.sandbox)
         await router.start()
         self.reconciler.status.connectors = lambda: _connector_states(router)
         if self._governor is not None:
@@ -351,13 +348,12 @@ def _handle_signals(stop: asyncio.Event, reload: Callable[[], None] | None) -> I
 
 def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_dir: Path | None = None,
           gate: Gate | None = None, on_ready: Callable[[Router], None] | None = None,
-          on_reload: Callable[[Attempt], None] | None = None, sandbox: bool = True,
-          reply_poll_us: int = DEFAULT_WINDOW_US) -> int:
+          on_reload: Callable[[Attempt], None] | None = None, sandbox: bool = True) -> int:
     """`handler serve`: serve `snapshot` (loaded from `root`) until a signal, reloading on SIGHUP."""
     if not snapshot.ok:
         raise ConfigError(snapshot.errors)
     options = ServiceOptions(str(root), run_dir=run_dir, state_dir=state_dir, sandbox=sandbox, listen=False,
-                             follow=False, reply_poll_us=reply_poll_us)
+                             follow=False)
     ready = (lambda service: on_ready(service.router)) if on_ready is not None else _ignore
     reports = Reports(ready=ready, reloaded=on_reload or _ignore)
     return _run(run_service(options, gate=gate, first=snapshot, reports=reports))

@@ -18,7 +18,6 @@ from typing import Any
 from reconciler.app import Reports, Service, ServiceOptions, serve, up
 from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, finite_number, load_tree, print_findings
 from reconciler.config import HandlerError, SourceError, short_revision
-from reconciler.connectors.polling import window_from_env
 from reconciler.gitops.following import FollowReports
 from reconciler.gitops.status import Attempt, read_status
 from reconciler.governance.auditing import SET_ASIDE, pricing_violations_this_month, set_aside_this_month
@@ -101,15 +100,7 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
 
     return serve(head, root=Path(args.root), run_dir=args.run_dir, state_dir=args.state_dir, on_ready=ready,
-                 on_reload=_reload_printer("serve"), sandbox=not args.no_sandbox, reply_poll_us=_reply_poll_us())
-
-
-def _reply_poll_us() -> int:
-    """`HANDLER_REPLY_POLL_US`, checked before anything starts (docs/architecture.md §10)."""
-    try:
-        return window_from_env(os.environ)
-    except ValueError as exc:
-        raise SourceError(str(exc)) from None
+                 on_reload=_reload_printer("serve"), sandbox=not args.no_sandbox)
 
 
 def _reload_printer(command: str) -> Callable[[Attempt], None]:
@@ -156,7 +147,7 @@ def _up(args: argparse.Namespace) -> int:
     secret = os.environ.get("HANDLER_WEBHOOK_SECRET", "").encode() or None
     options = ServiceOptions(root=args.root, source=args.source, ref=args.ref, interval=args.interval,
                              run_dir=args.run_dir, state_dir=args.state_dir, http_host=host, http_port=int(port),
-                             webhook_secret=secret, sandbox=not args.no_sandbox, reply_poll_us=_reply_poll_us())
+                             webhook_secret=secret, sandbox=not args.no_sandbox)
     reports = Reports(ready=_print_up_ready, not_started=_print_not_started,
                       follow=FollowReports(fetch_failed=_print_fetch_failed, fell_back=_print_fell_back,
                                            reconciled=_reload_printer("up"), recovered=_print_recovered))

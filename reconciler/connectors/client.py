@@ -30,7 +30,6 @@ from reconciler.connectors.errors import (
     ConnectorReplyError,
     ConnectorStartError,
 )
-from reconciler.connectors.polling import Polling, ReplyPoll
 from reconciler.wire.client import MOST_UNREAD_ANSWERS, LineClient
 from reconciler.wire.errors import JsonRpcError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
@@ -81,9 +80,9 @@ class _Incarnation:
     (its exit, arriving late) touch only its own state, never the new process's.
     """
 
-    def __init__(self, spec: LaunchSpec, polling: Polling | None = None) -> None:
+    def __init__(self, spec: LaunchSpec) -> None:
         self.popen: subprocess.Popen[bytes] | None = None
-        self.line = _ConnectorLine(self, spec, polling)
+        self.line = _ConnectorLine(self, spec)
         self.stderr: asyncio.ReadTransport | None = None
         self.exited = asyncio.Event()  # the process was reaped
         self.ready = False
@@ -111,37 +110,15 @@ class _ConnectorLine(LineClient):
     """The line client of one incarnation: a connector's misbehaviour ends the process.
 
     Its pipes are plain read/write pipe transports rather than a subprocess transport: uvloop hands a
-    subprocess's output to its protocol one loop iteration late, which every call would pay for. With
-    `polling`, a request's reply may be read right after it is sent (`polling`).
+    subprocess's output to its protocol one loop iteration late, which every call would pay for.
     """
 
-    def __init__(self, incarnation: _Incarnation, spec: LaunchSpec, polling: Polling | None) -> None:
+    def __init__(self, incarnation: _Incarnation, spec: LaunchSpec) -> None:
         super().__init__(f"connector of binding '{spec.name}'", max_line_bytes=spec.max_line_bytes,
                          duplex=spec.socket_path is not None)
         self._incarnation = incarnation
         self._spec = spec
         self._bad_lines = 0
-        self._polling = polling if polling is not None and polling.on else None
-        self._poll: ReplyPoll | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        if self._polling is not None:
-            stream = transport.get_extra_info("pipe") or transport.get_extra_info("socket")
-            if stream is not None:
-                self._poll = ReplyPoll(self._polling, stream.fileno(), self.data_received)
-
-    def sent(self, future: asyncio.Future[dict[str, Any]]) -> None:
-        poll, polling = self._poll, self._polling
-        if poll is None or polling is None:
-            return
-        polling.calls += 1
-        future.add_done_callback(self._replied)
-        poll.wait(future)
-
-    def _replied(self, _future: asyncio.Future[dict[str, Any]]) -> None:
-        if self._polling is not None:
-            self._polling.calls -= 1
 
     def closed_error(self, why: str) -> Exception:
         return ConnectorCrashedError(why)
@@ -184,12 +161,10 @@ class _ConnectorLine(LineClient):
 class ConnectorProcess:
     """One binding's connector: its current process and the calls in flight on it."""
 
-    def __init__(self, spec: LaunchSpec, *, on_dispatch: DispatchHook | None = None,
-                 polling: Polling | None = None) -> None:
+    def __init__(self, spec: LaunchSpec, *, on_dispatch: DispatchHook | None = None) -> None:
         self.spec = spec
         self.on_dispatch = on_dispatch
-        self._polling = polling  # the router's reply polling, shared by all its connectors
-        self._inc = _Incarnation(spec, polling)
+        self._inc = _Incarnation(spec)
         self._starting: asyncio.Task[None] | None = None
         self.server_info: Mapping[str, Any] = {}
 
@@ -230,7 +205,7 @@ class ConnectorProcess:
 
     async def _start(self) -> None:
         self._inc.line.close()  # a previous process that died: release its pipes
-        inc = self._inc = _Incarnation(self.spec, self._polling)
+        inc = self._inc = _Incarnation(self.spec)
         spawning = asyncio.ensure_future(asyncio.to_thread(self._spawn))
         try:
             inc.popen = await asyncio.shield(spawning)

@@ -42,7 +42,6 @@ from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, Co
 from reconciler.connectors.launching import Launch, declared_env, inbox_dir, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
 from reconciler.connectors.parking import Parking
-from reconciler.connectors.polling import Polling
 from reconciler.connectors.wrapping import ToolCaller, WrappedConnector, check_wrap
 from reconciler.places import default_state_dir
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
@@ -152,10 +151,8 @@ class ConnectorPool:
     """Finds, starts, shares, stops and drains the connector processes of a router."""
 
     def __init__(self, root: Path, state_dir: Path | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, *,
-                 idle_seconds: float = DEFAULT_IDLE_SECONDS, sandbox: bool = True, run_dir: Path | None = None,
-                 polling: Polling | None = None) -> None:
+                 idle_seconds: float = DEFAULT_IDLE_SECONDS, sandbox: bool = True, run_dir: Path | None = None) -> None:
         self._root = root
-        self._polling = polling  # reading a fast connector's reply as it comes (`polling`), shared by all
         self._run_dir = run_dir  # the router's sockets and call folders: hidden from sandboxed connectors
         self._state = state_dir if state_dir is not None else default_state_dir(root)
         self._max_line_bytes = max_line_bytes
@@ -394,8 +391,7 @@ class ConnectorPool:
                                             max_line_bytes=self._max_line_bytes, run_dir=self._run_dir,
                                             host_uid=self.host_uid(binding_name), parking=self._parking)
         entry.snapshot = snapshot
-        process = entry.process = ConnectorProcess(entry.launch.spec, on_dispatch=self._on_dispatch,
-                                                         polling=self._polling)
+        process = entry.process = ConnectorProcess(entry.launch.spec, on_dispatch=self._on_dispatch)
         await process.ensure_started()
 
         wrap = connector.spec.wrap

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from reconciler.config.errors import HandlerError
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.polling import DEFAULT_WINDOW_US, Polling
 from reconciler.connectors.pool import DEFAULT_IDLE_SECONDS, ConnectorPool
 from reconciler.governance.gate import CallRequest, CallResult, Gate, OpenGate
 from reconciler.places import (
@@ -48,7 +47,7 @@ class Router:
     def __init__(self, snapshot: Snapshot, *, root: Path, run_dir: Path, state_dir: Path | None = None,
                  gate: Gate | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
                  call_log: bool = True, sandbox: bool = True, idle_seconds: float = DEFAULT_IDLE_SECONDS,
-                 bounds: ConnectionBounds | None = None, reply_poll_us: int = DEFAULT_WINDOW_US) -> None:
+                 bounds: ConnectionBounds | None = None) -> None:
         self.root = root
         self.run_dir = run_dir
         self.bounds = bounds or ConnectionBounds(max_line_bytes=max_line_bytes)
@@ -60,7 +59,7 @@ class Router:
         self.services = Services(
             gate=gate or OpenGate(),
             pool=ConnectorPool(root, state, idle_seconds=idle_seconds, sandbox=sandbox,
-                               run_dir=run_dir, polling=Polling(reply_poll_us)),
+                               run_dir=run_dir),
             limits=LimitBook(),
             log=CallLog(_private(state, "HANDLER_STATE_DIR") / "calls.jsonl" if call_log else None),
             calls_dir=run_dir / "calls",  # one folder per binding, so a connector sees only its own

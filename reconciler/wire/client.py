@@ -119,10 +119,6 @@ class LineClient(asyncio.Protocol):
         """The error a request fails with when its reply is over the line limit."""
         return JsonRpcError(INTERNAL_ERROR, why)
 
-    def sent(self, future: asyncio.Future[dict[str, Any]]) -> None:
-        """A request was written and is about to be awaited: a subclass may read its reply here (the future then
-        done, the await returns at once)."""
-
     def answer_request(self, msg: Mapping[str, Any]) -> None:
         """A request from the peer: `ping` is answered; this client offers no other feature. None is answered while
         the peer leaves more than `MOST_UNREAD_ANSWERS` bytes unread (counted in `unanswered`)."""
@@ -201,7 +197,6 @@ class LineClient(asyncio.Protocol):
                 self._sweep = loop.call_later(SWEEP_SECONDS, self._expire_late)
         try:
             self.send(encode_request(msg_id, method, params))
-            self.sent(future)
             return await future
         except (asyncio.CancelledError, TimeoutError):
             # The caller gave up (its deadline or a cancellation): tell the peer to stop working on it.
