@@ -52,6 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="relay lines instead of handing stdin and stdout to the router (default when they "
                         "are a terminal or a file; also HANDLER_RELAY=1)")
     args = parser.parse_args(argv)
+    if closed := _closed_stream():
+        # Checked before any socket is opened: it would take the free descriptor and pass for the agent's stdio.
+        print(f"handler-service: {closed} is closed; start it with stdin and stdout open, as an MCP client does "
+              "(pipes)", file=sys.stderr)
+        return 2
     if not args.profile:
         print("handler-service: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
         return 2
@@ -78,6 +83,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _closed_stream() -> str | None:
+    """The name of the first of stdin and stdout that is not an open descriptor, if one is not."""
+    for fd, name in ((0, "stdin"), (1, "stdout")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            return name
+    return None
 
 
 def hand_over(sock: socket.socket, meta: Mapping[str, str]) -> bool:
