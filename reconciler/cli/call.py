@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from reconciler.cli.common import load_tree
-from reconciler.cli.flags import add_field_flags, collect_arguments, plan_flags
+from reconciler.cli.flags import add_field_flags, carried_text, collect_arguments, plan_flags
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.wire.client import LineClient
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError, LineClosedError
@@ -195,9 +195,9 @@ _DESCRIPTION = ("Call one tool through the profile's socket, as an agent would. 
 
 
 def _add_own_options(parser: argparse.ArgumentParser, *, with_help: bool = True) -> None:
-    parser.add_argument("interface", nargs="?", help="the interface, e.g. ocr (or ocr/v1; 'handler' for the "
-                        "built-ins)" if with_help else argparse.SUPPRESS)
-    parser.add_argument("tool", nargs="?",
+    parser.add_argument("interface", nargs="?", type=carried_text, help="the interface, e.g. ocr (or ocr/v1; "
+                        "'handler' for the built-ins)" if with_help else argparse.SUPPRESS)
+    parser.add_argument("tool", nargs="?", type=carried_text,
                         help="the tool to call, e.g. ocr_extract" if with_help else argparse.SUPPRESS)
     parser.add_argument("--profile", default=os.environ.get("HANDLER_PROFILE"),
                         help="the profile whose socket to use (default: $HANDLER_PROFILE)")
@@ -252,10 +252,10 @@ _JSON_EXAMPLE = """--json '{"path": "a.pdf"}'"""
 def _given_json(text: str | None) -> dict[str, Any]:
     if text is None:
         return {}
-    if text == "-":
-        text = sys.stdin.read()
+    # From stdin the bytes themselves: json decodes them as UTF-8 and says where they are not.
+    given = sys.stdin.buffer.read() if text == "-" else text
     try:
-        value = json.loads(text)
+        value = json.loads(given)
     except ValueError as exc:
         raise ValueError(f"--json is not JSON ({exc}); give one object, e.g. {_JSON_EXAMPLE}") from None
     if not isinstance(value, dict):
