@@ -38,7 +38,8 @@ from reconciler.wire.results import result_body
 
 __all__ = [
     "EXIT_BLOCKED", "EXIT_ERROR", "EXIT_EXECUTED", "EXIT_FAILED", "EXIT_INVALID", "EXIT_PENDING",
-    "LinkError", "RouterLink", "add_call_command", "connect", "outcome_of", "read_body", "render_text", "run_call",
+    "LinkError", "RouterLink", "add_call_command", "caller_of", "connect", "outcome_of", "read_body", "render_text",
+    "run_call",
 ]
 
 EXIT_EXECUTED: Final = 0
@@ -112,12 +113,21 @@ class RouterLink:
         self.close()
 
 
-def connect(profile: str, run_dir: Path | None, interface: str, client_name: str) -> RouterLink:
-    """A link to `profile`'s socket naming `interface`; LinkError when no router serves the profile there."""
+def caller_of(profile: str | None, interface: str) -> dict[str, str]:
+    """The `_meta` of this process's calls of `interface`; ValueError, before anything connects, when no profile is
+    named or the environment names a run id the router would refuse (`caller_meta`)."""
+    if not profile:
+        raise ValueError("name the profile with --profile or HANDLER_PROFILE")
+    return caller_meta(interface, os.environ)
+
+
+def connect(profile: str, run_dir: Path | None, meta: Mapping[str, str], client_name: str) -> RouterLink:
+    """A link to `profile`'s socket with the caller's `meta` (`caller_of`); LinkError when no router serves the
+    profile there."""
     run_dir = run_dir or default_run_dir()
     path = socket_path(run_dir, profile)
     try:
-        return RouterLink(path, caller_meta(interface, os.environ), client_name)
+        return RouterLink(path, meta, client_name)
     except OSError as exc:
         raise LinkError(why_unreachable(run_dir, profile, path, exc)) from None
     except LineClosedError:
@@ -166,11 +176,15 @@ def run_call(words: Sequence[str]) -> int:
     if not first.interface:
         base.print_help(sys.stdout if first.help else sys.stderr)
         return EXIT_EXECUTED if first.help else EXIT_INVALID
-    if not first.profile and not first.help:
-        print("handler call: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
-        return EXIT_INVALID
     try:
-        link = connect(first.profile, first.run_dir, first.interface, "handler-call") if first.profile else None
+        meta = caller_of(first.profile, first.interface)
+    except ValueError as exc:
+        if not first.help:  # --help lists the tools offline without either
+            print(f"handler call: {exc}", file=sys.stderr)
+            return EXIT_INVALID
+        meta = None
+    try:
+        link = connect(first.profile, first.run_dir, meta, "handler-call") if meta is not None else None
     except LinkError as exc:
         if not first.help:
             print(f"handler call: {exc}", file=sys.stderr)

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from reconciler.cli.call import LinkError, connect, outcome_of, read_body
+from reconciler.cli.call import LinkError, caller_of, connect, outcome_of, read_body
 from reconciler.cli.flags import carried_integer, carried_number, carried_text
 from reconciler.wire.errors import JsonRpcError
 
@@ -44,16 +44,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON, not only the text")
     parser.add_argument("--run-dir", type=Path, help="the router's run folder (default: $HANDLER_RUN_DIR)")
     args = parser.parse_args(argv)
-    if not args.profile:
-        print("handler-llm: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
-        return 2
     try:
-        prompt = " ".join(args.prompt) if args.prompt and args.prompt != ["-"] else sys.stdin.buffer.read().decode()
-    except UnicodeDecodeError as exc:
-        print(f"handler-llm: the prompt on stdin is not UTF-8 text ({exc})", file=sys.stderr)
-        return 2
-    if not prompt.strip():
-        print("handler-llm: the prompt is empty; give it as arguments or on stdin", file=sys.stderr)
+        meta = caller_of(args.profile, "llm")
+        prompt = _read_prompt(args.prompt)
+    except ValueError as exc:
+        print(f"handler-llm: {exc}", file=sys.stderr)
         return 2
     arguments: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]}
     for key, value in (("system", args.system), ("maxTokens", args.max_tokens), ("temperature", args.temperature),
@@ -61,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if value is not None:
             arguments[key] = value
     try:
-        with connect(args.profile, args.run_dir, "llm", "handler-llm") as link:
+        with connect(args.profile, args.run_dir, meta, "handler-llm") as link:
             result = link.call_tool("llm_complete", arguments)
     except LinkError as exc:
         print(f"handler-llm: {exc}", file=sys.stderr)
@@ -70,6 +65,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"handler-llm: the router refused the call: {exc.message} ({exc.code})", file=sys.stderr)
         return 1
     return _report(result, as_json=args.json)
+
+
+def _read_prompt(words: list[str]) -> str:
+    """The prompt from the arguments, else from stdin; ValueError when it is empty or stdin is not UTF-8."""
+    if words and words != ["-"]:
+        prompt = " ".join(words)
+    else:
+        try:
+            prompt = sys.stdin.buffer.read().decode()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"the prompt on stdin is not UTF-8 text ({exc})") from None
+    if not prompt.strip():
+        raise ValueError("the prompt is empty; give it as arguments or on stdin")
+    return prompt
 
 
 def _report(result: dict[str, Any], *, as_json: bool) -> int:

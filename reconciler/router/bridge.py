@@ -63,8 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         meta = caller_meta(args.interface, os.environ)
     except ValueError as exc:  # the router would refuse every call: say so before connecting
-        print(f"handler-service: {exc}; set it to the agent run's id, or unset it to have one made per connection",
-              file=sys.stderr)
+        print(f"handler-service: {exc}", file=sys.stderr)
         return 2
     run_dir = args.run_dir or default_run_dir()
     path = socket_path(run_dir, args.profile)

@@ -180,6 +180,24 @@ def test_exit_2_for_a_value_no_json_line_can_carry_naming_its_flag(served: Serve
     assert b"Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(("run_id", "said"), [
+    ("x" * 300, "is 300 characters long; an agent run's id has at most 128"),
+    (b"run-\xff", "is not UTF-8 text; an agent run's id is printable text"),
+])
+@pytest.mark.parametrize("command", ["handler", "handler-llm"])
+def test_exit_2_before_connecting_for_a_run_id_the_router_would_refuse(tmp_path: Path, command: str,
+                                                                        run_id: str | bytes, said: str) -> None:
+    # Both once ended in a traceback: the length from caller_meta, the byte from orjson.
+    words = ["call", "echo", "echo_say", "--text", "a"] if command == "handler" else ["hi"]
+    env: dict[str | bytes, str | bytes] = {**os.environ, "HANDLER_RUN_DIR": str(tmp_path), "HANDLER_INSTANCE": run_id}
+    done = subprocess.run([Path(HANDLER).with_name(command), *words, "--profile", "tester"], capture_output=True,
+                          timeout=60, check=False, env=env)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        f"{'handler call' if command == 'handler' else 'handler-llm'}: HANDLER_INSTANCE {said}; set it to the agent "
+        "run's id, or unset it to have one made per connection"]
+
+
 def test_exit_2_for_json_on_stdin_that_is_not_utf8(served: Served) -> None:
     done = subprocess.run([HANDLER, "call", "echo", "echo_say", "--profile", "tester", "--json", "-"],
                           input=b'{"text": "caf\xe9"}', capture_output=True, timeout=60, check=False,

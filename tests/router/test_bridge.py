@@ -223,3 +223,13 @@ def test_the_bridge_started_with_a_closed_stream_says_which(echo_root: Path, run
     assert done.returncode == 2
     assert done.stderr.decode().splitlines() == [
         f"handler-service: {stream} is closed; start it with stdin and stdout open, as an MCP client does (pipes)"]
+
+
+def test_the_bridge_refuses_a_run_id_that_is_not_utf8_before_it_connects(run_dir: Path) -> None:
+    done = subprocess.run([BRIDGE, "echo", "--profile", "ghost"], input=b"", capture_output=True, check=False,
+                          env={**os.environ, "HANDLER_RUN_DIR": str(run_dir), "HANDLER_INSTANCE": b"run-\xff"},
+                          timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        "handler-service: HANDLER_INSTANCE is not UTF-8 text; an agent run's id is printable text; set it to the "
+        "agent run's id, or unset it to have one made per connection"]
