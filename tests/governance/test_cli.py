@@ -271,6 +271,17 @@ def test_a_store_file_that_is_not_a_database_says_what_to_do(tree: Path, capsys:
         assert "Traceback" not in err
 
 
+def test_a_store_in_memory_is_refused_in_one_line_asking_for_a_file(tree: Path, capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HANDLER_STORE_URL", "sqlite://")
+    for command in (("audit",), ("approvals", "list"), ("store", "migrate")):
+        code, out, err = run(capsys, *command, "--root", str(tree))
+        assert (code, out) == (1, "")
+        (line,) = err.splitlines()
+        assert line.startswith("handler: the store URL 'sqlite://' names a SQLite database in memory")
+        assert line.endswith("or unset HANDLER_STORE_URL for handler.db in the state folder")
+
+
 def test_a_listing_says_how_many_holds_it_leaves_out(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
     held = hold_calls(tree, 5)
     code, out, err = run(capsys, "approvals", "list", "--limit", "3", "--root", str(tree))
