@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from reconciler.cli.common import load_tree
+from reconciler.cli.common import folder_path, load_tree
 from reconciler.cli.flags import add_field_flags, carried_text, collect_arguments, plan_flags
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.wire.client import LineClient
@@ -219,7 +219,7 @@ def _add_own_options(parser: argparse.ArgumentParser, *, with_help: bool = True)
                         "flags add to it")
     parser.add_argument("--format", choices=["text", "json"], default="text",
                         help="text: the output's text fields, else its JSON (default); json: the JSON body")
-    parser.add_argument("--run-dir", type=Path, help="the router's run folder (default: $HANDLER_RUN_DIR, else "
+    parser.add_argument("--run-dir", type=folder_path, help="the router's run folder (default: $HANDLER_RUN_DIR, else "
                         "$XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
     parser.add_argument("--root", default=os.environ.get("HANDLER_ROOT") or ".", metavar="DIR",
                         help="the config tree whose tools.json describe the tools when no router answers (default: "

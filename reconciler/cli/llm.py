@@ -17,12 +17,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from reconciler.cli.call import LinkError, caller_of, connect, outcome_of, read_body
+from reconciler.cli.common import folder_path
 from reconciler.cli.flags import carried_integer, carried_number, carried_text
 from reconciler.wire.errors import JsonRpcError
 
@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "deterministic reply (default: the service's)")
     parser.add_argument("--model", type=carried_text, help="a model the service offers (default: the service's)")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON, not only the text")
-    parser.add_argument("--run-dir", type=Path, help="the router's run folder (default: $HANDLER_RUN_DIR)")
+    parser.add_argument("--run-dir", type=folder_path, help="the router's run folder (default: $HANDLER_RUN_DIR)")
     args = parser.parse_args(argv)
     try:
         meta = caller_of(args.profile, "llm")

@@ -272,7 +272,7 @@ def _prepare_sqlite_file(database: str) -> None:
     this process's connections hold on it.
     """
     path = Path(database)
-    if not path.parent.exists():
+    if not path.parent.is_dir():  # missing, or not a folder: refused, saying so
         ensure_private_dir(path.parent, "HANDLER_STATE_DIR")
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE))
