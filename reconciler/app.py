@@ -30,7 +30,7 @@ from reconciler.governance.gate import Gate
 from reconciler.governance.governor import Governor
 from reconciler.governance.notices import Reach
 from reconciler.liveness import CONTROL_NAME, ControlServer, ServiceLock
-from reconciler.places import default_run_dir, default_state_dir, ensure_private_dir
+from reconciler.places import PrivatePlaceError, default_run_dir, default_state_dir, ensure_private_dir
 from reconciler.preflight import preflight
 from reconciler.router.files import clear_leftovers
 from reconciler.router.server import Router
@@ -94,7 +94,8 @@ class Reports:
 
 
 class ServiceError(HandlerError):
-    """The service was asked for a part it has not started (the router before a good revision, say)."""
+    """The service cannot start where it was told to (a state or run folder it may not use), or was asked for a part
+    it has not started (the router before a good revision, say)."""
 
 
 class NotServableError(ServiceError):
@@ -187,8 +188,11 @@ class Service:
 
     async def _start(self) -> None:
         # Every lock and listener first, so a second service stops here having written nothing.
-        ensure_private_dir(self.state_dir, "HANDLER_STATE_DIR")
-        ensure_private_dir(self.run_dir, "HANDLER_RUN_DIR")
+        try:
+            ensure_private_dir(self.state_dir, "HANDLER_STATE_DIR")
+            ensure_private_dir(self.run_dir, "HANDLER_RUN_DIR")
+        except PrivatePlaceError as exc:
+            raise ServiceError(str(exc)) from None
         self._lock.acquire(self.run_dir)
         clear_leftovers(self.run_dir)  # the run folder is ours alone now: what a killed service's calls left goes
         await self._control.start()
@@ -213,7 +217,7 @@ class Service:
     async def _check_machine(self) -> None:
         """The preflight (`reconciler.preflight`), for the start's banner, `handler status` and the dashboard."""
         problems = await preflight(self.router.live.snapshot, self.follower.tree_root, os.environ, run_dir=self.run_dir,
-                                   sandbox=self.options.sandbox)
+                                   state_dir=self.state_dir, sandbox=self.options.sandbox)
         self.reconciler.status.preflight = [p.to_dict() for p in problems]
 
     async def _serve_first(self) -> None:

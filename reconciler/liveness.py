@@ -109,7 +109,7 @@ def holder_of(state_dir: Path) -> Holder | None:
     path = state_dir / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no such folder: no service can hold it
         return None
     try:
         try:

@@ -10,7 +10,8 @@ defaults to `.handler/` under the config root. Called by the router, the bridge,
 
 Both folders hold what others must not read (held calls' arguments, connectors' stderr, the link
 key): `ensure_private_dir` makes each one 0700 and refuses one another user owns (docs/architecture.md
-§6 and §7). The router and the store call it where they create their folders.
+§6 and §7), and a path that cannot be a folder (`not_a_folder`: a file there, or above it). The router
+and the store call it where they create their folders.
 
 A connector writes into folders the router made for it (its call folder's `out/`, its private `tmp/`), and
 `remove_tree` is how the router removes them: without recursion however deep a tree is, following no
@@ -41,6 +42,7 @@ __all__ = [
     "default_run_dir",
     "default_state_dir",
     "ensure_private_dir",
+    "not_a_folder",
     "open_private_file",
     "remove_tree",
     "run_dir_room",
@@ -58,7 +60,7 @@ _READ_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class PrivatePlaceError(PermissionError):
-    """A folder the service keeps private is another user's, or a link another user made.
+    """A folder the service keeps private is another user's, a link another user made, or cannot be a folder.
 
     A `PermissionError` rather than a `HandlerError`: this module imports nothing of ours, so each
     room that calls `ensure_private_dir` hands it on as its own error.
@@ -122,13 +124,26 @@ def why_unreachable(run_dir: Path, profile: str, path: Path, exc: OSError) -> st
             f"{', '.join(served)} (run folder {run_dir})")
 
 
+def not_a_folder(path: Path) -> str | None:
+    """Why `path` cannot be a folder (it, or the nearest of its parents that exists, is something else), or None."""
+    for folder in (path, *path.parents):
+        if folder.is_dir():
+            return None
+        if os.path.lexists(folder):
+            return f"{path} is not a folder" if folder == path else f"{path} cannot be a folder: {folder} is not one"
+    return None
+
+
 def ensure_private_dir(path: Path, setting: str = "HANDLER_RUN_DIR or HANDLER_STATE_DIR") -> Path:
     """Create `path` (and its missing parents) mode 0700, or make an existing one of ours 0700; returns `path`.
 
     A folder another user owns is refused with `PrivatePlaceError`, never changed: they could read
     or swap what we keep there. `setting` names the variable that chooses another folder. The mode
     is set whatever the umask, and on the folder we opened, so a rename in between changes nothing.
+    A path that cannot be a folder (`not_a_folder`) is refused with `PrivatePlaceError` too.
     """
+    if (problem := not_a_folder(path)) is not None:
+        raise PrivatePlaceError(f"{problem}: choose a folder with {setting}, or move what is there away")
     _make_missing_dirs(path)
     _refuse_foreign_link(path, setting)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

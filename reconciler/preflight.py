@@ -5,6 +5,7 @@ requests). The preflight judges this machine against it, as `handler doctor` pri
 says it at start and the dashboard shows it:
 
 - the sandbox: can connectors start here at all (bubblewrap, libseccomp, user namespaces);
+- the run folder and the state folder: each is a folder, or can be made (no file in its place);
 - per binding a profile uses: every secret reference resolves now (an env variable set, a file
   readable, a command that answers), and its connector's program is on this machine;
 - per profile: its socket's path fits under the run folder (a unix socket's path holds 107 bytes); its
@@ -29,7 +30,7 @@ from reconciler.connectors.errors import ConnectorStartError
 from reconciler.connectors.launching import resolve_command
 from reconciler.connectors.sandbox import confined_env, sandbox_support
 from reconciler.connectors.secrets import resolve_secret
-from reconciler.places import SHORTER_SOCKET, default_run_dir, socket_too_long
+from reconciler.places import SHORTER_SOCKET, default_run_dir, default_state_dir, not_a_folder, socket_too_long
 from reconciler.web.mail import MailError, MailSettings
 from reconciler.web.slack import SlackSettings
 
@@ -51,16 +52,23 @@ class Problem:
 
 
 async def preflight(snapshot: Snapshot, root: Path, env: Mapping[str, str], *, sandbox: bool = True,
-                    run_dir: Path | None = None) -> list[Problem]:
+                    run_dir: Path | None = None, state_dir: Path | None = None) -> list[Problem]:
     """Every problem of this machine with `snapshot`, most basic first; `run_dir` is where the profiles' sockets go
-    (default: `HANDLER_RUN_DIR`'s default)."""
+    (default: `HANDLER_RUN_DIR`'s default), `state_dir` the service's state folder (default: `HANDLER_STATE_DIR`'s
+    of `env`, else `.handler/` under `root`)."""
     run_dir = run_dir if run_dir is not None else default_run_dir()
+    state_dir = state_dir if state_dir is not None else default_state_dir(root, env)
     problems: list[Problem] = []
     if sandbox:
         support = sandbox_support()
         if not support.ok:
             problems.append(Problem("error", "sandbox", "no connector can start: " + support.reason,
                                     "install what it names, or run the service with --no-sandbox"))
+    for subject, folder, setting in (("run folder", run_dir, "HANDLER_RUN_DIR (or --run-dir)"),
+                                     ("state folder", state_dir, "HANDLER_STATE_DIR (or --state-dir)")):
+        if (problem := not_a_folder(folder)) is not None:
+            problems.append(Problem("error", subject, f"{problem}: the service cannot start",
+                                    f"point {setting} at a folder, or move what is there away"))
     used = sorted({s.binding for p in snapshot.profiles.values() for s in p.selections.values() if s.binding})
     for name in used:
         problems += await _binding_problems(snapshot, name, root)

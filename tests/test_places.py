@@ -19,6 +19,7 @@ from reconciler.places import (
     PrivatePlaceError,
     default_state_dir,
     ensure_private_dir,
+    not_a_folder,
     open_private_file,
     remove_tree,
     socket_path,
@@ -94,6 +95,20 @@ def test_a_folder_another_user_owns_is_refused_and_left_alone(tmp_path: Path) ->
     for words in ("chown", "chmod 700", "HANDLER_STATE_DIR"):
         assert words in message
     assert _mode(folder) == 0o755
+
+
+def test_a_file_where_a_private_folder_goes_is_refused_and_left_alone(tmp_path: Path) -> None:
+    file = tmp_path / "notes.txt"
+    file.write_text("kept\n")
+    assert not_a_folder(file) == f"{file} is not a folder"
+    assert not_a_folder(file / "a" / "b") == f"{file / 'a' / 'b'} cannot be a folder: {file} is not one"
+    assert not_a_folder(tmp_path / "new" / "a") is None
+    assert not_a_folder(tmp_path) is None
+    for path in (file, file / "state"):
+        with pytest.raises(PrivatePlaceError, match=f"^{path} .*: choose a folder with HANDLER_STATE_DIR, or move what "
+                           "is there away$"):
+            ensure_private_dir(path, "HANDLER_STATE_DIR")
+    assert file.read_text() == "kept\n"
 
 
 @pytest.mark.usefixtures("umask")

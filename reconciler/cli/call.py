@@ -28,8 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from reconciler.cli.common import load_tree
-from reconciler.cli.flags import add_field_flags, collect_arguments, plan_flags
+from reconciler.cli.common import folder_path, load_tree
+from reconciler.cli.flags import add_field_flags, carried_text, collect_arguments, plan_flags
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.wire.client import LineClient
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError, LineClosedError
@@ -38,7 +38,8 @@ from reconciler.wire.results import result_body
 
 __all__ = [
     "EXIT_BLOCKED", "EXIT_ERROR", "EXIT_EXECUTED", "EXIT_FAILED", "EXIT_INVALID", "EXIT_PENDING",
-    "LinkError", "RouterLink", "add_call_command", "connect", "outcome_of", "read_body", "render_text", "run_call",
+    "LinkError", "RouterLink", "add_call_command", "caller_of", "connect", "outcome_of", "read_body", "render_text",
+    "run_call",
 ]
 
 EXIT_EXECUTED: Final = 0
@@ -112,12 +113,21 @@ class RouterLink:
         self.close()
 
 
-def connect(profile: str, run_dir: Path | None, interface: str, client_name: str) -> RouterLink:
-    """A link to `profile`'s socket naming `interface`; LinkError when no router serves the profile there."""
+def caller_of(profile: str | None, interface: str) -> dict[str, str]:
+    """The `_meta` of this process's calls of `interface`; ValueError, before anything connects, when no profile is
+    named or the environment names a run id the router would refuse (`caller_meta`)."""
+    if not profile:
+        raise ValueError("name the profile with --profile or HANDLER_PROFILE")
+    return caller_meta(interface, os.environ)
+
+
+def connect(profile: str, run_dir: Path | None, meta: Mapping[str, str], client_name: str) -> RouterLink:
+    """A link to `profile`'s socket with the caller's `meta` (`caller_of`); LinkError when no router serves the
+    profile there."""
     run_dir = run_dir or default_run_dir()
     path = socket_path(run_dir, profile)
     try:
-        return RouterLink(path, caller_meta(interface, os.environ), client_name)
+        return RouterLink(path, meta, client_name)
     except OSError as exc:
         raise LinkError(why_unreachable(run_dir, profile, path, exc)) from None
     except LineClosedError:
@@ -166,11 +176,15 @@ def run_call(words: Sequence[str]) -> int:
     if not first.interface:
         base.print_help(sys.stdout if first.help else sys.stderr)
         return EXIT_EXECUTED if first.help else EXIT_INVALID
-    if not first.profile and not first.help:
-        print("handler call: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
-        return EXIT_INVALID
     try:
-        link = connect(first.profile, first.run_dir, first.interface, "handler-call") if first.profile else None
+        meta = caller_of(first.profile, first.interface)
+    except ValueError as exc:
+        if not first.help:  # --help lists the tools offline without either
+            print(f"handler call: {exc}", file=sys.stderr)
+            return EXIT_INVALID
+        meta = None
+    try:
+        link = connect(first.profile, first.run_dir, meta, "handler-call") if meta is not None else None
     except LinkError as exc:
         if not first.help:
             print(f"handler call: {exc}", file=sys.stderr)
@@ -195,9 +209,9 @@ _DESCRIPTION = ("Call one tool through the profile's socket, as an agent would. 
 
 
 def _add_own_options(parser: argparse.ArgumentParser, *, with_help: bool = True) -> None:
-    parser.add_argument("interface", nargs="?", help="the interface, e.g. ocr (or ocr/v1; 'handler' for the "
-                        "built-ins)" if with_help else argparse.SUPPRESS)
-    parser.add_argument("tool", nargs="?",
+    parser.add_argument("interface", nargs="?", type=carried_text, help="the interface, e.g. ocr (or ocr/v1; "
+                        "'handler' for the built-ins)" if with_help else argparse.SUPPRESS)
+    parser.add_argument("tool", nargs="?", type=carried_text,
                         help="the tool to call, e.g. ocr_extract" if with_help else argparse.SUPPRESS)
     parser.add_argument("--profile", default=os.environ.get("HANDLER_PROFILE"),
                         help="the profile whose socket to use (default: $HANDLER_PROFILE)")
@@ -205,7 +219,7 @@ def _add_own_options(parser: argparse.ArgumentParser, *, with_help: bool = True)
                         "flags add to it")
     parser.add_argument("--format", choices=["text", "json"], default="text",
                         help="text: the output's text fields, else its JSON (default); json: the JSON body")
-    parser.add_argument("--run-dir", type=Path, help="the router's run folder (default: $HANDLER_RUN_DIR, else "
+    parser.add_argument("--run-dir", type=folder_path, help="the router's run folder (default: $HANDLER_RUN_DIR, else "
                         "$XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
     parser.add_argument("--root", default=os.environ.get("HANDLER_ROOT") or ".", metavar="DIR",
                         help="the config tree whose tools.json describe the tools when no router answers (default: "
@@ -252,10 +266,10 @@ _JSON_EXAMPLE = """--json '{"path": "a.pdf"}'"""
 def _given_json(text: str | None) -> dict[str, Any]:
     if text is None:
         return {}
-    if text == "-":
-        text = sys.stdin.read()
+    # From stdin the bytes themselves: json decodes them as UTF-8 and says where they are not.
+    given = sys.stdin.buffer.read() if text == "-" else text
     try:
-        value = json.loads(text)
+        value = json.loads(given)
     except ValueError as exc:
         raise ValueError(f"--json is not JSON ({exc}); give one object, e.g. {_JSON_EXAMPLE}") from None
     if not isinstance(value, dict):

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from reconciler.places import not_a_folder
+
 if TYPE_CHECKING:
     from reconciler.config import Snapshot
     from reconciler.config.findings import Finding
@@ -22,6 +24,7 @@ __all__ = [
     "EXIT_USAGE",
     "add_root_options",
     "finite_number",
+    "folder_path",
     "is_tree",
     "load_tree",
     "print_findings",
@@ -45,6 +48,15 @@ def finite_number(text: str, *, low: float, high: float, said: str) -> float:
     if not (math.isfinite(value) and low <= value <= high):
         raise argparse.ArgumentTypeError(f"{text!r} is not {said}")
     return value
+
+
+def folder_path(text: str) -> Path:
+    """`text` as a folder the service keeps (an argparse type of --run-dir and --state-dir): one that is missing is
+    made, but a file there or above it is refused."""
+    path = Path(text)
+    if (problem := not_a_folder(path)) is not None:
+        raise argparse.ArgumentTypeError(f"{problem}; name a folder (a missing one is made)")
+    return path
 
 
 def add_root_options(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:

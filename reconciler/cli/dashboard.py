@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reconciler.cli.common import EXIT_OK, add_root_options, is_tree, load_tree
+from reconciler.cli.common import EXIT_OK, add_root_options, folder_path, is_tree, load_tree
 from reconciler.config import SourceError
 from reconciler.governance.errors import NotAllowedError
 from reconciler.liveness import ask_service, holder_of
@@ -38,7 +38,7 @@ def add_dashboard_commands(sub: Any) -> None:
     login.add_argument("--member", required=True, help="the owner to sign in (a member of config/org.toml)")
     login.add_argument("--url", default=None, help="the dashboard's address as the owner reaches it (default: "
                        f"$HANDLER_PUBLIC_URL, else the running service's, else {_DEFAULT_URL})")
-    login.add_argument("--state-dir", type=Path, default=None, help="the service's state folder (default: "
+    login.add_argument("--state-dir", type=folder_path, default=None, help="the service's state folder (default: "
                        "$HANDLER_STATE_DIR, else ROOT/.handler), where its link key is")
     add_root_options(login, positional=False)
     login.set_defaults(run=_login)

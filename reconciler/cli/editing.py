@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, TypeVar
 
 from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, add_root_options, require_tree
 from reconciler.config import FolderSource, GitSource
@@ -29,6 +29,8 @@ from reconciler.config.editing import (
 from reconciler.gitops.branches import GitTree, commit_to_new_branch
 
 __all__ = ["add_edit_commands"]
+
+T = TypeVar("T")
 
 
 def add_edit_commands(sub: Any) -> None:
@@ -75,8 +77,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def _binding_create(args: argparse.Namespace) -> int:
     try:
-        secrets = dict(parse_secret(s) for s in args.secret)
-        settings = dict(parse_setting(s) for s in args.setting)
+        secrets = _keyed([parse_secret(s) for s in args.secret], "--secret", "slot")
+        settings = _keyed([parse_setting(s) for s in args.setting], "--setting", "setting")
     except EditError as exc:
         return _usage(exc)
     return _apply(args, lambda files: create_binding(files, args.name, args.connector, description=args.description,
@@ -86,9 +88,20 @@ def _binding_create(args: argparse.Namespace) -> int:
 def _profile_use(args: argparse.Namespace) -> int:
     try:
         uses = [parse_use(u) for u in args.uses]
+        _keyed([(interface.partition("/")[0], binding) for interface, binding in uses], "interface", "interface")
     except EditError as exc:
         return _usage(exc)
     return _apply(args, lambda files: use_bindings(files, args.profile, uses))
+
+
+def _keyed(pairs: list[tuple[str, T]], named: str, what: str) -> dict[str, T]:
+    """`pairs` as a dict; EditError for a key given twice, where the second silently replaced the first."""
+    found: dict[str, T] = {}
+    for key, value in pairs:
+        if key in found:
+            raise EditError(f"{named} {key} is given twice; give each {what} once")
+        found[key] = value
+    return found
 
 
 def _usage(exc: Exception) -> int:

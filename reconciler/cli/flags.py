@@ -5,22 +5,85 @@ and numbers take one value of their type, an `enum` its values as choices, a boo
 `--no-x`, and an array of such values repeats its flag. What a flag cannot say — an object, an
 array of objects, a value of no single type, or a field whose flag would collide with the command's
 own options — is given in `--json`. Required fields are checked once the flags and `--json` are
-merged, so either way of giving one counts. Called by `reconciler.cli.call` only.
+merged, so either way of giving one counts. A value a call's line cannot carry as given (text that is
+not UTF-8, an integer past 64 bits, a number that is not finite) is refused, naming its flag or field:
+`carriage_problem` says why. Called by `reconciler.cli.call` and `reconciler.cli.llm`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["FieldFlag", "add_field_flags", "collect_arguments", "kebab", "plan_flags"]
+from reconciler.cli.common import finite_number
 
-_SCALARS = {"string": str, "integer": int, "number": float}
+__all__ = [
+    "FieldFlag",
+    "add_field_flags",
+    "carriage_problem",
+    "carried_integer",
+    "carried_number",
+    "carried_text",
+    "collect_arguments",
+    "kebab",
+    "plan_flags",
+]
+
+_SCALARS = ("string", "integer", "number")
 _DEST = "field:"  # argparse dests of the fields, apart from the command's own
+# The integers a JSON line written with orjson can hold; one past them made the call fail before it was sent.
+_LEAST_INT: Final = -(1 << 63)
+_MOST_INT: Final = (1 << 64) - 1
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def carriage_problem(value: Any) -> str | None:
+    """Why a call's line cannot carry `value` as given, or None.
+
+    Text must be UTF-8 (a byte that is not, in argv or a C locale's stdin, reaches Python as a lone
+    surrogate), an integer must fit in 64 bits, and a number must be finite: JSON has no NaN or infinity, and
+    the line would have carried null in its place.
+    """
+    if isinstance(value, Mapping):
+        return next((why for key, item in value.items()
+                     if (why := carriage_problem(key) or carriage_problem(item)) is not None), None)
+    if isinstance(value, list):
+        return next((why for item in value if (why := carriage_problem(item)) is not None), None)
+    if isinstance(value, str) and _SURROGATE.search(value):  # the one way a str fails to encode as UTF-8
+        return f"{value!r} is not UTF-8 text"
+    if isinstance(value, int) and not isinstance(value, bool) and not _LEAST_INT <= value <= _MOST_INT:
+        return f"{value} is past the 64-bit integers a call can carry"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number"
+    return None
+
+
+def carried_text(text: str) -> str:
+    """`text`, when it is UTF-8 (an argparse type)."""
+    if (why := carriage_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
+def carried_integer(text: str) -> int:
+    """`text` as an integer a call can carry (an argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if (why := carriage_problem(value)) is not None:
+        raise argparse.ArgumentTypeError(why)
+    return value
+
+
+def carried_number(text: str) -> float:
+    """`text` as a finite number (an argparse type): `nan` and `inf` would reach the tool as null."""
+    return finite_number(text, low=-math.inf, high=math.inf, said="a finite number")
 
 
 def kebab(name: str) -> str:
@@ -86,7 +149,11 @@ def add_field_flags(parser: argparse.ArgumentParser, plans: list[FieldFlag]) -> 
 
 def collect_arguments(args: argparse.Namespace, plans: list[FieldFlag],
                       given_json: Mapping[str, Any]) -> dict[str, Any]:
-    """The call's arguments: `--json`'s object, then each flag given; ValueError names a clash or a missing field."""
+    """The call's arguments: `--json`'s object, then each flag given; ValueError names a clash, a missing field or a
+    value in `--json` a call cannot carry (the flags' own values are checked as they are parsed)."""
+    for key, value in given_json.items():
+        if (why := carriage_problem(key) or carriage_problem(value)) is not None:
+            raise ValueError(f"{key!r} in --json: {why}")
     arguments = dict(given_json)
     for plan in plans:
         value = getattr(args, _DEST + plan.name, None)
@@ -156,18 +223,8 @@ def _converter(schema: Mapping[str, Any]) -> tuple[Callable[[str], Any], list[An
             return by_text[text]
 
         return pick, None
-    kind = _kind(schema) or "string"
-    convert = _SCALARS.get(kind, str)
-    if kind in ("integer", "number"):
-        def number(text: str) -> Any:
-            try:
-                return convert(text)
-            except ValueError:
-                what = "an integer" if kind == "integer" else "a number"
-                raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-
-        return number, None
-    return str, None
+    kind = _kind(schema)
+    return {"integer": carried_integer, "number": carried_number}.get(kind or "", carried_text), None
 
 
 def _metavar(schema: Mapping[str, Any]) -> str | None:

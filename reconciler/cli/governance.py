@@ -1,7 +1,10 @@
 """`handler explain`, `approvals`, `audit`, `balance`, `spend` and `store`: the governance commands.
 
 Each reads or decides through the governance store of the tree at --root (HANDLER_STORE_URL, else
-SQLite in its state folder) and prints. Registered on the parser by `reconciler.cli`.
+SQLite in its state folder) and prints. Only `store migrate` and `balance add` make a SQLite store that
+is not there yet; the others say there is none and where they looked, and make nothing (a mistyped
+HANDLER_STORE_URL made a folder and an empty store, read as "nothing pending"). Registered on the
+parser by `reconciler.cli`.
 """
 
 from __future__ import annotations
@@ -125,9 +128,14 @@ def _add_ledger_commands(sub: Any) -> None:
 
 
 @contextlib.contextmanager
-def _store(root: str) -> Iterator[Store]:
-    """The store of the tree at `root` (HANDLER_STORE_URL, else SQLite in its state folder), closed after."""
-    store = open_store(store_url(require_tree(root)))
+def _store(root: str, *, make: bool = False) -> Iterator[Store]:
+    """The store of the tree at `root` (HANDLER_STORE_URL, else SQLite in its state folder), closed after; one not
+    there yet is made only with `make`, else refused (SourceError) saying where it was looked for."""
+    url = store_url(require_tree(root))
+    if not make and not store_exists(url):
+        raise SourceError(f"there is no store at {url}: nothing was recorded there (the service makes its store when "
+                          "it starts); point HANDLER_STORE_URL or HANDLER_STATE_DIR at the store the service uses")
+    store = open_store(url)
     try:
         yield store
     finally:
@@ -374,7 +382,7 @@ def _leased_note(held: dict[str, int], word: str) -> str:
 
 def _balance_add(args: argparse.Namespace) -> int:
     account = _org_name(args.root, args.member)
-    with _store(args.root) as store:
+    with _store(args.root, make=True) as store:
         micros = add_balance(store, account, to_micros(args.usd), args.member)
     print(f"{account}: balance now {usd(micros)} ({_change(to_micros(args.usd))} by {args.member})")
     return EXIT_OK
@@ -395,7 +403,7 @@ def _spend(args: argparse.Namespace) -> int:
 
 
 def _store_migrate(args: argparse.Namespace) -> int:
-    with _store(args.root) as store:
+    with _store(args.root, make=True) as store:
         revision = store.migrate()
         print(f"{store.url}: schema at revision {revision}")
     return EXIT_OK

@@ -17,12 +17,13 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from reconciler.cli.call import LinkError, connect, outcome_of, read_body
+from reconciler.cli.call import LinkError, caller_of, connect, outcome_of, read_body
+from reconciler.cli.common import folder_path
+from reconciler.cli.flags import carried_integer, carried_number, carried_text
 from reconciler.wire.errors import JsonRpcError
 
 __all__ = ["EXIT_CODES", "main"]
@@ -32,23 +33,22 @@ EXIT_CODES = {"refused": 3, "limit": 4, "unavailable": 5, "invalid_arguments": 6
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="handler-llm", description="Ask the profile's llm service; print the reply.")
-    parser.add_argument("prompt", nargs="*", help="the prompt (default: read from stdin)")
+    parser.add_argument("prompt", nargs="*", type=carried_text, help="the prompt (default: read from stdin)")
     parser.add_argument("--profile", default=os.environ.get("HANDLER_PROFILE"),
                         help="the profile whose socket to use (default: $HANDLER_PROFILE)")
-    parser.add_argument("--system", help="instructions that frame the conversation")
-    parser.add_argument("--max-tokens", type=int, help="the longest reply allowed, in tokens")
-    parser.add_argument("--temperature", type=float, help="sampling temperature, 0 for the most deterministic reply "
-                        "(default: the service's)")
-    parser.add_argument("--model", help="a model the service offers (default: the service's)")
+    parser.add_argument("--system", type=carried_text, help="instructions that frame the conversation")
+    parser.add_argument("--max-tokens", type=carried_integer, help="the longest reply allowed, in tokens")
+    parser.add_argument("--temperature", type=carried_number, help="sampling temperature, 0 for the most "
+                        "deterministic reply (default: the service's)")
+    parser.add_argument("--model", type=carried_text, help="a model the service offers (default: the service's)")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON, not only the text")
-    parser.add_argument("--run-dir", type=Path, help="the router's run folder (default: $HANDLER_RUN_DIR)")
+    parser.add_argument("--run-dir", type=folder_path, help="the router's run folder (default: $HANDLER_RUN_DIR)")
     args = parser.parse_args(argv)
-    if not args.profile:
-        print("handler-llm: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
-        return 2
-    prompt = " ".join(args.prompt) if args.prompt and args.prompt != ["-"] else sys.stdin.read()
-    if not prompt.strip():
-        print("handler-llm: the prompt is empty; give it as arguments or on stdin", file=sys.stderr)
+    try:
+        meta = caller_of(args.profile, "llm")
+        prompt = _read_prompt(args.prompt)
+    except ValueError as exc:
+        print(f"handler-llm: {exc}", file=sys.stderr)
         return 2
     arguments: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]}
     for key, value in (("system", args.system), ("maxTokens", args.max_tokens), ("temperature", args.temperature),
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if value is not None:
             arguments[key] = value
     try:
-        with connect(args.profile, args.run_dir, "llm", "handler-llm") as link:
+        with connect(args.profile, args.run_dir, meta, "handler-llm") as link:
             result = link.call_tool("llm_complete", arguments)
     except LinkError as exc:
         print(f"handler-llm: {exc}", file=sys.stderr)
@@ -65,6 +65,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"handler-llm: the router refused the call: {exc.message} ({exc.code})", file=sys.stderr)
         return 1
     return _report(result, as_json=args.json)
+
+
+def _read_prompt(words: list[str]) -> str:
+    """The prompt from the arguments, else from stdin; ValueError when it is empty or stdin is not UTF-8."""
+    if words and words != ["-"]:
+        prompt = " ".join(words)
+    else:
+        try:
+            prompt = sys.stdin.buffer.read().decode()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"the prompt on stdin is not UTF-8 text ({exc})") from None
+    if not prompt.strip():
+        raise ValueError("the prompt is empty; give it as arguments or on stdin")
+    return prompt
 
 
 def _report(result: dict[str, Any], *, as_json: bool) -> int:

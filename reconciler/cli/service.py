@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.app import Reports, Service, ServiceOptions, serve, up
-from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, finite_number, load_tree, print_findings
+from reconciler.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    add_root_options,
+    finite_number,
+    folder_path,
+    load_tree,
+    print_findings,
+)
 from reconciler.config import HandlerError, SourceError, short_revision
 from reconciler.gitops.following import FollowReports
 from reconciler.gitops.status import Attempt, read_status
@@ -24,7 +32,7 @@ from reconciler.governance.auditing import SET_ASIDE, pricing_violations_this_mo
 from reconciler.governance.errors import StoreError
 from reconciler.governance.store import open_store, store_exists, store_url
 from reconciler.liveness import ask_service, holder_of
-from reconciler.places import default_state_dir
+from reconciler.places import default_state_dir, not_a_folder
 from reconciler.router.server import Router
 
 EXIT_NOT_RUNNING = 3  # `handler status`: no service runs on this state folder
@@ -41,16 +49,16 @@ def add_service_commands(sub: Any) -> None:
     serving = sub.add_parser("serve", help="serve each profile's tools on its unix socket until stopped (SIGHUP "
                              "reloads)")
     add_root_options(serving)
-    serving.add_argument("--run-dir", type=Path, help="where the profiles' sockets go (default: $HANDLER_RUN_DIR, "
-                         "else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
-    serving.add_argument("--state-dir", type=Path, help="the call log and connector logs (default: "
+    serving.add_argument("--run-dir", type=folder_path, help="where the profiles' sockets go (default: "
+                         "$HANDLER_RUN_DIR, else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    serving.add_argument("--state-dir", type=folder_path, help="the call log and connector logs (default: "
                          "$HANDLER_STATE_DIR, else ROOT/.handler)")
     serving.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
     serving.set_defaults(run=_serve)
     _add_up_command(sub)
     status = sub.add_parser("status", help="what the running (or last) service applied, attempted and serves")
     add_root_options(status)
-    status.add_argument("--state-dir", type=Path, help="the state folder of the service to ask (default: "
+    status.add_argument("--state-dir", type=folder_path, help="the state folder of the service to ask (default: "
                         "$HANDLER_STATE_DIR, else ROOT/.handler)")
     status.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     status.set_defaults(run=_status)
@@ -71,8 +79,9 @@ def _add_up_command(sub: Any) -> None:
     running.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT",
                          help="the dashboard, /healthz, /status, /hooks/git, /hooks/slack")
     running.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
-    running.add_argument("--run-dir", type=Path, help="where the profiles' sockets go (default: $HANDLER_RUN_DIR)")
-    running.add_argument("--state-dir", type=Path, help="status.json, the call log, the git mirror (default: "
+    running.add_argument("--run-dir", type=folder_path, help="where the profiles' sockets go (default: "
+                         "$HANDLER_RUN_DIR)")
+    running.add_argument("--state-dir", type=folder_path, help="status.json, the call log, the git mirror (default: "
                          "$HANDLER_STATE_DIR, else ROOT/.handler)")
     running.set_defaults(run=_up)
 
@@ -202,6 +211,8 @@ def _print_not_started(attempt: Attempt) -> None:
 def _status(args: argparse.Namespace) -> int:
     """Ask the service running on this state folder; when none runs, say so (exit 3) and show the last record."""
     state = args.state_dir or default_state_dir(Path(args.root))
+    if (problem := not_a_folder(state)) is not None:  # from HANDLER_STATE_DIR: --state-dir is checked as it is parsed
+        raise SourceError(f"{problem}: give the service's state folder with --state-dir or HANDLER_STATE_DIR")
     holder = holder_of(state)
     if holder is None:
         return _not_running(state, args.format)

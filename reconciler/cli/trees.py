@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, load_tree, print_findings
+from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, add_root_options, folder_path, load_tree, print_findings
 from reconciler.config import (
     CODES,
     GitSource,
@@ -51,8 +51,8 @@ def add_tree_commands(sub: Any) -> None:
     mcp = sub.add_parser("mcp-config", help="the mcpServers entries an MCP client needs to give an agent its profile")
     mcp.add_argument("profile", help="the profile the agent runs as (config/profiles/PROFILE.toml)")
     add_root_options(mcp)
-    mcp.add_argument("--run-dir", type=Path, default=None, help="the router's run folder (default: $HANDLER_RUN_DIR, "
-                     "else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    mcp.add_argument("--run-dir", type=folder_path, default=None, help="the router's run folder (default: "
+                     "$HANDLER_RUN_DIR, else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
     mcp.add_argument("--host", choices=HOSTS, default="claude-desktop",
                      help="the MCP host's format: claude-desktop and cursor read {\"mcpServers\": ...}, vscode reads "
                           "{\"servers\": ...} with type stdio, claude-code gets `claude mcp add` commands "

@@ -52,14 +52,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="relay lines instead of handing stdin and stdout to the router (default when they "
                         "are a terminal or a file; also HANDLER_RELAY=1)")
     args = parser.parse_args(argv)
+    if closed := _closed_stream():
+        # Checked before any socket is opened: it would take the free descriptor and pass for the agent's stdio.
+        print(f"handler-service: {closed} is closed; start it with stdin and stdout open, as an MCP client does "
+              "(pipes)", file=sys.stderr)
+        return 2
     if not args.profile:
         print("handler-service: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
         return 2
     try:
         meta = caller_meta(args.interface, os.environ)
     except ValueError as exc:  # the router would refuse every call: say so before connecting
-        print(f"handler-service: {exc}; set it to the agent run's id, or unset it to have one made per connection",
-              file=sys.stderr)
+        print(f"handler-service: {exc}", file=sys.stderr)
         return 2
     run_dir = args.run_dir or default_run_dir()
     path = socket_path(run_dir, args.profile)
@@ -78,6 +82,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _closed_stream() -> str | None:
+    """The name of the first of stdin and stdout that is not an open descriptor, if one is not."""
+    for fd, name in ((0, "stdin"), (1, "stdout")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            return name
+    return None
 
 
 def hand_over(sock: socket.socket, meta: Mapping[str, str]) -> bool:

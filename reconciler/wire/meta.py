@@ -6,11 +6,12 @@ bridge adds them); results carry what happened (`handler/status`, `handler/cost`
 `handler/requestId`). Every room names a key through these constants, never as a string of its own.
 
 An agent run's id (`handler/instance`, `handler/parentInstance`) is whatever the client says, so it is
-checked before anything keeps it (`run_id_problem`): a string of at most `MAX_RUN_ID_CHARS` characters, none of them
-a control character. The store keeps it in columns of 200 characters, on its own and inside longer
-values (the approver of a hold its run decides, `instance <id>`), and PostgreSQL refuses a NUL in text:
-a longer id, or one holding a NUL, would have been refused with the audit rows and spend of every call
-committed beside it, again at each retry.
+checked before anything keeps it (`run_id_problem`): a string of at most `MAX_RUN_ID_CHARS` characters, none
+of them a control character, and UTF-8 (what a client reads from its environment may not be). The store keeps it
+in columns of 200 characters, on its own and inside longer values (the approver of a hold its run
+decides, `instance <id>`), and PostgreSQL refuses a NUL in text: a longer id, or one holding a NUL,
+would have been refused with the audit rows and spend of every call committed beside it, again at each
+retry.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ MOST_USD: Final = 1_000_000_000
 
 MAX_RUN_ID_CHARS: Final = 128  # a UUID is 36; the store's columns of 200 hold it with a prefix
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: NUL among them
+# A byte of the environment that is not UTF-8 reaches Python as a lone surrogate, which no JSON line can carry.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def run_id_problem(value: object) -> str | None:
@@ -70,19 +73,22 @@ def run_id_problem(value: object) -> str | None:
         return f"is {len(value)} characters long; an agent run's id has at most {MAX_RUN_ID_CHARS}"
     if _CONTROL.search(value) is not None:
         return "holds a control character; an agent run's id is printable text"
+    if _SURROGATE.search(value) is not None:
+        return "is not UTF-8 text; an agent run's id is printable text"
     return None
 
 
 def caller_meta(interface: str, env: Mapping[str, str]) -> dict[str, str]:
     """The `_meta` a client of the router adds to its requests: the interface, and the instances `env` names.
 
-    ValueError names the variable whose run id the router would refuse, and why."""
+    ValueError names the variable whose run id the router would refuse, why, and what to do."""
     meta = {INTERFACE: interface}
     for name, key in _CALLER_ENV:
         if env.get(name):
             problem = run_id_problem(env[name])
             if problem is not None:
-                raise ValueError(f"{name} {problem}")
+                raise ValueError(f"{name} {problem}; set it to the agent run's id, or unset it to have one made per "
+                                 "connection")
             meta[key] = env[name]
     return meta
 

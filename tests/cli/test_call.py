@@ -133,7 +133,7 @@ def test_exit_2_invalid_arguments_named_before_or_by_the_router(served: Served) 
     assert "--text" in missing.stderr
     not_a_number = served.call("echo", "echo_misbehave", "--profile", "tester", "--mode", "sleep", "--seconds", "x")
     assert not_a_number.returncode == 2
-    assert "'x' is not a number" in not_a_number.stderr
+    assert "'x' is not a finite number" in not_a_number.stderr
     not_a_choice = served.call("echo", "echo_misbehave", "--profile", "tester", "--mode", "shout")
     assert not_a_choice.returncode == 2
     assert "invalid choice" in not_a_choice.stderr
@@ -150,6 +150,62 @@ def test_exit_2_invalid_arguments_named_before_or_by_the_router(served: Served) 
     no_interface = served.call("tts", "tts_synthesize", "--profile", "tester")
     assert no_interface.returncode == 2
     assert "has no binding for interface 'tts'" in no_interface.stderr
+
+
+@pytest.mark.parametrize(("words", "said"), [
+    (["echo", "echo_misbehave", "--mode", "sleep", "--seconds", "nan"], "argument --seconds: 'nan' is not a finite"),
+    (["echo", "echo_misbehave", "--mode", "sleep", "--seconds", "inf"], "argument --seconds: 'inf' is not a finite"),
+    (["web-search", "web_search_query", "--query", "x", "--max-results", str(1 << 64)],
+     f"argument --max-results: {1 << 64} is past the 64-bit integers a call can carry"),
+    (["echo", "echo_say", "--text", b"caf\xe9"], "argument --text: 'caf\\udce9' is not UTF-8 text"),
+    (["echo", "echo_misbehave", "--mode", "probe", "--paths", "a", "--paths", b"\xff"],
+     "argument --paths: '\\udcff' is not UTF-8 text"),
+    ([b"ech\xff", "echo_say", "--text", "a"], "argument interface: 'ech\\udcff' is not UTF-8 text"),
+    (["echo", "echo_misbehave", "--mode", "sleep", "--json", '{"seconds": NaN}'],
+     "handler call: 'seconds' in --json: nan is not a finite number"),
+    (["echo", "echo_misbehave", "--mode", "sleep", "--json", '{"seconds": 1e999}'],
+     "handler call: 'seconds' in --json: inf is not a finite number"),
+    (["echo", "echo_misbehave", "--mode", "probe", "--json", f'{{"paths": [{1 << 64}]}}'],
+     f"handler call: 'paths' in --json: {1 << 64} is past the 64-bit integers a call can carry"),
+    (["echo", "echo_say", "--json", '{"text": "\\ud800"}'], "handler call: 'text' in --json: '\\ud800' is not UTF-8"),
+])
+def test_exit_2_for_a_value_no_json_line_can_carry_naming_its_flag(served: Served, words: list[str | bytes],
+                                                                   said: str) -> None:
+    # Such values once ended in a traceback as the line was written, or, for nan and inf, reached the tool as null.
+    profile = "researcher" if words[0] == "web-search" else "tester"
+    done = subprocess.run([HANDLER, "call", *words, "--profile", profile], capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "HANDLER_RUN_DIR": str(served.run_dir)})
+    assert done.returncode == 2
+    assert said in done.stderr.decode(), done.stderr
+    assert b"Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("run_id", "said"), [
+    ("x" * 300, "is 300 characters long; an agent run's id has at most 128"),
+    (b"run-\xff", "is not UTF-8 text; an agent run's id is printable text"),
+])
+@pytest.mark.parametrize("command", ["handler", "handler-llm"])
+def test_exit_2_before_connecting_for_a_run_id_the_router_would_refuse(tmp_path: Path, command: str,
+                                                                        run_id: str | bytes, said: str) -> None:
+    # Both once ended in a traceback: the length from caller_meta, the byte from orjson.
+    words = ["call", "echo", "echo_say", "--text", "a"] if command == "handler" else ["hi"]
+    env: dict[str | bytes, str | bytes] = {**os.environ, "HANDLER_RUN_DIR": str(tmp_path), "HANDLER_INSTANCE": run_id}
+    done = subprocess.run([Path(HANDLER).with_name(command), *words, "--profile", "tester"], capture_output=True,
+                          timeout=60, check=False, env=env)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        f"{'handler call' if command == 'handler' else 'handler-llm'}: HANDLER_INSTANCE {said}; set it to the agent "
+        "run's id, or unset it to have one made per connection"]
+
+
+def test_exit_2_for_json_on_stdin_that_is_not_utf8(served: Served) -> None:
+    done = subprocess.run([HANDLER, "call", "echo", "echo_say", "--profile", "tester", "--json", "-"],
+                          input=b'{"text": "caf\xe9"}', capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "HANDLER_RUN_DIR": str(served.run_dir), "LC_ALL": "C"})
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        "handler call: --json is not JSON ('utf-8' codec can't decode byte 0xe9 in position 13: invalid continuation "
+        "byte); give one object, e.g. --json '{\"path\": \"a.pdf\"}'"]
 
 
 def test_exit_3_pending_prints_the_request_id_and_handler_status_polls_it(served: Served) -> None:

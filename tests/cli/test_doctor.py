@@ -82,3 +82,21 @@ def test_a_profile_whose_socket_would_not_fit_the_run_folder_is_named(tmp_path: 
     assert "past the 107 a unix socket's path holds" in done.stdout
     assert "fix: give the profile a shorter name, or set HANDLER_RUN_DIR to a shorter folder" in done.stdout
     assert "profile tester" not in done.stdout  # its socket fits
+
+
+def test_a_file_where_the_run_or_state_folder_goes_is_an_error(tmp_path: Path) -> None:
+    # doctor said OK for it, and the service then failed to start on a traceback.
+    root = write_echo_tree(tmp_path / "t")
+    (root / "work").mkdir(exist_ok=True)
+    file = tmp_path / "notes.txt"
+    file.write_text("kept\n")
+    done = _doctor(root, {TOKEN_ENV: "t", "HANDLER_RUN_DIR": str(file), "HANDLER_STATE_DIR": f"{file}/state"},
+                   "--no-sandbox")
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        f"error: run folder: {file} is not a folder: the service cannot start",
+        "  fix: point HANDLER_RUN_DIR (or --run-dir) at a folder, or move what is there away",
+        f"error: state folder: {file}/state cannot be a folder: {file} is not one: the service cannot start",
+        "  fix: point HANDLER_STATE_DIR (or --state-dir) at a folder, or move what is there away",
+        "2 errors, 0 warnings"]
+    assert file.read_text() == "kept\n"

@@ -156,6 +156,23 @@ def test_a_profile_behind_a_symbolic_link_is_refused_as_the_loader_refuses_it(ex
     assert done.stderr.startswith("handler: config/profiles is a symbolic link"), done.stderr
 
 
+@pytest.mark.parametrize(("words", "said"), [
+    (["binding", "create", "brave-2", "--connector", "web-search-brave", "--secret", "api_key=env:A",
+      "--secret", "api_key=env:B"], "handler: --secret api_key is given twice; give each slot once"),
+    (["binding", "create", "brave-2", "--connector", "web-search-brave", "--secret", "api_key=env:A",
+      "--setting", "country=FR", "--setting", "country=US"],
+     "handler: --setting country is given twice; give each setting once"),
+    (["profile", "use", "researcher", "ocr=ocr-local", "ocr/v1=ocr-mistral-perso"],
+     "handler: interface ocr is given twice; give each interface once"),
+])
+def test_one_key_given_twice_is_a_usage_error_and_nothing_is_written(example: Path, git: Git, words: list[str],
+                                                                      said: str) -> None:
+    # The last one was kept without a word: --setting country=FR --setting country=US wrote country = "US".
+    done = _handler(*words, "--root", str(example))
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (2, "", [said])
+    assert git(example.parent, "status", "--porcelain") == ""
+
+
 def test_branch_commits_the_change_and_leaves_work_tree_head_and_main_alone(example: Path, git: Git) -> None:
     repo = example.parent
     git(repo, "remote", "add", "origin", str(repo.parent / "upstream.git"))

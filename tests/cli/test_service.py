@@ -51,6 +51,49 @@ def test_serve_refuses_a_tree_with_errors_and_prints_them(places: tuple[Path, Pa
     assert not (run_dir / "profiles").exists()
 
 
+@pytest.mark.parametrize(("words", "said"), [
+    (["serve", "--run-dir", "{file}"], "argument --run-dir: {file} is not a folder"),
+    (["serve", "--state-dir", "{file}"], "argument --state-dir: {file} is not a folder"),
+    (["up", "--state-dir", "{file}/state"], "argument --state-dir: {file}/state cannot be a folder: {file} is not one"),
+    (["status", "--state-dir", "{file}"], "argument --state-dir: {file} is not a folder"),
+    (["dashboard", "login", "--member", "owner", "--state-dir", "{file}"],
+     "argument --state-dir: {file} is not a folder"),
+])
+def test_a_file_named_as_the_run_or_state_folder_is_a_usage_error(places: tuple[Path, Path], words: list[str],
+                                                                    said: str) -> None:
+    # It ended in a traceback (NotADirectoryError from the folder's lock or its mode), the file left as it was.
+    root, run_dir = places
+    file = root.parent / "notes.txt"
+    file.write_text("kept\n")
+    done = subprocess.run([HANDLER, *[w.format(file=file) for w in words], "--root", str(root)], capture_output=True,
+                          text=True, env=_env(run_dir), timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].endswith(f"error: {said.format(file=file)}; name a folder (a missing one is "
+                                                  "made)")
+    assert file.read_text() == "kept\n"
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(("variable", "words", "said", "code"), [
+    ("HANDLER_RUN_DIR", ["serve"], "handler: {file} is not a folder: choose a folder with HANDLER_RUN_DIR, or move "
+     "what is there away", 1),
+    ("HANDLER_STATE_DIR", ["serve"], "handler: cannot prepare the store's file {file}/handler.db: {file} is not a "
+     "folder: choose a folder with HANDLER_STATE_DIR, or move what is there away", 1),
+    ("HANDLER_STATE_DIR", ["status"], "handler: {file} is not a folder: give the service's state folder with "
+     "--state-dir or HANDLER_STATE_DIR", 2),
+])
+def test_a_file_named_as_the_run_or_state_folder_by_the_environment_is_one_line(
+        places: tuple[Path, Path], variable: str, words: list[str], said: str, code: int) -> None:
+    root, run_dir = places
+    file = root.parent / "notes.txt"
+    file.write_text("kept\n")
+    done = subprocess.run([HANDLER, *words, "--root", str(root)], capture_output=True, text=True, timeout=60,
+                          check=False, env={**_env(run_dir), "HANDLER_STATE_DIR": str(root.parent / "state"),
+                                            variable: str(file)})
+    assert (done.returncode, done.stderr.splitlines()) == (code, [said.format(file=file)])
+    assert file.read_text() == "kept\n"
+
+
 def _ask(path: Path, message: dict[str, object]) -> dict[str, object]:
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(20)

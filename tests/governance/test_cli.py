@@ -184,8 +184,7 @@ def test_the_balance_changes_only_as_a_member_and_the_trail_shows_each_change(
     code, _, err = run(capsys, "balance", "add", "5", "--as", "alcie", "--root", str(tree))
     assert code == 1
     assert "'alcie' is not a member of org acme in config/org.toml (its members: alice, bob)" in err
-    code, out, _ = run(capsys, "audit", "--root", str(tree))
-    assert (code, out) == (0, "No entries in the audit trail yet.\n")
+    assert not (tree / ".handler").exists()  # refused before the store was made
     run(capsys, "balance", "add", "5", "--as", "alice", "--root", str(tree))
     code, out, _ = run(capsys, "balance", "add", "-2", "--as", "bob", "--root", str(tree))
     assert out == "acme: balance now $3.00 (corrected down by $2.00 by bob)\n"
@@ -269,6 +268,38 @@ def test_a_store_file_that_is_not_a_database_says_what_to_do(tree: Path, capsys:
         assert "failed: file is not a database. The file is damaged or is not this store" in err
         assert "move the file aside (with its -wal and -shm files) and restore it from a backup" in err
         assert "Traceback" not in err
+
+
+def test_a_store_in_memory_is_refused_in_one_line_asking_for_a_file(tree: Path, capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HANDLER_STORE_URL", "sqlite://")
+    for command in (("audit",), ("approvals", "list"), ("store", "migrate")):
+        code, out, err = run(capsys, *command, "--root", str(tree))
+        assert (code, out) == (1, "")
+        (line,) = err.splitlines()
+        assert line.startswith("handler: the store URL 'sqlite://' names a SQLite database in memory")
+        assert line.endswith("or unset HANDLER_STORE_URL for handler.db in the state folder")
+
+
+@pytest.mark.parametrize("command", [["approvals", "list"], ["approvals", "show", "req_1"], ["audit"], ["spend"],
+                                     ["balance", "show"], ["approvals", "approve", "req_1", "--as", "alice"]])
+def test_a_command_that_reads_the_store_says_there_is_none_and_makes_nothing(
+        tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        command: list[str]) -> None:
+    # A mistyped HANDLER_STORE_URL made its folder and an empty store, and the listing said "No pending holds."
+    url = f"sqlite:///{tmp_path}/typo/handler.db"
+    monkeypatch.setenv("HANDLER_STORE_URL", url)
+    code, out, err = run(capsys, *command, "--root", str(tree))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        f"handler: there is no store at {url}: nothing was recorded there (the service makes its store when it "
+        "starts); point HANDLER_STORE_URL or HANDLER_STATE_DIR at the store the service uses"]
+    assert not (tmp_path / "typo").exists()
+    monkeypatch.delenv("HANDLER_STORE_URL")
+    code, _, err = run(capsys, *command, "--root", str(tree))  # the default place, before the service first ran
+    assert code == 2
+    assert f"there is no store at sqlite:///{tree}/.handler/handler.db" in err
+    assert not (tree / ".handler").exists()
 
 
 def test_a_listing_says_how_many_holds_it_leaves_out(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -206,3 +207,29 @@ def test_mcp_config_speaks_each_hosts_format(echo_root: Path, run_dir: Path) -> 
     assert json.loads(config("vscode")) == {"servers": {"echo": {"type": "stdio", **desktop}}}
     assert config("claude-code").splitlines() == [
         f"claude mcp add echo -e HANDLER_RUN_DIR={run_dir.resolve()} -- {desktop['command']} echo --profile tester"]
+
+
+@pytest.mark.parametrize(("stream", "redirect"), [("stdin", "<&-"), ("stdout", ">&-")])
+def test_the_bridge_started_with_a_closed_stream_says_which(echo_root: Path, run_dir: Path, stream: str,
+                                                             redirect: str) -> None:
+    # With fd 0 closed the socket took it and was handed to the router as the agent's stdin: the bridge hung.
+    async def scenario() -> subprocess.CompletedProcess[bytes]:
+        async with serving(echo_root, run_dir):
+            return await asyncio.to_thread(
+                subprocess.run, ["sh", "-c", f'exec "$0" echo --profile tester {redirect}', BRIDGE],
+                capture_output=True, check=False, env={**os.environ, "HANDLER_RUN_DIR": str(run_dir)}, timeout=30)
+
+    done = run(scenario())
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        f"handler-service: {stream} is closed; start it with stdin and stdout open, as an MCP client does (pipes)"]
+
+
+def test_the_bridge_refuses_a_run_id_that_is_not_utf8_before_it_connects(run_dir: Path) -> None:
+    done = subprocess.run([BRIDGE, "echo", "--profile", "ghost"], input=b"", capture_output=True, check=False,
+                          env={**os.environ, "HANDLER_RUN_DIR": str(run_dir), "HANDLER_INSTANCE": b"run-\xff"},
+                          timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        "handler-service: HANDLER_INSTANCE is not UTF-8 text; an agent run's id is printable text; set it to the "
+        "agent run's id, or unset it to have one made per connection"]

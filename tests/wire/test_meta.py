@@ -50,7 +50,8 @@ def test_a_run_id_of_printable_text_up_to_128_characters_is_kept(run_id: str) ->
     assert run_id_problem(run_id) is None
 
 
-@pytest.mark.parametrize("run_id", ["r" * (MAX_RUN_ID_CHARS + 1), "a\x00b", "a\tb", "a\nb", "a\x7fb", "a\x9bb"])
+@pytest.mark.parametrize("run_id", ["r" * (MAX_RUN_ID_CHARS + 1), "a\x00b", "a\tb", "a\nb", "a\x7fb", "a\x9bb",
+                                    "a\udcffb"])
 def test_a_run_id_too_long_or_holding_a_control_character_is_refused(run_id: str) -> None:
     assert run_id_problem(run_id) is not None
     with pytest.raises(ValueError, match=r"^HANDLER_PARENT_INSTANCE "):

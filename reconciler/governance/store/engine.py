@@ -272,7 +272,7 @@ def _prepare_sqlite_file(database: str) -> None:
     this process's connections hold on it.
     """
     path = Path(database)
-    if not path.parent.exists():
+    if not path.parent.is_dir():  # missing, or not a folder: refused, saying so
         ensure_private_dir(path.parent, "HANDLER_STATE_DIR")
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE))
@@ -349,6 +349,12 @@ def store_exists(url: str) -> bool:
     return not database or database == ":memory:" or Path(database).exists()
 
 
+def _in_memory(url: sa.engine.URL) -> bool:
+    """Whether a SQLite URL names a database in memory: no file (`sqlite://`), `:memory:`, or a `file:` URI's."""
+    database = url.database or ""
+    return database in ("", ":memory:") or database.startswith("file::memory:") or url.query.get("mode") == "memory"
+
+
 def open_store(url: str, *, migrate: bool = True) -> Store:
     """Open the store at `url` (see `store_url`) and, by default, bring its schema up to date."""
     try:
@@ -358,6 +364,11 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
     if backend not in ("sqlite", "postgresql"):
         raise StoreError(f"unsupported store '{backend}' in {url!r}: use SQLite (the default) or PostgreSQL "
                          "(HANDLER_STORE_URL=postgresql://user@host/db)")
+    if backend == "sqlite" and _in_memory(sa.engine.make_url(url)):
+        raise StoreError(f"the store URL {url!r} names a SQLite database in memory, which no other process sees (the "
+                         "service's holds would be out of reach of 'handler approvals', and each command would find "
+                         "an empty store): name a file, e.g. HANDLER_STORE_URL=sqlite:////var/lib/handler/handler.db, "
+                         "or unset HANDLER_STORE_URL for handler.db in the state folder")
     try:
         if backend == "sqlite":
             engine = _sqlite_engine(url)

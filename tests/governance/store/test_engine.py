@@ -165,6 +165,15 @@ def test_an_unreachable_store_is_a_store_error() -> None:
         open_store("mysql+nosuchdriver://x/y")
 
 
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:h?mode=memory&uri=true",
+                                 "sqlite:///file::memory:?uri=true"])
+def test_a_sqlite_store_in_memory_is_refused_asking_for_a_file(url: str) -> None:
+    # It once failed in SQLAlchemy on the file pool's arguments; made to open, no other process would see its holds.
+    with pytest.raises(StoreError, match=r"names a SQLite database in memory, which no other process sees .*: name "
+                       r"a file, e.g. HANDLER_STORE_URL=sqlite:////var/lib/handler/handler.db"):
+        open_store(url)
+
+
 def test_a_failed_statement_is_a_store_error_that_quotes_no_arguments(store: Store) -> None:
     values = {"id": "req_1", "revision": "r1", "profile": "p", "instance": "i", "parent_instance": None,
               "interface": "mail/v1", "tool": "mail_send", "binding": "mail-b", "arguments": {"password": "hunter2"},
