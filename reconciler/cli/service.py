@@ -299,4 +299,5 @@ def _print_status(status: dict[str, Any]) -> None:
     print("history:")
     for h in status["history"]:
         revision = short_revision(h["revision"])
-        print(f"  {h['time']}  {h['result']:9}  {h['reason']:8}  {h['durationMs']:8} ms  {revision}")
+        again = f"  ({h['repeats']} times in a row since {h['first']})" if h.get("repeats", 1) > 1 else ""
+        print(f"  {h['time']}  {h['result']:9}  {h['reason']:8}  {h['durationMs']:8} ms  {revision}{again}")

@@ -2,11 +2,15 @@
 
 One `Status` is kept in memory by the reconciler, served at `/status`, printed by `handler status`
 and written atomically to `status.json` in the state folder after every attempt, so it can be read
-by a person or a script while the service runs, and after it stopped.
+by a person or a script while the service runs, and after it stopped. An attempt that comes to what
+the one before came to (each poll of an unchanged head, of a branch deleted at the source) is counted
+in that entry of the history (`repeats`, since `first`), not added: ten polls would otherwise push the
+revision applied out of the history.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import deque
@@ -34,6 +38,13 @@ class Attempt:
     message: str = ""
     findings: tuple[dict[str, Any], ...] = ()
     changes: tuple[str, ...] = ()  # the plan against the live revision, one line per change
+    repeats: int = 1  # attempts in a row that came to this (the history keeps one entry for them)
+    first: str = ""  # when the first of them was made, when there were several
+
+    def same_outcome(self, other: Attempt) -> bool:
+        """Whether `other` came to what this did: the same revision, result, cause and message."""
+        return (self.revision, self.result, self.reason, self.message, self.findings) == (
+            other.revision, other.result, other.reason, other.message, other.findings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +85,13 @@ class Status:
         return f"serving {self.applied.revision} (generation {self.applied.generation})"
 
     def record(self, attempt: Attempt) -> None:
+        head = self.history[0] if self.history else None
+        if head is not None and head.same_outcome(attempt):
+            attempt = dataclasses.replace(attempt, repeats=head.repeats + 1, first=head.first or head.time)
+            self.history[0] = attempt
+        else:
+            self.history.appendleft(attempt)
         self.last_attempt = attempt
-        self.history.appendleft(attempt)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +110,8 @@ class Status:
 def _attempt_dict(attempt: Attempt, *, full: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"revision": attempt.revision, "time": attempt.time, "durationMs": attempt.duration_ms,
                            "result": attempt.result, "reason": attempt.reason, "message": attempt.message}
+    if attempt.repeats > 1:
+        out["repeats"], out["first"] = attempt.repeats, attempt.first
     if full:
         out["findings"] = list(attempt.findings)
         out["changes"] = list(attempt.changes)

@@ -57,6 +57,25 @@ def test_good_revisions_apply_and_a_broken_one_keeps_the_last_good(shipped_tree:
     assert reconciler.status.ready
 
 
+def test_attempts_that_come_to_the_same_are_one_entry_of_the_history_and_the_applied_one_stays(
+        shipped_tree: Path) -> None:
+    """A poll every 30 s of a broken head (or a deleted branch) filled the ten entries within five minutes and
+    pushed the revision applied out of `handler status`."""
+    reconciler, _ = _reconciler(shipped_tree)
+    assert asyncio.run(reconciler.reconcile("start")).result == "applied"
+    profile = shipped_tree / "config/profiles/researcher.toml"
+    profile.write_text(profile.read_text().replace('"ocr-local"', '"ocr-nowhere"'))
+    for _ in range(12):
+        assert asyncio.run(reconciler.reconcile("poll")).result == "invalid"
+    status = read_status(shipped_tree / ".handler/status.json")
+    assert status is not None
+    assert [(h["result"], h.get("repeats", 1)) for h in status["history"]] == [("invalid", 12), ("applied", 1)]
+    assert status["history"][0]["first"] < status["history"][0]["time"]
+    assert status["lastAttempt"]["repeats"] == 12
+    assert asyncio.run(reconciler.reconcile("watch")).result == "invalid"  # another cause: an entry of its own
+    assert [h["reason"] for h in reconciler.status.to_dict()["history"]] == ["watch", "poll", "start"]
+
+
 def test_an_unchanged_tree_is_not_swapped_again(shipped_tree: Path) -> None:
     reconciler, swaps = _reconciler(shipped_tree)
     asyncio.run(reconciler.reconcile("start"))
