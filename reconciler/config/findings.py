@@ -86,7 +86,7 @@ CODES: dict[str, Code] = _registry(
     Code("B009", E, "a required setting is not filled"),
     Code("B010", E, "a binding names both or neither of connector and addon"),
     # profiles
-    Code("P001", E, "a selected binding does not exist"),
+    Code("P001", E, "a selected binding does not exist, or its file does not load"),
     Code("P002", E, "the binding's connector does not implement the interface version"),
     Code("P003", E, "an interface is selected twice"),
     Code("P004", E, "routing names an unknown member"),

@@ -93,9 +93,14 @@ def _unresolved(snapshot: Snapshot, miss: Miss) -> Finding:
         fix = f"select '{iface}' (the highest version) or {versions}"
         return _finding(miss.missing, file, line, f"interface version '{key}' does not exist", versions, fix)
     if miss.missing == "binding":
+        path = f"config/bindings/{binding}.toml"
+        if path in snapshot.documents or any(f.file == path for f in snapshot.findings):
+            message = f"binding '{binding}' cannot be selected: {path} has errors of its own (its findings say which)"
+            return _finding(miss.missing, file, line, message, "a binding whose file loads without errors",
+                            f"fix {path}")
         message = f"binding '{binding}' does not exist{suggest(binding, snapshot.bindings).did_you_mean}"
         expected = "the name of a file in config/bindings/ (without .toml)"
-        fix = f"create config/bindings/{binding}.toml or name an existing binding"
+        fix = f"create {path} or name an existing binding"
         return _finding(miss.missing, file, line, message, expected, fix)
     if miss.missing == "connector binding":
         message = f"binding '{binding}' is not a connector binding (it names an addon)"
