@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
 import orjson
@@ -18,7 +19,7 @@ from reconciler.config.documents import Document
 from reconciler.config.findings import Finding, suggest
 from reconciler.config.models import ENV_NAME, REFERENCE_FORMS
 
-__all__ = ["model_finding", "parse_document", "secret_example", "validate_model"]
+__all__ = ["model_findings", "parse_document", "secret_example", "validate_model"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -101,14 +102,27 @@ def validate_model(doc: Document, value: Any, model: type[M], api_version: str) 
         return model.model_validate(value), []
     except ValidationError as exc:
         known = _field_names(model)
-        return None, [model_finding(doc, value, err, known) for err in exc.errors()]
+        return None, model_findings(doc, value, exc.errors(), known)
 
 
-def model_finding(doc: Document, value: Any, err: Any, known: set[str]) -> Finding:
-    """The F004 finding for one pydantic error in `value`, the data as parsed; `known` are the field names a
-    misspelt key is matched to."""
+def model_findings(doc: Document, value: Any, errors: Sequence[Any], known: set[str]) -> list[Finding]:
+    """The F004 findings for pydantic's `errors` in `value`, the data as parsed; `known` are the field names a
+    misspelt key is matched to. A value that fits none of the types a key takes is one finding naming them all
+    (pydantic reports one error per type tried)."""
+    findings: list[Finding] = []
+    invalid: dict[tuple[str | int, ...], list[Any]] = {}
+    for err in errors:
+        loc = _written_path(value, err["loc"], err["type"])
+        if err["type"] in ("secret_reference", "extra_forbidden", "missing"):
+            findings.append(_named_finding(doc, loc, err, known))
+        else:
+            invalid.setdefault(loc, []).append(err)
+    findings.extend(_invalid_finding(doc, loc, errs) for loc, errs in invalid.items())
+    return findings
+
+
+def _named_finding(doc: Document, loc: tuple[str | int, ...], err: Any, known: set[str]) -> Finding:
     kind = err["type"]
-    loc = _written_path(value, err["loc"], kind)
     where = ".".join(str(p) for p in loc) or "the file"
     line = doc.line_of(*loc)
     if kind == "secret_reference" and loc:  # `models.SecretRef`'s own: what is wrong, never what was written
@@ -125,25 +139,36 @@ def model_finding(doc: Document, value: Any, err: Any, known: set[str]) -> Findi
             "only the keys this kind of file defines (see docs/config.md)",
             f"remove '{key}' or correct its spelling",
         )
-    if kind == "missing":
-        return Finding(
-            "F004",
-            doc.path,
-            line,
-            f"'{where}' is required but missing",
-            f"a value for '{where}'",
-            f"add {loc[-1]} = ... to the file",
-        )
-    given = err.get("input")
-    shown = repr(given) if isinstance(given, str | int | float | bool) else type(given).__name__
     return Finding(
         "F004",
         doc.path,
         line,
-        f"'{where}' is invalid: {err['msg']} (given {shown})",
-        _expected_from(err),
-        f"correct the value of '{where}'",
+        f"'{where}' is required but missing",
+        f"a value for '{where}'",
+        f"add {loc[-1] if loc else 'it'} = ... to the file",
     )
+
+
+def _invalid_finding(doc: Document, loc: tuple[str | int, ...], errs: Sequence[Any]) -> Finding:
+    """One value that is not what its key takes: each type or rule it failed, in plain words."""
+    where = ".".join(str(p) for p in loc) or "the file"
+    given = errs[0].get("input")
+    shown = repr(given) if isinstance(given, str | int | float | bool) else _TOML_KINDS.get(type(given), "a value")
+    wanted = list(dict.fromkeys(_plain(err["msg"]) for err in errs))
+    said = wanted[0] if len(wanted) == 1 else "it should be one of: " + "; ".join(
+        w.removeprefix("Input should be ") for w in wanted)
+    expected = _expected_from(errs[0]) if len(errs) == 1 else "; ".join(
+        w.removeprefix("Input should be ") for w in wanted)
+    return Finding("F004", doc.path, doc.line_of(*loc), f"'{where}' is invalid: {said} (given {shown})", expected,
+                   f"correct the value of '{where}'")
+
+
+_TOML_KINDS: dict[type, str] = {dict: "a table", list: "an array"}
+
+
+def _plain(msg: str) -> str:
+    """pydantic's message without its own prefix for a validator's error."""
+    return str(msg).removeprefix("Value error, ")
 
 
 def secret_example(slot: str, form: str) -> str:

@@ -17,7 +17,7 @@ import jsonschema_rs
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
-from reconciler.config.checks.syntax import model_finding
+from reconciler.config.checks.syntax import model_findings
 from reconciler.config.documents import Document
 from reconciler.config.findings import Finding
 from reconciler.config.lines import KeyPath
@@ -66,7 +66,7 @@ def check_tools(doc: Document, value: Any, interface: str) -> tuple[list[Tool], 
             tool = Tool.model_validate(raw)
         except ValidationError as exc:
             known = set(Tool.model_fields)
-            findings.extend(model_finding(doc, value, {**e, "loc": (index, *e["loc"])}, known) for e in exc.errors())
+            findings.extend(model_findings(doc, value, [{**e, "loc": (index, *e["loc"])} for e in exc.errors()], known))
             continue
         findings.extend(_check_name(doc, index, tool, prefix, seen))
         seen.setdefault(tool.name, index)
