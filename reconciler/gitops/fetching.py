@@ -62,23 +62,26 @@ class GitMirror:
         checkout), so connectors run from their folder and relative scopes have a home.
 
         Files are written only when their content changed and files gone from the revision are removed,
-        so connector processes already running from `dest` keep their folder.
+        so connector processes already running from `dest` keep their folder. A path that was a file and is
+        now a folder (or the other way round) is replaced: git cannot hold both in one revision.
         """
         _, files = GitSource(self.folder, revision, self.subdir).read()
         for rel, blob in files.items():
             if blob.link:  # never in a revision that is applied (F006); never written as a file either
                 continue
             path = dest / rel
-            if path.is_file() and blob_sha(path.read_bytes()) == blob.sha:
+            if path.is_file() and not path.is_symlink() and blob_sha(path.read_bytes()) == blob.sha:
                 continue
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _make_folders(dest, path.parent)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)  # a folder in the revision before: this one has a file there
             tmp = path.with_name(f".{path.name}.tmp")
             tmp.write_bytes(blob.data)
             tmp.replace(path)
         for folder in TREE_FOLDERS:
             for path in sorted((dest / folder).rglob("*"), reverse=True) if (dest / folder).exists() else []:
                 rel = path.relative_to(dest).as_posix()
-                if path.is_file() and rel not in files:
+                if (path.is_file() or path.is_symlink()) and rel not in files:
                     path.unlink()
                 elif path.is_dir() and not any(path.iterdir()):
                     path.rmdir()
@@ -92,3 +95,13 @@ class GitMirror:
         except SourceError:  # the one a read raises: the ref names nothing here (deleted at the remote, say)
             raise SourceError(f"{self.remote} has no branch, tag or commit '{self.ref}' (as of the last fetch); "
                               "push it there, or follow another ref") from None
+
+
+def _make_folders(dest: Path, folder: Path) -> None:
+    """`folder` and its parents below `dest` as folders: a file in the way (the revision before had one where this one
+    has a folder) is removed first."""
+    for part in [*reversed(folder.relative_to(dest).parents), folder.relative_to(dest)]:
+        path = dest / part
+        if path != dest and (path.is_symlink() or path.is_file()):
+            path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)

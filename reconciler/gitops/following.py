@@ -76,9 +76,17 @@ class Follower:
         tree_root = state_dir / "tree"  # a git source has no work tree: the applied revision is exported here
 
         async def export_and_swap(snapshot: Snapshot) -> int:
-            # Connectors run from their folder: the revision's files must be on disk before it goes live.
-            await asyncio.to_thread(mirror.export, snapshot.revision, tree_root)
-            return await swap(snapshot)
+            # Connectors run from their folder: the revision's files must be on disk before it goes live. If it
+            # cannot go live after all, the revision still serving gets its files back: its connectors must never
+            # start from code that was not applied.
+            try:
+                await asyncio.to_thread(mirror.export, snapshot.revision, tree_root)
+                return await swap(snapshot)
+            except BaseException:
+                live = reconciler.live
+                if live is not None:
+                    await asyncio.shield(asyncio.to_thread(mirror.export, live.revision, tree_root))
+                raise
 
         reconciler = Reconciler(mirror, export_and_swap, label=f"git {remote}@{ref}",
                                 status_file=state_dir / "status.json")

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from reconciler.config import FolderSource, HandlerError, SourceError
+from reconciler.config import FolderSource, HandlerError, Snapshot, SourceError
 from reconciler.gitops.following import Follower, FollowReports
 from reconciler.gitops.status import Attempt, read_status
 from tests.gitops.swaps import Swaps
@@ -168,3 +168,69 @@ def test_a_followed_branch_deleted_at_the_source_is_said_once_by_its_name_and_on
                             "or follow another ref")
     assert [(a.result, a.revision) for a in heard.recoveries] == [("unchanged", good)]
     assert [s.revision for s in swaps.live] == [good]
+
+
+class _RefusingSwaps(Swaps):
+    """The router refusing a revision that is valid (a socket path past the limit, say): the swap raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse = False
+
+    async def __call__(self, snapshot: Snapshot) -> int:
+        if self.refuse:
+            raise RuntimeError("the router could not apply it")
+        return await super().__call__(snapshot)
+
+
+def test_a_revision_the_router_refuses_leaves_the_live_revisions_files_in_place(
+    remote: tuple[Path, Path], tmp_path: Path, git: Callable[..., str]
+) -> None:
+    """Its files were exported before the swap, and stayed: the connectors of the revision still serving started
+    from code that was never applied, and kept it after the push was reverted."""
+    bare, clone = remote
+    state, swaps = tmp_path / "state", _RefusingSwaps()
+    follower = Follower.git(str(bare), "main", swaps, state_dir=state, interval=3600)
+    assert asyncio.run(follower.start()).result == "applied"
+    main = state / "tree/catalog/connectors/ocr-tesseract/main.py"
+    applied = main.read_bytes()
+    (clone / "catalog/connectors/ocr-tesseract/main.py").write_text("raise SystemExit('never applied')\n")
+    (clone / "catalog/connectors/ocr-tesseract/extra.py").write_text("X = 1\n")
+    git(clone, "add", "-A")
+    git(clone, "commit", "-qm", "code the router will not take")
+    git(clone, "push", "-q", "origin", "HEAD:main")
+    swaps.refuse = True
+    follower._mirror.fetch()  # type: ignore[union-attr]
+    attempt = asyncio.run(follower.reconciler.reconcile("poll"))
+    assert attempt.result == "error"
+    assert main.read_bytes() == applied
+    assert not (state / "tree/catalog/connectors/ocr-tesseract/extra.py").exists()
+
+
+def test_a_file_that_becomes_a_folder_and_back_is_exported(remote: tuple[Path, Path], tmp_path: Path,
+                                                             git: Callable[..., str]) -> None:
+    """The export made the folder where the file still was: FileExistsError at every poll after, for good."""
+    bare, clone = remote
+    state, swaps = tmp_path / "state", Swaps()
+    follower = Follower.git(str(bare), "main", swaps, state_dir=state, interval=3600)
+    data = clone / "catalog/connectors/ocr-tesseract/data"
+    exported = state / "tree/catalog/connectors/ocr-tesseract/data"
+    data.write_text("a file\n")
+    git(clone, "add", "-A")
+    git(clone, "commit", "-qm", "data, a file")
+    git(clone, "push", "-q", "origin", "HEAD:main")
+    assert asyncio.run(follower.start()).result == "applied"
+    assert exported.read_text() == "a file\n"
+    for step in ("folder", "file"):
+        git(clone, "rm", "-q", "-r", "catalog/connectors/ocr-tesseract/data")
+        if step == "folder":
+            data.mkdir()
+            (data / "f").write_text("in a folder\n")
+        else:
+            data.write_text("a file again\n")
+        git(clone, "add", "-A")
+        git(clone, "commit", "-qm", f"data, a {step}")
+        git(clone, "push", "-q", "origin", "HEAD:main")
+        follower._mirror.fetch()  # type: ignore[union-attr]
+        assert asyncio.run(follower.reconciler.reconcile("poll")).result == "applied", step
+    assert exported.read_text() == "a file again\n"
