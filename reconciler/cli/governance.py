@@ -253,7 +253,8 @@ def _approvals_decide(args: argparse.Namespace) -> int:
     with _store(args.root) as store:
         hold = decide_hold(store, args.request_id, args.decision, args.member, check=check,
                            reason=getattr(args, "reason", None))
-    if hold.state == "approved":
+    # The decision made, not the state read back: a router woken by it may have claimed or run the hold already.
+    if args.decision == "approve":
         print(f"{hold.id} approved by {args.member}: a running router runs it now (or the next one that starts).")
     else:
         why = f": {hold.decision_reason}" if hold.decision_reason else " (no reason given: --reason says why)"

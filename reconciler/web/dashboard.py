@@ -233,10 +233,12 @@ class _Dashboard:
         except GovernanceError as exc:  # a reason too long to store: the hold stays pending, the form too
             hold = await asyncio.to_thread(get_hold, self.desk.store, hold_id)
             return await self.hold_view(request, hold, member, str(exc), failed=True, status_code=400, link=link)
-        log.info("hold %s %s by %s (%s)", hold_id, hold.state, member, how)
+        # The decision made, not the state read back: a router woken by it may have claimed or run the hold already.
+        decided = "approved" if fields["decision"] == "approve" else "rejected"
+        log.info("hold %s %s by %s (%s)", hold_id, decided, member, how)
         if self.desk.on_decision is not None:
             self.desk.on_decision()
-        said = f"{hold.state.capitalize()} by {member}" + (f": {hold.decision_reason}" if hold.decision_reason else "")
+        said = f"{decided.capitalize()} by {member}" + (f": {hold.decision_reason}" if hold.decision_reason else "")
         return await self.hold_view(request, hold, None, said if said.endswith((".", "!", "?")) else said + ".",
                                     link=link)
 

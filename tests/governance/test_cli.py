@@ -11,7 +11,7 @@ import pytest
 from reconciler.cli import main
 from reconciler.config import FolderSource, Loader
 from reconciler.governance.governor import Governor
-from reconciler.governance.holds import get_hold
+from reconciler.governance.holds import claim_hold, get_hold
 from reconciler.governance.leases import LeaseTerms
 from reconciler.governance.store import open_store, store_url
 from reconciler.governance.store.audit import record
@@ -61,6 +61,31 @@ def test_explain_names_what_exists_when_a_name_is_wrong(tree: Path, capsys: pyte
     code, _, err = run(capsys, "explain", str(tree), "--profile", "asistant", "--tool", "x")
     assert code == 1
     assert "did you mean 'assistant'" in err
+
+
+def test_an_approval_a_router_runs_at_once_is_said_to_be_an_approval(tree: Path, capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A router woken by the decision may claim the hold before the command reads it back: it said "rejected"."""
+    import reconciler.cli.governance as governance_cli
+
+    snapshot = Loader().load(FolderSource(tree))
+    governor = Governor(open_store(store_url(tree)))
+    call = priced_call("run-1", profile="auditor", tool="web_search_query", query="acme invoices")
+    call = type(call)(call.profile, call.instance, None, "web-search/v1", call.tool, "search-brave", call.arguments)
+    rid = governor.admit_now(snapshot, call).request_id
+    governor.close()
+    assert rid is not None
+    decide = governance_cli.decide_hold
+
+    def claimed_at_once(store: object, request_id: str, *args: object, **kwargs: object) -> object:
+        decide(store, request_id, *args, **kwargs)  # type: ignore[arg-type]
+        assert claim_hold(store, request_id, "router-elsewhere")  # type: ignore[arg-type]
+        return get_hold(store, request_id)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(governance_cli, "decide_hold", claimed_at_once)
+    code, out, _ = run(capsys, "approvals", "approve", rid, "--as", "alice", "--root", str(tree))
+    assert code == 0
+    assert out.startswith(f"{rid} approved by alice: a running router runs it now"), out
 
 
 def test_approve_as_a_member_runs_nothing_itself_and_is_audited(tree: Path,
