@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.config import FolderSource, GitSource, HandlerError, Snapshot
+from reconciler.config import FolderSource, GitSource, HandlerError, Loader, Snapshot
 from reconciler.gitops.fetching import GitMirror
 from reconciler.gitops.proposals import MirrorProposer, Proposer, WorkTreeProposer
 from reconciler.gitops.reconciling import Reconciler, SwapFn
@@ -89,7 +89,7 @@ class Follower:
                 raise
 
         reconciler = Reconciler(mirror, export_and_swap, label=f"git {remote}@{ref}",
-                                status_file=state_dir / "status.json")
+                                status_file=state_dir / "status.json", frozen=True)
         return cls(reconciler, tree_root=tree_root, mirror=mirror, interval=interval, reports=reports)
 
     @property
@@ -117,6 +117,8 @@ class Follower:
         last_good = self._last_applied()  # read first: the head's attempt rewrites status.json
         if self._mirror is not None:
             await self._fetch(self._mirror)
+            if last_good:  # the versions it published stay frozen across a restart
+                self.reconciler.published = await self._published(self._mirror, last_good)
         head = await self.reconciler.reconcile("start")
         if self.reconciler.live is None and self._mirror is not None and last_good:
             await self._serve_last_good(self._mirror, last_good)
@@ -179,6 +181,14 @@ class Follower:
                 self._reports.fetch_failed(exc)
             return False
         return True
+
+    async def _published(self, mirror: GitMirror, revision: str) -> Snapshot | None:
+        """The revision applied last, loaded from the mirror, if it still has it and it loads."""
+        try:
+            snapshot = await asyncio.to_thread(Loader().load, GitSource(mirror.folder, revision, mirror.subdir))
+        except HandlerError:
+            return None
+        return snapshot if snapshot.ok else None
 
     def _last_applied(self) -> str | None:
         """The revision the last run applied, from its status.json."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from reconciler.config import HandlerError, Loader, Snapshot, TreeSource, plan_changes
+from reconciler.config import HandlerError, Loader, Snapshot, TreeSource, check_frozen, plan_changes
+from reconciler.config.findings import Finding
 from reconciler.gitops.status import Applied, Attempt, Status, write_status
 
 __all__ = ["Reconciler", "SwapFn", "guard_emptying"]
@@ -69,8 +70,13 @@ class Reconciler:
         status_file: Path | None = None,
         live: Snapshot | None = None,
         generation: int = 0,
+        frozen: bool = False,
     ) -> None:
         self.source = source
+        # Refuse a revision that changes an interface version the live one publishes (I010), as `validate --base`
+        # does: a git source, where a push or a force-push can skip the pull request that would have said so.
+        self.frozen = frozen
+        self.published: Snapshot | None = None  # what to hold versions to while nothing serves (the last applied)
         self._swap = swap
         self._loader = Loader()
         self._lock = asyncio.Lock()
@@ -101,12 +107,9 @@ class Reconciler:
                 return self._record(new)
             if self.live is not None and new.revision == self.live.revision:
                 return self._record(self._attempt(new.revision, started, "unchanged", reason, "already applied"))
-            if not new.ok:
-                return self._record(self._invalid(new, started, reason))
-            refusal = guard_emptying(self.live, new)
-            if refusal is not None:
-                log.info("reconcile: revision %s refused: %s", new.revision, refusal)  # reported with the attempt
-                return self._record(self._attempt(new.revision, started, "refused", reason, refusal))
+            refused = self._refused(new, started, reason)
+            if refused is not None:
+                return self._record(refused)
             plan = plan_changes(self.live, new)
             changes = tuple(f"{p.profile}: {c}" for p in plan.profiles for c in p.changes) or (
                 ("(no change for any profile)",) if self.live is not None else ()
@@ -160,8 +163,24 @@ class Reconciler:
         serving = self.live.revision if self.live else "nothing"
         return self._attempt(new.revision, started, "error", reason, f"{said}; still serving {serving}")
 
-    def _invalid(self, new: Snapshot, started: float, reason: str) -> Attempt:
-        errors = new.errors
+    def _refused(self, new: Snapshot, started: float, reason: str) -> Attempt | None:
+        """The attempt of a revision that may not go live (its errors, a published version changed against the one
+        serving or applied last, every profile emptied); None when it may."""
+        if not new.ok:
+            return self._invalid(new, started, reason)
+        base = self.live or self.published
+        changed = check_frozen(base, new) if self.frozen and base is not None else []
+        if changed:
+            return self._invalid(new, started, reason, changed)
+        refusal = guard_emptying(self.live, new)
+        if refusal is not None:
+            log.info("reconcile: revision %s refused: %s", new.revision, refusal)  # reported with the attempt
+            return self._attempt(new.revision, started, "refused", reason, refusal)
+        return None
+
+    def _invalid(self, new: Snapshot, started: float, reason: str, against: Sequence[Finding] = ()) -> Attempt:
+        """The attempt of a revision with errors: its own, or those found `against` the revision it would replace."""
+        errors = tuple(against) or new.errors
         log.info(  # the attempt carries the findings; whoever started the service reports them (the CLI prints them)
             "reconcile: revision %s is invalid (%d errors); still serving %s",
             new.revision,
@@ -175,7 +194,7 @@ class Reconciler:
             "invalid",
             reason,
             f"{len(errors)} error(s); first: {first.file}:{first.line} {first.code} {first.message}",
-            findings=tuple(f.to_dict() for f in new.findings),
+            findings=tuple(f.to_dict() for f in (*against, *new.findings)),
         )
 
     @staticmethod
