@@ -86,6 +86,17 @@ class GitMirror:
                 elif path.is_dir() and not any(path.iterdir()):
                     path.rmdir()
 
+    def head(self) -> str | None:
+        """The commit `ref` names after the last fetch, read without its tree (None when it names none)."""
+        import git
+
+        if self._source is None:
+            return None
+        try:
+            return str(self._source.repo.commit(self.ref).hexsha)
+        except (git.BadName, ValueError):  # the ref names nothing here
+            return None
+
     def read(self) -> tuple[str, dict[str, Blob]]:
         if self._source is None:
             self.fetch()

@@ -18,6 +18,7 @@ from typing import Any
 
 from reconciler.config import HandlerError, Loader, Snapshot, TreeSource, check_frozen, plan_changes
 from reconciler.config.findings import Finding
+from reconciler.gitops.fetching import GitMirror
 from reconciler.gitops.status import Applied, Attempt, Status, write_status
 
 __all__ = ["Reconciler", "SwapFn", "guard_emptying"]
@@ -102,7 +103,11 @@ class Reconciler:
         async with self._lock:  # one reconciliation at a time; the loader is not shared across threads
             started = time.perf_counter()
             self.attempts += 1
-            new = await self._load(source or self.source, started, reason)
+            read = source or self.source
+            if self.live is not None and isinstance(read, GitMirror) and read.head() == self.live.revision:
+                # The commit serving already: its tree is not read again (a poll of a large tree took seconds).
+                return self._record(self._attempt(self.live.revision, started, "unchanged", reason, "already applied"))
+            new = await self._load(read, started, reason)
             if isinstance(new, Attempt):
                 return self._record(new)
             if self.live is not None and new.revision == self.live.revision:

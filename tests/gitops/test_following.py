@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from reconciler.config import FolderSource, HandlerError, Snapshot, SourceError
 from reconciler.gitops.following import Follower, FollowReports
 from reconciler.gitops.status import Attempt, read_status
@@ -262,3 +264,21 @@ def test_a_push_that_changes_a_published_interface_version_is_refused_also_after
     assert head.result == "invalid"
     assert again.reconciler.live is not None
     assert again.reconciler.live.revision == good.revision
+
+
+def test_a_poll_of_the_commit_serving_does_not_read_its_tree_again(remote: tuple[Path, Path], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each poll read the whole tree to find it unchanged: seconds a poll for a tree of 100,000 files."""
+    bare, _ = remote
+    follower = Follower.git(str(bare), "main", Swaps(), state_dir=tmp_path / "state", interval=3600)
+    applied = asyncio.run(follower.start())
+    assert applied.result == "applied"
+
+    def no_read() -> None:
+        raise AssertionError("the tree was read again")
+
+    assert follower._mirror is not None
+    monkeypatch.setattr(follower._mirror, "read", no_read)
+    follower._mirror.fetch()
+    again = asyncio.run(follower.reconciler.reconcile("poll"))
+    assert (again.revision, again.result) == (applied.revision, "unchanged")
