@@ -147,12 +147,14 @@ class Reconciler:
         try:
             return await asyncio.to_thread(self._loader.load, source)
         except HandlerError as exc:
-            log.info("reconcile: cannot read the source: %s", exc)  # reported with the attempt
+            if not self._repeats("(unreadable)", str(exc)):
+                log.info("reconcile: cannot read the source: %s", exc)  # reported with the attempt
             return self._attempt("(unreadable)", started, "error", reason, str(exc))
-        except Exception as exc:  # a defect of ours: logged whole, and the next change is tried as usual
-            log.exception("reconcile: the loader failed on the source")
-            return self._attempt("(unreadable)", started, "error", reason,
-                                 f"the loader failed ({exc!r}); the service's log has the details")
+        except Exception as exc:  # a defect of ours: logged whole once, and the next change is tried as usual
+            said = f"the loader failed ({exc!r}); the service's log has the details"
+            if not self._repeats("(unreadable)", said):
+                log.exception("reconcile: the loader failed on the source")
+            return self._attempt("(unreadable)", started, "error", reason, said)
 
     async def _apply(self, new: Snapshot, started: float, reason: str) -> int | Attempt:
         """The router's swap to `new` (its generation), or the attempt saying why it did not take it. The router swaps
@@ -161,12 +163,21 @@ class Reconciler:
             return await self._swap(new)
         except HandlerError as exc:
             said = str(exc)
-        except Exception as exc:  # a defect of ours: logged whole
-            log.exception("reconcile: the router failed to apply revision %s", new.revision)
+        except Exception as exc:  # a defect of ours: logged whole, once a failure
             said = f"the router failed to apply it ({exc!r})"
-        log.warning("reconcile: revision %s not applied: %s", new.revision, said)
+            if not self._repeats(new.revision, said, prefix=True):
+                log.exception("reconcile: the router failed to apply revision %s", new.revision)
         serving = self.live.revision if self.live else "nothing"
+        if not self._repeats(new.revision, said, prefix=True):
+            log.warning("reconcile: revision %s not applied: %s", new.revision, said)
         return self._attempt(new.revision, started, "error", reason, f"{said}; still serving {serving}")
+
+    def _repeats(self, revision: str, message: str, *, prefix: bool = False) -> bool:
+        """Whether the last attempt failed on `revision` with `message` already (logged then; each poll meets it)."""
+        last = self.status.last_attempt
+        if last is None or last.revision != revision or last.result != "error":
+            return False
+        return last.message.startswith(message) if prefix else last.message == message
 
     def _refused(self, new: Snapshot, started: float, reason: str) -> Attempt | None:
         """The attempt of a revision that may not go live (its errors, a published version changed against the one
@@ -186,12 +197,14 @@ class Reconciler:
     def _invalid(self, new: Snapshot, started: float, reason: str, against: Sequence[Finding] = ()) -> Attempt:
         """The attempt of a revision with errors: its own, or those found `against` the revision it would replace."""
         errors = tuple(against) or new.errors
-        log.info(  # the attempt carries the findings; whoever started the service reports them (the CLI prints them)
-            "reconcile: revision %s is invalid (%d errors); still serving %s",
-            new.revision,
-            len(errors),
-            self.live.revision if self.live else "nothing",
-        )
+        last = self.status.last_attempt
+        if last is None or (last.revision, last.result) != (new.revision, "invalid"):  # once, not at each poll
+            log.info(  # the attempt carries the findings; whoever started the service reports them (the CLI prints)
+                "reconcile: revision %s is invalid (%d errors); still serving %s",
+                new.revision,
+                len(errors),
+                self.live.revision if self.live else "nothing",
+            )
         first = errors[0]
         return self._attempt(
             new.revision,

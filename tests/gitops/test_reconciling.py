@@ -150,3 +150,25 @@ def test_a_defect_in_the_loader_or_the_swap_is_an_error_attempt_and_the_next_cha
     reconciler._swap = swaps
     applied = asyncio.run(reconciler.reconcile("watch"))
     assert (applied.result, len(swaps.live)) == ("applied", 2)
+
+
+def test_a_failure_each_poll_meets_again_is_logged_once(shipped_tree: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """'revision ... not applied' (and a defect's traceback) at every poll filled the service's log."""
+    from reconciler.config import HandlerError
+
+    async def refusing(snapshot: object) -> int:
+        raise HandlerError("profile p's socket path is 119 bytes long")
+
+    async def failing(snapshot: object) -> int:
+        raise RuntimeError("a defect")
+
+    for swap, said in ((refusing, "not applied: profile p's socket path"), (failing, "the router failed to apply")):
+        caplog.clear()
+        reconciler = Reconciler(FolderSource(shipped_tree), swap, label="t")
+        assert asyncio.run(reconciler.reconcile("poll")).result == "error"
+        first = [r.getMessage() for r in caplog.records]
+        assert any(said in line for line in first), first
+        for _ in range(3):
+            assert asyncio.run(reconciler.reconcile("poll")).result == "error"
+        assert [r.getMessage() for r in caplog.records] == first  # nothing more
+        assert reconciler.status.to_dict()["history"][0]["repeats"] == 4
