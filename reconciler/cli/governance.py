@@ -103,7 +103,7 @@ def _add_ledger_commands(sub: Any) -> None:
     trail.add_argument("--request", metavar="ID", help="only the entries of this request")
     trail.add_argument("--event", metavar="NAME", help="only the entries of this event (set_aside: the rows the store "
                        "refused; pricing_violation: costs reported above the reservation)")
-    trail.add_argument("--limit", type=_count, default=50, help="the newest N entries (default: 50)")
+    trail.add_argument("--limit", type=_limit, default=50, help="the newest N entries (default: 50; 0: all)")
     trail.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     trail.set_defaults(run=_audit)
 
@@ -280,13 +280,6 @@ def _approvals_link(args: argparse.Namespace) -> int:
 _MOST_ROWS = 1_000_000_000  # a count a store takes as an integer (one past 64 bits was sent and refused as a write)
 
 
-def _count(text: str) -> int:
-    value = _whole(text)
-    if value is None or not 1 <= value <= _MOST_ROWS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count: give a whole number from 1 to {_MOST_ROWS:,}")
-    return value
-
-
 def _limit(text: str) -> int:
     value = _whole(text)
     if value is None or not 0 <= value <= _MOST_ROWS:
@@ -327,7 +320,7 @@ def _change(micros: int) -> str:
 
 def _audit(args: argparse.Namespace) -> int:
     with _store(args.root) as store:
-        rows = read_audit(store, request_id=args.request, event=args.event, limit=args.limit)
+        rows = read_audit(store, request_id=args.request, event=args.event, limit=args.limit or None)
     if args.format == "json":
         print(json.dumps(rows, indent=2, default=str))
         return EXIT_OK

@@ -33,9 +33,10 @@ _CLASS_WORD = {"read": "Reads", "write": "Writes", "destructive": "Destructive a
 
 
 def usd(micros: int) -> str:
-    """$0.005, $12.50: money as people read it."""
-    value = from_micros(micros)
-    return f"${value:.2f}" if value == round(value, 2) else f"${value:.6f}".rstrip("0")
+    """$0.005, $12.50, -$0.03: money as people read it."""
+    value = from_micros(abs(micros))
+    sign = "-" if micros < 0 else ""
+    return sign + (f"${value:.2f}" if value == round(value, 2) else f"${value:.6f}".rstrip("0"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -217,14 +217,15 @@ def test_the_balance_changes_only_as_a_member_and_the_trail_shows_each_change(
     assert [line.split("  ", 1)[1].split() for line in out.splitlines()] == [
         ["balance", "-", "by", "alice", "acme:", "added", "$5.00,", "now", "$5.00"],
         ["balance", "-", "by", "bob", "acme:", "corrected", "down", "by", "$2.00,", "now", "$3.00"]]
+    _, out, _ = run(capsys, "audit", "--limit", "0", "--root", str(tree))  # 0: every entry, as approvals list takes it
+    assert len(out.splitlines()) == 2
 
 
 @pytest.mark.parametrize(("argv", "said"), [
     (["spend", "--month", "2026-13"], "'2026-13' is not a month: give it as YYYY-MM"),
     (["spend", "--month", "last"], "'last' is not a month"),
-    (["audit", "--limit", "0"], "'0' is not a count"),
-    (["audit", "--limit", "-5"], "'-5' is not a count"),
-    (["audit", "--limit", "9" * 20], "is not a count: give a whole number from 1 to 1,000,000,000"),
+    (["audit", "--limit", "-5"], "'-5' is not a limit"),
+    (["audit", "--limit", "9" * 20], "is not a limit: give a whole number up to 1,000,000,000 (0: no limit)"),
     (["validate", "--base", ""], "the ref is empty: name a branch, a tag or a commit"),
     (["plan", "--base", " "], "the ref is empty"),
     (["explain", "--profile", "researcher", "--tool", "web_search_query", "--cost", "nan"], "'nan' is not a cost"),

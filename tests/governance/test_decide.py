@@ -269,3 +269,10 @@ def test_no_template_no_routing_no_rule_holds_a_write(
     d = decide(profile, "mail_send", org=org, cost=cost)
     assert d.outcome.value == "approve"
     assert d.approver is not None
+
+
+def test_money_reads_as_people_write_it_below_zero_too() -> None:
+    from reconciler.governance.decide import usd
+
+    assert [usd(m) for m in (12_500_000, 5_000, 0, -30_000, -5_000)] == ["$12.50", "$0.005", "$0.00", "-$0.03",
+                                                                          "-$0.005"]

@@ -81,8 +81,8 @@ def record(tx: Transaction, event: str, *, request_id: str | None = None, profil
 
 
 def read_audit(store: Store, *, request_id: str | None = None, event: str | None = None,
-               limit: int = 100) -> list[dict[str, Any]]:
-    """The newest `limit` audit rows (oldest first), optionally of one request, of one event or both.
+               limit: int | None = 100) -> list[dict[str, Any]]:
+    """The newest `limit` audit rows (None: all; oldest first), optionally of one request, of one event or both.
 
     Of one event, the newest are the latest by time: the events read by time (pricing violations, rows set aside)
     then come from their own index instead of a scan of the whole trail."""
