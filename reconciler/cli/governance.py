@@ -190,7 +190,9 @@ def _hold_story(hold: Hold) -> list[tuple[str, str]]:
         lines.append(("decided", f"{verb} by {hold.decided_by} at {at(hold.decided_at)}{why}"))
     if hold.state in ("approved", "running"):
         lines.append(("run", "waiting for a router to run it" if hold.state == "approved" else
-                      f"running now (on {hold.claimed_by})"))
+                      f"running since {at(hold.claimed_at)} (on {hold.claimed_by}); longer than a call may by default: "
+                      "if that router stopped, whether it ran is unknown, and it is not run again"
+                      if hold.long_running() else f"running now (on {hold.claimed_by})"))
     elif hold.state == "executed":
         lines.append(("run", f"executed at {at(hold.finished_at)}"))
     elif hold.state == "failed":

@@ -44,9 +44,11 @@ class Governor:
         self._restarted_as = router_id
         self._workers = StoreWorkers()
         self._rulebooks = RulebookCache()
-        self._leaser = Leaser(store, self._workers, router_id or new_router_id(), leases or LeaseTerms())
+        router_id = router_id or new_router_id()
+        self._leaser = Leaser(store, self._workers, router_id, leases or LeaseTerms())
+        # The holds it claims name it as its leases do: the id an operator finds in the state folder (`router-id`).
         self._runner = HoldRunner(store, self._workers, self._rulebooks, poll_seconds=poll_seconds,
-                                  heard=self._hold_changed, make_room=self._leaser.make_room)
+                                  heard=self._hold_changed, make_room=self._leaser.make_room, runner_id=router_id)
         self._gate = Gatekeeper(store, self._workers, self._rulebooks, self._leaser, batch_seconds=batch_seconds,
                                 held=self._hold_changed, run_now=self._runner.run_now, seen=self._first_snapshot)
         # Every call is admitted and settled: by the gatekeeper's own methods, with no call of this object's between.

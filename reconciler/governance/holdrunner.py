@@ -56,12 +56,13 @@ class HoldRunner:
     """Runs the approved holds of one store, each exactly once across every router sharing it."""
 
     def __init__(self, store: Store, workers: StoreWorkers, rulebooks: RulebookCache, *, poll_seconds: float,
-                 heard: Callable[[], None], make_room: Callable[[CapSet, str, str, str], bool] | None = None) -> None:
+                 heard: Callable[[], None], make_room: Callable[[CapSet, str, str, str], bool] | None = None,
+                 runner_id: str | None = None) -> None:
         """`heard` is called on the event loop when another router changed a hold (PostgreSQL NOTIFY);
         `make_room` gives back the unused part of this router's budget leases on a call's caps."""
         self.store = store
         self._make_room = make_room
-        self.runner_id = "router-" + secrets.token_hex(6)
+        self.runner_id = runner_id or "router-" + secrets.token_hex(6)
         self.snapshot: Snapshot | None = None  # the live snapshot, against which holds are checked again
         self._workers = workers
         self._rulebooks = rulebooks

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -51,6 +52,9 @@ HoldState = Literal["pending", "approved", "rejected", "running", "executed", "f
 PENDING_HINT = "It stays pending until a person decides; ask handler_status with this request_id."
 FINAL_HINT = "This is final: the hold is never run again."
 REASON_LIMIT = 2000  # characters of a decision's reason
+# The router's default call timeout (docs/architecture.md §6): a hold running longer may have lost its router, and
+# a reservation older is charged as one a stopped router never settled (`ledger.RECONCILE_AFTER_SECONDS`).
+STRANDED_AFTER_SECONDS = 300.0
 
 
 # A random prefix per process and a counter: unique across routers sharing a store, and cheap (the
@@ -90,6 +94,12 @@ class Hold:
     charged: int | None
     decision_reason: str | None  # why the approver rejected it, in their words
     cause: str | None  # why an approved run failed, for people (never shown to the agent)
+    claimed_at: float | None = None  # when a router took it to run (state running)
+
+    def long_running(self, at: float | None = None) -> bool:
+        """Running for longer than any call is let run by default: its router may have stopped mid-run."""
+        return (self.state == "running" and self.claimed_at is not None
+                and (time.time() if at is None else at) - self.claimed_at > STRANDED_AFTER_SECONDS)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Hold:
@@ -245,6 +255,11 @@ def hold_status(hold: Hold, news: str = "") -> HoldStatus:
     charged = None if hold.charged is None else from_micros(hold.charged)
     if hold.state == "pending":
         return HoldStatus("pending", " ".join(filter(None, (hold.reason, news, PENDING_HINT))))
+    if hold.long_running():
+        return HoldStatus("pending", f"Approved by {hold.decided_by}; it has run for longer than a call may by "
+                          "default, so the router running it may have stopped, and then no one knows whether it ran: "
+                          "it is not run again. Ask for it again if it is still needed and you can tell it did not "
+                          "run.")
     if hold.state in ("approved", "running"):
         return HoldStatus("pending", f"Approved by {hold.decided_by}; it is running now.")
     if hold.state == "rejected":

@@ -22,7 +22,7 @@ from typing import Any
 
 from reconciler.governance.charging import PricedCall, charge_call
 from reconciler.governance.decide import SpendState
-from reconciler.governance.holds import new_request_id
+from reconciler.governance.holds import STRANDED_AFTER_SECONDS, new_request_id
 from reconciler.governance.rulebook import CapSet
 from reconciler.governance.store import Store, Transaction, now
 from reconciler.governance.store import leases as lease_rows
@@ -48,8 +48,8 @@ __all__ = [
 
 
 # A reservation older than this at start is taken for one its router never settled: the router's
-# default call timeout (docs/architecture.md §6).
-RECONCILE_AFTER_SECONDS = 300.0
+# default call timeout (docs/architecture.md §6), after which a running hold is said to be stranded too.
+RECONCILE_AFTER_SECONDS = STRANDED_AFTER_SECONDS
 
 
 def current_month(at: float | None = None) -> str:

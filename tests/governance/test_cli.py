@@ -344,3 +344,36 @@ def test_a_listing_says_how_many_holds_it_leaves_out(tree: Path, capsys: pytest.
         main(["approvals", "list", "--limit", "-1", "--root", str(tree)])
     assert exited.value.code == 2
     assert "'-1' is not a limit" in capsys.readouterr().err
+
+
+def test_a_hold_running_past_a_calls_default_time_says_its_router_may_have_stopped(
+        tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """After a kill -9 of the router running it, the agent read 'it is running now' for ever, and people too."""
+    import sqlalchemy as sa
+
+    from reconciler.governance.holds import decide_hold, hold_status
+    from reconciler.governance.store.tables import holds
+
+    snapshot = Loader().load(FolderSource(tree))
+    store = open_store(store_url(tree))
+    governor = Governor(store)
+    call = priced_call("run-1", profile="auditor", tool="web_search_query", query="acme invoices")
+    call = type(call)(call.profile, call.instance, None, "web-search/v1", call.tool, "search-brave", call.arguments)
+    rid = governor.admit_now(snapshot, call).request_id
+    governor.close()
+    assert rid is not None
+    store = open_store(store_url(tree))
+    try:
+        decide_hold(store, rid, "approve", "alice")
+        assert claim_hold(store, rid, "router-b777ccee21fa")
+        assert hold_status(get_hold(store, rid)).message.endswith("it is running now.")
+        with store.begin() as tx:
+            tx.execute(sa.update(holds).where(holds.c.id == rid).values(claimed_at=holds.c.claimed_at - 301))
+        told = hold_status(get_hold(store, rid))
+    finally:
+        store.close()
+    assert told.status == "pending"
+    assert "the router running it may have stopped" in told.message
+    assert "it is not run again" in told.message
+    _, out, _ = run(capsys, "approvals", "show", rid, "--root", str(tree))
+    assert "(on router-b777ccee21fa); longer than a call may by default: if that router stopped" in out
