@@ -47,6 +47,7 @@ class SpendState:
     profile: int = 0
     instance: int = 0
     balance: int | None = None
+    leased: bool = False  # what other routers hold in budget leases is counted as spent (`leases`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +127,9 @@ def guardrail_block(caps: CapSet, profile: str, instance: str, cost: int, state:
                 "instance cap": (f"instance {instance} of profile {profile}",
                                  f"[caps] instance_usd in {caps.profile_file}"),
             }[name]
-            return (name, f"Blocked by the {name} of {whose}: {usd(spent)} of {usd(cap)} spent this month (UTC), "
-                          f"this call needs {usd(cost)}. Raise {where} or wait for the next month.")
+            held = " or held in other routers' budget leases" if state.leased else ""
+            return (name, f"Blocked by the {name} of {whose}: {usd(spent)} of {usd(cap)} spent{held} this month "
+                          f"(UTC), this call needs {usd(cost)}. Raise {where} or wait for the next month.")
     if state.balance is None:
         return ("prepaid balance", f"Blocked by the prepaid balance: the org has none yet and this call needs "
                                    f"{usd(cost)}. An owner tops it up with `handler balance add`.")

@@ -345,7 +345,7 @@ class LeaseBook:
                 fields["balance"] = None if lease.no_balance and room <= 0 else room
             else:
                 fields[need.field] = need.cap - room
-        return SpendState(**fields) if short else None
+        return SpendState(**fields, leased=True) if short else None
 
     def restore(self, plan: _Plan) -> None:
         """The transaction failed: the store still counts what the plan meant to give back."""

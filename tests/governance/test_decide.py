@@ -276,3 +276,18 @@ def test_money_reads_as_people_write_it_below_zero_too() -> None:
 
     assert [usd(m) for m in (12_500_000, 5_000, 0, -30_000, -5_000)] == ["$12.50", "$0.005", "$0.00", "-$0.03",
                                                                           "-$0.005"]
+
+
+def test_a_block_decided_on_budget_leases_says_they_are_counted() -> None:
+    """Another router's lease counted as spent read '$0.25 of $0.25 spent' while $0.05 was."""
+    from reconciler.governance.decide import SpendState, guardrail_block
+    from reconciler.governance.rulebook import CapSet
+
+    caps = CapSet(org=None, profile=250_000, instance=None, prepaid=False, suspended=False, org_name="acme",
+                  profile_file="config/profiles/tester.toml")
+    for state, said in ((SpendState(profile=250_000, leased=True), "$0.25 of $0.25 spent or held in other routers' "
+                         "budget leases this month (UTC)"), (SpendState(profile=250_000), "$0.25 of $0.25 spent this "
+                                                             "month (UTC)")):
+        blocked = guardrail_block(caps, "tester", "run-1", 5_000, state)
+        assert blocked is not None
+        assert said in blocked[1]
