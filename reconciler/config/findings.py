@@ -101,6 +101,7 @@ CODES: dict[str, Code] = _registry(
     Code("P012", E, "the group is not declared in org.toml"),
     Code("P013", E, "scope is empty or climbs out with '..'"),
     Code("P014", W, "the name leaves little of a socket's path for the run folder"),
+    Code("P015", W, "scope is the whole file system or a whole home folder"),
     # org
     Code("O001", E, "a required interface is not bound for a profile"),
     Code("O002", E, "a policy scope names something that does not exist"),
