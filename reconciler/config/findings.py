@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -145,15 +146,14 @@ class Finding:
         }
 
     def render_text(self) -> str:
-        head = f"{self.file}:{self.line}: {self.code} {self.message}"
-        if self.severity is Severity.WARNING:
-            head = f"{self.file}:{self.line}: {self.code} warning: {self.message}"
-        lines = [head]
-        # A multi-line value keeps its lines under its first, so none reads as a finding of its own.
+        warning = "warning: " if self.severity is Severity.WARNING else ""
+        # A control character of a name (a file called "x\n::error file=y::") is escaped, so no name
+        # forges a line; a multi-line value keeps its lines under its first, so none reads as a finding of its own.
+        lines = [_escape_controls(f"{self.file}:{self.line}: {self.code} {warning}{self.message}")]
         if self.expected:
-            lines.append("  expected: " + self.expected.replace("\n", "\n" + " " * 12))
+            lines.append("  expected: " + _escape_controls(self.expected, keep="\n").replace("\n", "\n" + " " * 12))
         if self.fix:
-            lines.append("  fix: " + self.fix.replace("\n", "\n" + " " * 7))
+            lines.append("  fix: " + _escape_controls(self.fix, keep="\n").replace("\n", "\n" + " " * 7))
         return "\n".join(lines)
 
     def render_github(self) -> str:
@@ -164,6 +164,14 @@ class Finding:
         if self.fix:
             body += f"\nfix: {self.fix}"
         return f"::{level} file={_escape_property(self.file)},line={self.line},title={self.code}::{_escape_data(body)}"
+
+
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _escape_controls(text: str, keep: str = "") -> str:
+    """`text` with its control characters (but those in `keep`) written as escapes: \\n, \\x1b."""
+    return _CONTROLS.sub(lambda m: m[0] if m[0] in keep else repr(m[0])[1:-1], text)
 
 
 def _escape_data(text: str) -> str:
