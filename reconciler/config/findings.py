@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -46,6 +47,7 @@ CODES: dict[str, Code] = _registry(
     Code("F005", W, "a file in the config tree is not read by anything"),
     Code("F006", E, "a file in the config tree is a symbolic link, which is not followed"),
     Code("F007", E, "a name is longer than 100 characters"),
+    Code("F008", E, "a file's name is not UTF-8"),
     # interfaces
     Code("I001", E, "an object schema is open (S2)"),
     Code("I002", E, "a schema is not valid JSON Schema 2020-12"),
@@ -74,6 +76,7 @@ CODES: dict[str, Code] = _registry(
     Code("N009", E, "a [wrap] error pattern is not a regular expression"),
     Code("N010", E, "[run] names a runtime the tree does not provide and [needs] does not declare"),
     Code("N011", W, "[run] passes a path outside the connector's folder, which its sandbox does not show"),
+    Code("N012", E, "[run] runs code that is not in the connector's folder: inline, outside it or the machine's"),
     # bindings
     Code("B001", E, "the binding's connector does not exist"),
     Code("B002", E, "a required secret slot is not filled"),
@@ -100,6 +103,7 @@ CODES: dict[str, Code] = _registry(
     Code("P012", E, "the group is not declared in org.toml"),
     Code("P013", E, "scope is empty or climbs out with '..'"),
     Code("P014", W, "the name leaves little of a socket's path for the run folder"),
+    Code("P015", W, "scope is the whole file system or a whole home folder"),
     # org
     Code("O001", E, "a required interface is not bound for a profile"),
     Code("O002", E, "a policy scope names something that does not exist"),
@@ -142,15 +146,14 @@ class Finding:
         }
 
     def render_text(self) -> str:
-        head = f"{self.file}:{self.line}: {self.code} {self.message}"
-        if self.severity is Severity.WARNING:
-            head = f"{self.file}:{self.line}: {self.code} warning: {self.message}"
-        lines = [head]
-        # A multi-line value keeps its lines under its first, so none reads as a finding of its own.
+        warning = "warning: " if self.severity is Severity.WARNING else ""
+        # A control character of a name (a file called "x\n::error file=y::") is escaped, so no name
+        # forges a line; a multi-line value keeps its lines under its first, so none reads as a finding of its own.
+        lines = [_escape_controls(f"{self.file}:{self.line}: {self.code} {warning}{self.message}")]
         if self.expected:
-            lines.append("  expected: " + self.expected.replace("\n", "\n" + " " * 12))
+            lines.append("  expected: " + _escape_controls(self.expected, keep="\n").replace("\n", "\n" + " " * 12))
         if self.fix:
-            lines.append("  fix: " + self.fix.replace("\n", "\n" + " " * 7))
+            lines.append("  fix: " + _escape_controls(self.fix, keep="\n").replace("\n", "\n" + " " * 7))
         return "\n".join(lines)
 
     def render_github(self) -> str:
@@ -161,6 +164,14 @@ class Finding:
         if self.fix:
             body += f"\nfix: {self.fix}"
         return f"::{level} file={_escape_property(self.file)},line={self.line},title={self.code}::{_escape_data(body)}"
+
+
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _escape_controls(text: str, keep: str = "") -> str:
+    """`text` with its control characters (but those in `keep`) written as escapes: \\n, \\x1b."""
+    return _CONTROLS.sub(lambda m: m[0] if m[0] in keep else repr(m[0])[1:-1], text)
 
 
 def _escape_data(text: str) -> str:

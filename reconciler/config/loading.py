@@ -30,6 +30,8 @@ from reconciler.config.checks import (
     read_cases,
     split_tool_text,
     stray_file,
+    undecodable_file,
+    undecodable_name,
     validate_model,
 )
 from reconciler.config.documents import Document
@@ -168,7 +170,9 @@ class Loader:
 
     def _sort_file(self, gathered: _Gathered, path: str, blob: Blob) -> None:
         """Read a config file now; set catalog files aside by folder, to be read a folder at a time."""
-        if blob.link:
+        if (escaped := undecodable_name(path)) is not None:
+            gathered.findings.append(undecodable_file(escaped))
+        elif blob.link:
             gathered.findings.append(linked_file(path, blob.data))
         elif m := _IFACE.match(path):
             gathered.interface_files.setdefault((m[1], m[2]), {})[m[3]] = blob

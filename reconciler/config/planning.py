@@ -83,6 +83,7 @@ def describe_profile(snapshot: Snapshot, profile: Profile) -> dict[str, Any]:
         services[name] = {"interface": sel.key, "binding": sel.binding, "from": sel.origin, "tools": tools}
     routing = profile.spec.routing.model_dump(exclude_none=True) if profile.spec.routing else None
     return {
+        "scope": profile.spec.scope,
         "template": template.name,
         "classes": {c.value: template.outcome_for(c).value for c in ActionClass},
         "services": services,
@@ -123,17 +124,31 @@ def recheck_needed(base: Snapshot, head: Snapshot) -> dict[str, list[str]]:
 
 def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     out: list[str] = []
+    if old.get("scope") != new.get("scope"):  # where the agent's handler-file paths reach
+        scopes = [toml_value(d["scope"]) if "scope" in d else "(none)" for d in (old, new)]
+        out.append(f"scope: {scopes[0]} → {scopes[1]}")
     if old.get("template") != new.get("template") or old.get("classes") != new.get("classes"):
         out.append(f"template: {_template(old)} → {_template(new)}")
-    old_s, new_s = old.get("services", {}), new.get("services", {})
+    out.extend(_service_changes(old.get("services", {}), new.get("services", {})))
+    if (old.get("pins") or []) != (new.get("pins") or []):
+        out.append(f"pins: {toml_value(old.get('pins') or [])} → {toml_value(new.get('pins') or [])}")
+    if old.get("routing") != new.get("routing"):
+        out.append(f"routing: {_routing(old.get('routing'))} → {_routing(new.get('routing'))}")
+    if (old.get("caps") or {}) != (new.get("caps") or {}):
+        out.append(f"caps: {toml_value(old.get('caps') or {})} → {toml_value(new.get('caps') or {})}")
+    return out
+
+
+def _service_changes(old_s: dict[str, Any], new_s: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     for name in sorted({*old_s, *new_s}):
         a, b = old_s.get(name), new_s.get(name)
         if a == b:
             continue
         if a is None:
-            out.append(f"{name}: + {_selection(b)}")
+            out.append(f"{name}: + {_selection(new_s[name])}")
         elif b is None:
-            out.append(f"{name}: - {_selection(a)}")
+            out.append(f"{name}: - {_selection(old_s[name])}")
         else:
             if (a["binding"], a["interface"]) != (b["binding"], b["interface"]):
                 out.append(f"{name}: {_selection(a)} → {_selection(b)}")
@@ -141,12 +156,6 @@ def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                 x, y = a["tools"].get(tool), b["tools"].get(tool)
                 if x != y:
                     out.append(f"{name}: {tool} {x or '(none)'} → {y or '(none)'}")
-    if (old.get("pins") or []) != (new.get("pins") or []):
-        out.append(f"pins: {toml_value(old.get('pins') or [])} → {toml_value(new.get('pins') or [])}")
-    if old.get("routing") != new.get("routing"):
-        out.append(f"routing: {_routing(old.get('routing'))} → {_routing(new.get('routing'))}")
-    if (old.get("caps") or {}) != (new.get("caps") or {}):
-        out.append(f"caps: {toml_value(old.get('caps') or {})} → {toml_value(new.get('caps') or {})}")
     return out
 
 

@@ -78,7 +78,7 @@ def tree_revision(files: dict[str, Blob]) -> str:
     """A content address for a set of files, for trees that are not a commit."""
     digest = hashlib.sha1(usedforsecurity=False)
     for path in sorted(files):
-        digest.update(f"{path}\0{files[path].sha}\n".encode())
+        digest.update(f"{path}\0{files[path].sha}\n".encode(errors="surrogateescape"))  # a name not UTF-8
     return "tree:" + digest.hexdigest()[:12]
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 import reconciler.config
+from reconciler.cli import main
 from reconciler.config.findings import CODES, Finding, did_you_mean, suggest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "checks.md"
@@ -44,3 +47,14 @@ def test_did_you_mean_is_part_of_the_config_rooms_public_face() -> None:
     assert reconciler.config.did_you_mean is did_you_mean
     assert "did_you_mean" in reconciler.config.__all__
     assert did_you_mean("ocr-locl", ["ocr-local", "mail-smtp"]) == " (did you mean 'ocr-local'?)"
+
+
+def test_text_escapes_control_characters_so_no_file_name_forges_a_line(
+        shipped_tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (shipped_tree / "config/evil\n::error file=x::injected\r\x1b[2K").write_text("x")
+    assert main(["validate", str(shipped_tree)]) == 0  # a stray file is a warning
+    out = capsys.readouterr().out
+    assert "config/evil\\n::error file=x::injected\\r\\x1b[2K:1: F005 warning:" in out
+    assert not any(line.startswith("::") for line in out.splitlines())
+    assert "\r" not in out
+    assert "\x1b" not in out

@@ -22,3 +22,15 @@ def test_plan_shows_a_binding_swap_and_nothing_otherwise(committed: Path, capsys
     assert changed["status"] == "changed"
     assert changed["after"]["services"]["ocr"]["binding"] == "ocr-mistral-perso"
     assert any(c.startswith("ocr: ocr-local (ocr/v1") and "→ ocr-mistral-perso" in c for c in changed["changes"])
+
+
+def test_plan_shows_a_scope_change(committed: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A profile's scope is what its agent's handler-file paths may reach: widening it is a change to review."""
+    profile = committed / "config/profiles/researcher.toml"
+    text = profile.read_text()
+    old = text.split('scope = "', 1)[1].split('"', 1)[0]
+    profile.write_text(text.replace(f'scope = "{old}"', 'scope = "/"'))
+    assert main(["plan", str(committed), "--base", "HEAD"]) == 0
+    out = capsys.readouterr().out
+    assert "profile researcher (changed)" in out
+    assert f'scope: "{old}" → "/"' in out

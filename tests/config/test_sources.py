@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from reconciler.cli import main
 from reconciler.config import FolderSource, GitSource, Loader, SourceError
 
 
@@ -149,3 +152,20 @@ def test_a_watched_folder_swapped_for_a_link_leaves_none_of_its_files_behind(shi
     assert not any(path.startswith("config/bindings/") for path in files)
     assert files["config/bindings"].link
     assert (revision, files) == FolderSource(shipped_tree).read()
+
+
+def test_a_file_name_not_utf8_is_a_finding_naming_it_from_a_folder_and_from_a_commit(
+        shipped_tree: Path, git: Callable[..., str], capsys: pytest.CaptureFixture[str]) -> None:
+    (shipped_tree / "catalog/connectors/ocr-tesseract" / os.fsdecode(b"bad\xff\xfe")).write_text("x")
+    git(shipped_tree, "init", "-q")
+    git(shipped_tree, "add", "-A")
+    git(shipped_tree, "commit", "-qm", "a file named in Latin-1")
+    for source in (FolderSource(shipped_tree), GitSource(shipped_tree, "HEAD")):
+        snapshot = Loader().load(source)
+        assert snapshot.revision
+        assert [(f.code, f.file) for f in snapshot.findings] == [
+            ("F008", "catalog/connectors/ocr-tesseract/bad\\xff\\xfe")]
+    for form in ("text", "json", "github"):
+        assert main(["validate", str(shipped_tree), "--format", form]) == 1
+        out = capsys.readouterr().out
+        assert "bad\\xff\\xfe" in (json.loads(out)["findings"][0]["file"] if form == "json" else out)

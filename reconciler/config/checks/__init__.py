@@ -26,7 +26,13 @@ from reconciler.config.checks.history import check_frozen
 from reconciler.config.checks.syntax import parse_document, validate_model
 from reconciler.config.checks.tools import check_tools
 from reconciler.config.checks.tree import Memo, check_tree
-from reconciler.config.checks.tree.layout import linked_file, missing_file, stray_file
+from reconciler.config.checks.tree.layout import (
+    linked_file,
+    missing_file,
+    stray_file,
+    undecodable_file,
+    undecodable_name,
+)
 
 __all__ = [
     "Memo",
@@ -45,5 +51,7 @@ __all__ = [
     "read_cases",
     "split_tool_text",
     "stray_file",
+    "undecodable_file",
+    "undecodable_name",
     "validate_model",
 ]

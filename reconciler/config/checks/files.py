@@ -1,11 +1,12 @@
 """What one file shows on its own, beyond its model's shape: names, versions, errors, egress, secrets.
 
 One function per kind of file, run by the loader once the file's model is built (`checks.syntax`);
-their findings are cached with the file's content. F003, I004, I005, I009, N002-N004, B003, B010, P013.
+their findings are cached with the file's content. F003, I004, I005, I009, N002-N004, B003, B010, P013, P015.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import PurePosixPath
 from typing import Any
@@ -37,6 +38,8 @@ __all__ = [
 _SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST = rf"(\*|\[[0-9A-Fa-f:.]+\]|{_LABEL}(\.{_LABEL})*)"
+# A scope that holds everything the service reads and writes: the root, a home folder or all of them.
+_WHOLE_SCOPE = re.compile(r"^(/+|~[^/]*/*|/+(root|home(/+[^/]+)?|Users(/+[^/]+)?)/*)$")
 EGRESS = re.compile(rf"^{_HOST}:(\*|[0-9]{{1,5}})$")
 
 
@@ -235,6 +238,19 @@ def check_profile_file(doc: Document, spec: ProfileFile, name: str) -> list[Find
                 doc.line_of("scope"),
                 f"scope '{spec.scope}' leaves the config root" if spec.scope else "scope is empty",
                 "a folder path without '..', relative to the config root or absolute",
+                f'scope = "work/{name}"',
+            )
+        )
+    elif _WHOLE_SCOPE.match(posixpath.normpath(spec.scope)):
+        whole = "the whole file system" if not spec.scope.strip("/") else "a whole home folder"
+        findings.append(
+            Finding(
+                "P015",
+                doc.path,
+                doc.line_of("scope"),
+                f"scope '{spec.scope}' opens {whole} to the agent's calls: a file argument may read or write what "
+                "the service can there (its state and run folders, secrets files, keys)",
+                "the agent's own work folder, holding only what its calls should reach",
                 f'scope = "work/{name}"',
             )
         )

@@ -1,4 +1,5 @@
-"""What the tree's file listing shows: a file nothing reads (F005), a symbolic link (F006), a version
+"""What the tree's file listing shows: a file nothing reads (F005), a symbolic link (F006), a name that is not
+UTF-8 (F008), a version
 folder lacking one of the two files every interface version has (I014). The loader asks as it sorts
 the files.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from reconciler.config.findings import Finding
 
-__all__ = ["linked_file", "missing_file", "stray_file"]
+__all__ = ["linked_file", "missing_file", "stray_file", "undecodable_file", "undecodable_name"]
 
 
 def stray_file(path: str) -> Finding:
@@ -32,6 +33,27 @@ def linked_file(path: str, target: bytes) -> Finding:
         "followed: a tree holds its files itself, as git stores them",
         "a file or folder of the tree itself",
         "replace the link with a copy of what it points to (or remove it)",
+    )
+
+
+def undecodable_name(path: str) -> str | None:
+    """`path` with the bytes that are not UTF-8 written as escapes (`bad\\xff`), or None when it is UTF-8."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return path.encode(errors="surrogateescape").decode(errors="backslashreplace")
+    return None
+
+
+def undecodable_file(escaped: str) -> Finding:
+    """F008: a file's name (`escaped`, see `undecodable_name`) is not UTF-8; the file is not read."""
+    return Finding(
+        "F008",
+        escaped,
+        1,
+        "this file's name is not UTF-8 (its other bytes are shown as \\x escapes), and the file is not read",
+        "file names in UTF-8, as every tool that shows the tree reads them",
+        "rename the file (git mv) to a UTF-8 name, or remove it",
     )
 
 
