@@ -9,11 +9,13 @@ selects it. Around it:
 - crashes: the calls in flight when a process dies fail (`crashed` → `unavailable`); the next call
   starts a new process, after a backoff that doubles with each crash in a row (reset once a
   process has lived `BACKOFF_RESET_SECONDS`). A start that fails (a secret command failing, a
-  missing interface tool) fails the calls of the backoff window at once with the same error;
+  missing interface tool, no answer to `initialize` or `tools/list` within `startSeconds`) fails the
+  calls of the backoff window at once with the same error;
 - drain: the router tells the pool which keys its live generation uses (`set_live`) and which keys
   each session pinned (`pin`/`unpin`); a key no longer live stops as soon as no session pinned to
   it remains and no call is in flight (or when idle);
-- shutdown (`close`): every process stops, then its process group is killed, so nothing is left.
+- shutdown (`close`): a start under way is given up, every process stops, then its process group is
+  killed, so nothing is left.
 
 The launch itself (environment, sandbox, egress proxy) is `launching.prepare_launch`'s; the check
 of a process's tools against its interfaces is `drift.find_tool_drift`'s.
@@ -236,7 +238,15 @@ class ConnectorPool:
             # The start runs as a task of its own: a caller cancelled meanwhile leaves no half-started process.
             entry.starting = asyncio.get_running_loop().create_task(self._start(entry, snapshot, binding_name))
             entry.starting.add_done_callback(_retrieve)
-        connector = await asyncio.shield(entry.starting)
+        starting = entry.starting
+        try:
+            connector = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if starting.cancelled() and task is not None and not task.cancelling():  # `close` gave the start up
+                raise ConnectorStartError(f"connector of binding '{binding_name}' was stopped as it started "
+                                          "(the router is shutting down)") from None
+            raise
         entry.last_used = time.monotonic()
         return connector
 
@@ -395,10 +405,7 @@ class ConnectorPool:
         await process.ensure_started()
 
         wrap = connector.spec.wrap
-        try:
-            tools: list[dict[str, Any]] | None = await process.list_tools()
-        except ConnectorReplyError:
-            tools = None  # it does not list its tools: nothing to compare
+        tools = await _listed_tools(process, binding_name)
         if wrap is None:
             entry.drift = find_tool_drift(binding_name, tools, snapshot, connector)  # raises on a missing tool
             entry.connector = process
@@ -470,6 +477,8 @@ class ConnectorPool:
                 and self.statuses[binding].state == "running":
             self.statuses[binding] = BindingStatus("stopped", why)
         if entry.starting is not None and not entry.starting.done():
+            # Given up, not waited for: a start may take its whole `startSeconds`, or a crash loop's backoff.
+            entry.starting.cancel()
             await asyncio.wait([entry.starting])
         log.info("connector of binding '%s' stopped: %s", binding, why)
         await self._retire(entry)
@@ -521,6 +530,23 @@ class ConnectorPool:
         await asyncio.gather(*(self._stop_entry(e, "the router stopped") for e in entries), return_exceptions=True)
         if self._parking is not None:
             await self._parking.aclose()
+
+
+async def _listed_tools(process: ConnectorProcess, binding_name: str) -> list[dict[str, Any]] | None:
+    """The tools `process` lists, None when it answers tools/list with an error; within its `startSeconds`, which a
+    process that never answers would otherwise hold its binding's start (and the router's shutdown) on for good."""
+    seconds = process.spec.start_timeout
+    try:
+        async with asyncio.timeout(seconds):
+            return await process.list_tools()
+    except ConnectorReplyError:
+        return None  # it does not list its tools: nothing to compare
+    except TimeoutError:
+        raise ConnectorStartError(f"connector of binding '{binding_name}' did not answer tools/list within "
+                                  f"{seconds:g} s") from None
+    except ConnectorError as exc:  # it died or closed its output instead
+        raise ConnectorStartError(f"connector of binding '{binding_name}' failed its tools/list: "
+                                  f"{exc.message}") from None
 
 
 def _backoff(count: int) -> float:

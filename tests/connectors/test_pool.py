@@ -13,6 +13,7 @@ import pytest
 
 from reconciler.config import FolderSource, Loader
 from reconciler.connectors.pool import ConnectorPool
+from reconciler.router.server import Router
 from tests.fixtures.echo_tree import TOKEN_ENV
 from tests.fixtures.harness import RawClient, body, load, run, serving
 
@@ -208,5 +209,54 @@ def test_a_restart_after_a_crash_resolves_the_secrets_again(echo_root: Path, run
             await wait_until(lambda: log.exists() and "***" in log.read_text(), "the masked stderr line")
             assert "token-rotated" not in log.read_text()
             await c.close()
+
+    run(scenario())
+
+
+def never_lists_its_tools(root: Path, start_seconds: float) -> None:
+    """The echo connector of `root` made one that answers `initialize` and then never `tools/list`."""
+    main = root / "catalog/connectors/echo/main.py"
+    listing = 'send({"jsonrpc": "2.0", "id": msg_id, "result": {"tools": tools}})'
+    assert listing in main.read_text()
+    main.write_text(main.read_text().replace(listing, "pass"))
+    manifest = root / "catalog/connectors/echo/connector.toml"
+    manifest.write_text(manifest.read_text().replace('transport = "stdio"\n',
+                                                     f'transport = "stdio"\nstartSeconds = {start_seconds}\n'))
+
+
+def test_a_connector_that_never_answers_tools_list_fails_its_start_and_is_tried_again(echo_root: Path,
+                                                                                      run_dir: Path) -> None:
+    never_lists_its_tools(echo_root, 0.5)
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            for _ in range(2):  # the second call, after the backoff, starts it again
+                result = await c.call("echo_say", {"text": "a"})
+                assert body(result)["error"] == "unavailable"
+                assert result["_meta"]["handler/cause"] == "start_failed"
+                status = router.services.pool.statuses["echo-local"]
+                assert status.state == "failed"
+                assert status.message == "connector of binding 'echo-local' did not answer tools/list within 0.5 s"
+                assert not router.services.pool.processes()
+                await asyncio.sleep(0.2)  # the first start failure's backoff: 0.1 s
+            await c.close()
+
+    run(scenario())
+
+
+def test_shutdown_gives_up_a_start_under_way(echo_root: Path, run_dir: Path) -> None:
+    never_lists_its_tools(echo_root, 600)
+
+    async def scenario() -> None:
+        router = Router(load(echo_root), root=echo_root, run_dir=run_dir)
+        await router.start()
+        c = await RawClient.connect(router.socket_path("tester"))
+        calling = asyncio.create_task(c.call("echo_say", {"text": "a"}))
+        pool = router.services.pool
+        await wait_until(lambda: pool.launch_spec("echo-local") is not None, "the start to spawn the process")
+        await asyncio.wait_for(router.aclose(), DEADLINE)  # not the 600 s its start may take
+        calling.cancel()
+        await c.close()
 
     run(scenario())
