@@ -259,6 +259,8 @@ class ConnectorPool:
         entry = self._live.get(key) if key is not None else None
         if entry is None or entry.process is None or key in self._probes or self._closed:
             return
+        if not entry.process.running:  # starting, or waiting to restart: nothing to ping, nothing hangs
+            return
         task = asyncio.get_running_loop().create_task(self._probe(entry, entry.process))
         self._probes[entry.key] = task
 
@@ -268,10 +270,12 @@ class ConnectorPool:
         task.add_done_callback(forget)
 
     async def _probe(self, entry: _Entry, process: ConnectorProcess) -> None:
+        pid = process.pid  # the process pinged, not one started after it
         try:
             await process.ping(PROBE_SECONDS)
-        except (TimeoutError, ConnectorError):
-            pid = process.pid
+        except ConnectorError:
+            return  # it answered (with an error), or it ended meanwhile and restarts on the next call
+        except TimeoutError:
             log.warning("connector of binding '%s' did not answer a ping after a call timed out; restarting it",
                         entry.key[0])
             if pid is not None:

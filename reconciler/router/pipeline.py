@@ -265,7 +265,8 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
             taken = await wait_for_slot(book, key, limits, deadline)
         connector, sending, back = svc.pool.running(plan.pool_key), arguments, _NO_PATHS  # step 7
         if connector is None or folder is not None:
-            connector, sending, back = await prepare(svc, snapshot, plan, arguments, files, folder, deadline)
+            connector, sending, back, deadline = await prepare(svc, snapshot, plan, arguments, files, folder,
+                                                               deadline)
         sent = True  # the request is written before the call's first wait
         raw = await connector.call_tool(plan.name, sending, deadline=deadline)
         answered = True
@@ -327,16 +328,23 @@ async def wait_for_slot(book: LimitBook, key: LimitKey, limits: Limits, deadline
 
 async def prepare(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: dict[str, Any],
                   files: tuple[FileArg, ...], folder: CallFolder | None,
-                  deadline: float) -> tuple[RunningConnector, dict[str, Any], dict[str, str]]:
+                  deadline: float) -> tuple[RunningConnector, dict[str, Any], dict[str, str], float]:
     """Step 7 before the call is sent: stage its files, start the binding's connector process if it is not running.
-    The connector, the arguments to send it and the connector-side paths to map back."""
+    The connector, the arguments to send it, the connector-side paths to map back and the call's deadline.
+
+    A start is bounded by the connector's own `startSeconds` (the pool's), not by the call's time limit, which
+    starts again once the process is ready (docs/config.md): a connector loading a model may take longer to start
+    than its interface's `timeoutSeconds`."""
     back: dict[str, str] = {}
-    async with asyncio.timeout_at(deadline):
-        if folder is not None:
+    if folder is not None:
+        async with asyncio.timeout_at(deadline):
             arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
                                                       plan.errors)
-        connector = svc.pool.running(plan.pool_key) or await svc.pool.connector(snapshot, plan.binding or "")
-    return connector, arguments, back
+    connector = svc.pool.running(plan.pool_key)
+    if connector is None:
+        connector = await svc.pool.connector(snapshot, plan.binding or "")
+        deadline = time.monotonic() + (plan.limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS)
+    return connector, arguments, back, deadline
 
 
 def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from reconciler.config import FolderSource, Loader
-from reconciler.connectors.pool import ConnectorPool
+from reconciler.connectors.pool import ConnectorPool, pool_key
 from reconciler.router.server import Router
-from tests.fixtures.echo_tree import TOKEN_ENV
+from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, body, load, run, serving
 
 DEADLINE = 15.0
@@ -258,5 +258,45 @@ def test_shutdown_gives_up_a_start_under_way(echo_root: Path, run_dir: Path) -> 
         await asyncio.wait_for(router.aclose(), DEADLINE)  # not the 600 s its start may take
         calling.cancel()
         await c.close()
+
+    run(scenario())
+
+
+def test_a_start_longer_than_the_calls_time_limit_is_waited_for_as_a_start(tmp_path: Path, run_dir: Path) -> None:
+    root = write_echo_tree(tmp_path / "t", limits={"timeoutSeconds": 1})
+    main = root / "catalog/connectors/echo/main.py"
+    main.write_text(main.read_text().replace("def main() -> None:\n", "def main() -> None:\n    time.sleep(2)\n"))
+    manifest = root / "catalog/connectors/echo/connector.toml"
+    manifest.write_text(manifest.read_text().replace('transport = "stdio"\n',
+                                                     'transport = "stdio"\nstartSeconds = 10\n'))
+
+    async def scenario() -> None:
+        async with serving(root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            first = await c.call("echo_say", {"text": "a"})  # 2 s of start, then its 1 s to answer
+            assert first.get("structuredContent") == {"text": "a"}, first
+            (pid,) = router.services.pool.processes()
+            assert (await c.call("echo_say", {"text": "b"}))["structuredContent"] == {"text": "b"}
+            assert router.services.pool.processes() == [pid]  # never killed as a connector that hangs
+            await c.close()
+
+    run(scenario())
+
+
+def test_a_process_still_starting_is_never_killed_as_one_that_hangs(echo_root: Path) -> None:
+    main = echo_root / "catalog/connectors/echo/main.py"
+    main.write_text(main.read_text().replace("def main() -> None:\n", "def main() -> None:\n    time.sleep(1)\n"))
+
+    async def scenario() -> None:
+        pool = ConnectorPool(echo_root, echo_root / ".handler", sandbox=False)
+        try:
+            snapshot = load(echo_root)
+            starting = asyncio.create_task(pool.connector(snapshot, "echo-local"))
+            await wait_until(lambda: pool.launch_spec("echo-local") is not None, "the start to spawn the process")
+            pool.suspect(pool_key(snapshot, "echo-local"))  # a call timed out meanwhile
+            connector = await starting
+            assert (await connector.call_tool("echo_say", {"text": "a"}))["structuredContent"] == {"text": "a"}
+        finally:
+            await pool.close()
 
     run(scenario())
