@@ -385,6 +385,8 @@ class ConnectorPool:
             except ConnectorStartError as exc:
                 log.warning("binding '%s': %s; restarting with the secrets it had", binding_name, exc)
         await entry.process.ensure_started()
+        if entry.snapshot is not None:
+            await _check_tools(entry, entry.process, entry.snapshot, binding_name)
 
     async def _launch(self, entry: _Entry, snapshot: Snapshot, binding_name: str) -> None:
         binding = snapshot.bindings[binding_name]
@@ -407,19 +409,11 @@ class ConnectorPool:
         entry.snapshot = snapshot
         process = entry.process = ConnectorProcess(entry.launch.spec, on_dispatch=self._on_dispatch)
         await process.ensure_started()
-
+        await _check_tools(entry, process, snapshot, binding_name)
         wrap = connector.spec.wrap
-        tools = await _listed_tools(process, binding_name)
         if wrap is None:
-            entry.drift = find_tool_drift(binding_name, tools, snapshot, connector)  # raises on a missing tool
             entry.connector = process
             return
-        if tools is None:
-            raise ConnectorStartError(f"binding '{binding_name}': the server connector '{connector.name}' wraps "
-                                      "does not answer tools/list, so its [wrap] cannot be checked")
-        takes = {tool.name: set(tool.inputSchema.get("properties") or ()) for key in connector.spec.implements
-                 if (iface := snapshot.interfaces.get(key)) for tool in iface.tools}
-        check_wrap(binding_name, wrap, takes, tools)
         texts = {code: text for key in connector.spec.implements if (iface := snapshot.interfaces.get(key))
                  for code, text in iface.spec.errors.items()}
         entry.connector = InRouter(WrappedConnector(process, wrap, texts))  # type: ignore[arg-type]
@@ -534,6 +528,24 @@ class ConnectorPool:
         await asyncio.gather(*(self._stop_entry(e, "the router stopped") for e in entries), return_exceptions=True)
         if self._parking is not None:
             await self._parking.aclose()
+
+
+async def _check_tools(entry: _Entry, process: ConnectorProcess, snapshot: Snapshot, binding_name: str) -> None:
+    """Hold the tools a process just started lists against its interfaces (`find_tool_drift`, which sets the entry's
+    drift) or its [wrap] (`check_wrap`); a tool it no longer offers refuses the start. At every start: a restart
+    after a crash may run other code (a connector updated in place, a server that changed)."""
+    connector = snapshot.connectors[snapshot.bindings[binding_name].connector or ""]
+    tools = await _listed_tools(process, binding_name)
+    wrap = connector.spec.wrap
+    if wrap is None:
+        entry.drift = find_tool_drift(binding_name, tools, snapshot, connector)  # raises on a missing tool
+        return
+    if tools is None:
+        raise ConnectorStartError(f"binding '{binding_name}': the server connector '{connector.name}' wraps "
+                                  "does not answer tools/list, so its [wrap] cannot be checked")
+    takes = {tool.name: set(tool.inputSchema.get("properties") or ()) for key in connector.spec.implements
+             if (iface := snapshot.interfaces.get(key)) for tool in iface.tools}
+    check_wrap(binding_name, wrap, takes, tools)
 
 
 async def _listed_tools(process: ConnectorProcess, binding_name: str) -> list[dict[str, Any]] | None:

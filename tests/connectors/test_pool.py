@@ -300,3 +300,23 @@ def test_a_process_still_starting_is_never_killed_as_one_that_hangs(echo_root: P
             await pool.close()
 
     run(scenario())
+
+
+def test_a_restart_after_a_crash_checks_the_tools_again(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            assert (await c.call("echo_say", {"text": "a"}))["structuredContent"] == {"text": "a"}
+            main = echo_root / "catalog/connectors/echo/main.py"  # its code changed in place while it ran
+            listing = '"result": {"tools": tools}'
+            main.write_text(main.read_text().replace(
+                listing, '"result": {"tools": [t for t in tools if t["name"] != "echo_token"]}'))
+            await c.call("echo_misbehave", {"mode": "die"})
+            result = await c.call("echo_say", {"text": "b"})
+            assert result["_meta"]["handler/cause"] == "start_failed", result
+            status = router.services.pool.statuses["echo-local"]
+            assert status.state == "failed"
+            assert "does not offer echo/v1 echo_token" in status.message
+            await c.close()
+
+    run(scenario())
