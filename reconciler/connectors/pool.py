@@ -44,6 +44,7 @@ from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, Co
 from reconciler.connectors.launching import Launch, declared_env, inbox_dir, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
 from reconciler.connectors.parking import Parking
+from reconciler.connectors.sandbox import limits_for
 from reconciler.connectors.wrapping import ToolCaller, WrappedConnector, check_wrap
 from reconciler.places import default_state_dir
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
@@ -378,6 +379,14 @@ class ConnectorPool:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(old_pid, signal.SIGKILL)
         await asyncio.sleep(delay)
+        if entry.launch is not None and entry.launch.cgroups is not None and entry.snapshot is not None:
+            limits = limits_for(entry.snapshot.connectors[entry.snapshot.bindings[binding_name].connector or ""]
+                                .spec.sandbox)
+            try:
+                entry.launch.cgroups.remake(limits.processes, limits.memory_bytes)
+            except OSError as exc:
+                raise ConnectorStartError(f"binding '{binding_name}': cannot make its cgroups again: "
+                                          f"{exc.strerror or exc}") from None
         if entry.launch is not None and entry.snapshot is not None:
             try:
                 entry.launch = await entry.launch.with_fresh_secrets(entry.snapshot, binding_name, self._root)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.config import FolderSource, Loader
+from reconciler.connectors.cgroups import sweep_stale
 from reconciler.connectors.pool import ConnectorPool, pool_key
 from reconciler.router.server import Router
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
@@ -317,6 +318,37 @@ def test_a_restart_after_a_crash_checks_the_tools_again(echo_root: Path, run_dir
             status = router.services.pool.statuses["echo-local"]
             assert status.state == "failed"
             assert "does not offer echo/v1 echo_token" in status.message
+            await c.close()
+
+    run(scenario())
+
+
+def own_leaves(pid: int) -> list[Path]:
+    """The `pids` and `memory` cgroups (v1) or the one cgroup (v2) `pid` is in, where the router made them."""
+    found = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in ("pids", "memory") if controllers else ("",):
+            if controller in controllers.split(",") and "/handler/" in path:
+                found.append(Path("/sys/fs/cgroup", controller, path.lstrip("/")))
+    return found
+
+
+def test_a_restart_after_a_crash_makes_again_the_cgroups_a_sweep_took(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            await c.call("echo_say", {"text": "a"})
+            (pid,) = router.services.pool.processes()
+            leaves = own_leaves(pid)
+            if not leaves:
+                pytest.skip("connectors get no cgroups here (the router is not root, or /sys/fs/cgroup is read-only)")
+            await c.call("echo_misbehave", {"mode": "die"})
+            await wait_until(lambda: not any((leaf / "cgroup.procs").read_text().strip() for leaf in leaves),
+                             "the crashed connector's cgroups to empty")
+            sweep_stale(min_age=0)  # another router starting while this one waits to restart its connector
+            assert not any(leaf.exists() for leaf in leaves)
+            assert (await c.call("echo_say", {"text": "b"})).get("structuredContent") == {"text": "b"}
             await c.close()
 
     run(scenario())
