@@ -8,9 +8,10 @@ selects it. Around it:
   starts it again);
 - crashes: the calls in flight when a process dies fail (`crashed` → `unavailable`); the next call
   starts a new process, after a backoff that doubles with each crash in a row (reset once a
-  process has lived `BACKOFF_RESET_SECONDS`). A start that fails (a secret command failing, a
-  missing interface tool, no answer to `initialize` or `tools/list` within `startSeconds`) fails the
-  calls of the backoff window at once with the same error;
+  process has lived `BACKOFF_RESET_SECONDS`); a call that cannot wait out the backoff is told so at
+  once. A start that fails (a secret command failing, a missing interface tool, no answer to
+  `initialize` or `tools/list` within `startSeconds`) fails the calls of the backoff window at once
+  with the same error;
 - drain: the router tells the pool which keys its live generation uses (`set_live`) and which keys
   each session pinned (`pin`/`unpin`); a key no longer live stops as soon as no session pinned to
   it remains and no call is in flight (or when idle);
@@ -40,7 +41,12 @@ from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.client import ConnectorProcess, DispatchHook, LaunchSpec
 from reconciler.connectors.diskwatch import CHECK_SECONDS, KILL_MARGIN_NS, measure, remove_left
 from reconciler.connectors.drift import find_tool_drift
-from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
+from reconciler.connectors.errors import (
+    ConnectorError,
+    ConnectorReplyError,
+    ConnectorRestartingError,
+    ConnectorStartError,
+)
 from reconciler.connectors.launching import Launch, declared_env, inbox_dir, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
 from reconciler.connectors.parking import Parking
@@ -139,6 +145,7 @@ class _Entry:
     crashes: int = 0  # in a row
     failures: int = 0  # failed starts in a row
     retry_at: float = 0.0
+    restart_at: float = 0.0  # when a process that crashed starts again, its backoff over
     failure: ConnectorStartError | None = None
     drift: tuple[str, ...] = field(default=())
     snapshot: Snapshot | None = None  # the one it was launched from: a restart resolves its secrets again
@@ -219,8 +226,12 @@ class ConnectorPool:
         entry.last_used = time.monotonic()
         return entry.connector
 
-    async def connector(self, snapshot: Snapshot, binding_name: str) -> RunningConnector:
-        """The running (or just started) connector for `binding_name` as `snapshot` configures it."""
+    async def connector(self, snapshot: Snapshot, binding_name: str, deadline: float | None = None) -> RunningConnector:
+        """The running (or just started) connector for `binding_name` as `snapshot` configures it.
+
+        A process that crashed starts again after its backoff; a caller who cannot wait that long (its `deadline`, the
+        loop's clock, comes first) is told so at once (`ConnectorRestartingError`), not left to time out.
+        """
         key = pool_key(snapshot, binding_name)
         if key is None:
             raise ConnectorStartError(f"binding '{binding_name}' is not a connector binding in this revision")
@@ -236,10 +247,16 @@ class ConnectorPool:
         if entry.starting is None or entry.starting.done():
             if entry.failure is not None and time.monotonic() < entry.retry_at:
                 raise ConnectorStartError(entry.failure.message)
+            if entry.connector is not None and entry.process is not None:  # it ran and is gone: a crash
+                self._note_crash(entry, binding_name)
             # The start runs as a task of its own: a caller cancelled meanwhile leaves no half-started process.
             entry.starting = asyncio.get_running_loop().create_task(self._start(entry, snapshot, binding_name))
             entry.starting.add_done_callback(_retrieve)
         starting = entry.starting
+        if deadline is not None and entry.restart_at > deadline:
+            wait = entry.restart_at - time.monotonic()
+            raise ConnectorRestartingError(f"connector of binding '{binding_name}' crashed ({entry.crashes} in a row) "
+                                           f"and waits {wait:.1f} s before it starts again", wait)
         try:
             connector = await asyncio.shield(starting)
         except asyncio.CancelledError:
@@ -364,21 +381,25 @@ class ConnectorPool:
             raise ConnectorStartError(f"binding '{binding_name}' started nothing")
         return entry.connector
 
+    def _note_crash(self, entry: _Entry, binding_name: str) -> None:
+        """The process died: count the crash, and set when it starts again (its backoff)."""
+        now = time.monotonic()
+        entry.crashes = 1 if now - entry.started_at >= BACKOFF_RESET_SECONDS else entry.crashes + 1
+        delay = _backoff(entry.crashes)
+        entry.restart_at = now + delay
+        log.warning("connector of binding '%s' ended unexpectedly (%d in a row); restarting in %.1f s",
+                    binding_name, entry.crashes, delay)
+
     async def _restart(self, entry: _Entry, binding_name: str) -> None:
-        """The process died: start it again after a backoff, in the same folder behind the same proxy,
+        """The process died: start it again after its backoff, in the same folder behind the same proxy,
         with its secrets resolved anew (one that expired may be why it died)."""
         if entry.process is None:  # pragma: no cover - only a process restarts
             return
-        uptime = time.monotonic() - entry.started_at
-        entry.crashes = 1 if uptime >= BACKOFF_RESET_SECONDS else entry.crashes + 1
-        delay = _backoff(entry.crashes)
-        log.warning("connector of binding '%s' ended unexpectedly (%d in a row); restarting in %.1f s",
-                    binding_name, entry.crashes, delay)
         old_pid = entry.process.pid
         if old_pid is not None:  # whatever the dead process forked goes with it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(old_pid, signal.SIGKILL)
-        await asyncio.sleep(delay)
+        await asyncio.sleep(entry.restart_at - time.monotonic())
         if entry.launch is not None and entry.launch.cgroups is not None and entry.snapshot is not None:
             limits = limits_for(entry.snapshot.connectors[entry.snapshot.bindings[binding_name].connector or ""]
                                 .spec.sandbox)

@@ -27,7 +27,7 @@ from typing import Any
 
 from reconciler.config.models import Limits
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.errors import ConnectorError, ConnectorReplyError
+from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorRestartingError
 from reconciler.connectors.pool import ConnectorPool, RunningConnector
 from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import Admission, CallRequest, CallResult, Gate
@@ -303,6 +303,9 @@ def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
     """
     told = f"JSON-RPC error {exc.code}" if isinstance(exc, ConnectorReplyError) else exc.message
     log.warning("binding '%s' (%s %s): %s: %s", plan.binding, plan.interface, plan.name, exc.cause, told)
+    if isinstance(exc, ConnectorRestartingError):
+        return unavailable(exc.cause, f"the service crashed and waits {exc.seconds:.1f} s before it starts again; "
+                           "retrying then may work", detail=told)
     return unavailable(exc.cause, "the service failed; retrying later may work", detail=told)
 
 
@@ -342,7 +345,7 @@ async def prepare(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: 
                                                       plan.errors)
     connector = svc.pool.running(plan.pool_key)
     if connector is None:
-        connector = await svc.pool.connector(snapshot, plan.binding or "")
+        connector = await svc.pool.connector(snapshot, plan.binding or "", deadline)
         deadline = time.monotonic() + (plan.limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS)
     return connector, arguments, back, deadline
 

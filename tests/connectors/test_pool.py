@@ -352,3 +352,26 @@ def test_a_restart_after_a_crash_makes_again_the_cgroups_a_sweep_took(echo_root:
             await c.close()
 
     run(scenario())
+
+
+def test_a_call_during_a_crash_loops_backoff_is_told_the_connector_waits_to_restart(
+        tmp_path: Path, run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = write_echo_tree(tmp_path / "t", limits={"timeoutSeconds": 1})
+
+    async def scenario() -> None:
+        async with serving(root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            for _ in range(5):  # each crash in a row doubles the backoff: 0.1 s before the 2nd, 0.8 s before the 5th
+                crashed = await c.call("echo_misbehave", {"mode": "die"})
+                assert crashed["_meta"]["handler/cause"] == "crashed", crashed
+            started = time.monotonic()
+            waiting = await c.call("echo_say", {"text": "a"})  # 1.6 s of backoff: more than its 1 s
+            assert time.monotonic() - started < 1, "told at once, not after its time limit"
+            assert waiting["_meta"]["handler/cause"] == "crashed", waiting
+            assert body(waiting)["message"] == ("the service crashed and waits 1.6 s before it starts again; "
+                                                "retrying then may work")
+            assert "binding 'echo-local' crashed (5 in a row) and waits 1.6 s before it starts again" in caplog.text
+            assert "did not answer a ping" not in caplog.text
+            await c.close()
+
+    run(scenario())
