@@ -8,7 +8,8 @@ ahead of need (`parking`), whose leaves get the binding's limits when a start ta
 own pid into each leaf's `cgroup.procs` before anything else runs, so every process the connector
 starts is counted. When the
 process has stopped, `remove` kills whatever is left in the leaves and removes them; `sweep_stale`, at a
-pool's start, removes the empty leaves a router stopped by `kill -9` left behind. Where no cgroup
+pool's start, removes the empty leaves a router stopped by `kill -9` left behind (and may take those of a
+crashed connector waiting to restart: its restart makes them again, `remake`). Where no cgroup
 can be made (not root, or a read-only `/sys/fs/cgroup`), the launch goes on under its rlimits alone.
 """
 
@@ -42,6 +43,14 @@ class ConnectorCgroups:
         """Bound the leaves (again): at once for what is in them already; OSError when the kernel refuses."""
         for file, what in self.limits:
             _write(file, processes if what == "processes" else memory_bytes)
+
+    def remake(self, processes: int, memory_bytes: int) -> None:
+        """Make again, bounded as before, the leaves that are gone: another router's `sweep_stale` may take them while
+        the process they bound waits out its restart's backoff (empty, and as old as its launch). OSError when the
+        kernel refuses."""
+        for leaf in self.leaves:
+            leaf.mkdir(mode=0o755, exist_ok=True)
+        self.set_limits(processes, memory_bytes)
 
     def remove(self) -> None:
         """Kill what is left in the leaves, then remove them."""

@@ -39,6 +39,7 @@ __all__ = ["ConnectorProcess", "DispatchHook", "LaunchSpec"]
 CLIENT_INFO = {"name": "handler-router", "version": "0.1.0"}
 _SHOWN_BYTES = 200  # how much of a stray output line the log shows
 _SHOWN_BAD_LINES = 20  # stray output lines of one process the log shows
+_EXIT_GRACE_SECONDS = 0.5  # after the process exited, for what it wrote before to be read, before its output is cut
 
 log = logging.getLogger("handler.connectors")
 
@@ -86,6 +87,7 @@ class _Incarnation:
         self.stderr: asyncio.ReadTransport | None = None
         self.exited = asyncio.Event()  # the process was reaped
         self.ready = False
+        self._pidfd: int | None = None
 
     @property
     def alive(self) -> bool:
@@ -96,8 +98,32 @@ class _Incarnation:
             with contextlib.suppress(ProcessLookupError):
                 self.popen.kill()
 
+    def watch_exit(self) -> None:
+        """Notice the process's exit itself, not only the end of its output: a process it forked into a session of
+        its own may hold that open long after it exited (without a sandbox, whose end would end them all)."""
+        if self.popen is None:  # pragma: no cover - called once spawned
+            return
+        try:
+            self._pidfd = os.pidfd_open(self.popen.pid)
+        except OSError:  # a kernel without pidfds: the end of its output alone tells
+            return
+        asyncio.get_running_loop().add_reader(self._pidfd, self._on_exit)
+
+    def unwatch(self) -> None:
+        fd, self._pidfd = self._pidfd, None
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def _on_exit(self) -> None:
+        self.unwatch()
+        if not self.line.closed:
+            why = ConnectorCrashedError(f"{self.line.name} exited (a process it started still holds its output)")
+            asyncio.get_running_loop().call_later(_EXIT_GRACE_SECONDS, self.line.abort, why)
+
     def reap(self) -> None:
         """Wait for the process in a worker thread (its output closed: it is ending), then mark it exited."""
+        self.unwatch()
         popen = self.popen
         if popen is None or self.exited.is_set():
             self.exited.set()
@@ -221,6 +247,7 @@ class ConnectorProcess:
                 f"connector of binding '{self.spec.name}' could not start ({self.spec.command[0]}): "
                 f"{exc.strerror or exc}") from None
         await self._connect(inc, inc.popen)
+        inc.watch_exit()
         try:
             async with asyncio.timeout(self.spec.start_timeout):
                 result = await inc.line.initialize(CLIENT_INFO)
@@ -354,6 +381,7 @@ class ConnectorProcess:
         if popen is None:
             return
         inc.ready = False
+        inc.unwatch()
         inc.line.close_writer()  # EOF on its stdin: a well-behaved server exits
         if popen.poll() is None:
             with contextlib.suppress(TimeoutError):

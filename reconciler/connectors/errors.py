@@ -15,6 +15,7 @@ __all__ = [
     "ConnectorError",
     "ConnectorOutputTooLargeError",
     "ConnectorReplyError",
+    "ConnectorRestartingError",
     "ConnectorStartError",
 ]
 
@@ -39,6 +40,14 @@ class ConnectorCrashedError(ConnectorError):
     """The process exited or closed its output while calls were in flight; every pending call fails."""
 
     cause = "crashed"
+
+
+class ConnectorRestartingError(ConnectorCrashedError):
+    """The process crashed and waits out its backoff before it starts again, longer than the call could wait."""
+
+    def __init__(self, message: str, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds  # until it starts again
 
 
 class ConnectorReplyError(ConnectorError):

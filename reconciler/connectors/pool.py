@@ -8,12 +8,15 @@ selects it. Around it:
   starts it again);
 - crashes: the calls in flight when a process dies fail (`crashed` → `unavailable`); the next call
   starts a new process, after a backoff that doubles with each crash in a row (reset once a
-  process has lived `BACKOFF_RESET_SECONDS`). A start that fails (a secret command failing, a
-  missing interface tool) fails the calls of the backoff window at once with the same error;
+  process has lived `BACKOFF_RESET_SECONDS`); a call that cannot wait out the backoff is told so at
+  once. A start that fails (a secret command failing, a missing interface tool, no answer to
+  `initialize` or `tools/list` within `startSeconds`) fails the calls of the backoff window at once
+  with the same error;
 - drain: the router tells the pool which keys its live generation uses (`set_live`) and which keys
   each session pinned (`pin`/`unpin`); a key no longer live stops as soon as no session pinned to
   it remains and no call is in flight (or when idle);
-- shutdown (`close`): every process stops, then its process group is killed, so nothing is left.
+- shutdown (`close`): a start under way is given up, every process stops, then its process group is
+  killed, so nothing is left.
 
 The launch itself (environment, sandbox, egress proxy) is `launching.prepare_launch`'s; the check
 of a process's tools against its interfaces is `drift.find_tool_drift`'s.
@@ -38,10 +41,16 @@ from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.client import ConnectorProcess, DispatchHook, LaunchSpec
 from reconciler.connectors.diskwatch import CHECK_SECONDS, KILL_MARGIN_NS, measure, remove_left
 from reconciler.connectors.drift import find_tool_drift
-from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
+from reconciler.connectors.errors import (
+    ConnectorError,
+    ConnectorReplyError,
+    ConnectorRestartingError,
+    ConnectorStartError,
+)
 from reconciler.connectors.launching import Launch, declared_env, inbox_dir, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
 from reconciler.connectors.parking import Parking
+from reconciler.connectors.sandbox import limits_for
 from reconciler.connectors.wrapping import ToolCaller, WrappedConnector, check_wrap
 from reconciler.places import default_state_dir
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
@@ -136,6 +145,7 @@ class _Entry:
     crashes: int = 0  # in a row
     failures: int = 0  # failed starts in a row
     retry_at: float = 0.0
+    restart_at: float = 0.0  # when a process that crashed starts again, its backoff over
     failure: ConnectorStartError | None = None
     drift: tuple[str, ...] = field(default=())
     snapshot: Snapshot | None = None  # the one it was launched from: a restart resolves its secrets again
@@ -216,8 +226,12 @@ class ConnectorPool:
         entry.last_used = time.monotonic()
         return entry.connector
 
-    async def connector(self, snapshot: Snapshot, binding_name: str) -> RunningConnector:
-        """The running (or just started) connector for `binding_name` as `snapshot` configures it."""
+    async def connector(self, snapshot: Snapshot, binding_name: str, deadline: float | None = None) -> RunningConnector:
+        """The running (or just started) connector for `binding_name` as `snapshot` configures it.
+
+        A process that crashed starts again after its backoff; a caller who cannot wait that long (its `deadline`, the
+        loop's clock, comes first) is told so at once (`ConnectorRestartingError`), not left to time out.
+        """
         key = pool_key(snapshot, binding_name)
         if key is None:
             raise ConnectorStartError(f"binding '{binding_name}' is not a connector binding in this revision")
@@ -233,10 +247,24 @@ class ConnectorPool:
         if entry.starting is None or entry.starting.done():
             if entry.failure is not None and time.monotonic() < entry.retry_at:
                 raise ConnectorStartError(entry.failure.message)
+            if entry.connector is not None and entry.process is not None:  # it ran and is gone: a crash
+                self._note_crash(entry, binding_name)
             # The start runs as a task of its own: a caller cancelled meanwhile leaves no half-started process.
             entry.starting = asyncio.get_running_loop().create_task(self._start(entry, snapshot, binding_name))
             entry.starting.add_done_callback(_retrieve)
-        connector = await asyncio.shield(entry.starting)
+        starting = entry.starting
+        if deadline is not None and entry.restart_at > deadline:
+            wait = entry.restart_at - time.monotonic()
+            raise ConnectorRestartingError(f"connector of binding '{binding_name}' crashed ({entry.crashes} in a row) "
+                                           f"and waits {wait:.1f} s before it starts again", wait)
+        try:
+            connector = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if starting.cancelled() and task is not None and not task.cancelling():  # `close` gave the start up
+                raise ConnectorStartError(f"connector of binding '{binding_name}' was stopped as it started "
+                                          "(the router is shutting down)") from None
+            raise
         entry.last_used = time.monotonic()
         return connector
 
@@ -249,6 +277,8 @@ class ConnectorPool:
         entry = self._live.get(key) if key is not None else None
         if entry is None or entry.process is None or key in self._probes or self._closed:
             return
+        if not entry.process.running:  # starting, or waiting to restart: nothing to ping, nothing hangs
+            return
         task = asyncio.get_running_loop().create_task(self._probe(entry, entry.process))
         self._probes[entry.key] = task
 
@@ -258,10 +288,12 @@ class ConnectorPool:
         task.add_done_callback(forget)
 
     async def _probe(self, entry: _Entry, process: ConnectorProcess) -> None:
+        pid = process.pid  # the process pinged, not one started after it
         try:
             await process.ping(PROBE_SECONDS)
-        except (TimeoutError, ConnectorError):
-            pid = process.pid
+        except ConnectorError:
+            return  # it answered (with an error), or it ended meanwhile and restarts on the next call
+        except TimeoutError:
             log.warning("connector of binding '%s' did not answer a ping after a call timed out; restarting it",
                         entry.key[0])
             if pid is not None:
@@ -349,21 +381,33 @@ class ConnectorPool:
             raise ConnectorStartError(f"binding '{binding_name}' started nothing")
         return entry.connector
 
+    def _note_crash(self, entry: _Entry, binding_name: str) -> None:
+        """The process died: count the crash, and set when it starts again (its backoff)."""
+        now = time.monotonic()
+        entry.crashes = 1 if now - entry.started_at >= BACKOFF_RESET_SECONDS else entry.crashes + 1
+        delay = _backoff(entry.crashes)
+        entry.restart_at = now + delay
+        log.warning("connector of binding '%s' ended unexpectedly (%d in a row); restarting in %.1f s",
+                    binding_name, entry.crashes, delay)
+
     async def _restart(self, entry: _Entry, binding_name: str) -> None:
-        """The process died: start it again after a backoff, in the same folder behind the same proxy,
+        """The process died: start it again after its backoff, in the same folder behind the same proxy,
         with its secrets resolved anew (one that expired may be why it died)."""
         if entry.process is None:  # pragma: no cover - only a process restarts
             return
-        uptime = time.monotonic() - entry.started_at
-        entry.crashes = 1 if uptime >= BACKOFF_RESET_SECONDS else entry.crashes + 1
-        delay = _backoff(entry.crashes)
-        log.warning("connector of binding '%s' ended unexpectedly (%d in a row); restarting in %.1f s",
-                    binding_name, entry.crashes, delay)
         old_pid = entry.process.pid
         if old_pid is not None:  # whatever the dead process forked goes with it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(old_pid, signal.SIGKILL)
-        await asyncio.sleep(delay)
+        await asyncio.sleep(entry.restart_at - time.monotonic())
+        if entry.launch is not None and entry.launch.cgroups is not None and entry.snapshot is not None:
+            limits = limits_for(entry.snapshot.connectors[entry.snapshot.bindings[binding_name].connector or ""]
+                                .spec.sandbox)
+            try:
+                entry.launch.cgroups.remake(limits.processes, limits.memory_bytes)
+            except OSError as exc:
+                raise ConnectorStartError(f"binding '{binding_name}': cannot make its cgroups again: "
+                                          f"{exc.strerror or exc}") from None
         if entry.launch is not None and entry.snapshot is not None:
             try:
                 entry.launch = await entry.launch.with_fresh_secrets(entry.snapshot, binding_name, self._root)
@@ -371,6 +415,8 @@ class ConnectorPool:
             except ConnectorStartError as exc:
                 log.warning("binding '%s': %s; restarting with the secrets it had", binding_name, exc)
         await entry.process.ensure_started()
+        if entry.snapshot is not None:
+            await _check_tools(entry, entry.process, entry.snapshot, binding_name)
 
     async def _launch(self, entry: _Entry, snapshot: Snapshot, binding_name: str) -> None:
         binding = snapshot.bindings[binding_name]
@@ -393,22 +439,11 @@ class ConnectorPool:
         entry.snapshot = snapshot
         process = entry.process = ConnectorProcess(entry.launch.spec, on_dispatch=self._on_dispatch)
         await process.ensure_started()
-
+        await _check_tools(entry, process, snapshot, binding_name)
         wrap = connector.spec.wrap
-        try:
-            tools: list[dict[str, Any]] | None = await process.list_tools()
-        except ConnectorReplyError:
-            tools = None  # it does not list its tools: nothing to compare
         if wrap is None:
-            entry.drift = find_tool_drift(binding_name, tools, snapshot, connector)  # raises on a missing tool
             entry.connector = process
             return
-        if tools is None:
-            raise ConnectorStartError(f"binding '{binding_name}': the server connector '{connector.name}' wraps "
-                                      "does not answer tools/list, so its [wrap] cannot be checked")
-        takes = {tool.name: set(tool.inputSchema.get("properties") or ()) for key in connector.spec.implements
-                 if (iface := snapshot.interfaces.get(key)) for tool in iface.tools}
-        check_wrap(binding_name, wrap, takes, tools)
         texts = {code: text for key in connector.spec.implements if (iface := snapshot.interfaces.get(key))
                  for code, text in iface.spec.errors.items()}
         entry.connector = InRouter(WrappedConnector(process, wrap, texts))  # type: ignore[arg-type]
@@ -470,6 +505,8 @@ class ConnectorPool:
                 and self.statuses[binding].state == "running":
             self.statuses[binding] = BindingStatus("stopped", why)
         if entry.starting is not None and not entry.starting.done():
+            # Given up, not waited for: a start may take its whole `startSeconds`, or a crash loop's backoff.
+            entry.starting.cancel()
             await asyncio.wait([entry.starting])
         log.info("connector of binding '%s' stopped: %s", binding, why)
         await self._retire(entry)
@@ -521,6 +558,41 @@ class ConnectorPool:
         await asyncio.gather(*(self._stop_entry(e, "the router stopped") for e in entries), return_exceptions=True)
         if self._parking is not None:
             await self._parking.aclose()
+
+
+async def _check_tools(entry: _Entry, process: ConnectorProcess, snapshot: Snapshot, binding_name: str) -> None:
+    """Hold the tools a process just started lists against its interfaces (`find_tool_drift`, which sets the entry's
+    drift) or its [wrap] (`check_wrap`); a tool it no longer offers refuses the start. At every start: a restart
+    after a crash may run other code (a connector updated in place, a server that changed)."""
+    connector = snapshot.connectors[snapshot.bindings[binding_name].connector or ""]
+    tools = await _listed_tools(process, binding_name)
+    wrap = connector.spec.wrap
+    if wrap is None:
+        entry.drift = find_tool_drift(binding_name, tools, snapshot, connector)  # raises on a missing tool
+        return
+    if tools is None:
+        raise ConnectorStartError(f"binding '{binding_name}': the server connector '{connector.name}' wraps "
+                                  "does not answer tools/list, so its [wrap] cannot be checked")
+    takes = {tool.name: set(tool.inputSchema.get("properties") or ()) for key in connector.spec.implements
+             if (iface := snapshot.interfaces.get(key)) for tool in iface.tools}
+    check_wrap(binding_name, wrap, takes, tools)
+
+
+async def _listed_tools(process: ConnectorProcess, binding_name: str) -> list[dict[str, Any]] | None:
+    """The tools `process` lists, None when it answers tools/list with an error; within its `startSeconds`, which a
+    process that never answers would otherwise hold its binding's start (and the router's shutdown) on for good."""
+    seconds = process.spec.start_timeout
+    try:
+        async with asyncio.timeout(seconds):
+            return await process.list_tools()
+    except ConnectorReplyError:
+        return None  # it does not list its tools: nothing to compare
+    except TimeoutError:
+        raise ConnectorStartError(f"connector of binding '{binding_name}' did not answer tools/list within "
+                                  f"{seconds:g} s") from None
+    except ConnectorError as exc:  # it died or closed its output instead
+        raise ConnectorStartError(f"connector of binding '{binding_name}' failed its tools/list: "
+                                  f"{exc.message}") from None
 
 
 def _backoff(count: int) -> float:

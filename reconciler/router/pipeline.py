@@ -27,7 +27,7 @@ from typing import Any
 
 from reconciler.config.models import Limits
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.errors import ConnectorError, ConnectorReplyError
+from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorRestartingError
 from reconciler.connectors.pool import ConnectorPool, RunningConnector
 from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import Admission, CallRequest, CallResult, Gate
@@ -265,7 +265,8 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
             taken = await wait_for_slot(book, key, limits, deadline)
         connector, sending, back = svc.pool.running(plan.pool_key), arguments, _NO_PATHS  # step 7
         if connector is None or folder is not None:
-            connector, sending, back = await prepare(svc, snapshot, plan, arguments, files, folder, deadline)
+            connector, sending, back, deadline = await prepare(svc, snapshot, plan, arguments, files, folder,
+                                                               deadline)
         sent = True  # the request is written before the call's first wait
         raw = await connector.call_tool(plan.name, sending, deadline=deadline)
         answered = True
@@ -302,6 +303,9 @@ def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
     """
     told = f"JSON-RPC error {exc.code}" if isinstance(exc, ConnectorReplyError) else exc.message
     log.warning("binding '%s' (%s %s): %s: %s", plan.binding, plan.interface, plan.name, exc.cause, told)
+    if isinstance(exc, ConnectorRestartingError):
+        return unavailable(exc.cause, f"the service crashed and waits {exc.seconds:.1f} s before it starts again; "
+                           "retrying then may work", detail=told)
     return unavailable(exc.cause, "the service failed; retrying later may work", detail=told)
 
 
@@ -327,16 +331,23 @@ async def wait_for_slot(book: LimitBook, key: LimitKey, limits: Limits, deadline
 
 async def prepare(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: dict[str, Any],
                   files: tuple[FileArg, ...], folder: CallFolder | None,
-                  deadline: float) -> tuple[RunningConnector, dict[str, Any], dict[str, str]]:
+                  deadline: float) -> tuple[RunningConnector, dict[str, Any], dict[str, str], float]:
     """Step 7 before the call is sent: stage its files, start the binding's connector process if it is not running.
-    The connector, the arguments to send it and the connector-side paths to map back."""
+    The connector, the arguments to send it, the connector-side paths to map back and the call's deadline.
+
+    A start is bounded by the connector's own `startSeconds` (the pool's), not by the call's time limit, which
+    starts again once the process is ready (docs/config.md): a connector loading a model may take longer to start
+    than its interface's `timeoutSeconds`."""
     back: dict[str, str] = {}
-    async with asyncio.timeout_at(deadline):
-        if folder is not None:
+    if folder is not None:
+        async with asyncio.timeout_at(deadline):
             arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
                                                       plan.errors)
-        connector = svc.pool.running(plan.pool_key) or await svc.pool.connector(snapshot, plan.binding or "")
-    return connector, arguments, back
+    connector = svc.pool.running(plan.pool_key)
+    if connector is None:
+        connector = await svc.pool.connector(snapshot, plan.binding or "", deadline)
+        deadline = time.monotonic() + (plan.limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS)
+    return connector, arguments, back, deadline
 
 
 def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:

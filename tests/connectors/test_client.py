@@ -337,3 +337,52 @@ def test_a_connectors_socket_is_reached_only_as_itself_never_through_a_link() ->
         reached, refused = asyncio.run(scenario(folder))
     assert reached
     assert refused.endswith("mcp.sock is not a socket")
+
+
+_LEAVES_A_CHILD = """
+import json, os, sys, time
+from pathlib import Path
+first = not Path(sys.argv[1]).exists()
+Path(sys.argv[1]).touch()
+for raw in sys.stdin:
+    msg = json.loads(raw)
+    if "id" not in msg:
+        continue
+    if msg["method"] == "initialize":
+        result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "forks"}}
+    elif first:  # exits, leaving a process in a session of its own that holds its stdout
+        if os.fork() == 0:
+            os.setsid()
+            Path(sys.argv[2]).write_text(str(os.getpid()))
+            time.sleep(60)
+            os._exit(0)
+        while not Path(sys.argv[2]).exists():
+            time.sleep(0.01)
+        os._exit(7)
+    else:
+        result = {"content": [], "structuredContent": {"text": "ok"}}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"""
+
+
+def test_a_process_that_exits_while_a_child_holds_its_output_is_restarted(tmp_path: Path) -> None:
+    script, ran, child = tmp_path / "forks.py", tmp_path / "ran", tmp_path / "child.pid"
+    script.write_text(_LEAVES_A_CHILD)
+    forks = LaunchSpec(name="forks", command=(sys.executable, str(script), str(ran), str(child)), cwd=str(tmp_path),
+                       env={}, start_timeout=5)
+
+    async def scenario() -> None:
+        conn = ConnectorProcess(forks)
+        try:
+            with pytest.raises(ConnectorCrashedError, match="exited"):
+                await asyncio.wait_for(conn.call_tool("any", {}), 10)  # the old code waited for the child's end
+            assert not conn.running
+            assert (await conn.call_tool("any", {}))["structuredContent"] == {"text": "ok"}
+        finally:
+            await conn.stop()
+
+    try:
+        run(scenario())
+    finally:
+        if child.exists():
+            os.kill(int(child.read_text()), 9)

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from reconciler.config import FolderSource, Loader
-from reconciler.connectors.pool import ConnectorPool
-from tests.fixtures.echo_tree import TOKEN_ENV
+from reconciler.connectors.cgroups import sweep_stale
+from reconciler.connectors.pool import ConnectorPool, pool_key
+from reconciler.router.server import Router
+from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, body, load, run, serving
 
 DEADLINE = 15.0
@@ -207,6 +209,169 @@ def test_a_restart_after_a_crash_resolves_the_secrets_again(echo_root: Path, run
             log = router.state_dir / "connectors/echo-local.stderr.log"
             await wait_until(lambda: log.exists() and "***" in log.read_text(), "the masked stderr line")
             assert "token-rotated" not in log.read_text()
+            await c.close()
+
+    run(scenario())
+
+
+def never_lists_its_tools(root: Path, start_seconds: float) -> None:
+    """The echo connector of `root` made one that answers `initialize` and then never `tools/list`."""
+    main = root / "catalog/connectors/echo/main.py"
+    listing = 'send({"jsonrpc": "2.0", "id": msg_id, "result": {"tools": tools}})'
+    assert listing in main.read_text()
+    main.write_text(main.read_text().replace(listing, "pass"))
+    manifest = root / "catalog/connectors/echo/connector.toml"
+    manifest.write_text(manifest.read_text().replace('transport = "stdio"\n',
+                                                     f'transport = "stdio"\nstartSeconds = {start_seconds}\n'))
+
+
+def test_a_connector_that_never_answers_tools_list_fails_its_start_and_is_tried_again(echo_root: Path,
+                                                                                      run_dir: Path) -> None:
+    never_lists_its_tools(echo_root, 0.5)
+
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            for _ in range(2):  # the second call, after the backoff, starts it again
+                result = await c.call("echo_say", {"text": "a"})
+                assert body(result)["error"] == "unavailable"
+                assert result["_meta"]["handler/cause"] == "start_failed"
+                status = router.services.pool.statuses["echo-local"]
+                assert status.state == "failed"
+                assert status.message == "connector of binding 'echo-local' did not answer tools/list within 0.5 s"
+                assert not router.services.pool.processes()
+                await asyncio.sleep(0.2)  # the first start failure's backoff: 0.1 s
+            await c.close()
+
+    run(scenario())
+
+
+def test_shutdown_gives_up_a_start_under_way(echo_root: Path, run_dir: Path) -> None:
+    never_lists_its_tools(echo_root, 600)
+
+    async def scenario() -> None:
+        router = Router(load(echo_root), root=echo_root, run_dir=run_dir)
+        await router.start()
+        c = await RawClient.connect(router.socket_path("tester"))
+        calling = asyncio.create_task(c.call("echo_say", {"text": "a"}))
+        pool = router.services.pool
+        await wait_until(lambda: pool.launch_spec("echo-local") is not None, "the start to spawn the process")
+        await asyncio.wait_for(router.aclose(), DEADLINE)  # not the 600 s its start may take
+        calling.cancel()
+        await c.close()
+
+    run(scenario())
+
+
+def test_a_start_longer_than_the_calls_time_limit_is_waited_for_as_a_start(tmp_path: Path, run_dir: Path) -> None:
+    root = write_echo_tree(tmp_path / "t", limits={"timeoutSeconds": 1})
+    main = root / "catalog/connectors/echo/main.py"
+    main.write_text(main.read_text().replace("def main() -> None:\n", "def main() -> None:\n    time.sleep(2)\n"))
+    manifest = root / "catalog/connectors/echo/connector.toml"
+    manifest.write_text(manifest.read_text().replace('transport = "stdio"\n',
+                                                     'transport = "stdio"\nstartSeconds = 10\n'))
+
+    async def scenario() -> None:
+        async with serving(root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            first = await c.call("echo_say", {"text": "a"})  # 2 s of start, then its 1 s to answer
+            assert first.get("structuredContent") == {"text": "a"}, first
+            (pid,) = router.services.pool.processes()
+            assert (await c.call("echo_say", {"text": "b"}))["structuredContent"] == {"text": "b"}
+            assert router.services.pool.processes() == [pid]  # never killed as a connector that hangs
+            await c.close()
+
+    run(scenario())
+
+
+def test_a_process_still_starting_is_never_killed_as_one_that_hangs(echo_root: Path) -> None:
+    main = echo_root / "catalog/connectors/echo/main.py"
+    main.write_text(main.read_text().replace("def main() -> None:\n", "def main() -> None:\n    time.sleep(1)\n"))
+
+    async def scenario() -> None:
+        pool = ConnectorPool(echo_root, echo_root / ".handler", sandbox=False)
+        try:
+            snapshot = load(echo_root)
+            starting = asyncio.create_task(pool.connector(snapshot, "echo-local"))
+            await wait_until(lambda: pool.launch_spec("echo-local") is not None, "the start to spawn the process")
+            pool.suspect(pool_key(snapshot, "echo-local"))  # a call timed out meanwhile
+            connector = await starting
+            assert (await connector.call_tool("echo_say", {"text": "a"}))["structuredContent"] == {"text": "a"}
+        finally:
+            await pool.close()
+
+    run(scenario())
+
+
+def test_a_restart_after_a_crash_checks_the_tools_again(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            assert (await c.call("echo_say", {"text": "a"}))["structuredContent"] == {"text": "a"}
+            main = echo_root / "catalog/connectors/echo/main.py"  # its code changed in place while it ran
+            listing = '"result": {"tools": tools}'
+            main.write_text(main.read_text().replace(
+                listing, '"result": {"tools": [t for t in tools if t["name"] != "echo_token"]}'))
+            await c.call("echo_misbehave", {"mode": "die"})
+            result = await c.call("echo_say", {"text": "b"})
+            assert result["_meta"]["handler/cause"] == "start_failed", result
+            status = router.services.pool.statuses["echo-local"]
+            assert status.state == "failed"
+            assert "does not offer echo/v1 echo_token" in status.message
+            await c.close()
+
+    run(scenario())
+
+
+def own_leaves(pid: int) -> list[Path]:
+    """The `pids` and `memory` cgroups (v1) or the one cgroup (v2) `pid` is in, where the router made them."""
+    found = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in ("pids", "memory") if controllers else ("",):
+            if controller in controllers.split(",") and "/handler/" in path:
+                found.append(Path("/sys/fs/cgroup", controller, path.lstrip("/")))
+    return found
+
+
+def test_a_restart_after_a_crash_makes_again_the_cgroups_a_sweep_took(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            await c.call("echo_say", {"text": "a"})
+            (pid,) = router.services.pool.processes()
+            leaves = own_leaves(pid)
+            if not leaves:
+                pytest.skip("connectors get no cgroups here (the router is not root, or /sys/fs/cgroup is read-only)")
+            await c.call("echo_misbehave", {"mode": "die"})
+            await wait_until(lambda: not any((leaf / "cgroup.procs").read_text().strip() for leaf in leaves),
+                             "the crashed connector's cgroups to empty")
+            sweep_stale(min_age=0)  # another router starting while this one waits to restart its connector
+            assert not any(leaf.exists() for leaf in leaves)
+            assert (await c.call("echo_say", {"text": "b"})).get("structuredContent") == {"text": "b"}
+            await c.close()
+
+    run(scenario())
+
+
+def test_a_call_during_a_crash_loops_backoff_is_told_the_connector_waits_to_restart(
+        tmp_path: Path, run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = write_echo_tree(tmp_path / "t", limits={"timeoutSeconds": 1})
+
+    async def scenario() -> None:
+        async with serving(root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            for _ in range(5):  # each crash in a row doubles the backoff: 0.1 s before the 2nd, 0.8 s before the 5th
+                crashed = await c.call("echo_misbehave", {"mode": "die"})
+                assert crashed["_meta"]["handler/cause"] == "crashed", crashed
+            started = time.monotonic()
+            waiting = await c.call("echo_say", {"text": "a"})  # 1.6 s of backoff: more than its 1 s
+            assert time.monotonic() - started < 1, "told at once, not after its time limit"
+            assert waiting["_meta"]["handler/cause"] == "crashed", waiting
+            assert body(waiting)["message"] == ("the service crashed and waits 1.6 s before it starts again; "
+                                                "retrying then may work")
+            assert "binding 'echo-local' crashed (5 in a row) and waits 1.6 s before it starts again" in caplog.text
+            assert "did not answer a ping" not in caplog.text
             await c.close()
 
     run(scenario())
