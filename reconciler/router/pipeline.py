@@ -244,14 +244,16 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
     The wait for a concurrency slot and the call share one deadline. The common case (a slot free,
     the process running, no files) awaits the connector right here, with no coroutine in between.
 
-    A call sent to its connector that ends without the connector's answer (its client cancelled it,
-    its deadline passed, the process died) may have reached the provider: it is charged its price, the
-    most it may cost, as a reservation a killed router left is. Otherwise cancelling every call once
-    sent would run them all against a cap that never moves. A call the connector answered with an
-    error is released.
+    A call sent to its connector is charged what the connector reported it cost, whatever the result.
+    Reporting nothing, it is charged its price, the most it may cost, when it may have reached the
+    provider: it ended without the connector's answer (its client cancelled it, its deadline passed,
+    the process died), as a reservation a killed router left is, else cancelling every call once sent
+    would run them all against a cap that never moves; or the answer does not match the interface
+    (`output_invalid`, an undeclared error, an error without a code). A call the connector answered
+    with a declared error or a JSON-RPC error, reporting nothing, is released.
     """
     ok = False
-    sent = answered = False
+    sent = declined = False
     actual: float | None = None
     book, limits = svc.limits, plan.limits
     key = (caller.profile, caller.instance, plan.interface)
@@ -268,11 +270,15 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
             connector, sending, back = await prepare(svc, snapshot, plan, arguments, files, folder, deadline)
         sent = True  # the request is written before the call's first wait
         raw = await connector.call_tool(plan.name, sending, deadline=deadline)
-        answered = True
         if taken:
             taken = False
             book.release(key)
-        structured, actual = map_errors(plan, raw)  # step 8
+        actual = read_reported_cost(raw)
+        try:
+            structured = map_errors(plan, raw)  # step 8
+        except ToolError as exc:
+            declined = exc.cause is None  # an error of the interface's list, not the router's `unavailable`
+            raise
         validate_output(plan, structured, record)  # step 9
         if folder is not None:  # step 10: the output files
             await asyncio.to_thread(folder.deliver, files, plan.scope, plan.limits.maxFileBytes)
@@ -282,14 +288,14 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
         svc.pool.suspect(plan.pool_key)  # a connector stuck on this call is recycled, not waited on
         raise timeout_error(timeout) from None
     except ConnectorError as exc:
-        answered = isinstance(exc, ConnectorReplyError)  # an error it answered with, not a process gone
+        declined = isinstance(exc, ConnectorReplyError)  # a JSON-RPC error it answered with, not a process gone
         raise connector_failed(plan, exc) from None
     finally:
         if taken:
             book.release(key)
         if folder is not None:
             await asyncio.to_thread(folder.remove)
-        cost = actual if actual is not None else plan.price if ok or (sent and not answered) else None
+        cost = actual if actual is not None else plan.price if sent and not declined else None
         settlement = await svc.gate.settle(admission, cost, ok) if admission is not None else None  # step 10
         record.cost = settlement.charged if settlement is not None else cost
     return CallResult(True, structured, actual, settlement)
@@ -339,8 +345,8 @@ async def prepare(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: 
     return connector, arguments, back
 
 
-def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:
-    """Step 8: the connector's result onto the interface's closed error list (S3); (output, its cost)."""
+def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Step 8: the connector's result onto the interface's closed error list (S3); its output."""
     structured = raw.get("structuredContent")
     if raw.get("isError"):
         if isinstance(structured, dict) and isinstance(structured.get("error"), str):
@@ -354,7 +360,7 @@ def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> tuple[dict[str, Any], 
     if not isinstance(structured, dict):
         raise unavailable("output_invalid", "the service returned no structured result",
                           field="/" if structured is None else "(structuredContent)")
-    return structured, read_reported_cost(raw)
+    return structured
 
 
 def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None = None) -> None:
