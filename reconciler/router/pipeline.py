@@ -46,6 +46,7 @@ __all__ = ["Caller", "Services", "check_arguments", "run_admitted", "run_held", 
 log = logging.getLogger("handler.router")
 _NO_PATHS: dict[str, str] = {}  # no connector-side paths to map back (never written to)
 _call_ids = itertools.count(1)
+_SHOWN_NAME = 100  # characters of an unexpected output name the call log shows
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,11 +376,16 @@ def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None =
                           "retrying later may work", field="(nested too deeply)") from None
     field = "/" + "/".join(str(p) for p in error.instance_path)
     kind = error.kind
-    if kind.name == "additionalProperties":
-        extra = kind.as_dict().get("unexpected") or []
-        field = field.rstrip("/") + "/" + ",".join(str(e) for e in extra)
+    if kind.name == "additionalProperties":  # the names are the connector's: the first, cut short, and a count
+        extra = kind.as_dict().get("unexpected") or [""]
+        field = field.rstrip("/") + "/" + cut_short(str(extra[0]), _SHOWN_NAME)
+        field += f" and {len(extra) - 1} more" if len(extra) > 1 else ""
     if record is not None:
         record.keyword = kind.name
     raise unavailable("output_invalid", "the service returned a result that does not match the interface; "
                       "retrying later may work", field=field)
 
+
+def cut_short(text: str, most: int) -> str:
+    """`text`, or its first `most` - 1 characters and an ellipsis when it is longer than `most`."""
+    return text if len(text) <= most else text[:most - 1] + "…"

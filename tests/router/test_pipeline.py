@@ -130,6 +130,21 @@ def test_an_output_mismatch_logs_the_field_never_the_value(echo_root: Path, run_
     exchange(echo_root, run_dir, script)
 
 
+def test_unexpected_output_names_are_logged_as_the_first_cut_short_and_how_many_more(echo_root: Path,
+                                                                                      run_dir: Path) -> None:
+    """The log names the field, never the value, and stays a line: a thousand names of 300 characters each joined
+    made a line of 300 kB (the names are the connector's to choose, and may carry what the output holds)."""
+    async def script(c: RawClient, router: Router) -> None:
+        result = await c.call("echo_misbehave", {"mode": "many_extra"})
+        assert result["_meta"]["handler/cause"] == "output_invalid"
+        line = log_lines(router)[-1]
+        assert line["keyword"] == "additionalProperties"
+        assert line["field"] == "/unexpected-0000-" + "k" * 83 + "… and 999 more"
+        assert len(log_text(router).splitlines()[-1]) < 1000
+
+    exchange(echo_root, run_dir, script)
+
+
 def test_the_connector_reported_cost_is_settled(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         result = await c.call("echo_misbehave", {"mode": "cost"})
