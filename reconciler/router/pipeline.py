@@ -27,7 +27,7 @@ from typing import Any
 
 from reconciler.config.models import Limits
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.errors import ConnectorError, ConnectorReplyError
+from reconciler.connectors.errors import ConnectorError, ConnectorOutputInvalidError, ConnectorReplyError
 from reconciler.connectors.pool import ConnectorPool, RunningConnector
 from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import Admission, CallRequest, CallResult, Gate
@@ -47,6 +47,10 @@ log = logging.getLogger("handler.router")
 _NO_PATHS: dict[str, str] = {}  # no connector-side paths to map back (never written to)
 _call_ids = itertools.count(1)
 _SHOWN_NAME = 100  # characters of an unexpected output name the call log shows
+# The deepest output passed on: the result is serialized with orjson, which stops at 254 levels, and a
+# held call's output is wrapped again (its `handler_status`). No interface's output nests half as deep.
+MOST_OUTPUT_DEPTH = 128
+_NOT_THE_INTERFACE = "the service returned a result that does not match the interface; retrying later may work"
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +313,8 @@ def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
     """
     told = f"JSON-RPC error {exc.code}" if isinstance(exc, ConnectorReplyError) else exc.message
     log.warning("binding '%s' (%s %s): %s: %s", plan.binding, plan.interface, plan.name, exc.cause, told)
+    if isinstance(exc, ConnectorOutputInvalidError):
+        return unavailable(exc.cause, _NOT_THE_INTERFACE, field=exc.field, detail=told)
     return unavailable(exc.cause, "the service failed; retrying later may work", detail=told)
 
 
@@ -365,15 +371,18 @@ def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None = None) -> None:
-    """Step 9: the output against the compiled outputSchema; the log names the field, never the value."""
+    """Step 9: the output against the compiled outputSchema, and no deeper than `MOST_OUTPUT_DEPTH`; the log
+    names the field, never the value."""
+    if nests_deeper(structured, MOST_OUTPUT_DEPTH):  # even where a recursive outputSchema allows it
+        raise unavailable("output_invalid", _NOT_THE_INTERFACE, field=f"(nested deeper than {MOST_OUTPUT_DEPTH} "
+                          "levels)")
     validator = plan.compiled.output
     if validator is None or validator.is_valid(structured):
         return
     try:
         error = next(iter(validator.iter_errors(structured)))
     except ValueError:  # the validator's recursion limit: nested deeper than the outputSchema describes
-        raise unavailable("output_invalid", "the service returned a result that does not match the interface; "
-                          "retrying later may work", field="(nested too deeply)") from None
+        raise unavailable("output_invalid", _NOT_THE_INTERFACE, field="(nested too deeply)") from None
     field = "/" + "/".join(str(p) for p in error.instance_path)
     kind = error.kind
     if kind.name == "additionalProperties":  # the names are the connector's: the first, cut short, and a count
@@ -382,10 +391,22 @@ def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None =
         field += f" and {len(extra) - 1} more" if len(extra) > 1 else ""
     if record is not None:
         record.keyword = kind.name
-    raise unavailable("output_invalid", "the service returned a result that does not match the interface; "
-                      "retrying later may work", field=field)
+    raise unavailable("output_invalid", _NOT_THE_INTERFACE, field=field)
 
 
 def cut_short(text: str, most: int) -> str:
     """`text`, or its first `most` - 1 characters and an ellipsis when it is longer than `most`."""
     return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def nests_deeper(value: Any, levels: int) -> bool:
+    """Whether `value` nests objects and arrays more than `levels` deep (an object of strings is one level)."""
+    if isinstance(value, dict):
+        children: Any = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return False
+    if levels == 0:
+        return True
+    return any(isinstance(child, dict | list) and nests_deeper(child, levels - 1) for child in children)
