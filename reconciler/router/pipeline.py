@@ -50,6 +50,7 @@ _SHOWN_NAME = 100  # characters of an unexpected output name the call log shows
 # The deepest output passed on: the result is serialized with orjson, which stops at 254 levels, and a
 # held call's output is wrapped again (its `handler_status`). No interface's output nests half as deep.
 MOST_OUTPUT_DEPTH = 128
+MOST_MESSAGE = 2000  # characters of a declared error's message the model reads
 _NOT_THE_INTERFACE = "the service returned a result that does not match the interface; retrying later may work"
 
 
@@ -360,7 +361,7 @@ def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> dict[str, Any]:
             code = structured["error"]
             message = structured.get("message")
             if code in plan.errors:
-                raise ToolError(code, message if isinstance(message, str) else code)
+                raise ToolError(code, cut_message(message) if isinstance(message, str) else code)
             raise unavailable("undeclared_error", f"the service failed with '{code[:100]}', which "
                               f"{plan.interface} does not declare; retrying later may work")
         raise unavailable("connector_error", "the service failed without an error code; retrying later may work")
@@ -392,6 +393,13 @@ def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None =
     if record is not None:
         record.keyword = kind.name
     raise unavailable("output_invalid", _NOT_THE_INTERFACE, field=field)
+
+
+def cut_message(message: str) -> str:
+    """A declared error's message as the model reads it: past `MOST_MESSAGE` characters, cut, saying so."""
+    if len(message) <= MOST_MESSAGE:
+        return message
+    return message[:MOST_MESSAGE] + f"… (cut: the service's message was {len(message)} characters long)"
 
 
 def cut_short(text: str, most: int) -> str:

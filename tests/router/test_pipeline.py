@@ -118,6 +118,16 @@ def test_connector_failures_map_onto_the_closed_list(echo_root: Path, run_dir: P
     exchange(echo_root, run_dir, script)
 
 
+def test_a_declared_error_s_message_reaches_the_model_cut_at_2000_characters_saying_so(echo_root: Path,
+                                                                                      run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        told = body(await c.call("echo_misbehave", {"mode": "long_error"}))
+        assert told["error"] == "empty_text"
+        assert told["message"] == "M" * 2000 + f"… (cut: the service's message was {4 << 20} characters long)"
+
+    exchange(echo_root, run_dir, script)
+
+
 def test_an_output_mismatch_logs_the_field_never_the_value(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         await c.call("echo_misbehave", {"mode": "extra"})
