@@ -5,9 +5,11 @@ call. The messages travel on the wire's line client (`reconciler.wire.client`), 
 calls by request id, so concurrent calls of many sessions share a process, and tells the connector
 of a call given up on (a timeout, a client's cancellation) with `notifications/cancelled`. If the
 process dies or closes its output, every pending call fails with `ConnectorCrashedError` and the
-next call starts a fresh process. A line on its output that is not JSON is logged (secrets masked)
-and skipped; a reply over the line limit fails only its own call (`output_too_large`), or every
-pending call when its id cannot be read. Nothing here logs a message's content.
+next call starts a fresh process. A reply that is not JSON (or nests past the parser's limit) fails
+only its own call (`output_invalid`); any other line on its output that is not JSON is logged
+(secrets masked) and skipped. A reply over the line limit fails only its own call
+(`output_too_large`), or every pending call when its id cannot be read. Nothing here logs a reply's
+content.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from reconciler.config.eventloop import LoopPipe
 from reconciler.connectors.errors import (
     ConnectorCrashedError,
     ConnectorError,
+    ConnectorOutputInvalidError,
     ConnectorOutputTooLargeError,
     ConnectorReplyError,
     ConnectorStartError,
@@ -174,6 +177,9 @@ class _ConnectorLine(LineClient):
 
     def oversize_error(self, why: str) -> Exception:
         return ConnectorOutputTooLargeError(why)
+
+    def unreadable_error(self, why: str) -> Exception:
+        return ConnectorOutputInvalidError(f"{self.name} answered with a reply {why}", f"(a reply {why})")
 
     def abort(self, error: Exception) -> None:
         super().abort(error)

@@ -13,6 +13,7 @@ from reconciler.config.errors import HandlerError
 __all__ = [
     "ConnectorCrashedError",
     "ConnectorError",
+    "ConnectorOutputInvalidError",
     "ConnectorOutputTooLargeError",
     "ConnectorReplyError",
     "ConnectorRestartingError",
@@ -64,3 +65,13 @@ class ConnectorOutputTooLargeError(ConnectorError):
     """The connector answered a call with a message over the line limit; the call fails, the process lives on."""
 
     cause = "output_too_large"
+
+
+class ConnectorOutputInvalidError(ConnectorError):
+    """The connector answered a call with a reply that does not parse; the call fails, the process lives on."""
+
+    cause = "output_invalid"
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field  # what was wrong, for the call log (never the reply's content)

@@ -86,8 +86,8 @@ class Gate(Protocol):
 
     async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
         """Charge an admitted call: `actual_cost` as its connector reported it (None: its estimate), never more
-        than was reserved for it. When not `ok`: nothing, or `actual_cost` when given (what a call that ended
-        without its connector's answer may have cost)."""
+        than was reserved for it. When not `ok`: nothing, or `actual_cost` when given (what the connector reported,
+        or the price of a call that may have reached the provider)."""
         ...
 
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus: ...

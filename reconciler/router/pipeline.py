@@ -27,7 +27,12 @@ from typing import Any
 
 from reconciler.config.models import Limits
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorRestartingError
+from reconciler.connectors.errors import (
+    ConnectorError,
+    ConnectorOutputInvalidError,
+    ConnectorReplyError,
+    ConnectorRestartingError,
+)
 from reconciler.connectors.pool import ConnectorPool, RunningConnector
 from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import Admission, CallRequest, CallResult, Gate
@@ -46,6 +51,12 @@ __all__ = ["Caller", "Services", "check_arguments", "run_admitted", "run_held", 
 log = logging.getLogger("handler.router")
 _NO_PATHS: dict[str, str] = {}  # no connector-side paths to map back (never written to)
 _call_ids = itertools.count(1)
+_SHOWN_NAME = 100  # characters of an unexpected output name the call log shows
+# The deepest output passed on: the result is serialized with orjson, which stops at 254 levels, and a
+# held call's output is wrapped again (its `handler_status`). No interface's output nests half as deep.
+MOST_OUTPUT_DEPTH = 128
+MOST_MESSAGE = 2000  # characters of a declared error's message the model reads
+_NOT_THE_INTERFACE = "the service returned a result that does not match the interface; retrying later may work"
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,14 +255,16 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
     The wait for a concurrency slot and the call share one deadline. The common case (a slot free,
     the process running, no files) awaits the connector right here, with no coroutine in between.
 
-    A call sent to its connector that ends without the connector's answer (its client cancelled it,
-    its deadline passed, the process died) may have reached the provider: it is charged its price, the
-    most it may cost, as a reservation a killed router left is. Otherwise cancelling every call once
-    sent would run them all against a cap that never moves. A call the connector answered with an
-    error is released.
+    A call sent to its connector is charged what the connector reported it cost, whatever the result.
+    Reporting nothing, it is charged its price, the most it may cost, when it may have reached the
+    provider: it ended without the connector's answer (its client cancelled it, its deadline passed,
+    the process died), as a reservation a killed router left is, else cancelling every call once sent
+    would run them all against a cap that never moves; or the answer does not match the interface
+    (`output_invalid`, an undeclared error, an error without a code). A call the connector answered
+    with a declared error or a JSON-RPC error, reporting nothing, is released.
     """
     ok = False
-    sent = answered = False
+    sent = declined = False
     actual: float | None = None
     book, limits = svc.limits, plan.limits
     key = (caller.profile, caller.instance, plan.interface)
@@ -269,11 +282,15 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
                                                                deadline)
         sent = True  # the request is written before the call's first wait
         raw = await connector.call_tool(plan.name, sending, deadline=deadline)
-        answered = True
         if taken:
             taken = False
             book.release(key)
-        structured, actual = map_errors(plan, raw)  # step 8
+        actual = read_reported_cost(raw)
+        try:
+            structured = map_errors(plan, raw)  # step 8
+        except ToolError as exc:
+            declined = exc.cause is None  # an error of the interface's list, not the router's `unavailable`
+            raise
         validate_output(plan, structured, record)  # step 9
         if folder is not None:  # step 10: the output files
             await asyncio.to_thread(folder.deliver, files, plan.scope, plan.limits.maxFileBytes)
@@ -283,14 +300,14 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
         svc.pool.suspect(plan.pool_key)  # a connector stuck on this call is recycled, not waited on
         raise timeout_error(timeout) from None
     except ConnectorError as exc:
-        answered = isinstance(exc, ConnectorReplyError)  # an error it answered with, not a process gone
+        declined = isinstance(exc, ConnectorReplyError)  # a JSON-RPC error it answered with, not a process gone
         raise connector_failed(plan, exc) from None
     finally:
         if taken:
             book.release(key)
         if folder is not None:
             await asyncio.to_thread(folder.remove)
-        cost = actual if actual is not None else plan.price if ok or (sent and not answered) else None
+        cost = actual if actual is not None else plan.price if sent and not declined else None
         settlement = await svc.gate.settle(admission, cost, ok) if admission is not None else None  # step 10
         record.cost = settlement.charged if settlement is not None else cost
     return CallResult(True, structured, actual, settlement)
@@ -306,6 +323,8 @@ def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
     if isinstance(exc, ConnectorRestartingError):
         return unavailable(exc.cause, f"the service crashed and waits {exc.seconds:.1f} s before it starts again; "
                            "retrying then may work", detail=told)
+    if isinstance(exc, ConnectorOutputInvalidError):
+        return unavailable(exc.cause, _NOT_THE_INTERFACE, field=exc.field, detail=told)
     return unavailable(exc.cause, "the service failed; retrying later may work", detail=told)
 
 
@@ -350,41 +369,68 @@ async def prepare(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: 
     return connector, arguments, back, deadline
 
 
-def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:
-    """Step 8: the connector's result onto the interface's closed error list (S3); (output, its cost)."""
+def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Step 8: the connector's result onto the interface's closed error list (S3); its output."""
     structured = raw.get("structuredContent")
     if raw.get("isError"):
         if isinstance(structured, dict) and isinstance(structured.get("error"), str):
             code = structured["error"]
             message = structured.get("message")
             if code in plan.errors:
-                raise ToolError(code, message if isinstance(message, str) else code)
+                raise ToolError(code, cut_message(message) if isinstance(message, str) else code)
             raise unavailable("undeclared_error", f"the service failed with '{code[:100]}', which "
                               f"{plan.interface} does not declare; retrying later may work")
         raise unavailable("connector_error", "the service failed without an error code; retrying later may work")
     if not isinstance(structured, dict):
         raise unavailable("output_invalid", "the service returned no structured result",
                           field="/" if structured is None else "(structuredContent)")
-    return structured, read_reported_cost(raw)
+    return structured
 
 
 def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None = None) -> None:
-    """Step 9: the output against the compiled outputSchema; the log names the field, never the value."""
+    """Step 9: the output against the compiled outputSchema, and no deeper than `MOST_OUTPUT_DEPTH`; the log
+    names the field, never the value."""
+    if nests_deeper(structured, MOST_OUTPUT_DEPTH):  # even where a recursive outputSchema allows it
+        raise unavailable("output_invalid", _NOT_THE_INTERFACE, field=f"(nested deeper than {MOST_OUTPUT_DEPTH} "
+                          "levels)")
     validator = plan.compiled.output
     if validator is None or validator.is_valid(structured):
         return
     try:
         error = next(iter(validator.iter_errors(structured)))
     except ValueError:  # the validator's recursion limit: nested deeper than the outputSchema describes
-        raise unavailable("output_invalid", "the service returned a result that does not match the interface; "
-                          "retrying later may work", field="(nested too deeply)") from None
+        raise unavailable("output_invalid", _NOT_THE_INTERFACE, field="(nested too deeply)") from None
     field = "/" + "/".join(str(p) for p in error.instance_path)
     kind = error.kind
-    if kind.name == "additionalProperties":
-        extra = kind.as_dict().get("unexpected") or []
-        field = field.rstrip("/") + "/" + ",".join(str(e) for e in extra)
+    if kind.name == "additionalProperties":  # the names are the connector's: the first, cut short, and a count
+        extra = kind.as_dict().get("unexpected") or [""]
+        field = field.rstrip("/") + "/" + cut_short(str(extra[0]), _SHOWN_NAME)
+        field += f" and {len(extra) - 1} more" if len(extra) > 1 else ""
     if record is not None:
         record.keyword = kind.name
-    raise unavailable("output_invalid", "the service returned a result that does not match the interface; "
-                      "retrying later may work", field=field)
+    raise unavailable("output_invalid", _NOT_THE_INTERFACE, field=field)
 
+
+def cut_message(message: str) -> str:
+    """A declared error's message as the model reads it: past `MOST_MESSAGE` characters, cut, saying so."""
+    if len(message) <= MOST_MESSAGE:
+        return message
+    return message[:MOST_MESSAGE] + f"… (cut: the service's message was {len(message)} characters long)"
+
+
+def cut_short(text: str, most: int) -> str:
+    """`text`, or its first `most` - 1 characters and an ellipsis when it is longer than `most`."""
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def nests_deeper(value: Any, levels: int) -> bool:
+    """Whether `value` nests objects and arrays more than `levels` deep (an object of strings is one level)."""
+    if isinstance(value, dict):
+        children: Any = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return False
+    if levels == 0:
+        return True
+    return any(isinstance(child, dict | list) and nests_deeper(child, levels - 1) for child in children)

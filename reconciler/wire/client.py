@@ -9,9 +9,13 @@ deadline on the loop's clock: one sweeping timer per client fails the late ones 
 from the peer is answered (`ping`) or refused, unless the peer left more than `MOST_UNREAD_ANSWERS`
 bytes of answers unread: a peer that floods requests and never reads cannot grow our memory.
 
-What a failure looks like is the user's choice: a subclass overrides `closed_error` and
-`reply_error` to raise its own types, and `bad_line`, `oversize_line` and `answer_request` to treat a
-peer's misbehaviour its own way.
+A reply that is not JSON (NaN, a number past a 64-bit float, nesting past the parser's 1024 levels)
+fails its own request at once when its id shows at its head, and is never shown; any other line that
+is not JSON goes to `bad_line`.
+
+What a failure looks like is the user's choice: a subclass overrides `closed_error`, `reply_error`,
+`oversize_error` and `unreadable_error` to raise its own types, and `bad_line`, `oversize_line` and
+`answer_request` to treat a peer's misbehaviour its own way.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any, Final, Self
 import orjson
 
 from reconciler.wire.errors import INTERNAL_ERROR, METHOD_NOT_FOUND, HandlerError, JsonRpcError, LineClosedError
-from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, HEAD_BYTES, LineFramer, Oversize
 from reconciler.wire.messages import encode_error, encode_notification, encode_request, encode_result
 from reconciler.wire.versions import LATEST_HANDSHAKE
 
@@ -41,9 +45,18 @@ _REPLY_ID = re.compile(rb'^\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(\d
 
 
 def _reply_id(head: bytes) -> int | None:
-    """The integer id at the start of a reply (ours are integers), if it shows there."""
-    found = _REPLY_ID.match(head)
+    """The integer id at the start of a reply (ours are integers), if it shows there and the line is no request."""
+    found = _REPLY_ID.match(head) if b'"method"' not in head else None
     return int(found.group(1)) if found else None
+
+
+def _unreadable(exc: orjson.JSONDecodeError) -> str:
+    """What keeps a line from parsing, named without quoting it."""
+    if exc.msg.startswith("depth limit"):
+        return "nested deeper than 1024 levels"
+    if exc.msg.startswith("number is infinity"):  # valid JSON, past what a 64-bit float holds (about 1.8e308)
+        return "holding a number past a 64-bit float"
+    return "that is not JSON"  # NaN and Infinity among others, which Python's json module writes
 
 
 class LineClient(asyncio.Protocol):
@@ -107,7 +120,7 @@ class LineClient(asyncio.Protocol):
         leaves the stream unusable, since the request it answers cannot be told.
         """
         limit = self._framer.max_line_bytes
-        msg_id = _reply_id(head) if b'"method"' not in head else None
+        msg_id = _reply_id(head)
         if msg_id is None:
             self.abort(self.closed_error(f"{self.name} wrote a message over {limit} bytes"))
             return
@@ -118,6 +131,11 @@ class LineClient(asyncio.Protocol):
     def oversize_error(self, why: str) -> Exception:
         """The error a request fails with when its reply is over the line limit."""
         return JsonRpcError(INTERNAL_ERROR, why)
+
+    def unreadable_error(self, why: str) -> Exception:
+        """The error a request fails with when its reply does not parse: `why` says how, after "a reply" (`that is
+        not JSON`, `nested deeper than 1024 levels`, `holding a number past a 64-bit float`)."""
+        return JsonRpcError(INTERNAL_ERROR, f"{self.name} answered with a reply {why}")
 
     def answer_request(self, msg: Mapping[str, Any]) -> None:
         """A request from the peer: `ping` is answered; this client offers no other feature. None is answered while
@@ -229,8 +247,13 @@ class LineClient(asyncio.Protocol):
     def _on_line(self, line: bytes) -> None:
         try:
             msg = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            if line.strip():
+        except orjson.JSONDecodeError as exc:
+            msg_id = _reply_id(line[:HEAD_BYTES])
+            if msg_id is not None:  # a reply: it fails its request, or is dropped as any late reply
+                future = self._pending.get(msg_id)
+                if future is not None and not future.done():
+                    future.set_exception(self.unreadable_error(_unreadable(exc)))
+            elif line.strip():
                 self.bad_line(line)
             return
         if not isinstance(msg, dict):

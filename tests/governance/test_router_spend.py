@@ -21,7 +21,7 @@ from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
 from reconciler.router.server import Router
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
-from tests.fixtures.harness import DEADLINE, RawClient, body, run, serving, short_dir
+from tests.fixtures.harness import DEADLINE, RawClient, body, log_lines, run, serving, short_dir
 from tests.governance.governed import until
 
 REPORTED = 0.25  # what the echo connector's `cost` mode reports for every call
@@ -251,3 +251,39 @@ def test_a_connector_reporting_an_astronomical_cost_is_charged_its_price_and_the
     (violation,) = [r for r in trail if r["event"] == "pricing_violation"]
     assert (violation["detail"]["reported"], violation["detail"]["charged"]) == (to_micros(1e9), to_micros(0.25))
     assert sum(r["detail"].get("calls", 1) for r in trail if r["event"] == "settled") == 1
+
+
+def test_an_answer_is_charged_what_it_reported_else_its_price_unless_it_is_a_declared_error(
+        places: tuple[Path, Path], store: Store) -> None:
+    """A wrong-shaped answer certainly reached the connector, and maybe the provider: it costs its price, as a call
+    that timed out unanswered does, not nothing. A cost the connector reports is charged whatever the result. Only
+    a declared error (or a JSON-RPC error) reporting nothing is released."""
+    root, run_dir = places
+    price_misbehave(root, 0.01, cap=None)
+    cases = [  # the call's arguments, what the log says it was charged
+        ({"mode": "wrong_type"}, 0.01),  # output_invalid
+        ({"mode": "no_structured"}, 0.01),
+        ({"mode": "bad_code"}, 0.01),  # undeclared_error
+        ({"mode": "no_code"}, 0.01),  # an error without a code
+        ({"mode": "wrong_type", "cost": 0.008}, 0.008),
+        ({"mode": "bad_code", "cost": 0.008}, 0.008),
+        ({"mode": "no_code", "cost": 0.008}, 0.008),
+        ({"mode": "error", "cost": 0.008}, 0.008),  # a declared error that cost something
+        ({"mode": "error", "cost": 5.0}, 0.01),  # never above the price
+        ({"mode": "error"}, 0.0),  # a declared error: released
+        ({"mode": "rpc_error"}, 0.0),
+    ]
+
+    async def scenario() -> None:
+        async with governed(store, root, run_dir) as (router, client):
+            for args, charged in cases:
+                result = await client.call("echo_misbehave", args)
+                assert result["isError"] is True
+                assert log_lines(router)[-1]["cost"] == charged, args
+
+            async def recorded() -> bool:
+                return await asyncio.to_thread(profile_spend, store) == to_micros(0.01 * 5 + 0.008 * 4)
+
+            await until(recorded, 10.0)
+
+    run(scenario(), timeout=120)

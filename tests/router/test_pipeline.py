@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -116,6 +118,16 @@ def test_connector_failures_map_onto_the_closed_list(echo_root: Path, run_dir: P
     exchange(echo_root, run_dir, script)
 
 
+def test_a_declared_error_s_message_reaches_the_model_cut_at_2000_characters_saying_so(echo_root: Path,
+                                                                                      run_dir: Path) -> None:
+    async def script(c: RawClient, router: Router) -> None:
+        told = body(await c.call("echo_misbehave", {"mode": "long_error"}))
+        assert told["error"] == "empty_text"
+        assert told["message"] == "M" * 2000 + f"… (cut: the service's message was {4 << 20} characters long)"
+
+    exchange(echo_root, run_dir, script)
+
+
 def test_an_output_mismatch_logs_the_field_never_the_value(echo_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         await c.call("echo_misbehave", {"mode": "extra"})
@@ -128,6 +140,62 @@ def test_an_output_mismatch_logs_the_field_never_the_value(echo_root: Path, run_
         assert "12345" not in text
 
     exchange(echo_root, run_dir, script)
+
+
+def test_unexpected_output_names_are_logged_as_the_first_cut_short_and_how_many_more(echo_root: Path,
+                                                                                      run_dir: Path) -> None:
+    """The log names the field, never the value, and stays a line: a thousand names of 300 characters each joined
+    made a line of 300 kB (the names are the connector's to choose, and may carry what the output holds)."""
+    async def script(c: RawClient, router: Router) -> None:
+        result = await c.call("echo_misbehave", {"mode": "many_extra"})
+        assert result["_meta"]["handler/cause"] == "output_invalid"
+        line = log_lines(router)[-1]
+        assert line["keyword"] == "additionalProperties"
+        assert line["field"] == "/unexpected-0000-" + "k" * 83 + "… and 999 more"
+        assert len(log_text(router).splitlines()[-1]) < 1000
+
+    exchange(echo_root, run_dir, script)
+
+
+_NODE = {"type": "object", "additionalProperties": False,
+         "properties": {"text": {"type": "string"}, "n": {"type": "number"}, "c": {"$ref": "#/$defs/node"}}}
+DEEP_TOOL = {
+    "name": "echo_deep",
+    "description": "Answer an output nested as deep as asked.",
+    "inputSchema": {"type": "object", "additionalProperties": False, "required": ["depth"],
+                    "properties": {"depth": {"type": "integer", "minimum": 1},
+                                   "leaf": {"enum": ["text", "nan", "huge"]}}},
+    "outputSchema": {"$defs": {"node": _NODE}, **_NODE},
+    "annotations": {"readOnlyHint": True},
+}
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    ({"depth": 129}, "(nested deeper than 128 levels)"),  # a recursive outputSchema allows it
+    ({"depth": 300}, "(nested deeper than 128 levels)"),  # orjson serializes no deeper than 254: an internal error
+    ({"depth": 1100}, "(a reply nested deeper than 1024 levels)"),  # past the parser: the call waited its timeout
+    ({"depth": 1, "leaf": "nan"}, "(a reply that is not JSON)"),  # what Python's json.dumps writes
+    ({"depth": 1, "leaf": "huge"}, "(a reply holding a number past a 64-bit float)"),
+])
+def test_an_output_too_deep_or_not_json_is_output_invalid_at_once_and_never_logged(
+        echo_root: Path, run_dir: Path, caplog: pytest.LogCaptureFixture, args: dict[str, Any], field: str) -> None:
+    tools_json = echo_root / "catalog/interfaces/echo/v1/tools.json"
+    tools_json.write_text(json.dumps([*json.loads(tools_json.read_text()), DEEP_TOOL]))
+
+    async def script(c: RawClient, router: Router) -> None:
+        assert body(await c.call("echo_deep", {"depth": 128})) is not None  # as deep as an output may be
+        started = time.monotonic()
+        result = await c.call("echo_deep", args)
+        assert time.monotonic() - started < 5  # not the interface's timeout of 10 s
+        assert (body(result)["error"], result["_meta"]["handler/cause"]) == ("unavailable", "output_invalid")
+        assert "does not match the interface" in body(result)["message"]
+        line = log_lines(router)[-1]
+        assert (line["cause"], line["field"]) == ("output_invalid", field)
+        assert body(await c.call("echo_say", {"text": "next"})) == {"text": "next"}  # the process lives on
+
+    exchange(echo_root, run_dir, script)
+    assert "REPLY-CONTENT" not in caplog.text
+    assert "Traceback" not in caplog.text
 
 
 def test_the_connector_reported_cost_is_settled(echo_root: Path, run_dir: Path) -> None:

@@ -190,3 +190,29 @@ def test_an_oversize_reply_fails_only_its_own_request_and_a_late_one_is_dropped(
         assert not client.closed
 
     asyncio.run(_with_peer(peer, body, max_line_bytes=1000))
+
+
+def test_a_reply_that_is_not_json_fails_only_its_own_request_at_once_and_a_late_one_is_dropped() -> None:
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        late = await _next_request(reader)  # given up on by the client (its deadline)
+        nan, huge, deep, fine = [await _next_request(reader) for _ in range(4)]
+        for msg_id, value in ((late["id"], b"NaN"), (nan["id"], b"NaN"), (huge["id"], b"1e400"),
+                              (deep["id"], b"[" * 1100 + b"]" * 1100)):
+            writer.write(b'{"jsonrpc":"2.0","id":%d,"result":{"x":%b}}\n' % (int(str(msg_id)), value))
+        writer.write(_reply(fine["id"], {"n": 5}))
+        await writer.drain()
+
+    async def body(client: LineClient, _seen: list[dict[str, object]]) -> None:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            await client.request("late", {}, loop.time() + 0.05)
+        calls = [asyncio.create_task(client.request(name, {}, loop.time() + 30)) for name in ("nan", "huge", "deep")]
+        fine = asyncio.create_task(client.request("fine"))
+        for call, why in zip(calls, ("that is not JSON", "holding a number past a 64-bit float",
+                                     "nested deeper than 1024 levels"), strict=True):
+            with pytest.raises(JsonRpcError, match=f"^the peer answered with a reply {why}$"):
+                await asyncio.wait_for(call, 5)  # at once, not at the request's deadline
+        assert await fine == {"n": 5}
+        assert not client.closed
+
+    asyncio.run(_with_peer(peer, body))
