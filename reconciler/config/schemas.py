@@ -1,7 +1,8 @@
 """What the save-time checks and the conformance fuzzer both know about JSON Schema 2020-12.
 
 Walking every subschema of a schema, the keywords schema-driven fuzzing cannot honour, the file
-formats of the handler, and resolving a local `$ref`. The rules themselves are in `checks.tools`.
+formats of the handler, resolving a local `$ref`, and how deep the values a schema allows may nest (the
+router's bound on outputs). The rules themselves are in `checks.tools`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 
 from reconciler.config.lines import KeyPath
 
-__all__ = ["FILE_FORMATS", "NEW_KEYWORDS", "is_object_schema", "iter_subschemas", "resolve_ref", "types_of"]
+__all__ = ["FILE_FORMATS", "NEW_KEYWORDS", "is_object_schema", "iter_subschemas", "resolve_ref", "schema_depth",
+           "types_of"]
 
 FILE_FORMATS = frozenset({"handler-file", "handler-output-file"})
 # Keywords of 2020-12 (and 2019-09) that schema-driven generators for drafts 4-7 cannot honour.
@@ -98,3 +100,50 @@ def resolve_ref(schema: dict[str, Any], ref: str) -> Any:
         else:
             return None
     return node
+
+
+_LEAF_TYPES = frozenset({"string", "number", "integer", "boolean", "null"})
+
+
+def schema_depth(schema: Any, root: Any = None, refs: frozenset[str] = frozenset()) -> int | None:
+    """How deep the values `schema` allows nest objects and arrays (an object of strings: 1), or None when it sets
+    no bound: a recursive `$ref`, an object open to any value, an array of anything, no type at all. `root` is the
+    schema its local `$ref`s point into (itself by default)."""
+    root = schema if root is None else root
+    if not isinstance(schema, dict):
+        return 0 if schema is False else None  # `true` (or no schema): anything
+    if "const" in schema or "enum" in schema:
+        values = [schema["const"]] if "const" in schema else schema["enum"]
+        return max(map(_value_depth, values), default=0) if isinstance(values, list) else None
+    depths: list[int | None] = [schema_depth(branch, root, refs) for key in ("anyOf", "oneOf", "allOf")
+                                for branch in schema.get(key) or ()]
+    ref = schema.get("$ref")
+    if isinstance(ref, str):  # a cycle, or a schema elsewhere, sets no bound
+        depths.append(None if ref in refs else schema_depth(resolve_ref(root, ref), root, refs | {ref}))
+    kinds = types_of(schema)
+    if kinds & {"object", "array"}:
+        depths.append(_container_depth(schema, kinds, root, refs))
+    elif not kinds <= _LEAF_TYPES or not (kinds or depths):
+        depths.append(None)  # a type this does not know, or none: any value
+    return None if None in depths else max((d for d in depths if d is not None), default=0)
+
+
+def _container_depth(schema: dict[str, Any], kinds: set[str], root: Any, refs: frozenset[str]) -> int | None:
+    inner: list[int | None] = []
+    if "object" in kinds:
+        extra = schema.get("additionalProperties", True)
+        inner += [schema_depth(sub, root, refs) for sub in (schema.get("properties") or {}).values()]
+        inner += [schema_depth(sub, root, refs) for sub in (schema.get("patternProperties") or {}).values()]
+        inner.append(0 if extra is False else schema_depth(extra, root, refs))
+    if "array" in kinds:
+        inner += [schema_depth(sub, root, refs) for sub in schema.get("prefixItems") or ()]
+        inner.append(schema_depth(schema.get("items", True), root, refs))
+    return None if None in inner else 1 + max((d for d in inner if d is not None), default=0)
+
+
+def _value_depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_value_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_value_depth, value), default=0)
+    return 0

@@ -22,6 +22,7 @@ import orjson
 
 from reconciler.config.formats import compile_validator
 from reconciler.config.models import Limits, Tool
+from reconciler.config.schemas import schema_depth
 from reconciler.config.snapshot import ROUTER_ERRORS, Snapshot, effective_limits
 from reconciler.connectors.pool import PoolKey, pool_key
 from reconciler.router.builtins import BUILTIN_INTERFACE, BUILTIN_KEY, BUILTIN_TOOLS
@@ -40,6 +41,7 @@ class Compiled:
     input: jsonschema_rs.Validator
     output: jsonschema_rs.Validator | None
     files: tuple[FileField, ...]
+    deep_output: bool = True  # its outputSchema lets an output nest past MOST_OUTPUT_DEPTH: step 9 measures it
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -114,14 +116,20 @@ class ValidatorCache:
 
 def compile_tool(tool: Tool) -> Compiled:
     # formats checked as every client checks them (config/formats.py): a bad input is refused, a bad output too.
+    output = tool.outputSchema
+    most = schema_depth(output) if output else None
     return Compiled(
         listing=MappingProxyType(tool.model_dump(mode="json", exclude_none=True, by_alias=True)),
         input=compile_validator(tool.inputSchema),
-        output=compile_validator(tool.outputSchema) if tool.outputSchema else None,
+        output=compile_validator(output) if output else None,
         files=find_file_fields(tool.inputSchema),
+        deep_output=most is None or most > MOST_OUTPUT_DEPTH,
     )
 
 
+# The deepest output the router passes on: results are serialized with orjson, which stops at 254 levels, and a
+# held call's output is wrapped again (its `handler_status`). No interface's output nests half as deep.
+MOST_OUTPUT_DEPTH = 128
 _BUILTIN_COMPILED = {tool.name: compile_tool(tool) for tool in BUILTIN_TOOLS}
 
 

@@ -40,7 +40,7 @@ from reconciler.router.builtins import run_builtin
 from reconciler.router.calllog import CallLog, CallRecord
 from reconciler.router.errors import ToolError, invalid_arguments, unavailable
 from reconciler.router.files import CallFolder, FileArg, resolve_files, restore_paths
-from reconciler.router.generation import Generation, ToolPlan, View
+from reconciler.router.generation import MOST_OUTPUT_DEPTH, Generation, ToolPlan, View
 from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, LimitKey, concurrency_error, timeout_error
 from reconciler.router.outcomes import EncodedResult, error_result, executed_result, held_result
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
@@ -52,9 +52,6 @@ log = logging.getLogger("handler.router")
 _NO_PATHS: dict[str, str] = {}  # no connector-side paths to map back (never written to)
 _call_ids = itertools.count(1)
 _SHOWN_NAME = 100  # characters of an unexpected output name the call log shows
-# The deepest output passed on: the result is serialized with orjson, which stops at 254 levels, and a
-# held call's output is wrapped again (its `handler_status`). No interface's output nests half as deep.
-MOST_OUTPUT_DEPTH = 128
 MOST_MESSAGE = 2000  # characters of a declared error's message the model reads
 _NOT_THE_INTERFACE = "the service returned a result that does not match the interface; retrying later may work"
 
@@ -390,7 +387,7 @@ def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> dict[str, Any]:
 def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None = None) -> None:
     """Step 9: the output against the compiled outputSchema, and no deeper than `MOST_OUTPUT_DEPTH`; the log
     names the field, never the value."""
-    if nests_deeper(structured, MOST_OUTPUT_DEPTH):  # even where a recursive outputSchema allows it
+    if plan.compiled.deep_output and nests_deeper(structured, MOST_OUTPUT_DEPTH):  # a schema that sets no bound
         raise unavailable("output_invalid", _NOT_THE_INTERFACE, field=f"(nested deeper than {MOST_OUTPUT_DEPTH} "
                           "levels)")
     validator = plan.compiled.output
