@@ -252,13 +252,9 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
     The wait for a concurrency slot and the call share one deadline. The common case (a slot free,
     the process running, no files) awaits the connector right here, with no coroutine in between.
 
-    A call sent to its connector is charged what the connector reported it cost, whatever the result.
-    Reporting nothing, it is charged its price, the most it may cost, when it may have reached the
-    provider: it ended without the connector's answer (its client cancelled it, its deadline passed,
-    the process died), as a reservation a killed router left is, else cancelling every call once sent
-    would run them all against a cap that never moves; or the answer does not match the interface
-    (`output_invalid`, an undeclared error, an error without a code). A call the connector answered
-    with a declared error or a JSON-RPC error, reporting nothing, is released.
+    A call sent is charged what its connector reported, whatever the result; reporting nothing, its price when it
+    may have reached the provider (no answer: cancelled, late, the process gone; or an answer the interface refuses),
+    and nothing for a declared or JSON-RPC error (docs/router.md, "Tool results").
     """
     ok = False
     sent = declined = False

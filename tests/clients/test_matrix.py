@@ -145,7 +145,7 @@ def test_a_held_call_then_its_status_a_blocked_call_and_a_bad_format(
     line = logged(service, f"matrix-{kind}", "echo_formats")
     assert (line["outcome"], line["cause"], line["field"], line["keyword"]) == ("error", "output_invalid", "/uri",
                                                                                  "format")
-    assert line["cost"] == 0  # an output the interface refuses is not charged
+    assert line["cost"] == 0.002  # its price: an answer the interface refuses still reached the provider
 
 
 def test_the_typescript_client_accepts_every_format_the_router_lets_out(service: GovernedService) -> None:
