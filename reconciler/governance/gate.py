@@ -68,7 +68,9 @@ class CallResult:
 
     ok: bool
     output: Mapping[str, Any]  # the validated output; when not ok, {"error": code, "message": why}
-    cost: float | None = None  # what the connector reported the call cost, USD; None: it did not say
+    # What the connector reported the call cost, USD (None: it did not say); when not ok, what the call is charged
+    # (its price when it may have reached the provider; None: nothing), as the call log says.
+    cost: float | None = None
     settlement: Settlement | None = None  # what the gate charged, when the call was settled on its way
     # Why it failed, for people (a held call's page, `handler approvals show`, the audit trail): the
     # router's cause and what the connector said, which the agent's `output` leaves out.

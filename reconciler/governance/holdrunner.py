@@ -169,7 +169,7 @@ class HoldRunner:
             await self._workers.run(_finish, self.store, hold, False, None, recheck, None, None)
             return True
         result = await self._execute(self._executor, hold)
-        actual = to_micros(result.cost) if result.ok and result.cost is not None else None
+        actual = to_micros(result.cost) if result.cost is not None else None  # a failure's too: the call log's cost
         try:
             charged, _ = await self._workers.run(functools.partial(settle, binding=hold.binding, tool=hold.tool),
                                                  self.store, recheck, actual, result.ok, request_id)

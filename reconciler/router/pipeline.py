@@ -223,9 +223,9 @@ async def run_held(svc: Services, generation: Generation, call: CallRequest) -> 
         files = check_arguments(plan, arguments)
         return await run_admitted(svc, generation.snapshot, plan, Caller(call.profile, call.instance,
                                   call.parent_instance), arguments, files, None, record)
-    except ToolError as exc:
+    except ToolError as exc:  # charged what `run_admitted` decided (its price, if it may have reached the provider)
         note_error(record, exc)
-        return CallResult(False, {"error": exc.code, "message": exc.message}, cause=exc.operator_text())
+        return CallResult(False, {"error": exc.code, "message": exc.message}, record.cost, cause=exc.operator_text())
     finally:
         svc.log.write(record)
 

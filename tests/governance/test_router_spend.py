@@ -287,3 +287,43 @@ def test_an_answer_is_charged_what_it_reported_else_its_price_unless_it_is_a_dec
             await until(recorded, 10.0)
 
     run(scenario(), timeout=120)
+
+
+def test_an_approved_hold_whose_answer_the_interface_refuses_is_charged_as_any_call_is(
+        places: tuple[Path, Path], store: Store) -> None:
+    """Its run cost nothing while the call log said its price: the spend rows and the log disagreed."""
+    from reconciler.governance.holds import decide_hold, get_hold
+
+    root, run_dir = places
+    price_misbehave(root, 0.01, cap=None)
+    profile = root / "config/profiles/tester.toml"
+    profile.write_text(profile.read_text() + '\n[[rules]]\naction = "echo_misbehave"\noutcome = "approve"\n')
+
+    async def scenario() -> None:
+        governor = Governor(store, owns_store=False, poll_seconds=0.05)
+        try:
+            async with serving(root, run_dir, gate=governor) as router:
+                governor.use_snapshot(router.live.snapshot)
+                await governor.start(router.execute_held)  # as `handler up` does: approved holds run here
+                client = await RawClient.connect(router.socket_path("tester"))
+                held = body(await client.call("echo_misbehave", {"mode": "wrong_type"}))
+                await client.close()
+                assert held["status"] == "pending", held
+                rid = held["request_id"]
+                await asyncio.to_thread(decide_hold, store, rid, "approve", "owner")
+
+                async def failed() -> bool:
+                    return (await asyncio.to_thread(get_hold, store, rid)).state == "failed"
+
+                await until(failed, 20.0)
+                assert (await asyncio.to_thread(get_hold, store, rid)).charged == to_micros(0.01)
+                assert log_lines(router)[-1]["cost"] == 0.01  # the call log and the spend rows agree
+
+                async def recorded() -> bool:
+                    return await asyncio.to_thread(profile_spend, store) == to_micros(0.01)
+
+                await until(recorded, 10.0)
+        finally:
+            await governor.aclose()
+
+    run(scenario(), timeout=120)
