@@ -48,6 +48,7 @@ CODES: dict[str, Code] = _registry(
     Code("F006", E, "a file in the config tree is a symbolic link, which is not followed"),
     Code("F007", E, "a name is longer than 100 characters"),
     Code("F008", E, "a file's name is not UTF-8"),
+    Code("F009", E, "a file is larger than a file of the tree may be"),
     # interfaces
     Code("I001", E, "an object schema is open (S2)"),
     Code("I002", E, "a schema is not valid JSON Schema 2020-12"),

@@ -26,6 +26,7 @@ from reconciler.config.checks import (
     check_tree,
     linked_file,
     missing_file,
+    oversize_file,
     parse_document,
     read_cases,
     split_tool_text,
@@ -53,7 +54,7 @@ from reconciler.config.snapshot import (
     Snapshot,
     frozen_map,
 )
-from reconciler.config.sources import Blob, FolderSource, TreeSource
+from reconciler.config.sources import MAX_FILE_BYTES, Blob, FolderSource, TreeSource
 
 __all__ = ["Loader", "load_snapshot"]
 
@@ -172,6 +173,8 @@ class Loader:
         """Read a config file now; set catalog files aside by folder, to be read a folder at a time."""
         if (escaped := undecodable_name(path)) is not None:
             gathered.findings.append(undecodable_file(escaped))
+        elif blob.oversize:
+            gathered.findings.append(oversize_file(path, blob.oversize, MAX_FILE_BYTES))
         elif blob.link:
             gathered.findings.append(linked_file(path, blob.data))
         elif m := _IFACE.match(path):

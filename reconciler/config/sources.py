@@ -47,6 +47,11 @@ class Blob:
     sha: str  # git's blob hash of `data`
     data: bytes
     link: bool = False  # a symbolic link: `data` is the path it points to, as git stores it
+    oversize: int = 0  # its size, when it is over MAX_FILE_BYTES: not read (`data` is empty), a finding (F009)
+
+
+# The most a file of the tree may hold: a larger one is not read (a blob of zeros a few MB pushed holds gigabytes).
+MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
 class TreeSource(Protocol):
@@ -60,6 +65,15 @@ class TreeSource(Protocol):
 def blob_sha(data: bytes) -> str:
     """The hash git gives a blob with these bytes."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _file_blob(rel: str, path: str, st: os.stat_result) -> Blob:
+    """The file at `path` (`st`, its lstat) as a blob; one over MAX_FILE_BYTES is not read."""
+    if st.st_size > MAX_FILE_BYTES:
+        return Blob(rel, f"oversize:{st.st_size}:{st.st_mtime_ns}", b"", oversize=st.st_size)
+    with open(path, "rb") as fh:  # noqa: PTH123 - a Path per file costs more than the read
+        data = fh.read()
+    return Blob(rel, blob_sha(data), data)
 
 
 def _link(rel: str, path: Path) -> Blob:
@@ -169,8 +183,7 @@ class FolderSource:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 return None  # a folder was added, moved or removed: walk
-            data = path.read_bytes()
-            blob = Blob(rel, blob_sha(data), data)
+            blob = _file_blob(rel, str(path), st)
             racy = st.st_mtime_ns > self._now_ns - _RACY_NS
             self._stat_cache[rel] = (-1 if racy else st.st_mtime_ns, st.st_size, blob)
             files[rel] = blob
@@ -196,9 +209,7 @@ class FolderSource:
                 if cached and cached[0] == st.st_mtime_ns and cached[1] == st.st_size:
                     blob = cached[2]
                 else:
-                    with open(entry.path, "rb") as fh:  # noqa: PTH123 - a Path per file costs more than the read
-                        data = fh.read()
-                    blob = Blob(child, blob_sha(data), data)
+                    blob = _file_blob(child, entry.path, st)
                 # Like git's "racy" entries: mtimes are coarse, so a file written in the last seconds may
                 # change again without its size or mtime moving; it is not trusted from the cache yet.
                 racy = st.st_mtime_ns > self._now_ns - _RACY_NS
@@ -274,6 +285,8 @@ class GitSource:
             blob = self._blobs.get(item.hexsha)
             link = item.mode == _GIT_LINK_MODE
             if blob is None or blob.path != rel or blob.link != link:
-                blob = Blob(rel, item.hexsha, item.data_stream.read(), link)
+                size = item.size  # from the object's header: nothing is inflated to know it
+                blob = (Blob(rel, item.hexsha, b"", link, oversize=size) if size > MAX_FILE_BYTES
+                        else Blob(rel, item.hexsha, item.data_stream.read(), link))
             cache[item.hexsha] = blob
             files[rel] = blob

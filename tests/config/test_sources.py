@@ -169,3 +169,25 @@ def test_a_file_name_not_utf8_is_a_finding_naming_it_from_a_folder_and_from_a_co
         assert main(["validate", str(shipped_tree), "--format", form]) == 1
         out = capsys.readouterr().out
         assert "bad\\xff\\xfe" in (json.loads(out)["findings"][0]["file"] if form == "json" else out)
+
+
+def test_a_file_over_the_size_a_tree_file_may_be_is_a_finding_and_is_not_read(
+        shipped_tree: Path, git: Callable[..., str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blob of zeros that a few MB of repository hold took ~900 MB of memory to validate, and the service the same."""
+    from reconciler.config import loading, sources
+
+    for module in (sources, loading):
+        monkeypatch.setattr(module, "MAX_FILE_BYTES", 300_000)  # the shipped tree's largest file holds 235,512
+    (shipped_tree / "catalog/connectors/ocr-tesseract/model.bin").write_bytes(b"\0" * 500_000)
+    git(shipped_tree, "init", "-q")
+    git(shipped_tree, "add", "-A")
+    git(shipped_tree, "commit", "-qm", "a model in the tree")
+    for source in (FolderSource(shipped_tree), GitSource(shipped_tree, "HEAD")):
+        _, files = source.read()
+        blob = files["catalog/connectors/ocr-tesseract/model.bin"]
+        assert (blob.data, blob.oversize) == (b"", 500_000)  # never read
+        snapshot = Loader().load(source)
+        found = [(f.code, f.file, f.message) for f in snapshot.findings if f.code == "F009"]
+        assert found == [("F009", "catalog/connectors/ocr-tesseract/model.bin", "this file holds 500,000 bytes, over "
+                          "the 300,000 a file of the config tree may hold; it is not read")]
+        assert not snapshot.ok

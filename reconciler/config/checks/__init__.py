@@ -29,6 +29,7 @@ from reconciler.config.checks.tree import Memo, check_tree
 from reconciler.config.checks.tree.layout import (
     linked_file,
     missing_file,
+    oversize_file,
     stray_file,
     undecodable_file,
     undecodable_name,
@@ -47,6 +48,7 @@ __all__ = [
     "check_tree",
     "linked_file",
     "missing_file",
+    "oversize_file",
     "parse_document",
     "read_cases",
     "split_tool_text",

@@ -1,5 +1,5 @@
 """What the tree's file listing shows: a file nothing reads (F005), a symbolic link (F006), a name that is not
-UTF-8 (F008), a version
+UTF-8 (F008), a file too large to read (F009), a version
 folder lacking one of the two files every interface version has (I014). The loader asks as it sorts
 the files.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from reconciler.config.findings import Finding
 
-__all__ = ["linked_file", "missing_file", "stray_file", "undecodable_file", "undecodable_name"]
+__all__ = ["linked_file", "missing_file", "oversize_file", "stray_file", "undecodable_file", "undecodable_name"]
 
 
 def stray_file(path: str) -> Finding:
@@ -54,6 +54,18 @@ def undecodable_file(escaped: str) -> Finding:
         "this file's name is not UTF-8 (its other bytes are shown as \\x escapes), and the file is not read",
         "file names in UTF-8, as every tool that shows the tree reads them",
         "rename the file (git mv) to a UTF-8 name, or remove it",
+    )
+
+
+def oversize_file(path: str, size: int, most: int) -> Finding:
+    """F009: a file over the `most` bytes a file of the tree may hold; it is not read."""
+    return Finding(
+        "F009",
+        path,
+        1,
+        f"this file holds {size:,} bytes, over the {most:,} a file of the config tree may hold; it is not read",
+        f"files of at most {most // (1024 * 1024)} MiB (a model or a dataset belongs in [needs], fetched at install)",
+        "remove the file from the tree (git rm), or fetch it when the connector is installed",
     )
 
 
