@@ -1,8 +1,9 @@
 """What history shows: published interface versions are frozen (docs/architecture.md §4, §5).
 
 `handler validate --base REF` compares a revision with its base: a version that exists at the base
-may not change its interface.toml, tools.json or skills/; its conformance/ may gain cases. The
-finding names the version to create instead. I010.
+may not change its interface.toml, tools.json or skills/; its conformance/ may gain cases and
+fixtures, but not lose or change one (a published quality floor is not lowered). The finding names
+the version to create instead. I010.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ __all__ = ["check_frozen"]
 
 
 def check_frozen(base: Snapshot, head: Snapshot) -> list[Finding]:
-    """I010 for every file of a published version's contract that differs from `base`."""
+    """I010 for every file of a published version's contract that differs from `base`, and every case or fixture
+    of its conformance/ that was removed or changed."""
     findings: list[Finding] = []
     for key, old in base.interfaces.items():
         new = head.interfaces.get(key)
-        if new is None or new.contract_files == old.contract_files:
+        if new is None:
+            continue
+        findings.extend(_weakened(base, head, key))
+        if new.contract_files == old.contract_files:
             continue
         latest = max([*base.versions_of(old.name), *head.versions_of(old.name)])
         successor = f"{old.name}/v{latest + 1}"
@@ -50,6 +55,22 @@ def check_frozen(base: Snapshot, head: Snapshot) -> list[Finding]:
                 )
             )
     return findings
+
+
+def _weakened(base: Snapshot, head: Snapshot, key: str) -> list[Finding]:
+    """I010 for each conformance case or fixture of published `key` that `head` removed or changed."""
+    old, new = base.interfaces[key], head.interfaces[key]
+    kept = {case.name: case for case in new.cases}
+    cases = f"{new.folder}/conformance/cases.toml"
+    gone = [(cases, f"case '{c.name}'", "removed" if c.name not in kept else "changed")
+            for c in old.cases if kept.get(c.name) != c]
+    gone += [(f"{new.folder}/conformance/{path}", f"fixture {path}",
+              "removed" if path not in new.fixtures else "changed")
+             for path, data in old.fixtures.items() if new.fixtures.get(path) != data]
+    return [Finding("I010", path, 1, f"{key} is published (it exists at the base revision) and its conformance {what} "
+                    f"was {how}", f"{key}'s cases and fixtures kept: a published version may gain cases, not lose "
+                    "or weaken one", f"restore the {what.split()[0]}; a stricter or different floor belongs in a new "
+                    "version") for path, what, how in gone]
 
 
 def _first_changed_line(base: Snapshot, head: Snapshot, path: str) -> int:

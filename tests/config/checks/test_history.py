@@ -59,3 +59,33 @@ def test_a_new_version_is_not_frozen_until_it_exists_at_the_base(
     (v2 / "tools.json").write_bytes((v1 / "tools.json").read_bytes())
     (v2 / "interface.toml").write_text((v1 / "interface.toml").read_text().replace("version = 1", "version = 2"))
     assert _validate(committed, capsys, "--base", "HEAD")[0] == 0
+
+
+def test_a_published_versions_cases_and_fixtures_may_not_be_removed_or_weakened(
+    committed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One case asserting minItems = 0 in place of three validated: the quality floor was lowered in place."""
+    folder = committed / "catalog/interfaces/ocr/v1/conformance"
+    cases = folder / "cases.toml"
+    original = cases.read_text()
+    cases.write_text(original.replace('expect.contains = ["INV-2024-0042", "Total"]', 'expect.contains = ["INV"]', 1))
+    (folder / "invoice.png").write_bytes(b"not the invoice")
+    code, report = _validate(committed, capsys, "--base", "HEAD")
+    assert code == 1
+    assert sorted((f["file"], f["message"].split(" and its conformance ")[1])  # type: ignore[index]
+                  for f in report["findings"]) == [  # type: ignore[attr-defined]
+        ("catalog/interfaces/ocr/v1/conformance/cases.toml", "case 'invoice text' was changed"),
+        ("catalog/interfaces/ocr/v1/conformance/invoice.png", "fixture invoice.png was changed")]
+    cases.write_text(original.split("[[case]]\nname = \"rejects a zip\"")[0])
+    (folder / "invoice.png").write_bytes(_committed_bytes(committed, "invoice.png"))
+    code, report = _validate(committed, capsys, "--base", "HEAD")
+    assert code == 1
+    assert [f["message"].split(" and its conformance ")[1]  # type: ignore[index]
+            for f in report["findings"]] == ["case 'rejects a zip' was removed"]  # type: ignore[attr-defined]
+
+
+def _committed_bytes(root: Path, name: str) -> bytes:
+    import subprocess
+
+    return subprocess.run(["git", "show", f"HEAD:catalog/interfaces/ocr/v1/conformance/{name}"], cwd=root,
+                          capture_output=True, check=True).stdout
