@@ -183,12 +183,14 @@ def check_listing(root: Path, listing: Mapping[str, Any], snapshot: Snapshot | N
 
 
 def changed_connectors(root: Path, base: str | None) -> list[tuple[str, str | None]]:
-    """(connector, a binding of it or None) for each connector whose folder, interfaces or bindings changed
-    since the git ref `base` (with no base: every connector). Only connectors without egress are named: they
-    run here, offline; one that reaches a network is checked against its stand-in by the test suite, or
-    against the vendor with real credentials (`--evidence vendor`), never by this list."""
+    """(connector, a binding of it or None) for each connector whose folder, interfaces, bindings or result file
+    changed since the git ref `base` (with no base: every connector). A result file changed by hand (a pass
+    written, not run) is checked again like code. Only connectors without egress are named: they run here,
+    offline; one that reaches a network is checked against its stand-in by the test suite, or against the
+    vendor with real credentials (`--evidence vendor`), never by this list."""
     head = Loader().load(FolderSource(root))
-    before = Loader().load(GitSource.for_folder(root, base)) if base else Loader().load(_Empty())
+    source = GitSource.for_folder(root, base) if base else None
+    before = Loader().load(source) if source is not None else Loader().load(_Empty())
     changed: list[tuple[str, str | None]] = []
     for name, connector in sorted(head.connectors.items()):
         if connector.spec.egress or connector.spec.run.builtin:
@@ -197,7 +199,8 @@ def changed_connectors(root: Path, base: str | None) -> list[tuple[str, str | No
         moved = (_hash(before.connectors, name) != connector.content_hash
                  or any(_hash(before.interfaces, key) != _hash(head.interfaces, key)
                         for key in connector.spec.implements)
-                 or any(_hash(before.bindings, b) != head.bindings[b].content_hash for b in bindings))
+                 or any(_hash(before.bindings, b) != head.bindings[b].content_hash for b in bindings)
+                 or (source is not None and _results_changed(root, source, name)))
         if moved:
             changed.append((name, bindings[0] if bindings else None))
     return changed
@@ -265,6 +268,19 @@ def _changed(args: argparse.Namespace) -> int:
         else:
             print(f"{name} {binding}")
     return 0
+
+
+def _results_changed(root: Path, source: GitSource, name: str) -> bool:
+    """Whether `name`'s result file differs from the one at `source`'s commit."""
+    rel = f"{RESULTS_FOLDER}/{name}.json"
+    path = root / rel
+    now = path.read_bytes() if path.is_file() else None
+    try:
+        blob = source.repo.commit(source.ref).tree / "/".join(filter(None, (source.subdir, rel)))
+        then: bytes | None = blob.data_stream.read()
+    except KeyError:  # not at the base
+        then = None
+    return now != then
 
 
 class _Empty:

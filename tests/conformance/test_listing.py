@@ -165,6 +165,20 @@ def test_changed_connectors_are_named_with_a_binding(tree: Path, git: Callable[.
     assert changed_connectors(tree, "HEAD") == [("shout", "shout-bad-code")]
 
 
+def test_a_result_file_written_by_hand_names_its_connector_to_be_checked_again(tree: Path,
+                                                                                git: Callable[..., str]) -> None:
+    """A pull request adding three passing runs by hand listed a connector that does nothing: CI never ran it."""
+    git(tree, "init", "-q")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "base")
+    for seed in (1, 2, 3):
+        record_run(tree, run(tree, seed=seed))
+    assert changed_connectors(tree, "HEAD") == [("shout", "shout-bad-code")]
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "results")
+    assert changed_connectors(tree, "HEAD") == []
+
+
 def test_the_catalog_workflow_checks_changed_connectors_and_gates_the_listing() -> None:
     workflow = yaml.safe_load((REPO / ".github/workflows/catalog.yml").read_text())
     steps = "\n".join(str(step.get("run", "")) for job in workflow["jobs"].values() for step in job["steps"])
