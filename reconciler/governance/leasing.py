@@ -152,6 +152,9 @@ class Leaser:
                 await self._workers.run(sync, self.store, self.book, [w for w, _ in batch])
             except StoreError as exc:
                 log.warning("could not bring the budget leases in line with the store: %s", exc)
+                # The calls that came while it waited would wait as long again on the same lock: they fail with it,
+                # so no call waits past one lock timeout (docs/scaling.md).
+                batch, self._waiting = batch + self._waiting, []
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
