@@ -10,6 +10,7 @@ compiled rulebooks (`rulebook_cache`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -118,7 +119,8 @@ class Governor:
         reconciled = await self._workers.run(reconcile_reservations, self.store)
         if reconciled:
             log.warning("%d reservations a stopped router never settled are charged what they reserved", reconciled)
-        leases = await self._workers.run(reconcile_leases, self.store, self._restarted_as)
+        leases = await self._workers.run(functools.partial(reconcile_leases, by=self._leaser.router), self.store,
+                                         self._restarted_as)
         if leases:
             log.warning("%d budget leases stopped routers never returned are reconciled: what they had not issued "
                         "is given back", len(leases))

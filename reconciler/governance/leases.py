@@ -459,8 +459,9 @@ def _write(tx: Transaction, book: LeaseBook, step: _Step, granted: int, at: floa
                                "account": cut.account, "taken_at": at, "state": "open", **values})
 
 
-def reconcile_leases(store: Store, router: str | None = None) -> list[dict[str, Any]]:
+def reconcile_leases(store: Store, router: str | None = None, *, by: str | None = None) -> list[dict[str, Any]]:
     """Give back what leases their routers never returned did not issue (`granted - issued`): every expired
     one, and with `router` every open one of that router (a router starting again under its own id knows
-    its previous process is gone). What was issued stays counted as spent. Returns what was closed."""
-    return rows.close_expired(store, now(), router)
+    its previous process is gone). What was issued stays counted as spent. Returns what was closed; the audit
+    trail says that router `by` reconciled them."""
+    return rows.close_expired(store, now(), router, by=by)

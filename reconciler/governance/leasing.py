@@ -177,7 +177,7 @@ class Leaser:
 
     async def _reconcile_expired(self) -> None:
         try:
-            closed = await self._workers.run(reconcile_leases, self.store)
+            closed = await self._workers.run(functools.partial(reconcile_leases, by=self.router), self.store)
         except StoreError as exc:
             log.warning("could not reconcile expired budget leases: %s", exc)
             return

@@ -199,6 +199,28 @@ def test_a_lease_its_router_let_expire_is_reconciled_by_anyone(store_url: str, s
     report = {r["scope"]: r for r in spend_report(store)}["org:acme"]
     assert (report["leased"], report["stale"]) == (0, 0)
 
+    async def reconciled_by_a_live_router() -> list[dict[str, object]]:
+        proc = _racer(store_url, "lease", "router-gone-too", "1")  # another lease left to expire
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        _kill_9(proc)
+        governor = Governor(store, owns_store=False, router_id="router-alive", leases=LeaseTerms(ttl_seconds=1))
+        try:
+            await governor.start(Recorder())
+
+            async def closed() -> bool:
+                return any(r["detail"]["router"] == "router-gone-too" for r in
+                           await asyncio.to_thread(read_audit, store, event="reconciled"))
+
+            await until(closed, 30.0)
+            return await asyncio.to_thread(read_audit, store, event="reconciled")
+        finally:
+            await governor.aclose()
+
+    rows = asyncio.run(reconciled_by_a_live_router())
+    (row,) = [r for r in rows if r["detail"]["router"] == "router-gone-too"]
+    assert row["actor"] == "router-alive"  # who reconciled it; the detail names the lease's own router
+
 
 def test_a_lease_reconciled_under_a_live_router_never_lets_it_pass_the_cap(store: Store) -> None:
     """Reconciled by mistake (another router took it for dead): its router admits no more against it than it

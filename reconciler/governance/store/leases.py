@@ -115,9 +115,10 @@ def update_lease(tx: Transaction, lease_id: str, values: Mapping[str, Any]) -> N
     tx.execute(sa.update(leases).where(leases.c.id == lease_id).values(**values))
 
 
-def close_expired(store: Store, at: float, router: str | None = None) -> list[dict[str, Any]]:
+def close_expired(store: Store, at: float, router: str | None = None, *, by: str | None = None) -> list[dict[str, Any]]:
     """Reconcile the open leases that expired before `at` (and, with `router`, every open one of that router,
-    whose process is known to be gone): give back `granted - issued`, keep `issued` counted as spent.
+    whose process is known to be gone): give back `granted - issued`, keep `issued` counted as spent. The audit
+    row's actor is the router reconciling (`by`), its detail names the lease's own (`router`).
 
     `issued` is the most the lease's calls may have cost (written before they were admitted), so spend
     never under-counts. Each is recorded in the audit trail (`reconciled`). Returns what was closed.
@@ -152,8 +153,9 @@ def close_expired(store: Store, at: float, router: str | None = None) -> list[di
                 balance_back[lease["account"]] = balance_back.get(lease["account"], 0) + back
             update_lease(tx, lease["id"], {"state": "reconciled", "granted": issued})
             what = lease["scope"] or f"balance:{lease['account']}"
-            record(tx, "reconciled", actor=lease["router"], status="executed",
-                   detail={"lease": lease["id"], "of": what, "month": lease["month"], "granted": granted,
+            record(tx, "reconciled", actor=by or lease["router"], status="executed",
+                   detail={"lease": lease["id"], "router": lease["router"], "of": what, "month": lease["month"],
+                           "granted": granted,
                            "issued": issued, "charged": int(lease["charged"]), "returned": back,
                            "reason": "a lease its router never returned: what it may have spent stays counted, "
                                      "the rest is given back"})
