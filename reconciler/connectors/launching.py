@@ -22,7 +22,8 @@ launch is everything that process gets and nothing more:
   (`command = ["python3", "main.py"]` runs the connector's own `main.py`);
 - `python` (or `python3`) first in `run.command` is the Python of the connector's own environment when its
   `[needs]` declares Python packages (its `bin/` leads PATH; a missing one refuses the start, naming
-  `handler connector install`), else the service's; the Debian packages and programs it needs are
+  `handler connector install`), else the service's, and a Python checks every hash-based compiled file
+  against its source; the Debian packages and programs it needs are
   checked first (`environments`), a missing one refusing the start with the `apt-get install` to run;
 - its stderr, line by line, to the log `handler.connector` and to `connectors/<binding>.stderr.log`,
   with every secret value masked, metered and rotated (`stderrlog`).
@@ -35,6 +36,7 @@ import hashlib
 import ipaddress
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -337,12 +339,21 @@ def _etc_files(folder: Path, uid: int | None, hosts: Mapping[str, str]) -> dict[
 
 
 def _program_found(command: list[str], env: Mapping[str, str]) -> list[str]:
-    """`command` with its program made absolute through the connector's PATH, so the sandbox can bind its runtime."""
+    """`command` with its program made absolute through the connector's PATH, so the sandbox can bind its runtime;
+    a Python checks every hash-based compiled file against its source (`_PYTHON`)."""
     if command and "/" not in command[0]:
         found = shutil.which(command[0], path=env.get("PATH"))
         if found is not None:
-            return [found, *command[1:]]
+            command = [found, *command[1:]]
+    if command and _PYTHON.fullmatch(command[0].rsplit("/", 1)[-1]):
+        # A compiled file in the folder's __pycache__, which the tree's checks and hashes never read, would otherwise
+        # run in place of the reviewed source when it is an "unchecked hash" one (PEP 552); timestamp ones already
+        # stop matching once the source is written again.
+        command = [command[0], "--check-hash-based-pycs", "always", *command[1:]]
     return command
+
+
+_PYTHON = re.compile(r"python[0-9.]*")
 
 
 def _private_dir(folder: Path, setting: str) -> None:
