@@ -76,7 +76,8 @@ def connector_uids(router: HostileRouter) -> dict[int, set[int]]:
     for pid in parents:
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if under_router(pid) and argv[1:2] and argv[1].endswith(b"/hostile.py") and b"python" in argv[0]:
+            script = any(arg.endswith(b"/hostile.py") for arg in argv[1:])  # after the runtime's own flags
+            if under_router(pid) and script and b"python" in argv[0]:
                 found[pid] = _uids_of(pid)
     return found
 
