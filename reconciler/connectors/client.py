@@ -22,7 +22,7 @@ import stat
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from reconciler.config.eventloop import LoopPipe
 from reconciler.connectors.errors import (
@@ -37,7 +37,9 @@ from reconciler.wire.client import MOST_UNREAD_ANSWERS, LineClient
 from reconciler.wire.errors import JsonRpcError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
-__all__ = ["ConnectorProcess", "DispatchHook", "LaunchSpec"]
+__all__ = ["ConnectorProcess", "DispatchHook", "LaunchSpec", "await_start"]
+
+_T = TypeVar("_T")
 
 CLIENT_INFO = {"name": "handler-router", "version": "0.1.0"}
 _SHOWN_BYTES = 200  # how much of a stray output line the log shows
@@ -225,15 +227,8 @@ class ConnectorProcess:
         if self._starting is None or self._starting.done():
             self._starting = asyncio.get_running_loop().create_task(self._start())
             self._starting.add_done_callback(_retrieve)
-        starting = self._starting
-        try:
-            await asyncio.shield(starting)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if starting.cancelled() and task is not None and not task.cancelling():  # `stop` gave the start up
-                raise ConnectorStartError(f"connector of binding '{self.spec.name}' was stopped as it started "
-                                          "(a reload or a shutdown); the next call starts it again") from None
-            raise
+        await await_start(self._starting, f"connector of binding '{self.spec.name}' was stopped as it started "
+                          "(a reload or a shutdown); the next call starts it again")
 
     async def _start(self) -> None:
         self._inc.line.close()  # a previous process that died: release its pipes
@@ -404,6 +399,19 @@ class ConnectorProcess:
             inc.stderr.close()
         await asyncio.sleep(0)  # let the closed transports' connection_lost callbacks run
         inc.exited.set()
+
+
+async def await_start(starting: asyncio.Task[_T], stopped: str) -> _T:
+    """What a start running as a task of its own gives, shielded from the caller: a caller cancelled meanwhile leaves
+    no half-started process. A start given up by a stop or a shutdown, not by the caller's own cancellation, is
+    `ConnectorStartError(stopped)`."""
+    try:
+        return await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if starting.cancelled() and task is not None and not task.cancelling():
+            raise ConnectorStartError(stopped) from None
+        raise
 
 
 async def _connect_unlinked(loop: asyncio.AbstractEventLoop, protocol: asyncio.Protocol,

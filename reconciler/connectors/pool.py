@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reconciler.config.snapshot import Snapshot
-from reconciler.connectors.client import ConnectorProcess, DispatchHook, LaunchSpec
+from reconciler.connectors.client import ConnectorProcess, DispatchHook, LaunchSpec, await_start
 from reconciler.connectors.diskwatch import CHECK_SECONDS, KILL_MARGIN_NS, measure, remove_left
 from reconciler.connectors.drift import find_tool_drift
 from reconciler.connectors.errors import (
@@ -257,14 +257,8 @@ class ConnectorPool:
             wait = entry.restart_at - time.monotonic()
             raise ConnectorRestartingError(f"connector of binding '{binding_name}' crashed ({entry.crashes} in a row) "
                                            f"and waits {wait:.1f} s before it starts again", wait)
-        try:
-            connector = await asyncio.shield(starting)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if starting.cancelled() and task is not None and not task.cancelling():  # `close` gave the start up
-                raise ConnectorStartError(f"connector of binding '{binding_name}' was stopped as it started "
-                                          "(the router is shutting down)") from None
-            raise
+        connector = await await_start(starting, f"connector of binding '{binding_name}' was stopped as it started "
+                                      "(the router is shutting down)")
         entry.last_used = time.monotonic()
         return connector
 

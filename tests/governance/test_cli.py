@@ -68,13 +68,7 @@ def test_an_approval_a_router_runs_at_once_is_said_to_be_an_approval(tree: Path,
     """A router woken by the decision may claim the hold before the command reads it back: it said "rejected"."""
     import reconciler.cli.governance as governance_cli
 
-    snapshot = Loader().load(FolderSource(tree))
-    governor = Governor(open_store(store_url(tree)))
-    call = priced_call("run-1", profile="auditor", tool="web_search_query", query="acme invoices")
-    call = type(call)(call.profile, call.instance, None, "web-search/v1", call.tool, "search-brave", call.arguments)
-    rid = governor.admit_now(snapshot, call).request_id
-    governor.close()
-    assert rid is not None
+    (rid,) = hold_calls(tree, 1)
     decide = governance_cli.decide_hold
 
     def claimed_at_once(store: object, request_id: str, *args: object, **kwargs: object) -> object:
@@ -354,14 +348,7 @@ def test_a_hold_running_past_a_calls_default_time_says_its_router_may_have_stopp
     from reconciler.governance.holds import decide_hold, hold_status
     from reconciler.governance.store.tables import holds
 
-    snapshot = Loader().load(FolderSource(tree))
-    store = open_store(store_url(tree))
-    governor = Governor(store)
-    call = priced_call("run-1", profile="auditor", tool="web_search_query", query="acme invoices")
-    call = type(call)(call.profile, call.instance, None, "web-search/v1", call.tool, "search-brave", call.arguments)
-    rid = governor.admit_now(snapshot, call).request_id
-    governor.close()
-    assert rid is not None
+    (rid,) = hold_calls(tree, 1)
     store = open_store(store_url(tree))
     try:
         decide_hold(store, rid, "approve", "alice")

@@ -5,9 +5,11 @@ must for another router's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -55,6 +57,16 @@ def test_every_session_has_timeouts_unless_the_url_sets_its_own(pg_url: str, sho
     assert (_show(short_lock_store, "lock_timeout"), _show(short_lock_store, "statement_timeout")) == ("1s", "1min")
 
 
+@contextlib.contextmanager
+def _capped_tree() -> Iterator[Path]:
+    """The echo tree in a short folder, its profile capped: its calls need a budget lease, so the store."""
+    with short_dir() as base:
+        root = write_echo_tree(base / "t")
+        profile = root / "config/profiles/tester.toml"
+        profile.write_text(profile.read_text() + "\n[caps]\nmonthly_usd = 10.0\n")
+        yield root
+
+
 def test_a_lock_held_elsewhere_makes_the_call_unavailable_in_the_lock_timeout_then_the_next_call_runs(
         monkeypatch: pytest.MonkeyPatch, short_lock_store: Store) -> None:
     """An operator's open transaction locking the spend and holds tables: a capped call through the router, which
@@ -82,10 +94,8 @@ def test_a_lock_held_elsewhere_makes_the_call_unavailable_in_the_lock_timeout_th
         finally:
             await governor.aclose()
 
-    with short_dir() as base:
-        root = write_echo_tree(base / "t")
-        profile = root / "config/profiles/tester.toml"
-        profile.write_text(profile.read_text() + "\n[caps]\nmonthly_usd = 10.0\n")
+    with _capped_tree() as root:
+        base = root.parent
         try:
             refused, waited, asked, admitted = run(scenario(), timeout=60)
         finally:
@@ -151,10 +161,8 @@ def test_calls_that_come_while_a_lease_sync_waits_on_a_lock_fail_with_it_not_aft
         finally:
             await governor.aclose()
 
-    with short_dir() as base:
-        root = write_echo_tree(base / "t")
-        profile = root / "config/profiles/tester.toml"
-        profile.write_text(profile.read_text() + "\n[caps]\nmonthly_usd = 10.0\n")
+    with _capped_tree() as root:
+        base = root.parent
         try:
             with caplog.at_level("WARNING", logger="handler.governance"):
                 answers = run(scenario(), timeout=60)

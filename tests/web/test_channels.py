@@ -356,20 +356,23 @@ async def enter_the_dashboard_with_its_token(http: httpx.AsyncClient, url: str, 
     assert "Approve as" not in page.text  # the dashboard shows; a signed link decides
 
 
-async def sign_an_owner_link(tree: Path, url: str, rid: str) -> str:
-    """`handler approvals link` signs one for the owner, which lets them in alone, and refuses carol."""
+async def approvals_link(tree: Path, url: str, rid: str, member: str) -> subprocess.CompletedProcess[str]:
+    """`handler approvals link RID --member MEMBER`, as a person runs it beside the service."""
     env = {**os.environ, "HANDLER_STATE_DIR": str(tree.parent / "state"), "HANDLER_PUBLIC_URL": url}
-    link = await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", "owner",
+    return await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", member,
                                                     "--root", str(tree)], capture_output=True, text=True,
                                    env=env, check=False)
+
+
+async def sign_an_owner_link(tree: Path, url: str, rid: str) -> str:
+    """`handler approvals link` signs one for the owner, which lets them in alone, and refuses carol."""
+    link = await approvals_link(tree, url, rid, "owner")
     assert link.returncode == 0, link.stderr
     assert link.stdout.startswith(f"{url}/approvals/{rid}?member=owner&")
     async with httpx.AsyncClient() as stranger:  # no cookie: the link alone lets the owner in
         owner_page = await stranger.get(link.stdout.strip())
     assert "Approve as owner" in owner_page.text
-    refused = await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", "carol",
-                                                       "--root", str(tree)], capture_output=True, text=True,
-                                      env=env, check=False)
+    refused = await approvals_link(tree, url, rid, "carol")
     assert refused.returncode != 0
     assert "carol may not decide" in refused.stderr
     return link.stdout.strip()
@@ -428,10 +431,8 @@ def test_a_member_removed_from_the_org_is_signed_out_of_the_dashboard(tree: Path
         async with running(options(tree)) as service, httpx.AsyncClient() as bob:
             client, rid = await hold_a_write(service)
             url = base_url(service)
-            env = {**os.environ, "HANDLER_STATE_DIR": str(tree.parent / "state"), "HANDLER_PUBLIC_URL": url}
-            signed = await asyncio.to_thread(subprocess.run, [HANDLER, "approvals", "link", rid, "--member", "bob",
-                                                              "--root", str(tree)], capture_output=True, text=True,
-                                             env=env, check=True)
+            signed = await approvals_link(tree, url, rid, "bob")
+            assert signed.returncode == 0, signed.stderr
             link = signed.stdout.strip()
             assert "Approve as bob" in (await bob.get(link)).text  # the link signs bob in
             assert (await bob.get(url + "/approvals")).status_code == 200
