@@ -172,6 +172,9 @@ class WrapTool(_Model):
     fixed: dict[str, Any] = {}  # server argument → the value always sent
     reshape: str | None = None  # one of snapshot.RESHAPERS; default: [wrap] reshape
     errors: list[WrapError] = []  # tried in order, before [wrap] error
+    # Regular expressions cut out of the server's text before it is reshaped: the server's own advice
+    # that names arguments the interface does not have (S1: the interface owns what the model reads).
+    drop: list[str] = []
 
 
 class WrapSpec(_Model):
