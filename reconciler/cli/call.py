@@ -32,7 +32,7 @@ from reconciler.cli.common import folder_path, load_tree
 from reconciler.cli.flags import add_field_flags, carried_text, collect_arguments, plan_flags
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.wire.client import LineClient
-from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError, LineClosedError
+from reconciler.wire.errors import INVALID_PARAMS, HandlerError, JsonRpcError, LineClosedError
 from reconciler.wire.meta import STATUS, caller_meta
 from reconciler.wire.results import result_body
 
@@ -283,7 +283,7 @@ def _print_work_folder(root: str, profile: str) -> None:
     """Where the profile's files are looked for, as the tree at `root` says, so a person can put the file there."""
     try:
         snapshot = load_tree(root)
-    except Exception:  # noqa: BLE001 - a hint only: a tree that does not load says nothing more
+    except HandlerError:  # a hint only: a tree that does not load says nothing more
         return
     selected = snapshot.profiles.get(profile)
     if selected is None:

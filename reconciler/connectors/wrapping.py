@@ -156,8 +156,9 @@ def _without(result: Mapping[str, Any], drop: Sequence[re.Pattern[str]]) -> dict
             text = item["text"]
             for pattern in drop:
                 text = pattern.sub("", text)
-            item = {**item, "text": text}
-        content.append(item)
+            content.append({**item, "text": text})
+        else:
+            content.append(item)
     return {**result, "content": content}
 
 
