@@ -1,6 +1,6 @@
 """A fresh clone as a new user meets it: the README's run command, then a real call through `handler-service` to
 each of ocr, tts, transcribe, embed, web-fetch and send-email in the example profiles, each executed (a held
-call after an owner approves it with the CLI).
+call after an owner approves it with the CLI). The README's first `handler call` runs as written, read from it.
 
 What an operator would point at this machine's own servers is pointed so, in the clone, as an operator would:
 the email binding at an SMTP server the test starts (its CA in the connector's folder, its password from a
@@ -44,6 +44,14 @@ def _readme_run_command() -> str:
     return found.group(1).strip()
 
 
+def _readme_first_call() -> str:
+    """The README's first call of a tool from a script: its sh block that runs `handler call`."""
+    blocks = re.findall(r"```sh\n(.*?)\n```", (REPO / "README.md").read_text(), re.S)
+    found = [b for b in blocks if "handler call " in b]
+    assert found, "the README's first call"
+    return found[0].strip()
+
+
 class _Pages(QuietHandler):
     def do_GET(self) -> None:
         if self.path == "/robots.txt":  # none: fetching is allowed
@@ -66,7 +74,6 @@ def _operator_edits(clone: Path, cert: Path, stub_bin: Path) -> None:
                                                '"test-ca.pem"').replace('"smtp.example.org:587"', f'"{SMTP_HOST}:587"'))
     fetch = clone / "config/bindings/web-fetch-public.toml"
     fetch.write_text(fetch.read_text().replace('egress = ["*:80", "*:443"]', f'egress = ["{PAGES_HOST}:80"]'))
-    shutil.copy(REPO / "catalog/interfaces/ocr/v1/conformance/invoice.pdf", clone / "work/researcher/invoice.pdf")
     stub_bin.mkdir()
     (stub_bin / "pass").write_text(f"#!/bin/sh\necho {PASSWORD}\n")  # `pass show mail/agents-smtp`
     (stub_bin / "pass").chmod(0o755)
@@ -130,6 +137,11 @@ def test_a_fresh_clone_runs_every_local_capability_of_the_example(servers: tuple
                               stdout=subprocess.DEVNULL, text=True, start_new_session=True)
         try:
             _wait_until_serving(up)
+            # The README's first call, as written: it puts the invoice in the work folder and reads it.
+            first = subprocess.run(["bash", "-c", _readme_first_call()], cwd=clone, env=env, capture_output=True,
+                                   text=True, timeout=120, check=False)
+            assert first.returncode == 0, first.stderr
+            assert first.stdout.count("INV-2024-0042") == 1, first.stdout
             outputs = asyncio.run(asyncio.wait_for(_every_capability(clone, run_dir), DEADLINE))
         finally:
             os.killpg(up.pid, signal.SIGINT)
