@@ -65,7 +65,6 @@ REFRESH_SECONDS = 10  # the overview and the approvals reload themselves (a form
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
                 "frame-ancestors 'none'", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
                 "Cache-Control": "no-store"}
-_HEADERS = PAGE_HEADERS
 
 
 def _templates() -> Environment:
@@ -116,7 +115,8 @@ class Dashboard:
         context.setdefault("who", self.signed_in(request))
         context.setdefault("owner", self.door.owner(request)[0])
         context.setdefault("logout_csrf", self.door.logout_token(request))
-        return HTMLResponse(self.env.get_template(name).render(**context), status_code=status_code, headers=_HEADERS)
+        return HTMLResponse(self.env.get_template(name).render(**context), status_code=status_code,
+                            headers=PAGE_HEADERS)
 
     async def not_found(self, request: Request, exc: Exception) -> Response:
         """A path (or a method) nothing serves: the styled page, with the pages' security headers."""

@@ -95,7 +95,7 @@ def test_without_an_owners_sign_in_no_form_is_shown_and_every_post_is_refused(
     async def scenario() -> None:
         async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
             page = await http.get("/connectors/echo")
-            assert page.status_code == 200
+            assert page.status_code == 401  # nobody signed in: the sign-in page, nothing of the config
             assert "handler dashboard login --member NAME" in text(page)
             assert 'action="/connectors/echo/bindings"' not in page.text
             refused = await http.post("/connectors/echo/bindings", data=BINDING)
@@ -115,20 +115,26 @@ def test_without_an_owners_sign_in_no_form_is_shown_and_every_post_is_refused(
     assert 'echo = "echo-local"' in (tree / "config/profiles/tester.toml").read_text()
 
 
-def test_a_member_who_is_no_owner_cannot_sign_in_nor_edit(
+def test_a_member_who_is_no_owner_signs_in_to_read_but_cannot_edit(
         base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["dashboard", "login", "--member", "bob", "--root", str(tree)]) == 1
-    assert "bob is not an owner" in capsys.readouterr().err
+    assert main(["dashboard", "login", "--member", "mallory", "--root", str(tree)]) == 1
+    assert "mallory is not a member" in capsys.readouterr().err
 
     async def scenario() -> None:
         async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
-            link = signer(base).sign_in_url(url(service), "bob")  # signed with the key, as the CLI would not
+            link = login_link(capsys, tree, service, "bob")
             page = await http.get(link)
-            assert page.status_code == 403
-            assert "bob is not an owner of the org (owners: owner)" in text(page)
-            refused = await http.post("/login", data=fields_of(link))
+            assert page.status_code == 200
+            assert "signs bob in as a member of the org" in text(page)
+            done = await http.post("/login", data=fields_of(link))
+            assert (done.status_code, done.headers["location"]) == (303, "/")
+            assert "handler_owner" not in done.headers.get("set-cookie", "")
+            shown = await http.get("/connectors/echo")  # a member reads the config's pages
+            assert shown.status_code == 200
+            assert 'action="/connectors/echo/bindings"' not in shown.text
+            refused = await http.post("/connectors/echo/bindings", data=BINDING)
             assert refused.status_code == 403
-            assert "handler_owner" not in refused.headers.get("set-cookie", "")
+            assert "editing the config needs an owner's sign-in" in text(refused)
             # An owner session for bob (signed while bob was an owner, say) edits nothing now he is not one.
             session = signer(base).owner_session("bob")
             http.cookies.set("handler_owner", session)
@@ -249,7 +255,7 @@ def test_the_dashboard_token_does_not_stand_in_for_an_owners_sign_in(
         async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
             assert (await http.get("/connectors/echo")).status_code == 401
             opened = await http.get("/connectors/echo?token=a-long-dashboard-token", follow_redirects=True)
-            assert opened.status_code == 200
+            assert opened.status_code == 401  # the token opens no page: a member signs in
             assert "handler dashboard login --member NAME" in text(opened)
             refused = await http.post("/connectors/echo/bindings", data=BINDING)
             assert refused.status_code == 403
