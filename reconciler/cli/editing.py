@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, TypeVar
 
 from reconciler.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, add_root_options, require_tree
@@ -23,6 +24,7 @@ from reconciler.config.editing import (
     parse_secret,
     parse_setting,
     parse_use,
+    reference_warnings,
     use_bindings,
     write_change,
 )
@@ -81,6 +83,9 @@ def _binding_create(args: argparse.Namespace) -> int:
         settings = _keyed([parse_setting(s) for s in args.setting], "--setting", "setting")
     except EditError as exc:
         return _usage(exc)
+    for slot, reference in secrets.items():  # this shell's environment is not the service's: files only
+        for warning in reference_warnings(slot, reference, Path(args.root)):
+            print(f"warning: {warning}", file=sys.stderr)
     return _apply(args, lambda files: create_binding(files, args.name, args.connector, description=args.description,
                                                      secrets=secrets, settings=settings))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ __all__ = [
     "parse_secret",
     "parse_setting",
     "parse_use",
+    "reference_warnings",
     "secret_reference",
     "use_bindings",
     "write_change",
@@ -157,6 +159,30 @@ def secret_reference(slot: str, kind: str, target: str, kinds: Sequence[str] = S
     except ValidationError as exc:
         raise EditError(f"secret {slot}: {exc.errors()[0]['msg']}") from None
     return reference
+
+
+def reference_warnings(slot: str, reference: Mapping[str, Any], root: Path,
+                       env: Mapping[str, str] | None = None) -> list[str]:
+    """What this machine says of where `reference` points, before it is written: a file that does not exist here or
+    that other users may read, and, given the service's own `env`, a variable it lacks. Warnings, not errors: in
+    git mode the service runs elsewhere, and a file may be put in place after the pull request."""
+    said: list[str] = []
+    if isinstance(reference.get("file"), str):
+        path = Path(reference["file"]).expanduser()
+        path = path if path.is_absolute() else root / path
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            said.append(f"secret {slot}: there is no file {path} on this machine; the connector cannot start until "
+                        "the service can read it")
+        else:
+            if mode & stat.S_IROTH:
+                said.append(f"secret {slot}: {path} is readable by every user of this machine; make it readable by "
+                            f"the service alone (chmod 600 {path})")
+    if env is not None and isinstance(reference.get("env"), str) and reference["env"] not in env:
+        said.append(f"secret {slot}: the running service's environment has no {reference['env']}; set it where the "
+                    "service starts (its unit's Environment=, or the shell that runs handler up) and restart it")
+    return said
 
 
 def parse_setting(text: str) -> tuple[str, str]:

@@ -122,16 +122,29 @@ def test_a_secret_value_and_an_existing_binding_are_refused(example: Path) -> No
     assert "sk-123" not in done.stdout + done.stderr
     assert not (example / "config/bindings/leak.toml").exists()
     # A reference that could never name a secret is refused as a usage error, in one line.
-    for secret in ('api_key=command:""', "api_key=env:A B"):
+    for secret in ('api_key=command:""', "api_key=env:A B", "api_key=file:sk-proj-Xa1b2C3d4E5f6G7h8J9k0"):
         done = _handler("binding", "create", "never", "--connector", "web-search-brave", "--secret", secret,
                         "--root", str(example))
         assert done.returncode == 2
         assert done.stderr.count("\n") == 1, done.stderr
         assert done.stderr.startswith("handler: secret api_key: "), done.stderr
         assert not (example / "config/bindings/never.toml").exists()
+        assert "Xa1b2C3d4" not in done.stderr  # a key pasted in the file's place is never repeated
     done = _handler("binding", "create", "ocr-local", "--connector", "ocr-tesseract", "--root", str(example))
     assert done.returncode == 2
     assert "binding ocr-local exists" in done.stderr
+
+
+def test_a_file_reference_missing_here_or_readable_by_all_is_warned_of_and_written(example: Path) -> None:
+    (example / "brave.key").write_text("a key\n")
+    (example / "brave.key").chmod(0o644)
+    for name, target, said in (("brave-a", "nowhere.key", f"there is no file {example / 'nowhere.key'}"),
+                               ("brave-b", "brave.key", f"{example / 'brave.key'} is readable by every user")):
+        done = _handler("binding", "create", name, "--connector", "web-search-brave", "--secret",
+                        f"api_key=file:{target}", "--root", str(example))
+        assert done.returncode == 0, done.stderr
+        assert f"warning: secret api_key: {said}" in done.stderr
+        assert (example / f"config/bindings/{name}.toml").exists()  # a warning: the file may come later
 
 
 def test_a_profile_behind_a_symbolic_link_is_refused_as_the_loader_refuses_it(example: Path, tmp_path: Path) -> None:

@@ -239,6 +239,10 @@ def test_a_change_with_a_finding_writes_nothing_and_shows_the_fix(
             assert refused.status_code == 422
             assert "P001" in text(refused)
             assert "fix:" in text(refused)
+            assert "has the shape of a key or token" in text(pasted := await http.post(  # a name's own characters
+                "/connectors/echo/bindings", data={**BINDING, "csrf": token, "secret.token.kind": "env",
+                                                   "secret.token.name": "a8Fj29Dkq0Lm3Nx7Pq1Rs5Tu"}))
+            assert "a8Fj29" not in pasted.text
             checked = await http.post("/connectors/echo/bindings", data={**BINDING, "csrf": token, "action": "check"})
             assert checked.status_code == 200
             assert "The change passes every check. Nothing was written" in text(checked)
@@ -311,3 +315,37 @@ def test_in_git_mode_a_change_is_a_new_branch_pushed_and_the_followed_ref_stays(
         profile.read_text().replace('echo = "echo-local"', 'echo = "echo-other"').strip())
     assert git(upstream, "log", "-1", "--format=%an <%ae>|%s", branch) == (
         "owner <owner@example.org>|Profile tester: echo → echo-other")
+
+
+def test_a_key_typed_where_a_reference_goes_is_refused_and_a_loose_reference_is_warned_of(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    key = "sk-proj-Xa1b2C3d4E5f6G7h8J9k0"
+    monkeypatch.delenv("ECHO_NEW_TOKEN", raising=False)
+    loose = tree / "token.txt"
+    loose.write_text("a token\n")
+    loose.chmod(0o644)
+
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            await sign_in(http, login_link(capsys, tree, service))
+            token = csrf(await http.get("/connectors/echo"))
+            for kind in ("file", "env"):
+                pasted = await http.post("/connectors/echo/bindings", data={
+                    **BINDING, "csrf": token, "secret.token.kind": kind, "secret.token.name": key})
+                assert pasted.status_code == 400, pasted.text
+                assert "a secret is given by reference, never by value" in text(pasted)
+                assert key not in pasted.text  # never shown back
+                assert "sk-proj" not in pasted.text
+            assert "has the shape of a key or token" in text(pasted := await http.post(  # a name's own characters
+                "/connectors/echo/bindings", data={**BINDING, "csrf": token, "secret.token.kind": "env",
+                                                   "secret.token.name": "a8Fj29Dkq0Lm3Nx7Pq1Rs5Tu"}))
+            assert "a8Fj29" not in pasted.text
+            checked = await http.post("/connectors/echo/bindings", data={
+                **BINDING, "csrf": token, "action": "check", "secret.token.kind": "file",
+                "secret.token.name": "token.txt"})
+            assert checked.status_code == 200, checked.text
+            assert f"{loose} is readable by every user of this machine" in text(checked)
+            unset = await http.post("/connectors/echo/bindings", data={**BINDING, "csrf": token, "action": "check"})
+            assert "the running service's environment has no ECHO_NEW_TOKEN" in text(unset)
+    asyncio.run(scenario())
+    assert not (tree / "config/bindings/echo-new.toml").exists()
