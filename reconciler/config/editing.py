@@ -26,6 +26,7 @@ from typing import Any
 import tomlkit
 from pydantic import ValidationError
 from tomlkit.items import InlineTable, Table
+from tomlkit.toml_document import TOMLDocument
 
 from reconciler.config.errors import HandlerError
 from reconciler.config.findings import Finding
@@ -48,9 +49,11 @@ __all__ = [
     "parse_secret",
     "parse_setting",
     "parse_use",
+    "profile_document",
     "reference_warnings",
     "secret_reference",
     "use_bindings",
+    "valid_name",
     "write_change",
 ]
 
@@ -209,9 +212,7 @@ def create_binding(files: Mapping[str, Blob], name: str, connector: str, *, desc
                    secrets: Mapping[str, Mapping[str, Any]] | None = None,
                    settings: Mapping[str, str] | None = None) -> Change:
     """A new `config/bindings/NAME.toml` of `connector`; EditError when that binding exists."""
-    if not _NAME.match(name):
-        raise EditError(f"binding name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter "
-                        "or digit (it names the file config/bindings/NAME.toml)")
+    valid_name(name, "binding", "config/bindings/NAME.toml")
     path = f"config/bindings/{name}.toml"
     if path in files:
         raise EditError(f"binding {name} exists ({path}); choose another name, or edit that file")
@@ -235,20 +236,7 @@ def use_bindings(files: Mapping[str, Blob], profile: str, uses: Sequence[tuple[s
     unless the version is given, and its key stays where it stands, with its comment; a new one is added
     at the end of `services`, whether an inline table, a `[services]` table or dotted `services.x` keys.
     """
-    path = f"config/profiles/{profile}.toml"
-    link = next((files[p] for p in path_prefixes(path) if p in files and files[p].link), None)
-    if link is not None:  # its data is the link's target: the tree never follows it, so neither does an edit
-        raise EditError(f"{link.path} is a symbolic link (to {link.data.decode(errors='replace')}), and links in a "
-                        "config tree are not followed (F006); replace it with a copy of what it points to")
-    blob = files.get(path)
-    if blob is None:
-        known = sorted(p.removeprefix("config/profiles/").removesuffix(".toml")
-                       for p in files if p.startswith("config/profiles/"))
-        raise EditError(f"no profile {profile} ({path} does not exist); profiles: {', '.join(known) or '(none)'}")
-    try:
-        doc = tomlkit.parse(blob.data.decode("utf-8"))
-    except (UnicodeDecodeError, tomlkit.exceptions.ParseError) as exc:
-        raise EditError(f"{path} cannot be edited: {exc}; `handler validate` shows where") from exc
+    path, doc = profile_document(files, profile)
     # A [services] table, or the tables of dotted keys (one for each `services.x = ...`): edited in place.
     tables = [item for key, item in doc.body if key is not None and key.key == "services" and isinstance(item, Table)]
     services = doc.get("services")
@@ -264,6 +252,32 @@ def use_bindings(files: Mapping[str, Blob], profile: str, uses: Sequence[tuple[s
         raise EditError(f"{path}: services is not a table; `handler validate` shows where")
     what = ", ".join(f"{i} → {b}" for i, b in uses)
     return Change({path: _ended(doc.as_string())}, f"Profile {profile}: {what}")
+
+
+def valid_name(name: str, kind: str, file: str) -> None:
+    """EditError unless `name` can name a file of the tree (`file`, e.g. config/bindings/NAME.toml)."""
+    if not _NAME.match(name):
+        raise EditError(f"{kind} name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter "
+                        f"or digit (it names the file {file})")
+
+
+def profile_document(files: Mapping[str, Blob], profile: str) -> tuple[str, TOMLDocument]:
+    """(the path, the parsed document) of `config/profiles/PROFILE.toml`; EditError when it is missing, a link or
+    does not parse, naming the profiles there are."""
+    path = f"config/profiles/{profile}.toml"
+    link = next((files[p] for p in path_prefixes(path) if p in files and files[p].link), None)
+    if link is not None:  # its data is the link's target: the tree never follows it, so neither does an edit
+        raise EditError(f"{link.path} is a symbolic link (to {link.data.decode(errors='replace')}), and links in a "
+                        "config tree are not followed (F006); replace it with a copy of what it points to")
+    blob = files.get(path)
+    if blob is None:
+        known = sorted(p.removeprefix("config/profiles/").removesuffix(".toml")
+                       for p in files if p.startswith("config/profiles/"))
+        raise EditError(f"no profile {profile} ({path} does not exist); profiles: {', '.join(known) or '(none)'}")
+    try:
+        return path, tomlkit.parse(blob.data.decode("utf-8"))
+    except (UnicodeDecodeError, tomlkit.exceptions.ParseError) as exc:
+        raise EditError(f"{path} cannot be edited: {exc}; `handler validate` shows where") from exc
 
 
 def _placed(keys: Sequence[str], interface: str) -> tuple[str | None, str, list[str]]:
