@@ -289,7 +289,8 @@ def test_without_signing_in_no_page_shows_a_held_call_or_the_status_on_loopback_
             for path in ("/", "/approvals", f"/approvals/{held}", "/catalog", "/profiles/auditor", "/status"):
                 refused = await http.get(path)
                 assert refused.status_code == 401, (path, refused.text)
-                assert "q0" not in refused.text and held not in refused.text, path
+                assert "q0" not in refused.text, path
+                assert held not in refused.text, path
                 assert "researcher" not in refused.text, path  # no profile, binding or secret reference named
                 assert "handler dashboard login --member NAME" in refused.text, path
             assert (await http.get("/healthz")).json() == {"ok": True}

@@ -18,7 +18,6 @@ from tests.fixtures.echo_tree import TOKEN_ENV, governed_profile, write_echo_tre
 from tests.fixtures.harness import body, short_dir
 from tests.fixtures.service import Service, running
 
-
 SCRAPE_TOKEN = "a-scrape-token"  # noqa: S105 - a test's own
 
 
