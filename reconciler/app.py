@@ -144,6 +144,16 @@ class Service:
                              "http": self._http_address()}
         return status
 
+    def owner_sign_in(self) -> tuple[str, str] | None:
+        """(the first owner of the live config, a one-time link signing them in to the dashboard), or None without a
+        dashboard or an owner: what `handler up` prints, since every page needs a member signed in."""
+        snapshot = self._live_snapshot()
+        org = snapshot.org if snapshot is not None else None
+        owner = next((name for name, m in sorted(org.members.items()) if m.owner), None) if org else None
+        if owner is None or self._channels is None or not self._channels.notifier.public_url:
+            return None
+        return owner, self._channels.desk.signer.sign_in_url(self._channels.notifier.public_url, owner)
+
     def _http_address(self) -> str | None:
         if self.listener is None:
             return None

@@ -23,7 +23,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -32,7 +32,7 @@ from reconciler.cli.common import folder_path, load_tree
 from reconciler.cli.flags import add_field_flags, carried_text, collect_arguments, plan_flags
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.wire.client import LineClient
-from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError, LineClosedError
+from reconciler.wire.errors import INVALID_PARAMS, HandlerError, JsonRpcError, LineClosedError
 from reconciler.wire.meta import STATUS, caller_meta
 from reconciler.wire.results import result_body
 
@@ -149,18 +149,27 @@ def outcome_of(result: Mapping[str, Any], body: Mapping[str, Any]) -> str:
 
 
 def render_text(value: Any) -> str:
-    """What `--format text` prints of an output: its `text` fields in order, else the JSON, indented."""
+    """What `--format text` prints of an output: its `text` fields in order, else the JSON, indented.
+
+    An object's own `text` stands for everything under it (an OCR page's text already holds its blocks'
+    text), and the items of a `pages` list are printed under a line naming each page.
+    """
     texts = list(_texts(value))
     if texts:
         return "\n".join(texts)
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
-def _texts(value: Any) -> Any:
+def _texts(value: Any) -> Iterator[str]:
     if isinstance(value, dict):
+        if isinstance(value.get("text"), str):
+            yield value["text"]
+            return
         for key, item in value.items():
-            if key == "text" and isinstance(item, str):
-                yield item
+            if key == "pages" and isinstance(item, list) and len(item) > 1:
+                for number, page in enumerate(item, 1):
+                    yield f"── page {number} of {len(item)} ──"
+                    yield from _texts(page)
             else:
                 yield from _texts(item)
     elif isinstance(value, list):
@@ -257,7 +266,33 @@ def _run_with(link: RouterLink | None, first: argparse.Namespace, words: Sequenc
         return EXIT_INVALID
     if link is None:
         raise LinkError(f"no router serves profile '{first.profile}'")
-    return _call_and_report(link, first.tool, arguments, args.format)
+    code = _call_and_report(link, first.tool, arguments, args.format)
+    if code == EXIT_INVALID and _names_files(tool, arguments):
+        _print_work_folder(args.root, first.profile)
+    return code
+
+
+def _names_files(tool: Mapping[str, Any], arguments: Mapping[str, Any]) -> bool:
+    """Whether the call gave a value to a `handler-file` field of the tool's top level."""
+    fields = (tool.get("inputSchema") or {}).get("properties") or {}
+    return any(isinstance(fields.get(name), dict) and fields[name].get("format") == "handler-file"
+               for name in arguments)
+
+
+def _print_work_folder(root: str, profile: str) -> None:
+    """Where the profile's files are looked for, as the tree at `root` says, so a person can put the file there."""
+    try:
+        snapshot = load_tree(root)
+    except HandlerError:  # a hint only: a tree that does not load says nothing more
+        return
+    selected = snapshot.profiles.get(profile)
+    if selected is None:
+        return
+    scope = Path(selected.spec.scope).expanduser()
+    folder = scope if scope.is_absolute() else Path(root).absolute() / scope
+    print(f"handler call: file paths are relative to the work folder of profile '{profile}': {folder} "
+          f"(from the tree at {Path(root).absolute()}; copy the file there, or name it by its path inside)",
+          file=sys.stderr)
 
 
 _JSON_EXAMPLE = """--json '{"path": "a.pdf"}'"""

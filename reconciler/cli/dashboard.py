@@ -1,4 +1,5 @@
-"""`handler dashboard login`: a one-time link that signs an org owner in to the dashboard to edit the config.
+"""`handler dashboard login`: a one-time link that signs a member of the org in to the dashboard (an owner, to edit
+the config too).
 
 The link is signed with the service's link key (`$HANDLER_LINK_SECRET`, else `link.key` in its state
 folder), so it is made on the service's machine by someone who may read that folder; it is good for a
@@ -30,12 +31,13 @@ def add_dashboard_commands(sub: Any) -> None:
     dashboard = sub.add_parser("dashboard", help="sign in to the dashboard")
     dsub = dashboard.add_subparsers(title="dashboard commands", metavar="ACTION", required=True)
     login = dsub.add_parser(
-        "login", help="print a one-time link that signs an owner in to edit the config from the dashboard",
-        description=f"Prints a link that signs MEMBER, an owner of the org (owner = true in config/org.toml), in "
-                    f"to the dashboard for {OWNER_HOURS} hours, to add bindings and choose each profile's bindings. "
-                    f"The link works once, within {SIGN_IN_MINUTES} minutes. Run it on the service's machine: it "
-                    "signs with the service's link key.")
-    login.add_argument("--member", required=True, help="the owner to sign in (a member of config/org.toml)")
+        "login", help="print a one-time link that signs a member in to the dashboard (an owner: to edit the config)",
+        description=f"Prints a link that signs MEMBER, a member of the org (config/org.toml), in to the dashboard for "
+                    f"{OWNER_HOURS} hours: to read held calls, spend and status and decide the holds routed to them; "
+                    "an owner (owner = true) may also add bindings and choose each profile's bindings. The link "
+                    f"works once, within {SIGN_IN_MINUTES} minutes. Run it on the service's machine: it signs with "
+                    "the service's link key.")
+    login.add_argument("--member", required=True, help="the member to sign in (a member of config/org.toml)")
     login.add_argument("--url", default=None, help="the dashboard's address as the owner reaches it (default: "
                        f"$HANDLER_PUBLIC_URL, else the running service's, else {_DEFAULT_URL})")
     login.add_argument("--state-dir", type=folder_path, default=None, help="the service's state folder (default: "
@@ -46,7 +48,7 @@ def add_dashboard_commands(sub: Any) -> None:
 
 def _login(args: argparse.Namespace) -> int:
     state = args.state_dir or default_state_dir(Path(args.root))
-    _check_owner(args.member, args.root, state)
+    _check_member(args.member, args.root, state)
     if not os.environ.get("HANDLER_LINK_SECRET") and not (state / "link.key").is_file():
         raise SourceError(f"no service keeps its link key in {state} (no link.key there): run this where the "
                           "service runs, with --state-dir or HANDLER_STATE_DIR naming its state folder")
@@ -57,18 +59,18 @@ def _login(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _check_owner(member: str, root: str, state: Path) -> None:
-    """Refuse a member who is no owner of the tree at `root` (or, for a git source, the revision the service
+def _check_member(member: str, root: str, state: Path) -> None:
+    """Refuse a name that is no member of the tree at `root` (or, for a git source, the revision the service
     exported to its state folder); the dashboard asks its live config again when the link is opened."""
     tree = next((str(t) for t in (Path(root), state / "tree") if is_tree(str(t))), None)
     if tree is None:
         return
     org = load_tree(tree).org
-    owners = sorted(n for n, m in (org.members.items() if org else ()) if m.owner)
-    if member not in owners:
-        named = f"owners: {', '.join(owners)}" if owners else "it names none: add [members.NAME] with owner = true"
-        raise NotAllowedError(f"{member} is not an owner in {tree}/config/org.toml ({named}); only an owner may "
-                              "edit the config from the dashboard")
+    members = sorted(org.members) if org else []
+    if member not in members:
+        named = f"members: {', '.join(members)}" if members else "it names none: add [members.NAME]"
+        raise NotAllowedError(f"{member} is not a member in {tree}/config/org.toml ({named}); only a member may sign "
+                              "in to the dashboard")
 
 
 def _base_url(given: str | None, state: Path) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from reconciler.cli.common import EXIT_OK, add_root_options, finite_number, load_tree, require_tree
+from reconciler.cli.common import EXIT_OK, add_root_options, finite_number, load_tree, require_tree, settle_root
 from reconciler.config import SourceError
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.decide import usd
@@ -54,6 +54,13 @@ def _with_root(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _defaults_of(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """What `parser` would give for no words, its root settled: the action a command takes when none is named."""
+    args = parser.parse_args([])
+    settle_root(args)
+    return args
+
+
 def add_governance_commands(sub: Any) -> None:
     explain = sub.add_parser("explain", help="what a call would get now: executed, pending or blocked, and why")
     add_root_options(explain)
@@ -70,13 +77,15 @@ def add_governance_commands(sub: Any) -> None:
 
 def _add_approvals_commands(sub: Any) -> None:
     approvals = sub.add_parser("approvals", help="list, show, approve or reject held calls")
-    asub = approvals.add_subparsers(title="approvals commands", metavar="ACTION", required=True)
+    asub = approvals.add_subparsers(title="approvals commands (default: list)", metavar="ACTION")
     listing = _with_root(asub.add_parser("list", help="the pending holds (--all: every hold)"))
     listing.add_argument("--all", action="store_true", help="every hold, decided ones too")
     listing.add_argument("--limit", type=_limit, default=LISTED_HOLDS, metavar="N",
                          help=f"list the N oldest (default {LISTED_HOLDS}; 0: all); it says how many it leaves out")
     listing.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")
     listing.set_defaults(run=_approvals_list)
+    # `handler approvals` alone lists the pending holds, with the list command's own defaults.
+    approvals.set_defaults(run=lambda args: _approvals_list(_defaults_of(listing)))
     show = _with_root(asub.add_parser("show", help="one hold: the call, its arguments, why it was held"))
     show.add_argument("request_id", help="the hold's request id (approvals list shows them)")
     show.add_argument("--format", choices=["text", "json"], default="text", help="text for people, json for tools")

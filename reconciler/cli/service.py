@@ -34,6 +34,7 @@ from reconciler.governance.store import open_store, store_exists, store_url
 from reconciler.liveness import ask_service, holder_of
 from reconciler.places import default_state_dir, not_a_folder
 from reconciler.router.server import Router
+from reconciler.web.links import SIGN_IN_MINUTES
 
 EXIT_NOT_RUNNING = 3  # `handler status`: no service runs on this state folder
 
@@ -176,6 +177,11 @@ def _print_up_ready(service: Service) -> None:
         print(f"  profile {name}: {sockets / name}.sock", file=sys.stderr)
     print(f"  http://{service.options.http_host}:{port}/  the dashboard: status, approvals, catalog (also /status, "
           "/healthz, POST /hooks/git, POST /hooks/slack)", file=sys.stderr)
+    signing_in = service.owner_sign_in()
+    if signing_in is not None:
+        owner, link = signing_in
+        print(f"  sign in as {owner} (an owner; once, within {SIGN_IN_MINUTES} minutes): {link}", file=sys.stderr)
+        print("  another member signs in with: handler dashboard login --member NAME", file=sys.stderr)
     print("  an agent's MCP client runs: handler-service <interface> --profile <profile>, with "
           f"HANDLER_RUN_DIR={router.run_dir}", file=sys.stderr)
     for problem in status.preflight:  # what `handler doctor` says: this machine against the tree

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import tomlkit
 from pydantic import ValidationError
 from tomlkit.items import InlineTable, Table
+from tomlkit.toml_document import TOMLDocument
 
 from reconciler.config.errors import HandlerError
 from reconciler.config.findings import Finding
@@ -47,8 +49,11 @@ __all__ = [
     "parse_secret",
     "parse_setting",
     "parse_use",
+    "profile_document",
+    "reference_warnings",
     "secret_reference",
     "use_bindings",
+    "valid_name",
     "write_change",
 ]
 
@@ -159,6 +164,30 @@ def secret_reference(slot: str, kind: str, target: str, kinds: Sequence[str] = S
     return reference
 
 
+def reference_warnings(slot: str, reference: Mapping[str, Any], root: Path,
+                       env: Mapping[str, str] | None = None) -> list[str]:
+    """What this machine says of where `reference` points, before it is written: a file that does not exist here or
+    that other users may read, and, given the service's own `env`, a variable it lacks. Warnings, not errors: in
+    git mode the service runs elsewhere, and a file may be put in place after the pull request."""
+    said: list[str] = []
+    if isinstance(reference.get("file"), str):
+        path = Path(reference["file"]).expanduser()
+        path = path if path.is_absolute() else root / path
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            said.append(f"secret {slot}: there is no file {path} on this machine; the connector cannot start until "
+                        "the service can read it")
+        else:
+            if mode & stat.S_IROTH:
+                said.append(f"secret {slot}: {path} is readable by every user of this machine; make it readable by "
+                            f"the service alone (chmod 600 {path})")
+    if env is not None and isinstance(reference.get("env"), str) and reference["env"] not in env:
+        said.append(f"secret {slot}: the running service's environment has no {reference['env']}; set it where the "
+                    "service starts (its unit's Environment=, or the shell that runs handler up) and restart it")
+    return said
+
+
 def parse_setting(text: str) -> tuple[str, str]:
     """`KEY=VALUE` → (key, value); the value stays a string, as the connector reads it from its environment."""
     key, sep, value = text.partition("=")
@@ -183,9 +212,7 @@ def create_binding(files: Mapping[str, Blob], name: str, connector: str, *, desc
                    secrets: Mapping[str, Mapping[str, Any]] | None = None,
                    settings: Mapping[str, str] | None = None) -> Change:
     """A new `config/bindings/NAME.toml` of `connector`; EditError when that binding exists."""
-    if not _NAME.match(name):
-        raise EditError(f"binding name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter "
-                        "or digit (it names the file config/bindings/NAME.toml)")
+    valid_name(name, "binding", "config/bindings/NAME.toml")
     path = f"config/bindings/{name}.toml"
     if path in files:
         raise EditError(f"binding {name} exists ({path}); choose another name, or edit that file")
@@ -209,20 +236,7 @@ def use_bindings(files: Mapping[str, Blob], profile: str, uses: Sequence[tuple[s
     unless the version is given, and its key stays where it stands, with its comment; a new one is added
     at the end of `services`, whether an inline table, a `[services]` table or dotted `services.x` keys.
     """
-    path = f"config/profiles/{profile}.toml"
-    link = next((files[p] for p in path_prefixes(path) if p in files and files[p].link), None)
-    if link is not None:  # its data is the link's target: the tree never follows it, so neither does an edit
-        raise EditError(f"{link.path} is a symbolic link (to {link.data.decode(errors='replace')}), and links in a "
-                        "config tree are not followed (F006); replace it with a copy of what it points to")
-    blob = files.get(path)
-    if blob is None:
-        known = sorted(p.removeprefix("config/profiles/").removesuffix(".toml")
-                       for p in files if p.startswith("config/profiles/"))
-        raise EditError(f"no profile {profile} ({path} does not exist); profiles: {', '.join(known) or '(none)'}")
-    try:
-        doc = tomlkit.parse(blob.data.decode("utf-8"))
-    except (UnicodeDecodeError, tomlkit.exceptions.ParseError) as exc:
-        raise EditError(f"{path} cannot be edited: {exc}; `handler validate` shows where") from exc
+    path, doc = profile_document(files, profile)
     # A [services] table, or the tables of dotted keys (one for each `services.x = ...`): edited in place.
     tables = [item for key, item in doc.body if key is not None and key.key == "services" and isinstance(item, Table)]
     services = doc.get("services")
@@ -238,6 +252,32 @@ def use_bindings(files: Mapping[str, Blob], profile: str, uses: Sequence[tuple[s
         raise EditError(f"{path}: services is not a table; `handler validate` shows where")
     what = ", ".join(f"{i} → {b}" for i, b in uses)
     return Change({path: _ended(doc.as_string())}, f"Profile {profile}: {what}")
+
+
+def valid_name(name: str, kind: str, file: str) -> None:
+    """EditError unless `name` can name a file of the tree (`file`, e.g. config/bindings/NAME.toml)."""
+    if not _NAME.match(name):
+        raise EditError(f"{kind} name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter "
+                        f"or digit (it names the file {file})")
+
+
+def profile_document(files: Mapping[str, Blob], profile: str) -> tuple[str, TOMLDocument]:
+    """(the path, the parsed document) of `config/profiles/PROFILE.toml`; EditError when it is missing, a link or
+    does not parse, naming the profiles there are."""
+    path = f"config/profiles/{profile}.toml"
+    link = next((files[p] for p in path_prefixes(path) if p in files and files[p].link), None)
+    if link is not None:  # its data is the link's target: the tree never follows it, so neither does an edit
+        raise EditError(f"{link.path} is a symbolic link (to {link.data.decode(errors='replace')}), and links in a "
+                        "config tree are not followed (F006); replace it with a copy of what it points to")
+    blob = files.get(path)
+    if blob is None:
+        known = sorted(p.removeprefix("config/profiles/").removesuffix(".toml")
+                       for p in files if p.startswith("config/profiles/"))
+        raise EditError(f"no profile {profile} ({path} does not exist); profiles: {', '.join(known) or '(none)'}")
+    try:
+        return path, tomlkit.parse(blob.data.decode("utf-8"))
+    except (UnicodeDecodeError, tomlkit.exceptions.ParseError) as exc:
+        raise EditError(f"{path} cannot be edited: {exc}; `handler validate` shows where") from exc
 
 
 def _placed(keys: Sequence[str], interface: str) -> tuple[str | None, str, list[str]]:

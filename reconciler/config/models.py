@@ -172,6 +172,9 @@ class WrapTool(_Model):
     fixed: dict[str, Any] = {}  # server argument → the value always sent
     reshape: str | None = None  # one of snapshot.RESHAPERS; default: [wrap] reshape
     errors: list[WrapError] = []  # tried in order, before [wrap] error
+    # Regular expressions cut out of the server's text before it is reshaped: the server's own advice
+    # that names arguments the interface does not have (S1: the interface owns what the model reads).
+    drop: list[str] = []
 
 
 class WrapSpec(_Model):
@@ -301,7 +304,36 @@ class SecretRef(_Model):
                                        "by value")
         if self.file is not None and (not self.file.strip() or any(c in self.file for c in "\0\n\r")):
             raise _secret_error("file", "what file names is not a path (it is empty, or holds a line break or a NUL)")
+        named_by: tuple[tuple[str, str | None], ...] = (("env", self.env), ("file", self.file),
+                                                         ("command", (self.command or [""])[0]))
+        for form, target in named_by:
+            if target and looks_like_a_key(target):
+                shape = {"env": "a variable's name", "file": "a path", "command": "a program"}[form]
+                raise _secret_error(form, f"what {form} names has the shape of a key or token, not of {shape}; a "
+                                          "secret is given by reference, never by value: put it in the service's "
+                                          "environment or a file readable by the service alone, and name that")
         return self
+
+
+# The prefixes vendors give their keys and tokens, and PEM's armour: a reference naming one is a value pasted in.
+_KEY_PREFIXES = ("sk-", "sk_live_", "sk_test_", "rk_live_", "pk_live_", "ghp_", "gho_", "ghs_", "github_pat_",
+                 "glpat-", "xoxb-", "xoxp-", "xapp-", "AKIA", "ASIA", "AIza", "hf_")
+
+
+def looks_like_a_key(text: str) -> bool:
+    """Whether `text`, given where a reference names a variable, a path or a program, has the shape of a secret: a
+    vendor's key prefix, or a long unbroken run of mixed letters and digits no name or path is made of."""
+    if text.startswith("-----BEGIN"):
+        return True
+    if any(c in text for c in "/. "):
+        return False
+    prefix = next((p for p in _KEY_PREFIXES if text.startswith(p)), None)
+    if prefix is not None and len(text) - len(prefix) >= 16:
+        return True
+    if len(text) < 24:
+        return False
+    kinds = sum((any(c.islower() for c in text), any(c.isupper() for c in text), any(c.isdigit() for c in text)))
+    return kinds == 3 and sum(c.isdigit() for c in text) >= 4
 
 
 def _secret_form(value: Any) -> str | None:

@@ -88,6 +88,8 @@ def describe_profile(snapshot: Snapshot, profile: Profile) -> dict[str, Any]:
         "classes": {c.value: template.outcome_for(c).value for c in ActionClass},
         "services": services,
         "pins": list(profile.spec.pins),
+        "rules": [f"{'service' if r.service else 'action'} {r.service or r.action} {r.outcome}"
+                  for r in profile.spec.rules],
         "routing": routing,
         "caps": profile.spec.caps.model_dump(exclude_none=True),
     }
@@ -122,6 +124,10 @@ def recheck_needed(base: Snapshot, head: Snapshot) -> dict[str, list[str]]:
     return out
 
 
+def _listed(items: list[str] | None) -> str:
+    return "; ".join(items) if items else "(none)"
+
+
 def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     out: list[str] = []
     if old.get("scope") != new.get("scope"):  # where the agent's handler-file paths reach
@@ -132,6 +138,8 @@ def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     out.extend(_service_changes(old.get("services", {}), new.get("services", {})))
     if (old.get("pins") or []) != (new.get("pins") or []):
         out.append(f"pins: {toml_value(old.get('pins') or [])} → {toml_value(new.get('pins') or [])}")
+    if (old.get("rules") or []) != (new.get("rules") or []):  # a rule the pin or a cap still overrides shows too
+        out.append(f"rules: {_listed(old.get('rules'))} → {_listed(new.get('rules'))}")
     if old.get("routing") != new.get("routing"):
         out.append(f"routing: {_routing(old.get('routing'))} → {_routing(new.get('routing'))}")
     if (old.get("caps") or {}) != (new.get("caps") or {}):

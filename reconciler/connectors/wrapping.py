@@ -82,6 +82,7 @@ class _Route:
     spec: WrapTool
     reshape: Callable[[Mapping[str, Any]], dict[str, Any]]
     errors: tuple[tuple[re.Pattern[str], str], ...]
+    drop: tuple[re.Pattern[str], ...]
 
 
 class WrappedConnector:
@@ -112,7 +113,8 @@ class WrappedConnector:
             spec = self.wrap.tool(name)
             catch_all = () if self.wrap.error is None else ((re.compile(""), self.wrap.error),)
             route = self._routes[name] = _Route(spec, RESHAPE[spec.reshape or "structured"], (
-                *((re.compile(e.match), e.error) for e in spec.errors), *catch_all))
+                *((re.compile(e.match), e.error) for e in spec.errors), *catch_all),
+                tuple(re.compile(p, re.S) for p in spec.drop))
         return route
 
     async def call_tool(
@@ -130,6 +132,8 @@ class WrappedConnector:
                 raise ConnectorError(f"the wrapped server's tool '{route.spec.tool}' reported an error that "
                                      f"[wrap] maps to no error of the interface ({len(said)} characters, not logged)")
             return tool_error(code, self._texts.get(code, code))
+        if route.drop:
+            result = _without(result, route.drop)
         try:
             output = route.reshape(result)
         except (TypeError, ValueError) as exc:  # orjson's decode error is a ValueError
@@ -142,6 +146,20 @@ class WrappedConnector:
         if "_meta" in result:
             out["_meta"] = result["_meta"]
         return out
+
+
+def _without(result: Mapping[str, Any], drop: Sequence[re.Pattern[str]]) -> dict[str, Any]:
+    """`result` with every match of `drop` cut out of its text contents."""
+    content = []
+    for item in result.get("content") or []:
+        if isinstance(item, dict) and item.get("type") == "text" and isinstance(item.get("text"), str):
+            text = item["text"]
+            for pattern in drop:
+                text = pattern.sub("", text)
+            content.append({**item, "text": text})
+        else:
+            content.append(item)
+    return {**result, "content": content}
 
 
 def check_wrap(binding: str, wrap: WrapSpec, tools: Mapping[str, Collection[str]],

@@ -101,7 +101,7 @@ class Follower:
         """Where a change made from the dashboard goes: this work tree's files, or a new branch of the followed
         repository, committed in the mirror and pushed."""
         if self._mirror is not None:
-            return MirrorProposer(self._mirror)
+            return MirrorProposer(self._mirror, self.tree_root)
         return WorkTreeProposer(self.tree_root)
 
     async def push(self) -> None:

@@ -51,6 +51,11 @@ class Proposer(Protocol):
         """"worktree" or "git"."""
         ...
 
+    @property
+    def root(self) -> Path:
+        """Where the service reads the tree it applies: relative paths of the tree resolve there."""
+        ...
+
     def check(self, edit: Edit) -> Checked:
         """The change `edit` makes, checked and planned against the tree it would land on."""
         ...
@@ -77,12 +82,14 @@ class WorkTreeProposer:
 
 
 class MirrorProposer:
-    """Changes to the repository the service follows: a new branch, committed in its mirror and pushed."""
+    """Changes to the repository the service follows: a new branch, committed in its mirror and pushed; `root` is
+    where the service exports the revision it applies (where a relative file reference resolves)."""
 
     mode = "git"
 
-    def __init__(self, mirror: GitMirror) -> None:
+    def __init__(self, mirror: GitMirror, root: Path) -> None:
         self.mirror = mirror
+        self.root = root
 
     def check(self, edit: Edit) -> Checked:
         with self.mirror.lock:  # not while a fetch moves the refs

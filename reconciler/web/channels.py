@@ -3,8 +3,8 @@
 - `HANDLER_PUBLIC_URL`: the listener's address as approvers reach it, for links and Slack's Details
   button (default: the listener's own); its host is also one the listener answers to (`guards`);
 - `HANDLER_LINK_SECRET`: the key of signed decision links (default: one made in the state folder);
-- `HANDLER_DASHBOARD_TOKEN`: when set, the dashboard's pages ask for it (the listener needs it to listen
-  beyond loopback: `http.ListenerSettings`);
+- `HANDLER_DASHBOARD_TOKEN`: the bearer token machines read `/status` and `/metrics` with (the pages need a
+  signed-in member); the listener needs it to listen beyond loopback (`http.ListenerSettings`);
 - `HANDLER_SMTP_URL`, `HANDLER_MAIL_FROM`: the email channel (see `mail`);
 - `HANDLER_SLACK_TOKEN`, `HANDLER_SLACK_SIGNING_SECRET`, `HANDLER_SLACK_API_URL`: Slack (see `slack`).
 """
@@ -70,8 +70,7 @@ def open_channels(store: Store, snapshot: Callable[[], Snapshot | None], state_d
     signer = LinkSigner(load_link_secret(state_dir, env))
     slack = SlackSettings.from_env(env)
     client = SlackClient(slack) if slack.token or slack.signing_secret else None
-    desk = Desk(store, snapshot, signer, slack, client, env.get("HANDLER_DASHBOARD_TOKEN", "").strip() or None,
-                proposer=proposer, used_sign_ins=SpentTokens(state_dir),
+    desk = Desk(store, snapshot, signer, slack, client, proposer=proposer, used_sign_ins=SpentTokens(state_dir),
                 ended_sessions=SpentTokens(state_dir, ENDED_SESSIONS))
     if listing is not None:
         desk.listing = listing

@@ -4,11 +4,11 @@ Pages: `/` (status: the applied revision, the last attempt and its findings with
 this month's spend with what budget leases hold of it, profiles, connectors) and `/approvals`
 (holds waiting, decisions made), both reloading themselves every `REFRESH_SECONDS`;
 `/approvals/<id>` (one hold in full, its arguments included, and its notices); the config's pages
-and edit forms (`editing`: `/catalog`, `/profiles/<name>`, `/bindings/<name>`, `/connectors/<name>`),
-which need an owner's sign-in (`owners`: `/login`). With `HANDLER_DASHBOARD_TOKEN` set, the pages
-ask for it once (`?token=...`, then a cookie); without it they are open to whoever reaches the
-listener, which is why the listener (`http.HttpListener`) refuses an address beyond loopback
-without the token.
+and edit forms (`editing`: `/catalog`, `/profiles/<name>`, `/bindings/<name>`, `/connectors/<name>`).
+Every page needs a member of the org signed in (`owners`: `/login`), on loopback too, since they show
+held calls' arguments, spend and status; the edit forms need an owner. A visitor who is not gets the
+sign-in page and nothing else. `HANDLER_DASHBOARD_TOKEN` opens no page: it is the bearer token of
+`/status` and `/metrics` for machines, and what lets the listener bind beyond loopback.
 
 Decisions: a signed link (`links`) opens `/approvals/<id>` as its member with Approve and Reject
 buttons; only the POST decides, and it needs the link's signature, not the token. Opening a valid
@@ -32,7 +32,7 @@ from urllib.parse import quote, urlencode
 import orjson
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from reconciler.governance.auditing import pricing_violations_this_month, set_aside_this_month
@@ -56,16 +56,15 @@ from reconciler.web.notifier import decision_text
 from reconciler.web.owners import MEMBER_COOKIE, OwnerDoor
 from reconciler.web.slack import SlackAction, parse_interaction, verify_request
 
-__all__ = ["REFRESH_SECONDS", "Desk", "dashboard_routes"]
+__all__ = ["PAGE_HEADERS", "REFRESH_SECONDS", "Dashboard", "Desk"]
 
 log = logging.getLogger("handler.http")
-_COOKIE = "handler_dashboard"
 _SESSION = MEMBER_COOKIE
 REFRESH_SECONDS = 10  # the overview and the approvals reload themselves (a form page never does)
 # Pages carry decision buttons: no framing (clickjacking), no scripts, forms post only here.
-_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
-            "frame-ancestors 'none'", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
-            "Cache-Control": "no-store"}
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+                "frame-ancestors 'none'", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
+                "Cache-Control": "no-store"}
 
 
 def _templates() -> Environment:
@@ -91,13 +90,9 @@ def _approver_text(approver: Mapping[str, Any] | None) -> str:
     return "the instance that started the agent" if to == "caller" else str(to)
 
 
-def dashboard_routes(desk: Desk, status: Callable[[], dict[str, Any]]) -> list[Route]:
-    """The pages and the decision endpoints, reading and deciding through `desk`; `status` is the reconciler's."""
-    return _Dashboard(desk, status).routes()
-
-
-class _Dashboard:
-    """The handlers of `dashboard_routes`, sharing the desk, the status and the templates."""
+class Dashboard:
+    """The pages and the decision endpoints (`routes`), reading and deciding through `desk`, sharing it, the
+    reconciler's `status` and the templates; `signed_in` says which member a request is signed in as."""
 
     def __init__(self, desk: Desk, status: Callable[[], dict[str, Any]]) -> None:
         self.desk = desk
@@ -120,7 +115,13 @@ class _Dashboard:
         context.setdefault("who", self.signed_in(request))
         context.setdefault("owner", self.door.owner(request)[0])
         context.setdefault("logout_csrf", self.door.logout_token(request))
-        return HTMLResponse(self.env.get_template(name).render(**context), status_code=status_code, headers=_HEADERS)
+        return HTMLResponse(self.env.get_template(name).render(**context), status_code=status_code,
+                            headers=PAGE_HEADERS)
+
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        """A path (or a method) nothing serves: the styled page, with the pages' security headers."""
+        status = getattr(exc, "status_code", 404)
+        return self.page("not_found.html", request, status_code=status, path=request.url.path, method=request.method)
 
     def signed_in(self, request: Request) -> str | None:
         return self.still_member(self.desk.member_session(request.cookies.get(_SESSION, "")))[0]
@@ -142,19 +143,10 @@ class _Dashboard:
                       "longer open the dashboard")
 
     def locked(self, request: Request) -> Response | None:
-        """The response for a visitor without the dashboard token, or None to let them in."""
-        token = self.desk.token
-        if not token or self.signed_in(request) is not None:
+        """The sign-in page for a visitor who is not a signed-in member of the org, or None to let them in."""
+        if self.signed_in(request) is not None:
             return None
-        given = request.query_params.get("token")
-        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
-            response = RedirectResponse(request.url.remove_query_params("token"), status_code=303)
-            response.set_cookie(_COOKIE, token, httponly=True, samesite="strict")
-            return response
-        if hmac.compare_digest(request.cookies.get(_COOKIE, "").encode(), token.encode()):
-            return None
-        return HTMLResponse("<p>This dashboard asks for its token: open it once as <code>/?token=...</code> "
-                            "(the value of HANDLER_DASHBOARD_TOKEN).</p>", status_code=401)
+        return self.door.sign_in_page(request)
 
     async def overview(self, request: Request) -> Response:
         if (refusal := self.locked(request)) is not None:

@@ -24,7 +24,6 @@ class Desk:
     signer: LinkSigner
     slack: SlackSettings
     slack_client: SlackClient | None = None  # answers clicks through their response_url
-    token: str | None = None  # HANDLER_DASHBOARD_TOKEN
     on_decision: Callable[[], None] | None = None  # the notifier, to show the decision in Slack at once
     listing: Callable[[], Mapping[str, Any] | None] = lambda: None  # the tree's catalog/listing.json, when read
     proposer: Proposer | None = None  # where the edit forms' changes go (None: the pages only show the config)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from starlette.datastructures import FormData
@@ -34,6 +36,7 @@ from reconciler.config.editing import (
     create_binding,
     parse_setting,
     parse_use,
+    reference_warnings,
     secret_reference,
     use_bindings,
 )
@@ -141,11 +144,13 @@ class ConfigPages:
         except EditError as exc:
             return self.unusable(request, str(exc), back)
         name, description = str(form.get("name", "")).strip(), str(form.get("description", "")).strip()
+        # The dashboard runs in the service: its environment is the one an env reference is read from.
+        said = [w for slot, ref in secrets.items() for w in reference_warnings(slot, ref, self.tree_root(), os.environ)]
         return await self.propose(
             request, owner,
             lambda files: create_binding(files, name, connector, description=description, secrets=secrets,
                                          settings=settings),
-            topic=f"binding-{name}", back=back, check_only=form.get("action") == "check")
+            topic=f"binding-{name}", back=back, check_only=form.get("action") == "check", said=said)
 
     async def signed_form(self, request: Request, back: str) -> tuple[FormData, str] | Response:
         """The posted form and the owner who sent it, or the page refusing it when it is not an owner's."""
@@ -154,7 +159,7 @@ class ConfigPages:
         return (form, owner) if owner is not None else self.refused(request, why, back)
 
     async def propose(self, request: Request, owner: str, edit: Edit, *, topic: str, back: str,
-                      check_only: bool) -> Response:
+                      check_only: bool, said: Sequence[str] = ()) -> Response:
         """Check the change where the service reads its tree; deliver it when clean and asked to; show what came."""
         proposer = self.desk.proposer
         if proposer is None:
@@ -168,7 +173,7 @@ class ConfigPages:
             "checked": checked, "mode": proposer.mode, "back": back, "plan": checked.plan.render_text(),
             "brought": [f.to_dict() for f in checked.brought_errors],
             "standing": [f.to_dict() for f in checked.standing_errors],
-            "warnings": [f.to_dict() for f in checked.new_findings if not f.is_error]}
+            "warnings": [f.to_dict() for f in checked.new_findings if not f.is_error], "said": list(said)}
         if not checked.ok:
             return self.pages.page("change.html", request, status_code=422, outcome="refused", **page)
         if check_only:
@@ -181,6 +186,11 @@ class ConfigPages:
             ", ".join(delivered.written)
         log.info("%s: %s (%s)", owner, delivered.summary, where)
         return self.pages.page("change.html", request, outcome="delivered", delivered=delivered, **page)
+
+    def tree_root(self) -> Path:
+        """Where relative file references resolve when the service starts a connector: its tree's root."""
+        proposer = self.desk.proposer
+        return proposer.root if proposer is not None else Path.cwd()
 
     def identity(self, owner: str) -> Identity:
         """Who a commit made from the dashboard is by: the owner, with the email the org gives them."""

@@ -28,7 +28,7 @@ from starlette.routing import Route
 from reconciler.config.errors import HandlerError
 from reconciler.gitops.webhook import verify_signature
 from reconciler.governance.errors import StoreError
-from reconciler.web.dashboard import Desk, dashboard_routes
+from reconciler.web.dashboard import PAGE_HEADERS, Dashboard, Desk
 from reconciler.web.guards import (
     BodyLimiter,
     BodyLimits,
@@ -58,16 +58,23 @@ def build_app(
     token: str | None = None,
 ) -> Starlette:
     """The ASGI app. `on_push` is awaited for a verified push (None: the source is not git); `metrics` serves
-    `/metrics`. `/status` and `/metrics` ask for `token` (HANDLER_DASHBOARD_TOKEN) as a bearer token when one is
-    set; `/healthz` never does (it says nothing but that the service answers)."""
+    `/metrics`. `/status` and `/metrics` are read by a member signed in to the dashboard, or by a machine sending
+    `token` (HANDLER_DASHBOARD_TOKEN) as a bearer token; `/healthz` by anyone (it says nothing but that the service
+    answers)."""
+    dashboard = Dashboard(desk, status) if desk is not None else None
+
+    def may_read(request: Request) -> bool:
+        # Both pages name every profile and binding, the plan and which secrets are missing: not for any local user.
+        if token is not None and bearer_allowed(token, request.headers.get("authorization")):
+            return True
+        return dashboard is not None and dashboard.signed_in(request) is not None
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
     async def status_route(request: Request) -> Response:
-        # It names every profile and binding, the plan, and which secrets are missing: as private as /metrics.
-        if not bearer_allowed(token, request.headers.get("authorization")):
-            return _bearer_refusal()
+        if not may_read(request):
+            return _reader_refusal(token is not None)
         return JSONResponse(status())
 
     async def hook(request: Request) -> Response:
@@ -89,8 +96,8 @@ def build_app(
         return JSONResponse({"ok": True, "fetching": True}, status_code=202)
 
     async def metrics_route(request: Request) -> Response:
-        if not bearer_allowed(token, request.headers.get("authorization")):
-            return _bearer_refusal()
+        if not may_read(request):
+            return _reader_refusal(token is not None)
         assert metrics is not None  # noqa: S101 - routed only with sources
         return Response(await render_metrics(metrics), media_type=CONTENT_TYPE_LATEST)
 
@@ -101,14 +108,27 @@ def build_app(
     ]
     if metrics is not None:
         routes.append(Route("/metrics", metrics_route))
-    if desk is not None:
-        routes += dashboard_routes(desk, status)
-    return Starlette(routes=routes, exception_handlers={StoreError: _store_unavailable})
+    handlers: dict[Any, Any] = {StoreError: _store_unavailable, 404: _not_found, 405: _not_found}
+    if dashboard is not None:
+        routes += dashboard.routes()
+        handlers.update({404: dashboard.not_found, 405: dashboard.not_found})
+    return Starlette(routes=routes, exception_handlers=handlers)
 
 
-def _bearer_refusal() -> Response:
-    return Response("this page asks for HANDLER_DASHBOARD_TOKEN as a bearer token: the header `Authorization: Bearer "
-                    "<the token>` (curl -H; in Prometheus, authorization: {credentials: <the token>})\n",
+async def _not_found(request: Request, exc: Exception) -> Response:
+    """A path nothing serves, without a dashboard: said in plain text, with the pages' security headers."""
+    return Response(f"there is nothing at {request.url.path}; /healthz and /status are served here\n",
+                    status_code=getattr(exc, "status_code", 404), media_type="text/plain", headers=PAGE_HEADERS)
+
+
+def _reader_refusal(has_token: bool) -> Response:
+    machine = ("send HANDLER_DASHBOARD_TOKEN as a bearer token: the header `Authorization: Bearer <the token>` (curl "
+               "-H; in Prometheus, authorization: {credentials: <the token>})" if has_token else
+               "start the service with HANDLER_DASHBOARD_TOKEN set to a long random secret and send it as a bearer "
+               "token (`Authorization: Bearer <the token>`)")
+    return Response("this page names every profile, binding and missing secret, so it is read by a member of the org "
+                    "signed in to the dashboard (`handler dashboard login --member NAME` prints a sign-in link) or, "
+                    f"for a machine, with a token: {machine}\n",
                     status_code=401, headers={"WWW-Authenticate": "Bearer"}, media_type="text/plain")
 
 

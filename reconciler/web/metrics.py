@@ -6,8 +6,9 @@ connector process, what the preflight found) and, with a governance store, what 
 this month's spend per scope, pricing violations and rows set aside). Several routers sharing one PostgreSQL each
 report the same store figures: sum their call counters, not those.
 
-The store is read on a worker thread, as the dashboard's pages read it. With `HANDLER_DASHBOARD_TOKEN` set, the page
-asks for it as a bearer token (Prometheus' `authorization` setting): its labels name profiles, bindings and spend.
+The store is read on a worker thread, as the dashboard's pages read it. Its labels name profiles, bindings and spend,
+so a scraper sends `HANDLER_DASHBOARD_TOKEN` as a bearer token (Prometheus' `authorization` setting), or a member
+signed in to the dashboard reads it (`http.build_app`).
 """
 
 from __future__ import annotations
@@ -66,10 +67,8 @@ class _StoreFigures:
     spend: list[tuple[str, int]]  # (scope, micro-USD counted this month)
 
 
-def bearer_allowed(token: str | None, authorization: str | None) -> bool:
-    """Whether a request may read the page: always without a token, else only with `Bearer <token>`."""
-    if token is None:
-        return True
+def bearer_allowed(token: str, authorization: str | None) -> bool:
+    """Whether a request carries `token` as its bearer token (`Authorization: Bearer <token>`)."""
     scheme, _, given = (authorization or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 

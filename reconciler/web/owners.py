@@ -1,15 +1,16 @@
-"""An owner's sign-in, which every config edit from the dashboard needs (docs/governance.md, "Editing from the
-dashboard").
+"""A member's sign-in, which every page that reads held calls, spend or status needs, and an owner's, which every
+config edit needs (docs/governance.md, "The dashboard").
 
-Editing the config is close to running code (a work tree applies within a second; a binding chooses what
-runs with a vendor's key), so the edit forms ask for an org owner (`[members.NAME] owner = true`) signed
-in for that purpose, whatever the address and whether or not a dashboard token is set. A decision link,
-which travels by email, is not enough. The owner runs `handler dashboard login --member NAME` on the
-service's machine; it prints a link (`links.LinkSigner.sign_in_url`) good for `SIGN_IN_MINUTES` and
-once. Opening it shows a button; its POST (`/login`) spends the link and sets the owner session (a signed
-cookie, `OWNER_HOURS` long) and the member session the decision forms use. Every edit then needs that
-session, the member still an owner of the live config, and the form's `csrf` token bound to the session.
-`/logout` ends both sessions.
+The pages show held calls' arguments (recipients, bodies), spend and the service's status, so they need a
+signed-in member of the org, on loopback too; editing the config is close to running code (a work tree
+applies within a second; a binding chooses what runs with a vendor's key), so the edit forms ask for an
+owner (`[members.NAME] owner = true`). A member runs `handler dashboard login --member NAME` on the
+service's machine (`handler up` prints one for the first owner); it prints a link
+(`links.LinkSigner.sign_in_url`) good for `SIGN_IN_MINUTES` and once. Opening it shows a button; its POST
+(`/login`) spends the link and sets the member session (a signed cookie, `OWNER_HOURS` long) and, for an
+owner, the owner session. A decision link, which travels by email, signs its member in too, but never as
+an owner. Every edit needs the owner session, the member still an owner of the live config, and the form's
+`csrf` token bound to the session. `/logout` ends both sessions.
 
 Called by `dashboard`, which adds these routes to its own; `editing` asks `OwnerDoor.check_form`.
 """
@@ -77,6 +78,16 @@ class OwnerDoor:
             return None, "the form does not belong to this session; reload the page and send it again"
         return member, ""
 
+    def _still_member(self, member: str) -> tuple[str | None, str]:
+        snapshot = self.desk.snapshot()
+        org = snapshot.org if snapshot is not None else None
+        if org is not None and member in org.members:
+            return member, ""
+        return None, f"{member} is not a member of the org (config/org.toml); only a member may sign in"
+
+    def _is_owner(self, member: str) -> bool:
+        return self._still_owner(member)[0] is not None
+
     def _still_owner(self, member: str) -> tuple[str | None, str]:
         snapshot = self.desk.snapshot()
         org = snapshot.org if snapshot is not None else None
@@ -91,13 +102,14 @@ class OwnerDoor:
     def login_view(self, request: Request, status_code: int, *, member: str | None = None,
                    fields: Mapping[str, str] | None = None, message: str = "") -> Response:
         return self.pages.page("login.html", request, status_code=status_code, member=member, fields=fields or {},
-                               message=message, hours=OWNER_HOURS, minutes=SIGN_IN_MINUTES)
+                               message=message, hours=OWNER_HOURS, minutes=SIGN_IN_MINUTES,
+                               is_owner=member is not None and self._is_owner(member))
 
     async def login_page(self, request: Request) -> Response:
         """What a sign-in link opens: who it signs in and a button; only the POST spends it."""
         member, why = self.desk.signer.check_sign_in(request.query_params)
         if member is not None:
-            member, why = self._still_owner(member)
+            member, why = self._still_member(member)
         if member is not None and self.desk.used_sign_ins.spent(request.query_params["nonce"]):
             member, why = None, f"this sign-in link was used already; {_HOW} again"
         if member is None:
@@ -105,21 +117,27 @@ class OwnerDoor:
         fields = {k: request.query_params.get(k, "") for k in ("member", "expires", "nonce", "sig")}
         return self.login_view(request, 200, member=member, fields=fields)
 
+    def sign_in_page(self, request: Request) -> Response:
+        """What a page that needs a member shows a visitor who is not signed in: how to sign in, and nothing else."""
+        return self.login_view(request, 401)
+
     async def login(self, request: Request) -> Response:
         form = await request.form()
         fields = {k: str(form.get(k, "")) for k in ("member", "expires", "nonce", "sig")}
         member, why = self.desk.signer.check_sign_in(fields)
         if member is not None:
-            member, why = self._still_owner(member)
+            member, why = self._still_member(member)
         if member is not None and not self.desk.used_sign_ins.use(fields["nonce"], int(fields["expires"])):
             member, why = None, f"this sign-in link was used already; {_HOW} again"
         if member is None:
             return self.login_view(request, 403, message=why)
-        log.info("%s signed in to the dashboard as an owner", member)
-        response = RedirectResponse("/catalog", status_code=303)
+        owner = self._is_owner(member)
+        log.info("%s signed in to the dashboard%s", member, " as an owner" if owner else "")
+        response = RedirectResponse("/catalog" if owner else "/", status_code=303)
         seconds = int(OWNER_HOURS * 3600)
-        response.set_cookie(OWNER_COOKIE, self.desk.signer.owner_session(member), max_age=seconds, httponly=True,
-                            samesite="strict")
+        if owner:
+            response.set_cookie(OWNER_COOKIE, self.desk.signer.owner_session(member), max_age=seconds, httponly=True,
+                                samesite="strict")
         response.set_cookie(MEMBER_COOKIE, self.desk.signer.session(member, days=OWNER_HOURS / 24), max_age=seconds,
                             httponly=True, samesite="strict")
         return response

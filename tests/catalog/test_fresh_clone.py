@@ -1,10 +1,10 @@
 """A fresh clone as a new user meets it: the README's run command, then a real call through `handler-service` to
 each of ocr, tts, transcribe, embed, web-fetch and send-email in the example profiles, each executed (a held
-call after an owner approves it with the CLI).
+call after an owner approves it with the CLI). The README's first `handler call` runs as written, read from it.
 
 What an operator would point at this machine's own servers is pointed so, in the clone, as an operator would:
-the email binding at an SMTP server the test starts (its CA in the connector's folder, its password from a
-`pass` stand-in on PATH), the web-fetch binding's egress at a page server the test starts. Nothing else of the
+the email binding at an SMTP server the test starts (on port 2525, its CA written in the binding, its password
+from a `pass` stand-in on PATH), the web-fetch binding's egress at a page server the test starts. Nothing else of the
 example tree changes. The README's command is read from the README itself, not copied here.
 """
 
@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -32,7 +31,8 @@ from tests.fixtures.loopback import QuietHandler, serve_on
 from tests.fixtures.mail import Mailbox, self_signed, starttls_server
 
 REPO = Path(__file__).resolve().parents[2]
-SMTP_HOST, PAGES_HOST = "127.0.58.21", "127.0.58.22"  # ports 587 and 80 of addresses of their own (root, as CI)
+SMTP_HOST, PAGES_HOST = "127.0.58.21", "127.0.58.22"  # addresses of their own (root, as CI)
+SMTP_PORT = 2525  # a private mail server on a port of its own, as an operator's often is
 PASSWORD = "stand-in-app-password"  # noqa: S105 - what the `pass` stand-in prints
 DEADLINE = 600.0  # the README's install included
 
@@ -42,6 +42,14 @@ def _readme_run_command() -> str:
     found = re.search(r"\*\*Run it\*\*.*?```sh\n(.*?)\n```", text, re.S)
     assert found is not None, "the README's run command"
     return found.group(1).strip()
+
+
+def _readme_first_call() -> str:
+    """The README's first call of a tool from a script: its sh block that runs `handler call`."""
+    blocks = re.findall(r"```sh\n(.*?)\n```", (REPO / "README.md").read_text(), re.S)
+    found = [b for b in blocks if "handler call " in b]
+    assert found, "the README's first call"
+    return found[0].strip()
 
 
 class _Pages(QuietHandler):
@@ -59,14 +67,15 @@ class _Pages(QuietHandler):
 
 
 def _operator_edits(clone: Path, cert: Path, stub_bin: Path) -> None:
-    """What an operator of this machine changes in the example tree: where mail goes and where pages are."""
-    shutil.copy(cert, clone / "catalog/connectors/send-email-smtp/test-ca.pem")
+    """What an operator of this machine changes in the example tree, in its config only: where mail goes (a
+    private server on its own port, its CA written in the binding) and where pages are."""
     email = clone / "config/bindings/email-smtp.toml"
-    email.write_text(email.read_text().replace('host = "smtp.example.org"', f'host = "{SMTP_HOST}", ca_file = '
-                                               '"test-ca.pem"').replace('"smtp.example.org:587"', f'"{SMTP_HOST}:587"'))
+    email.write_text(email.read_text().replace(
+        'host = "smtp.example.org", port = "587"',
+        f'host = "{SMTP_HOST}", port = "{SMTP_PORT}", ca_certificates = """{cert.read_text()}"""',
+    ).replace('"smtp.example.org:587"', f'"{SMTP_HOST}:{SMTP_PORT}"'))
     fetch = clone / "config/bindings/web-fetch-public.toml"
     fetch.write_text(fetch.read_text().replace('egress = ["*:80", "*:443"]', f'egress = ["{PAGES_HOST}:80"]'))
-    shutil.copy(REPO / "catalog/interfaces/ocr/v1/conformance/invoice.pdf", clone / "work/researcher/invoice.pdf")
     stub_bin.mkdir()
     (stub_bin / "pass").write_text(f"#!/bin/sh\necho {PASSWORD}\n")  # `pass show mail/agents-smtp`
     (stub_bin / "pass").chmod(0o755)
@@ -77,7 +86,7 @@ def servers() -> Iterator[tuple[Mailbox, Path]]:
     with short_dir() as folder:
         certificate = self_signed(folder, SMTP_HOST)
         mailbox = Mailbox()
-        with starttls_server(mailbox, SMTP_HOST, 587, certificate, _login), serve_on((PAGES_HOST, 80), _Pages):
+        with starttls_server(mailbox, SMTP_HOST, SMTP_PORT, certificate, _login), serve_on((PAGES_HOST, 80), _Pages):
             yield mailbox, certificate[0]
 
 
@@ -130,6 +139,11 @@ def test_a_fresh_clone_runs_every_local_capability_of_the_example(servers: tuple
                               stdout=subprocess.DEVNULL, text=True, start_new_session=True)
         try:
             _wait_until_serving(up)
+            # The README's first call, as written: it puts the invoice in the work folder and reads it.
+            first = subprocess.run(["bash", "-c", _readme_first_call()], cwd=clone, env=env, capture_output=True,
+                                   text=True, timeout=120, check=False)
+            assert first.returncode == 0, first.stderr
+            assert first.stdout.count("INV-2024-0042") == 1, first.stdout
             outputs = asyncio.run(asyncio.wait_for(_every_capability(clone, run_dir), DEADLINE))
         finally:
             os.killpg(up.pid, signal.SIGINT)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.cli.call import render_text
 from reconciler.cli.flags import kebab, plan_flags
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import short_dir
@@ -97,7 +98,24 @@ def served() -> Iterator[Served]:
 def test_ocr_extract_prints_the_text_of_the_invoice(served: Served) -> None:
     done = served.call("ocr", "ocr_extract", "--profile", "researcher", "--path", "invoice.pdf")
     assert done.returncode == 0, done.stderr
-    assert "INV-2024-0042" in done.stdout
+    assert done.stdout.count("INV-2024-0042") == 1, done.stdout  # a page's text, not its blocks' again
+
+
+def test_a_file_not_in_the_work_folder_says_where_the_work_folder_is(served: Served) -> None:
+    done = served.call("ocr", "ocr_extract", "--profile", "researcher", "--path", "scan.pdf", "--root",
+                       str(served.root))
+    assert done.returncode == 2
+    assert "there is no file 'scan.pdf'" in done.stderr
+    assert f"work folder of profile 'researcher': {served.root / 'work/researcher'}" in done.stderr
+
+
+def test_text_output_prints_each_text_once_and_names_the_pages() -> None:
+    block = {"text": "Total", "bbox": [0, 0, 1, 1]}
+    one = {"pages": [{"text": "Invoice\nTotal", "blocks": [block]}]}
+    assert render_text(one) == "Invoice\nTotal"
+    two = {"pages": [{"text": "first", "blocks": [block]}, {"text": "second"}]}
+    assert render_text(two) == "── page 1 of 2 ──\nfirst\n── page 2 of 2 ──\nsecond"
+    assert render_text({"results": [{"url": "u"}]}) == '{\n  "results": [\n    {\n      "url": "u"\n    }\n  ]\n}'
 
 
 def test_exit_0_executed_with_flags_from_the_schema(served: Served) -> None:

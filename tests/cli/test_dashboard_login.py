@@ -35,10 +35,10 @@ def test_an_owner_gets_a_link_the_service_accepts(root: Path, capsys: pytest.Cap
     assert "it works once and signs owner in for 12 hours" in err
 
 
-def test_a_member_who_is_no_owner_and_a_folder_without_a_service_are_refused(
+def test_a_name_that_is_no_member_and_a_folder_without_a_service_are_refused(
         root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["dashboard", "login", "--member", "bob", "--root", str(root)]) == 1
-    assert "bob is not an owner in" in capsys.readouterr().err
+    assert main(["dashboard", "login", "--member", "mallory", "--root", str(root)]) == 1
+    assert "mallory is not a member in" in capsys.readouterr().err
     assert main(["dashboard", "login", "--member", "owner", "--root", str(root)]) == 2
     err = capsys.readouterr().err
     assert "no service keeps its link key in" in err

@@ -5,6 +5,7 @@ committed to a new branch while the work tree, HEAD and the followed ref stay as
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -122,16 +123,29 @@ def test_a_secret_value_and_an_existing_binding_are_refused(example: Path) -> No
     assert "sk-123" not in done.stdout + done.stderr
     assert not (example / "config/bindings/leak.toml").exists()
     # A reference that could never name a secret is refused as a usage error, in one line.
-    for secret in ('api_key=command:""', "api_key=env:A B"):
+    for secret in ('api_key=command:""', "api_key=env:A B", "api_key=file:sk-proj-Xa1b2C3d4E5f6G7h8J9k0"):
         done = _handler("binding", "create", "never", "--connector", "web-search-brave", "--secret", secret,
                         "--root", str(example))
         assert done.returncode == 2
         assert done.stderr.count("\n") == 1, done.stderr
         assert done.stderr.startswith("handler: secret api_key: "), done.stderr
         assert not (example / "config/bindings/never.toml").exists()
+        assert "Xa1b2C3d4" not in done.stderr  # a key pasted in the file's place is never repeated
     done = _handler("binding", "create", "ocr-local", "--connector", "ocr-tesseract", "--root", str(example))
     assert done.returncode == 2
     assert "binding ocr-local exists" in done.stderr
+
+
+def test_a_file_reference_missing_here_or_readable_by_all_is_warned_of_and_written(example: Path) -> None:
+    (example / "brave.key").write_text("a key\n")
+    (example / "brave.key").chmod(0o644)
+    for name, target, said in (("brave-a", "nowhere.key", f"there is no file {example / 'nowhere.key'}"),
+                               ("brave-b", "brave.key", f"{example / 'brave.key'} is readable by every user")):
+        done = _handler("binding", "create", name, "--connector", "web-search-brave", "--secret",
+                        f"api_key=file:{target}", "--root", str(example))
+        assert done.returncode == 0, done.stderr
+        assert f"warning: secret api_key: {said}" in done.stderr
+        assert (example / f"config/bindings/{name}.toml").exists()  # a warning: the file may come later
 
 
 def test_a_profile_behind_a_symbolic_link_is_refused_as_the_loader_refuses_it(example: Path, tmp_path: Path) -> None:
@@ -210,3 +224,75 @@ def test_branch_is_checked_against_the_commit_it_starts_from(example: Path, git:
     assert done.returncode == 1
     assert "P001" in done.stdout
     assert git(example.parent, "branch", "--list", "use-brave2") == ""
+
+
+def _plan_body(text: str) -> list[str]:
+    """A plan's lines after its header (the header names the two revisions, which differ by how they were read)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Plan ")), None)
+    assert start is not None, text
+    body = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        body.append(line)
+    return body
+
+
+@pytest.mark.parametrize(("words", "profile", "tool", "decided"), [
+    (["rule", "set", "assistant", "send_email_send", "block"], "assistant", "send_email_send", "blocked"),
+    (["rule", "set", "auditor", "web-search", "block", "--service"], "auditor", "web_search_query", "blocked"),
+    (["pin", "set", "researcher", "ocr"], "researcher", "ocr_extract", "pending"),
+    (["pin", "unset", "assistant", "send-email"], "assistant", "send_email_send", "pending"),
+    (["routing", "set", "assistant", "caller"], "assistant", "send_email_send", "pending"),
+    (["profile", "create", "scribe", "--template", "restrictive", "--from", "assistant"], "scribe", "send_email_send",
+     "blocked"),
+])
+def test_a_governance_command_writes_a_valid_file_prints_the_plan_and_explain_agrees(
+        example: Path, words: list[str], profile: str, tool: str, decided: str) -> None:
+    done = _handler(*words, "--root", str(example))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _handler("validate", "--root", str(example)).returncode == 0
+    plan = _handler("plan", "--base", "HEAD", "--root", str(example))
+    assert _plan_body(done.stdout) == _plan_body(plan.stdout), (done.stdout, plan.stdout)
+    explained = _handler("explain", "--profile", profile, "--tool", tool, "--root", str(example))
+    assert explained.returncode == 0, explained.stderr
+    verdict = explained.stdout.splitlines()[0]  # at the tool's price, as a call would be
+    assert re.fullmatch(rf"{tool} on profile {profile} at \$[0-9.]+: {decided} \(decision: \w+\)", verdict), verdict
+    said = [line for line in done.stdout.splitlines() if line.startswith(f"{tool} on profile {profile} at")]
+    assert [line.split(": ", 1)[1] for line in said] in ([], [verdict.split(": ", 1)[1]])  # the same decision
+
+
+def test_a_cap_and_a_rule_unset_are_written_where_they_belong_with_comments_kept(example: Path) -> None:
+    profile = example / "config/profiles/researcher.toml"
+    profile.write_text(profile.read_text().replace("[caps]", "# what it may spend\n[caps]"))
+    for words in (["cap", "set", "researcher", "50", "--per-instance"], ["cap", "set", "org", "900"],
+                  ["rule", "set", "researcher", "ocr_extract", "approve"],
+                  ["rule", "unset", "researcher", "ocr_extract"]):
+        done = _handler(*words, "--root", str(example))
+        assert done.returncode == 0, done.stdout + done.stderr
+    text = profile.read_text()
+    assert "# what it may spend\n[caps]\nmonthly_usd = 200.0\ninstance_usd = 50.0\n" in text
+    assert "rules" not in text  # set, then unset: nothing left
+    assert "[caps]\nmonthly_usd = 900.0" in (example / "config/org.toml").read_text()
+    again = _handler("rule", "set", "auditor", "web-search", "approve", "--service", "--root", str(example))
+    assert again.returncode == 2
+    assert "has that rule already (service web-search: approve); nothing to change" in again.stderr
+    missing = _handler("rule", "unset", "researcher", "ocr_extract", "--root", str(example))
+    assert missing.returncode == 2
+    assert "has no rule on action ocr_extract (its rules: none)" in missing.stderr
+    refused = _handler("routing", "set", "assistant", "member:nobody", "--root", str(example))
+    assert refused.returncode == 1  # the checks refuse a member the org lacks; nothing is written
+    assert "nobody" in refused.stdout
+    assert 'to = "member"' not in (example / "config/profiles/assistant.toml").read_text()
+
+
+def test_a_profile_made_on_a_branch_leaves_the_work_tree_alone(example: Path, git: Git) -> None:
+    done = _handler("profile", "create", "scribe", "--template", "restrictive", "--branch", "add-scribe",
+                    "--root", str(example))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "committed" in done.stdout
+    assert not (example / "config/profiles/scribe.toml").exists()
+    shown = git(example.parent, "show", "add-scribe:ops/config/profiles/scribe.toml")
+    assert 'template = "restrictive"' in shown
+    assert 'scope = "work/scribe"' in shown

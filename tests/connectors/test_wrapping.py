@@ -84,6 +84,9 @@ def test_a_page_is_fetched_renamed_and_reshaped_and_errors_speak_the_interfaces_
     assert "<p>" not in page["structuredContent"]["text"]  # raw is fixed to false: the readable text
     assert isinstance(short, dict)
     assert "INV-2024-0042" not in short["structuredContent"]["text"]  # maxLength reached max_length
+    # The server's advice to pass a start_index, which web-fetch/v1 has not, is cut out ([wrap] drop).
+    assert "start_index" not in short["structuredContent"]["text"], short
+    assert "<error>" not in short["structuredContent"]["text"]
     # The server's 404 matched the tool's pattern: the model reads the interface's text, not the server's.
     assert isinstance(missing, dict)
     assert missing["structuredContent"] == {"error": "fetch_failed", "message": FETCH_FAILED}
@@ -91,6 +94,15 @@ def test_a_page_is_fetched_renamed_and_reshaped_and_errors_speak_the_interfaces_
     assert isinstance(bad, ConnectorError)
     assert bad.cause == "connector_error"
     assert "validation" not in bad.message
+
+
+def test_without_drop_the_servers_advice_would_reach_the_model(site: str, tmp_path: Path) -> None:
+    assert WRAP is not None
+    kept = WRAP.model_copy(update={"tools": {"web_fetch_get": WRAP.tool("web_fetch_get").model_copy(
+        update={"drop": []})}})
+    (short,) = _fetch(tmp_path, kept, [{"url": f"{site}/help", "maxLength": 10}])
+    assert isinstance(short, dict)
+    assert "start_index" in short["structuredContent"]["text"]  # what the shipped wrap's drop removes
 
 
 def test_a_fixed_argument_is_always_sent(site: str, tmp_path: Path) -> None:

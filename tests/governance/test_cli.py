@@ -82,8 +82,8 @@ def test_an_approval_a_router_runs_at_once_is_said_to_be_an_approval(tree: Path,
     assert out.startswith(f"{rid} approved by alice: a running router runs it now"), out
 
 
-def test_approve_as_a_member_runs_nothing_itself_and_is_audited(tree: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_approve_as_a_member_runs_nothing_itself_and_is_audited(tree: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     snapshot = Loader().load(FolderSource(tree))
     store = open_store(store_url(tree))
     governor = Governor(store)
@@ -95,6 +95,8 @@ def test_approve_as_a_member_runs_nothing_itself_and_is_audited(tree: Path,
 
     code, out, _ = run(capsys, "approvals", "list", "--root", str(tree))
     assert rid in out
+    monkeypatch.setenv("HANDLER_ROOT", str(tree))
+    assert run(capsys, "approvals") == (0, out, "")  # no action named: the list, with its defaults
     code, out, _ = run(capsys, "approvals", "show", rid, "--root", str(tree))
     assert "acme invoices" in out
     assert "alice" in out

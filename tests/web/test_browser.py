@@ -61,9 +61,9 @@ def test_an_owner_creates_a_binding_through_the_form_and_it_lands_on_a_new_branc
         def flow(phone: Phone) -> str:
             page = phone.page
             page.goto(up.url + "/catalog")
-            phone.snap("catalog-before-sign-in")
-            page.get_by_role("link", name="new binding").click()
-            assert "handler dashboard login --member NAME" in page.inner_text("#new-binding + .note")
+            phone.snap("catalog-before-sign-in")  # nobody signed in: how to sign in, and nothing of the config
+            assert "handler dashboard login --member NAME" in page.inner_text("main")
+            assert page.get_by_role("link", name="new binding").count() == 0
             sign_in(phone, up, "owner", "--state-dir", str(state))
             page.get_by_role("link", name="new binding").click()
             phone.snap("connector")
@@ -143,6 +143,7 @@ def test_an_owner_swaps_a_profiles_binding_with_the_dropdown_and_the_router_serv
 
         def drill_down(phone: Phone) -> str:  # overview → profile's binding → its connector → its interface
             page = phone.page
+            sign_in(phone, up, "owner", "--root", str(root))
             page.goto(up.url + "/")
             phone.snap("overview")
             page.locator("a[href='/bindings/echo-other']").first.click()

@@ -40,6 +40,7 @@ from tests.fixtures.echo_tree import OWNED_ORG, TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, body, load, short_dir
 from tests.fixtures.mail import Mailbox, serving_mailbox
 from tests.fixtures.service import DEADLINE, Service, running
+from tests.fixtures.signin import sign_in
 from tests.governance.builders import cap_snapshot, priced_call
 from tests.governance.store.test_set_aside import refuse_a_row
 
@@ -217,6 +218,7 @@ def test_an_unreachable_mail_server_keeps_the_notice_for_a_retry(tree: Path, mon
             assert "cannot reach the mail server 127.0.0.1:9" in notice.error
             assert await status_of(client, rid) == "pending"  # the hold itself is untouched
             async with httpx.AsyncClient() as http:  # the operator sees it on the overview
+                await sign_in(http, base_url(service), tree, tree.parent / "state", "owner")
                 overview = await http.get(base_url(service) + "/")
             assert "Notices that did not go out" in overview.text
             assert "will retry" in overview.text
@@ -339,12 +341,15 @@ def test_what_slack_refuses_is_given_up_or_retried_when_it_says(tree: Path, monk
     asyncio.run(scenario())
 
 
-async def enter_the_dashboard_with_its_token(http: httpx.AsyncClient, url: str, rid: str) -> None:
-    """Without the dashboard token nothing opens; with it, the status, the hold and its page show."""
+async def enter_the_dashboard_as_a_member(http: httpx.AsyncClient, tree: Path, url: str, rid: str) -> None:
+    """Without a member signed in nothing opens, the dashboard token neither; signed in, carol (a member the hold is
+    not routed to) sees the status, the hold and its arguments, and no buttons."""
     assert (await http.get(url + "/")).status_code == 401
+    assert (await http.get(url + "/?token=let-me-in")).status_code == 401  # the token opens no page
     assert (await http.get(url + "/?token=wrong-é")).status_code == 401  # any text: refused, not a crash
-    assert (await http.get(f"{url}/approvals/{rid}")).status_code == 401  # no token, no signed link
-    entered = await http.get(url + "/?token=let-me-in", follow_redirects=True)  # keeps the cookie
+    assert (await http.get(f"{url}/approvals/{rid}")).status_code == 401  # no session, no signed link
+    await sign_in(http, url, tree, tree.parent / "state", "carol")
+    entered = await http.get(url + "/")
     assert entered.status_code == 200, entered.text
     assert "ready" in entered.text
     assert "1 hold" in entered.text
@@ -353,7 +358,7 @@ async def enter_the_dashboard_with_its_token(http: httpx.AsyncClient, url: str, 
     assert "member bob" in listing.text
     page = await http.get(f"{url}/approvals/{rid}")
     assert "dear bob" in page.text
-    assert "Approve as" not in page.text  # the dashboard shows; a signed link decides
+    assert "Approve as" not in page.text  # routed to bob: carol reads it, and decides nothing
 
 
 async def approvals_link(tree: Path, url: str, rid: str, member: str) -> subprocess.CompletedProcess[str]:
@@ -398,7 +403,7 @@ async def reject_as_the_signed_in_owner(url: str, rid: str, link: str) -> str:
     return token.group(1)
 
 
-def test_the_dashboard_shows_status_holds_and_catalog_and_asks_for_its_token(
+def test_the_dashboard_shows_status_holds_and_catalog_to_a_signed_in_member(
         tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     route(tree, '{ to = "member", member = "bob" }')
     monkeypatch.setenv("HANDLER_DASHBOARD_TOKEN", "let-me-in")
@@ -407,12 +412,12 @@ def test_the_dashboard_shows_status_holds_and_catalog_and_asks_for_its_token(
         async with running(options(tree)) as service, httpx.AsyncClient() as http:
             client, rid = await hold_a_write(service)
             url = base_url(service)
-            await enter_the_dashboard_with_its_token(http, url, rid)
+            await enter_the_dashboard_as_a_member(http, tree, url, rid)
             link = await sign_an_owner_link(tree, url, rid)
             csrf = await reject_as_the_signed_in_owner(url, rid, link)
             assert await status_of(client, rid) == "rejected"
             anonymous = await http.post(f"{url}/approvals/{rid}", data={"csrf": csrf, "decision": "approve"})
-            assert anonymous.status_code == 403  # a token without its session decides nothing
+            assert anonymous.status_code == 403  # another session's form token decides nothing
             catalog = await http.get(url + "/catalog")
             assert "echo/v1" in catalog.text
             assert "echo_say" in catalog.text
@@ -503,6 +508,7 @@ def test_the_overview_counts_this_months_pricing_violations_and_rows_set_aside(t
             assert service.router is not None
             store = service.router.services.gate.store  # type: ignore[attr-defined]
             async with httpx.AsyncClient() as http:
+                await sign_in(http, base_url(service), tree, tree.parent / "state", "owner")
                 quiet = await http.get(base_url(service) + "/")
                 assert "Pricing violations" not in quiet.text
                 with store.begin() as tx:
@@ -528,6 +534,7 @@ def test_a_page_needing_a_store_that_cannot_be_read_says_so_and_works_again_once
             store = service.router.services.gate.store  # type: ignore[attr-defined]
             database = store.engine.url.database
             async with httpx.AsyncClient() as http:
+                await sign_in(http, base_url(service), tree, tree.parent / "state", "owner")
                 with sqlite3.connect(database) as db:  # a migration gone wrong, say
                     db.execute("ALTER TABLE holds RENAME TO holds_aside")
                 down = await http.get(base_url(service) + "/")
@@ -557,6 +564,7 @@ def test_the_overview_shows_spend_and_what_budget_leases_hold_of_it(tree: Path) 
                 admitted = await other.admit(cap_snapshot(), priced_call())
                 assert admitted.status == "executed"
                 async with httpx.AsyncClient() as http:
+                    await sign_in(http, base_url(service), tree, tree.parent / "state", "owner")
                     page = await http.get(base_url(service) + "/")
                 assert "Spend this month (UTC)" in page.text
                 counted, leased = _spend_cells(page.text, "org:acme")[:2]
@@ -569,6 +577,7 @@ def test_the_overview_shows_spend_and_what_budget_leases_hold_of_it(tree: Path) 
             finally:
                 await other.aclose()
             async with httpx.AsyncClient() as http:
+                await sign_in(http, base_url(service), tree, tree.parent / "state", "owner")
                 page = await http.get(base_url(service) + "/")
             assert _spend_cells(page.text, "org:acme")[:2] == ["$0.005", ""]  # returned: what was charged, none leased
 

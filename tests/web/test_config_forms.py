@@ -95,7 +95,7 @@ def test_without_an_owners_sign_in_no_form_is_shown_and_every_post_is_refused(
     async def scenario() -> None:
         async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
             page = await http.get("/connectors/echo")
-            assert page.status_code == 200
+            assert page.status_code == 401  # nobody signed in: the sign-in page, nothing of the config
             assert "handler dashboard login --member NAME" in text(page)
             assert 'action="/connectors/echo/bindings"' not in page.text
             refused = await http.post("/connectors/echo/bindings", data=BINDING)
@@ -115,20 +115,26 @@ def test_without_an_owners_sign_in_no_form_is_shown_and_every_post_is_refused(
     assert 'echo = "echo-local"' in (tree / "config/profiles/tester.toml").read_text()
 
 
-def test_a_member_who_is_no_owner_cannot_sign_in_nor_edit(
+def test_a_member_who_is_no_owner_signs_in_to_read_but_cannot_edit(
         base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["dashboard", "login", "--member", "bob", "--root", str(tree)]) == 1
-    assert "bob is not an owner" in capsys.readouterr().err
+    assert main(["dashboard", "login", "--member", "mallory", "--root", str(tree)]) == 1
+    assert "mallory is not a member" in capsys.readouterr().err
 
     async def scenario() -> None:
         async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
-            link = signer(base).sign_in_url(url(service), "bob")  # signed with the key, as the CLI would not
+            link = login_link(capsys, tree, service, "bob")
             page = await http.get(link)
-            assert page.status_code == 403
-            assert "bob is not an owner of the org (owners: owner)" in text(page)
-            refused = await http.post("/login", data=fields_of(link))
+            assert page.status_code == 200
+            assert "signs bob in as a member of the org" in text(page)
+            done = await http.post("/login", data=fields_of(link))
+            assert (done.status_code, done.headers["location"]) == (303, "/")
+            assert "handler_owner" not in done.headers.get("set-cookie", "")
+            shown = await http.get("/connectors/echo")  # a member reads the config's pages
+            assert shown.status_code == 200
+            assert 'action="/connectors/echo/bindings"' not in shown.text
+            refused = await http.post("/connectors/echo/bindings", data=BINDING)
             assert refused.status_code == 403
-            assert "handler_owner" not in refused.headers.get("set-cookie", "")
+            assert "editing the config needs an owner's sign-in" in text(refused)
             # An owner session for bob (signed while bob was an owner, say) edits nothing now he is not one.
             session = signer(base).owner_session("bob")
             http.cookies.set("handler_owner", session)
@@ -233,6 +239,10 @@ def test_a_change_with_a_finding_writes_nothing_and_shows_the_fix(
             assert refused.status_code == 422
             assert "P001" in text(refused)
             assert "fix:" in text(refused)
+            assert "has the shape of a key or token" in text(pasted := await http.post(  # a name's own characters
+                "/connectors/echo/bindings", data={**BINDING, "csrf": token, "secret.token.kind": "env",
+                                                   "secret.token.name": "a8Fj29Dkq0Lm3Nx7Pq1Rs5Tu"}))
+            assert "a8Fj29" not in pasted.text
             checked = await http.post("/connectors/echo/bindings", data={**BINDING, "csrf": token, "action": "check"})
             assert checked.status_code == 200
             assert "The change passes every check. Nothing was written" in text(checked)
@@ -249,7 +259,7 @@ def test_the_dashboard_token_does_not_stand_in_for_an_owners_sign_in(
         async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
             assert (await http.get("/connectors/echo")).status_code == 401
             opened = await http.get("/connectors/echo?token=a-long-dashboard-token", follow_redirects=True)
-            assert opened.status_code == 200
+            assert opened.status_code == 401  # the token opens no page: a member signs in
             assert "handler dashboard login --member NAME" in text(opened)
             refused = await http.post("/connectors/echo/bindings", data=BINDING)
             assert refused.status_code == 403
@@ -305,3 +315,37 @@ def test_in_git_mode_a_change_is_a_new_branch_pushed_and_the_followed_ref_stays(
         profile.read_text().replace('echo = "echo-local"', 'echo = "echo-other"').strip())
     assert git(upstream, "log", "-1", "--format=%an <%ae>|%s", branch) == (
         "owner <owner@example.org>|Profile tester: echo → echo-other")
+
+
+def test_a_key_typed_where_a_reference_goes_is_refused_and_a_loose_reference_is_warned_of(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    key = "sk-proj-Xa1b2C3d4E5f6G7h8J9k0"
+    monkeypatch.delenv("ECHO_NEW_TOKEN", raising=False)
+    loose = tree / "token.txt"
+    loose.write_text("a token\n")
+    loose.chmod(0o644)
+
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            await sign_in(http, login_link(capsys, tree, service))
+            token = csrf(await http.get("/connectors/echo"))
+            for kind in ("file", "env"):
+                pasted = await http.post("/connectors/echo/bindings", data={
+                    **BINDING, "csrf": token, "secret.token.kind": kind, "secret.token.name": key})
+                assert pasted.status_code == 400, pasted.text
+                assert "a secret is given by reference, never by value" in text(pasted)
+                assert key not in pasted.text  # never shown back
+                assert "sk-proj" not in pasted.text
+            assert "has the shape of a key or token" in text(pasted := await http.post(  # a name's own characters
+                "/connectors/echo/bindings", data={**BINDING, "csrf": token, "secret.token.kind": "env",
+                                                   "secret.token.name": "a8Fj29Dkq0Lm3Nx7Pq1Rs5Tu"}))
+            assert "a8Fj29" not in pasted.text
+            checked = await http.post("/connectors/echo/bindings", data={
+                **BINDING, "csrf": token, "action": "check", "secret.token.kind": "file",
+                "secret.token.name": "token.txt"})
+            assert checked.status_code == 200, checked.text
+            assert f"{loose} is readable by every user of this machine" in text(checked)
+            unset = await http.post("/connectors/echo/bindings", data={**BINDING, "csrf": token, "action": "check"})
+            assert "the running service's environment has no ECHO_NEW_TOKEN" in text(unset)
+    asyncio.run(scenario())
+    assert not (tree / "config/bindings/echo-new.toml").exists()

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reconciler.config import FolderSource, Loader, Snapshot
 from reconciler.gitops.status import Status
 from reconciler.governance.holds import LISTED_HOLDS
 from reconciler.governance.store import open_store, store_url
@@ -29,6 +30,7 @@ from reconciler.web.http import (
     build_app,
 )
 from reconciler.web.links import LinkSigner
+from reconciler.web.owners import MEMBER_COOKIE
 from reconciler.web.slack import SlackSettings
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import short_dir
@@ -39,17 +41,21 @@ PUBLIC = "https://approvals.example.org"
 HANDLER = str(Path(sys.executable).parent / "handler")
 
 
+SIGNER = LinkSigner(b"k" * 32)
+
+
 @asynccontextmanager
 async def listening(store_dir: Path, pushes: list[bytes] | None = None, limits: BodyLimits | None = None,
-                    connections: ConnectionLimits | None = None, store: str | None = None) -> AsyncIterator[int]:
+                    connections: ConnectionLimits | None = None, store: str | None = None,
+                    snapshot: Snapshot | None = None) -> AsyncIterator[int]:
     """A listener with the dashboard on 127.0.0.1 (its port), HANDLER_PUBLIC_URL set to PUBLIC; its store a new one in
-    `store_dir`, or `store`."""
+    `store_dir`, or `store`; its live config `snapshot` (whose members may sign in with `SIGNER`)."""
 
     async def on_push() -> None:
         if pushes is not None:
             pushes.append(b"push")
 
-    desk = Desk(open_store(store or f"sqlite:///{store_dir / 'store.db'}"), lambda: None, LinkSigner(b"k" * 32),
+    desk = Desk(open_store(store or f"sqlite:///{store_dir / 'store.db'}"), lambda: snapshot, SIGNER,
                 SlackSettings(None, None))
     app = build_app(Status("worktree /tree").to_dict, webhook_secret=b"secret", on_push=on_push, desk=desk)
     settings = ListenerSettings(public_url=PUBLIC, limits=limits or BodyLimits(),
@@ -98,7 +104,8 @@ def test_a_host_that_is_not_this_service_is_refused_on_every_route(tmp_path: Pat
                          "approvals.example.org", "approvals.example.org:443"):
                 right = await http.request(method, path, content=b"{}", headers={"Host": host})
                 assert right.status_code != 400, (host, right.text)
-                assert right.status_code == (401 if method == "POST" else 200), (host, right.text)
+                # Past the Host check: an unsigned push, or a page that needs a member signed in.
+                assert right.status_code == 401, (host, right.text)
 
     asyncio.run(scenario())
 
@@ -201,16 +208,16 @@ def test_signatures_and_times_that_are_not_ascii_are_refused_not_a_server_error(
             hook = await http.post("/hooks/git", content=b"{}", headers=signed)
             assert hook.status_code == 401, hook.text
             link = await http.get("/approvals/req_x", params={"member": "alice", "expires": "\u00b2", "sig": "x"})
-            assert link.status_code == 404, link.text  # the link was read (no hold here to show)
+            assert link.status_code == 403, link.text  # the link was read, and does not hold
             long_expiry = await http.get("/approvals/req_x", params={"member": "alice", "expires": "9" * 5000,
                                                                        "sig": "x"})
-            assert long_expiry.status_code == 404, long_expiry.text
+            assert long_expiry.status_code == 403, long_expiry.text
             signin = await http.get("/login", params={"member": "alice", "expires": "\u00b2", "nonce": "n",
                                                       "sig": "s"})
             assert signin.status_code == 403, signin.text
         raw = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: handler_member=alice:\xb2:abc\r\nConnection: close\r\n\r\n"
         async with listening(tmp_path) as port:
-            assert status_of(await exchange(port, raw, [])) == 200  # an unreadable cookie signs nobody in
+            assert status_of(await exchange(port, raw, [])) == 401  # an unreadable cookie signs nobody in
             huge = (b"POST /hooks/git HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n")
             answer = await exchange(port, huge, [])
             assert status_of(answer) in (400, 413), answer  # h11 or the limit refuses it, never a 500
@@ -253,14 +260,51 @@ def test_the_approvals_page_counts_every_pending_hold_and_says_when_it_lists_onl
     monkeypatch.delenv("HANDLER_STATE_DIR", raising=False)
     held = hold_calls(shipped_tree, LISTED_HOLDS + 3)
 
+    snapshot = Loader().load(FolderSource(shipped_tree))
+
     async def scenario() -> None:
-        async with listening(shipped_tree, store=store_url(shipped_tree)) as port, \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        async with listening(shipped_tree, store=store_url(shipped_tree), snapshot=snapshot) as port, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                                  cookies={MEMBER_COOKIE: SIGNER.session("alice")}) as http:
             page = (await http.get("/approvals")).text
             assert f"Waiting for a decision ({LISTED_HOLDS + 3})" in page
             assert f"The {LISTED_HOLDS} oldest are listed here" in page
             assert "handler approvals list --limit 0" in page
             assert held[0] in page
             assert held[-1] not in page
+
+    asyncio.run(scenario())
+
+
+def test_without_signing_in_no_page_shows_a_held_call_or_the_status_on_loopback_either(
+        shipped_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HANDLER_STORE_URL", raising=False)
+    monkeypatch.delenv("HANDLER_STATE_DIR", raising=False)
+    (held,) = hold_calls(shipped_tree, 1)  # its query is "q0"
+    snapshot = Loader().load(FolderSource(shipped_tree))
+
+    async def scenario() -> None:
+        async with listening(shipped_tree, store=store_url(shipped_tree), snapshot=snapshot) as port, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            for path in ("/", "/approvals", f"/approvals/{held}", "/catalog", "/profiles/auditor", "/status"):
+                refused = await http.get(path)
+                assert refused.status_code == 401, (path, refused.text)
+                assert "q0" not in refused.text, path
+                assert held not in refused.text, path
+                assert "researcher" not in refused.text, path  # no profile, binding or secret reference named
+                assert "handler dashboard login --member NAME" in refused.text, path
+            assert (await http.get("/healthz")).json() == {"ok": True}
+            http.cookies.set(MEMBER_COOKIE, SIGNER.session("bob"))  # a member, not an owner
+            shown = await http.get(f"/approvals/{held}")
+            assert shown.status_code == 200
+            assert "q0" in shown.text
+            assert (await http.get("/status")).status_code == 200
+            http.cookies.set(MEMBER_COOKIE, SIGNER.session("mallory"))  # signed, but no member of the org
+            assert (await http.get(f"/approvals/{held}")).status_code == 401
+            missing = await http.get("/no/such/page")
+            assert missing.status_code == 404
+            assert missing.headers["X-Frame-Options"] == "DENY"
+            assert "default-src 'none'" in missing.headers["Content-Security-Policy"]
+            assert "No such page" in missing.text
 
     asyncio.run(scenario())

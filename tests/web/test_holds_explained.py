@@ -22,6 +22,7 @@ from reconciler.web.notifier import decision_text
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, body, short_dir
 from tests.fixtures.service import Service, running
+from tests.fixtures.signin import sign_in as sign_in_member
 
 ORG = '''apiVersion = "handler.org/v1"
 name = "test-org"
@@ -119,6 +120,7 @@ def test_a_hold_routed_to_an_unconfigured_channel_says_so_and_its_notice_is_not_
             assert expected in (await status(client, rid))["message"]
             (notice,) = list_notices(store_of(service), rid)
             assert (notice.state, notice.error, notice.attempts) == ("unsent", "HANDLER_SLACK_TOKEN is not set", 0)
+            await sign_in_member(http, dashboard(service), tree, tree.parent / "state", "owner")
             overview = (await http.get(dashboard(service) + "/")).text
             section = overview.split("Notices that did not go out", 1)[1]
             assert rid in section

@@ -21,14 +21,17 @@ def test_listener_serves_status_and_verifies_pushes() -> None:
         pushes.append(1)
 
     async def scenario() -> None:
-        app = build_app(lambda: {"ready": True}, webhook_secret=SECRET, on_push=on_push)
+        app = build_app(lambda: {"ready": True}, webhook_secret=SECRET, on_push=on_push,
+                        token="scrape-token")  # noqa: S106 - a test's own
         listener = HttpListener(app, "127.0.0.1", 0)
         await listener.start()
         assert listener.started
         base = f"http://127.0.0.1:{listener.port}"
         async with httpx.AsyncClient(base_url=base) as client:
             assert (await client.get("/healthz")).json() == {"ok": True}
-            assert (await client.get("/status")).json() == {"ready": True}
+            assert (await client.get("/status")).status_code == 401  # no member, no token: not for any local user
+            bearer = {"Authorization": "Bearer scrape-token"}
+            assert (await client.get("/status", headers=bearer)).json() == {"ready": True}
             body = b'{"ref": "refs/heads/main"}'
             bad = await client.post("/hooks/git", content=body, headers={"X-Hub-Signature-256": "sha256=00"})
             assert bad.status_code == 401

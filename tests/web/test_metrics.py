@@ -18,12 +18,15 @@ from tests.fixtures.echo_tree import TOKEN_ENV, governed_profile, write_echo_tre
 from tests.fixtures.harness import body, short_dir
 from tests.fixtures.service import Service, running
 
+SCRAPE_TOKEN = "a-scrape-token"  # noqa: S105 - a test's own
+
 
 @pytest.fixture
 def tree(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv(TOKEN_ENV, "t")
-    for name in ("HANDLER_STORE_URL", "HANDLER_STATE_DIR", "HANDLER_DASHBOARD_TOKEN", "HANDLER_PUBLIC_URL"):
+    for name in ("HANDLER_STORE_URL", "HANDLER_STATE_DIR", "HANDLER_PUBLIC_URL"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HANDLER_DASHBOARD_TOKEN", SCRAPE_TOKEN)  # what a scraper sends (the page names spend)
     with short_dir() as base:
         root = write_echo_tree(base / "t")
         (root / "config/profiles/tester.toml").write_text(governed_profile(monthly_usd=50.0))
@@ -36,10 +39,11 @@ def options(root: Path) -> UpOptions:
 
 
 async def scrape(service: Service, **headers: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of the page, by name and labels."""
+    """Every sample of the page, by name and labels, read as a scraper does (the bearer token unless `headers` say)."""
     assert service.listener is not None
     async with httpx.AsyncClient() as http:
-        page = await http.get(f"http://127.0.0.1:{service.listener.port}/metrics", headers=headers)
+        page = await http.get(f"http://127.0.0.1:{service.listener.port}/metrics",
+                              headers={"Authorization": f"Bearer {SCRAPE_TOKEN}", **headers})
     assert page.status_code == 200, page.text
     assert page.headers["content-type"].startswith("text/plain; version=")  # the text format, as Prometheus asks
     return {(s.name, tuple(sorted(s.labels.items()))): s.value

@@ -9,9 +9,10 @@ quota (421, 450, 451, 452) are `limit`; a failed login, a lost connection or any
 `unavailable`. The server's own wording goes to the log (stderr), never into a result.
 
 Settings (environment): SMTP_HOST, SMTP_PORT (587), SMTP_USERNAME (the from address when unset),
-SMTP_FROM, SMTP_CA_FILE; secret: SMTP_PASSWORD. The server's certificate is checked against the system's
-trust store, or against the CA certificates of SMTP_CA_FILE (a private mail server's), a PEM file in this
-connector's folder (the only place of the tree its sandbox shows).
+SMTP_FROM, SMTP_CA_CERTIFICATES, SMTP_CA_FILE; secret: SMTP_PASSWORD. The server's certificate is checked
+against the system's trust store, or against the CA certificates a private mail server needs: the PEM text of
+SMTP_CA_CERTIFICATES (written in the binding), else SMTP_CA_FILE, a PEM file in this connector's folder (the
+only place of the tree its sandbox shows).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class Config:
     password: str
     sender: str
     ca_file: str | None = None  # trust these CA certificates instead of the system's
+    ca_pem: str | None = None  # or these, given as PEM text
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
@@ -105,7 +107,14 @@ class Config:
             raise InterfaceError("unavailable", "the email service's port setting is not a port number; "
                                  "an administrator must fix its binding")
         return cls(host, int(port_text), env.get("SMTP_USERNAME", "").strip() or sender,
-                   env.get("SMTP_PASSWORD", ""), sender, _ca_file(env.get("SMTP_CA_FILE", "").strip()))
+                   env.get("SMTP_PASSWORD", ""), sender, _ca_file(env.get("SMTP_CA_FILE", "").strip()),
+                   _ca_pem(env.get("SMTP_CA_CERTIFICATES", "").strip()))
+
+    def tls_context(self) -> ssl.SSLContext:
+        """What the server's certificate is checked against: the CA certificates given, else the system's."""
+        if self.ca_pem:
+            return ssl.create_default_context(cadata=self.ca_pem)
+        return ssl.create_default_context(cafile=self.ca_file)
 
 
 def _ca_file(name: str) -> str | None:
@@ -117,6 +126,18 @@ def _ca_file(name: str) -> str | None:
         raise InterfaceError("unavailable", "the email service's CA file setting names no file in the connector's "
                              "folder; an administrator must fix its binding")
     return path
+
+
+def _ca_pem(text: str) -> str | None:
+    """SMTP_CA_CERTIFICATES as PEM text; text holding no certificate is `unavailable` (the binding needs fixing)."""
+    if not text:
+        return None
+    try:
+        ssl.create_default_context(cadata=text)
+    except (ssl.SSLError, ValueError):
+        raise InterfaceError("unavailable", "the email service's ca_certificates setting holds no PEM certificate; "
+                             "an administrator must fix its binding") from None
+    return text
 
 
 def addresses(args: dict[str, Any], key: str) -> list[str]:
@@ -180,7 +201,7 @@ def open_session(config: Config) -> smtplib.SMTP:
     try:
         smtp.ehlo()
         require_starttls(smtp)
-        smtp.starttls(context=ssl.create_default_context(cafile=config.ca_file))
+        smtp.starttls(context=config.tls_context())
         smtp.ehlo()
         if config.password or smtp.has_extn("auth"):
             smtp.login(config.username, config.password)

@@ -23,7 +23,9 @@ def test_a_secret_reference_is_one_finding_in_plain_words_that_never_repeats_the
     findings = findings_of(case_named("syntax/F004-secret-reference"))
     text = "".join(f.render_text() for f in findings)
     assert "123456" not in text  # a number written where a reference goes may be the secret itself
+    for pasted in ("a8Fj29Dkq0Lm3Nx7Pq1Rs5Tu", "sk-proj-", "ghp_"):  # a key pasted where a reference names a place
+        assert pasted not in text
     for internal in ("function-after", "SecretRef", "'secrets."):  # pydantic's names for the union and its members
         assert internal not in text
     slots = [f.message.split("'")[1] for f in findings if f.code == "F004"]
-    assert len(slots) == len(set(slots)) == 10  # one finding per slot
+    assert len(slots) == len(set(slots)) == 13  # one finding per slot

@@ -290,6 +290,8 @@ def _check_wrap(snapshot: Snapshot, connector: Connector, wrap: WrapSpec) -> Ite
             for i, mapped in enumerate(given.errors):
                 yield from _check_error(snapshot, file, mapped.error, codes, (*at, "errors", i, "error"))
                 yield from _check_pattern(snapshot, file, mapped.match, (*at, "errors", i, "match"))
+            for i, pattern in enumerate(given.drop):
+                yield from _check_pattern(snapshot, file, pattern, (*at, "drop", i))
     yield from _check_reshape(snapshot, file, wrap.reshape, ("wrap",))
     every = set().union(*fields.values()) if fields else set()
     yield from _check_renames(snapshot, file, wrap.arguments, every, ("wrap",), "any tool it serves")
@@ -354,16 +356,18 @@ def _check_renames(snapshot: Snapshot, file: str, renames: dict[str, str], known
 
 
 def _check_pattern(snapshot: Snapshot, file: str, pattern: str, at: tuple[str | int, ...]) -> Iterator[Finding]:
-    """N009: an error pattern compiles as a regular expression."""
+    """N009: an error's `match` (or a `drop` entry) compiles as a regular expression."""
     try:
         re.compile(pattern)
     except re.error as exc:
+        dropped = "drop" in at
+        literal = f"'{re.escape(pattern)}'"
         yield Finding(
             "N009",
             file,
             snapshot.line_of(file, *at),
-            f"[wrap] error pattern {pattern!r} is not a regular expression: {exc}",
-            "a Python regular expression, searched in the server's error text",
-            f"match = '{re.escape(pattern)}' to match the text as it is (in single quotes, TOML keeps the "
-            "backslashes)",
+            f"[wrap] {'drop' if dropped else 'error'} pattern {pattern!r} is not a regular expression: {exc}",
+            f"a Python regular expression, searched in the server's {'text' if dropped else 'error text'}",
+            f"{f'drop = [{literal}]' if dropped else f'match = {literal}'} to match the text as it is (in single "
+            "quotes, TOML keeps the backslashes)",
         )
