@@ -7,7 +7,6 @@ import gc
 import logging
 import os
 import socket
-import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from reconciler.router.handoff import attach_line
 from reconciler.router.hub import ConnectionBounds
+from tests.fixtures.flood import flood_lines
 from tests.fixtures.harness import DEADLINE, RawClient, run, serving
 
 
@@ -180,18 +180,6 @@ def test_a_client_that_never_reads_holds_the_router_to_a_bounded_buffer_and_lose
     run(scenario())
 
 
-def _flood(send: Callable[[bytes], int], seconds: float) -> int:
-    """Send `tools/list` lines for `seconds` from the first byte, never reading a reply; the bytes that went in."""
-    burst = b"".join(orjson.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/list"}) + b"\n" for i in range(2000))
-    sent, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        try:
-            sent += send(burst)
-        except BlockingIOError:
-            time.sleep(0.005)  # the router stopped reading, as it must: try again
-    return sent
-
-
 def _on_loop(loop: str, scenario: Callable[[], Any]) -> None:
     import uvloop
 
@@ -208,7 +196,7 @@ def test_a_client_that_floods_from_its_first_byte_is_paused_on_either_loop(
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.connect(str(router.socket_path("tester")))
                 sock.setblocking(False)
-                sent = await asyncio.to_thread(_flood, sock.send, 1.5)
+                sent = await asyncio.to_thread(flood_lines, sock.send, 1.5)
                 (conn,) = router.connections
                 assert sent < 2 << 20, f"the router took {sent} bytes from a client that reads nothing"
                 assert conn.held_bytes < 1 << 20, conn.held_bytes
@@ -232,14 +220,14 @@ def test_an_attached_agent_that_floods_from_its_first_byte_is_paused_on_either_l
             router_in, agent_in = os.pipe()
             agent_out, router_out = os.pipe()
             os.set_blocking(agent_in, False)
-            _flood(lambda data: os.write(agent_in, data), 0.1)  # the agent writes before the bridge hands over
+            flood_lines(lambda data: os.write(agent_in, data), 0.1)  # the agent writes before the bridge hands over
             with socket.socket(socket.AF_UNIX) as lifeline:
                 lifeline.connect(str(router.socket_path("tester")))
                 socket.send_fds(lifeline, [attach_line({"handler/interface": "echo"})], [router_in, router_out])
                 os.close(router_in)
                 os.close(router_out)
                 try:
-                    sent = await asyncio.to_thread(_flood, lambda data: os.write(agent_in, data), 1.5)
+                    sent = await asyncio.to_thread(flood_lines, lambda data: os.write(agent_in, data), 1.5)
                     (conn,) = router.connections
                     assert sent < 2 << 20, f"the router took {sent} bytes from an agent that reads nothing"
                     assert conn.held_bytes < 1 << 20, conn.held_bytes
@@ -264,7 +252,7 @@ def test_past_the_budget_the_connection_holding_the_most_is_ended_and_the_others
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hog:
                 hog.connect(str(path))
                 hog.setblocking(False)
-                await asyncio.to_thread(_flood, hog.send, 0.5)
+                await asyncio.to_thread(flood_lines, hog.send, 0.5)
                 await _until(lambda: len(router.connections) == 1)
                 assert router.line_budget.held <= 100_000
                 assert (await good.request("ping"))["result"] == {}  # the good client lives on
