@@ -9,8 +9,11 @@ and logged with its host and port; an allowed one is dialled from the router's n
 The router's network is the host's: its loopback holds the router's own listeners, PostgreSQL and
 whatever else serves only this machine. So a name is resolved first and the address checked: a
 loopback, private, link-local or otherwise non-global address is refused unless an entry names that
-exact address (`127.0.0.1:2525`), whatever `*` allows. The proxy then dials the address it checked,
-never the name again, so a second DNS answer cannot swap it (docs/architecture.md §6).
+exact address (`127.0.0.1:2525`), whatever `*` allows. An IPv6 address is global only inside global
+unicast (2000::/3) and outside 6to4, Teredo and the documentation ranges: NAT64, IPv4-compatible,
+IPv4-mapped and site-local forms are refused whichever IPv4 address they embed (`is_global_address`).
+The proxy then dials the address it checked, never the name again, so a second DNS answer cannot
+swap it (docs/architecture.md §6).
 
 A connector is not trusted to use the proxy gently: it may hold `MAX_CONNECTIONS` connections through
 it at once (each costs the router two descriptors; one more is answered 503 and closed), a request's
@@ -51,14 +54,32 @@ def egress_allows(entries: Sequence[str], host: str, port: int) -> bool:
     return False
 
 
+# The public IPv6 internet is global unicast, 2000::/3 (RFC 4291); outside it, NAT64 (64:ff9b::/96, 64:ff9b:1::/48),
+# IPv4-compatible (::/96), IPv4-mapped and -translated (::ffff:0:0/96, ::ffff:0:0:0/96) and site-local (fec0::/10)
+# forms hand the packet to a translator or the site, whatever IPv4 address they embed: Python's `is_global` says
+# True for several of them.
+_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+_NOT_GLOBAL_INSIDE = tuple(ipaddress.IPv6Network(net) for net in (
+    "2002::/16",  # 6to4: an IPv4 address inside, reached through whatever relay answers
+    "2001::/32",  # Teredo: an IPv4 server and client inside
+    "2001:db8::/32",  # documentation
+    "3fff::/20",  # documentation (RFC 9637)
+))
+_NOT_GLOBAL_V4 = (ipaddress.IPv4Network("192.88.99.0/24"),)  # 6to4 relays' anycast: into IPv6 by another door
+
+
 def is_global_address(address: str) -> bool:
-    """Whether `address` is on the public internet (not loopback, private, link-local, shared or reserved)."""
+    """Whether `address` is on the public internet: not loopback, private, link-local, shared or reserved, and, for
+    IPv6, global unicast that no translator or tunnel carries on to an IPv4 address it embeds."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip not in _GLOBAL_UNICAST or any(ip in net for net in _NOT_GLOBAL_INSIDE):
+            return False
+    elif any(ip in net for net in _NOT_GLOBAL_V4):
+        return False
     return ip.is_global and not ip.is_multicast
 
 

@@ -44,6 +44,17 @@ def test_a_wildcard_egress_does_not_reach_this_machine_postgresql_included(targe
     assert refused == [target]
 
 
+@pytest.mark.parametrize("target", ["[64:ff9b::7f00:1]", "[64:ff9b:1::7f00:1]", "[::127.0.0.1]", "[::ffff:127.0.0.1]",
+                                    "[2002:7f00:1::1]", "[2001::7f00:1]", "[fec0::1]"])
+def test_an_ipv6_form_embedding_an_allowed_loopback_address_is_not_that_address(target: str, local_port: int) -> None:
+    """An entry naming 127.0.0.1 allows that address alone: no translator's or tunnel's form of it."""
+    with short_dir() as folder:
+        status, refused = asyncio.run(_connect_through([f"127.0.0.1:{local_port}", "*:*"], f"{target}:{local_port}",
+                                                       folder))
+    assert status.startswith("HTTP/1.1 403"), status
+    assert refused == [f"{target}:{local_port}"]
+
+
 def test_a_loopback_server_named_by_its_exact_address_is_reached(local_port: int) -> None:
     with short_dir() as folder:
         status, refused = asyncio.run(_connect_through([f"127.0.0.1:{local_port}"], f"127.0.0.1:{local_port}",
@@ -71,6 +82,29 @@ def test_a_name_resolving_to_loopback_is_refused_even_when_the_name_is_allowed(l
     ("fe80::1", False),
     ("fd00::1", False),
     ("::ffff:127.0.0.1", False),  # loopback dressed as IPv6
+    ("::ffff:8.8.8.8", False),  # IPv4-mapped: a name's A record gives the plain address
+    ("::ffff:0:8.8.8.8", False),  # IPv4-translated
+    # NAT64, well-known and local-use prefixes: a translator carries them on to the IPv4 address inside, so neither
+    # a loopback nor a public one inside makes them global (Python's is_global says True).
+    ("64:ff9b::7f00:1", False),
+    ("64:ff9b::a00:1", False),
+    ("64:ff9b::808:808", False),
+    ("64:ff9b:1::7f00:1", False),
+    ("64:ff9b:1:ffff::808:808", False),
+    ("::127.0.0.1", False),  # IPv4-compatible
+    ("::8.8.8.8", False),
+    ("2002:7f00:1::1", False),  # 6to4 of 127.0.0.1
+    ("2002:808:808::1", False),  # 6to4 of 8.8.8.8
+    ("2001:0:4136:e378:8000:63bf:3fff:fdd2", False),  # Teredo
+    ("2001::7f00:1", False),
+    ("fec0::1", False),  # site-local
+    ("fec0::7f00:1", False),
+    ("2001:db8::1", False),  # documentation
+    ("3fff::1", False),
+    ("5f00::1", False),  # outside global unicast (segment routing identifiers)
+    ("192.88.99.1", False),  # 6to4 relays' anycast
+    ("2001:4860:4860::8888", True),
+    ("2a00:1450:4001:800::200e", True),
     ("0.0.0.0", False),  # noqa: S104 - an address to classify, not one to bind
     ("224.0.0.1", False),
     ("not an address", False),
