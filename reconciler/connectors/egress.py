@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-__all__ = ["EgressProxy", "egress_allows", "is_global_address", "names_address"]
+from reconciler.config.reach import egress_allows, is_global_address, names_address
+
+__all__ = ["EgressProxy", "allowed_address", "egress_allows", "is_global_address", "names_address"]
 
 log = logging.getLogger("handler.egress")
 
@@ -43,58 +44,15 @@ HEAD_SECONDS = 30.0  # for a request's head to arrive
 LOGGED_REFUSALS = 20  # refusals logged one by one, per proxy
 
 
-def egress_allows(entries: Sequence[str], host: str, port: int) -> bool:
-    """Whether `host:port` matches one of the `host:port` entries (`*` matches any host or any port)."""
-    host = host.lower().strip("[]")
-    for entry in entries:
-        e_host, _, e_port = entry.rpartition(":")
-        e_host = e_host.lower().strip("[]")
-        if (e_host in ("*", host)) and (e_port == "*" or e_port == str(port)):
-            return True
-    return False
-
-
-# The public IPv6 internet is global unicast, 2000::/3 (RFC 4291); outside it, NAT64 (64:ff9b::/96, 64:ff9b:1::/48),
-# IPv4-compatible (::/96), IPv4-mapped and -translated (::ffff:0:0/96, ::ffff:0:0:0/96) and site-local (fec0::/10)
-# forms hand the packet to a translator or the site, whatever IPv4 address they embed: Python's `is_global` says
-# True for several of them.
-_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
-_NOT_GLOBAL_INSIDE = tuple(ipaddress.IPv6Network(net) for net in (
-    "2002::/16",  # 6to4: an IPv4 address inside, reached through whatever relay answers
-    "2001::/32",  # Teredo: an IPv4 server and client inside
-    "2001:db8::/32",  # documentation
-    "3fff::/20",  # documentation (RFC 9637)
-))
-_NOT_GLOBAL_V4 = (ipaddress.IPv4Network("192.88.99.0/24"),)  # 6to4 relays' anycast: into IPv6 by another door
-
-
-def is_global_address(address: str) -> bool:
-    """Whether `address` is on the public internet: not loopback, private, link-local, shared or reserved, and, for
-    IPv6, global unicast that no translator or tunnel carries on to an IPv4 address it embeds."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip not in _GLOBAL_UNICAST or any(ip in net for net in _NOT_GLOBAL_INSIDE):
-            return False
-    elif any(ip in net for net in _NOT_GLOBAL_V4):
-        return False
-    return ip.is_global and not ip.is_multicast
-
-
-def names_address(entries: Sequence[str], address: str, port: int) -> bool:
-    """Whether an entry names `address` itself (an IP literal, never a name or `*`) with this port or `*`."""
-    try:
-        wanted = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    for entry in entries:
-        e_host, _, e_port = entry.rpartition(":")
-        with contextlib.suppress(ValueError):
-            if ipaddress.ip_address(e_host.strip("[]")) == wanted and e_port in ("*", str(port)):
-                return True
-    return False
+async def allowed_address(entries: Sequence[str], host: str, port: int) -> str | None:
+    """The first address of `host` that `entries` let a connector reach (a global one, or one an entry names
+    itself), or None if none is. Raises OSError when the name does not resolve."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    for *_, sockaddr in infos:
+        address = str(sockaddr[0])
+        if is_global_address(address) or names_address(entries, address, port):
+            return address
+    return None
 
 
 class EgressProxy:
@@ -194,13 +152,7 @@ class EgressProxy:
 
 
     async def _checked_address(self, host: str, port: int) -> str | None:
-        """The first address of `host` the egress lets this connector reach, or None if none is."""
-        infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
-        for *_, sockaddr in infos:
-            address = str(sockaddr[0])
-            if is_global_address(address) or names_address(self.entries, address, port):
-                return address
-        return None
+        return await allowed_address(self.entries, host, port)
 
     async def _refuse(self, writer: asyncio.StreamWriter, host: str, port: int, why: str) -> None:
         self.refused.append(f"{host}:{port}")
