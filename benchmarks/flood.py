@@ -1,9 +1,11 @@
 """Hostile clients against `handler serve`: what they cost the router's memory and a good session's latency.
 
 The router runs as the command a user runs (`handler serve`, its own process); the clients run in
-this one. For `--seconds` (10 by default) one client floods calls without ever reading a reply, and
-`--partial` clients (20) each send most of a line of `--line-mib` MiB (15) and hold it unfinished.
-Meanwhile a well-behaved session calls `echo_say` one call at a time.
+this one. For `--seconds` (10 by default) one client floods calls from its first byte without ever
+reading a reply, an agent handed over by the bridge (its stdin and stdout passed to the router)
+floods `tools/list` lines the same way, and `--partial` clients (20) each send most of a line of
+`--line-mib` MiB (15) and hold it unfinished. Meanwhile a well-behaved session calls `echo_say` one
+call at a time.
 
 It prints the router's resident memory (VmRSS of /proc/PID/status) before, at its highest during
 the attack and after the hostile clients have closed, and the good session's latency with and
@@ -27,18 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from reconciler.router.handoff import attach_line
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
+from tests.fixtures.flood import flood_lines, rss_mb
 from tests.fixtures.harness import RawClient
 
 HANDLER = Path(sys.executable).with_name("handler")
 CALL = (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo_say","arguments":{"text":"x"}}}\n')
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def start_router(root: Path, run_dir: Path) -> subprocess.Popen[bytes]:
@@ -87,6 +84,23 @@ def flood(path: Path, seconds: float) -> tuple[socket.socket, int]:
     return sock, sent
 
 
+def flood_attached(path: Path, seconds: float) -> int:
+    """Hand the router an agent's stdin and stdout, as the bridge does, and flood the stdin without reading."""
+    router_in, agent_in = os.pipe()
+    agent_out, router_out = os.pipe()
+    os.set_blocking(agent_in, False)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as lifeline:
+            lifeline.connect(str(path))
+            socket.send_fds(lifeline, [attach_line({"handler/interface": "echo"})], [router_in, router_out])
+            os.close(router_in)
+            os.close(router_out)
+            return flood_lines(lambda data: os.write(agent_in, data), seconds)
+    finally:
+        os.close(agent_in)
+        os.close(agent_out)
+
+
 def hold_partial_lines(path: Path, count: int, line_bytes: int) -> list[socket.socket]:
     held = []
     chunk = b'{"pad":"' + b"x" * (1 << 20)
@@ -117,7 +131,9 @@ async def attack(path: Path, pid: int, args: argparse.Namespace) -> tuple[float,
     good = asyncio.create_task(good_session(path, stop))
     sampler = asyncio.create_task(sample())
     held = await asyncio.to_thread(hold_partial_lines, path, args.partial, int(args.line_mib * (1 << 20)))
+    attached = asyncio.create_task(asyncio.to_thread(flood_attached, path, args.seconds))
     flooder, flooded = await asyncio.to_thread(flood, path, args.seconds)
+    flooded += await attached
     stop.set()
     times = await good
     await sampler
@@ -142,7 +158,7 @@ def report(before: float, peak: float, after: float, quiet: list[float], loud: l
     print(f"router RSS: before {before:.0f} MB, highest during the attack {peak:.0f} MB "
           f"(+{peak - before:.0f} MB; goal ≤ +100 MB), after the clients closed {after:.0f} MB "
           f"({after - before:+.0f} MB; goal within 20 MB)")
-    print(f"flooding client: the router took {flooded / 1e6:.1f} MB of requests it could not answer into")
+    print(f"flooding clients: the router took {flooded / 1e6:.1f} MB of requests it could not answer into")
     print(f"good session, calls alone: p50 {p(quiet, 50):.2f} ms, p99 {p(quiet, 99):.2f} ms ({len(quiet)} calls)")
     print(f"good session, under attack: p50 {p(loud, 50):.2f} ms, p99 {p(loud, 99):.2f} ms ({len(loud)} calls); "
           f"p99 ratio {p(loud, 99) / p(quiet, 99):.1f}x")

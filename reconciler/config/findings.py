@@ -89,6 +89,7 @@ CODES: dict[str, Code] = _registry(
     Code("B008", E, "pricing names a tool the connector does not serve"),
     Code("B009", E, "a required setting is not filled"),
     Code("B010", E, "a binding names both or neither of connector and addon"),
+    Code("B011", E, "base_url names a host:port the binding's egress does not reach"),
     # profiles
     Code("P001", E, "a selected binding does not exist, or its file does not load"),
     Code("P002", E, "the binding's connector does not implement the interface version"),

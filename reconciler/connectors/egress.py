@@ -9,8 +9,11 @@ and logged with its host and port; an allowed one is dialled from the router's n
 The router's network is the host's: its loopback holds the router's own listeners, PostgreSQL and
 whatever else serves only this machine. So a name is resolved first and the address checked: a
 loopback, private, link-local or otherwise non-global address is refused unless an entry names that
-exact address (`127.0.0.1:2525`), whatever `*` allows. The proxy then dials the address it checked,
-never the name again, so a second DNS answer cannot swap it (docs/architecture.md §6).
+exact address (`127.0.0.1:2525`), whatever `*` allows. An IPv6 address is global only inside global
+unicast (2000::/3) and outside 6to4, Teredo and the documentation ranges: NAT64, IPv4-compatible,
+IPv4-mapped and site-local forms are refused whichever IPv4 address they embed (`is_global_address`).
+The proxy then dials the address it checked, never the name again, so a second DNS answer cannot
+swap it (docs/architecture.md §6).
 
 A connector is not trusted to use the proxy gently: it may hold `MAX_CONNECTIONS` connections through
 it at once (each costs the router two descriptors; one more is answered 503 and closed), a request's
@@ -22,14 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-__all__ = ["EgressProxy", "egress_allows", "is_global_address", "names_address"]
+from reconciler.config.reach import egress_allows, is_global_address, names_address
+
+__all__ = ["EgressProxy", "allowed_address", "egress_allows", "is_global_address", "names_address"]
 
 log = logging.getLogger("handler.egress")
 
@@ -40,40 +44,15 @@ HEAD_SECONDS = 30.0  # for a request's head to arrive
 LOGGED_REFUSALS = 20  # refusals logged one by one, per proxy
 
 
-def egress_allows(entries: Sequence[str], host: str, port: int) -> bool:
-    """Whether `host:port` matches one of the `host:port` entries (`*` matches any host or any port)."""
-    host = host.lower().strip("[]")
-    for entry in entries:
-        e_host, _, e_port = entry.rpartition(":")
-        e_host = e_host.lower().strip("[]")
-        if (e_host in ("*", host)) and (e_port == "*" or e_port == str(port)):
-            return True
-    return False
-
-
-def is_global_address(address: str) -> bool:
-    """Whether `address` is on the public internet (not loopback, private, link-local, shared or reserved)."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
-
-
-def names_address(entries: Sequence[str], address: str, port: int) -> bool:
-    """Whether an entry names `address` itself (an IP literal, never a name or `*`) with this port or `*`."""
-    try:
-        wanted = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    for entry in entries:
-        e_host, _, e_port = entry.rpartition(":")
-        with contextlib.suppress(ValueError):
-            if ipaddress.ip_address(e_host.strip("[]")) == wanted and e_port in ("*", str(port)):
-                return True
-    return False
+async def allowed_address(entries: Sequence[str], host: str, port: int) -> str | None:
+    """The first address of `host` that `entries` let a connector reach (a global one, or one an entry names
+    itself), or None if none is. Raises OSError when the name does not resolve."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    for *_, sockaddr in infos:
+        address = str(sockaddr[0])
+        if is_global_address(address) or names_address(entries, address, port):
+            return address
+    return None
 
 
 class EgressProxy:
@@ -173,13 +152,7 @@ class EgressProxy:
 
 
     async def _checked_address(self, host: str, port: int) -> str | None:
-        """The first address of `host` the egress lets this connector reach, or None if none is."""
-        infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
-        for *_, sockaddr in infos:
-            address = str(sockaddr[0])
-            if is_global_address(address) or names_address(self.entries, address, port):
-                return address
-        return None
+        return await allowed_address(self.entries, host, port)
 
     async def _refuse(self, writer: asyncio.StreamWriter, host: str, port: int, why: str) -> None:
         self.refused.append(f"{host}:{port}")

@@ -5,11 +5,16 @@ also what most gateways speak) and `anthropic` (POST /v1/messages). Vendor failu
 closed list: 429 → `limit`; a content refusal → `refused`; 5xx, timeouts, unreachable hosts, bad JSON
 and unusable keys → `unavailable`. It answers like any connector (a `CallToolResult` dict), so the
 router's pipeline treats it the same, validation of its output included.
+
+It runs inside the router, not in a sandbox, so its binding's effective egress is applied here: a
+`base_url` whose host:port the egress does not allow is `unavailable` at every call without a byte
+sent (and B011 at `handler validate`), and every connection is dialled through
+`dialing.EgressBackend`, which checks the addresses a name resolves to as the egress proxy does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +22,8 @@ import httpx
 import orjson
 
 from reconciler.config.errors import HandlerError
+from reconciler.config.reach import url_reach_problem
+from reconciler.connectors.dialing import EgressRefusedError, egress_transport
 
 __all__ = ["LlmConnector", "LlmSettings", "tool_error"]
 
@@ -70,11 +77,17 @@ def tool_error(code: str, message: str) -> dict[str, Any]:
 class LlmConnector:
     """One binding's model service; shares one HTTP connection pool between all calls."""
 
-    def __init__(self, settings: LlmSettings, name: str = "llm") -> None:
+    def __init__(self, settings: LlmSettings, egress: Sequence[str], name: str = "llm") -> None:
+        """`egress`: the binding's effective egress, the only destinations its calls may reach."""
         self.settings = settings
         self.name = name
         base = settings.base_url or _DEFAULT_BASE[settings.endpoint]
-        self._http = httpx.AsyncClient(base_url=base.rstrip("/"), timeout=httpx.Timeout(settings.timeout))
+        problem = url_reach_problem(egress, base)
+        self._out_of_reach = None if problem is None else (
+            f"binding '{name}' cannot reach its provider: {base} — {problem}; set its base_url to a host its "
+            "egress names, or add that host:port to the binding's egress (within its connector's)")
+        self._http = httpx.AsyncClient(base_url=base.rstrip("/"), timeout=httpx.Timeout(settings.timeout),
+                                       transport=egress_transport(egress, name), trust_env=False)
 
     @property
     def running(self) -> bool:
@@ -91,6 +104,8 @@ class LlmConnector:
     ) -> dict[str, Any]:
         if name != "llm_complete":
             return tool_error("unavailable", f"the llm connector has no tool '{name}'")
+        if self._out_of_reach is not None:
+            return tool_error("unavailable", self._out_of_reach)
         model = arguments.get("model") or self.settings.model
         if model != self.settings.model and model not in self.settings.models:
             allowed = ", ".join((self.settings.model, *self.settings.models))
@@ -119,6 +134,8 @@ class LlmConnector:
             ) from None
         except httpx.HTTPError as exc:
             raise _VendorError("unavailable", f"the provider could not be reached ({type(exc).__name__})") from None
+        except EgressRefusedError as exc:
+            raise _VendorError("unavailable", str(exc)) from None
         try:
             data = orjson.loads(reply.content) if reply.content else {}
         except orjson.JSONDecodeError:

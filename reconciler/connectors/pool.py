@@ -47,7 +47,7 @@ from reconciler.connectors.errors import (
     ConnectorRestartingError,
     ConnectorStartError,
 )
-from reconciler.connectors.launching import Launch, declared_env, inbox_dir, prepare_launch
+from reconciler.connectors.launching import Launch, declared_env, effective_egress, inbox_dir, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
 from reconciler.connectors.parking import Parking
 from reconciler.connectors.sandbox import limits_for
@@ -425,7 +425,7 @@ class ConnectorPool:
                 settings = LlmSettings.from_env(env)
             except ValueError as exc:
                 raise ConnectorStartError(f"binding '{binding_name}': {exc}") from None
-            entry.connector = InRouter(LlmConnector(settings, name=binding_name))
+            entry.connector = InRouter(LlmConnector(settings, effective_egress(binding, connector), binding_name))
             return
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
                                             max_line_bytes=self._max_line_bytes, run_dir=self._run_dir,

@@ -23,14 +23,15 @@ class ConnectionBounds:
 
     A connection reads no further requests while it has `max_calls_in_flight` calls running or its
     unsent replies are over the transport's high-water mark; a profile's socket takes at most
-    `max_connections` clients; the unfinished lines of all connections together stay under
-    `unfinished_lines_bytes`.
+    `max_connections` clients; what all connections hold together stays under `held_bytes`: their
+    unfinished lines, the lines they read while paused, and their replies left unsent past the
+    high-water mark (`transport.Connection`).
     """
 
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     max_calls_in_flight: int = 256
     max_connections: int = 512
-    unfinished_lines_bytes: int = 64 * 1024 * 1024
+    held_bytes: int = 64 * 1024 * 1024
 
 
 class Hub(Protocol):

@@ -51,7 +51,7 @@ class Router:
         self.root = root
         self.run_dir = run_dir
         self.bounds = bounds or ConnectionBounds(max_line_bytes=max_line_bytes)
-        self.line_budget = LineBudget(self.bounds.unfinished_lines_bytes)
+        self.line_budget = LineBudget(self.bounds.held_bytes)
         state = state_dir if state_dir is not None else default_state_dir(root)
         self.state_dir = state
         self._cache = ValidatorCache()

@@ -10,6 +10,12 @@ connection on the socket, fed those first bytes.
 the input ends, the calls in flight finish and reply before the output closes; when the output
 breaks (the client stopped reading) or the lifeline does (the bridge is gone), the session is
 aborted and its calls cancelled.
+
+What a connection holds is bounded and counted in the router's budget (`Hub.line_budget`): its
+unfinished line, the lines read while its input was paused (one read at most: a read that comes
+while paused pauses the transport again, whatever the loop did with the first pause), and its
+replies left unsent past the transport's high-water mark. Past the budget, the connection holding
+the most is ended (`_shed`).
 """
 
 from __future__ import annotations
@@ -57,25 +63,36 @@ class Connection:
         self._ended = False
         self._holds: set[str] = set()  # why its input is paused: "replies" unsent, "calls" in flight
         self._waiting: list[bytes | Oversize] = []  # lines read before a hold began: handled once it lifts
+        self._waiting_bytes = 0  # their size, counted in the router's budget
+        self._unsent_bytes = 0  # replies unsent while the client is behind, counted in the budget
         self._lifted: asyncio.Future[None] | None = None  # the input's end, waiting for the waiting lines
         self._group = group  # the connections of its profile's socket, which the listener counts
         router.connections.add(self)
         if group is not None:
             group.add(self)
 
+    @property
+    def held_bytes(self) -> int:
+        """What this connection holds of the router's budget now."""
+        return self._framer.buffered + self._waiting_bytes + self._unsent_bytes
+
     def received(self, data: bytes) -> None:
         framer, budget = self._framer, self._router.line_budget
         held = framer.buffered
         items = framer.feed(data)
-        if self._waiting or self._holds:
-            self._waiting.extend(items)  # read before the hold began: handled, in order, once it lifts
-        else:
-            self._handle(items)
         if framer.buffered != held and not budget.change(framer.buffered - held):
-            # All connections together hold too much of unfinished lines: this one's is dropped.
+            # All connections together hold too much: this one's unfinished line is dropped.
             budget.change(-framer.drop_partial())
             self._write(encode_error(None, JsonRpcError(INVALID_REQUEST, "the router holds too many unfinished "
                                                         "messages right now; this one was skipped, send it again")))
+        if self._waiting or self._holds:
+            self._keep_waiting(items)  # read before the hold began: handled, in order, once it lifts
+            if self._holds:
+                # A read while paused: the loop lost the pause (uvloop starts reading after connection_made, where
+                # the first bytes may begin a hold), and the client would grow `_waiting` for ever.
+                self._pause_reader()
+        else:
+            self._handle(items)
 
     def _handle(self, items: list[bytes | Oversize]) -> None:
         """Handle framed lines in order until a hold begins — the calls in flight at the bound, or replies the client
@@ -89,9 +106,18 @@ class Connection:
                     self._hold("calls")
             else:
                 self._write(encode_error(None, oversize_error(self._framer.max_line_bytes)))
-            if self._holds:
-                self._waiting.extend(items[index + 1 :])
+            if self._holds or self._ended:  # ended: its replies took the router past its budget (`_shed`)
+                self._keep_waiting(items[index + 1 :])
                 return
+
+    def _keep_waiting(self, items: list[bytes | Oversize]) -> None:
+        size = sum(len(item) if isinstance(item, bytes) else len(item.data) for item in items)
+        if not size or self._ended:
+            return
+        self._waiting.extend(items)
+        self._waiting_bytes += size
+        if not self._router.line_budget.change(size):
+            self._shed()
 
     def _call_ended(self) -> None:
         if "calls" in self._holds and len(self.session.tasks) < self._max_calls:
@@ -112,40 +138,70 @@ class Connection:
         if self.writer is not None:
             self.writer.close()  # flushes what is buffered; its connection_lost then ends the rest
 
-    def end(self) -> None:
-        """Abort what still runs and close every stream; safe to call more than once."""
+    def end(self, *, abort: bool = False) -> None:
+        """Abort what still runs and close every stream (`abort`: dropping what they have not sent); safe to call
+        more than once."""
         if self._ended:
             return
         self._ended = True
         self._router.connections.discard(self)
         if self._group is not None:
             self._group.discard(self)
-        self._router.line_budget.change(-self._framer.drop_partial())
+        self._router.line_budget.change(-self._framer.drop_partial() - self._waiting_bytes - self._unsent_bytes)
+        self._waiting, self._waiting_bytes, self._unsent_bytes = [], 0, 0
         self._wake_finish()
         self.session.abort()
         self.session.detach()
-        self.close_streams()
+        self.close_streams(abort=abort)
 
     @property
     def ended(self) -> bool:
         return self._ended
 
-    def close_streams(self) -> None:
+    def close_streams(self, *, abort: bool = False) -> None:
         for transport in (self.reader, self.writer, self.lifeline):
             if transport is not None and not transport.is_closing():
-                transport.close()
+                if abort and isinstance(transport, asyncio.WriteTransport):
+                    transport.abort()
+                else:
+                    transport.close()
+
+    def _shed(self) -> None:
+        """The router's clients hold more than its budget: end the connections holding the most until they do not.
+        The biggest holder goes first, so a few clients cannot make everyone else's replies the ones dropped."""
+        budget, connections = self._router.line_budget, self._router.connections
+        while budget.held > budget.limit and connections:
+            biggest = max(connections, key=lambda conn: conn.held_bytes)
+            if not biggest.held_bytes:
+                return
+            _log.warning("clients hold %d bytes of the router's %d (unfinished lines, lines waiting, replies "
+                         "unread): ended the connection holding the most (%d bytes)",
+                         budget.held, budget.limit, biggest.held_bytes)
+            biggest.end(abort=True)
 
     def pause_input(self) -> None:
         # The client is not reading its replies: stop reading its requests until it does.
         self._hold("replies")
 
     def resume_input(self) -> None:
+        self._router.line_budget.change(-self._unsent_bytes)  # under the low-water mark again: not counted
+        self._unsent_bytes = 0
         self._release("replies")
 
     def _hold(self, why: str) -> None:
-        if not self._holds and self.reader is not None and not self.reader.is_closing():
-            self.reader.pause_reading()
+        if not self._holds:
+            self._pause_reader()
         self._holds.add(why)
+
+    def _pause_reader(self) -> None:
+        reader = self.reader
+        if reader is None or reader.is_closing():
+            return
+        if not reader.is_reading():
+            # Paused in the transport's eyes yet read from (a loop that registers its reader after connection_made
+            # whatever a pause there said): it must be registered again for a pause to undo it.
+            reader.resume_reading()
+        reader.pause_reading()
 
     def _release(self, why: str) -> None:
         self._holds.discard(why)
@@ -153,6 +209,8 @@ class Connection:
             return
         if self._waiting:
             waiting, self._waiting = self._waiting, []
+            self._router.line_budget.change(-self._waiting_bytes)
+            self._waiting_bytes = 0
             self._handle(waiting)
             if self._holds:
                 return
@@ -168,6 +226,13 @@ class Connection:
         writer = self.writer
         if writer is not None and not writer.is_closing():
             writer.write(data)
+            if "replies" in self._holds:  # the client is behind: what waits for it is counted
+                self._count_unsent(writer.get_write_buffer_size())
+
+    def _count_unsent(self, size: int) -> None:
+        grew, self._unsent_bytes = size - self._unsent_bytes, size
+        if not self._router.line_budget.change(grew):
+            self._shed()
 
 
 class _Reads(asyncio.Protocol):
@@ -215,6 +280,10 @@ class _Lines(_Reads, _Writes):
 
 class _AgentInput(_Reads):
     """The agent's stdin, handed over by the bridge."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Known before the first read (uvloop reads before connect_read_pipe returns), so a hold can pause it.
+        self._conn.reader = transport  # type: ignore[assignment]  # a read pipe transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:  # after its end (None) the session finishes its calls; an error ends it

@@ -115,10 +115,11 @@ class LineFramer:
 
 
 class LineBudget:
-    """How many bytes of unfinished lines all the framers of one server may hold together.
+    """How many bytes of its clients' lines one server may hold together.
 
     Each framer is bounded by its line limit; this bounds their sum, so many connections each
-    holding most of a long line cannot together exhaust the server's memory.
+    holding most of a long line cannot together exhaust the server's memory. The router counts in
+    it the lines a connection read and keeps waiting, and the replies it has not sent yet.
     """
 
     __slots__ = ("held", "limit")

@@ -135,3 +135,15 @@ def test_codes_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--codes"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert listed == list(CODES)
+
+
+def test_an_llm_binding_whose_base_url_its_egress_does_not_reach_is_refused(
+        shipped_tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The built-in llm runs in the router: a base_url outside its binding's egress would be refused at every call,
+    so validate says so first (B011), naming the binding."""
+    _edit(shipped_tree, "config/bindings/llm-openai.toml", 'model = "gpt-4o-mini" }',
+          'model = "gpt-4o-mini", base_url = "http://127.0.0.1:18999" }')
+    assert main(["validate", str(shipped_tree)]) == 1
+    out = capsys.readouterr().out
+    assert ("config/bindings/llm-openai.toml:6: B011 base_url 'http://127.0.0.1:18999' cannot be reached: "
+            "127.0.0.1:18999 is not in its egress (api.openai.com:443)") in out, out

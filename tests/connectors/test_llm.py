@@ -20,9 +20,15 @@ def vendor() -> Iterator[Vendor]:
         yield v
 
 
-def _call(settings: LlmSettings, arguments: dict[str, Any]) -> dict[str, Any]:
+def _egress_of(settings: LlmSettings) -> list[str]:
+    """An egress naming the stand-in's own address and port, as a binding of a local server must."""
+    host_port = (settings.base_url or "").split("://", 1)[-1].rstrip("/")
+    return [host_port]
+
+
+def _call(settings: LlmSettings, arguments: dict[str, Any], egress: list[str] | None = None) -> dict[str, Any]:
     async def go() -> dict[str, Any]:
-        connector = LlmConnector(settings)
+        connector = LlmConnector(settings, egress if egress is not None else _egress_of(settings))
         try:
             return await connector.call_tool("llm_complete", arguments)
         finally:
@@ -202,3 +208,37 @@ def test_settings_from_the_connector_env() -> None:
     assert settings.models == ("claude-haiku-4-5", "claude-opus-4-1")
     with pytest.raises(ValueError, match="not one of"):
         LlmSettings.from_env({"LLM_ENDPOINT": "cohere"})
+
+
+def test_a_base_url_outside_the_bindings_egress_is_never_reached_and_the_key_never_sent(vendor: Vendor) -> None:
+    """The built-in runs in the router, outside the sandbox's proxy: its binding's egress is applied all the same."""
+    vendor.replies.append(openai_reply("leaked"))
+    result = _call(_openai(vendor), CHAT, egress=["api.openai.com:443"])
+    assert result["isError"] is True
+    assert result["structuredContent"]["error"] == "unavailable"
+    message = result["structuredContent"]["message"]
+    assert vendor.url.split("://")[1].rstrip("/") in message  # names what it would have dialled
+    assert "is not in its egress (api.openai.com:443)" in message
+    assert "set its base_url to a host its egress names, or add that host:port to the binding's egress" in message
+    assert vendor.requests == []  # the local server saw nothing: the key was never sent
+
+
+def test_a_name_the_egress_allows_that_resolves_to_this_machine_is_not_dialled(vendor: Vendor) -> None:
+    """DNS cannot point an allowed name at loopback: the address is checked as the egress proxy checks it."""
+    port = vendor.url.rstrip("/").rsplit(":", 1)[1]
+    settings = LlmSettings("openai-chat", "gpt-4o-mini", "sk-test-key", f"http://localhost:{port}")
+    result = _call(settings, CHAT, egress=[f"localhost:{port}"])
+    assert result["structuredContent"]["error"] == "unavailable"
+    assert "resolves only to addresses of this machine or a private network" in result["structuredContent"]["message"]
+    assert vendor.requests == []
+
+
+@pytest.mark.parametrize("base", ["http://[64:ff9b::7f00:1]:{port}", "http://[::ffff:127.0.0.1]:{port}",
+                                  "http://0.0.0.0:{port}"])
+def test_a_wildcard_egress_does_not_let_the_llm_reach_this_machine(vendor: Vendor, base: str) -> None:
+    port = vendor.url.rstrip("/").rsplit(":", 1)[1]
+    settings = LlmSettings("openai-chat", "gpt-4o-mini", "sk-test-key", base.format(port=port))
+    result = _call(settings, CHAT, egress=["*:*"])
+    assert result["structuredContent"]["error"] == "unavailable"
+    assert "an address of this machine or a private network" in result["structuredContent"]["message"]
+    assert vendor.requests == []

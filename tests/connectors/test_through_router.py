@@ -51,9 +51,19 @@ async def _handler_llm(run_dir: Path, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+def _let_llm_reach(tree: Path, url: str) -> str:
+    """Add the stand-in's address to the built-in llm's egress (a binding may only narrow it); the entry."""
+    entry = url.split("://", 1)[1].rstrip("/")
+    manifest = tree / "catalog/connectors/llm/connector.toml"
+    text = manifest.read_text().replace('"api.anthropic.com:443"]', f'"api.anthropic.com:443", "{entry}"]')
+    manifest.write_text(text)
+    return entry
+
+
 def test_handler_llm_through_the_profiles_socket(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_OPENAI_KEY", "sk-from-a-reference")
     with serving_vendor() as vendor, short_dir() as run_dir:
+        entry = _let_llm_reach(tree, vendor.url)
         _set_binding(
             tree,
             "llm-openai",
@@ -61,6 +71,7 @@ def test_handler_llm_through_the_profiles_socket(tree: Path, monkeypatch: pytest
                 'apiVersion = "handler.binding/v1"\nname = "llm-openai"\nconnector = "llm"\n'
                 'secrets = { api_key = { env = "TEST_OPENAI_KEY" } }\n'
                 f'settings = {{ endpoint = "openai-chat", model = "gpt-4o-mini", base_url = "{vendor.url}" }}\n'
+                f'egress = ["{entry}"]\n'
                 "\n[pricing]\nllm_complete = 0.002\n"
             ),
         )

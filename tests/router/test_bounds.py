@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import os
 import socket
 import weakref
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
 
+from reconciler.router.handoff import attach_line
 from reconciler.router.hub import ConnectionBounds
+from tests.fixtures.flood import flood_lines
 from tests.fixtures.harness import DEADLINE, RawClient, run, serving
 
 
@@ -93,7 +100,7 @@ async def _served(client: RawClient) -> bool:
 
 def test_unfinished_lines_of_all_connections_stay_under_the_budget_and_are_freed_on_close(
         echo_root: Path, run_dir: Path) -> None:
-    bounds = ConnectionBounds(max_line_bytes=800, unfinished_lines_bytes=1000)
+    bounds = ConnectionBounds(max_line_bytes=800, held_bytes=1000)
 
     async def scenario() -> None:
         async with serving(echo_root, run_dir, bounds=bounds) as router:
@@ -105,7 +112,7 @@ def test_unfinished_lines_of_all_connections_stay_under_the_budget_and_are_freed
             refused = await latecomer.recv()
             assert refused["error"]["code"] == -32600
             assert "too many unfinished" in refused["error"]["message"]
-            assert router.line_budget.held <= bounds.unfinished_lines_bytes
+            assert router.line_budget.held <= bounds.held_bytes
             await latecomer.send_bytes(b'"}\n')  # the end of the dropped line is skipped, the session lives on
             assert (await latecomer.request("ping"))["result"] == {}
             await holder.close()
@@ -171,3 +178,93 @@ def test_a_client_that_never_reads_holds_the_router_to_a_bounded_buffer_and_lose
             writer.close()
 
     run(scenario())
+
+
+def _on_loop(loop: str, scenario: Callable[[], Any]) -> None:
+    import uvloop
+
+    (uvloop.run if loop == "uvloop" else asyncio.run)(asyncio.wait_for(scenario(), 60))
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_client_that_floods_from_its_first_byte_is_paused_on_either_loop(
+        echo_root: Path, run_dir: Path, loop: str) -> None:
+    """The first read can begin a hold inside connection_made, before the transport reads: uvloop started reading
+    after it anyway, and the router read ~30 MB/s of requests it could not answer into its memory."""
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(str(router.socket_path("tester")))
+                sock.setblocking(False)
+                sent = await asyncio.to_thread(flood_lines, sock.send, 1.5)
+                (conn,) = router.connections
+                assert sent < 2 << 20, f"the router took {sent} bytes from a client that reads nothing"
+                assert conn.held_bytes < 1 << 20, conn.held_bytes
+                assert router.line_budget.held == conn.held_bytes > 0  # what it holds is counted
+            await _until(lambda: not router.connections)
+            assert router.line_budget.held == 0  # and freed when it goes
+            good = await RawClient.connect(router.socket_path("tester"))
+            assert (await good.request("ping"))["result"] == {}
+            await good.close()
+
+    _on_loop(loop, scenario)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_attached_agent_that_floods_from_its_first_byte_is_paused_on_either_loop(
+        echo_root: Path, run_dir: Path, loop: str) -> None:
+    """The handed-over stdin was known to the connection only once connect_read_pipe returned, after uvloop's first
+    reads: a hold begun by them paused nothing."""
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            router_in, agent_in = os.pipe()
+            agent_out, router_out = os.pipe()
+            os.set_blocking(agent_in, False)
+            flood_lines(lambda data: os.write(agent_in, data), 0.1)  # the agent writes before the bridge hands over
+            with socket.socket(socket.AF_UNIX) as lifeline:
+                lifeline.connect(str(router.socket_path("tester")))
+                socket.send_fds(lifeline, [attach_line({"handler/interface": "echo"})], [router_in, router_out])
+                os.close(router_in)
+                os.close(router_out)
+                try:
+                    sent = await asyncio.to_thread(flood_lines, lambda data: os.write(agent_in, data), 1.5)
+                    (conn,) = router.connections
+                    assert sent < 2 << 20, f"the router took {sent} bytes from an agent that reads nothing"
+                    assert conn.held_bytes < 1 << 20, conn.held_bytes
+                finally:
+                    os.close(agent_in)
+                    os.close(agent_out)
+            await _until(lambda: not router.connections)
+            assert router.line_budget.held == 0
+
+    _on_loop(loop, scenario)
+
+
+def test_past_the_budget_the_connection_holding_the_most_is_ended_and_the_others_are_served(
+        echo_root: Path, run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A client that reads nothing holds its unsent replies (past the transport's 64 KiB high-water mark, or it
+    would not be paused) and lines waiting: counted, and over a budget smaller than that, it is the one ended."""
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir, bounds=ConnectionBounds(held_bytes=60_000)) as router:
+            path = router.socket_path("tester")
+            good = await RawClient.connect(path)
+            assert (await good.request("ping"))["result"] == {}
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hog:
+                hog.connect(str(path))
+                hog.setblocking(False)
+                await asyncio.to_thread(flood_lines, hog.send, 0.5)
+                await _until(lambda: len(router.connections) == 1)
+                assert router.line_budget.held <= 60_000
+                assert (await good.request("ping"))["result"] == {}  # the good client lives on
+            await good.close()
+            await _until(lambda: router.line_budget.held == 0)
+
+    with caplog.at_level(logging.WARNING, logger="handler.router"):
+        run(scenario())
+    assert "ended the connection holding the most" in caplog.text
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(DEADLINE):
+        while not condition():
+            await asyncio.sleep(0.01)

@@ -1,6 +1,7 @@
 """What a binding asks of its connector fits it: the connector exists, its secret slots and settings
-are filled and declared, and egress, limits and pricing stay within what the connector and its
-interfaces allow. B001, B002, B004-B009 (B003 and B010 need the binding file only: `checks.files`).
+are filled and declared, egress, limits and pricing stay within what the connector and its
+interfaces allow, and the service its `base_url` names is one its egress reaches. B001, B002,
+B004-B009, B011 (B003 and B010 need the binding file only: `checks.files`).
 
 Run by `check_tree` for each binding, again only when the binding, its connector or an interface changed.
 """
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 
 from reconciler.config.findings import Finding, suggest
 from reconciler.config.models import Limits
+from reconciler.config.reach import url_reach_problem
 from reconciler.config.snapshot import Binding, Connector, Snapshot
 
 __all__ = ["check_binding"]
@@ -34,6 +36,7 @@ def check_binding(snapshot: Snapshot, binding: Binding) -> Iterator[Finding]:
     yield from _check_secrets(snapshot, binding, connector)
     yield from _check_settings(snapshot, binding, connector)
     yield from _check_egress(snapshot, binding, connector)
+    yield from _check_base_url(snapshot, binding, connector)
     yield from _check_limits(snapshot, binding, connector)
     yield from _check_pricing(snapshot, binding, connector)
 
@@ -99,6 +102,30 @@ def _check_egress(snapshot: Snapshot, binding: Binding, connector: Connector) ->
                 f"a subset of: {', '.join(connector.spec.egress) or '(none)'}",
                 "remove the entry: a binding may only narrow its connector's egress",
             )
+
+
+def _check_base_url(snapshot: Snapshot, binding: Binding, connector: Connector) -> Iterator[Finding]:
+    """B011: a `base_url` (the built-in llm's, a gateway's) names a host:port the binding's effective egress reaches,
+    as the egress proxy and the built-in's own dialling check it at each call."""
+    declared = connector.spec.settings.get("base_url")
+    url = binding.spec.settings.get("base_url", declared.default if declared is not None else None)
+    if declared is None or not isinstance(url, str) or not url:
+        return
+    egress = binding.spec.egress if binding.spec.egress is not None else connector.spec.egress
+    problem = url_reach_problem(egress, url)
+    if problem is None:
+        return
+    file = binding.file
+    set_here = "base_url" in binding.spec.settings
+    yield Finding(
+        "B011",
+        file,
+        snapshot.line_of(file, "settings", "base_url") if set_here else snapshot.line_of(file, "connector"),
+        f"base_url '{url}'{'' if set_here else ' (the connector default)'} cannot be reached: {problem}",
+        f"a base_url whose host:port the binding's egress allows ({', '.join(egress) or 'none'})",
+        "set base_url to a host its egress names, or add that host:port to the binding's egress (within connector "
+        f"'{connector.name}''s: {', '.join(connector.spec.egress) or 'none'})",
+    )
 
 
 def _covers(allowed: str, entry: str) -> bool:
