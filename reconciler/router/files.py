@@ -322,9 +322,10 @@ class CallFolder:
 
 
 def clear_leftovers(run_dir: Path) -> int:
-    """Remove what the calls of a service that ended mid-call (a `kill -9`) left in its run folder: the inputs
-    linked into `inbox/<binding>/`, which keep the agent's file alive and readable to that binding's next
-    connector, and the `calls/<binding>/<call>/` folders. How many were removed (and logged).
+    """Remove what the calls of a service that ended mid-call (a `kill -9`) left in its run folder: the
+    `calls/<binding>/<call>/` folders of connectors run without a sandbox (a sandboxed one's calls are in its call
+    space, which ends with its sandbox), and the inputs an older release hard-linked into `inbox/<binding>/`, which
+    keep the agent's file alive. How many were removed (and logged).
 
     Only for the service holding the run folder's lock (`liveness.ServiceLock`), before it starts a connector:
     nothing else uses them then. Nothing is followed: a link found there is removed, not its target.
