@@ -261,11 +261,10 @@ async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path |
     launch.writable, launch.disk_bytes = tuple(writable), limits.disk_bytes
     view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts),
                     [] if listens else launch.socket_dirs)
-    spare = None
-    if uid is not None:
-        spare = parking.take(limits.processes, limits.memory_bytes) if parking is not None else None
-        launch.cgroups = (spare.cgroups if spare is not None
-                          else make_cgroups(launch.folder.name, limits.processes, limits.memory_bytes))
+    # As root, a parked spare's leaves; as a user, only where the host delegated cgroups to it (`cgroups`).
+    spare = parking.take(limits.processes, limits.memory_bytes) if uid is not None and parking is not None else None
+    launch.cgroups = (spare.cgroups if spare is not None
+                      else make_cgroups(launch.folder.name, limits.processes, limits.memory_bytes))
     seccomp = launch.folder / "seccomp.bpf"
     write_seccomp(seccomp)
     box = boxed(command, view, limits, host_uid=uid, relay=relay)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hostile.hostile import ATTACKS
-from tests.fixtures.hostile.routers import MODES, NOBODY, HostileRouter, hostile_router, processes_with
+from tests.fixtures.hostile.routers import CGROUP_V1, MODES, NOBODY, HostileRouter, hostile_router, processes_with
 from tests.fixtures.hostile.tree import tree_changes
 
 DEADLINE = 30.0
@@ -293,3 +293,25 @@ def test_an_input_kept_open_does_not_see_what_the_agent_writes_after_the_call(ro
     print(f"as {router.mode}: the kept descriptor reads {again['read']!r}; the agent's file holds "
           f"{agents.read_text()!r}")
     assert again["read"] == "as the call began\n"
+
+
+@pytest.fixture(scope="module")
+def delegated() -> Iterator[HostileRouter]:
+    """A router run as nobody in cgroups delegated to it (cgroup v1 `pids` and `memory`, chowned to nobody)."""
+    if os.geteuid() != 0:
+        pytest.skip("delegating cgroups to nobody needs root; this run is not root")
+    if (CGROUP_V1 / "cgroup.controllers").exists() or not (CGROUP_V1 / "memory/cgroup.procs").exists():
+        pytest.skip("this host has no cgroup v1 memory hierarchy to delegate (a delegated v2 subtree is not used yet)")
+    with hostile_router("user", delegated=True) as running:
+        yield running
+
+
+@pytest.mark.parametrize("kind", ["memfd", "shm_anon"])
+def test_memfd_and_shared_memory_are_killed_at_memory_mb_as_a_user_with_delegated_cgroups(
+        delegated: HostileRouter, kind: str) -> None:
+    detail = refused(delegated, kind)
+    leaves = sorted(p.name for c in delegated.cgroups for p in (c / "handler").iterdir() if p.is_dir())
+    print(f"as user, cgroups delegated: {detail} (memoryMb 256; the connectors' leaves: {leaves})")
+    killed = re.search(r"killed by signal 9 after (\d+) MiB", detail)
+    assert killed is not None, detail
+    assert int(killed[1]) <= 256
