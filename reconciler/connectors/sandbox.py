@@ -8,8 +8,8 @@
 - identity: when the router runs as root, each binding's connector runs as its own unprivileged host
   uid and gid (`setpriv` inside the sandbox, or `relay` when it has egress), with no capability left,
   `no_new_privs`, and `pids` and `memory` cgroups; as an ordinary user, in a user namespace mapped
-  onto that user, with no capability either (rlimits bound it; see docs/architecture.md §6 for what
-  that leaves open);
+  onto that user, with no capability either (rlimits bound it, and cgroups where the host delegated
+  some to that user; see docs/architecture.md §6 for what that leaves open);
 - the filesystem (a `BoxView`): an empty root with read-only `/usr`, the few `/etc` files a program
   needs (the C library's, CA certificates, time zones; a generated `passwd`, `group` and `hosts`), the
   runtime and code it runs, read-only; a size-capped private `/tmp` as its HOME, `/dev/shm` capped
