@@ -397,7 +397,8 @@ def _an_input(tmp_path: Path, content: bytes) -> tuple[FileArg, Path]:
     scope.mkdir()
     (scope / "doc.bin").write_bytes(content)
     real = os.path.realpath(scope)
-    return FileArg(("path",), "doc.bin", f"{real}/doc.bin", output=False, size=len(content), root=real), scope / "doc.bin"
+    checked = FileArg(("path",), "doc.bin", f"{real}/doc.bin", output=False, size=len(content), root=real)
+    return checked, scope / "doc.bin"
 
 
 @pytest.mark.parametrize("shm", [False, True], ids=["same-filesystem", "tmpfs"])
@@ -436,8 +437,8 @@ def test_a_call_folder_placed_in_a_call_space_names_the_connectors_paths(tmp_pat
     (space / "c1/out/1-reply.txt").write_text("done")
     folder.deliver((file, out), Scope(str(tmp_path / "scope"), file.root), 1000)
     assert (tmp_path / "scope/reply.txt").read_text() == "done"
-    opened = len(os.listdir("/proc/self/fd"))
+    opened = len(list(Path("/proc/self/fd").iterdir()))
     folder.remove()
     assert list(space.iterdir()) == []
-    assert len(os.listdir("/proc/self/fd")) == opened - 1  # its descriptor of the space, closed
+    assert len(list(Path("/proc/self/fd").iterdir())) == opened - 1  # its descriptor of the space, closed
     assert not (tmp_path / "calls").exists()
