@@ -361,7 +361,9 @@ def test_a_socket_connector_filling_its_socket_folder_is_killed_and_what_it_left
     assert (filled["isError"], filled["_meta"]["handler/cause"]) == (True, "crashed"), filled
     assert took < 15, took  # not the 30 s it meant to write for
     assert again["structuredContent"] == {"text": "after"}
-    assert len(left) <= 1, left  # what it wrote within the kill's margin (KILL_MARGIN_NS) is the next check's
+    # What it wrote between the kill and its end (bubblewrap's death ends the sandbox a moment later) is left to the
+    # next check, which counts it against the same diskMb.
+    assert len(left) <= 8, left
     assert "more than 8 MiB (its [sandbox] diskMb)" in caplog.text
 
 
