@@ -429,7 +429,14 @@ def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | No
                              dir_fd=folder)
         finally:
             os.close(folder)
-        _copy_into(fd, out_fd, size, shared=shared)
+        try:
+            _copy_into(fd, out_fd, size, shared=shared)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise unavailable("no_room", f"{pointer(file.where)}: no room for '{file.value}' ({size} bytes) in the "
+                              "service's call folder (its connector's [sandbox] diskMb, which its calls in flight "
+                              "share); retrying once they end may work") from None
     finally:
         os.close(fd)
 

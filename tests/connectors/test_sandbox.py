@@ -335,6 +335,29 @@ def test_a_connector_filling_its_call_space_is_stopped_at_its_disk_mb(caplog: py
     assert left == []
 
 
+def test_an_input_larger_than_the_room_left_in_the_call_space_is_unavailable_saying_so() -> None:
+    with short_dir() as base:
+        root = write_echo_tree(base / "t", limits={"maxFileBytes": 3 << 20})
+        manifest = root / "catalog/connectors/echo/connector.toml"
+        manifest.write_text(manifest.read_text() + "\n[sandbox]\ndiskMb = 1\n")
+        (root / "work/tester/big.bin").write_bytes(b"x" * (2 << 20))
+        (root / "work/tester/small.bin").write_bytes(b"x" * 1000)
+
+        async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+            async with serving(root, base / "run") as router:
+                client = await RawClient.connect(router.socket_path("tester"))
+                big = await client.call("echo_read", {"path": "big.bin"})
+                small = await client.call("echo_read", {"path": "small.bin"})  # the room given back
+                await client.close()
+                return big, small
+
+        big, small = run(scenario(), timeout=60)
+    assert big["isError"] is True, big
+    assert big["_meta"]["handler/cause"] == "no_room", big
+    assert "no room for 'big.bin' (2097152 bytes)" in big["content"][0]["text"], big
+    assert small["structuredContent"]["bytes"] == 1000, small
+
+
 def test_a_socket_connector_filling_its_socket_folder_is_killed_and_what_it_left_is_removed(
         caplog: pytest.LogCaptureFixture) -> None:
     """The one host folder a sandboxed connector may write is a socket connector's socket folder (where it listens):
