@@ -96,7 +96,7 @@ class Launch:
     handoff: Handoff | None = None  # its first spawn, by the parked spare it took
     writable: tuple[Path, ...] = ()  # the host's folders it may write (sandboxed), which the pool measures
     disk_bytes: int = DEFAULT_DISK_BYTES  # the most those may hold
-    space: CallSpace | None = None  # its calls' files, in its sandbox (sandboxed, with a run folder)
+    space: CallSpace | None = None  # its calls' files, in its sandbox (sandboxed only)
 
     def call_space(self, pid: int) -> tuple[Path, Path] | None:
         """Where a call of its process `pid` stages files: the router's path and the connector's path of the same
@@ -172,8 +172,7 @@ def effective_egress(binding: Binding, connector: Connector) -> list[str]:
 
 async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, state_dir: Path, *,
                          sandbox: bool = True, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                         run_dir: Path | None = None, host_uid: int | None = None,
-                         parking: Parking | None = None) -> Launch:
+                         host_uid: int | None = None, parking: Parking | None = None) -> Launch:
     """Everything one process of `binding_name` needs; see the module docstring.
 
     `host_uid`: the uid its sandbox runs it as when the router is root (the pool gives each binding its own);
@@ -215,7 +214,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
             _warn_unsandboxed()
             command = limited_command(command, limits)
         else:
-            command = await _boxed(launch, snapshot, root, run_dir, binding_name, command, egress, limits, parking)
+            command = await _boxed(launch, snapshot, root, binding_name, command, egress, limits, parking)
     except BaseException:
         await launch.cleanup()
         raise
@@ -241,7 +240,7 @@ def _meet_needs(connector: Connector, binding_name: str, env: dict[str, str]) ->
         raise ConnectorStartError(f"binding '{binding_name}': {missing.describe(connector.name)}")
 
 
-async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path | None, binding_name: str,
+async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, binding_name: str,
                  command: list[str], egress: list[str], limits: Limits, parking: Parking | None) -> list[str]:
     """`command` in its sandbox (`sandbox.boxed`, after `sandbox.entering`): its view, its proxy and relay, its
     cgroups (a parked spare's, which is then handed the sandbox to run)."""

@@ -423,7 +423,7 @@ class ConnectorPool:
             entry.connector = InRouter(LlmConnector(settings, name=binding_name))
             return
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
-                                            max_line_bytes=self._max_line_bytes, run_dir=self._run_dir,
+                                            max_line_bytes=self._max_line_bytes,
                                             host_uid=self.host_uid(binding_name), parking=self._parking)
         entry.snapshot = snapshot
         process = entry.process = ConnectorProcess(entry.launch.spec, on_dispatch=self._on_dispatch)
