@@ -1,7 +1,7 @@
 """Is a service running on this state folder, and what does it say now? (docs/architecture.md §8)
 
 A running service holds an exclusive `flock` on `<state>/service.lock` for its whole life, and one on
-`<run>/service.lock` (its run folder: sockets, connector inboxes, call folders); the kernel lets go of
+`<run>/service.lock` (its run folder: sockets, call folders); the kernel lets go of
 them when the process ends however it ends, so a lock that can be taken means no service runs there,
 whatever files were left behind — which the next service may then clear. The lock files name the
 holder (pid, start time, run folder) and its control socket, `<run>/service.sock` (0600): one JSON
@@ -77,7 +77,7 @@ class ServiceLock:
             os.close(fd)
             raise ServiceRunningError(
                 f"a handler service already runs on the run folder {run_dir} (pid {holder.pid}, started "
-                f"{holder.started}), where its sockets, connector inboxes and call folders are; stop it first, or "
+                f"{holder.started}), where its sockets and call folders are; stop it first, or "
                 "give this one its own --run-dir")
         record = json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                              "runDir": str(run_dir), "control": str(run_dir / CONTROL_NAME)}).encode() + b"\n"

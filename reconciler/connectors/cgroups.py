@@ -1,4 +1,4 @@
-"""The `pids` and `memory` cgroups of one connector process, when the router runs as root (docs/architecture.md §6).
+"""The `pids` and `memory` cgroups of one connector process (docs/architecture.md §6).
 
 Each launch gets a leaf of its own under `handler/` in each controller it can write: cgroup v1 (below
 the router's own cgroup in `/sys/fs/cgroup/pids/` and `/sys/fs/cgroup/memory/`, so connectors stay within
@@ -9,8 +9,12 @@ own pid into each leaf's `cgroup.procs` before anything else runs, so every proc
 starts is counted. When the
 process has stopped, `remove` kills whatever is left in the leaves and removes them; `sweep_stale`, at a
 pool's start, removes the empty leaves a router stopped by `kill -9` left behind (and may take those of a
-crashed connector waiting to restart: its restart makes them again, `remake`). Where no cgroup
-can be made (not root, or a read-only `/sys/fs/cgroup`), the launch goes on under its rlimits alone.
+crashed connector waiting to restart: its restart makes them again, `remake`). A router that is not
+root makes them where the host delegated a cgroup v1 hierarchy to its user: its own cgroup in
+`memory` and `pids`, made writable by that user (chowned to it); the memory cgroup then counts the
+connector's memfds and shared memory, which RLIMIT_DATA does not. Where no cgroup can be made (not
+root and nothing delegated, a delegated cgroup v2 subtree, which is not used yet, or a read-only
+`/sys/fs/cgroup`), the launch goes on under its rlimits alone.
 """
 
 from __future__ import annotations
@@ -75,18 +79,18 @@ class ConnectorCgroups:
 
 def make_cgroups(name: str, processes: int, memory_bytes: int) -> ConnectorCgroups | None:
     """Leaves named `name` bounding processes and memory; None where none can be made here."""
-    if os.geteuid() != 0:
+    v2 = (_ROOT / "cgroup.controllers").exists()  # one hierarchy
+    if os.geteuid() != 0 and (v2 or not _delegated()):
         return None
     leaves: list[Path] = []
     limits: list[tuple[Path, str]] = []
     try:
-        if (_ROOT / "cgroup.controllers").exists():  # v2: one hierarchy
+        if v2:
             leaf = _leaf(_ROOT, name, v2=True)
             leaves.append(leaf)
             limits += [(leaf / "pids.max", "processes"), (leaf / "memory.max", "memory")]
         else:
-            for controller, limit_file, what in (("pids", "pids.max", "processes"),
-                                                 ("memory", "memory.limit_in_bytes", "memory")):
+            for controller, limit_file, what in _V1:
                 if (_ROOT / controller / "cgroup.procs").exists():
                     leaf = _leaf(_ROOT / controller / _own_path(controller), name, v2=False)
                     leaves.append(leaf)
@@ -123,6 +127,14 @@ def sweep_stale(min_age: float = 60.0) -> int:
                         leaf.rmdir()
                         removed += 1
     return removed
+
+
+_V1 = (("pids", "pids.max", "processes"), ("memory", "memory.limit_in_bytes", "memory"))
+
+
+def _delegated() -> bool:
+    """Whether the router's own cgroup in each v1 controller is its user's to write: a hierarchy delegated to it."""
+    return all(os.access(_ROOT / controller / _own_path(controller), os.W_OK) for controller, _, _ in _V1)
 
 
 def _own_path(controller: str) -> str:

@@ -1,13 +1,15 @@
-"""What a sandboxed connector keeps in the folders it may write, bounded (docs/architecture.md §6).
+"""What a sandboxed socket connector keeps in its socket folder, bounded (docs/architecture.md §6).
 
-Its socket folder and its binding's call folders are on the host's disk, where RLIMIT_FSIZE bounds
-each file it writes but not how many. While its process runs, the pool measures those folders every
+A connector's calls keep their files in its call space, a tmpfs of its `[sandbox] diskMb` the kernel
+holds it to (`callspace`). The one host folder it may still write is a socket connector's socket
+folder, where it listens and the router connects: on the host's disk, where RLIMIT_FSIZE bounds each
+file it writes but not how many. While its process runs, the pool measures that folder every
 `CHECK_SECONDS` (`measure`: allocated bytes, so a sparse file counts what it takes, and entries, no
-link followed, counting stopped once either passes its bound). Over its `[sandbox] diskMb` (default
+link followed, counting stopped once either passes its bound). Over its `diskMb` (default
 `DEFAULT_DISK_BYTES`) or `MOST_ENTRIES` entries, the process is killed, which fails its calls in
-flight, and what it left in the call folders is removed (`remove_left`: what was there before the
-kill, never a folder a call made after it) before the next start.
-"""
+flight, and what it left there is removed (`remove_left`: what was there before the kill) before the
+next start. A file it unlinks and keeps open there is not seen: that gap stays open for socket
+connectors (docs/architecture.md §6); a stdio connector writes no host folder at all."""
 
 from __future__ import annotations
 

@@ -9,8 +9,10 @@ launch is everything that process gets and nothing more:
 - the confined environment: the connector's declared settings (the binding's value, else the
   manifest's default) and secrets (resolved now, from the binding's references), plus PATH, LANG
   and HOME; nothing else of the router's environment;
-- its sandbox (`sandbox.entering` and `sandbox.boxed`): the view `box_view` computes, its call folder
-  writable, a size-capped `/tmp` as HOME; when the router is root, the host uid the pool gives the
+- its sandbox (`sandbox.entering` and `sandbox.boxed`): the view `box_view` computes, its call space
+  (`callspace`: a tmpfs of its `diskMb`, which the router reaches through the sandbox's root), a
+  size-capped `/tmp` as HOME; its socket folder writable only for a socket connector (the relay only
+  connects to the proxy's socket there); when the router is root, the host uid the pool gives the
   binding and its cgroups (`cgroups`: the leaves of the pool's parked spare, `parking`, when one is
   ready, whose process then runs the sandbox; else fresh ones its shell joins); the egress it may
   reach (the binding's `egress`, else the connector's)
@@ -45,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reconciler.config.snapshot import Binding, Connector, Snapshot
+from reconciler.connectors.callspace import INSIDE, CallSpace
 from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups
 from reconciler.connectors.client import Handoff, LaunchSpec
 from reconciler.connectors.diskwatch import DEFAULT_DISK_BYTES
@@ -68,7 +71,7 @@ from reconciler.connectors.stderrlog import StderrLog
 from reconciler.places import PrivatePlaceError, ensure_private_dir, remove_tree
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
-__all__ = ["Launch", "box_view", "declared_env", "effective_egress", "inbox_dir", "limited_command",
+__all__ = ["Launch", "box_view", "declared_env", "effective_egress", "limited_command",
            "prepare_launch", "raw_forwards", "resolve_command"]
 
 log = logging.getLogger("handler.connector")
@@ -93,6 +96,12 @@ class Launch:
     handoff: Handoff | None = None  # its first spawn, by the parked spare it took
     writable: tuple[Path, ...] = ()  # the host's folders it may write (sandboxed), which the pool measures
     disk_bytes: int = DEFAULT_DISK_BYTES  # the most those may hold
+    space: CallSpace | None = None  # its calls' files, in its sandbox (sandboxed only)
+
+    def call_space(self, pid: int) -> tuple[Path, Path] | None:
+        """Where a call of its process `pid` stages files: the router's path and the connector's path of the same
+        folder; None when it has no call space (unsandboxed: the call folders are the host's)."""
+        return (self.space.reach(pid), INSIDE) if self.space is not None else None
 
     async def with_fresh_secrets(self, snapshot: Snapshot, binding_name: str, root: Path) -> Launch:
         """This launch with its secrets resolved again, so a restart picks up a rotated token.
@@ -111,6 +120,8 @@ class Launch:
             await self.proxy.aclose()
         if self.cgroups is not None:
             self.cgroups.remove()
+        if self.space is not None:
+            self.space.close()
         for folder in (*self.socket_dirs, self.folder):  # the private folder holds what the connector wrote in tmp/
             try:
                 remove_tree(folder)
@@ -161,8 +172,7 @@ def effective_egress(binding: Binding, connector: Connector) -> list[str]:
 
 async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, state_dir: Path, *,
                          sandbox: bool = True, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                         run_dir: Path | None = None, host_uid: int | None = None,
-                         parking: Parking | None = None) -> Launch:
+                         host_uid: int | None = None, parking: Parking | None = None) -> Launch:
     """Everything one process of `binding_name` needs; see the module docstring.
 
     `host_uid`: the uid its sandbox runs it as when the router is root (the pool gives each binding its own);
@@ -204,7 +214,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
             _warn_unsandboxed()
             command = limited_command(command, limits)
         else:
-            command = await _boxed(launch, snapshot, root, run_dir, binding_name, command, egress, limits, parking)
+            command = await _boxed(launch, snapshot, root, binding_name, command, egress, limits, parking)
     except BaseException:
         await launch.cleanup()
         raise
@@ -230,7 +240,7 @@ def _meet_needs(connector: Connector, binding_name: str, env: dict[str, str]) ->
         raise ConnectorStartError(f"binding '{binding_name}': {missing.describe(connector.name)}")
 
 
-async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path | None, binding_name: str,
+async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, binding_name: str,
                  command: list[str], egress: list[str], limits: Limits, parking: Parking | None) -> list[str]:
     """`command` in its sandbox (`sandbox.boxed`, after `sandbox.entering`): its view, its proxy and relay, its
     cgroups (a parked spare's, which is then handed the sandbox to run)."""
@@ -244,20 +254,16 @@ async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, run_dir: Path |
             os.chown(launch.proxy.socket_path, uid, uid)
         relay = [sys.executable, "-m", "reconciler.connectors.relay", "--proxy", str(launch.proxy.socket_path),
                  *(arg for f in forwards for arg in ("--forward", f.to_arg()))]
-    writable = list(launch.socket_dirs)
-    readable = []
-    if run_dir is not None:
-        calls = run_dir / "calls" / binding_name
-        _calls_dir(calls, uid)
-        writable.append(calls)
-        readable.append(inbox_dir(run_dir, binding_name, uid))
+    listens = snapshot.connectors[snapshot.bindings[binding_name].connector or ""].spec.run.transport == "socket"
+    writable = list(launch.socket_dirs) if listens else []
+    launch.space = CallSpace(binding_name)
     launch.writable, launch.disk_bytes = tuple(writable), limits.disk_bytes
-    view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts), readable)
-    spare = None
-    if uid is not None:
-        spare = parking.take(limits.processes, limits.memory_bytes) if parking is not None else None
-        launch.cgroups = (spare.cgroups if spare is not None
-                          else make_cgroups(launch.folder.name, limits.processes, limits.memory_bytes))
+    view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts),
+                    [] if listens else launch.socket_dirs)
+    # As root, a parked spare's leaves; as a user, only where the host delegated cgroups to it (`cgroups`).
+    spare = parking.take(limits.processes, limits.memory_bytes) if uid is not None and parking is not None else None
+    launch.cgroups = (spare.cgroups if spare is not None
+                      else make_cgroups(launch.folder.name, limits.processes, limits.memory_bytes))
     seccomp = launch.folder / "seccomp.bpf"
     write_seccomp(seccomp)
     box = boxed(command, view, limits, host_uid=uid, relay=relay)
@@ -362,24 +368,6 @@ def _private_dir(folder: Path, setting: str) -> None:
         ensure_private_dir(folder, setting)
     except PrivatePlaceError as exc:
         raise ConnectorStartError(str(exc)) from None
-
-
-def inbox_dir(run_dir: Path, binding_name: str, uid: int | None) -> Path:
-    """`<run>/inbox/<binding>`: ours, 0700, or 0711 (walkable, not listable) for a connector of its own uid; its
-    sandbox shows it read-only, so what is hard-linked there cannot be written through it."""
-    folder = run_dir / "inbox" / binding_name
-    _private_dir(folder, "HANDLER_RUN_DIR")
-    if uid is not None:
-        folder.chmod(0o711)
-    return folder
-
-
-def _calls_dir(folder: Path, uid: int | None) -> None:
-    """The binding's call folders' parent: 0700 and ours; walkable but not listable (0711) by a connector of its
-    own uid, which owns only each call's `out/` (see `files.CallFolder`). Nothing above it is reachable by others."""
-    _private_dir(folder, "HANDLER_RUN_DIR")
-    if uid is not None:
-        folder.chmod(0o711)
 
 
 def limited_command(command: Sequence[str], limits: Limits) -> list[str]:

@@ -47,7 +47,7 @@ from reconciler.connectors.errors import (
     ConnectorRestartingError,
     ConnectorStartError,
 )
-from reconciler.connectors.launching import Launch, declared_env, effective_egress, inbox_dir, prepare_launch
+from reconciler.connectors.launching import Launch, declared_env, effective_egress, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
 from reconciler.connectors.parking import Parking
 from reconciler.connectors.sandbox import limits_for
@@ -178,7 +178,6 @@ class ConnectorPool:
         self._probes: dict[PoolKey, asyncio.Task[None]] = {}
         self._on_dispatch: DispatchHook | None = None
         self._uids: dict[str, int] = {}
-        self._inboxes: dict[str, Path] = {}  # made (and its mode set) once per binding, not per call
         # A process parked in cgroups ahead of the next start (root only: the cgroups are root's).
         self._parking = Parking() if sandbox and os.geteuid() == 0 else None
 
@@ -205,16 +204,12 @@ class ConnectorPool:
             self._uids[binding_name] = uid
         return uid
 
-    def inbox(self, binding_name: str) -> Path | None:
-        """The binding's inbox: a folder of the router's its sandbox shows read-only, where a call's input files are
-        hard-linked rather than copied (`files.CallFolder`); None without a sandbox (a link would let the connector
-        write to the agent's file) or a run folder."""
-        if not self.sandbox or self._run_dir is None:
-            return None
-        inbox = self._inboxes.get(binding_name)
-        if inbox is None:
-            inbox = self._inboxes[binding_name] = inbox_dir(self._run_dir, binding_name, self.host_uid(binding_name))
-        return inbox
+    def call_space(self, key: PoolKey | None) -> tuple[Path, Path] | None:
+        """Where a call of the running connector of `key` stages its files (`Launch.call_space`): the router's path
+        and the connector's; None unsandboxed or not running."""
+        entry = self._live.get(key) if key is not None else None
+        pid = entry.process.pid if entry is not None and entry.process is not None else None
+        return entry.launch.call_space(pid) if entry is not None and entry.launch and pid is not None else None
 
     # --- the per-call path -------------------------------------------------------------------
 
@@ -428,7 +423,7 @@ class ConnectorPool:
             entry.connector = InRouter(LlmConnector(settings, effective_egress(binding, connector), binding_name))
             return
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,
-                                            max_line_bytes=self._max_line_bytes, run_dir=self._run_dir,
+                                            max_line_bytes=self._max_line_bytes,
                                             host_uid=self.host_uid(binding_name), parking=self._parking)
         entry.snapshot = snapshot
         process = entry.process = ConnectorProcess(entry.launch.spec, on_dispatch=self._on_dispatch)

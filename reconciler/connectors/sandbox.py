@@ -8,17 +8,21 @@
 - identity: when the router runs as root, each binding's connector runs as its own unprivileged host
   uid and gid (`setpriv` inside the sandbox, or `relay` when it has egress), with no capability left,
   `no_new_privs`, and `pids` and `memory` cgroups; as an ordinary user, in a user namespace mapped
-  onto that user, with no capability either (rlimits bound it; see docs/architecture.md §6 for what
-  that leaves open);
+  onto that user, with no capability either (rlimits bound it, and cgroups where the host delegated
+  some to that user; see docs/architecture.md §6 for what that leaves open);
 - the filesystem (a `BoxView`): an empty root with read-only `/usr`, the few `/etc` files a program
   needs (the C library's, CA certificates, time zones; a generated `passwd`, `group` and `hosts`), the
-  runtime and code it runs, read-only; its call folder and socket folder writable; a size-capped
-  private `/tmp` as its HOME. Nothing else of the host: no `/run`, no home, no state or run folder,
-  no other socket;
+  runtime and code it runs, read-only; a size-capped private `/tmp` as its HOME, `/dev/shm` capped
+  alike, and its call space (`callspace`), a tmpfs capped at its `diskMb`: whatever it writes counts
+  there until closed, an unlinked file it keeps open included; its socket folder (a socket connector's,
+  where it listens) the only host folder it may write. Nothing else of the host: no `/run`, no home,
+  no state or run folder, no other socket;
 - system calls: the seccomp filter of `seccomp`;
 - limits: memory (RLIMIT_DATA; not RLIMIT_AS, whose address-space count breaks runtimes that reserve
   large unmapped regions), CPU time, file size and processes, from the manifest's `[sandbox]` or the
-  defaults here; what it keeps in its writable folders, measured by the pool (`diskwatch`).
+  defaults here; what it keeps in its socket folder, measured by the pool (`diskwatch`). As root, the
+  memory cgroup also counts its tmpfs pages, memfds and shared memory; as an ordinary user, with no
+  cgroup of its own, those are bounded only by the tmpfs sizes (see docs/architecture.md §6).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reconciler.config.models import SandboxSpec
+from reconciler.connectors.callspace import INSIDE
 from reconciler.connectors.diskwatch import DEFAULT_DISK_BYTES
 from reconciler.connectors.seccomp import SeccompUnavailableError, filter_program
 
@@ -59,7 +64,7 @@ class Limits:
     file_bytes: int
     processes: int
     tmp_bytes: int
-    disk_bytes: int = DEFAULT_DISK_BYTES  # in the folders it may write, on the host's disk (`diskwatch`)
+    disk_bytes: int = DEFAULT_DISK_BYTES  # its call space's size (`callspace`), and its socket folder's most
 
 
 DEFAULT_LIMITS = Limits(memory_bytes=4 << 30, cpu_seconds=3600, file_bytes=1 << 30, processes=256,
@@ -150,7 +155,7 @@ class BoxView:
     """What a connector sees beyond the system: folders bound at their own path, files placed in `/etc`."""
 
     readable: tuple[str, ...] = ()  # bound read-only (its code, its runtime)
-    writable: tuple[str, ...] = ()  # bound read-write (its call folder, its socket folder)
+    writable: tuple[str, ...] = ()  # bound read-write (a socket connector's socket folder)
     files: Mapping[str, str] = field(default_factory=dict)  # path in the sandbox -> host file, read-only
     blanked: tuple[str, ...] = ()  # files inside a bound folder that read as empty (other bindings' secrets)
 
@@ -181,8 +186,8 @@ def boxed(command: Sequence[str], view: BoxView, limits: Limits, *, host_uid: in
         caps += ["--cap-add", "CAP_NET_BIND_SERVICE"]  # SMTP's 587 and the like, bound by the relay
     box = [shutil.which("bwrap") or "bwrap", *_NAMESPACES, *([] if host_uid is not None else ["--unshare-user"]),
            "--die-with-parent", "--new-session", *caps, *_system_binds(), *_etc_binds(view.files),
-           "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(limits.tmp_bytes),
-           "--tmpfs", _TMP, *_view_binds(view), "--chdir", _TMP, "--seccomp", "9", "--"]
+           "--proc", "/proc", "--dev", "/dev", *_writable_mounts(limits), *_view_binds(view), "--chdir", _TMP,
+           "--seccomp", "9", "--"]
     inner = [*limited, *command]
     if relay is not None:
         inner = [*relay, *(["--uid", str(host_uid)] if host_uid is not None else []), "--", *inner]
@@ -197,6 +202,15 @@ _ENTER = 'while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; sh
 _SETPRIV = "/usr/bin/setpriv"
 _PRLIMIT = "/usr/bin/prlimit"
 _TMP = "/tmp"  # noqa: S108 - the sandbox's own: a size-capped tmpfs
+_SHM = "/dev/shm"  # noqa: S108 - the sandbox's own, capped alike
+
+
+def _writable_mounts(limits: Limits) -> list[str]:
+    """The tmpfs mounts it may write, each of a fixed size the kernel holds it to: `/tmp` and `/dev/shm` (which
+    `--dev` would leave on its unsized `/dev`), and the call space, walkable but not listable by another uid."""
+    return ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", _TMP,
+            "--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", _SHM,
+            "--perms", "0711", "--size", str(limits.disk_bytes), "--tmpfs", str(INSIDE)]
 
 
 def _system_binds() -> list[str]:
@@ -226,7 +240,7 @@ def _view_binds(view: BoxView) -> list[str]:
     """The view's folders, shallowest first (a folder bound inside another comes after it), each parent made
     0755 so the connector's own uid can walk to what is bound there."""
     args: list[str] = []
-    made: set[str] = {"/", "/usr", _TMP, "/etc", "/proc", "/dev"}
+    made: set[str] = {"/", "/usr", _TMP, "/etc", "/proc", "/dev", str(INSIDE)}
     binds = [(p, "--ro-bind") for p in view.readable] + [(p, "--bind") for p in view.writable]
     for path, how in sorted(set(binds), key=lambda b: (b[0].count("/"), b[0])):
         for parent in reversed(Path(path).parents):

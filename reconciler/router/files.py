@@ -7,10 +7,12 @@ path ending in `/` or `/.` (a folder's name), an absolute path outside the scope
 leading out of it, a missing input or one that is not a regular file (a folder, FIFO, device or
 socket, told apart without reading it), an output over a FIFO, device, socket or symlink →
 `invalid_arguments`; an input over `maxFileBytes` → the interface's
-`too_large` (else `invalid_arguments`). At dispatch a `CallFolder` hard-links inputs into a sandboxed
-connector's read-only inbox, each held as it was checked by a read lease until the call ends (a copy
-across filesystems, or of a file open for writing), or copies them into a per-call folder, and names
-them (and fresh output paths) in the arguments the connector receives; after the call
+`too_large` (else `invalid_arguments`). At dispatch a `CallFolder` copies each input, as it is when
+the call begins (its first checked bytes), into a per-call folder — in a sandboxed connector's call
+space (`connectors.callspace`, a tmpfs counted against its `diskMb`), else the host's call folder —
+so nothing the agent writes later reaches a descriptor the connector keeps; the copy is the kernel's
+(`copy_file_range`, which shares the blocks where the filesystem can, else `sendfile`). It names the
+copies (and fresh output paths) in the arguments the connector receives; after the call
 it moves what the connector wrote into the scope at the paths the agent named, refusing a symlink, a
 non-regular or oversize file or a missing one. Every open walks down from the scope's descriptor
 without following a symlink (`beneath`), so what changed between the check and the copy is refused.
@@ -20,12 +22,11 @@ Paths in the connector's output are mapped back to the agent's.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import logging
 import os
 import secrets
 import shutil
-import signal
 import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ ANY: Final = "*"  # a path segment meaning every item of an array
 INPUT_FORMAT: Final = "handler-file"
 OUTPUT_FORMAT: Final = "handler-output-file"
 _COPY_CHUNK = 1 << 20
-_F_SETSIG: Final = getattr(fcntl, "F_SETSIG", 10)  # Linux's number; which signal tells of a lease's break
+_KERNEL_CHUNK = 1 << 30  # one copy_file_range or sendfile asks for at most this much
 
 Where = tuple[str | int, ...]
 
@@ -254,19 +255,27 @@ def _resolve_output(scope: Scope, value: str, where: Where) -> FileArg:
 class CallFolder:
     """The per-call folder of a connector process: inputs copied in, outputs written there.
 
-    With `owner` (the connector runs as its own uid: the router is root) the folders it must only read
-    stay the router's, mode 0711, so it can neither list them nor rename what the router opens by path
-    (docs/architecture.md §6): only `out/` is the connector's, and what it holds is opened without
-    following a link.
+    It is made below `base` (the host's call folders of the binding), or in the connector's call space once
+    `place` names it (`connectors.callspace`: the router's path into the sandbox, and the connector's path of it).
+    With `owner` (the connector runs as its own uid: the router is root) the folders it must only read stay the
+    router's, mode 0711, so it can neither list them nor rename what the router opens by path
+    (docs/architecture.md §6): only `out/` is the connector's, and what it holds is opened without following a link.
     """
 
-    def __init__(self, base: Path, call_id: str, owner: int | None = None, inbox: Path | None = None) -> None:
+    def __init__(self, base: Path, call_id: str, owner: int | None = None) -> None:
         self.path = base / call_id
+        self.inside = self.path  # the same folder as the connector names it
         self.call_id = call_id
         self.owner = owner
-        self.inbox = inbox  # the binding's read-only inbox (a sandboxed connector's), else inputs go to `in/`
-        self._handed: list[Path] = []
-        self._lent: list[tuple[_Lent, FileArg]] = []  # inputs linked into the inbox, each under a read lease
+        self._space: int | None = None
+
+    def place(self, space: tuple[Path, Path] | None) -> None:
+        """Stage in the connector's call space, `(router's path, connector's path)`, when it has one. The space is
+        opened again here, for this call alone: its path names a descriptor of the router's, which a stop of the
+        connector closes and the next open may reuse, so the call never follows it after this."""
+        if space is not None:
+            self._space = os.open(space[0], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.path, self.inside = Path(f"/proc/self/fd/{self._space}", self.call_id), space[1] / self.call_id
 
     def stage(self, files: tuple[FileArg, ...], arguments: Mapping[str, Any],
               max_bytes: int | None, errors: frozenset[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -277,17 +286,8 @@ class CallFolder:
         args: dict[str, Any] = orjson.loads(orjson.dumps(arguments))  # a deep copy the connector may see
         back: dict[str, str] = {}
         for index, file in enumerate(files):
-            if not file.output and self.inbox is not None:
-                dest = self.inbox / f"{self.call_id}-{_staged_name(index, file)}"
-                self._handed.append(dest)
-                lent = _hand_in(file, dest, max_bytes, errors, shared=self.owner is not None)
-                if lent is not None:
-                    self._lent.append((lent, file))
-                _set(args, file.where, str(dest))
-                back[str(dest)] = file.value
-                continue
             sub = "out" if file.output else "in"
-            dest = self.path / sub / _staged_name(index, file)
+            name = _staged_name(index, file)
             folder = open_folder(str(self.path), (sub,), create=True, mode=0o700)
             try:
                 if self.owner is not None:
@@ -295,41 +295,37 @@ class CallFolder:
             finally:
                 os.close(folder)
             if not file.output:
-                _copy_in(file, self.path, sub, dest.name, max_bytes, errors, shared=self.owner is not None)
-            _set(args, file.where, str(dest))
-            back[str(dest)] = file.value
+                _copy_in(file, self.path, sub, name, max_bytes, errors, shared=self.owner is not None)
+            dest = str(self.inside / sub / name)
+            _set(args, file.where, dest)
+            back[dest] = file.value
         return args, back
 
     def deliver(self, files: tuple[FileArg, ...], scope: Scope, max_bytes: int | None) -> None:
-        """Step 10: move each output the connector wrote into the scope, at the path the agent named; first, refuse
-        the result if an input lent to the connector was written to while it read it."""
-        for lent, file in self._lent:
-            if lent.changed():
-                raise invalid_arguments(f"{pointer(file.where)}: '{file.value}' was written to during the call, so "
-                                        "what the service read is not what was checked; the result is discarded. "
-                                        "Leave an input unchanged until its call returns")
+        """Step 10: move each output the connector wrote into the scope, at the path the agent named."""
         for index, file in enumerate(files):
             if file.output:
                 _move_out(self.path, _staged_name(index, file), file, scope, max_bytes)
 
     def remove(self) -> None:
-        """Remove the call's folder, whatever the connector left in `out/`, and the inputs it was handed."""
+        """Remove the call's folder: its inputs, and whatever the connector left in `out/`."""
         try:
             remove_tree(self.path)
+        except FileNotFoundError:  # its call space went with its sandbox
+            pass
         except OSError as exc:  # kept, and said; the next start clears it (`clear_leftovers`)
-            log.warning("could not remove the call folder %s: %s", self.path, exc.strerror or exc)
-        for handed in self._handed:
-            with contextlib.suppress(FileNotFoundError):
-                handed.unlink()
-        for lent, _ in self._lent:
-            lent.end()
-        self._lent.clear()
+            log.warning("could not remove the call folder %s: %s", self.inside, exc.strerror or exc)
+        finally:
+            space, self._space = self._space, None
+            if space is not None:
+                os.close(space)
 
 
 def clear_leftovers(run_dir: Path) -> int:
-    """Remove what the calls of a service that ended mid-call (a `kill -9`) left in its run folder: the inputs
-    linked into `inbox/<binding>/`, which keep the agent's file alive and readable to that binding's next
-    connector, and the `calls/<binding>/<call>/` folders. How many were removed (and logged).
+    """Remove what the calls of a service that ended mid-call (a `kill -9`) left in its run folder: the
+    `calls/<binding>/<call>/` folders of connectors run without a sandbox (a sandboxed one's calls are in its call
+    space, which ends with its sandbox), and the inputs an older release hard-linked into `inbox/<binding>/`, which
+    keep the agent's file alive. How many were removed (and logged).
 
     Only for the service holding the run folder's lock (`liveness.ServiceLock`), before it starts a connector:
     nothing else uses them then. Nothing is followed: a link found there is removed, not its target.
@@ -380,89 +376,40 @@ def _hand_over(folder: int, owner: int, *, mine: bool) -> None:
         os.close(opened)
 
 
-def _copy_into(src: BinaryIO, out_fd: int, size: int, *, shared: bool) -> None:
-    """The first `size` bytes of `src` (its size when it was checked against `maxFileBytes`: a file the agent grows
-    meanwhile is cut there, never copied past it) into the new file `out_fd`; with `shared`, readable by a connector
-    of another uid (which cannot change it)."""
-    with os.fdopen(out_fd, "wb") as out:
-        left = size
-        while left > 0 and (chunk := src.read(min(_COPY_CHUNK, left))):
-            out.write(chunk)
-            left -= len(chunk)
+def _copy_into(src: int, out_fd: int, size: int, *, shared: bool) -> None:
+    """The first `size` bytes of the open file `src` (its size when it was checked against `maxFileBytes`: a file the
+    agent grows meanwhile is cut there, never copied past it) into the new file `out_fd`, copied by the kernel; with
+    `shared`, readable by a connector of another uid (which cannot change it)."""
+    try:
+        _kernel_copy(src, out_fd, size)  # a file cut short meanwhile: what is left of it, as a read would find
         if shared:
-            os.fchmod(out.fileno(), 0o644)
-
-
-def _hand_in(file: FileArg, dest: Path, max_bytes: int | None, errors: frozenset[str], *,
-             shared: bool) -> _Lent | None:
-    """An input put in the binding's inbox, which its sandbox shows read-only: a hard link to the very file opened
-    from the scope's descriptor (no byte copied, nothing swapped in between is followed), held unchanged for the call
-    by a read lease; or a copy of the size checked, where a link cannot be made (another filesystem, a file another
-    user owns), would not be readable by the connector's uid, or the file cannot be leased (someone has it open for
-    writing). What is lent is returned: the call ends the lease (`CallFolder.remove`)."""
-    try:
-        fd, size = open_input(file)
-    except RefusedPathError as refusal:
-        raise _refused(pointer(file.where), file.value, refusal) from None
-    lent = _lease(fd)
-    try:
-        if lent is not None:
-            size = lent.size  # measured under the lease: no one can write to it any more
-        if max_bytes is not None and size > max_bytes:
-            raise too_large(pointer(file.where), file.value, size, max_bytes, errors)
-        readable = not shared or os.fstat(fd).st_mode & stat.S_IROTH
-        if lent is not None and readable:
-            with contextlib.suppress(OSError):  # EXDEV, EPERM (protected hard links): a copy then
-                # linkat(2) following the descriptor's /proc entry to the file itself. `src_dir_fd` (ignored for an
-                # absolute path) is what makes CPython call linkat: without it, it calls link(2), which links the
-                # /proc entry and fails with EXDEV, so every input would be copied.
-                os.link(f"/proc/self/fd/{fd}", dest, src_dir_fd=fd, follow_symlinks=True)
-                fd = -1  # the lease's now: kept open until the call ends
-                return lent
-        out_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(os.dup(fd), "rb") as src:
-            _copy_into(src, out_fd, size, shared=shared)
-        return None
+            os.fchmod(out_fd, 0o644)
     finally:
-        if fd >= 0:
-            os.close(fd)
+        os.close(out_fd)
 
 
-@dataclass(frozen=True, slots=True)
-class _Lent:
-    """An input linked into the inbox, and the read lease that keeps it as it was checked until the call ends."""
-
-    fd: int
-    size: int
-    mtime_ns: int
-
-    def changed(self) -> bool:
-        """Whether the file was written to during the call: someone opened it for writing past the lease's break
-        time (the kernel then ends the lease) and changed it."""
-        if fcntl.fcntl(self.fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK:
-            return False
-        info = os.fstat(self.fd)
-        return (info.st_size, info.st_mtime_ns) != (self.size, self.mtime_ns)
-
-    def end(self) -> None:
-        os.close(self.fd)  # the lease ends with it: a writer waiting for it goes on
-
-
-def _lease(fd: int) -> _Lent | None:
-    """A read lease on the open file `fd`, or None where it cannot be had. The kernel grants one only while no one
-    has the file open for writing, and from then on holds every open for writing or truncation until the lease
-    ends (or its break time passes, 45 s by default): what the connector reads stays what was checked. The break
-    is signalled with SIGURG, whose default is to be ignored (SIGIO's would end the router), and only while
-    nothing handles SIGURG here."""
-    if signal.getsignal(signal.SIGURG) not in (signal.SIG_DFL, signal.SIG_IGN):
-        return None
-    try:
-        fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-    except OSError:  # EAGAIN: open for writing somewhere; EACCES: another user's file; leases turned off
-        return None
-    info = os.fstat(fd)
-    return _Lent(fd, info.st_size, info.st_mtime_ns)
+def _kernel_copy(src: int, out_fd: int, size: int) -> int:
+    """`copy_file_range` (blocks shared on a filesystem that can: Btrfs, XFS), else `sendfile` (another filesystem:
+    the call space's tmpfs); no byte passes through this process. How many bytes were copied."""
+    done = 0
+    use_range = True
+    while done < size:
+        want = min(size - done, _KERNEL_CHUNK)
+        if use_range:
+            try:
+                step = os.copy_file_range(src, out_fd, want, done, done)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                use_range = False
+                continue
+        else:
+            os.lseek(out_fd, done, os.SEEK_SET)
+            step = os.sendfile(out_fd, src, done, want)
+        if step == 0:
+            break
+        done += step
+    return done
 
 
 def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | None, errors: frozenset[str], *,
@@ -473,7 +420,7 @@ def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | No
         fd, size = open_input(file)
     except RefusedPathError as refusal:
         raise _refused(pointer(file.where), file.value, refusal) from None
-    with os.fdopen(fd, "rb") as src:
+    try:
         if max_bytes is not None and size > max_bytes:
             raise too_large(pointer(file.where), file.value, size, max_bytes, errors)
         folder = open_folder(str(call), (sub,), create=True, mode=0o700)
@@ -482,7 +429,16 @@ def _copy_in(file: FileArg, call: Path, sub: str, dest: str, max_bytes: int | No
                              dir_fd=folder)
         finally:
             os.close(folder)
-        _copy_into(src, out_fd, size, shared=shared)
+        try:
+            _copy_into(fd, out_fd, size, shared=shared)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise unavailable("no_room", f"{pointer(file.where)}: no room for '{file.value}' ({size} bytes) in the "
+                              "service's call folder (its connector's [sandbox] diskMb, which its calls in flight "
+                              "share); retrying once they end may work") from None
+    finally:
+        os.close(fd)
 
 
 def _open_staged(call: Path, staged: str, name: str) -> tuple[int, int]:

@@ -263,7 +263,7 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
     key = (caller.profile, caller.instance, plan.interface)
     timeout = limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS
     folder = CallFolder(svc.calls_dir / (plan.binding or "-"), f"{os.getpid()}-{next(_call_ids)}",
-                        svc.pool.host_uid(plan.binding or ""), svc.pool.inbox(plan.binding or "")) if files else None
+                        svc.pool.host_uid(plan.binding or "")) if files else None
     taken: bool | None = False
     try:
         deadline, taken = take_slot(book, key, limits)  # step 6
@@ -344,21 +344,23 @@ async def wait_for_slot(book: LimitBook, key: LimitKey, limits: Limits, deadline
 async def prepare(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: dict[str, Any],
                   files: tuple[FileArg, ...], folder: CallFolder | None,
                   deadline: float) -> tuple[RunningConnector, dict[str, Any], dict[str, str], float]:
-    """Step 7 before the call is sent: stage its files, start the binding's connector process if it is not running.
-    The connector, the arguments to send it, the connector-side paths to map back and the call's deadline.
+    """Step 7 before the call is sent: start the binding's connector process if it is not running, stage its files
+    (in the call space of that process's sandbox, `connectors.callspace`, when it has one). The connector, the
+    arguments to send it, the connector-side paths to map back and the call's deadline.
 
     A start is bounded by the connector's own `startSeconds` (the pool's), not by the call's time limit, which
     starts again once the process is ready (docs/config.md): a connector loading a model may take longer to start
     than its interface's `timeoutSeconds`."""
     back: dict[str, str] = {}
-    if folder is not None:
-        async with asyncio.timeout_at(deadline):
-            arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
-                                                      plan.errors)
     connector = svc.pool.running(plan.pool_key)
     if connector is None:
         connector = await svc.pool.connector(snapshot, plan.binding or "", deadline)
         deadline = time.monotonic() + (plan.limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS)
+    if folder is not None:
+        folder.place(svc.pool.call_space(plan.pool_key))  # no await between: the space is the running process's
+        async with asyncio.timeout_at(deadline):
+            arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
+                                                      plan.errors)
     return connector, arguments, back, deadline
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import os
 import socket
 import stat
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,7 +93,7 @@ def test_an_input_over_max_file_bytes_is_too_large(echo_root: Path, scope: Path,
 
 
 @pytest.mark.parametrize("path", ["doc.txt", "link-in", "./doc.txt", "ABS"])
-def test_the_connector_reads_the_agents_file_through_its_inbox_and_the_agent_sees_its_own_path(
+def test_the_connector_reads_a_copy_in_its_call_space_and_the_agent_sees_its_own_path(
         echo_root: Path, scope: Path, run_dir: Path, path: str) -> None:
     given = str(scope / "doc.txt") if path == "ABS" else path
 
@@ -103,14 +103,13 @@ def test_the_connector_reads_the_agents_file_through_its_inbox_and_the_agent_see
         out = body(result)
         assert out == {"bytes": 16, "sha256": hashlib.sha256(b"inside the scope").hexdigest(), "path": given}
         seen = (router.state_dir / "connectors/echo-local.stderr.log").read_text().splitlines()[-1]
-        # The agent's file itself, hard-linked into the binding's inbox, which the sandbox shows read-only: no byte
-        # copied, and nothing the connector could write through.
-        assert seen.startswith(f"echo_read got {run_dir / 'inbox/echo-local'}/"), seen
-        assert "; not writable: " in seen, seen  # another uid's file (the router is root), or a read-only bind
+        # A copy in the call space of its sandbox (a tmpfs the host does not mount), never the agent's file: what the
+        # agent writes to it later reaches no descriptor the connector keeps.
+        assert seen.startswith("echo_read got /calls/"), seen
+        assert "; not writable: " in seen, seen  # the router's file, 0644, to a connector of its own uid (root)
         agents = (scope / "doc.txt").stat()
-        if agents.st_dev == run_dir.stat().st_dev:  # else (another filesystem) a copy is the way in
-            assert seen.endswith(f"; file {agents.st_dev}:{agents.st_ino}"), seen
-        assert list((run_dir / "inbox/echo-local").iterdir()) == []  # gone after the call
+        assert not seen.endswith(f"; file {agents.st_dev}:{agents.st_ino}"), seen
+        assert not (run_dir / "inbox/echo-local").exists()
         assert (scope / "doc.txt").read_bytes() == b"inside the scope"
 
     exchange(echo_root, run_dir, script)
@@ -381,91 +380,65 @@ def test_a_copied_input_is_cut_at_the_size_it_was_checked_at(tmp_path: Path) -> 
     # The agent may grow its file between the check against maxFileBytes and the copy: the copy stops there.
     from reconciler.router.files import _copy_into
 
-    grown = io.BytesIO(b"x" * 900 + b"y" * 5_000_000)
+    grown = tmp_path / "grown"
+    grown.write_bytes(b"x" * 900 + b"y" * 5_000_000)
     dest = tmp_path / "copied"
-    _copy_into(grown, os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 900, shared=False)
+    src = os.open(grown, os.O_RDONLY)
+    try:
+        _copy_into(src, os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 900, shared=False)
+    finally:
+        os.close(src)
     assert dest.read_bytes() == b"x" * 900
 
 
-def _lent_input(tmp_path: Path, content: bytes) -> tuple[CallFolder, FileArg, Path, Path]:
-    """A call folder with an inbox, and the agent's file `doc.bin` checked as an input of its scope."""
-    scope, inbox = tmp_path / "scope", tmp_path / "inbox"
+def _an_input(tmp_path: Path, content: bytes) -> tuple[FileArg, Path]:
+    """The agent's file `doc.bin`, checked as an input of its scope."""
+    scope = tmp_path / "scope"
     scope.mkdir()
-    inbox.mkdir()
     (scope / "doc.bin").write_bytes(content)
     real = os.path.realpath(scope)
-    file = FileArg(("path",), "doc.bin", f"{real}/doc.bin", output=False, size=len(content), root=real)
-    return CallFolder(tmp_path / "calls", "c1", inbox=inbox), file, scope / "doc.bin", inbox
+    checked = FileArg(("path",), "doc.bin", f"{real}/doc.bin", output=False, size=len(content), root=real)
+    return checked, scope / "doc.bin"
 
 
-_WRITER = """
-import os, sys, time
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | (os.O_NONBLOCK if sys.argv[2] == "now" else 0))
-os.write(fd, b"y" * 5000)
-print("wrote", flush=True)
-"""
+@pytest.mark.parametrize("shm", [False, True], ids=["same-filesystem", "tmpfs"])
+def test_an_input_kept_open_reads_as_it_was_when_the_call_began(tmp_path: Path, shm: bool) -> None:
+    """A connector that keeps its input's descriptor past the call reads the file as it was checked, whatever the agent
+    writes to its own file afterwards; on the scope's filesystem or on a tmpfs (as a sandbox's call space is)."""
+    file, agents = _an_input(tmp_path, b"x" * 900)
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if shm else tmp_path) as base:
+        folder = CallFolder(Path(base), "c1")
+        args, back = folder.stage((file,), {"path": "doc.bin"}, 1000, frozenset({"too_large"}))
+        kept = os.open(args["path"], os.O_RDONLY)
+        try:
+            assert os.fstat(kept).st_ino != agents.stat().st_ino  # a copy, not the agent's file
+            folder.remove()
+            with agents.open("ab") as grow:
+                grow.write(b"AGENT WROTE THIS AFTER THE CALL")
+            assert os.pread(kept, 10_000, 0) == b"x" * 900
+        finally:
+            os.close(kept)
+    assert back == {args["path"]: "doc.bin"}
 
 
-def test_an_input_lent_through_the_inbox_stays_as_checked_until_its_call_ends(tmp_path: Path) -> None:
-    """The agent cannot grow its file past maxFileBytes while the connector reads the link: a write waits for the
-    call's end (and the router is not ended by the lease's break signal)."""
-    import subprocess
-    import sys
-
-    folder, file, agents, inbox = _lent_input(tmp_path, b"x" * 900)
-    args, _ = folder.stage((file,), {"path": "doc.bin"}, 1000, frozenset({"too_large"}))
-    lent = Path(args["path"])
-    assert lent.parent == inbox
-    assert lent.stat().st_ino == agents.stat().st_ino  # a link: no byte copied
-    now = subprocess.run([sys.executable, "-c", _WRITER, str(agents), "now"], capture_output=True, text=True,
-                         timeout=30, check=False)
-    assert now.returncode == 1
-    assert "BlockingIOError" in now.stderr  # refused at once to a writer that will not wait
-    waiting = subprocess.Popen([sys.executable, "-c", _WRITER, str(agents), "wait"], stdout=subprocess.PIPE,
-                               text=True)
-    try:
-        with pytest.raises(subprocess.TimeoutExpired):
-            waiting.wait(timeout=0.5)
-        assert lent.read_bytes() == b"x" * 900  # what the connector reads is what was checked
-        folder.deliver((file,), Scope(str(tmp_path / "scope"), os.path.realpath(tmp_path / "scope")), 1000)
-    finally:
-        folder.remove()  # the call ends: the writer goes on
-    assert waiting.communicate(timeout=30)[0] == "wrote\n"
-    assert agents.stat().st_size == 5900
-    assert list(inbox.iterdir()) == []
-
-
-def test_an_input_open_for_writing_is_copied_at_its_checked_size_not_lent(tmp_path: Path) -> None:
-    folder, file, agents, _ = _lent_input(tmp_path, b"x" * 900)
-    writer = os.open(agents, os.O_WRONLY | os.O_APPEND)  # the agent still writing it: no lease can be had
-    try:
-        args, _ = folder.stage((file,), {"path": "doc.bin"}, 1000, frozenset({"too_large"}))
-        os.write(writer, b"y" * 5000)
-        copied = Path(args["path"])
-        assert copied.stat().st_ino != agents.stat().st_ino
-        assert copied.read_bytes() == b"x" * 900
-    finally:
-        os.close(writer)
-        folder.remove()
-
-
-def test_a_result_read_from_an_input_written_to_during_the_call_is_discarded(tmp_path: Path) -> None:
-    """Past the lease's break time (45 s by default) the kernel lets a writer in: the file changed under the
-    connector, and the call's result is refused rather than handed back as if it were of the file checked."""
-    import fcntl
-
-    folder, file, agents, _ = _lent_input(tmp_path, b"x" * 900)
-    folder.stage((file,), {"path": "doc.bin"}, 1000, frozenset({"too_large"}))
-    scope = Scope(str(tmp_path / "scope"), os.path.realpath(tmp_path / "scope"))
-    try:
-        folder.deliver((file,), scope, 1000)  # unchanged: delivered
-        (held,) = [lent.fd for lent, _ in folder._lent]
-        fcntl.fcntl(held, fcntl.F_SETLEASE, fcntl.F_UNLCK)  # the lease gone, as its break time passing ends it
-        folder.deliver((file,), scope, 1000)  # not written to: still delivered
-        with agents.open("ab") as grow:
-            grow.write(b"y" * 5000)
-        with pytest.raises(ToolError, match=r"'doc\.bin' was written to during the call") as refused:
-            folder.deliver((file,), scope, 1000)
-        assert refused.value.code == "invalid_arguments"
-    finally:
-        folder.remove()
+def test_a_call_folder_placed_in_a_call_space_names_the_connectors_paths(tmp_path: Path) -> None:
+    """Placed in a call space, the folder is made there through a descriptor of its own (the space's path may name
+    a descriptor a connector's stop closes), and the connector is given its own path of it."""
+    file, _ = _an_input(tmp_path, b"x" * 900)
+    space = tmp_path / "space"
+    space.mkdir()
+    folder = CallFolder(tmp_path / "calls", "c1")
+    folder.place((space, Path("/calls")))
+    out = FileArg(("out",), "reply.txt", str(tmp_path / "scope/reply.txt"), output=True, root=file.root)
+    args, back = folder.stage((file, out), {"path": "doc.bin", "out": "reply.txt"}, 1000, frozenset())
+    assert args == {"path": "/calls/c1/in/0-doc.bin", "out": "/calls/c1/out/1-reply.txt"}
+    assert back == {"/calls/c1/in/0-doc.bin": "doc.bin", "/calls/c1/out/1-reply.txt": "reply.txt"}
+    assert (space / "c1/in/0-doc.bin").read_bytes() == b"x" * 900
+    (space / "c1/out/1-reply.txt").write_text("done")
+    folder.deliver((file, out), Scope(str(tmp_path / "scope"), file.root), 1000)
+    assert (tmp_path / "scope/reply.txt").read_text() == "done"
+    opened = len(list(Path("/proc/self/fd").iterdir()))
+    folder.remove()
+    assert list(space.iterdir()) == []
+    assert len(list(Path("/proc/self/fd").iterdir())) == opened - 1  # its descriptor of the space, closed
+    assert not (tmp_path / "calls").exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hostile.hostile import ATTACKS
-from tests.fixtures.hostile.routers import MODES, NOBODY, HostileRouter, hostile_router, processes_with
+from tests.fixtures.hostile.routers import CGROUP_V1, MODES, NOBODY, HostileRouter, hostile_router, processes_with
 from tests.fixtures.hostile.tree import tree_changes
 
 DEADLINE = 30.0
@@ -207,7 +208,7 @@ def test_a_setsid_grandchild_ends_with_the_connector(router: HostileRouter) -> N
 def test_nothing_the_connector_tries_changes_the_store_the_tree_or_another_bindings_secrets(
         router: HostileRouter) -> None:
     for name in ATTACKS:
-        if name not in ("noop", "orphan", "exit", "fork_bomb", "fill_tmp"):
+        if name not in ("noop", "orphan", "exit", "fork_bomb", "fill_tmp", "fill_shm", "memfd", "shm_anon"):
             router.attack(name)
     assert router.holds() == router.held
     assert tree_changes(router.root) == ""
@@ -215,3 +216,102 @@ def test_nothing_the_connector_tries_changes_the_store_the_tree_or_another_bindi
     hello = router.call("victim", "hostile_hello", {})
     assert router.held == router.holds()
     assert hello is not None
+
+
+# --- limits that hold, and inputs as they were (tests/fixtures/hostile/connector.toml: memoryMb 256, diskMb 64,
+# tmpMb 64) ---------------------------------------------------------------------------------------------------
+
+MIB = 1 << 20
+
+
+def test_dev_shm_fills_up_at_its_cap(router: HostileRouter) -> None:
+    detail = refused(router, "fill_shm")
+    print(f"as {router.mode}: {detail} (tmpMb 64)")
+    full = re.search(r"/dev/shm full after (\d+) MiB", detail)
+    assert full is not None, detail
+    assert int(full[1]) <= 64
+
+
+@pytest.mark.parametrize("kind", ["memfd", "shm_anon"])
+def test_memfd_and_shared_memory_are_killed_at_memory_mb_as_root(router: HostileRouter, kind: str) -> None:
+    if router.mode == "user":
+        verdict = router.attack(kind)
+        print(f"as user: {verdict['detail']} (memoryMb 256)")
+        pytest.skip("as an unprivileged router with no cgroup of its own, memfd and shared memory are bounded by "
+                    f"nothing (docs/architecture.md §6); here: {verdict['detail']}")
+    detail = refused(router, kind)
+    print(f"as root: {detail} (memoryMb 256)")
+    killed = re.search(r"killed by signal 9 after (\d+) MiB", detail)
+    assert killed is not None, detail
+    assert int(killed[1]) <= 256
+
+
+def kept_descriptors(router: HostileRouter) -> list[tuple[str, int, int]]:
+    """Every descriptor the hostile connector's processes hold on a file of a call folder: (what it names, its
+    device, its size)."""
+    found = []
+    for pid in connector_uids(router):
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    name = str(fd.readlink())
+                    if "/calls/" in name:
+                        info = fd.stat()
+                        found.append((name, info.st_dev, info.st_size))
+    return found
+
+
+def test_output_files_kept_open_past_their_call_cannot_write_past_disk_mb(router: HostileRouter) -> None:
+    """The issue's attack: outputs kept open once their call returned live on unlinked; a later call grows them. They
+    are in the connector's call space, a tmpfs of its diskMb, which holds them to it; nothing is on the host's disk."""
+    for n in range(3):
+        kept = router.call("attacker", "hostile_keep", {"output": f"kept-{n}.bin"})
+        assert not kept.is_error, kept
+        assert (router.root / f"work/attacker/kept-{n}.bin").read_bytes() == b"kept"  # delivered, and still open
+    held = kept_descriptors(router)
+    print(f"as {router.mode}: the connector holds {held}")
+    host_devices = {Path(p).stat().st_dev for p in ("/", "/tmp", router.base, router.run_dir, router.state)}
+    assert len(held) >= 3
+    assert all(name.endswith("(deleted)") and device not in host_devices for name, device, _ in held), held
+    grown = router.call("attacker", "hostile_kept", {}).structured_content
+    print(f"as {router.mode}: grew its kept outputs by {grown['written'] // MIB} MiB, then: {grown['stopped']} "
+          f"(diskMb 64; on a tmpfs: {grown['tmpfs']})")
+    assert grown["stopped"] == "No space left on device"
+    assert grown["written"] <= 64 * MIB
+    assert grown["tmpfs"] is True
+
+
+def test_an_input_kept_open_does_not_see_what_the_agent_writes_after_the_call(router: HostileRouter) -> None:
+    agents = router.root / "work/attacker/input.txt"
+    agents.write_text("as the call began\n")
+    agents.chmod(0o644)
+    kept = router.call("attacker", "hostile_keep", {"input": "input.txt"})
+    assert kept.structured_content["read"] == "as the call began\n", kept
+    with agents.open("a") as grow:
+        grow.write("AGENT-WROTE-AFTER-THE-CALL\n")
+    again = router.call("attacker", "hostile_kept", {}).structured_content
+    print(f"as {router.mode}: the kept descriptor reads {again['read']!r}; the agent's file holds "
+          f"{agents.read_text()!r}")
+    assert again["read"] == "as the call began\n"
+
+
+@pytest.fixture(scope="module")
+def delegated() -> Iterator[HostileRouter]:
+    """A router run as nobody in cgroups delegated to it (cgroup v1 `pids` and `memory`, chowned to nobody)."""
+    if os.geteuid() != 0:
+        pytest.skip("delegating cgroups to nobody needs root; this run is not root")
+    if (CGROUP_V1 / "cgroup.controllers").exists() or not (CGROUP_V1 / "memory/cgroup.procs").exists():
+        pytest.skip("this host has no cgroup v1 memory hierarchy to delegate (a delegated v2 subtree is not used yet)")
+    with hostile_router("user", delegated=True) as running:
+        yield running
+
+
+@pytest.mark.parametrize("kind", ["memfd", "shm_anon"])
+def test_memfd_and_shared_memory_are_killed_at_memory_mb_as_a_user_with_delegated_cgroups(
+        delegated: HostileRouter, kind: str) -> None:
+    detail = refused(delegated, kind)
+    leaves = sorted(p.name for c in delegated.cgroups for p in (c / "handler").iterdir() if p.is_dir())
+    print(f"as user, cgroups delegated: {detail} (memoryMb 256; the connectors' leaves: {leaves})")
+    killed = re.search(r"killed by signal 9 after (\d+) MiB", detail)
+    assert killed is not None, detail
+    assert int(killed[1]) <= 256
