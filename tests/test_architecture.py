@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
 PACKAGES = ("reconciler", "conformance")
+Chart = tuple[dict[str, str], set[tuple[str, str]], set[tuple[str, str]]]  # rooms by node id, solid and dotted arrows
 
 
 def section_three() -> str:
@@ -39,7 +40,7 @@ def room_module(label: str) -> str:
     return dotted if top in PACKAGES else f"reconciler.{dotted}"
 
 
-def read_chart(chart: str) -> tuple[dict[str, str], set[tuple[str, str]], set[tuple[str, str]]]:
+def read_chart(chart: str) -> Chart:
     """The chart's rooms (node id -> module), its solid arrows and its dotted ones, as (importer, imported) rooms."""
     nodes: dict[str, str] = {}
     solid: set[tuple[str, str]] = set()
@@ -54,14 +55,15 @@ def read_chart(chart: str) -> tuple[dict[str, str], set[tuple[str, str]], set[tu
             continue
         line = re.sub(r'\|"[^"]*"\|', "", line)  # an arrow's label says why, not what
         parts = re.split(r"\s*(-->|-\.->)\s*", line)
-        assert len(parts) >= 3 and len(parts) % 2 == 1, f"a line of the chart that is neither a node nor arrows: {raw!r}"
+        if len(parts) < 3 or len(parts) % 2 == 0:
+            pytest.fail(f"a line of the chart that is neither a node nor arrows: {raw!r}")
         for i in range(0, len(parts) - 2, 2):
             kind = solid if parts[i + 1] == "-->" else dotted
             for source in parts[i].split("&"):
                 for target in parts[i + 2].split("&"):
                     kind.add((source.strip(), target.strip()))
-    for source, target in solid | dotted:
-        assert source in nodes and target in nodes, f"an arrow names a room the chart does not declare: {source, target}"
+    undeclared = sorted({name for arrow in solid | dotted for name in arrow} - set(nodes))
+    assert undeclared == [], f"arrows name rooms the chart does not declare: {undeclared}"
     return nodes, {(nodes[a], nodes[b]) for a, b in solid}, {(nodes[a], nodes[b]) for a, b in dotted}
 
 
@@ -77,7 +79,7 @@ def graph() -> grimp.ImportGraph:
 
 
 @pytest.fixture(scope="module")
-def chart() -> tuple[dict[str, str], set[tuple[str, str]], set[tuple[str, str]]]:
+def chart() -> Chart:
     return read_chart(rooms_chart())
 
 
@@ -93,13 +95,13 @@ def code_arrows(graph: grimp.ImportGraph, rooms: set[str]) -> dict[tuple[str, st
     return arrows
 
 
-def test_every_module_stands_in_a_room_of_the_picture(graph: grimp.ImportGraph, chart: tuple) -> None:
+def test_every_module_stands_in_a_room_of_the_picture(graph: grimp.ImportGraph, chart: Chart) -> None:
     rooms = set(chart[0].values())
     loose = sorted(m for m in graph.modules if m not in PACKAGES and room_of(m, rooms) is None)
     assert loose == [], f"modules in no room of docs/architecture.md §3's picture (add their room to it): {loose}"
 
 
-def test_the_picture_draws_every_import_between_rooms_and_no_other(graph: grimp.ImportGraph, chart: tuple) -> None:
+def test_the_picture_draws_every_import_between_rooms_and_no_other(graph: grimp.ImportGraph, chart: Chart) -> None:
     nodes, drawn, _ = chart
     real = code_arrows(graph, set(nodes.values()))
     missing = sorted(f"{a} -> {b} ({real[a, b][0]} imports {real[a, b][1]})" for a, b in set(real) - drawn)
@@ -108,7 +110,7 @@ def test_the_picture_draws_every_import_between_rooms_and_no_other(graph: grimp.
     assert invented == [], f"docs/architecture.md §3 draws imports the code does not have: {invented}"
 
 
-def test_a_dotted_arrow_is_no_import(graph: grimp.ImportGraph, chart: tuple) -> None:
+def test_a_dotted_arrow_is_no_import(graph: grimp.ImportGraph, chart: Chart) -> None:
     nodes, _, never = chart
     real = code_arrows(graph, set(nodes.values()))
     assert never, "the picture's dotted arrow (the cli finds the conformance runner by entry point) is gone"
@@ -138,7 +140,7 @@ def test_the_rooms_table_names_every_module_of_its_room() -> None:
             if package and f"{room.rstrip('/')}/{child.name}/" in rows:
                 continue  # a room of its own
             name = f"`{child.name}/`" if package else f"`{child.name}`"
-            if (package or child.suffix == ".py" and child.name != "__init__.py") and name not in inside:
+            if (package or (child.suffix == ".py" and child.name != "__init__.py")) and name not in inside:
                 unnamed.append(f"{room}{child.name}")
     assert unnamed == [], f"docs/architecture.md §3's rooms table names no job for: {unnamed}"
 
