@@ -259,8 +259,7 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
     ok = False
     sent = declined = False
     actual: float | None = None
-    book, limits = svc.limits, plan.limits
-    key = (caller.profile, caller.instance, plan.interface)
+    book, limits, key = svc.limits, plan.limits, (caller.profile, caller.instance, plan.interface)
     timeout = limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS
     supervisor = svc.pool.supervisor(plan.pool_key, plan.binding or "")  # the binding's process, running or not
     folder = CallFolder(svc.calls_dir / (plan.binding or "-"), f"{os.getpid()}-{next(_call_ids)}",
