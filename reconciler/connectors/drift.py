@@ -1,21 +1,24 @@
 """Tool drift: a connector's own `tools/list` held against the interfaces it claims, when its process starts.
 
-The pool calls `find_tool_drift` once per start. A tool of a claimed interface that the connector
-does not offer fails the start (every call of it would fail). A tool whose description or schemas
-differ from the interface's is drift: logged and kept in the binding's status, never shown to
-agents, who see only the interface's `tools.json` (S1).
+The supervisor of a binding's process calls `check_tools` once per start (`find_tool_drift` for a connector,
+`wrapping.check_wrap` for a wrap). A tool of a claimed interface that the connector does not offer fails the
+start (every call of it would fail). A tool whose description or schemas differ from the interface's is drift:
+logged and kept in the binding's status, never shown to agents, who see only the interface's `tools.json` (S1).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reconciler.config.snapshot import Connector, Snapshot
-from reconciler.connectors.errors import ConnectorStartError
+from reconciler.connectors.client import ConnectorProcess
+from reconciler.connectors.errors import ConnectorError, ConnectorReplyError, ConnectorStartError
+from reconciler.connectors.wrapping import check_wrap
 
-__all__ = ["find_tool_drift"]
+__all__ = ["check_tools", "find_tool_drift"]
 
 log = logging.getLogger("handler.connectors")
 
@@ -57,3 +60,38 @@ def find_tool_drift(binding: str, offered: Sequence[Mapping[str, Any]] | None, s
         log.warning("binding '%s': connector '%s' drifts from its interface: %s (agents see the interface's)",
                     binding, connector.name, line)
     return tuple(drift)
+
+
+async def check_tools(process: ConnectorProcess, snapshot: Snapshot, binding_name: str) -> tuple[str, ...]:
+    """Hold the tools a process just started lists against its interfaces (`find_tool_drift`: the drift returned)
+    or its [wrap] (`check_wrap`); a tool it no longer offers refuses the start. At every start: a restart
+    after a crash may run other code (a connector updated in place, a server that changed)."""
+    connector = snapshot.connectors[snapshot.bindings[binding_name].connector or ""]
+    tools = await list_tools_within(process, binding_name)
+    wrap = connector.spec.wrap
+    if wrap is None:
+        return find_tool_drift(binding_name, tools, snapshot, connector)  # raises on a missing tool
+    if tools is None:
+        raise ConnectorStartError(f"binding '{binding_name}': the server connector '{connector.name}' wraps "
+                                  "does not answer tools/list, so its [wrap] cannot be checked")
+    takes = {tool.name: set(tool.inputSchema.get("properties") or ()) for key in connector.spec.implements
+             if (iface := snapshot.interfaces.get(key)) for tool in iface.tools}
+    check_wrap(binding_name, wrap, takes, tools)
+    return ()
+
+
+async def list_tools_within(process: ConnectorProcess, binding_name: str) -> list[dict[str, Any]] | None:
+    """The tools `process` lists, None when it answers tools/list with an error; within its `startSeconds`, which a
+    process that never answers would otherwise hold its binding's start (and the router's shutdown) on for good."""
+    seconds = process.spec.start_timeout
+    try:
+        async with asyncio.timeout(seconds):
+            return await process.list_tools()
+    except ConnectorReplyError:
+        return None  # it does not list its tools: nothing to compare
+    except TimeoutError:
+        raise ConnectorStartError(f"connector of binding '{binding_name}' did not answer tools/list within "
+                                  f"{seconds:g} s") from None
+    except ConnectorError as exc:  # it died or closed its output instead
+        raise ConnectorStartError(f"connector of binding '{binding_name}' failed its tools/list: "
+                                  f"{exc.message}") from None

@@ -1,6 +1,6 @@
 """Building one connector process's launch from its binding, its connector and the sandbox.
 
-The pool (`pool.ConnectorPool`) calls `prepare_launch` each time it starts a binding's process. The
+The supervisor of a binding's process (`supervisor.Supervisor`) calls `prepare_launch` at each start. The
 launch is everything that process gets and nothing more:
 
 - a private folder under the state folder (`connectors/<binding>.<hash>.*/`, the router's, 0700) holding

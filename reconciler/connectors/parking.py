@@ -4,7 +4,7 @@ When the router is root, each connector's processes are bound by `pids` and `mem
 and the sandbox's first process must join them before it starts anything. On cgroup v1, the first task
 migration after a quiet spell waits for an RCU grace period: about 6 to 16 ms here, most of what the
 sandbox added to a cold start (docs/architecture.md §10). So the pool keeps one spare: a small process
-(`parked`) already in leaves of its own, waiting on a pipe. A start takes it: the leaves get the
+(`spare`) already in leaves of its own, waiting on a pipe. A start takes it: the leaves get the
 binding's limits, and the spare is handed the sandbox's command (bubblewrap onwards) and the launch's
 environment as its one order, and executes it in place; the next spare is parked a moment later, off
 the start's path. With no spare ready (several starts at once, or the first moments of the router),
@@ -36,7 +36,7 @@ from reconciler.connectors.client import Handoff
 __all__ = ["Parking", "Spare"]
 
 log = logging.getLogger("handler.connector")
-_PARKED = Path(__file__).with_name("parked.py")
+_SPARE = Path(__file__).with_name("spare.py")
 _SPARE_PROCESSES = 4  # the parked process itself, until a start gives its leaves the binding's limits
 _SPARE_MEMORY = 256 * 1024 * 1024
 _REFILL_SECONDS = 0.5  # after a take: not on the start's own moment, on two cores it would slow it
@@ -187,7 +187,7 @@ def _parked_spare() -> Spare | None:
     if cgroups is None:
         return None
     try:
-        popen = subprocess.Popen([sys.executable, "-I", "-S", str(_PARKED), *cgroups.procs], stdin=subprocess.PIPE,
+        popen = subprocess.Popen([sys.executable, "-I", "-S", str(_SPARE), *cgroups.procs], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env={},
                                  start_new_session=True)
     except OSError as exc:

@@ -162,7 +162,7 @@ class BoxView:
 
 def entering(seccomp: Path, cgroup_procs: Sequence[str] = ()) -> list[str]:
     """The head of a sandboxed command: a short shell that moves itself into the connector's cgroups (root
-    only) and opens the seccomp program on descriptor 9, then runs the rest (a parked process, `parked`,
+    only) and opens the seccomp program on descriptor 9, then runs the rest (a parked spare, `spare`,
     does the same)."""
     return [shutil.which("sh") or "/bin/sh", "-c", _ENTER, str(seccomp), *cgroup_procs, "--"]
 

@@ -33,7 +33,7 @@ from reconciler.connectors.errors import (
     ConnectorReplyError,
     ConnectorRestartingError,
 )
-from reconciler.connectors.pool import ConnectorPool, RunningConnector
+from reconciler.connectors.pool import ConnectorPool, RunningConnector, Supervisor, pool_key
 from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import Admission, CallRequest, CallResult, Gate
 from reconciler.router.builtins import run_builtin
@@ -241,7 +241,7 @@ def resolve_held(generation: Generation, call: CallRequest) -> ToolPlan:
         return plan
     if call.binding not in generation.snapshot.bindings:
         raise ToolError("unavailable", f"binding '{call.binding}' is gone")
-    return dataclasses.replace(plan, binding=call.binding)
+    return dataclasses.replace(plan, binding=call.binding, pool_key=pool_key(generation.snapshot, call.binding))
 
 
 async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller, arguments: dict[str, Any],
@@ -259,19 +259,19 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
     ok = False
     sent = declined = False
     actual: float | None = None
-    book, limits = svc.limits, plan.limits
-    key = (caller.profile, caller.instance, plan.interface)
+    book, limits, key = svc.limits, plan.limits, (caller.profile, caller.instance, plan.interface)
     timeout = limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS
+    supervisor = svc.pool.supervisor(plan.pool_key, plan.binding or "")  # the binding's process, running or not
     folder = CallFolder(svc.calls_dir / (plan.binding or "-"), f"{os.getpid()}-{next(_call_ids)}",
-                        svc.pool.host_uid(plan.binding or "")) if files else None
+                        supervisor.host_uid) if files else None
     taken: bool | None = False
     try:
         deadline, taken = take_slot(book, key, limits)  # step 6
         if taken is None:
             taken = await wait_for_slot(book, key, limits, deadline)
-        connector, sending, back = svc.pool.running(plan.pool_key), arguments, _NO_PATHS  # step 7
+        connector, sending, back = supervisor.running(), arguments, _NO_PATHS  # step 7
         if connector is None or folder is not None:
-            connector, sending, back, deadline = await prepare(svc, snapshot, plan, arguments, files, folder,
+            connector, sending, back, deadline = await prepare(supervisor, snapshot, plan, arguments, files, folder,
                                                                deadline)
         sent = True  # the request is written before the call's first wait
         raw = await connector.call_tool(plan.name, sending, deadline=deadline)
@@ -290,7 +290,7 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
             structured = restore_paths(structured, back)
         ok = True
     except TimeoutError:
-        svc.pool.suspect(plan.pool_key)  # a connector stuck on this call is recycled, not waited on
+        supervisor.suspect()  # a connector stuck on this call is recycled, not waited on
         raise timeout_error(timeout) from None
     except ConnectorError as exc:
         declined = isinstance(exc, ConnectorReplyError)  # a JSON-RPC error it answered with, not a process gone
@@ -341,23 +341,23 @@ async def wait_for_slot(book: LimitBook, key: LimitKey, limits: Limits, deadline
         raise concurrency_error(limits.maxConcurrent or 0, limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS) from None
 
 
-async def prepare(svc: Services, snapshot: Snapshot, plan: ToolPlan, arguments: dict[str, Any],
+async def prepare(supervisor: Supervisor, snapshot: Snapshot, plan: ToolPlan, arguments: dict[str, Any],
                   files: tuple[FileArg, ...], folder: CallFolder | None,
                   deadline: float) -> tuple[RunningConnector, dict[str, Any], dict[str, str], float]:
     """Step 7 before the call is sent: start the binding's connector process if it is not running, stage its files
     (in the call space of that process's sandbox, `connectors.callspace`, when it has one). The connector, the
     arguments to send it, the connector-side paths to map back and the call's deadline.
 
-    A start is bounded by the connector's own `startSeconds` (the pool's), not by the call's time limit, which
+    A start is bounded by the connector's own `startSeconds` (the supervisor's), not by the call's time limit, which
     starts again once the process is ready (docs/config.md): a connector loading a model may take longer to start
     than its interface's `timeoutSeconds`."""
     back: dict[str, str] = {}
-    connector = svc.pool.running(plan.pool_key)
+    connector = supervisor.running()
     if connector is None:
-        connector = await svc.pool.connector(snapshot, plan.binding or "", deadline)
+        connector = await supervisor.connector(snapshot, deadline)
         deadline = time.monotonic() + (plan.limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS)
     if folder is not None:
-        folder.place(svc.pool.call_space(plan.pool_key))  # no await between: the space is the running process's
+        folder.place(supervisor.call_space())  # no await between: the space is the running process's
         async with asyncio.timeout_at(deadline):
             arguments, back = await asyncio.to_thread(folder.stage, files, arguments, plan.limits.maxFileBytes,
                                                       plan.errors)

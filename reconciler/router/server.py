@@ -58,8 +58,7 @@ class Router:
         self.live: Generation = compile_generation(snapshot, 1, root, self._cache)
         self.services = Services(
             gate=gate or OpenGate(),
-            pool=ConnectorPool(root, state, idle_seconds=idle_seconds, sandbox=sandbox,
-                               run_dir=run_dir),
+            pool=ConnectorPool(root, state, idle_seconds=idle_seconds, sandbox=sandbox),
             limits=LimitBook(),
             log=CallLog(_private(state, "HANDLER_STATE_DIR") / "calls.jsonl" if call_log else None),
             calls_dir=run_dir / "calls",  # one folder per binding, so a connector sees only its own

@@ -13,6 +13,7 @@ import pytest
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, OpenGate, Settlement
 from reconciler.router.server import Router
+from tests.fixtures.echo_tree import TOKEN_ENV, add_other_binding
 from tests.fixtures.harness import RawClient, body, exchange, log_lines, log_text
 
 
@@ -308,6 +309,24 @@ def test_a_held_call_runs_through_the_executor_on_its_binding(echo_root: Path, r
         call = CallRequest("tester", "i-1", None, "echo/v1", "echo_say", "echo-local", bad)
         refused = await router.execute_held(call)
         assert (refused.ok, refused.output["error"]) == (False, "invalid_arguments")
+
+    exchange(echo_root, run_dir, script)
+
+
+def test_a_held_call_runs_on_its_binding_while_the_tools_binding_runs(echo_root: Path, run_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hold recorded on another binding than the tool's now runs there, not on the tool's running process."""
+    monkeypatch.setenv(TOKEN_ENV, "token-local")
+    monkeypatch.setenv("HANDLER_TEST_OTHER_TOKEN", "token-other")
+    add_other_binding(echo_root, "HANDLER_TEST_OTHER_TOKEN")
+
+    async def script(c: RawClient, router: Router) -> None:
+        live = await c.call("echo_token", {})  # the tool's own binding, echo-local, starts and runs
+        assert live["structuredContent"] == {"token": "token-local"}
+        call = CallRequest("tester", "i-1", None, "echo/v1", "echo_token", "echo-other", {})
+        done = await router.execute_held(call)
+        assert (done.ok, dict(done.output)) == (True, {"token": "token-other"})
+        assert len(router.services.pool.processes()) == 2
 
     exchange(echo_root, run_dir, script)
 

@@ -1,6 +1,7 @@
-"""A process parked in fresh cgroups until a connector's start hands it its sandbox (docs/architecture.md §6).
+"""The spare's own program: a process parked in fresh cgroups until a connector's start hands it its sandbox
+(docs/architecture.md §6).
 
-Run by `parking.Parking` as `python -I -S parked.py CGROUP.PROCS...`, standalone (the standard library
+Run by `parking.Parking` as `python -I -S spare.py CGROUP.PROCS...`, standalone (the standard library
 only, nothing of the service imported, so it starts in a few milliseconds). It writes its own pid into
 each leaf's `cgroup.procs` — the kernel's task migration, which on cgroup v1 waits for an RCU grace
 period after a quiet spell, is paid here, ahead of need — then writes one byte to stdout to say it is
