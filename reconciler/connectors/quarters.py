@@ -11,7 +11,6 @@ import os
 import zlib
 from pathlib import Path
 
-
 __all__ = ["HOST_UID_BASE", "HOST_UID_SPAN", "Quarters"]
 
 # Host uids for connectors when the router is root: far above any account, below 2^31 (some tools read uids signed).

@@ -3,8 +3,8 @@
 The pool (`pool.ConnectorPool`) keeps one `Supervisor` per running process, keyed by the binding and the content
 it runs with (`PoolKey`), and decides when one drains; the router's pipeline asks the pool once per call for the
 binding's supervisor and asks it the rest: the connector if it runs (`running`, no await), else a start
-(`connector`), the host uid of the call's files and the call space they are staged in, a ping after a call timed out (`suspect`). Around the
-process, the supervisor keeps:
+(`connector`), the host uid of the call's files and the call space they are staged in (`call_space`), a ping after
+a call timed out (`suspect`). Around the process, the supervisor keeps:
 
 - crashes: the calls in flight when a process dies fail (`crashed` → `unavailable`); the next call
   starts a new process, after a backoff that doubles with each crash in a row (reset once a
