@@ -51,6 +51,7 @@ from reconciler.governance.ledger import spend_report
 from reconciler.governance.notices import list_notices, troubled_notices
 from reconciler.web.desk import Desk
 from reconciler.web.editing import ConfigPages
+from reconciler.web.history import HistoryPages
 from reconciler.web.links import LINK_DAYS
 from reconciler.web.notifier import decision_text
 from reconciler.web.owners import MEMBER_COOKIE, OwnerDoor
@@ -109,6 +110,7 @@ class Dashboard:
             Route("/hooks/slack", self.slack_hook, methods=["POST"]),
             *self.door.routes(),
             *ConfigPages(self, self.door).routes(),
+            *HistoryPages(self, self.desk.call_log).routes(),
         ]
 
     def page(self, name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:
