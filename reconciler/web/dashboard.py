@@ -4,7 +4,8 @@ Pages: `/` (status: the applied revision, the last attempt and its findings with
 this month's spend with what budget leases hold of it, profiles, connectors) and `/approvals`
 (holds waiting, decisions made), both reloading themselves every `REFRESH_SECONDS`;
 `/approvals/<id>` (one hold in full, its arguments included, and its notices); the config's pages
-and edit forms (`editing`: `/catalog`, `/profiles/<name>`, `/bindings/<name>`, `/connectors/<name>`).
+and edit forms (`editing`: `/catalog`, `/profiles/<name>`, `/bindings/<name>`, `/connectors/<name>`); what
+happened (`history`: `/audit`, `/spend`, `/calls`).
 Every page needs a member of the org signed in (`owners`: `/login`), on loopback too, since they show
 held calls' arguments, spend and status; the edit forms need an owner. A visitor who is not gets the
 sign-in page and nothing else. `HANDLER_DASHBOARD_TOKEN` opens no page: it is the bearer token of
