@@ -1,6 +1,8 @@
 """The dashboard's pages of what happened: `/audit` (the trail, filtered), `/spend` (this month against every cap,
-as a chart drawn on the server) and `/calls` (the call log: each call's outcome, cause, duration and cost, and
-latency percentiles per binding).
+as a chart drawn on the server), `/calls` (the call log: each call's outcome, cause, duration and cost, and
+latency percentiles per binding) and, in git mode, `/changes` (the proposals pushed from the dashboard and not
+merged yet, with their diff and plan, and the followed branch's history: who changed what, when it was applied
+and what it changed for the agents).
 
 Each needs a member signed in, as every page does (`Pages.locked`). The trail and spend come from the store
 (`governance.auditing`, `governance.ledger`); the call log from the service's `calls.jsonl`, of which only the
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from reconciler.config.snapshot import Snapshot
+from reconciler.gitops.history import followed_history, open_proposals
+from reconciler.gitops.proposals import MirrorProposer
 from reconciler.governance.auditing import AuditFilter, search_audit
 from reconciler.governance.decide import usd
 from reconciler.governance.ledger import current_month, leased_balance, read_balance, spend_report
@@ -40,13 +44,15 @@ _CHART_WIDTH = 320  # px of the widest bar
 class HistoryPages:
     """The routes of the three pages, reading through the dashboard's desk; `calls` is the call log's path."""
 
-    def __init__(self, pages: Pages, calls: Path | None) -> None:
+    def __init__(self, pages: Pages, calls: Path | None, status: Callable[[], Mapping[str, Any]]) -> None:
         self.pages = pages
         self.desk = pages.desk
         self.calls = calls
+        self.status = status  # the reconciler's: which revisions were applied, when
 
     def routes(self) -> list[Route]:
-        return [Route("/audit", self.audit_page), Route("/spend", self.spend_page), Route("/calls", self.calls_page)]
+        return [Route("/audit", self.audit_page), Route("/spend", self.spend_page), Route("/calls", self.calls_page),
+                Route("/changes", self.changes_page)]
 
     async def audit_page(self, request: Request) -> Response:
         if (refusal := self.pages.locked(request)) is not None:
@@ -86,6 +92,25 @@ class HistoryPages:
         shown = [c for c in calls if not failed_only or c.get("outcome") != "executed"][-_LISTED:][::-1]
         return self.pages.page("history_calls.html", request, calls=[_call_view(c) for c in shown],
                                latency=latency_by_binding(calls), read=len(calls), failed_only=failed_only)
+
+
+    async def changes_page(self, request: Request) -> Response:
+        if (refusal := self.pages.locked(request)) is not None:
+            return refusal
+        proposer = self.desk.proposer
+        if not isinstance(proposer, MirrorProposer):
+            return self.pages.page("history_changes.html", request, git=False, proposals=[], commits=[])
+        proposals = await asyncio.to_thread(open_proposals, proposer.mirror)
+        commits = await asyncio.to_thread(followed_history, proposer.mirror)
+        applied = _applied_by_revision(self.status())
+        return self.pages.page("history_changes.html", request, git=True, proposals=proposals,
+                               commits=[{"commit": c, "applied": applied.get(c.sha)} for c in commits],
+                               ref=proposer.mirror.ref)
+
+
+def _applied_by_revision(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The reconciler's applied attempts by revision: when each was applied and what its plan said."""
+    return {str(a["revision"]): a for a in status.get("history") or [] if a.get("result") == "applied"}
 
 
 def read_calls(path: Path) -> list[dict[str, Any]]:
