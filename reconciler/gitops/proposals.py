@@ -98,7 +98,7 @@ class MirrorProposer:
     def deliver(self, checked: Checked, identity: Identity, topic: str) -> Delivered:
         _refuse_errors(checked)
         mirror = self.mirror
-        branch = branch_name(topic)  # new, or refused: the followed ref exists, so it is never the one moved
+        branch = _free_branch(mirror.folder, branch_name(topic))  # never the followed ref, which exists
         tree = GitTree(mirror.folder, f"{mirror.subdir.strip('/')}/" if mirror.subdir.strip("/") else "")
         message = f"{checked.change.summary}\n\nProposed from the dashboard by {identity.name} <{identity.email}>."
         with mirror.lock:
@@ -119,6 +119,15 @@ def branch_name(topic: str, now: datetime.datetime | None = None) -> str:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", topic).strip("-.") or "change"
     stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y%m%d-%H%M%S")
     return f"handler/{slug}-{stamp}"
+
+
+def _free_branch(mirror: Path, name: str) -> str:
+    """`name`, or `name-2`, `name-3`… the first no branch of the mirror has: two changes of one topic in the same
+    second (two owners on one profile) are two proposals, the second not refused for its name."""
+    taken = set(subprocess.run(["git", "for-each-ref", "--format=%(refname:short)", f"refs/heads/{name}*"],
+                               cwd=mirror, capture_output=True, text=True, check=False).stdout.split())
+    return next(candidate for n in range(1, len(taken) + 2)
+                if (candidate := name if n == 1 else f"{name}-{n}") not in taken)
 
 
 def _refuse_errors(checked: Checked) -> None:

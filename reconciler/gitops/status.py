@@ -114,6 +114,7 @@ def _attempt_dict(attempt: Attempt, *, full: bool) -> dict[str, Any]:
         out["repeats"], out["first"] = attempt.repeats, attempt.first
     if full:
         out["findings"] = list(attempt.findings)
+    if full or attempt.result == "applied":  # what an applied revision changed stays in the history
         out["changes"] = list(attempt.changes)
     return out
 

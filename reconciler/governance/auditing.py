@@ -6,10 +6,11 @@ from __future__ import annotations
 import datetime as dt
 
 from reconciler.governance.store import Store
-from reconciler.governance.store.audit import count_audit, read_audit
+from reconciler.governance.store.audit import AuditFilter, count_audit, read_audit, search_audit
 from reconciler.governance.store.backlog import SET_ASIDE
 
-__all__ = ["SET_ASIDE", "pricing_violations_this_month", "read_audit", "set_aside_this_month"]
+__all__ = ["SET_ASIDE", "AuditFilter", "pricing_violations_this_month", "read_audit", "search_audit",
+           "set_aside_this_month"]
 
 
 def pricing_violations_this_month(store: Store) -> int:

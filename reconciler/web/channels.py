@@ -71,7 +71,7 @@ def open_channels(store: Store, snapshot: Callable[[], Snapshot | None], state_d
     slack = SlackSettings.from_env(env)
     client = SlackClient(slack) if slack.token or slack.signing_secret else None
     desk = Desk(store, snapshot, signer, slack, client, proposer=proposer, used_sign_ins=SpentTokens(state_dir),
-                ended_sessions=SpentTokens(state_dir, ENDED_SESSIONS))
+                ended_sessions=SpentTokens(state_dir, ENDED_SESSIONS), call_log=state_dir / "calls.jsonl")
     if listing is not None:
         desk.listing = listing
     notifier = Notifier(store, signer, env.get("HANDLER_PUBLIC_URL", "").strip().rstrip("/"),

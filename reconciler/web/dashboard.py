@@ -4,7 +4,8 @@ Pages: `/` (status: the applied revision, the last attempt and its findings with
 this month's spend with what budget leases hold of it, profiles, connectors) and `/approvals`
 (holds waiting, decisions made), both reloading themselves every `REFRESH_SECONDS`;
 `/approvals/<id>` (one hold in full, its arguments included, and its notices); the config's pages
-and edit forms (`editing`: `/catalog`, `/profiles/<name>`, `/bindings/<name>`, `/connectors/<name>`).
+and edit forms (`editing`: `/catalog`, `/profiles/<name>`, `/bindings/<name>`, `/connectors/<name>`); what
+happened (`history`: `/audit`, `/spend`, `/calls`, `/changes`).
 Every page needs a member of the org signed in (`owners`: `/login`), on loopback too, since they show
 held calls' arguments, spend and status; the edit forms need an owner. A visitor who is not gets the
 sign-in page and nothing else. `HANDLER_DASHBOARD_TOKEN` opens no page: it is the bearer token of
@@ -51,6 +52,7 @@ from reconciler.governance.ledger import spend_report
 from reconciler.governance.notices import list_notices, troubled_notices
 from reconciler.web.desk import Desk
 from reconciler.web.editing import ConfigPages
+from reconciler.web.history import HistoryPages
 from reconciler.web.links import LINK_DAYS
 from reconciler.web.notifier import decision_text
 from reconciler.web.owners import MEMBER_COOKIE, OwnerDoor
@@ -109,6 +111,7 @@ class Dashboard:
             Route("/hooks/slack", self.slack_hook, methods=["POST"]),
             *self.door.routes(),
             *ConfigPages(self, self.door).routes(),
+            *HistoryPages(self, self.desk.call_log, self.status).routes(),
         ]
 
     def page(self, name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from reconciler.config.snapshot import Snapshot
@@ -29,6 +30,7 @@ class Desk:
     proposer: Proposer | None = None  # where the edit forms' changes go (None: the pages only show the config)
     used_sign_ins: SpentTokens = field(default_factory=lambda: SpentTokens(None))  # owners' one-time links
     ended_sessions: SpentTokens = field(default_factory=lambda: SpentTokens(None, ENDED_SESSIONS))  # signed out
+    call_log: Path | None = None  # the router's calls.jsonl, which the calls page reads the end of
 
     def member_session(self, value: str) -> str | None:
         """The member a member session's cookie signs in; None when absent, forged, expired or signed out."""

@@ -62,12 +62,7 @@ def build_app(
     `token` (HANDLER_DASHBOARD_TOKEN) as a bearer token; `/healthz` by anyone (it says nothing but that the service
     answers)."""
     dashboard = Dashboard(desk, status) if desk is not None else None
-
-    def may_read(request: Request) -> bool:
-        # Both pages name every profile and binding, the plan and which secrets are missing: not for any local user.
-        if token is not None and bearer_allowed(token, request.headers.get("authorization")):
-            return True
-        return dashboard is not None and dashboard.signed_in(request) is not None
+    may_read = _reader(token, dashboard)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
@@ -119,6 +114,18 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     """A path nothing serves, without a dashboard: said in plain text, with the pages' security headers."""
     return Response(f"there is nothing at {request.url.path}; /healthz and /status are served here\n",
                     status_code=getattr(exc, "status_code", 404), media_type="text/plain", headers=PAGE_HEADERS)
+
+
+def _reader(token: str | None, dashboard: Dashboard | None) -> Callable[[Request], bool]:
+    """Who may read `/status` and `/metrics`: a machine with the token as its bearer, or a member signed in. Both
+    name every profile and binding, the plan and which secrets are missing: not for any local user."""
+
+    def may_read(request: Request) -> bool:
+        if token is not None and bearer_allowed(token, request.headers.get("authorization")):
+            return True
+        return dashboard is not None and dashboard.signed_in(request) is not None
+
+    return may_read
 
 
 def _reader_refusal(has_token: bool) -> Response:

@@ -349,3 +349,39 @@ def test_a_key_typed_where_a_reference_goes_is_refused_and_a_loose_reference_is_
             assert "the running service's environment has no ECHO_NEW_TOKEN" in text(unset)
     asyncio.run(scenario())
     assert not (tree / "config/bindings/echo-new.toml").exists()
+
+
+def test_in_git_mode_the_changes_page_lists_open_proposals_with_diff_and_plan_and_warns_of_a_shared_file(
+        base: Path, tree: Path, git: Git, capsys: pytest.CaptureFixture[str]) -> None:
+    git(tree, "init", "-q")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "the echo tree")
+    upstream = base / "upstream.git"
+    git(base, "clone", "-q", "--bare", str(tree), str(upstream))
+
+    async def scenario() -> None:
+        async with running(options(base, upstream, source="git", ref="main")) as service, \
+                httpx.AsyncClient(base_url=url(service)) as http:
+            await sign_in(http, login_link(capsys, tree, service))
+            token = csrf(await http.get("/profiles/tester"))
+            for _ in range(2):  # two owners' proposals on one profile, in the same second or not
+                done = await http.post("/profiles/tester", data={"use.echo": "echo-other", "was.echo": "echo-local",
+                                                                 "csrf": token})
+                assert done.status_code == 200, text(done)
+            page = await http.get("/changes")
+            assert page.status_code == 200
+            said = text(page)
+            assert "Proposed from the dashboard, not merged (2)" in said
+            assert said.count("Another open proposal changes config/profiles/tester.toml too") == 2
+            assert "echo: echo-local (echo/v1" in said  # the plan of each
+            assert '-services = { echo = "echo-local" }' in html.unescape(page.text)  # and its diff
+            assert "the echo tree" in said  # the followed branch's history: its commit, by its author
+            # Merged (main moved onto it, as the mirror's next fetch brings it), a proposal is no longer open.
+            mirror = base / "state/mirror.git"
+            merged = git(mirror, "for-each-ref", "--format=%(refname:short)", "refs/heads/handler/").split()[0]
+            git(mirror, "update-ref", "refs/heads/main", git(mirror, "rev-parse", merged))
+            after = text(await http.get("/changes"))
+            assert "not merged (1)" in after
+            assert "Another open proposal" not in after
+
+    asyncio.run(scenario())

@@ -7,13 +7,14 @@ already JSON text, handed to the driver as it is. On PostgreSQL the rows go in b
 go in as multi-row statements of up to 256 rows each, because the driver releases the interpreter's
 lock for each statement it runs: `executemany` released and retook it on every row, and the threads
 switching at each retake cost the store's writer nearly as much as the inserts themselves.
-`handler audit` reads the trail with `read_audit`.
+`handler audit` reads the trail with `read_audit`, the dashboard's audit page with `search_audit`.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -22,7 +23,8 @@ import sqlalchemy as sa
 from reconciler.governance.store.engine import Store, Transaction, marker, now
 from reconciler.governance.store.tables import audit
 
-__all__ = ["COPY_AUDIT", "AuditRow", "audit_row", "audit_statements", "insert_audit", "read_audit", "record"]
+__all__ = ["COPY_AUDIT", "AuditFilter", "AuditRow", "audit_row", "audit_statements", "insert_audit", "read_audit",
+           "record", "search_audit"]
 
 COPY_AUDIT = "COPY audit (at, event, request_id, profile, instance, tool, actor, status, detail) FROM STDIN"
 _INSERT = "INSERT INTO audit (at, event, request_id, profile, instance, tool, actor, status, detail) VALUES "
@@ -96,6 +98,33 @@ def read_audit(store: Store, *, request_id: str | None = None, event: str | None
     with store.read() as conn:
         rows = [dict(r._mapping) for r in conn.execute(query)]
     return rows[::-1]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    """Which rows of the trail to read: each field set narrows it (the dashboard's audit page)."""
+
+    profile: str | None = None
+    tool: str | None = None
+    event: str | None = None
+    actor: str | None = None  # the member (or router) who made the change
+    since: float | None = None  # Unix times, inclusive
+    until: float | None = None
+
+
+def search_audit(store: Store, where: AuditFilter, limit: int = 200) -> list[dict[str, Any]]:
+    """The newest `limit` audit rows matching `where`, newest first."""
+    query = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
+    for column, value in ((audit.c.profile, where.profile), (audit.c.tool, where.tool),
+                          (audit.c.event, where.event), (audit.c.actor, where.actor)):
+        if value:
+            query = query.where(column == value)
+    if where.since is not None:
+        query = query.where(audit.c.at >= where.since)
+    if where.until is not None:
+        query = query.where(audit.c.at <= where.until)
+    with store.read() as conn:
+        return [dict(r._mapping) for r in conn.execute(query)]
 
 
 def count_audit(store: Store, event: str, since: float) -> int:
