@@ -15,8 +15,8 @@ from reconciler.config import FolderSource, Loader
 from reconciler.router.server import Router
 from tests.fixtures.harness import RawClient, body, exchange
 
-REVIEWED = "REVIEWED = True       \n"
-FORGED = "raise SystemExit('no')\n"  # as long as REVIEWED: a timestamp header checks the size too
+FORGED = "raise SystemExit('the forged file ran')\n"
+REVIEWED = "REVIEWED = True".ljust(len(FORGED) - 1) + "\n"  # as long as FORGED: a timestamp header checks the size
 
 
 def plant_compiled(folder: Path, mode: py_compile.PycInvalidationMode) -> Path:
@@ -69,7 +69,7 @@ def test_the_forged_file_would_run_without_the_private_cache(echo_root: Path) ->
     done = subprocess.run([sys.executable, "-c", "import helper"], cwd=folder, env=env, capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 1, done
-    assert "SystemExit: no" in done.stderr
+    assert "the forged file ran" in done.stderr
 
 
 @pytest.mark.parametrize("name", ["__pycache__/helper.cpython-311.pyc", "helper.pyc", "lib/old.pyo"])
