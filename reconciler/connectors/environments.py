@@ -157,7 +157,8 @@ def build_environment(connector: Connector, envs: Path | None = None,
     support = sandbox_support() if sandbox else None
     if support is not None and not support.ok:
         raise ConnectorStartError(f"its packages' builds and setup run in a sandbox, which cannot be built here: "
-                                  f"{support.reason}")
+                                  f"{support.reason} (for `handler connector install`: --no-sandbox builds as "
+                                  "you, with your environment and network, for code you trust)")
     path.parent.mkdir(parents=True, exist_ok=True)
     _readable(path.parent)
     with _locked(path.parent / f"{path.name}.lock"):
