@@ -23,9 +23,10 @@ launch is everything that process gets and nothing more:
 - `python` (or `python3`) first in `run.command` is the Python of the connector's own environment when its
   `[needs]` declares Python packages (its `bin/` leads PATH; a missing one refuses the start, naming
   `handler connector install`), else the service's; whatever `[run]` starts (`python3 main.py`, `./server`,
-  `sh run.sh`), Python's compiled files go to a private folder of its own (`PYTHONPYCACHEPREFIX`), so a
-  compiled file in the connector's folder never runs in place of its reviewed source (validate refuses
-  one anyway, N013); the Debian packages and programs it needs are
+  `sh run.sh`), the sandbox shows the connector folder's `__pycache__` folders empty (unsandboxed, its
+  Pythons keep compiled files in its private folder, `PYTHONPYCACHEPREFIX`), so a compiled file there
+  never runs in place of its reviewed source (validate refuses one anyway, N013); the Debian packages
+  and programs it needs are
   checked first (`environments`), a missing one refusing the start with the `apt-get install` to run;
 - its stderr, line by line, to the log `handler.connector` and to `connectors/<binding>.stderr.log`,
   with every secret value masked, metered and rotated (`stderrlog`).
@@ -76,7 +77,7 @@ log = logging.getLogger("handler.connector")
 _MAX_SOCKET_PATH = 100  # unix socket paths are capped near 107 bytes
 _warned_no_sandbox = False
 _SANDBOX_HOME = Path("/tmp")  # noqa: S108 - the sandbox's own /tmp: a size-capped tmpfs no one else sees
-PYCACHE = ".pycache"  # under its private tmp: where its Pythons keep compiled files (`PYTHONPYCACHEPREFIX`)
+PYCACHE = ".pycache"  # unsandboxed, under its private tmp: where its Pythons keep compiled files
 _CODE = Path(__file__).resolve().parents[1]  # the service's package: the relay and the wrapper run from it
 
 
@@ -191,9 +192,8 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
         env = confined_env(declared, folder)
     else:
         env = confined_env(declared, _SANDBOX_HOME, tmp=_SANDBOX_HOME, system_path=True)
-    # Every Python it starts reads and writes compiled files only there: a timestamp or hash-based one planted
-    # in the folder's __pycache__ (whose header may copy the source's mtime and size) is never looked at.
-    env["PYTHONPYCACHEPREFIX"] = str(Path(env["TMPDIR"]) / PYCACHE)
+    if support is None:  # unconfined: its Pythons keep compiled files in its private folder (sandboxed: see box_view)
+        env["PYTHONPYCACHEPREFIX"] = str(Path(env["TMPDIR"]) / PYCACHE)
     launch = Launch(LaunchSpec(name=binding_name, command=(), cwd=str(folder), env=env), folder, secrets=secrets,
                     host_uid=uid)
     try:  # whatever stops the start, the folder (and proxy, cgroups) made for it go
@@ -309,6 +309,9 @@ def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequenc
     if command and Path(command[0]).is_absolute():
         program = Path(command[0]).resolve().parent
         readable.append(program.parent if program.name == "bin" else program)  # its runtime: lib/ beside bin/
+    # Its folder's __pycache__ folders are shown empty: a compiled file there (a timestamp one whose header copies
+    # the source's mtime and size, or an "unchecked hash" one) never runs in place of the reviewed source.
+    emptied = [Path(f) for f, _, _ in os.walk(root / connector.folder) if Path(f).name == "__pycache__"]
     blanked = []
     for binding in snapshot.bindings.values():
         for ref in binding.spec.secrets.values():
@@ -320,7 +323,7 @@ def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequenc
         kept = {str(p.resolve()) for p in paths if p.exists()}
         return tuple(p for p in kept if p not in {"/", "/usr"} and not p.startswith("/usr/"))
 
-    return BoxView(real(readable), real(writable), files, real(blanked))
+    return BoxView(real(readable), real(writable), files, real(blanked), real(emptied))
 
 
 def _etc_files(folder: Path, uid: int | None, hosts: Mapping[str, str]) -> dict[str, str]:

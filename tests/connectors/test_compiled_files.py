@@ -1,6 +1,7 @@
-"""A connector's Python runs its reviewed source, never a compiled file left beside it: its Pythons keep compiled
-files in a private folder of their own (`PYTHONPYCACHEPREFIX`), and `validate` refuses compiled Python in the
-connector's folder (N013), which the tree reads and hashes whole, hidden files and `__pycache__` included."""
+"""A connector's Python runs its reviewed source, never a compiled file left beside it: its sandbox shows the
+folder's `__pycache__` empty (unsandboxed, its Pythons keep compiled files in a private folder of their own,
+`PYTHONPYCACHEPREFIX`), and `validate` refuses compiled Python in the connector's folder (N013), which the tree
+reads and hashes whole, hidden files and `__pycache__` included."""
 
 from __future__ import annotations
 
