@@ -193,7 +193,7 @@ class BuildBox:
         refused_before = self.proxy.refusals if self.proxy is not None else 0
         env = confined_env({**self.settings, **(extra_env or {})}, _TMP, tmp=_TMP, system_path=True)
         env["PATH"] = f"{self.environment / 'bin'}{os.pathsep}{env['PATH']}"
-        env |= {"PIP_CONFIG_FILE": os.devnull, "PYTHONPYCACHEPREFIX": str(_TMP / ".pycache")}
+        env["PIP_CONFIG_FILE"] = os.devnull  # its settings are the variables: no file of the sandbox's is read
         inner = ["/usr/bin/env", "-C", str(cwd or self.environment), *command]
         relay = None
         if self.proxy is not None:
