@@ -85,9 +85,9 @@ def build_workspace(subject: Subject, folder: Path) -> Workspace:
     root = subject.root
     for iface in subject.interfaces:
         shutil.copytree(root / iface.folder, folder / iface.folder, ignore=_SKIP)
-    # The whole folder, as the loader checks that its [run] names code that is there (N007); the
-    # process itself still runs from the real folder.
-    shutil.copytree(root / subject.connector.folder, folder / subject.connector.folder, ignore=_SKIP)
+    # The whole folder, hidden files included, as the loader reads and hashes it and checks that its [run] names
+    # code that is there (N007); the process itself still runs from the real folder.
+    shutil.copytree(root / subject.connector.folder, folder / subject.connector.folder)
     (folder / "config/bindings").mkdir(parents=True)
     shutil.copyfile(root / subject.binding.file, folder / "config/bindings" / Path(subject.binding.file).name)
     (folder / "config/org.toml").write_text('apiVersion = "handler.org/v1"\nname = "conformance"\n')

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,10 @@ import pytest
 # The echo connector's fixtures (a config tree around it, its secret, a short run folder) serve every suite;
 # the browser's (one headless Chromium per test process, started when a test first asks for it) the web suite.
 pytest_plugins = ["tests.fixtures.echo_fixtures", "tests.fixtures.browser"]
+
+# Tests that import a shipped connector's main.py would leave its compiled file in the connector's folder, which
+# validate refuses (N013) and the connector's hash counts: the test process writes no compiled files.
+sys.dont_write_bytecode = True
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -39,9 +39,15 @@ def add_connector_commands(sub: Any) -> None:
         "install", help="build the Python environments connectors declare in [needs]",
         description="Build each named connector's own Python environment (every connector declaring Python "
                     "packages when none is named) in the cache, $XDG_CACHE_HOME/handler/envs; one already built is "
-                    "kept. Also says which Debian packages and programs they need are missing on this machine.")
+                    "kept. Package builds and setup commands run in a sandbox: another user, none of this shell's "
+                    "environment but its pip configuration, the package registries its pip and npm use as the only "
+                    "network, and the environment's own folder as the only one written. Also says which Debian "
+                    "packages and programs they need are missing on this machine.")
     install.add_argument("connectors", nargs="*", metavar="NAME", help="connectors of catalog/connectors/")
     install.add_argument("--root", default=".", help="the config root (default: the current folder)")
+    install.add_argument("--no-sandbox", action="store_true",
+                         help="build as this user, with its environment, files and network (only where no sandbox "
+                              "can be built, for code you trust)")
     install.set_defaults(run=_install)
 
 
@@ -57,13 +63,13 @@ def _install(args: argparse.Namespace) -> int:
         c for _, c in sorted(snapshot.connectors.items()) if _declares_needs(c)]
     code = EXIT_OK
     for connector in chosen:
-        code = max(code, _install_one(connector))
+        code = max(code, _install_one(connector, sandbox=not args.no_sandbox))
     if not chosen:
         print("no connector declares [needs]: nothing to install")
     return code
 
 
-def _install_one(connector: Connector) -> int:
+def _install_one(connector: Connector, *, sandbox: bool) -> int:
     needs = connector.spec.needs
     if not _declares_needs(connector):
         print(f"{connector.name}: declares no [needs], nothing to install")
@@ -71,7 +77,7 @@ def _install_one(connector: Connector) -> int:
     code = EXIT_OK
     if needs.python:
         try:
-            built = build_environment(connector, say=lambda line: print(line, flush=True))
+            built = build_environment(connector, say=lambda line: print(line, flush=True), sandbox=sandbox)
         except ConnectorStartError as exc:
             print(f"{connector.name}: its environment could not be built: {exc.message}", file=sys.stderr)
             code = EXIT_FINDINGS

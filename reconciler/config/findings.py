@@ -78,6 +78,7 @@ CODES: dict[str, Code] = _registry(
     Code("N010", E, "[run] names a runtime the tree does not provide and [needs] does not declare"),
     Code("N011", W, "[run] passes a path outside the connector's folder, which its sandbox does not show"),
     Code("N012", E, "[run] runs code that is not in the connector's folder: inline, outside it or the machine's"),
+    Code("N013", E, "a connector's folder holds compiled Python (.pyc, .pyo), which review cannot read"),
     # bindings
     Code("B001", E, "the binding's connector does not exist"),
     Code("B002", E, "a required secret slot is not filled"),

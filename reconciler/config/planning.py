@@ -17,7 +17,7 @@ from reconciler.config.posture import tool_posture
 from reconciler.config.snapshot import Profile, Snapshot
 from reconciler.config.sources import short_revision
 
-__all__ = ["Plan", "ProfilePlan", "describe_profile", "plan_changes", "recheck_needed", "toml_value"]
+__all__ = ["Plan", "ProfilePlan", "describe_profile", "needs_changed", "plan_changes", "recheck_needed", "toml_value"]
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,11 @@ class Plan:
     head: str
     profiles: tuple[ProfilePlan, ...]
     recheck: dict[str, list[str]] = field(default_factory=dict)  # interface version → connectors
+    needs: dict[str, list[str]] = field(default_factory=dict)  # connector → its [needs], when new or changed
 
     @property
     def empty(self) -> bool:
-        return not self.profiles and not self.recheck
+        return not self.profiles and not self.recheck and not self.needs
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +57,7 @@ class Plan:
                 for p in self.profiles
             ],
             "recheck": self.recheck,
+            "needs": self.needs,
         }
 
     def render_text(self) -> str:
@@ -66,6 +68,9 @@ class Plan:
         for p in self.profiles:
             lines.append(f"  profile {p.profile} ({p.status})")
             lines.extend(f"    {c}" for c in p.changes)
+        for name, needs in self.needs.items():  # run by `handler connector install`: reviewed like code
+            lines.append(f"  connector {name} needs (what `handler connector install` builds and runs):")
+            lines.extend(f"    {line}" for line in needs)
         for key, connectors in self.recheck.items():
             lines.append(f"  conformance of {key} changed: re-check {', '.join(connectors) or '(no connector)'}")
         return "\n".join(lines)
@@ -110,8 +115,26 @@ def plan_changes(base: Snapshot | None, head: Snapshot) -> Plan:
         status = "added" if old is None else "removed" if new is None else "changed"
         plans.append(ProfilePlan(name, status, tuple(_changes(old or {}, new or {})), old, new))
     return Plan(
-        base.revision if base else None, head.revision, tuple(plans), recheck_needed(base, head) if base else {}
+        base.revision if base else None, head.revision, tuple(plans), recheck_needed(base, head) if base else {},
+        needs_changed(base, head),
     )
+
+
+def needs_changed(base: Snapshot | None, head: Snapshot) -> dict[str, list[str]]:
+    """Each connector whose `[needs]` is new or changed since `base`, with what it declares, a line per kind."""
+    out: dict[str, list[str]] = {}
+    for name, connector in sorted(head.connectors.items()):
+        needs = connector.spec.needs
+        old = base.connectors.get(name) if base is not None else None
+        if old is not None and old.spec.needs == needs:
+            continue
+        lines = [f"python = {toml_value(needs.python)}"] if needs.python else []
+        lines += [f"setup = {toml_value(needs.setup)}"] if needs.setup else []
+        lines += [f"debian = {toml_value(needs.debian)}"] if needs.debian else []
+        lines += [f"programs = {toml_value(needs.programs)}"] if needs.programs else []
+        if lines or old is not None:
+            out[name] = lines or ["(none now)"]
+    return out
 
 
 def recheck_needed(base: Snapshot, head: Snapshot) -> dict[str, list[str]]:

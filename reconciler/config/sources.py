@@ -4,6 +4,10 @@ Both give the same thing, a map of tree-relative path → `Blob` with git's blob
 from a folder and the same tree read from a commit hash alike and load to equal snapshots. Only the
 folders the config lives in are read (`catalog/interfaces`, `catalog/connectors`, `config`).
 
+Every file of a connector's folder is read, hidden ones and `__pycache__` included: what runs is what is
+hashed and reviewed (a compiled file there is refused by `validate`, N013). Elsewhere, hidden files and
+`__pycache__` are not part of the tree.
+
 A symbolic link inside them is listed as git lists it, its target's path as its data (`Blob.link`), and
 never followed: the loader refuses it (F006), so a tree cannot pull in a file from outside itself and a
 link cannot stand in for a file that then silently goes missing.
@@ -33,6 +37,7 @@ __all__ = [
     "blob_sha",
     "path_prefixes",
     "short_revision",
+    "skipped",
     "tree_revision",
 ]
 
@@ -80,6 +85,15 @@ def _link(rel: str, path: Path) -> Blob:
     """The symbolic link at `path`, as git would list it."""
     data = os.fsencode(path.readlink())
     return Blob(rel, blob_sha(data), data, link=True)
+
+
+_CONNECTORS = "catalog/connectors/"
+
+
+def skipped(rel: str) -> bool:
+    """Whether the tree leaves out the file at `rel`: a hidden one or one of `__pycache__`, except in a connector's
+    folder, whose every file runs in its sandbox and so is read and hashed."""
+    return not rel.startswith(_CONNECTORS) and any(p.startswith(".") or p == "__pycache__" for p in rel.split("/"))
 
 
 def path_prefixes(path: str) -> list[str]:
@@ -164,7 +178,7 @@ class FolderSource:
         """`previous` with the `changed` paths read again; None when a change needs a full walk (a folder)."""
         files = dict(previous)
         for rel in changed:
-            if any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
+            if skipped(rel):
                 continue
             path = self.root / rel
             try:
@@ -195,9 +209,9 @@ class FolderSource:
         except (FileNotFoundError, NotADirectoryError):
             return
         for entry in entries:
-            if entry.name.startswith(".") or entry.name == "__pycache__":
-                continue
             child = f"{rel}/{entry.name}"
+            if skipped(child):
+                continue
             if entry.is_symlink():
                 with contextlib.suppress(OSError):  # gone since the listing: not in this read
                     files[child] = _link(child, Path(entry.path))
@@ -280,7 +294,7 @@ class GitSource:
             if item.type != "blob":
                 continue
             rel = f"{folder}/{item.path[cut:]}"
-            if any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
+            if skipped(rel):
                 continue
             blob = self._blobs.get(item.hexsha)
             link = item.mode == _GIT_LINK_MODE

@@ -5,7 +5,9 @@ Debian packages and programs the machine must have.
   virtualenv made from the service's Python (the same interpreter, none of the service's packages), built
   under `default_envs_dir()` in a folder named by a hash of what the connector declares and of that
   interpreter (`environment_key`), so connectors declaring the same packages share one, and a change of
-  either builds a new one. Only `handler connector install` builds (`build_environment`); the service
+  either builds a new one. Only `handler connector install` builds (`build_environment`), its package
+  builds and setup commands in a sandbox (`buildbox`: another uid, no secret, the registries only, its
+  own folder the one it writes), since they run the connector author's code; the service
   never installs anything: a launch whose environment is missing is refused, naming that command
   (`require_environment`). An environment counts as built once its marker file is written, last; its
   folders are 0755 and files 0644, since a connector may run as another uid (the router is root).
@@ -17,6 +19,7 @@ Called by `launching` (the environment's path, the checks at start) and by `hand
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -32,7 +35,9 @@ from pathlib import Path
 
 from reconciler.config.models import Needs
 from reconciler.config.snapshot import Connector
+from reconciler.connectors.buildbox import BuildBox, local_paths, npm_registry, pip_settings, registry_egress
 from reconciler.connectors.errors import ConnectorStartError
+from reconciler.connectors.sandbox import sandbox_support
 from reconciler.places import default_envs_dir
 
 __all__ = ["MARKER", "Missing", "build_environment", "environment_key", "environment_path", "environment_ready",
@@ -137,16 +142,23 @@ def _debian_installed(package: str) -> bool:
 
 
 def build_environment(connector: Connector, envs: Path | None = None,
-                      say: Callable[[str], None] = lambda _: None) -> bool:
+                      say: Callable[[str], None] = lambda _: None, *, sandbox: bool = True) -> bool:
     """Build `connector`'s environment unless it is built; True when this call built it.
 
     A virtualenv without pip, from the interpreter the service runs on, then the service's pip installs the
-    requirements into it (`pip --python`). Raises `ConnectorStartError` when the build fails (the unfinished
-    folder is removed). Two installs at once wait for each other on a lock file beside the folder.
+    requirements into it (`pip --python`) and the setup commands run, each in the build's sandbox
+    (`buildbox`; unconfined only with `sandbox=False`, the installer's `--no-sandbox`). Raises
+    `ConnectorStartError` when the build fails or no sandbox can be built (the unfinished folder is removed).
+    Two installs at once wait for each other on a lock file beside the folder.
     """
     path = environment_path(connector, envs)
     if path is None:
         return False
+    support = sandbox_support() if sandbox else None
+    if support is not None and not support.ok:
+        raise ConnectorStartError(f"its packages' builds and setup run in a sandbox, which cannot be built here: "
+                                  f"{support.reason} (for `handler connector install`: --no-sandbox builds as "
+                                  "you, with your environment and network, for code you trust)")
     path.parent.mkdir(parents=True, exist_ok=True)
     _readable(path.parent)
     with _locked(path.parent / f"{path.name}.lock"):
@@ -157,17 +169,47 @@ def build_environment(connector: Connector, envs: Path | None = None,
         say(f"{connector.name}: installing {', '.join(requirements)} into {path}")
         try:
             _run([_base_python(), "-m", "venv", "--without-pip", str(path)], "making the virtualenv")
-            _run([sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"), "install", "--quiet",
-                  "--disable-pip-version-check", "--no-input", *requirements], "pip install")
-            for command in connector.spec.needs.setup:
-                say(f"{connector.name}: setting up: {' '.join(command)}")
-                _run(_in_environment(command, path), f"setup command {command[0]!r}", cwd=path)
+            if sandbox:
+                asyncio.run(_build_boxed(connector, path, requirements, say))
+            else:
+                _build_unconfined(connector, path, requirements, say)
             (path / MARKER).write_text(json.dumps({"connector": connector.name, "python": requirements}, indent=1))
             _make_readable(path)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
     return True
+
+
+def _pip_install(path: Path, requirements: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"), "install", "--quiet",
+            "--disable-pip-version-check", "--no-input", *requirements]
+
+
+async def _build_boxed(connector: Connector, path: Path, requirements: Sequence[str],
+                       say: Callable[[str], None]) -> None:
+    """pip, then the setup commands, in the build's sandbox: pip's registries only (npm's too for setup)."""
+    settings = pip_settings()
+    readable = [*local_paths(settings), *filter(None, [runtime_home(path)])]
+    async with BuildBox(path, registry_egress(settings), settings, readable=readable) as box:
+        await box.run(_pip_install(path, requirements), "pip install")
+    setup = connector.spec.needs.setup
+    if setup:
+        registry = npm_registry()
+        async with BuildBox(path, registry_egress(settings, registry), settings, readable=readable) as box:
+            for command in setup:
+                say(f"{connector.name}: setting up: {' '.join(command)}")
+                await box.run(_in_environment(command, path), f"setup command {command[0]!r}",
+                              extra_env={"NPM_CONFIG_REGISTRY": registry})
+
+
+def _build_unconfined(connector: Connector, path: Path, requirements: Sequence[str],
+                      say: Callable[[str], None]) -> None:
+    """The build as the installing user, with its environment and network (`--no-sandbox`)."""
+    _run(_pip_install(path, requirements), "pip install")
+    for command in connector.spec.needs.setup:
+        say(f"{connector.name}: setting up: {' '.join(command)}")
+        _run(_in_environment(command, path), f"setup command {command[0]!r}", cwd=path)
 
 
 def _in_environment(command: Sequence[str], environment: Path) -> list[str]:

@@ -24,8 +24,11 @@ launch is everything that process gets and nothing more:
   (`command = ["python3", "main.py"]` runs the connector's own `main.py`);
 - `python` (or `python3`) first in `run.command` is the Python of the connector's own environment when its
   `[needs]` declares Python packages (its `bin/` leads PATH; a missing one refuses the start, naming
-  `handler connector install`), else the service's, and a Python checks every hash-based compiled file
-  against its source; the Debian packages and programs it needs are
+  `handler connector install`), else the service's; whatever `[run]` starts (`python3 main.py`, `./server`,
+  `sh run.sh`), the sandbox shows the connector folder's `__pycache__` folders empty (unsandboxed, its
+  Pythons keep compiled files in its private folder, `PYTHONPYCACHEPREFIX`), so a compiled file there
+  never runs in place of its reviewed source (validate refuses one anyway, N013); the Debian packages
+  and programs it needs are
   checked first (`environments`), a missing one refusing the start with the `apt-get install` to run;
 - its stderr, line by line, to the log `handler.connector` and to `connectors/<binding>.stderr.log`,
   with every secret value masked, metered and rotated (`stderrlog`).
@@ -38,7 +41,6 @@ import hashlib
 import ipaddress
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -78,6 +80,7 @@ log = logging.getLogger("handler.connector")
 _MAX_SOCKET_PATH = 100  # unix socket paths are capped near 107 bytes
 _warned_no_sandbox = False
 _SANDBOX_HOME = Path("/tmp")  # noqa: S108 - the sandbox's own /tmp: a size-capped tmpfs no one else sees
+PYCACHE = ".pycache"  # unsandboxed, under its private tmp: where its Pythons keep compiled files
 _CODE = Path(__file__).resolve().parents[1]  # the service's package: the relay and the wrapper run from it
 
 
@@ -199,6 +202,8 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
         env = confined_env(declared, folder)
     else:
         env = confined_env(declared, _SANDBOX_HOME, tmp=_SANDBOX_HOME, system_path=True)
+    if support is None:  # unconfined: its Pythons keep compiled files in its private folder (sandboxed: see box_view)
+        env["PYTHONPYCACHEPREFIX"] = str(Path(env["TMPDIR"]) / PYCACHE)
     launch = Launch(LaunchSpec(name=binding_name, command=(), cwd=str(folder), env=env), folder, secrets=secrets,
                     host_uid=uid)
     try:  # whatever stops the start, the folder (and proxy, cgroups) made for it go
@@ -310,6 +315,9 @@ def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequenc
     if command and Path(command[0]).is_absolute():
         program = Path(command[0]).resolve().parent
         readable.append(program.parent if program.name == "bin" else program)  # its runtime: lib/ beside bin/
+    # Its folder's __pycache__ folders are shown empty: a compiled file there (a timestamp one whose header copies
+    # the source's mtime and size, or an "unchecked hash" one) never runs in place of the reviewed source.
+    emptied = [Path(f) for f, _, _ in os.walk(root / connector.folder) if Path(f).name == "__pycache__"]
     blanked = []
     for binding in snapshot.bindings.values():
         for ref in binding.spec.secrets.values():
@@ -321,7 +329,7 @@ def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequenc
         kept = {str(p.resolve()) for p in paths if p.exists()}
         return tuple(p for p in kept if p not in {"/", "/usr"} and not p.startswith("/usr/"))
 
-    return BoxView(real(readable), real(writable), files, real(blanked))
+    return BoxView(real(readable), real(writable), files, real(blanked), real(emptied))
 
 
 def _etc_files(folder: Path, uid: int | None, hosts: Mapping[str, str]) -> dict[str, str]:
@@ -345,21 +353,12 @@ def _etc_files(folder: Path, uid: int | None, hosts: Mapping[str, str]) -> dict[
 
 
 def _program_found(command: list[str], env: Mapping[str, str]) -> list[str]:
-    """`command` with its program made absolute through the connector's PATH, so the sandbox can bind its runtime;
-    a Python checks every hash-based compiled file against its source (`_PYTHON`)."""
+    """`command` with its program made absolute through the connector's PATH, so the sandbox can bind its runtime."""
     if command and "/" not in command[0]:
         found = shutil.which(command[0], path=env.get("PATH"))
         if found is not None:
             command = [found, *command[1:]]
-    if command and _PYTHON.fullmatch(command[0].rsplit("/", 1)[-1]):
-        # A compiled file in the folder's __pycache__, which the tree's checks and hashes never read, would otherwise
-        # run in place of the reviewed source when it is an "unchecked hash" one (PEP 552); timestamp ones already
-        # stop matching once the source is written again.
-        command = [command[0], "--check-hash-based-pycs", "always", *command[1:]]
     return command
-
-
-_PYTHON = re.compile(r"python[0-9.]*")
 
 
 def _private_dir(folder: Path, setting: str) -> None:

@@ -158,6 +158,7 @@ class BoxView:
     writable: tuple[str, ...] = ()  # bound read-write (a socket connector's socket folder)
     files: Mapping[str, str] = field(default_factory=dict)  # path in the sandbox -> host file, read-only
     blanked: tuple[str, ...] = ()  # files inside a bound folder that read as empty (other bindings' secrets)
+    emptied: tuple[str, ...] = ()  # folders inside a bound folder shown empty and read-only (its __pycache__)
 
 
 def entering(seccomp: Path, cgroup_procs: Sequence[str] = ()) -> list[str]:
@@ -253,6 +254,9 @@ def _view_binds(view: BoxView) -> list[str]:
     for file in view.blanked:
         if _bound_above(file, binds):
             args += ["--ro-bind", "/dev/null", file]
+    for folder in view.emptied:
+        if _bound_above(folder, binds):
+            args += ["--tmpfs", folder, "--remount-ro", folder]
     return args
 
 

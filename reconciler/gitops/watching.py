@@ -22,9 +22,12 @@ log = logging.getLogger("handler.reconciler")
 
 def _in_tree(root: Path) -> Callable[[watchfiles.Change, str], bool]:
     folders = tuple(str(root / f) + "/" for f in TREE_FOLDERS)
+    connectors = str(root / "catalog/connectors") + "/"
 
     def keep(change: watchfiles.Change, path: str) -> bool:
         name = Path(path).name
+        if path.startswith(connectors):  # every file of a connector's folder is the tree's, hidden ones too
+            return True
         return path.startswith(folders) and not name.startswith(".") and not name.endswith(("~", ".swp", ".tmp"))
 
     return keep

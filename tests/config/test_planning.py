@@ -34,3 +34,18 @@ def test_plan_shows_a_scope_change(committed: Path, capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert "profile researcher (changed)" in out
     assert f'scope: "{old}" → "/"' in out
+
+
+def test_plan_shows_a_connectors_needs_when_they_change(committed: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`[needs]` is run by `handler connector install` (package builds, setup commands): it is reviewed like code."""
+    manifest = committed / "catalog/connectors/web-fetch-mcp/connector.toml"
+    declared = '"mcp-server-fetch>=2025.1"'
+    manifest.write_text(manifest.read_text().replace(declared, f'{declared}, "evil"'))
+    assert main(["plan", str(committed), "--base", "HEAD"]) == 0
+    out = capsys.readouterr().out
+    assert "connector web-fetch-mcp needs" in out
+    assert 'python = ["mcp-server-fetch>=2025.1", "evil"]' in out
+    assert "setup = [" in out
+    assert "embed-local" not in out  # unchanged: not shown again
+    assert main(["plan", str(committed), "--base", "HEAD", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["needs"]["web-fetch-mcp"][0].startswith("python = ")

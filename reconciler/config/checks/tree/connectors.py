@@ -1,6 +1,7 @@
 """What a connector names exists: the interface versions it implements, the code its `[run]` runs and the
 runtime it names, and, in `[wrap]`, their tools and arguments, a reshaper the router knows, errors of their
-closed list and error patterns that compile. N001, N005, N006, N007, N008, N009, N010, N011.
+closed list and error patterns that compile; and that its folder holds no compiled Python. N001, N005, N006,
+N007, N008, N009, N010, N011, N012, N013.
 
 Run by `check_tree` for each connector, again only when the connector or an interface changed.
 """
@@ -33,11 +34,29 @@ def check_connector(snapshot: Snapshot, connector: Connector) -> Iterator[Findin
                 "an interface version of catalog/interfaces/, written name/vN",
                 "correct the entry or add the interface version",
             )
+    yield from _check_compiled(connector)
     yield from _check_run(snapshot, connector)
     yield from _check_outside(snapshot, connector)
     yield from _check_runtime(snapshot, connector)
     if connector.spec.wrap is not None:
         yield from _check_wrap(snapshot, connector, connector.spec.wrap)
+
+
+def _check_compiled(connector: Connector) -> Iterator[Finding]:
+    """N013: a compiled file anywhere in the folder. Python imports a loose `helper.pyc` where no `helper.py` is,
+    whatever its cache settings, so code no reviewer can read would run; the sandbox's Python ignores the
+    folder's `__pycache__` (docs/architecture.md §6), and a file there is refused all the same."""
+    for name in sorted(connector.files):
+        if name.endswith((".pyc", ".pyo")):
+            yield Finding(
+                "N013",
+                f"{connector.folder}/{name}",
+                1,
+                f"{connector.folder}/{name} is compiled Python: review reads sources, and Python may run this "
+                "file in place of one",
+                "only source files in a connector's folder; Python compiles them itself where it runs",
+                f"remove {connector.folder}/{name} (and add __pycache__/ and *.pyc to .gitignore)",
+            )
 
 
 # The runtimes a connector's code may run on, by the program's name (`python3.12`, `/usr/bin/node`): the flags
