@@ -36,9 +36,10 @@ def test_one_supervisor_per_key_answers_the_calls_questions(echo_root: Path, ech
             supervisor = pool.supervisor(key, "echo-local")
             assert pool.supervisor(key, "echo-local") is supervisor
             assert supervisor.running() is None  # nothing started by asking
-            assert (supervisor.host_uid, supervisor.inbox) == (None, None)  # unsandboxed: no uid, no inbox
+            assert (supervisor.host_uid, supervisor.call_space()) == (None, None)  # unsandboxed, not running
             connector = await supervisor.connector(snapshot)
             assert supervisor.running() is connector
+            assert supervisor.call_space() is None  # unsandboxed: a call's files stay in the router's folder
             assert await pool.connector(snapshot, "echo-local") is connector  # the pool's own way in, the same
             said = await connector.call_tool("echo_say", {"text": "hi"})
             assert said["structuredContent"] == {"text": "hi"}
