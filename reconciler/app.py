@@ -314,10 +314,10 @@ class Service:
 
     async def _close(self) -> None:
         self._stop.set()
+        if self.mcp is not None:  # first: its sessions' streams end, so the listener's connections close
+            await self.mcp.aclose()
         if self.listener is not None:
             await self.listener.aclose()
-        if self.mcp is not None:
-            await self.mcp.aclose()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)
