@@ -78,6 +78,7 @@ class HttpBounds:
     requests_per_profile: int = 512  # open requests and streams: a profile's socket takes 512 connections
     requests_per_credential: int = 256  # one credential: as many calls as one connection may run
     sessions_per_credential: int = 64  # held in memory; an idle one past it is let go, and resumes from its id
+    idle_seconds: float = 600.0  # a session idle this long is let go too (its generation with it), and resumes
     stream_after_seconds: float = 5.0  # a call still running then answers as an SSE stream, kept alive
     keepalive_seconds: float = 15.0
 
@@ -335,6 +336,7 @@ class McpEndpoint:
     def _keep(self, sid: str, held: _Held) -> bool:
         """Hold `held` under `sid`, letting the credential's least recently used idle session go past its bound;
         False when all of them are busy."""
+        self._let_go_idle()
         ids = self._by_credential.setdefault((held.record.profile, held.record.principal), OrderedDict())
         if len(ids) >= self.bounds.sessions_per_credential:
             idle = next((old for old in ids if not self._sessions[old].session.tasks
@@ -345,6 +347,14 @@ class McpEndpoint:
         self._sessions[sid] = held
         ids[sid] = None
         return True
+
+    def _let_go_idle(self) -> None:
+        """Let go the sessions nobody used for `idle_seconds`: a client that never ends its session keeps no
+        generation pinned for ever (its connectors could never drain). Each resumes from its id if it comes back."""
+        horizon = time.monotonic() - self.bounds.idle_seconds
+        for sid in [sid for sid, held in self._sessions.items() if held.used < horizon and not held.session.tasks
+                    and held.outlet.stream is None]:
+            self._let_go(sid)
 
     def _let_go(self, sid: str) -> None:
         held = self._sessions.pop(sid)
