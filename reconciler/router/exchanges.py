@@ -85,6 +85,10 @@ async def answer(exchange: Exchange, receive: Receive, send: Send, *, stream: bo
                  on_gone: Callable[[], None]) -> None:
     """Send the exchange's reply as JSON, or as an SSE stream once a notification comes or the call runs past
     `stream_after` (when the client accepts one: `stream`). `on_gone` runs when the client disconnects first."""
+    if exchange.reply is not None and not exchange.notes:  # answered inline (ping, tools/list): nothing to watch
+        await send_body(send, status_of(error_code(exchange.reply)), exchange.reply,
+                        {**headers, "content-type": "application/json"})
+        return
     watcher = asyncio.create_task(_watch_disconnect(receive, exchange, on_gone))
     try:
         if exchange.reply is None and not exchange.notes:
