@@ -191,6 +191,8 @@ def _print_up_ready(service: Service) -> None:
           "/healthz, POST /hooks/git, POST /hooks/slack)", file=sys.stderr)
     print("  an agent's MCP client runs: handler-service <interface> --profile <profile>, with "
           f"HANDLER_RUN_DIR={router.run_dir}", file=sys.stderr)
+    print(f"  an agent elsewhere: http://{service.options.http_host}:{port}/mcp/<profile> over Streamable HTTP, with a "
+          "bearer token of the profile (handler token create <profile>)", file=sys.stderr)
     for problem in status.preflight:  # what `handler doctor` says: this machine against the tree
         print(f"  {problem['level']}: {problem['subject']}: {problem['message']} (fix: {problem['fix']})",
               file=sys.stderr)
