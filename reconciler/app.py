@@ -77,7 +77,8 @@ class ServiceOptions:
     webhook_secret: bytes | None = None
     sandbox: bool = True  # False: --no-sandbox, connectors run without their bubblewrap sandbox
     listen: bool = True  # the HTTP listener, the dashboard and the approval notices (`handler serve`: none)
-    mcp_http: bool = True  # the agents' MCP endpoints on the listener (`handler serve --http`: a listener of them)
+    mcp_http: bool = True  # the agents' MCP endpoints on the listener
+    mcp_only: bool = False  # without `listen`: a listener of the MCP endpoints alone (`handler serve --http`)
     follow: bool = True  # watch or fetch the source as it changes; False: reload on SIGHUP (`handler serve`)
 
 
@@ -208,7 +209,7 @@ class Service:
             self.listener = HttpListener(self._build_app(), self.options.http_host, self.options.http_port)
             self.listener.bind()
         else:
-            if self.options.mcp_http:  # `handler serve --http`: the agents' endpoints alone
+            if self.options.mcp_only:  # `handler serve --http`: the agents' endpoints alone
                 self.listener = HttpListener(build_mcp_app(self._serve_mcp), self.options.http_host,
                                              self.options.http_port, dashboard=False)
                 self.listener.bind()
@@ -399,7 +400,7 @@ def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_
         raise ConfigError(snapshot.errors)
     host, port = http or ("127.0.0.1", 0)
     options = ServiceOptions(str(root), run_dir=run_dir, state_dir=state_dir, sandbox=sandbox, listen=False,
-                             follow=False, mcp_http=http is not None, http_host=host, http_port=port)
+                             follow=False, mcp_only=http is not None, http_host=host, http_port=port)
 
     def ready(service: Service) -> None:
         if on_listening is not None and service.listener is not None:
