@@ -2,20 +2,33 @@
 
 A real `handler serve --http` on the conformance suite's tree (tests/fixtures/suite_tree.py), with tokens of
 its store: what a page of another origin and a rebound name get, a session that outlives its router, one whose
-revision is gone, the end of a session, and the 2026-07-28 revision's single requests and their headers.
+revision is gone, the end of a session, and the 2026-07-28 revision's single requests and their headers. Then
+the endpoint in this process on the echo tree, with small bounds: a credential past its open requests, bodies
+refused before any session, and a long call answered as a stream.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from reconciler.governance.credentials import Credentials, Principal
+from reconciler.governance.store import open_store
+from reconciler.governance.store.engine import store_url
+from reconciler.governance.tokens import create_token
+from reconciler.router.resumption import SessionSigner, load_key
+from reconciler.router.streamable import HttpBounds, McpEndpoint
+from reconciler.web.http import build_mcp_app
+from tests.fixtures.harness import run, serving
 from tests.fixtures.http_service import HttpServed
 from tests.fixtures.suite_connector import SIMPLE_TEXT
 from tests.fixtures.suite_tree import write_suite_tree
@@ -153,3 +166,86 @@ def test_protocol_2026_07_28_is_one_request_a_post_with_its_headers_and_no_sessi
     assert unknown.json()["error"]["code"] == -32022
     stream = httpx.get(served.url("suite"), headers=bearer(token, **{"MCP-Protocol-Version": STATELESS}))
     assert stream.status_code == 405
+
+
+# --- the endpoint in this process, on a router of its own: its bounds, and a long call's stream ----------------
+
+
+@contextlib.asynccontextmanager
+async def endpoint(root: Path, run_dir: Path, bounds: HttpBounds) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """An HTTP client of the endpoint (as the listener mounts it) and a bearer token of `tester`."""
+    with contextlib.closing(open_store(store_url(root, {}, state_dir=root / ".handler"))) as store:
+        token = create_token(store, "tester", name="bounded", instance=None, expires_in=None, actor="tests").token
+        credentials = Credentials(store)
+        async with serving(root, run_dir) as router:
+            def authenticate(authorization: str | None, profile: str, base: str | None) -> Awaitable[Principal]:
+                return credentials.authenticate(authorization, profile, base_url=base)
+
+            mcp = McpEndpoint(router, authenticate, SessionSigner(load_key(root)), bounds)
+            transport = httpx.ASGITransport(app=build_mcp_app(mcp))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                yield client, token
+            await mcp.aclose()
+
+
+async def open_session(client: httpx.AsyncClient, token: str) -> dict[str, str]:
+    opened = await client.post("/mcp/tester", headers=bearer(token), json=HELLO)
+    assert opened.status_code == 200, opened.text
+    return bearer(token, **{"Mcp-Session-Id": opened.headers["mcp-session-id"]})
+
+
+def sleep_call(msg_id: int, seconds: float) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": msg_id, "method": "tools/call",
+            "params": {"name": "echo_misbehave", "arguments": {"mode": "sleep", "seconds": seconds}}}
+
+
+def test_a_credential_past_its_open_requests_is_told_to_retry_and_then_served(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with endpoint(echo_root, run_dir, HttpBounds(requests_per_credential=1)) as (client, token):
+            headers = await open_session(client, token)
+            slow = asyncio.create_task(client.post("/mcp/tester", headers=headers, json=sleep_call(2, 1.0)))
+            busy = None
+            while busy is None or busy.status_code != 429:  # until the slow call holds the credential's one request
+                assert not slow.done()
+                busy = await client.post("/mcp/tester", headers=headers, json={"jsonrpc": "2.0", "id": 3,
+                                                                              "method": "ping"})
+            assert busy.headers["retry-after"] == "1"
+            assert "the credential 'bounded' has 1 requests open already" in busy.text
+            assert (await slow).status_code == 200
+            after = await client.post("/mcp/tester", headers=headers, json={"jsonrpc": "2.0", "id": 4,
+                                                                            "method": "ping"})
+            assert after.json() == {"jsonrpc": "2.0", "id": 4, "result": {}}
+
+    run(scenario())
+
+
+def test_a_body_over_the_bound_a_wrong_type_or_accept_is_refused_before_any_session(echo_root: Path,
+                                                                                     run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with endpoint(echo_root, run_dir, HttpBounds(max_body_bytes=2000)) as (client, token):
+            big = {**HELLO, "params": {**HELLO["params"], "padding": "x" * 3000}}
+            assert (await client.post("/mcp/tester", headers=bearer(token), json=big)).status_code == 413
+            typed = await client.post("/mcp/tester", headers=bearer(token, **{"Content-Type": "text/plain"}),
+                                      content=b"{}")
+            assert typed.status_code == 415
+            json_only = await client.post("/mcp/tester", json=HELLO,
+                                          headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
+            assert json_only.status_code == 406
+            assert "Accept: application/json, text/event-stream" in json_only.text
+
+    run(scenario())
+
+
+def test_a_long_call_is_answered_as_a_stream_ending_with_its_result(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        bounds = HttpBounds(stream_after_seconds=0.1, keepalive_seconds=0.1)
+        async with endpoint(echo_root, run_dir, bounds) as (client, token):
+            headers = await open_session(client, token)
+            streamed = await client.post("/mcp/tester", headers=headers, json=sleep_call(5, 0.6))
+            assert streamed.headers["content-type"] == "text/event-stream"
+            assert b": keep-alive\n\n" in streamed.content
+            last = streamed.content.rstrip(b"\n").rsplit(b"\n", 1)[1]
+            assert last.startswith(b'data: {"jsonrpc":"2.0","id":5,"result":')
+            assert json.loads(last[len(b"data: "):])["result"]["isError"] is False
+
+    run(scenario())
