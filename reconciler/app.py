@@ -16,28 +16,33 @@ import contextlib
 import gc
 import os
 import signal
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from reconciler.config import ConfigError, HandlerError, Snapshot
 from reconciler.config.eventloop import run_on_uvloop
+from reconciler.config.models import HttpAuth
 from reconciler.gitops.following import Follower, FollowReports
 from reconciler.gitops.reconciling import Reconciler
 from reconciler.gitops.status import Attempt
+from reconciler.governance.credentials import Credentials, Principal
 from reconciler.governance.gate import Gate
 from reconciler.governance.governor import Governor
 from reconciler.governance.notices import Reach
 from reconciler.liveness import CONTROL_NAME, ControlServer, ServiceLock
 from reconciler.places import PrivatePlaceError, default_run_dir, default_state_dir, ensure_private_dir
 from reconciler.preflight import preflight
+from reconciler.router.exchanges import Receive, Scope, Send, send_body
 from reconciler.router.files import clear_leftovers
+from reconciler.router.resumption import SessionSigner, load_key
 from reconciler.router.server import Router
+from reconciler.router.streamable import McpEndpoint
 from reconciler.router.tally import CallTally
 from reconciler.web.catalog import read_listing
 from reconciler.web.channels import Channels, open_channels
-from reconciler.web.http import HttpListener, ListenerSettings, WebApp, build_app
+from reconciler.web.http import HttpListener, ListenerSettings, WebApp, build_app, build_mcp_app
 from reconciler.web.metrics import MetricsSources
 
 __all__ = [
@@ -72,6 +77,8 @@ class ServiceOptions:
     webhook_secret: bytes | None = None
     sandbox: bool = True  # False: --no-sandbox, connectors run without their bubblewrap sandbox
     listen: bool = True  # the HTTP listener, the dashboard and the approval notices (`handler serve`: none)
+    mcp_http: bool = True  # the agents' MCP endpoints on the listener
+    mcp_only: bool = False  # without `listen`: a listener of the MCP endpoints alone (`handler serve --http`)
     follow: bool = True  # watch or fetch the source as it changes; False: reload on SIGHUP (`handler serve`)
 
 
@@ -129,6 +136,7 @@ class Service:
         self._first = first
         self.follower = self._open_follower(root)
         self.listener: HttpListener | None = None
+        self.mcp: McpEndpoint | None = None  # made with the router; the listener's /mcp/<profile> answers 503 before
         self._router: Router | None = None
         self._channels: Channels | None = None
         self._stop = asyncio.Event()
@@ -210,8 +218,13 @@ class Service:
             self._channels = self._open_channels()
             self.listener = HttpListener(self._build_app(), self.options.http_host, self.options.http_port)
             self.listener.bind()
-        elif self._governor is not None:  # no notifier: the agent of a held call is told so
-            self._governor.reach = Reach(dict.fromkeys(("email", "slack"), _NO_NOTIFIER))
+        else:
+            if self.options.mcp_only:  # `handler serve --http`: the agents' endpoints alone
+                self.listener = HttpListener(build_mcp_app(self._serve_mcp), self.options.http_host,
+                                             self.options.http_port, dashboard=False)
+                self.listener.bind()
+            if self._governor is not None:  # no notifier: the agent of a held call is told so
+                self._governor.reach = Reach(dict.fromkeys(("email", "slack"), _NO_NOTIFIER))
         await self._serve_first()
         await self._check_machine()
         if self.listener is not None:
@@ -252,6 +265,7 @@ class Service:
         self._router = router = Router(snapshot, root=self.follower.tree_root, run_dir=self.run_dir,
                                        state_dir=self.state_dir, gate=self._gate, sandbox=self.options.sandbox)
         await router.start()
+        self.mcp = self._open_mcp(router)
         self.reconciler.status.connectors = lambda: _connector_states(router)
         if self._governor is not None:
             # Approved holds (also those approved while no router ran) run through the router,
@@ -259,6 +273,23 @@ class Service:
             self._governor.use_snapshot(snapshot)
             await self._governor.start(router.execute_held)
         return router.live.number
+
+    def _open_mcp(self, router: Router) -> McpEndpoint:
+        """The agents' MCP endpoints over HTTP: the router's sessions, behind the service's credentials."""
+        store = self._governor.store if self._governor is not None else None
+        credentials = Credentials(store, lambda: _http_auth(router), public_url=ListenerSettings.from_env(
+            os.environ).public_url)
+
+        def authenticate(authorization: str | None, profile: str, base_url: str | None) -> Awaitable[Principal]:
+            return credentials.authenticate(authorization, profile, base_url=base_url)
+
+        return McpEndpoint(router, authenticate, SessionSigner(load_key(self.state_dir)))
+
+    async def _serve_mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.mcp is None:  # pragma: no cover - the listener starts serving after the router
+            await send_body(send, 503, b"The router is starting; retry in a moment.\n", {"content-type": "text/plain"})
+            return
+        await self.mcp(scope, receive, send)
 
     def _open_channels(self) -> Channels | None:
         """Approvals: the dashboard, signed links, Slack, and the notices outbox (with a governance store)."""
@@ -279,7 +310,8 @@ class Service:
                                  self._governor.store if self._governor is not None else None)
         return build_app(self.reconciler.status.to_dict, webhook_secret=self.options.webhook_secret,
                          on_push=self.follower.on_push, desk=self._channels.desk if self._channels else None,
-                         metrics=metrics, token=ListenerSettings.from_env(os.environ).token)
+                         metrics=metrics, token=ListenerSettings.from_env(os.environ).token,
+                         mcp=self._serve_mcp if self.options.mcp_http else None)
 
     def _call_counts(self) -> CallTally | None:
         """The router's tally of ended calls, with every call ended so far counted (its log's batch written)."""
@@ -293,6 +325,8 @@ class Service:
 
     async def _close(self) -> None:
         self._stop.set()
+        if self.mcp is not None:  # first: its sessions' streams end, so the listener's connections close
+            await self.mcp.aclose()
         if self.listener is not None:
             await self.listener.aclose()
         for task in self._tasks:
@@ -306,6 +340,12 @@ class Service:
             await self._router.aclose()
         await self._control.aclose()
         self._lock.release()  # last: until here, this state folder is ours
+
+
+def _http_auth(router: Router) -> HttpAuth | None:
+    """The live revision's `[http.auth]`: a reload that changes it applies to the next request."""
+    org = router.live.snapshot.org
+    return org.http.auth if org is not None else None
 
 
 def _connector_states(router: Router) -> dict[str, Any]:
@@ -362,15 +402,28 @@ def _handle_signals(stop: asyncio.Event, reload: Callable[[], None] | None) -> I
 
 def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_dir: Path | None = None,
           gate: Gate | None = None, on_ready: Callable[[Router], None] | None = None,
-          on_reload: Callable[[Attempt], None] | None = None, sandbox: bool = True) -> int:
-    """`handler serve`: serve `snapshot` (loaded from `root`) until a signal, reloading on SIGHUP."""
+          on_reload: Callable[[Attempt], None] | None = None, sandbox: bool = True,
+          http: tuple[str, int] | None = None, on_listening: Callable[[str], None] | None = None) -> int:
+    """`handler serve`: serve `snapshot` (loaded from `root`) until a signal, reloading on SIGHUP; with `http`
+    (host, port), also the MCP endpoints over HTTP there, whose base URL goes to `on_listening`."""
     if not snapshot.ok:
         raise ConfigError(snapshot.errors)
+    host, port = http or ("127.0.0.1", 0)
     options = ServiceOptions(str(root), run_dir=run_dir, state_dir=state_dir, sandbox=sandbox, listen=False,
-                             follow=False)
-    ready = (lambda service: on_ready(service.router)) if on_ready is not None else _ignore
+                             follow=False, mcp_only=http is not None, http_host=host, http_port=port)
+
+    def ready(service: Service) -> None:
+        if on_listening is not None and service.listener is not None:
+            on_listening(f"http://{_url_host(host)}:{service.listener.port}")
+        if on_ready is not None:
+            on_ready(service.router)
+
     reports = Reports(ready=ready, reloaded=on_reload or _ignore)
     return _run(run_service(options, gate=gate, first=snapshot, reports=reports))
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def up(options: ServiceOptions, *, gate: Gate | None = None, reports: Reports | None = None) -> int:

@@ -55,6 +55,8 @@ def add_service_commands(sub: Any) -> None:
     serving.add_argument("--state-dir", type=folder_path, help="the call log and connector logs (default: "
                          "$HANDLER_STATE_DIR, else ROOT/.handler)")
     serving.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
+    serving.add_argument("--http", metavar="HOST:PORT", help="also serve the agents' MCP endpoints over HTTP there, "
+                         "/mcp/<profile> (each asks for a bearer token of its profile), and /healthz")
     serving.set_defaults(run=_serve)
     _add_up_command(sub)
     status = sub.add_parser("status", help="what the running (or last) service applied, attempted and serves")
@@ -78,7 +80,8 @@ def _add_up_command(sub: Any) -> None:
     running.add_argument("--interval", type=_interval, default=30.0, help="seconds between fetches with --source git "
                          "(at least 1; a verified push webhook fetches at once)")
     running.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT",
-                         help="the dashboard, /healthz, /status, /hooks/git, /hooks/slack")
+                         help="the dashboard, the agents' MCP endpoints /mcp/<profile>, /healthz, /status, "
+                         "/hooks/git, /hooks/slack")
     running.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
     running.add_argument("--run-dir", type=folder_path, help="where the profiles' sockets go (default: "
                          "$HANDLER_RUN_DIR)")
@@ -109,8 +112,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"handler serve: revision {short_revision(head.revision)}: {profiles} on {sockets}/<profile>.sock",
               file=sys.stderr, flush=True)
 
+    def listening(base: str) -> None:
+        print(f"handler serve: MCP over HTTP at {base}/mcp/<profile>, for a bearer token of the profile (handler "
+              "token create <profile>)", file=sys.stderr, flush=True)
+
+    http = _address(args.http) if args.http else None
     return serve(head, root=Path(args.root), run_dir=args.run_dir, state_dir=args.state_dir, on_ready=ready,
-                 on_reload=_reload_printer("serve"), sandbox=not args.no_sandbox)
+                 on_reload=_reload_printer("serve"), sandbox=not args.no_sandbox, http=http, on_listening=listening)
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise SourceError(f"--http {text!r} is not HOST:PORT, e.g. 127.0.0.1:8765")
+    return host, int(port)
 
 
 def _reload_printer(command: str) -> Callable[[Attempt], None]:
@@ -149,14 +164,12 @@ def _print_errors(findings: Sequence[dict[str, Any]]) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    host, _, port = args.http.rpartition(":")
-    if not host or not port.isdigit():
-        raise SourceError(f"--http {args.http!r} is not HOST:PORT, e.g. 127.0.0.1:8765")
+    host, port = _address(args.http)
     if args.source == "worktree" and not Path(args.root, "config").is_dir():
         raise SourceError(f"{args.root} holds no config/; give the root of a config tree, or --source git")
     secret = os.environ.get("HANDLER_WEBHOOK_SECRET", "").encode() or None
     options = ServiceOptions(root=args.root, source=args.source, ref=args.ref, interval=args.interval,
-                             run_dir=args.run_dir, state_dir=args.state_dir, http_host=host, http_port=int(port),
+                             run_dir=args.run_dir, state_dir=args.state_dir, http_host=host, http_port=port,
                              webhook_secret=secret, sandbox=not args.no_sandbox)
     reports = Reports(ready=_print_up_ready, not_started=_print_not_started,
                       follow=FollowReports(fetch_failed=_print_fetch_failed, fell_back=_print_fell_back,
@@ -184,6 +197,8 @@ def _print_up_ready(service: Service) -> None:
         print("  another member signs in with: handler dashboard login --member NAME", file=sys.stderr)
     print("  an agent's MCP client runs: handler-service <interface> --profile <profile>, with "
           f"HANDLER_RUN_DIR={router.run_dir}", file=sys.stderr)
+    print(f"  an agent elsewhere: http://{service.options.http_host}:{port}/mcp/<profile> over Streamable HTTP, with a "
+          "bearer token of the profile (handler token create <profile>)", file=sys.stderr)
     for problem in status.preflight:  # what `handler doctor` says: this machine against the tree
         print(f"  {problem['level']}: {problem['subject']}: {problem['message']} (fix: {problem['fix']})",
               file=sys.stderr)

@@ -26,6 +26,8 @@ __all__ = [
     "ConnectorFile",
     "Defaults",
     "Group",
+    "HttpAuth",
+    "HttpSpec",
     "InterfaceFile",
     "Limits",
     "Member",
@@ -474,6 +476,25 @@ class OrgCaps(_Model):
     monthly_usd: Usd | None = None
 
 
+# A claim's name in a JWT: a key of its payload (`handler_profile`, `groups`, `https://example.org/profile`).
+ClaimName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class HttpAuth(_Model):
+    """`[http.auth]`: an OpenID Connect issuer whose JWTs are credentials of the MCP endpoints beside the service's
+    own tokens (`governance/credentials.py`, docs/hosts.md). Its URLs are checked by O008."""
+
+    issuer: str = Field(min_length=1, max_length=2000)
+    audience: str = Field(min_length=1, max_length=2000)
+    profileClaim: ClaimName = "handler_profile"  # a string naming the profile, or a list of strings holding it
+    instanceClaim: ClaimName | None = None  # the agent run its calls are logged and capped under, when the IdP says
+    jwksUri: str | None = Field(default=None, min_length=1, max_length=2000)  # else the issuer's discovery document
+
+
+class HttpSpec(_Model):
+    auth: HttpAuth | None = None
+
+
 class OrgFile(_Model):
     apiVersion: Literal["handler.org/v1"]
     name: Name
@@ -485,6 +506,7 @@ class OrgFile(_Model):
     slack: SlackSpec = SlackSpec()
     policies: list[Policy] = []
     caps: OrgCaps = OrgCaps()
+    http: HttpSpec = HttpSpec()
     suspended: bool = False
     prepaid: bool = False
     allowEmpty: bool = False

@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from reconciler.config.errors import HandlerError
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
 __all__ = ["BodyLimiter", "BodyLimits", "ConnectionLimits", "HostAllowList", "allowed_hosts", "guarded_connections",
            "is_loopback", "is_wildcard"]
@@ -52,9 +53,12 @@ class BodyLimits:
 
     hooks: int = 1 << 20  # /hooks/*: a push event or a Slack click; GitHub's own pushes stay well under
     forms: int = 64 << 10  # every other route: the dashboard's forms are a few fields
+    mcp: int = DEFAULT_MAX_LINE_BYTES  # /mcp/*: one JSON-RPC message, as large as a socket's line may be
     seconds: float = 10.0  # for the whole body, from the route's first read
 
     def limit_for(self, path: str) -> int:
+        if path.startswith("/mcp/"):
+            return self.mcp
         return self.hooks if path.startswith("/hooks/") else self.forms
 
 

@@ -1,5 +1,7 @@
-"""The HTTP listener of `handler up`: `/healthz`, `/status`, `/metrics`, the git push webhook `/hooks/git` and,
-with a governance store, the dashboard and the channels' endpoints (`dashboard`).
+"""The HTTP listener of `handler up`: `/healthz`, `/status`, `/metrics`, the git push webhook `/hooks/git`, the
+agents' MCP endpoints `/mcp/<profile>` (an ASGI app the service hands in: the router's) and, with a governance
+store, the dashboard and the channels' endpoints (`dashboard`). `handler serve --http` serves `/healthz` and the
+MCP endpoints alone (`build_mcp_app`).
 
 A Starlette app served by uvicorn inside the service's own event loop (its signal handling is left
 to the service, which stops everything in order). `HttpListener` puts every request through the
@@ -24,6 +26,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reconciler.config.errors import HandlerError
 from reconciler.gitops.webhook import verify_signature
@@ -40,7 +43,8 @@ from reconciler.web.guards import (
 )
 from reconciler.web.metrics import CONTENT_TYPE_LATEST, MetricsSources, bearer_allowed, render_metrics
 
-__all__ = ["BodyLimits", "ConnectionLimits", "HttpListener", "ListenerError", "ListenerSettings", "WebApp", "build_app"]
+__all__ = ["BodyLimits", "ConnectionLimits", "HttpListener", "ListenerError", "ListenerSettings", "WebApp", "build_app",
+           "build_mcp_app"]
 
 log = logging.getLogger("handler.http")
 
@@ -56,6 +60,7 @@ def build_app(
     desk: Desk | None = None,
     metrics: MetricsSources | None = None,
     token: str | None = None,
+    mcp: ASGIApp | None = None,
 ) -> Starlette:
     """The ASGI app. `on_push` is awaited for a verified push (None: the source is not git); `metrics` serves
     `/metrics`. `/status` and `/metrics` are read by a member signed in to the dashboard, or by a machine sending
@@ -103,11 +108,33 @@ def build_app(
     ]
     if metrics is not None:
         routes.append(Route("/metrics", metrics_route))
+    if mcp is not None:
+        routes.append(Route("/mcp/{profile}", _Endpoint(mcp)))
     handlers: dict[Any, Any] = {StoreError: _store_unavailable, 404: _not_found, 405: _not_found}
     if dashboard is not None:
         routes += dashboard.routes()
         handlers.update({404: dashboard.not_found, 405: dashboard.not_found})
     return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def build_mcp_app(mcp: ASGIApp) -> Starlette:
+    """`handler serve --http`: `/healthz` and the MCP endpoints, nothing of the dashboard."""
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    return Starlette(routes=[Route("/healthz", healthz), Route("/mcp/{profile}", _Endpoint(mcp))])
+
+
+class _Endpoint:
+    """An ASGI app as a route's whole endpoint, every method its own to answer (Starlette takes a function or
+    method, a bound one included, for a request handler of GET alone)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
@@ -186,11 +213,13 @@ class HttpListener:
     """Runs an ASGI app on host:port as a task of the current event loop, behind the `guards`.
 
     `settings` defaults to the environment's (`ListenerSettings.from_env`). Raises `ListenerError` for
-    a non-loopback `host` without a dashboard token."""
+    a non-loopback `host` without a dashboard token, when the app serves the dashboard (`dashboard`)."""
 
-    def __init__(self, app: Starlette, host: str, port: int, settings: ListenerSettings | None = None) -> None:
+    def __init__(self, app: Starlette, host: str, port: int, settings: ListenerSettings | None = None, *,
+                 dashboard: bool = True) -> None:
         settings = ListenerSettings.from_env(os.environ) if settings is None else settings
-        check_exposure(host, port, settings)
+        if dashboard:  # without one, every route but /healthz asks for a credential of its own
+            check_exposure(host, port, settings)
         guarded = HostAllowList(BodyLimiter(app, settings.limits), allowed_hosts(host, settings.public_url))
         config = uvicorn.Config(guarded, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
                                 http=guarded_connections(settings.connections))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 __all__ = [
+    "HEADER_MISMATCH",
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
     "INVALID_REQUEST",
@@ -29,6 +30,7 @@ INVALID_REQUEST: Final = -32600
 METHOD_NOT_FOUND: Final = -32601
 INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
+HEADER_MISMATCH: Final = -32020  # 2026-07-28 over HTTP: a routing header disagrees with the body, or is missing
 UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
 SERVER_BUSY: Final = -32000  # the range JSON-RPC leaves to servers: too many connections
 

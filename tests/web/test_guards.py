@@ -28,10 +28,12 @@ from reconciler.web.http import (
     ListenerError,
     ListenerSettings,
     build_app,
+    build_mcp_app,
 )
 from reconciler.web.links import LinkSigner
 from reconciler.web.owners import MEMBER_COOKIE
 from reconciler.web.slack import SlackSettings
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import short_dir
 from tests.fixtures.service import DEADLINE
@@ -235,6 +237,16 @@ def test_listening_beyond_loopback_needs_the_dashboard_token() -> None:
     for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"):
         HttpListener(app, host, 8765, ListenerSettings())
     HttpListener(app, "0.0.0.0", 8765, ListenerSettings(token="a-long-random-secret"))  # noqa: S104, S106
+
+
+def test_the_agents_endpoints_alone_may_listen_beyond_loopback_each_request_asking_a_credential() -> None:
+    async def nothing(scope: object, receive: object, send: object) -> None:
+        return None
+
+    HttpListener(build_mcp_app(nothing), "0.0.0.0", 8765, ListenerSettings(), dashboard=False)  # noqa: S104
+    limits = BodyLimits()
+    assert limits.limit_for("/mcp/researcher") == DEFAULT_MAX_LINE_BYTES  # one message, as large as a socket's line
+    assert limits.limit_for("/approvals/h1") == limits.forms
 
 
 @pytest.fixture

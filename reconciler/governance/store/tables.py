@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["audit", "balances", "holds", "leases", "metadata", "notices", "reservations", "spend"]
+__all__ = ["audit", "balances", "holds", "leases", "metadata", "notices", "reservations", "spend", "tokens"]
 
 metadata = sa.MetaData()
 
@@ -135,4 +135,18 @@ notices = sa.Table(
     sa.Column("ref", sa.String(200)),  # the channel's id of what was sent (a Slack message's ts)
     sa.Column("error", sa.Text),
     sa.UniqueConstraint("hold_id", "channel", "target", name="uq_notices_target"),
+)
+
+# The bearer tokens of the MCP endpoints over HTTP (migration 0008): one per name, each for one profile and, when
+# given, one agent run. Only the SHA-256 of a token is kept: what the store holds cannot be sent as a credential.
+# A revoked token's row is deleted (its audit rows stay).
+tokens = sa.Table(
+    "tokens", metadata,
+    sa.Column("name", sa.String(100), primary_key=True),
+    sa.Column("digest", sa.String(64), nullable=False, unique=True),  # hex SHA-256 of the token
+    sa.Column("profile", sa.String(200), nullable=False),
+    sa.Column("instance", sa.String(200)),  # the agent run its calls are logged and capped under; NULL: none named
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("created_by", sa.String(200), nullable=False),
+    sa.Column("expires_at", sa.Float),  # NULL: never
 )

@@ -1,0 +1,251 @@
+"""The MCP endpoints over Streamable HTTP (`reconciler/router/streamable.py`), asked as a client would, byte for byte.
+
+A real `handler serve --http` on the conformance suite's tree (tests/fixtures/suite_tree.py), with tokens of
+its store: what a page of another origin and a rebound name get, a session that outlives its router, one whose
+revision is gone, the end of a session, and the 2026-07-28 revision's single requests and their headers. Then
+the endpoint in this process on the echo tree, with small bounds: a credential past its open requests, bodies
+refused before any session, and a long call answered as a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from reconciler.governance.credentials import Credentials, Principal
+from reconciler.governance.store import open_store
+from reconciler.governance.store.engine import store_url
+from reconciler.governance.tokens import create_token
+from reconciler.router.resumption import SessionSigner, load_key
+from reconciler.router.streamable import HttpBounds, McpEndpoint
+from reconciler.web.http import build_mcp_app
+from tests.fixtures.harness import run, serving
+from tests.fixtures.http_service import HttpServed
+from tests.fixtures.suite_connector import SIMPLE_TEXT
+from tests.fixtures.suite_tree import write_suite_tree
+
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+HELLO = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+STATELESS = "2026-07-28"
+ENVELOPE = {"io.modelcontextprotocol/protocolVersion": STATELESS, "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+@pytest.fixture
+def served() -> Iterator[HttpServed]:
+    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="h"))
+    running = HttpServed(write_suite_tree(base / "t"), base / "run")
+    try:
+        yield running
+    finally:
+        running.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def bearer(token: str, **more: str) -> dict[str, str]:
+    return {**ACCEPT, "Authorization": f"Bearer {token}", **more}
+
+
+def call(msg_id: int, tool: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": msg_id, "method": "tools/call", "params": {"name": tool, "arguments": {}}}
+
+
+def opened(served: HttpServed, token: str) -> str:
+    answer = httpx.post(served.url("suite"), headers=bearer(token), json=HELLO)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["result"]["protocolVersion"] == "2025-11-25"
+    return answer.headers["mcp-session-id"]
+
+
+def test_a_page_of_another_origin_is_refused_even_with_the_token_and_a_rebound_name_too(served: HttpServed) -> None:
+    token = served.token("suite")
+    foreign = httpx.post(served.url("suite"), headers=bearer(token, Origin="https://evil.example"), json=HELLO)
+    assert foreign.status_code == 403
+    assert "Origin 'https://evil.example' is not this service's" in foreign.text
+    rebound = httpx.post(served.url("suite"), json=HELLO,
+                         headers=bearer(token, Host="evil.example", Origin="http://evil.example"))
+    assert rebound.status_code == 400
+    assert "Host 'evil.example' is not one this service answers to" in rebound.text
+    own = httpx.post(served.url("suite"), json=HELLO, headers=bearer(token, Origin=served.base))
+    assert own.status_code == 200, own.text  # a page of the service itself
+    assert served.log_lines() == []
+
+
+def test_a_request_from_loopback_without_a_token_is_refused_saying_how_to_get_one(served: HttpServed) -> None:
+    refused = httpx.post(served.url("suite"), headers=ACCEPT, json=HELLO)
+    assert refused.status_code == 401
+    assert refused.headers["www-authenticate"] == 'Bearer realm="handler"'
+    assert "handler token create suite" in refused.text
+
+
+def test_a_session_goes_on_after_its_router_restarts_without_a_new_initialize(served: HttpServed) -> None:
+    token = served.token("suite", instance="nightly")
+    session = opened(served, token)
+    first = httpx.post(served.url("suite"), headers=bearer(token, **{"Mcp-Session-Id": session}),
+                       json=call(2, "test_simple_text"))
+    assert first.json()["result"]["structuredContent"] == {"text": SIMPLE_TEXT}
+
+    served.restart()
+    again = httpx.post(served.url("suite"), headers=bearer(token, **{"Mcp-Session-Id": session}),
+                       json=call(3, "test_error_handling"))
+    assert again.status_code == 200, again.text
+    result = again.json()["result"]
+    assert result["isError"] is True
+    assert "intentionally returns an error" in result["content"][0]["text"]
+    other = served.token("suite")  # an id is good only with the credential it was opened with
+    stolen = httpx.post(served.url("suite"), headers=bearer(other, **{"Mcp-Session-Id": session}), json=call(4, "x"))
+    assert stolen.status_code == 404
+
+
+def test_a_session_whose_revision_is_gone_is_told_so_and_to_start_anew(served: HttpServed) -> None:
+    token = served.token("suite")
+    session = opened(served, token)
+    profile = served.root / "config/profiles/suite.toml"
+    profile.write_text(profile.read_text().replace("The conformance suite's caller", "Another revision"))
+    served.restart()
+    told = httpx.post(served.url("suite"), headers=bearer(token, **{"Mcp-Session-Id": session}),
+                      json=call(2, "test_simple_text"))
+    assert told.status_code == 404
+    message = told.json()["error"]["message"]
+    assert "this session was pinned to config revision" in message
+    assert "start a new session: send initialize again" in message
+
+
+def test_delete_ends_a_session_and_a_forged_id_is_unknown(served: HttpServed) -> None:
+    token = served.token("suite")
+    session = opened(served, token)
+    assert httpx.delete(served.url("suite"), headers=bearer(token, **{"Mcp-Session-Id": session})).status_code == 200
+    after = httpx.post(served.url("suite"), headers=bearer(token, **{"Mcp-Session-Id": session}),
+                       json=call(2, "test_simple_text"))
+    assert after.status_code == 404
+    forged = session[:-4] + ("AAAA" if not session.endswith("AAAA") else "BBBB")
+    assert httpx.post(served.url("suite"), headers=bearer(token, **{"Mcp-Session-Id": forged}),
+                      json=call(2, "test_simple_text")).status_code == 404
+    missing = httpx.post(served.url("suite"), headers=bearer(token), json=call(2, "test_simple_text"))
+    assert missing.status_code == 400
+    assert "needs the Mcp-Session-Id header" in missing.json()["error"]["message"]
+
+
+def test_protocol_2026_07_28_is_one_request_a_post_with_its_headers_and_no_session(served: HttpServed) -> None:
+    token = served.token("suite")
+    discover = {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": ENVELOPE}}
+    found = httpx.post(served.url("suite"), json=discover,
+                       headers=bearer(token, **{"MCP-Protocol-Version": STATELESS, "Mcp-Method": "server/discover"}))
+    assert found.status_code == 200, found.text
+    assert STATELESS in found.json()["result"]["supportedVersions"]
+    assert "mcp-session-id" not in found.headers
+
+    no_method = httpx.post(served.url("suite"), json=discover,
+                           headers=bearer(token, **{"MCP-Protocol-Version": STATELESS}))
+    assert no_method.status_code == 400
+    assert no_method.json()["error"]["code"] == -32020
+
+    tool = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "test_simple_text", "arguments": {}, "_meta": ENVELOPE}}
+    wrong_name = httpx.post(served.url("suite"), json=tool, headers=bearer(token, **{
+        "MCP-Protocol-Version": STATELESS, "Mcp-Method": "tools/call", "Mcp-Name": "test_error_handling"}))
+    assert wrong_name.json()["error"]["code"] == -32020
+    done = httpx.post(served.url("suite"), json=tool, headers=bearer(token, **{
+        "MCP-Protocol-Version": STATELESS, "Mcp-Method": "tools/call", "Mcp-Name": "test_simple_text"}))
+    assert done.json()["result"]["structuredContent"] == {"text": SIMPLE_TEXT}
+    assert done.json()["result"]["resultType"] == "complete"
+
+    later = {**discover, "params": {"_meta": {**ENVELOPE, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}}}
+    headers = bearer(token, **{"MCP-Protocol-Version": "2099-01-01", "Mcp-Method": "server/discover"})
+    unknown = httpx.post(served.url("suite"), json=later, headers=headers)
+    assert unknown.status_code == 400
+    assert unknown.json()["error"]["code"] == -32022
+    stream = httpx.get(served.url("suite"), headers=bearer(token, **{"MCP-Protocol-Version": STATELESS}))
+    assert stream.status_code == 405
+
+
+# --- the endpoint in this process, on a router of its own: its bounds, and a long call's stream ----------------
+
+
+@contextlib.asynccontextmanager
+async def endpoint(root: Path, run_dir: Path, bounds: HttpBounds) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """An HTTP client of the endpoint (as the listener mounts it) and a bearer token of `tester`."""
+    with contextlib.closing(open_store(store_url(root, {}, state_dir=root / ".handler"))) as store:
+        token = create_token(store, "tester", name="bounded", instance=None, expires_in=None, actor="tests").token
+        credentials = Credentials(store)
+        async with serving(root, run_dir) as router:
+            def authenticate(authorization: str | None, profile: str, base: str | None) -> Awaitable[Principal]:
+                return credentials.authenticate(authorization, profile, base_url=base)
+
+            mcp = McpEndpoint(router, authenticate, SessionSigner(load_key(root)), bounds)
+            transport = httpx.ASGITransport(app=build_mcp_app(mcp))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                yield client, token
+            await mcp.aclose()
+
+
+async def open_session(client: httpx.AsyncClient, token: str) -> dict[str, str]:
+    opened = await client.post("/mcp/tester", headers=bearer(token), json=HELLO)
+    assert opened.status_code == 200, opened.text
+    return bearer(token, **{"Mcp-Session-Id": opened.headers["mcp-session-id"]})
+
+
+def sleep_call(msg_id: int, seconds: float) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": msg_id, "method": "tools/call",
+            "params": {"name": "echo_misbehave", "arguments": {"mode": "sleep", "seconds": seconds}}}
+
+
+def test_a_credential_past_its_open_requests_is_told_to_retry_and_then_served(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with endpoint(echo_root, run_dir, HttpBounds(requests_per_credential=1)) as (client, token):
+            headers = await open_session(client, token)
+            slow = asyncio.create_task(client.post("/mcp/tester", headers=headers, json=sleep_call(2, 1.0)))
+            busy = None
+            while busy is None or busy.status_code != 429:  # until the slow call holds the credential's one request
+                assert not slow.done()
+                busy = await client.post("/mcp/tester", headers=headers, json={"jsonrpc": "2.0", "id": 3,
+                                                                              "method": "ping"})
+            assert busy.headers["retry-after"] == "1"
+            assert "the credential 'bounded' has 1 requests open already" in busy.text
+            assert (await slow).status_code == 200
+            after = await client.post("/mcp/tester", headers=headers, json={"jsonrpc": "2.0", "id": 4,
+                                                                            "method": "ping"})
+            assert after.json() == {"jsonrpc": "2.0", "id": 4, "result": {}}
+
+    run(scenario())
+
+
+def test_a_body_over_the_bound_a_wrong_type_or_accept_is_refused_before_any_session(echo_root: Path,
+                                                                                     run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with endpoint(echo_root, run_dir, HttpBounds(max_body_bytes=2000)) as (client, token):
+            big = {**HELLO, "params": {**HELLO["params"], "padding": "x" * 3000}}
+            assert (await client.post("/mcp/tester", headers=bearer(token), json=big)).status_code == 413
+            typed = await client.post("/mcp/tester", headers=bearer(token, **{"Content-Type": "text/plain"}),
+                                      content=b"{}")
+            assert typed.status_code == 415
+            json_only = await client.post("/mcp/tester", json=HELLO,
+                                          headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
+            assert json_only.status_code == 406
+            assert "Accept: application/json, text/event-stream" in json_only.text
+
+    run(scenario())
+
+
+def test_a_long_call_is_answered_as_a_stream_ending_with_its_result(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        bounds = HttpBounds(stream_after_seconds=0.1, keepalive_seconds=0.1)
+        async with endpoint(echo_root, run_dir, bounds) as (client, token):
+            headers = await open_session(client, token)
+            streamed = await client.post("/mcp/tester", headers=headers, json=sleep_call(5, 0.6))
+            assert streamed.headers["content-type"] == "text/event-stream"
+            assert b": keep-alive\n\n" in streamed.content
+            last = streamed.content.rstrip(b"\n").rsplit(b"\n", 1)[1]
+            assert last.startswith(b'data: {"jsonrpc":"2.0","id":5,"result":')
+            assert json.loads(last[len(b"data: "):])["result"]["isError"] is False
+
+    run(scenario())
