@@ -23,9 +23,11 @@ from typing import Any
 
 from reconciler.config import ConfigError, HandlerError, Snapshot
 from reconciler.config.eventloop import run_on_uvloop
+from reconciler.config.models import HttpAuth
 from reconciler.gitops.following import Follower, FollowReports
 from reconciler.gitops.reconciling import Reconciler
 from reconciler.gitops.status import Attempt
+from reconciler.governance.credentials import Credentials
 from reconciler.governance.gate import Gate
 from reconciler.governance.governor import Governor
 from reconciler.governance.notices import Reach
@@ -35,6 +37,7 @@ from reconciler.preflight import preflight
 from reconciler.router.files import clear_leftovers
 from reconciler.router.server import Router
 from reconciler.router.tally import CallTally
+from reconciler.router.transfer import FileTransfer
 from reconciler.web.catalog import read_listing
 from reconciler.web.channels import Channels, open_channels
 from reconciler.web.http import HttpListener, ListenerSettings, WebApp, build_app
@@ -126,6 +129,9 @@ class Service:
         # or PostgreSQL when HANDLER_STORE_URL names one (migrated at start, under a lock).
         self._governor = Governor.from_env(root, state_dir=self.state_dir) if gate is None else None
         self._gate = self._governor or gate
+        # Who calls the agents' HTTP routes: the store's tokens, and the live org's [http.auth] issuer.
+        self.credentials = Credentials(self._governor.store if self._governor is not None else None, self._http_auth,
+                                       public_url=ListenerSettings.from_env(os.environ).public_url)
         self._first = first
         self.follower = self._open_follower(root)
         self.listener: HttpListener | None = None
@@ -264,12 +270,17 @@ class Service:
     def _live_snapshot(self) -> Snapshot | None:
         return self._router.live.snapshot if self._router is not None else None
 
+    def _http_auth(self) -> HttpAuth | None:
+        snapshot = self._live_snapshot()
+        return snapshot.org.http.auth if snapshot is not None and snapshot.org is not None else None
+
     def _build_app(self) -> WebApp:
         metrics = MetricsSources(self.reconciler.status.to_dict, self._call_counts,
                                  self._governor.store if self._governor is not None else None)
         return build_app(self.reconciler.status.to_dict, webhook_secret=self.options.webhook_secret,
                          on_push=self.follower.on_push, desk=self._channels.desk if self._channels else None,
-                         metrics=metrics, token=ListenerSettings.from_env(os.environ).token)
+                         metrics=metrics, token=ListenerSettings.from_env(os.environ).token,
+                         credentials=self.credentials, files=FileTransfer(lambda: self.router.live, self.credentials))
 
     def _call_counts(self) -> CallTally | None:
         """The router's tally of ended calls, with every call ended so far counted (its log's batch written)."""

@@ -23,10 +23,12 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp
 
 from reconciler.config.errors import HandlerError
 from reconciler.gitops.webhook import verify_signature
+from reconciler.governance.credentials import Credentials
 from reconciler.governance.errors import StoreError
 from reconciler.web.dashboard import Desk, dashboard_routes
 from reconciler.web.guards import (
@@ -34,11 +36,13 @@ from reconciler.web.guards import (
     BodyLimits,
     ConnectionLimits,
     HostAllowList,
+    OriginAllowList,
     allowed_hosts,
     guarded_connections,
     is_loopback,
 )
 from reconciler.web.metrics import CONTENT_TYPE_LATEST, MetricsSources, bearer_allowed, render_metrics
+from reconciler.web.resource import agents_routes
 
 __all__ = ["BodyLimits", "ConnectionLimits", "HttpListener", "ListenerError", "ListenerSettings", "WebApp", "build_app"]
 
@@ -56,9 +60,12 @@ def build_app(
     desk: Desk | None = None,
     metrics: MetricsSources | None = None,
     token: str | None = None,
+    credentials: Credentials | None = None,
+    files: ASGIApp | None = None,
 ) -> Starlette:
     """The ASGI app. `on_push` is awaited for a verified push (None: the source is not git); `metrics` serves
-    `/metrics`. `/status` and `/metrics` ask for `token` (HANDLER_DASHBOARD_TOKEN) as a bearer token when one is
+    `/metrics`; `credentials` and `files` add the agents' routes (`resource.agents_routes`). `/status` and
+    `/metrics` ask for `token` (HANDLER_DASHBOARD_TOKEN) as a bearer token when one is
     set; `/healthz` never does (it says nothing but that the service answers)."""
 
     async def healthz(request: Request) -> Response:
@@ -94,13 +101,14 @@ def build_app(
         assert metrics is not None  # noqa: S101 - routed only with sources
         return Response(await render_metrics(metrics), media_type=CONTENT_TYPE_LATEST)
 
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/status", status_route),
         Route("/hooks/git", hook, methods=["POST"]),
     ]
     if metrics is not None:
         routes.append(Route("/metrics", metrics_route))
+    routes += agents_routes(credentials, files)
     if desk is not None:
         routes += dashboard_routes(desk, status)
     return Starlette(routes=routes, exception_handlers={StoreError: _store_unavailable})
@@ -164,7 +172,8 @@ class HttpListener:
     def __init__(self, app: Starlette, host: str, port: int, settings: ListenerSettings | None = None) -> None:
         settings = ListenerSettings.from_env(os.environ) if settings is None else settings
         check_exposure(host, port, settings)
-        guarded = HostAllowList(BodyLimiter(app, settings.limits), allowed_hosts(host, settings.public_url))
+        guarded = HostAllowList(OriginAllowList(BodyLimiter(app, settings.limits), settings.public_url),
+                                allowed_hosts(host, settings.public_url))
         config = uvicorn.Config(guarded, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
                                 http=guarded_connections(settings.connections))
         self._server = _Server(config)

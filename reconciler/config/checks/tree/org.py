@@ -1,6 +1,7 @@
 """What org.toml names exists: its default template, its groups' members, an owner, and what each
 policy scopes and routes to, and that `[http.auth]` names its identity provider by https URLs. O002, O004, O005,
-O007, O008, and O003 with `routing`; the default template's O006 comes from `selections`. Run by `check_tree` on every load, after the profiles.
+O007, O008, and O003 with `routing`; the default template's O006 comes from `selections`. Run by `check_tree` on
+every load, after the profiles.
 """
 
 from __future__ import annotations
