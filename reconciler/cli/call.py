@@ -276,10 +276,10 @@ def _run_with(link: RouterLink | RemoteLink | None, first: argparse.Namespace, w
     if link is None:
         raise LinkError(f"no router serves profile '{first.profile}'")
     if isinstance(link, RemoteLink):
-        arguments = link.upload_inputs(tool.get("inputSchema") or {}, arguments)
+        arguments = link.files.upload_inputs(tool.get("inputSchema") or {}, arguments)
     code = _call_and_report(link, first.tool, arguments, args.format)
     if isinstance(link, RemoteLink) and code == EXIT_EXECUTED:
-        for path in link.download_outputs():
+        for path in link.files.download_outputs():
             print(f"handler call: wrote {path}", file=sys.stderr)
     return code
 

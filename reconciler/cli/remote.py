@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final
 from urllib.parse import quote
 
-__all__ = ["RemoteLink", "RemoteLinkError", "endpoint_of"]
+__all__ = ["FileCarrier", "RemoteLink", "RemoteLinkError", "endpoint_of"]
 
 _STAGING: Final = ".handler-call"  # the folder of the profile's scope each call's files go under
 _SECONDS: Final = 300.0  # how long a file may take to come or go
@@ -47,8 +47,7 @@ class RemoteLink:
         self.profile = profile
         self.base, self.endpoint = endpoint_of(url, profile)
         self._auth = {"Authorization": f"Bearer {token}"}
-        self._folder = f"{_STAGING}/{secrets.token_hex(8)}"
-        self._outputs: list[tuple[str, Path]] = []  # (path in the scope, the caller's path)
+        self.files = FileCarrier(self.base, profile, token)
         self._runner = asyncio.Runner()
         self._done: asyncio.Event | None = None
         self._holder: asyncio.Task[None] | None = None
@@ -104,6 +103,25 @@ class RemoteLink:
         result = self._run(self._client.call_tool(name, dict(arguments), meta=self.meta))
         dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         return dumped
+
+    def close(self) -> None:
+        if self._done is not None and self._holder is not None:
+            self._done.set()
+            with contextlib.suppress(Exception):
+                self._runner.run(_finished(self._holder))
+        self._runner.close()
+
+
+
+
+class FileCarrier:
+    """Moves a call's files between the caller's folder and the profile's work folder (`/files/<profile>/...`)."""
+
+    def __init__(self, base: str, profile: str, token: str) -> None:
+        self.base, self.profile = base, profile
+        self._auth = {"Authorization": f"Bearer {token}"}
+        self._folder = f"{_STAGING}/{secrets.token_hex(8)}"
+        self._outputs: list[tuple[str, Path]] = []  # (path in the scope, the caller's path)
 
     def upload_inputs(self, schema: Mapping[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
         """`arguments` with each `handler-file` value uploaded and named by its copy in the profile's scope, and each
@@ -170,13 +188,6 @@ class RemoteLink:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-
-    def close(self) -> None:
-        if self._done is not None and self._holder is not None:
-            self._done.set()
-            with contextlib.suppress(Exception):
-                self._runner.run(_finished(self._holder))
-        self._runner.close()
 
 
 async def _finished(task: asyncio.Task[None]) -> None:

@@ -1,0 +1,111 @@
+"""The files of `handler call --url`: the caller's local file goes into the profile's work folder through
+`PUT /files/...` and the router's own pipeline reads it there; what a tool writes comes back to the caller's path.
+
+The call itself goes over the profile's MCP endpoint over HTTP; these tests make it through the profile's socket
+instead, which runs the same pipeline, so that what is checked here is the carrying of the files."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reconciler.app import UpOptions
+from reconciler.cli.remote import FileCarrier, RemoteLinkError, endpoint_of
+from reconciler.governance.store import open_store
+from reconciler.governance.tokens import create_token
+from reconciler.wire.results import result_body
+from tests.fixtures.echo_tree import TOKEN_ENV, TOOLS, write_echo_tree
+from tests.fixtures.harness import short_dir
+from tests.fixtures.service import running
+
+SCHEMAS = {tool["name"]: tool["inputSchema"] for tool in TOOLS}
+
+
+@pytest.fixture
+def short(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv(TOKEN_ENV, "token-A")
+    for name in ("HANDLER_STORE_URL", "HANDLER_STATE_DIR", "HANDLER_PUBLIC_URL", "HANDLER_DASHBOARD_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    with short_dir() as path:
+        yield path
+
+
+def test_a_local_input_is_uploaded_read_by_the_call_and_an_output_comes_back_to_the_callers_folder(
+        short: Path) -> None:
+    root = write_echo_tree(short / "tree")
+    caller = short / "caller"
+    (caller / "out").mkdir(parents=True)
+    page = caller / "page.png"
+    page.write_bytes(b"\x89PNG" + bytes(range(200)))
+    options = UpOptions(root=str(root), run_dir=short / "run", state_dir=short / "state", http_port=0, sandbox=False)
+
+    async def scenario() -> None:
+        async with running(options) as service:
+            assert service.listener is not None
+            store = open_store(f"sqlite:///{short / 'state' / 'handler.db'}")
+            try:
+                token = create_token(store, "tester", name="t", instance=None, expires_in=60, actor="test").token
+            finally:
+                store.close()
+            carrier = FileCarrier(f"http://127.0.0.1:{service.listener.port}", "tester", token)
+            session = await service.session()
+            try:
+                read_args = await asyncio.to_thread(carrier.upload_inputs, SCHEMAS["echo_read"], {"path": str(page)})
+                assert read_args["path"].startswith(".handler-call/")
+                assert read_args["path"].endswith("/page.png")
+                read = result_body(await session.call("echo_read", read_args))
+                assert (read["bytes"], read["sha256"]) == (204, hashlib.sha256(page.read_bytes()).hexdigest())
+
+                wanted = caller / "out" / "speech.txt"
+                write_args = await asyncio.to_thread(carrier.upload_inputs, SCHEMAS["echo_write"],
+                                                     {"text": "spoken words", "outputPath": str(wanted)})
+                assert write_args["text"] == "spoken words"
+                assert write_args["outputPath"].endswith("/speech.txt")
+                assert not wanted.exists()
+                written = result_body(await session.call("echo_write", write_args))
+                assert written["bytes"] == 12
+                assert await asyncio.to_thread(carrier.download_outputs) == [wanted]
+                assert wanted.read_text() == "spoken words"
+                assert sorted(p.name for p in (caller / "out").iterdir()) == ["speech.txt"]  # no partial file
+            finally:
+                await session.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_refused_upload_says_what_the_router_said(short: Path) -> None:
+    root = write_echo_tree(short / "tree")
+    big = short / "big.bin"
+    big.write_bytes(b"x" * 1001)  # the echo interface's maxFileBytes is 1000
+    options = UpOptions(root=str(root), run_dir=short / "run", state_dir=short / "state", http_port=0, sandbox=False)
+
+    async def scenario() -> None:
+        async with running(options) as service:
+            assert service.listener is not None
+            base = f"http://127.0.0.1:{service.listener.port}"
+            with pytest.raises(RemoteLinkError, match=r"\(401\).*handler token create tester"):
+                await asyncio.to_thread(FileCarrier(base, "tester", "hst_" + "A" * 43).upload_inputs,
+                                        SCHEMAS["echo_read"], {"path": str(big)})
+            store = open_store(f"sqlite:///{short / 'state' / 'handler.db'}")
+            try:
+                token = create_token(store, "tester", name="t", instance=None, expires_in=60, actor="test").token
+            finally:
+                store.close()
+            with pytest.raises(RemoteLinkError, match=r"\(413\).*at most 1000"):
+                await asyncio.to_thread(FileCarrier(base, "tester", token).upload_inputs, SCHEMAS["echo_read"],
+                                        {"path": str(big)})
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_the_url_may_name_the_service_or_the_profiles_endpoint() -> None:
+    assert endpoint_of("https://mcp.example.org/", "researcher") == (
+        "https://mcp.example.org", "https://mcp.example.org/mcp/researcher")
+    assert endpoint_of("https://mcp.example.org/mcp/researcher", "researcher") == (
+        "https://mcp.example.org", "https://mcp.example.org/mcp/researcher")
+    with pytest.raises(RemoteLinkError, match="not an http"):
+        endpoint_of("mcp.example.org", "researcher")
