@@ -275,13 +275,25 @@ def _run_with(link: RouterLink | RemoteLink | None, first: argparse.Namespace, w
         return EXIT_INVALID
     if link is None:
         raise LinkError(f"no router serves profile '{first.profile}'")
-    if isinstance(link, RemoteLink):
+    return (_call_remote(link, first.tool, tool, arguments, args.format) if isinstance(link, RemoteLink)
+            else _call_and_report(link, first.tool, arguments, args.format))
+
+
+def _call_remote(link: RemoteLink, name: str, tool: Mapping[str, Any], arguments: dict[str, Any], fmt: str) -> int:
+    """The call over HTTP, its input files uploaded first and its outputs downloaded after; what it put in the
+    profile's work folder is removed again, but for a held call's, which its run reads once approved."""
+    code = EXIT_FAILED
+    try:
         arguments = link.files.upload_inputs(tool.get("inputSchema") or {}, arguments)
-    code = _call_and_report(link, first.tool, arguments, args.format)
-    if isinstance(link, RemoteLink) and code == EXIT_EXECUTED:
-        for path in link.files.download_outputs():
-            print(f"handler call: wrote {path}", file=sys.stderr)
-    return code
+        code = _call_and_report(link, name, arguments, fmt)
+        if code == EXIT_EXECUTED:
+            for path in link.files.download_outputs():
+                print(f"handler call: wrote {path}", file=sys.stderr)
+        return code
+    finally:
+        if link.files.placed and code != EXIT_PENDING:
+            for left in link.files.clear():
+                print(f"handler call: could not remove {left} from the work folder", file=sys.stderr)
 
 
 _JSON_EXAMPLE = """--json '{"path": "a.pdf"}'"""

@@ -122,6 +122,7 @@ class FileCarrier:
         self._auth = {"Authorization": f"Bearer {token}"}
         self._folder = f"{_STAGING}/{secrets.token_hex(8)}"
         self._outputs: list[tuple[str, Path]] = []  # (path in the scope, the caller's path)
+        self.placed: list[str] = []  # every path of the scope this carrier named, to clear after the call
 
     def upload_inputs(self, schema: Mapping[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
         """`arguments` with each `handler-file` value uploaded and named by its copy in the profile's scope, and each
@@ -135,6 +136,7 @@ class FileCarrier:
                 continue
             local = Path(value)
             remote = f"{self._folder}/{index}/{PurePosixPath(local.name or 'file').name}"
+            self.placed.append(remote)
             if field.output:
                 self._outputs.append((remote, local))
             else:
@@ -149,6 +151,23 @@ class FileCarrier:
             self._download(remote, local)
             written.append(local)
         return written
+
+    def clear(self) -> list[str]:
+        """Remove from the profile's work folder what this call put there or had written there, and the folders
+        made for them; what could not be removed (an output the call did not write is simply absent)."""
+        import httpx
+
+        folders = sorted({self._folder, *(r.rsplit("/", 1)[0] for r in self.placed)}, key=len, reverse=True)
+        left: list[str] = []
+        for remote in [*self.placed, *folders]:
+            try:
+                answer = httpx.delete(self._url(remote), headers=self._auth, timeout=_SECONDS)
+            except httpx.HTTPError:
+                left.append(remote)
+                continue
+            if answer.status_code not in (204, 404):
+                left.append(remote)
+        return left
 
     def _url(self, remote: str) -> str:
         return f"{self.base}/files/{quote(self.profile)}/{quote(remote)}"

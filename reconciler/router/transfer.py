@@ -1,4 +1,5 @@
-"""Files that travel: `PUT /files/<profile>/<path>` writes a file into a profile's work folder, `GET` reads one back.
+"""Files that travel: `PUT /files/<profile>/<path>` writes a file into a profile's work folder, `GET` reads one back,
+`DELETE` removes one (or an empty folder).
 
 A caller on another machine cannot name a file on the router's disk, so it sends it first: the file lands in the
 profile's scope at `<path>`, where a later call's `handler-file` argument names it, and what a call wrote there
@@ -13,7 +14,8 @@ write goes to a fresh temporary file in the target's folder, renamed over the ta
 old file or the new one, never half of one, and a symlink, FIFO or folder at the target is refused, not replaced.
 An upload may be as large as the largest `maxFileBytes` of the profile's interfaces, the most any of its calls
 would take; a `Content-Length` past it is refused before a byte is read, and a chunked body is cut when it passes.
-A profile none of whose interfaces sets `maxFileBytes` takes no upload at all.
+A profile none of whose interfaces sets `maxFileBytes` takes no upload at all. `DELETE` lets a caller clear what it
+put there (`handler call --url` removes its copies once the call is done), never through a link either.
 """
 
 from __future__ import annotations
@@ -83,9 +85,9 @@ class FileTransfer:
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"]
-        if method not in ("GET", "HEAD", "PUT"):
-            raise _Refusal(405, f"{method} is not served here: PUT uploads a file, GET downloads one.\n",
-                           {"Allow": "GET, HEAD, PUT"})
+        if method not in ("GET", "HEAD", "PUT", "DELETE"):
+            raise _Refusal(405, f"{method} is not served here: PUT uploads a file, GET downloads one, DELETE removes "
+                           "one.\n", {"Allow": "GET, HEAD, PUT, DELETE"})
         profile, relative = _split(scope["path"])
         principal = await self._authenticate(scope, profile)
         place = self._place(principal.profile)
@@ -94,6 +96,9 @@ class FileTransfer:
             written = await self._put(place, parts, scope, receive, principal)
             body = orjson.dumps({"path": relative, "bytes": written})
             await _answer(send, 201, body, "application/json")
+        elif method == "DELETE":
+            await asyncio.to_thread(_remove, place.root, parts)
+            await _answer(send, 204, b"", "text/plain; charset=utf-8")
         else:
             await _send_file(send, place, parts, relative, head=method == "HEAD")
 
@@ -183,6 +188,30 @@ def _open_target(root: str, parts: list[str]) -> tuple[int, str]:
         os.close(folder)
         raise _refused_path(relative, RefusedPathError(describe_mode(mode), final=True), write=True)
     return folder, parts[-1]
+
+
+def _remove(root: str, parts: list[str]) -> None:
+    """Remove the regular file or empty folder `parts` below `root`, walking down without following a link."""
+    relative = "/".join(parts)
+    try:
+        folder = open_folder(root, parts[:-1])
+    except (RefusedPathError, FileNotFoundError) as exc:
+        refusal = exc if isinstance(exc, RefusedPathError) else RefusedPathError("nothing", final=False, missing=True)
+        raise _refused_path(relative, refusal, write=False) from None
+    try:
+        mode = os.stat(parts[-1], dir_fd=folder, follow_symlinks=False).st_mode
+        if stat.S_ISDIR(mode):
+            os.rmdir(parts[-1], dir_fd=folder)
+        elif stat.S_ISREG(mode):
+            os.unlink(parts[-1], dir_fd=folder)
+        else:
+            raise _refused_path(relative, RefusedPathError(describe_mode(mode), final=True), write=False)
+    except FileNotFoundError:
+        raise _Refusal(404, f"There is no file '{relative}' in the work folder.\n") from None
+    except OSError as exc:  # a folder that is not empty
+        raise _Refusal(409, f"'{relative}' cannot be removed: {exc.strerror}.\n") from None
+    finally:
+        os.close(folder)
 
 
 async def _receive_into(folder: int, leaf: str, receive: Receive, most: int, profile: str) -> int:

@@ -71,6 +71,9 @@ def test_a_local_input_is_uploaded_read_by_the_call_and_an_output_comes_back_to_
                 assert await asyncio.to_thread(carrier.download_outputs) == [wanted]
                 assert wanted.read_text() == "spoken words"
                 assert sorted(p.name for p in (caller / "out").iterdir()) == ["speech.txt"]  # no partial file
+                assert await asyncio.to_thread(carrier.clear) == []
+                assert sorted(p.name for p in (root / "work/tester").iterdir()) == [".handler-call"]
+                assert list((root / "work/tester/.handler-call").iterdir()) == []
             finally:
                 await session.close()
 

@@ -185,3 +185,25 @@ def _raw_request(url: str, line: str, token: str) -> str:
         while chunk := sock.recv(65536):
             received += chunk
     return received.decode("latin-1")
+
+
+def test_delete_removes_a_file_or_an_empty_folder_never_through_a_link(short: Path) -> None:
+    async def body(up: Up, client: httpx.AsyncClient) -> None:
+        outside = up.work.parent.parent / "outside"
+        outside.mkdir()
+        (outside / "keep.txt").write_text("keep")
+        (up.work / "out").symlink_to(outside)
+        assert (await client.put("/files/tester/dir/a.txt", content=b"x", headers=up.auth())).status_code == 201
+        assert (await client.delete("/files/tester/dir", headers=up.auth())).status_code == 409  # not empty
+        assert (await client.delete("/files/tester/dir/a.txt", headers=up.auth("other"))).status_code == 401
+        assert (await client.delete("/files/tester/dir/a.txt", headers=up.auth())).status_code == 204
+        assert (await client.delete("/files/tester/dir", headers=up.auth())).status_code == 204
+        assert (await client.delete("/files/tester/dir", headers=up.auth())).status_code == 404
+        through = await client.delete("/files/tester/out/keep.txt", headers=up.auth())
+        assert through.status_code == 403
+        link = await client.delete("/files/tester/out", headers=up.auth())
+        assert link.status_code == 409
+        assert (outside / "keep.txt").read_text() == "keep"
+        assert _leftovers(up.work) == ["out"]
+
+    _run(short, body)
