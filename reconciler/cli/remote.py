@@ -51,6 +51,7 @@ class RemoteLink:
         self._runner = asyncio.Runner()
         self._done: asyncio.Event | None = None
         self._holder: asyncio.Task[None] | None = None
+        self._refusal = ""  # the last 4xx or 5xx the endpoint answered, as the SDK's errors do not say it
         try:
             self._client: Any = self._runner.run(self._open(client_name))
         except BaseException:
@@ -66,7 +67,12 @@ class RemoteLink:
         try:
             return await ready
         except Exception as exc:
-            raise RemoteLinkError(_unreached(self.endpoint, exc)) from None
+            raise RemoteLinkError(_unreached(self.endpoint, exc, self._refusal)) from None
+
+    async def _note_refusal(self, response: Any) -> None:
+        if response.status_code >= 400:
+            await response.aread()
+            self._refusal = f"{response.status_code}: {response.text.strip()[:2000]}"
 
     async def _hold(self, ready: asyncio.Future[Any], client_name: str) -> None:
         from mcp import Client
@@ -76,6 +82,7 @@ class RemoteLink:
 
         assert self._done is not None  # noqa: S101 - set by _open before this task starts
         http = create_mcp_http_client(headers=self._auth)
+        http.event_hooks["response"].append(self._note_refusal)
         try:
             async with http, Client(streamable_http_client(self.endpoint, http_client=http),
                                     client_info=Implementation(name=client_name, version="1")) as client:
@@ -93,7 +100,7 @@ class RemoteLink:
         except RemoteLinkError:
             raise
         except Exception as exc:
-            raise RemoteLinkError(_unreached(self.endpoint, exc)) from None
+            raise RemoteLinkError(_unreached(self.endpoint, exc, self._refusal)) from None
 
     def list_tools(self) -> list[dict[str, Any]]:
         listed = self._run(self._client.list_tools(meta=self.meta))
@@ -225,11 +232,11 @@ def _replaced(node: Any, where: tuple[str | int, ...], value: str) -> Any:
     return node
 
 
-def _unreached(endpoint: str, exc: BaseException) -> str:
-    """What went wrong reaching `endpoint`, the SDK's nested exception groups unwrapped to their first cause."""
+def _unreached(endpoint: str, exc: BaseException, refusal: str) -> str:
+    """What went wrong reaching `endpoint`: the endpoint's own refusal when it answered one (`refusal`, "401: ..."),
+    else the SDK's error, its nested exception groups unwrapped to their first cause."""
+    if refusal:
+        return f"cannot call {endpoint}: the router answered {refusal}"
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    said = str(exc) or exc.__class__.__name__
-    if "401" in said:
-        said += " (the token was refused: is it a token of this profile, unexpired, not revoked?)"
-    return f"cannot call {endpoint}: {said}"
+    return f"cannot call {endpoint}: {str(exc) or exc.__class__.__name__}"

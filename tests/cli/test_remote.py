@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvicorn
 
 from reconciler.app import UpOptions
+from reconciler.cli import main
 from reconciler.cli.remote import FileCarrier, RemoteLinkError, endpoint_of
 from reconciler.governance.store import open_store
 from reconciler.governance.tokens import create_token
@@ -112,3 +118,67 @@ def test_the_url_may_name_the_service_or_the_profiles_endpoint() -> None:
         "https://mcp.example.org", "https://mcp.example.org/mcp/researcher")
     with pytest.raises(RemoteLinkError, match="not an http"):
         endpoint_of("mcp.example.org", "researcher")
+
+
+class _BearerOnly:
+    """Answers 401 to a request without `Authorization: Bearer good`, as the router's endpoint would."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (b"authorization", b"Bearer good") not in scope["headers"]:
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"www-authenticate", b'Bearer realm="handler"')]})
+            await send({"type": "http.response.body", "body": b"no credential\n"})
+            return
+        await self.app(scope, receive, send)
+
+
+@pytest.fixture
+def mcp_endpoint() -> Iterator[str]:
+    """An MCP server of the official SDK over Streamable HTTP at /mcp/tester on loopback, behind a bearer check:
+    the shape of a profile's endpoint, for the MCP half of `handler call --url`."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("stand-in")
+
+    @server.tool()
+    def echo_say(text: str) -> dict[str, str]:
+        """Echo a text back."""
+        return {"text": f"echoed: {text}"}
+
+    app = _BearerOnly(server.streamable_http_app(streamable_http_path="/mcp/tester"))
+    sock = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    runner = uvicorn.Server(config)
+    thread = threading.Thread(target=runner.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not runner.started:
+        assert time.monotonic() < deadline, "the stand-in MCP server did not start"
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    runner.should_exit = True
+    thread.join(20)
+    sock.close()
+
+
+def test_handler_call_url_lists_and_calls_over_streamable_http_with_the_bearer(
+        mcp_endpoint: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HANDLER_TOKEN", raising=False)
+    code = main(["call", "echo", "echo_say", "--profile", "tester", "--url", mcp_endpoint, "--token", "good",
+                 "--text", "hi"])
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (0, "echoed: hi\n", "")
+    monkeypatch.setenv("HANDLER_TOKEN", "bad")
+    code = main(["call", "echo", "echo_say", "--profile", "tester", "--url", f"{mcp_endpoint}/mcp/tester",
+                 "--text", "hi"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert err.startswith(f"handler call: cannot call {mcp_endpoint}/mcp/tester: ")
+    assert "the router answered 401: no credential" in err
+    monkeypatch.delenv("HANDLER_TOKEN")
+    code = main(["call", "echo", "echo_say", "--profile", "tester", "--url", mcp_endpoint, "--text", "hi"])
+    assert code == 1
+    assert "--url needs a token of the profile" in capsys.readouterr().err
