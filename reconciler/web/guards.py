@@ -221,8 +221,10 @@ class OriginAllowList:
             return
         headers = Headers(scope=scope)
         origin = headers.get("origin")
-        if origin is None or _origin_of(origin) in {self.public, _origin_of(f"{scope['scheme']}://"
-                                                                             f"{headers.get('host', '')}")}:
+        given = None if origin is None else _origin_of(origin)
+        own = _origin_of(f"{scope['scheme']}://{headers.get('host', '')}")
+        # `Origin: null` (a sandboxed frame, a file: page) and what does not parse are no origin of ours
+        if origin is None or (given is not None and given in (self.public, own)):
             await self.app(scope, receive, send)
             return
         text = (f"Origin {origin[:100]!r} is not this service's: a page of another site may not call its agents' "

@@ -166,6 +166,9 @@ def test_a_page_of_another_origin_or_a_rebinding_host_is_refused_even_with_the_t
                                 headers={**up.auth(), "Origin": "http://evil.example"})
         assert page.status_code == 403
         assert "not this service's" in page.text
+        for origin in ("null", "http://127.0.0.1:1", "file://", "https://127.0.0.1"):  # none is this service's
+            other = await client.put("/files/tester/a.txt", content=b"x", headers={**up.auth(), "Origin": origin})
+            assert other.status_code == 403, origin
         rebound = await client.get("/files/tester/a.txt", headers={**up.auth(), "Host": "evil.example"})
         assert rebound.status_code == 400
         same = await client.put("/files/tester/a.txt", content=b"x", headers={**up.auth(), "Origin": up.url})
