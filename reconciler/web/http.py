@@ -3,8 +3,8 @@ with a governance store, the dashboard and the channels' endpoints (`dashboard`)
 
 A Starlette app served by uvicorn inside the service's own event loop (its signal handling is left
 to the service, which stops everything in order). `HttpListener` puts every request through the
-`guards` first (a `Host` allow-list, then body limits), and refuses to listen beyond this machine
-without `HANDLER_DASHBOARD_TOKEN` (`ListenerError`, raised before anything starts).
+`guards` first (a `Host` allow-list, the agents' routes' `Origin` check, then body limits), and refuses to
+listen beyond this machine without `HANDLER_DASHBOARD_TOKEN` (`ListenerError`, raised before anything starts).
 """
 
 from __future__ import annotations
