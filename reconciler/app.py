@@ -40,6 +40,7 @@ from reconciler.router.resumption import SessionSigner, load_key
 from reconciler.router.server import Router
 from reconciler.router.streamable import McpEndpoint
 from reconciler.router.tally import CallTally
+from reconciler.router.transfer import FileTransfer
 from reconciler.web.catalog import read_listing
 from reconciler.web.channels import Channels, open_channels
 from reconciler.web.http import HttpListener, ListenerSettings, WebApp, build_app, build_mcp_app
@@ -133,6 +134,9 @@ class Service:
         # or PostgreSQL when HANDLER_STORE_URL names one (migrated at start, under a lock).
         self._governor = Governor.from_env(root, state_dir=self.state_dir) if gate is None else None
         self._gate = self._governor or gate
+        # Who calls the agents' HTTP routes: the store's tokens, and the live org's [http.auth] issuer.
+        self.credentials = Credentials(self._governor.store if self._governor is not None else None, self._http_auth,
+                                       public_url=ListenerSettings.from_env(os.environ).public_url)
         self._first = first
         self.follower = self._open_follower(root)
         self.listener: HttpListener | None = None
@@ -305,12 +309,17 @@ class Service:
     def _live_snapshot(self) -> Snapshot | None:
         return self._router.live.snapshot if self._router is not None else None
 
+    def _http_auth(self) -> HttpAuth | None:
+        snapshot = self._live_snapshot()
+        return snapshot.org.http.auth if snapshot is not None and snapshot.org is not None else None
+
     def _build_app(self) -> WebApp:
         metrics = MetricsSources(self.reconciler.status.to_dict, self._call_counts,
                                  self._governor.store if self._governor is not None else None)
         return build_app(self.reconciler.status.to_dict, webhook_secret=self.options.webhook_secret,
                          on_push=self.follower.on_push, desk=self._channels.desk if self._channels else None,
                          metrics=metrics, token=ListenerSettings.from_env(os.environ).token,
+                         credentials=self.credentials, files=FileTransfer(lambda: self.router.live, self.credentials),
                          mcp=self._serve_mcp if self.options.mcp_http else None)
 
     def _call_counts(self) -> CallTally | None:

@@ -1,10 +1,10 @@
 """The `handler` command: argument parsing and printing only; the work happens in the rooms.
 
 Only this package prints. Its modules: `trees` (validate, plan, mcp-config), `governance`
-(explain, approvals, audit, balance, spend, store), `service` (serve, up, status), `doctor`, `editing`
-(binding create, profile use), `dashboard` (dashboard login), `connectors` (connector install), `call`
-(call a tool from a script; its flags from `flags`), `llm` (`handler-llm`) and `common` (exit codes, the
-config root, loading a tree, printing findings).
+(explain, approvals, audit, balance, spend, store), `tokens` (token create, list, revoke), `service` (serve, up,
+status), `doctor`, `editing` (binding create, profile use), `dashboard` (dashboard login), `connectors`
+(connector install), `call` (call a tool from a script; its flags from `flags`), `llm` (`handler-llm`) and
+`common` (exit codes, the config root, loading a tree, printing findings).
 
 Every command that reads a config tree takes `--root DIR` (else $HANDLER_ROOT, else the current
 folder); those that always took a positional ROOT keep it as an alias.
@@ -82,12 +82,14 @@ def _build_parser() -> argparse.ArgumentParser:
     from reconciler.cli.editing import add_edit_commands
     from reconciler.cli.governance import add_governance_commands
     from reconciler.cli.service import add_service_commands
+    from reconciler.cli.tokens import add_token_commands
     from reconciler.cli.trees import add_tree_commands
 
     parser = argparse.ArgumentParser(prog="handler", description="Handler services: contracts, bindings, governance.")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_tree_commands(sub)
     add_governance_commands(sub)
+    add_token_commands(sub)
     add_service_commands(sub)
     add_call_command(sub)
     add_doctor_command(sub)

@@ -1,6 +1,7 @@
 """`handler call INTERFACE TOOL --profile P [--FIELD VALUE ...] [--json '{...}']`: any tool from a script.
 
-It speaks to the profile's socket like any agent (docs/router.md, "handler call"): it lists the
+It speaks to the profile's socket like any agent (docs/router.md, "handler call"), or with `--url` to the profile's
+MCP endpoint over HTTP, moving the files of the call both ways (`remote.py`, docs/hosts.md): it lists the
 interface's tools (the router's live `tools/list`, or the config tree's `tools.json` when no router
 answers, so `--help` works offline), builds flags from the tool's `inputSchema` (`flags.py`), calls
 the tool once and prints the result. `_meta` names the interface and, when set,
@@ -30,6 +31,7 @@ from typing import Any, Final
 
 from reconciler.cli.common import folder_path, load_tree
 from reconciler.cli.flags import add_field_flags, carried_text, collect_arguments, plan_flags
+from reconciler.cli.remote import RemoteLink, RemoteLinkError
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.wire.client import LineClient
 from reconciler.wire.errors import INVALID_PARAMS, HandlerError, JsonRpcError, LineClosedError
@@ -49,7 +51,7 @@ EXIT_PENDING: Final = 3
 EXIT_BLOCKED: Final = 4
 EXIT_ERROR: Final = 5
 
-_OWN = ("profile", "json", "format", "run-dir", "root", "help", "h")  # flag words a field may not take
+_OWN = ("profile", "json", "format", "run-dir", "root", "url", "token", "help", "h")  # words a field may not take
 # What a polled hold's status means to a script (handler_status).
 _HOLD_EXITS: Final = {"executed": EXIT_EXECUTED, "pending": EXIT_PENDING, "rejected": EXIT_BLOCKED,
                       "blocked": EXIT_BLOCKED, "failed": EXIT_ERROR, "unknown": EXIT_ERROR}
@@ -193,8 +195,8 @@ def run_call(words: Sequence[str]) -> int:
             return EXIT_INVALID
         meta = None
     try:
-        link = connect(first.profile, first.run_dir, meta, "handler-call") if meta is not None else None
-    except LinkError as exc:
+        link = _link(first, meta) if meta is not None else None
+    except (LinkError, RemoteLinkError) as exc:
         if not first.help:
             print(f"handler call: {exc}", file=sys.stderr)
             return EXIT_FAILED
@@ -204,7 +206,7 @@ def run_call(words: Sequence[str]) -> int:
         return EXIT_INVALID if exc.code == INVALID_PARAMS else EXIT_FAILED
     try:
         return _run_with(link, first, words)
-    except LinkError as exc:
+    except (LinkError, RemoteLinkError) as exc:
         print(f"handler call: {exc}", file=sys.stderr)
         return EXIT_FAILED
     finally:
@@ -212,7 +214,18 @@ def run_call(words: Sequence[str]) -> int:
             link.close()
 
 
-_USAGE = "handler call INTERFACE [TOOL] --profile P [--FIELD VALUE ...] [--json '{...}'] [--format json|text]"
+def _link(first: argparse.Namespace, meta: Mapping[str, str]) -> RouterLink | RemoteLink:
+    """The profile's socket, or with --url its MCP endpoint over HTTP (the token from --token or $HANDLER_TOKEN)."""
+    if first.url is None:
+        return connect(first.profile, first.run_dir, meta, "handler-call")
+    if not first.token:
+        raise RemoteLinkError("--url needs a token of the profile: --token, or $HANDLER_TOKEN (handler token "
+                              "create PROFILE makes one)")
+    return RemoteLink(first.url, first.profile, first.token, meta, "handler-call")
+
+
+_USAGE = ("handler call INTERFACE [TOOL] --profile P [--url URL --token T] [--FIELD VALUE ...] [--json '{...}'] "
+          "[--format json|text]")
 _DESCRIPTION = ("Call one tool through the profile's socket, as an agent would. `handler call INTERFACE --help` "
                 "lists the interface's tools; `handler call INTERFACE TOOL --help` its fields.")
 
@@ -230,6 +243,11 @@ def _add_own_options(parser: argparse.ArgumentParser, *, with_help: bool = True)
                         help="text: the output's text fields, else its JSON (default); json: the JSON body")
     parser.add_argument("--run-dir", type=folder_path, help="the router's run folder (default: $HANDLER_RUN_DIR, else "
                         "$XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    parser.add_argument("--url", default=None, help="call a router elsewhere through the profile's MCP endpoint "
+                        "over HTTP (URL/mcp/PROFILE): a handler-file flag's local file is uploaded first, and each "
+                        "handler-output-file is downloaded to the path given")
+    parser.add_argument("--token", default=os.environ.get("HANDLER_TOKEN"), help="with --url: the profile's bearer "
+                        "token (default: $HANDLER_TOKEN, which keeps it out of the process list)")
     parser.add_argument("--root", default=os.environ.get("HANDLER_ROOT") or ".", metavar="DIR",
                         help="the config tree whose tools.json describe the tools when no router answers (default: "
                         "$HANDLER_ROOT, else the current folder)")
@@ -237,7 +255,7 @@ def _add_own_options(parser: argparse.ArgumentParser, *, with_help: bool = True)
         parser.add_argument("-h", "--help", action="store_true", help="show the tools, or the tool's fields")
 
 
-def _run_with(link: RouterLink | None, first: argparse.Namespace, words: Sequence[str]) -> int:
+def _run_with(link: RouterLink | RemoteLink | None, first: argparse.Namespace, words: Sequence[str]) -> int:
     tools = _list_tools(link, first)
     if tools is None:
         return EXIT_INVALID
@@ -266,6 +284,13 @@ def _run_with(link: RouterLink | None, first: argparse.Namespace, words: Sequenc
         return EXIT_INVALID
     if link is None:
         raise LinkError(f"no router serves profile '{first.profile}'")
+    return (_call_remote(link, first.tool, tool, arguments, args.format) if isinstance(link, RemoteLink)
+            else _call_local(link, first, tool, arguments, args))
+
+
+def _call_local(link: RouterLink, first: argparse.Namespace, tool: Mapping[str, Any], arguments: dict[str, Any],
+                args: argparse.Namespace) -> int:
+    """The call on this machine's socket; a file not found in the work folder is told where that folder is."""
     code = _call_and_report(link, first.tool, arguments, args.format)
     if code == EXIT_INVALID and _names_files(tool, arguments):
         _print_work_folder(args.root, first.profile)
@@ -295,6 +320,23 @@ def _print_work_folder(root: str, profile: str) -> None:
           file=sys.stderr)
 
 
+def _call_remote(link: RemoteLink, name: str, tool: Mapping[str, Any], arguments: dict[str, Any], fmt: str) -> int:
+    """The call over HTTP, its input files uploaded first and its outputs downloaded after; what it put in the
+    profile's work folder is removed again, but for a held call's, which its run reads once approved."""
+    code = EXIT_FAILED
+    try:
+        arguments = link.files.upload_inputs(tool.get("inputSchema") or {}, arguments)
+        code = _call_and_report(link, name, arguments, fmt)
+        if code == EXIT_EXECUTED:
+            for path in link.files.download_outputs():
+                print(f"handler call: wrote {path}", file=sys.stderr)
+        return code
+    finally:
+        if link.files.placed and code != EXIT_PENDING:
+            for left in link.files.clear():
+                print(f"handler call: could not remove {left} from the work folder", file=sys.stderr)
+
+
 _JSON_EXAMPLE = """--json '{"path": "a.pdf"}'"""
 
 
@@ -312,7 +354,7 @@ def _given_json(text: str | None) -> dict[str, Any]:
     return value
 
 
-def _list_tools(link: RouterLink | None, first: argparse.Namespace) -> list[dict[str, Any]] | None:
+def _list_tools(link: RouterLink | RemoteLink | None, first: argparse.Namespace) -> list[dict[str, Any]] | None:
     """The interface's tools as the router serves them, else from the config tree; None after an error."""
     if link is not None:
         try:
@@ -356,7 +398,7 @@ def _render_listing(interface: str, tools: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _call_and_report(link: RouterLink, tool: str, arguments: Mapping[str, Any], fmt: str) -> int:
+def _call_and_report(link: RouterLink | RemoteLink, tool: str, arguments: Mapping[str, Any], fmt: str) -> int:
     try:
         result = link.call_tool(tool, arguments)
     except JsonRpcError as exc:

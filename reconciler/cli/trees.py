@@ -1,5 +1,8 @@
 """`handler validate`, `handler plan` and `handler mcp-config`: commands that read a config tree and print.
 
+`mcp-config` prints the local bridges' entries, or, with `--url`, the entries of the profile's MCP endpoint over
+HTTP for each host family, the bearer token read from an environment variable, never written into them.
+
 Registered on the parser by `reconciler.cli`.
 """
 
@@ -7,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -29,6 +33,8 @@ from reconciler.places import default_run_dir
 __all__ = ["add_tree_commands"]
 
 HOSTS = ("claude-desktop", "cursor", "vscode", "claude-code")
+REMOTE_HOSTS = ("claude-code", "vscode", "cursor", "generic")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def add_tree_commands(sub: Any) -> None:
@@ -53,10 +59,17 @@ def add_tree_commands(sub: Any) -> None:
     add_root_options(mcp)
     mcp.add_argument("--run-dir", type=folder_path, default=None, help="the router's run folder (default: "
                      "$HANDLER_RUN_DIR, else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
-    mcp.add_argument("--host", choices=HOSTS, default="claude-desktop",
+    mcp.add_argument("--host", choices=sorted({*HOSTS, *REMOTE_HOSTS}), default=None,
                      help="the MCP host's format: claude-desktop and cursor read {\"mcpServers\": ...}, vscode reads "
                           "{\"servers\": ...} with type stdio, claude-code gets `claude mcp add` commands "
-                          "(default: claude-desktop; docs/hosts.md says where each file lives)")
+                          "(default: claude-desktop; docs/hosts.md says where each file lives). With --url: "
+                          "claude-code, vscode, cursor or generic, else each of them in turn")
+    mcp.add_argument("--url", default=None, help="the service's address as the agent's machine reaches it (e.g. "
+                     "https://mcp.example.org): print the entries of the profile's MCP endpoint over HTTP, "
+                     "URL/mcp/PROFILE, instead of the local bridges")
+    mcp.add_argument("--token-env", default="HANDLER_TOKEN", metavar="NAME", help="with --url: the environment "
+                     "variable the host reads the profile's bearer token from (default: HANDLER_TOKEN); the token "
+                     "itself is never written into the entries")
     mcp.set_defaults(run=_mcp_config)
 
 
@@ -67,20 +80,62 @@ def _mcp_config(args: argparse.Namespace) -> int:
     if profile is None:
         known = ", ".join(sorted(snapshot.profiles))
         raise HandlerError(f"no profile '{args.profile}' in {args.root} (profiles: {known})")
+    if args.url is not None:
+        return _remote_config(profile.name, args.url, args.token_env, args.host)
+    if args.host not in (None, *HOSTS):
+        raise HandlerError(f"--host {args.host} is for an endpoint over HTTP: give --url too")
+    host = args.host or "claude-desktop"
     bridge = Path(sys.executable).parent / "handler-service"
     run_dir = (args.run_dir or default_run_dir()).resolve()
     command = str(bridge) if bridge.exists() else "handler-service"
     servers = {name: {"command": command, "args": [name, "--profile", profile.name],
                       "env": {"HANDLER_RUN_DIR": str(run_dir)}} for name in sorted(profile.selections)}
-    if args.host == "claude-code":
+    if host == "claude-code":
         for name, server in servers.items():
             print(shlex.join(["claude", "mcp", "add", name, "-e", f"HANDLER_RUN_DIR={run_dir}", "--", command,
                               *server["args"]]))
-    elif args.host == "vscode":
+    elif host == "vscode":
         print(json.dumps({"servers": {name: {"type": "stdio", **s} for name, s in servers.items()}}, indent=2))
     else:
         print(json.dumps({"mcpServers": servers}, indent=2))
     return EXIT_OK
+
+
+# Where each host keeps its entries, and how it reads a variable of its environment inside one.
+_REMOTE_FILES = {"claude-code": (".mcp.json (Claude Code expands ${VAR} from its environment)", "${%s}"),
+                 "vscode": (".vscode/mcp.json (VS Code expands ${env:VAR})", "${env:%s}"),
+                 "cursor": ("~/.cursor/mcp.json or .cursor/mcp.json (Cursor expands ${env:VAR})", "${env:%s}"),
+                 "generic": ("the generic form, for any host that takes a URL and headers", "${%s}")}
+
+
+def _remote_config(profile: str, url: str, token_env: str, host: str | None) -> int:
+    """The entries of `profile`'s MCP endpoint over HTTP for `host` (None: every family, each under its heading);
+    the bearer token is a reference to `token_env`, which the host reads from its environment."""
+    if host is not None and host not in REMOTE_HOSTS:
+        raise HandlerError(f"--host {host} takes no remote entry in its file (Claude Desktop adds remote servers "
+                           f"in its Connectors settings): use one of {', '.join(REMOTE_HOSTS)}")
+    if _ENV_NAME.fullmatch(token_env) is None:
+        raise HandlerError(f"--token-env {token_env!r} is not the name of an environment variable")
+    base = url.rstrip("/")
+    if not base.startswith(("https://", "http://")):
+        raise HandlerError(f"--url {url!r} is not an http(s) address: give the service's address, e.g. "
+                           "https://mcp.example.org")
+    endpoint = base if base.endswith(f"/mcp/{profile}") else f"{base}/mcp/{profile}"
+    for index, family in enumerate(REMOTE_HOSTS if host is None else (host,)):
+        where, reference = _REMOTE_FILES[family]
+        entry = _remote_entry(family, endpoint, "Bearer " + reference % token_env)
+        if host is None:
+            print(("\n" if index else "") + f"# {family}: {where}")
+        print(json.dumps(entry if family == "generic" else
+                         {"servers" if family == "vscode" else "mcpServers": {f"handler-{profile}": entry}}, indent=2))
+    return EXIT_OK
+
+
+def _remote_entry(family: str, endpoint: str, authorization: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"type": "http", "url": endpoint, "headers": {"Authorization": authorization}}
+    if family == "cursor":  # Cursor tells a remote server by its url alone
+        del entry["type"]
+    return entry
 
 
 def _load_base(root: str, ref: str) -> Snapshot:

@@ -115,6 +115,7 @@ CODES: dict[str, Code] = _registry(
     Code("O005", W, "no member is an owner, so unrouted holds have no approver"),
     Code("O006", E, "a default names an unknown template, interface or binding"),
     Code("O007", W, "org.toml is missing, so there are no owners, defaults or caps"),
+    Code("O008", E, "[http.auth] names its identity provider by a URL that is not https"),
 )
 
 

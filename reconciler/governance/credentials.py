@@ -9,7 +9,8 @@ credential. Tokens, not addresses, decide who is who: a request from loopback wi
 Two kinds of credential. The service's own tokens (`tokens.py`, `handler token create`), recognised by their
 digest in the store; a positive answer is kept `CACHE_SECONDS`, so a busy agent costs the store one read a second
 and a revoked token is refused by a running service within that time. And, when org.toml has `[http.auth]`, JWTs of
-that issuer (`jwks.py`) naming the profile in the configured claim. A token of another profile is refused with 401,
+that issuer (`jwks.py`) naming the profile in the configured claim; a JWT verified in the last `CACHE_SECONDS` is
+not verified again (its expiry still is). A token of another profile is refused with 401,
 not 403: the credential is not valid for this resource (RFC 6750 §3.1 `invalid_token`), the answer names no other
 profile, and an OAuth-capable host then runs its flow again for this one. With an issuer configured, every 401 also
 names the RFC 9728 metadata document (`resource_metadata`) that `resource_metadata` here builds.
@@ -25,7 +26,7 @@ from typing import Any, Final
 
 from reconciler.config.models import HttpAuth
 from reconciler.governance.errors import CredentialError, StoreError
-from reconciler.governance.jwks import IssuerKeys, IssuerUnreachableError, JwtRefusedError
+from reconciler.governance.jwks import LEEWAY_SECONDS, IssuerKeys, IssuerUnreachableError, JwtRefusedError
 from reconciler.governance.store import Store
 from reconciler.governance.tokens import TokenRecord, digest_of, find_token, looks_like_token
 
@@ -65,6 +66,7 @@ class Credentials:
         self._clock = clock
         self._issuer: IssuerKeys | None = None
         self._seen: dict[str, tuple[float, TokenRecord]] = {}  # digest -> (checked at, record)
+        self._verified: dict[str, tuple[float, dict[str, Any]]] = {}  # a JWT's digest -> (verified at, claims)
 
     @property
     def auth(self) -> HttpAuth | None:
@@ -84,7 +86,7 @@ class Credentials:
                 return Principal(profile, record.name, record.instance)
         elif auth is not None:
             try:
-                return self._principal(await self._issuer_keys(auth).verify(bearer), profile, auth)
+                return self._principal(await self._claims(bearer, auth), profile, auth)
             except JwtRefusedError as exc:
                 problem = str(exc)
             except IssuerUnreachableError as exc:
@@ -106,8 +108,9 @@ class Credentials:
                 "bearer_methods_supported": ["header"], "resource_name": f"Handler services: profile {profile}"}
 
     def forget(self) -> None:
-        """Drop the tokens checked recently (after a revocation in this process)."""
+        """Drop the credentials checked recently (after a revocation in this process)."""
         self._seen.clear()
+        self._verified.clear()
 
     async def _token(self, token: str) -> TokenRecord | None:
         digest = digest_of(token)
@@ -141,9 +144,27 @@ class Credentials:
             return f"the token {record.name!r} is not a token of profile {profile!r}"
         return None
 
+    async def _claims(self, token: str, auth: HttpAuth) -> dict[str, Any]:
+        """The verified claims of a JWT; a token verified in the last `CACHE_SECONDS` is not verified again (a
+        signature check costs tens of microseconds), though its expiry is."""
+        digest = digest_of(token)
+        now = self._clock()
+        issuer = self._issuer_keys(auth)
+        seen = self._verified.get(digest)
+        if seen is not None and now - seen[0] < CACHE_SECONDS:
+            if now >= seen[1]["exp"] + LEEWAY_SECONDS:  # `verify` required exp
+                raise JwtRefusedError("the JWT has expired: get a fresh one from the issuer")
+            return seen[1]
+        claims = await issuer.verify(token)
+        if len(self._verified) >= _MOST_CACHED:
+            self._verified.clear()
+        self._verified[digest] = (now, claims)
+        return claims
+
     def _issuer_keys(self, auth: HttpAuth) -> IssuerKeys:
         if self._issuer is None or self._issuer.auth != auth:
             self._issuer = IssuerKeys(auth)
+            self._verified.clear()
         return self._issuer
 
     def _principal(self, claims: dict[str, Any], profile: str, auth: HttpAuth) -> Principal:

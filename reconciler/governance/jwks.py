@@ -20,14 +20,14 @@ import jwt
 from reconciler.config.models import HttpAuth
 from reconciler.governance.errors import GovernanceError
 
-__all__ = ["ALGORITHMS", "IssuerKeys", "IssuerUnreachableError", "JwtRefusedError"]
+__all__ = ["ALGORITHMS", "LEEWAY_SECONDS", "IssuerKeys", "IssuerUnreachableError", "JwtRefusedError"]
 
 ALGORITHMS: Final = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
                                "EdDSA"})
 _KEEP_SECONDS: Final = 600.0
 _REFETCH_SECONDS: Final = 30.0
 _FETCH_TIMEOUT: Final = 5.0
-_LEEWAY_SECONDS: Final = 30
+LEEWAY_SECONDS: Final = 30
 _DISCOVERY: Final = "/.well-known/openid-configuration"
 _MOST_BYTES: Final = 1 << 20  # a JWKS or a discovery document is a few kilobytes
 
@@ -65,7 +65,7 @@ class IssuerKeys:
         try:
             key = jwt.PyJWK(jwk, algorithm=None if "alg" in jwk else alg)
             return jwt.decode(token, key, algorithms=[alg], audience=self.auth.audience, issuer=self.auth.issuer,
-                              leeway=_LEEWAY_SECONDS, options={"require": ["exp", "iss", "aud", "sub"]})
+                              leeway=LEEWAY_SECONDS, options={"require": ["exp", "iss", "aud", "sub"]})
         except jwt.ExpiredSignatureError:
             raise JwtRefusedError("the JWT has expired: get a fresh one from the issuer") from None
         except jwt.InvalidAudienceError:

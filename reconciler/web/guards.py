@@ -4,6 +4,10 @@
   `HANDLER_PUBLIC_URL`), else 400. A page on evil.example whose name is made to resolve to 127.0.0.1
   (DNS rebinding) sends `Host: evil.example` and so reads nothing (docs/architecture.md §7: the
   dashboard shows holds and their arguments).
+- `OriginAllowList`: a request to an agents' route (`/mcp`, `/files/`) that carries an `Origin` header must come
+  from this service's own origin (the `Host` it was sent to, or `HANDLER_PUBLIC_URL`'s), else 403: a page of
+  another origin cannot call the endpoints, even with a token in hand (the MCP specification's DNS-rebinding rule).
+  Agents' clients send no `Origin`; browsers always do on such requests.
 - `BodyLimiter`: a body over its limit is refused before it is read (a `Content-Length` over it: 413
   at once), or cut as it arrives (a chunked body: a running count, 413 when it passes the limit), and
   a body that takes longer than `BodyLimits.seconds` to arrive is cut with 408. Nothing buffers a
@@ -38,8 +42,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from reconciler.config.errors import HandlerError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
-__all__ = ["BodyLimiter", "BodyLimits", "ConnectionLimits", "HostAllowList", "allowed_hosts", "guarded_connections",
-           "is_loopback", "is_wildcard"]
+__all__ = ["BodyLimiter", "BodyLimits", "ConnectionLimits", "HostAllowList", "OriginAllowList", "allowed_hosts",
+           "guarded_connections", "is_loopback", "is_wildcard"]
 
 _log = logging.getLogger("handler.http")
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -55,11 +59,19 @@ class BodyLimits:
     forms: int = 64 << 10  # every other route: the dashboard's forms are a few fields
     mcp: int = DEFAULT_MAX_LINE_BYTES  # /mcp/*: one JSON-RPC message, as large as a socket's line may be
     seconds: float = 10.0  # for the whole body, from the route's first read
+    # /files/*: the ceiling; the route refuses past the profile's largest maxFileBytes before reading (router/transfer)
+    uploads: int = 1 << 32
+    upload_seconds: float = 600.0  # a file of tens of megabytes over a slow link
 
     def limit_for(self, path: str) -> int:
         if path.startswith("/mcp/"):
             return self.mcp
+        if path.startswith("/files/"):
+            return self.uploads
         return self.hooks if path.startswith("/hooks/") else self.forms
+
+    def seconds_for(self, path: str) -> float:
+        return self.upload_seconds if path.startswith("/files/") else self.seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +208,47 @@ class HostAllowList:
         await PlainTextResponse(text, status_code=400, headers=_CLOSE)(scope, receive, send)
 
 
+_AGENTS_ROUTES = ("/mcp", "/files/")
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+class OriginAllowList:
+    """Answers 403 to a request of an agents' route whose `Origin` is not this service's (the module's docstring)."""
+
+    def __init__(self, app: ASGIApp, public_url: str | None) -> None:
+        self.app = app
+        self.public = _origin_of(public_url) if public_url else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(_AGENTS_ROUTES):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        given = None if origin is None else _origin_of(origin)
+        own = _origin_of(f"{scope['scheme']}://{headers.get('host', '')}")
+        # `Origin: null` (a sandboxed frame, a file: page) and what does not parse are no origin of ours
+        if origin is None or (given is not None and given in (self.public, own)):
+            await self.app(scope, receive, send)
+            return
+        text = (f"Origin {origin[:100]!r} is not this service's: a page of another site may not call its agents' "
+                "endpoints. Call them from an agent's MCP client (which sends no Origin), or from a page this "
+                "service serves.\n")
+        await PlainTextResponse(text, status_code=403, headers=_CLOSE)(scope, receive, send)
+
+
+def _origin_of(url: str) -> tuple[str, str, str] | None:
+    """(scheme, host, port) of an origin or URL, the port made explicit; None for `null` or what does not parse."""
+    parts = urlsplit(url.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    return (parts.scheme, _bare(parts.hostname), str(port) if port is not None else _DEFAULT_PORTS[parts.scheme])
+
+
 class _BodyRefusedError(HandlerError):
     """Raised into the route by a read that broke a limit, after the refusal was sent; `BodyLimiter` ends it."""
 
@@ -216,7 +269,7 @@ class BodyLimiter:
         if declared is not None and ((size := _size(declared)) is None or size > limit):
             await _refuse(scope, send, *_declared_refusal(size, limit))
             return
-        reader = _LimitedBody(scope, receive, send, limit, self.limits.seconds)
+        reader = _LimitedBody(scope, receive, send, limit, self.limits.seconds_for(scope["path"]))
         with contextlib.suppress(_BodyRefusedError):  # the refusal went out; what the route sent after it was dropped
             await self.app(scope, reader.receive, reader.send)
 

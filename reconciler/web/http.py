@@ -5,8 +5,8 @@ MCP endpoints alone (`build_mcp_app`).
 
 A Starlette app served by uvicorn inside the service's own event loop (its signal handling is left
 to the service, which stops everything in order). `HttpListener` puts every request through the
-`guards` first (a `Host` allow-list, then body limits), and refuses to listen beyond this machine
-without `HANDLER_DASHBOARD_TOKEN` (`ListenerError`, raised before anything starts).
+`guards` first (a `Host` allow-list, the agents' routes' `Origin` check, then body limits), and refuses to
+listen beyond this machine without `HANDLER_DASHBOARD_TOKEN` (`ListenerError`, raised before anything starts).
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reconciler.config.errors import HandlerError
 from reconciler.gitops.webhook import verify_signature
+from reconciler.governance.credentials import Credentials
 from reconciler.governance.errors import StoreError
 from reconciler.web.dashboard import PAGE_HEADERS, Dashboard, Desk
 from reconciler.web.guards import (
@@ -37,11 +38,13 @@ from reconciler.web.guards import (
     BodyLimits,
     ConnectionLimits,
     HostAllowList,
+    OriginAllowList,
     allowed_hosts,
     guarded_connections,
     is_loopback,
 )
 from reconciler.web.metrics import CONTENT_TYPE_LATEST, MetricsSources, bearer_allowed, render_metrics
+from reconciler.web.resource import agents_routes
 
 __all__ = ["BodyLimits", "ConnectionLimits", "HttpListener", "ListenerError", "ListenerSettings", "WebApp", "build_app",
            "build_mcp_app"]
@@ -61,11 +64,14 @@ def build_app(
     metrics: MetricsSources | None = None,
     token: str | None = None,
     mcp: ASGIApp | None = None,
+    credentials: Credentials | None = None,
+    files: ASGIApp | None = None,
 ) -> Starlette:
     """The ASGI app. `on_push` is awaited for a verified push (None: the source is not git); `metrics` serves
-    `/metrics`. `/status` and `/metrics` are read by a member signed in to the dashboard, or by a machine sending
-    `token` (HANDLER_DASHBOARD_TOKEN) as a bearer token; `/healthz` by anyone (it says nothing but that the service
-    answers)."""
+    `/metrics`; `mcp` the agents' MCP endpoints, `credentials` and `files` their file routes and resource metadata
+    (`resource.agents_routes`). `/status` and `/metrics` are read by a member signed in to the dashboard, or by a
+    machine sending `token` (HANDLER_DASHBOARD_TOKEN) as a bearer token; `/healthz` by anyone (it says nothing but
+    that the service answers)."""
     dashboard = Dashboard(desk, status) if desk is not None else None
     may_read = _reader(token, dashboard)
 
@@ -101,7 +107,7 @@ def build_app(
         assert metrics is not None  # noqa: S101 - routed only with sources
         return Response(await render_metrics(metrics), media_type=CONTENT_TYPE_LATEST)
 
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/status", status_route),
         Route("/hooks/git", hook, methods=["POST"]),
@@ -110,6 +116,7 @@ def build_app(
         routes.append(Route("/metrics", metrics_route))
     if mcp is not None:
         routes.append(Route("/mcp/{profile}", _Endpoint(mcp)))
+    routes += agents_routes(credentials, files)
     handlers: dict[Any, Any] = {StoreError: _store_unavailable, 404: _not_found, 405: _not_found}
     if dashboard is not None:
         routes += dashboard.routes()
@@ -220,7 +227,8 @@ class HttpListener:
         settings = ListenerSettings.from_env(os.environ) if settings is None else settings
         if dashboard:  # without one, every route but /healthz asks for a credential of its own
             check_exposure(host, port, settings)
-        guarded = HostAllowList(BodyLimiter(app, settings.limits), allowed_hosts(host, settings.public_url))
+        guarded = HostAllowList(OriginAllowList(BodyLimiter(app, settings.limits), settings.public_url),
+                                allowed_hosts(host, settings.public_url))
         config = uvicorn.Config(guarded, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
                                 http=guarded_connections(settings.connections))
         self._server = _Server(config)

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 from reconciler.config.models import HttpAuth
 from reconciler.governance.credentials import CACHE_SECONDS, CredentialError, Credentials, Principal
 from reconciler.governance.errors import TokenError
+from reconciler.governance.jwks import LEEWAY_SECONDS
 from reconciler.governance.store import Store
 from reconciler.governance.store.audit import read_audit
 from reconciler.governance.tokens import create_token, list_tokens, parse_duration, revoke_token
@@ -226,6 +227,24 @@ def test_a_jwt_is_refused_401_with_the_resource_metadata(issuer: Issuer, sqlite_
         assert refused.www_authenticate == (f'Bearer realm="handler", error="invalid_token", '
                                             f'resource_metadata="{metadata}"')
         assert f"a JWT from {issuer.url}" in str(refused)
+
+    asyncio.run(scenario())
+
+
+def test_a_jwt_checked_a_moment_ago_is_not_verified_again_but_its_expiry_still_counts(issuer: Issuer) -> None:
+    async def scenario() -> None:
+        auth = _auth(issuer)
+        exp = int(time.time()) + 100
+        token = issuer.sign({"exp": exp})
+        clock = [exp + LEEWAY_SECONDS - 0.4]  # this service's clock, just inside the leeway after exp
+        credentials = Credentials(None, lambda: auth, clock=lambda: clock[0])
+        assert (await credentials.authenticate(f"Bearer {token}", "researcher")).name == "agent@example.org"
+        auth = _auth(issuer).model_copy(update={"audience": "changed"})  # a reload: verified again, and refused
+        assert "not for audience 'changed'" in str(await _refused(credentials, f"Bearer {token}", "researcher"))
+        auth = _auth(issuer)
+        assert (await credentials.authenticate(f"Bearer {token}", "researcher")).name == "agent@example.org"
+        clock[0] += 0.5  # within the second it is kept, but past exp and the leeway
+        assert "has expired" in str(await _refused(credentials, f"Bearer {token}", "researcher"))
 
     asyncio.run(scenario())
 

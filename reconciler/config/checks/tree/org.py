@@ -1,16 +1,19 @@
 """What org.toml names exists: its default template, its groups' members, an owner, and what each
-policy scopes and routes to. O002, O004, O005, O007, and O003 with `routing`; the default
-template's O006 comes from `selections`. Run by `check_tree` on every load, after the profiles.
+policy scopes and routes to, and that `[http.auth]` names its identity provider by https URLs. O002, O004, O005,
+O007, O008, and O003 with `routing`; the default template's O006 comes from `selections`. Run by `check_tree` on
+every load, after the profiles.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 from reconciler.config.checks.tree.routing import check_routing
 from reconciler.config.checks.tree.selections import check_template
 from reconciler.config.findings import Finding, suggest
-from reconciler.config.models import OrgFile, Policy
+from reconciler.config.models import HttpAuth, OrgFile, Policy
 from reconciler.config.snapshot import Snapshot
 
 __all__ = ["check_org"]
@@ -51,6 +54,44 @@ def check_org(snapshot: Snapshot) -> Iterator[Finding]:
     }
     for i, policy in enumerate(org.policies):
         yield from _check_policy(snapshot, i, policy, names)
+    if org.http.auth is not None:
+        yield from _check_http_auth(snapshot, org.http.auth)
+
+
+def _check_http_auth(snapshot: Snapshot, auth: HttpAuth) -> Iterator[Finding]:
+    """The issuer and its key set are https URLs (http on loopback, for a provider on this machine): keys fetched
+    over plain HTTP from elsewhere could be anyone's, and then so could every credential."""
+    for key, url in (("issuer", auth.issuer), ("jwksUri", auth.jwksUri)):
+        if url is not None and (problem := _url_problem(url, issuer=key == "issuer")) is not None:
+            yield Finding(
+                "O008",
+                _FILE,
+                snapshot.line_of(_FILE, "http", "auth", key),
+                f"[http.auth] {key} {url[:200]!r} {problem}",
+                "an https URL (http only for a provider on loopback)",
+                f'{key} = "https://id.example.org/realms/agents"' if key == "issuer" else
+                f'{key} = "https://id.example.org/realms/agents/protocol/openid-connect/certs"',
+            )
+
+
+def _url_problem(url: str, *, issuer: bool) -> str | None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        return "is not an absolute http(s) URL"
+    if issuer and (parts.query or parts.fragment):  # RFC 8414 §2: an issuer identifier has neither
+        return "has a query or fragment, which an issuer identifier never has"
+    if parts.scheme == "http" and not _loopback(parts.hostname):
+        return "is plain http beyond this machine: its keys could be replaced on the way"
+    return None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_groups(snapshot: Snapshot, org: OrgFile) -> Iterator[Finding]:
