@@ -83,6 +83,33 @@ def build_app(
             return _reader_refusal(token is not None)
         return JSONResponse(status())
 
+    async def metrics_route(request: Request) -> Response:
+        if not may_read(request):
+            return _reader_refusal(token is not None)
+        assert metrics is not None  # noqa: S101 - routed only with sources
+        return Response(await render_metrics(metrics), media_type=CONTENT_TYPE_LATEST)
+
+    routes: list[BaseRoute] = [
+        Route("/healthz", healthz),
+        Route("/status", status_route),
+        Route("/hooks/git", _push_hook(webhook_secret, on_push), methods=["POST"]),
+    ]
+    if metrics is not None:
+        routes.append(Route("/metrics", metrics_route))
+    if mcp is not None:
+        routes.append(Route("/mcp/{profile}", _Endpoint(mcp)))
+    routes += agents_routes(credentials, files)
+    handlers: dict[Any, Any] = {StoreError: _store_unavailable, 404: _not_found, 405: _not_found}
+    if dashboard is not None:
+        routes += dashboard.routes()
+        handlers.update({404: dashboard.not_found, 405: dashboard.not_found})
+    return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def _push_hook(webhook_secret: bytes | None,
+               on_push: Callable[[], Awaitable[None]] | None) -> Callable[[Request], Awaitable[Response]]:
+    """`/hooks/git`: a push announced by the forge, its `X-Hub-Signature-256` checked before `on_push` runs."""
+
     async def hook(request: Request) -> Response:
         body = await request.body()
         if not webhook_secret:
@@ -101,27 +128,7 @@ def build_app(
         await on_push()
         return JSONResponse({"ok": True, "fetching": True}, status_code=202)
 
-    async def metrics_route(request: Request) -> Response:
-        if not may_read(request):
-            return _reader_refusal(token is not None)
-        assert metrics is not None  # noqa: S101 - routed only with sources
-        return Response(await render_metrics(metrics), media_type=CONTENT_TYPE_LATEST)
-
-    routes: list[BaseRoute] = [
-        Route("/healthz", healthz),
-        Route("/status", status_route),
-        Route("/hooks/git", hook, methods=["POST"]),
-    ]
-    if metrics is not None:
-        routes.append(Route("/metrics", metrics_route))
-    if mcp is not None:
-        routes.append(Route("/mcp/{profile}", _Endpoint(mcp)))
-    routes += agents_routes(credentials, files)
-    handlers: dict[Any, Any] = {StoreError: _store_unavailable, 404: _not_found, 405: _not_found}
-    if dashboard is not None:
-        routes += dashboard.routes()
-        handlers.update({404: dashboard.not_found, 405: dashboard.not_found})
-    return Starlette(routes=routes, exception_handlers=handlers)
+    return hook
 
 
 def build_mcp_app(mcp: ASGIApp) -> Starlette:
