@@ -99,11 +99,12 @@ def _add_governance_commands(sub: Any, psub: Any) -> None:
     rule = _actions(sub, "rule", "a per-action rule of a profile: allow, approve or block one tool (or interface)")
     for verb in ("set", "unset"):
         act = rule.add_parser(verb, help=f"{verb} PROFILE's rule on ACTION")
-        act.add_argument("profile")
+        act.add_argument("profile", help="the profile (config/profiles/PROFILE.toml)")
         act.add_argument("target", metavar="ACTION", help="a tool, e.g. send_email_send (with --service, an "
                          "interface, e.g. send-email)")
         if verb == "set":
-            act.add_argument("outcome", choices=OUTCOMES)
+            act.add_argument("outcome", choices=OUTCOMES, help="allow: runs at once; approve: waits for a person; "
+                             "block: refused")
         act.add_argument("--service", action="store_true", help="ACTION names an interface: the rule covers its tools")
         _add_common(act)
     rule.choices["set"].set_defaults(run=lambda a: _apply(a, lambda f: set_rule(
@@ -114,22 +115,24 @@ def _add_governance_commands(sub: Any, psub: Any) -> None:
     pin = _actions(sub, "pin", "pin an interface of a profile: its automatic calls wait for a person")
     for verb, edit in (("set", set_pin), ("unset", unset_pin)):
         act = pin.add_parser(verb, help=f"{verb} PROFILE's pin on INTERFACE")
-        act.add_argument("profile")
+        act.add_argument("profile", help="the profile (config/profiles/PROFILE.toml)")
         act.add_argument("interface", help="an interface the profile uses, e.g. send-email")
         _add_common(act)
         act.set_defaults(run=lambda a, edit=edit: _apply(a, lambda f: edit(f, a.profile, a.interface), a.profile))
 
     routing = _actions(sub, "routing", "where a profile's holds go")
     act = routing.add_parser("set", help="route PROFILE's holds")
-    act.add_argument("profile")
-    act.add_argument("to", metavar="member:NAME|slack:#CHANNEL|caller|none|default")
+    act.add_argument("profile", help="the profile (config/profiles/PROFILE.toml)")
+    act.add_argument("to", metavar="member:NAME|slack:#CHANNEL|caller|none|default",
+                     help="who decides its holds: a member, an allow-listed Slack channel, the run that started it, "
+                     "nobody (full trust), or the org's policies (default)")
     _add_common(act)
     act.set_defaults(run=_routing_set)
 
     cap = _actions(sub, "cap", "a monthly spend cap in USD")
     act = cap.add_parser("set", help="cap the org (SCOPE org) or a profile at AMOUNT USD a month")
-    act.add_argument("scope", metavar="org|PROFILE")
-    act.add_argument("amount", type=float, metavar="AMOUNT")
+    act.add_argument("scope", metavar="org|PROFILE", help="org, or the profile to cap")
+    act.add_argument("amount", type=float, metavar="AMOUNT", help="USD a calendar month (UTC)")
     act.add_argument("--per-instance", action="store_true", help="cap each run of the profile, not the profile")
     _add_common(act)
     act.set_defaults(run=lambda a: _apply(a, lambda f: set_cap(f, a.scope, a.amount, per_instance=a.per_instance),
