@@ -111,10 +111,15 @@ class Harness:
             logged = self.folder / "state/connectors" / f"{self.subject.binding.name}.stderr.log"
             self.start_error += _stderr_tail(logged)
 
+    def workspace_profiles(self) -> frozenset[str]:
+        """The interface versions this router serves a profile for: the subject's, and its helpers'."""
+        return frozenset(self.workspace.profiles) if self.workspace is not None else frozenset()
+
     def time_limit(self, key: str) -> float:
         """The call time limit the router applies to interface version `key` on this binding."""
         iface = self.subject.source.interfaces[key]
-        limits = effective_limits(iface.spec, self.subject.binding.spec)
+        helper = next((h for h in self.subject.helpers if h.iface.key == key), None)
+        limits = effective_limits(iface.spec, (helper.binding if helper is not None else self.subject.binding).spec)
         return float(limits.timeoutSeconds or 300.0)
 
     def call(self, key: str, tool: str, arguments: Mapping[str, Any]) -> Reply:
