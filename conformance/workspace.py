@@ -98,12 +98,12 @@ def find_helpers(source: Snapshot, interfaces: tuple[InterfaceVersion, ...]) -> 
                          if a.op == "spokenWordErrorRate"})
         for key in wanted:
             judge = source.interfaces.get(key)
-            local = sorted(name for name, b in source.bindings.items()
-                           if (c := source.connectors.get(b.connector)) is not None and key in c.spec.implements
-                           and not c.spec.egress and not c.spec.run.builtin)
+            local = sorted((name, c) for name, b in source.bindings.items()
+                           if (c := source.connectors.get(b.connector or "")) is not None
+                           and key in c.spec.implements and not c.spec.egress and not c.spec.run.builtin)
             if judge is not None and local:
-                binding = source.bindings[local[0]]
-                helpers.append(Helper(judge, source.connectors[binding.connector], binding, iface.key))
+                name, connector = local[0]
+                helpers.append(Helper(judge, connector, source.bindings[name], iface.key))
     return tuple(helpers)
 
 
