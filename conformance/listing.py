@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance.errors import ListingError
+from conformance.rechecks import changed_connectors, verify_reruns
+from conformance.results import EVIDENCE, RESULTS_FOLDER, parse_results, read_results, results_text
 from reconciler.config import FolderSource, Loader, Snapshot, SourceError
 
 __all__ = [
@@ -55,12 +57,9 @@ __all__ = [
     "tier_of_run",
 ]
 
-RESULTS_FOLDER = "catalog/results"
 LISTING_FILE = "catalog/listing.json"
-RESULTS_FORMAT = "handler.conformance-results/v1"
 LISTING_FORMAT = "handler.catalog-listing/v1"
 TIERS = ("cases", "fuzzed", "repeated")
-EVIDENCE = ("local", "stand-in", "vendor")
 REPEATS = 3  # runs in a row, each with its own seed, for `repeated`
 KEEP_RUNS = 10  # runs kept per connector file, newest last
 _KEEP = ("started", "binding", "binding_hash", "connector_hash", "commit", "seed", "examples", "workers", "passed",
@@ -89,12 +88,6 @@ def record_run(root: Path, document: Mapping[str, Any], folder: Path | None = No
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(results_text(document["connector"], runs))
     return path
-
-
-def results_text(connector: str, runs: Sequence[Mapping[str, Any]]) -> str:
-    """A result file's text, exactly as the runner writes it."""
-    body = {"format": RESULTS_FORMAT, "connector": connector, "runs": list(runs)}
-    return json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def check_result_files(root: Path) -> list[str]:
@@ -275,8 +268,6 @@ def _build(args: argparse.Namespace) -> int:
 def _check(root: Path, path: Path, snapshot: Snapshot, base: str | None, reruns: Path | None) -> int:
     """`catalog build --check`: the listing against the results, the results against the runner's form and (with
     a base) against the workflow's re-runs."""
-    from conformance.rechecks import verify_reruns  # it reads result files with this module's reader
-
     if not path.exists():
         print(f"handler catalog build --check: {path} is missing; run `handler catalog build`", file=sys.stderr)
         return 1
@@ -300,8 +291,6 @@ def _check(root: Path, path: Path, snapshot: Snapshot, base: str | None, reruns:
 
 
 def _changed(args: argparse.Namespace) -> int:
-    from conformance.rechecks import changed_connectors  # see _check
-
     try:
         found = changed_connectors(Path(args.root), args.base)
     except (SourceError, ListingError) as exc:
@@ -386,23 +375,3 @@ def _all_results(root: Path) -> dict[str, list[dict[str, Any]]]:
         runs = read_results(path)
         out[path.stem] = sorted(runs, key=lambda r: str(r.get("started") or ""))
     return out
-
-
-def read_results(path: Path) -> list[dict[str, Any]]:
-    """The runs of a result file that count (with an evidence); `ListingError` if it is not one."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ListingError(f"{path}: not a readable result file ({exc.strerror})") from None
-    return parse_results(data, str(path))
-
-
-def parse_results(data: bytes, where: str) -> list[dict[str, Any]]:
-    """The runs of a result file's bytes that count (with an evidence); `ListingError` naming `where` if not one."""
-    try:
-        body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ListingError(f"{where}: not a readable result file ({exc})") from None
-    if not isinstance(body, dict) or body.get("format") != RESULTS_FORMAT or not isinstance(body.get("runs"), list):
-        raise ListingError(f"{where}: not a result file (format {RESULTS_FORMAT} with a list of runs)")
-    return [r for r in body["runs"] if isinstance(r, dict) and r.get("evidence") in EVIDENCE]

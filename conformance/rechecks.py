@@ -20,8 +20,8 @@ from typing import Any
 
 from conformance.defaults import DEFAULT_EXAMPLES
 from conformance.errors import ListingError
-from conformance.listing import RESULTS_FOLDER, parse_results, read_results
 from conformance.pages import page_addresses
+from conformance.results import RESULTS_FOLDER, parse_results, read_results
 from conformance.workspace import find_helpers
 from reconciler.config import Connector, FolderSource, GitSource, Loader, Snapshot
 

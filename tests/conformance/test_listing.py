@@ -216,7 +216,8 @@ def test_catalog_list_shows_espeak_below_festival_with_the_round_trip_word_error
     tts = shown[shown.index("tts/v1") + 1:][:2]
     print("\n".join(tts))
     festival, espeak = tts
-    assert re.match(r"  tts-festival +fuzzed +local +round-trip word error (\d+\.\d)% \(sentences drawn afresh", festival)
+    assert re.match(r"  tts-festival +fuzzed +local +round-trip word error (\d+\.\d)% \(sentences drawn afresh",
+                    festival)
     assert re.match(r"  tts-espeak +- +local +round-trip word error (\d+\.\d)% .*\(failed its last check\)$", espeak)
     rates = [float(re.findall(r"(\d+\.\d)%", line)[0]) for line in (festival, espeak)]
     assert rates[0] <= 40 < rates[1]
