@@ -197,9 +197,13 @@ def check_listing(root: Path, listing: Mapping[str, Any], snapshot: Snapshot | N
     for key, entries in sorted(given.items()):
         supported = {e["connector"]: e["tier"] for e in built.get(key, [])}
         shown = {e["connector"]: e["evidence"] for e in built.get(key, [])}
+        measured = {e["connector"]: e["measured"] for e in built.get(key, [])}
         for entry in entries if isinstance(entries, list) else []:
             name, tier = entry.get("connector"), entry.get("tier")
             have = supported.get(name)
+            if have is not None and entry.get("measured", {}) != measured[name]:
+                errors.append(f"{LISTING_FILE}: {key} shows for '{name}' measures its results do not hold "
+                              f"({entry.get('measured')} against {measured[name]})\n  fix: handler catalog build")
             if have is not None and entry.get("evidence") != shown[name]:
                 errors.append(f"{LISTING_FILE}: {key} lists '{name}' with the evidence '{entry.get('evidence')}', but "
                               f"its results are '{shown[name]}'\n  fix: handler catalog build")

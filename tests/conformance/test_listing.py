@@ -96,6 +96,20 @@ def test_the_gate_fails_on_a_listing_the_results_do_not_support(tree: Path) -> N
                      "updates it"]
 
 
+def test_a_measure_edited_in_the_listing_fails_the_gate(tree: Path) -> None:
+    measured = run(tree, seed=1)
+    measured["interfaces"]["shout/v1"]["measured"] = {"reads": {"text.wordErrorRate": 0.25}}
+    record_run(tree, measured)
+    listing = build_listing(tree)
+    assert listing["interfaces"]["shout/v1"][0]["measured"] == {"reads": {"text.wordErrorRate": 0.25}}
+    assert check_listing(tree, listing) == ([], [])
+    listing["interfaces"]["shout/v1"][0]["measured"]["reads"]["text.wordErrorRate"] = 0.02
+    errors, _ = check_listing(tree, listing)
+    assert errors == [f"{LISTING_FILE}: shout/v1 shows for 'shout' measures its results do not hold "
+                      "({'reads': {'text.wordErrorRate': 0.02}} against {'reads': {'text.wordErrorRate': 0.25}})\n"
+                      "  fix: handler catalog build"]
+
+
 def test_catalog_build_writes_the_listing_and_check_verifies_it(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert handler(["catalog", "build", "--root", str(tree), "--check"]) == 1  # no listing yet
     record_run(tree, run(tree, seed=1))
@@ -147,7 +161,7 @@ def test_the_last_check_of_each_connector_failed_or_not_is_in_the_listing(tree: 
     listing = build_listing(tree)
     assert listing["connectors"]["shout"] == {"checked": "2026-01-02T00:00:00Z", "passed": False,
                                               "evidence": "local", "binding": "shout-good", "commit": None,
-                                              "current": True}
+                                              "current": True, "measured": {}}
     assert listed(tree) == []
     listing["connectors"]["shout"]["passed"] = True
     errors, _ = check_listing(tree, listing)

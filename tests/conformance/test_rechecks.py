@@ -199,3 +199,15 @@ def test_the_catalog_workflow_rechecks_and_gates_on_the_reruns() -> None:
     assert "bash .ci/recheck changed.txt reruns" in steps
     assert 'handler catalog build --check --base "$BASE" --reruns reruns' in steps
     assert "HANDLER_STAND_IN_RESULTS: ${{ github.workspace }}/catalog/results" not in steps + str(workflow)
+
+
+@pytest.mark.parametrize(("replays", "code", "level"), [("-", 0, "warning"), ("5:25", 1, "error")])
+def test_a_connector_with_egress_and_no_stand_in_check_is_said_and_fails_when_it_claims_runs(
+        tmp_path: Path, replays: str, code: int, level: str) -> None:
+    (tmp_path / "changed.txt").write_text(f"ocr-mistral {STAND_IN} {replays}\n")
+    done = subprocess.run(["bash", str(RECHECK), str(tmp_path / "changed.txt"), str(tmp_path / "reruns")], cwd=REPO,
+                          env=workflow_env(tmp_path / "reports"), capture_output=True, text=True, check=False)
+    assert done.returncode == code
+    assert done.stdout.startswith(f"::{level}::ocr-mistral reaches a vendor and has no stand-in check "
+                                  "(tests/catalog/test_ocr_mistral.py::test_connector_check_passes_against_the_stand_in)")
+    assert not list((tmp_path / "reruns").iterdir())
