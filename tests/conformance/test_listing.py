@@ -213,6 +213,7 @@ def test_the_evidence_a_check_records(shipped_tree: Path, connector: str, bindin
             evidence_of(subject, asked)
 
 
+@pytest.mark.timeout(600)  # two full checks, each hearing ten sentences back
 @pytest.mark.skipif(shutil.which("text2wave") is None or shutil.which("espeak-ng") is None,
                     reason="Festival or eSpeak NG is not installed (CI installs both: .ci/packages)")
 def test_catalog_list_shows_espeak_below_festival_with_the_round_trip_word_error(

@@ -20,6 +20,10 @@ from conformance.rechecks import STAND_IN, Recheck, changed_connectors
 from reconciler.cli import main as handler
 from tests.conformance.shout_tree import write_shout_tree
 
+# Each test runs the workflow's checks for real (several connector checks, each under xdist); on a busy shared
+# host that takes minutes, not the default two.
+pytestmark = pytest.mark.timeout(600)
+
 REPO = Path(__file__).resolve().parents[2]
 RECHECK = REPO / ".ci/recheck"
 
@@ -80,7 +84,7 @@ def test_a_pass_written_by_hand_fails_the_gate_on_a_clean_clone(tmp_path: Path, 
     changed, rechecked, gate = run_workflow_steps(clone, base, tmp_path)
 
     assert changed == "shout shout-bad-code 5:5\n"  # the run the file gained, with its binding, seed and examples
-    assert rechecked == 1  # the connector fails its check again
+    assert rechecked == 0  # the check ran: the connector failed it again (a warning), the gate judges the claim
     assert gate.returncode == 1, gate.stdout
     assert "catalog/results/shout.json: the run of" in gate.stdout
     assert "is not what the re-run here with its seed gave: the file says shout/v1 cases 3/3 pass, fuzzing passes; " \
