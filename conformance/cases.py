@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conformance.replies import Reply
 from reconciler.config.cases import Assertion, Case
 
-__all__ = ["check_assertion", "cosine", "evaluate_case", "resolve_path", "strings_in", "word_error_rate", "words_of"]
+__all__ = ["check_assertion", "cosine", "evaluate_case", "measured_rates", "resolve_path", "spoken_files", "strings_in",
+           "word_error_rate", "words_of"]
 
 _MISSING = object()
 
 
-def evaluate_case(case: Case, reply: Reply) -> list[str]:
-    """What is wrong with `reply` for `case`, one line each; empty when the case passes."""
+def evaluate_case(case: Case, reply: Reply, heard: Mapping[str, str] | None = None) -> list[str]:
+    """What is wrong with `reply` for `case`, one line each; empty when the case passes. `heard` holds the
+    transcript of each audio file a `spokenWordErrorRate` names (see `spoken_files`)."""
     if case.error is not None:
         if not reply.is_error:
             return [f"expected the error '{case.error}', but the call succeeded with {_short(reply.output)}"]
@@ -37,8 +39,28 @@ def evaluate_case(case: Case, reply: Reply) -> list[str]:
         if not any(needle in text for text in texts):
             problems.append(f"contains: no string of the output contains {needle!r}")
     for assertion in case.assertions:
-        problems.extend(check_assertion(assertion, output))
+        problems.extend(check_assertion(assertion, output, heard))
     return problems
+
+
+def spoken_files(case: Case, output: Any) -> list[tuple[str, str]]:
+    """(transcriber interface version, audio file path) for each place a `spokenWordErrorRate` names."""
+    return [(a.value["transcriber"], value) for a in case.assertions if a.op == "spokenWordErrorRate"
+            for _, value in resolve_path(output, a.path) if isinstance(value, str)]
+
+
+def measured_rates(case: Case, output: Any, heard: Mapping[str, str] | None = None) -> dict[str, float]:
+    """The word error rate each `wordErrorRate` or `spokenWordErrorRate` measured, by its place: the figure
+    the listing shows beside the tier (a spoken one is the round trip, speech heard back)."""
+    rates: dict[str, float] = {}
+    for a in case.assertions:
+        if a.op not in ("wordErrorRate", "spokenWordErrorRate"):
+            continue
+        for where, value in resolve_path(output, a.path):
+            text = (heard or {}).get(value) if a.op == "spokenWordErrorRate" and isinstance(value, str) else value
+            if isinstance(text, str):
+                rates[f"{where}.{a.op}"] = round(word_error_rate(text, a.value["reference"])[0], 4)
+    return rates
 
 
 def strings_in(value: Any) -> Iterator[str]:
@@ -81,11 +103,14 @@ def resolve_path(value: Any, path: tuple[str | int, ...], where: str = "") -> It
     yield from resolve_path(found, rest, _join(where, head))
 
 
-def check_assertion(assertion: Assertion, output: Any) -> list[str]:
+def check_assertion(assertion: Assertion, output: Any, heard: Mapping[str, str] | None = None) -> list[str]:
     """The failures of one assertion; `*` segments must hold for every item."""
     problems = []
     for where, value in resolve_path(output, assertion.path):
-        problem = _check_one(assertion.op, assertion.value, value)
+        if assertion.op == "spokenWordErrorRate":
+            problem = _spoken_problem(assertion.value, value, heard or {})
+        else:
+            problem = _check_one(assertion.op, assertion.value, value)
         if problem is not None:
             problems.append(f"{where}.{assertion.op} = {assertion.value!r}: {problem}")
     return problems
@@ -157,6 +182,19 @@ def _word_error_problem(value: str, reference: str, maximum: float) -> str | Non
         return None
     return (f"the word error rate is {rate:.2f} ({errors} errors in {len(words_of(reference))} words), over "
             f"{maximum}: heard {_short(value)}")
+
+
+def _spoken_problem(expected: Mapping[str, Any], value: Any, heard: Mapping[str, str]) -> str | None:
+    """The word error bound on the transcript of the audio file `value` names, heard by the transcriber."""
+    if value is _MISSING:
+        return "the path is absent"
+    if not isinstance(value, str):
+        return f"expected the path of an audio file, got {_kind(value)}"
+    transcript = heard.get(value)
+    if transcript is None:
+        return f"{_short(value)} was not heard back by {expected['transcriber']} (see the case's other problems)"
+    problem = _word_error_problem(transcript, expected["reference"], expected["maximum"])
+    return None if problem is None else f"heard back by {expected['transcriber']}: {problem}"
 
 
 def cosine(a: list[float], b: list[float]) -> float:

@@ -1,6 +1,7 @@
 """One real router and one real connector process per test process (each pytest-xdist worker its own).
 
-`Harness.start` writes the check's workspace (see `workspace`), starts a `Router` on it in an event
+`Harness.start` writes the check's workspace (see `workspace`), serves the test pages its cases read
+(see `pages`: the binding under check may reach those addresses alone), starts a `Router` on it in an event
 loop the harness owns, and starts the binding's connector before the first item, so its start-up
 is not charged to a call's time limit. `Harness.call` sends one `tools/call` over the profile's unix
 socket, as an agent's bridge would, and runs the loop until the reply: the router and the client
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -31,6 +33,7 @@ from typing import Any, TypeVar
 import orjson
 
 from conformance.errors import CheckError
+from conformance.pages import PageServer, allow_pages, serve_pages
 from conformance.replies import Dispatch, Reply
 from conformance.workspace import Subject, Workspace, build_workspace
 from reconciler.config import Snapshot, effective_limits
@@ -83,6 +86,7 @@ class Harness:
         self._old_level = self._logger.level
         self._router: Router | None = None
         self._tap: _Tap | None = None
+        self._pages: PageServer | None = None
         self.workspace: Workspace | None = None
 
     @classmethod
@@ -96,7 +100,11 @@ class Harness:
         return harness
 
     def _start(self) -> None:
-        self.workspace = build_workspace(self.subject, self.folder / "tree")
+        workspace = build_workspace(self.subject, self.folder / "tree")
+        self._pages, addresses = serve_pages(self.subject.interfaces, workspace.folder)
+        snapshot = allow_pages(workspace.snapshot, self.subject.binding.name, addresses,
+                               list(self.subject.connector.spec.egress))
+        self.workspace = dataclasses.replace(workspace, snapshot=snapshot)
         # `python3` in a connector's command is the Python running the check (its venv holds the SDK),
         # as it is for a router started from the project's environment.
         self._logger.setLevel(logging.ERROR)
@@ -111,10 +119,15 @@ class Harness:
             logged = self.folder / "state/connectors" / f"{self.subject.binding.name}.stderr.log"
             self.start_error += _stderr_tail(logged)
 
+    def workspace_profiles(self) -> frozenset[str]:
+        """The interface versions this router serves a profile for: the subject's, and its helpers'."""
+        return frozenset(self.workspace.profiles) if self.workspace is not None else frozenset()
+
     def time_limit(self, key: str) -> float:
         """The call time limit the router applies to interface version `key` on this binding."""
         iface = self.subject.source.interfaces[key]
-        limits = effective_limits(iface.spec, self.subject.binding.spec)
+        helper = next((h for h in self.subject.helpers if h.iface.key == key), None)
+        limits = effective_limits(iface.spec, (helper.binding if helper is not None else self.subject.binding).spec)
         return float(limits.timeoutSeconds or 300.0)
 
     def call(self, key: str, tool: str, arguments: Mapping[str, Any]) -> Reply:
@@ -160,6 +173,8 @@ class Harness:
         finally:
             self._clients.clear()
             self._router = None
+            if self._pages is not None:
+                self._pages.close()
             with contextlib.suppress(RuntimeError):
                 self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()

@@ -19,8 +19,10 @@ recorded without evidence counts for nothing. The listing's `connectors` table h
 connector's last check (passed or failed, current or stale), for the dashboard.
 
 `handler catalog build --check` (CI) fails when the listing names a connector, or a tier, that the
-results do not support at the current revision. `handler catalog changed --base REF` names the
-connectors whose files (or whose interfaces' files) changed since REF, with a binding to check them.
+results do not support at the current revision, when a result file is not in the form the runner
+writes, and (with `--base REF`) when a run added since REF is not reproduced by the workflow's own
+re-runs (`rechecks`). `handler catalog changed --base REF` names the connectors to check again, and
+`handler catalog list` prints each interface with its connectors, their tiers and evidence.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from conformance.errors import ListingError
-from reconciler.config import FolderSource, GitSource, Loader, Snapshot, SourceError
+from conformance.rechecks import changed_connectors, verify_reruns
+from conformance.results import EVIDENCE, RESULTS_FOLDER, parse_results, read_results, results_text
+from reconciler.config import FolderSource, Loader, Snapshot, SourceError
 
 __all__ = [
     "EVIDENCE",
@@ -43,20 +47,25 @@ __all__ = [
     "TIERS",
     "add_catalog_command",
     "build_listing",
-    "changed_connectors",
     "check_listing",
+    "check_result_files",
+    "parse_results",
+    "read_results",
     "record_run",
+    "render_listing",
+    "results_text",
     "tier_of_run",
 ]
 
-RESULTS_FOLDER = "catalog/results"
 LISTING_FILE = "catalog/listing.json"
-RESULTS_FORMAT = "handler.conformance-results/v1"
 LISTING_FORMAT = "handler.catalog-listing/v1"
 TIERS = ("cases", "fuzzed", "repeated")
-EVIDENCE = ("local", "stand-in", "vendor")
 REPEATS = 3  # runs in a row, each with its own seed, for `repeated`
 KEEP_RUNS = 10  # runs kept per connector file, newest last
+_KEEP = ("started", "binding", "binding_hash", "connector_hash", "commit", "seed", "examples", "workers", "passed",
+         "evidence")
+_RUN_KEYS = frozenset({*_KEEP, "interfaces"})
+_RERUN = "restore the file from git, check the connector again (`handler connector check`), commit what it wrote"
 
 
 def tier_of_run(summary: Mapping[str, Any]) -> str | None:
@@ -70,18 +79,38 @@ def record_run(root: Path, document: Mapping[str, Any], folder: Path | None = No
     """Add a check's run (its JSON result, without the per-item detail) to the connector's result file, in
     `folder` (default: the tree's catalog/results)."""
     path = (folder if folder is not None else root / RESULTS_FOLDER) / f"{document['connector']}.json"
-    runs = _read_results(path) if path.exists() else []
-    keep = ("started", "binding", "binding_hash", "connector_hash", "commit", "seed", "examples", "workers", "passed",
-            "evidence")
-    run = {k: document.get(k) for k in keep}
+    runs = read_results(path) if path.exists() else []
+    run = {k: document.get(k) for k in _KEEP}
     run["interfaces"] = {
         key: {k: v for k, v in summary.items() if k != "items"} for key, summary in document["interfaces"].items()
     }
     runs = [*runs, run][-KEEP_RUNS:]
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"format": RESULTS_FORMAT, "connector": document["connector"], "runs": runs}
-    path.write_text(json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    path.write_text(results_text(document["connector"], runs))
     return path
+
+
+def check_result_files(root: Path) -> list[str]:
+    """An error for each result file that is not in the form the runner writes (its name, format, keys, order and
+    layout): a hand edit that does not take care to look like the runner's is refused without a re-run."""
+    folder = root / RESULTS_FOLDER
+    errors: list[str] = []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        rel = f"{RESULTS_FOLDER}/{path.name}"
+        try:
+            body = json.loads(path.read_bytes())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            errors.append(f"{rel}: not a result file the runner wrote ({exc})\n  fix: {_RERUN}")
+            continue
+        runs = body.get("runs") if isinstance(body, dict) else None
+        ok = (path.suffix == ".json" and isinstance(runs, list) and body.get("connector") == path.stem
+              and set(body) == {"format", "connector", "runs"}
+              and all(isinstance(r, dict) and set(r) == _RUN_KEYS for r in runs)
+              and path.read_text() == results_text(path.stem, runs))
+        if not ok:
+            errors.append(f"{rel}: not in the form `handler connector check` writes it (its keys, order or layout "
+                          f"differ), so it was edited by hand\n  fix: {_RERUN}")
+    return errors
 
 
 def build_listing(root: Path, snapshot: Snapshot | None = None) -> dict[str, Any]:
@@ -106,7 +135,8 @@ def build_listing(root: Path, snapshot: Snapshot | None = None) -> dict[str, Any
             latest = current[-1]
             interfaces[key].append({"connector": name, "tier": tier, "evidence": evidence,
                                     "binding": latest.get("binding"), "checked": latest.get("started"),
-                                    "seed": latest.get("seed"), "commit": latest.get("commit")})
+                                    "seed": latest.get("seed"), "commit": latest.get("commit"),
+                                    "measured": _measured(latest, key)})
     return {
         "format": LISTING_FORMAT,
         "note": "built by `handler catalog build` from catalog/results/ at the current revision; never edit by hand",
@@ -135,8 +165,16 @@ def _last_checks(snapshot: Snapshot, results: Mapping[str, list[dict[str, Any]]]
             for key in connector.spec.implements if (iface := snapshot.interfaces.get(key)) is not None)
         out[name] = {"checked": last.get("started"), "passed": bool(last.get("passed")),
                      "evidence": last["evidence"], "binding": last.get("binding"), "commit": last.get("commit"),
-                     "current": current}
+                     "current": current,
+                     "measured": {key: m for key in connector.spec.implements if (m := _measured(last, key))}}
     return out
+
+
+def _measured(run: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """What the run measured on interface version `key` (case → word error rates by place): the listing's evidence
+    of how well, beside the tier's of whether."""
+    found = ((run.get("interfaces") or {}).get(key) or {}).get("measured")
+    return dict(found) if isinstance(found, dict) else {}
 
 
 def check_listing(root: Path, listing: Mapping[str, Any], snapshot: Snapshot | None = None) -> tuple[
@@ -159,9 +197,13 @@ def check_listing(root: Path, listing: Mapping[str, Any], snapshot: Snapshot | N
     for key, entries in sorted(given.items()):
         supported = {e["connector"]: e["tier"] for e in built.get(key, [])}
         shown = {e["connector"]: e["evidence"] for e in built.get(key, [])}
+        measured = {e["connector"]: e["measured"] for e in built.get(key, [])}
         for entry in entries if isinstance(entries, list) else []:
             name, tier = entry.get("connector"), entry.get("tier")
             have = supported.get(name)
+            if have is not None and entry.get("measured", {}) != measured[name]:
+                errors.append(f"{LISTING_FILE}: {key} shows for '{name}' measures its results do not hold "
+                              f"({entry.get('measured')} against {measured[name]})\n  fix: handler catalog build")
             if have is not None and entry.get("evidence") != shown[name]:
                 errors.append(f"{LISTING_FILE}: {key} lists '{name}' with the evidence '{entry.get('evidence')}', but "
                               f"its results are '{shown[name]}'\n  fix: handler catalog build")
@@ -182,45 +224,30 @@ def check_listing(root: Path, listing: Mapping[str, Any], snapshot: Snapshot | N
     return errors, notes
 
 
-def changed_connectors(root: Path, base: str | None) -> list[tuple[str, str | None]]:
-    """(connector, a binding of it or None) for each connector whose folder, interfaces, bindings or result file
-    changed since the git ref `base` (with no base: every connector). A result file changed by hand (a pass
-    written, not run) is checked again like code. Only connectors without egress are named: they run here,
-    offline; one that reaches a network is checked against its stand-in by the test suite, or against the
-    vendor with real credentials (`--evidence vendor`), never by this list."""
-    head = Loader().load(FolderSource(root))
-    source = GitSource.for_folder(root, base) if base else None
-    before = Loader().load(source) if source is not None else Loader().load(_Empty())
-    changed: list[tuple[str, str | None]] = []
-    for name, connector in sorted(head.connectors.items()):
-        if connector.spec.egress or connector.spec.run.builtin:
-            continue
-        bindings = sorted(b for b, spec in head.bindings.items() if spec.connector == name)
-        moved = (_hash(before.connectors, name) != connector.content_hash
-                 or any(_hash(before.interfaces, key) != _hash(head.interfaces, key)
-                        for key in connector.spec.implements)
-                 or any(_hash(before.bindings, b) != head.bindings[b].content_hash for b in bindings)
-                 or (source is not None and _results_changed(root, source, name)))
-        if moved:
-            changed.append((name, bindings[0] if bindings else None))
-    return changed
-
-
 def add_catalog_command(sub: Any) -> None:
-    """Register `handler catalog build` and `handler catalog changed` (through the `handler.commands` entry points)."""
+    """Register `handler catalog build`, `changed` and `list` (through the `handler.commands` entry points)."""
     catalog = sub.add_parser("catalog", help="the catalog listing, built from conformance results")
     actions = catalog.add_subparsers(title="catalog commands", metavar="ACTION", required=True)
+    root_help = "the config root (default: $HANDLER_ROOT, else the current folder)"
+    default_root = os.environ.get("HANDLER_ROOT") or "."
     build = actions.add_parser("build", help=f"write {LISTING_FILE} from {RESULTS_FOLDER}/ (--check: verify it)")
-    build.add_argument("--root", default=os.environ.get("HANDLER_ROOT") or ".", metavar="DIR",
-                       help="the config root (default: $HANDLER_ROOT, else the current folder)")
+    build.add_argument("--root", default=default_root, metavar="DIR", help=root_help)
     build.add_argument("--check", action="store_true", help="write nothing; exit 1 if the listing names a connector "
-                       "or tier without a passing result at the current revision")
+                       "or tier without a passing result at the current revision, or a result file is not the "
+                       "runner's")
+    build.add_argument("--base", metavar="REF", help="with --check: every run a result file gained since the git ref "
+                       "REF must be reproduced by a re-run in --reruns (the workflow's own)")
+    build.add_argument("--reruns", metavar="DIR", help="with --check: the result files the re-runs recorded (without "
+                       "--base, every run at the current revision must be reproduced there)")
     build.set_defaults(run=_build)
-    changed = actions.add_parser("changed", help="connectors whose files changed since a git ref, with a binding")
+    changed = actions.add_parser("changed", help="connectors to check again since a git ref: connector, binding "
+                                 "(:stand-in: its stand-in check), seeds to replay (-: a fresh one)")
     changed.add_argument("--base", metavar="REF", help="the git ref to compare with (default: none, every connector)")
-    changed.add_argument("--root", default=os.environ.get("HANDLER_ROOT") or ".", metavar="DIR",
-                         help="the config root (default: $HANDLER_ROOT, else the current folder)")
+    changed.add_argument("--root", default=default_root, metavar="DIR", help=root_help)
     changed.set_defaults(run=_changed)
+    shown = actions.add_parser("list", help="each interface with its connectors, tier and evidence")
+    shown.add_argument("--root", default=default_root, metavar="DIR", help=root_help)
+    shown.set_defaults(run=_list)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -233,20 +260,7 @@ def _build(args: argparse.Namespace) -> int:
         return 2
     path = root / LISTING_FILE
     if args.check:
-        if not path.exists():
-            print(f"handler catalog build --check: {path} is missing; run `handler catalog build`", file=sys.stderr)
-            return 1
-        try:
-            given = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            print(f"{path}:{exc.lineno}: not JSON ({exc.msg}); rebuild it with `handler catalog build`",
-                  file=sys.stderr)
-            return 1
-        errors, notes = check_listing(root, given, snapshot)
-        for line in [*errors, *notes]:
-            print(line)
-        print(f"handler catalog build --check: {len(errors)} error(s), {len(notes)} note(s)")
-        return 1 if errors else 0
+        return _check(root, path, snapshot, args.base, Path(args.reruns) if args.reruns else None)
     path.write_text(json.dumps(listing, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     for key, entries in listing["interfaces"].items():
         shown = ", ".join(f"{e['connector']} ({e['tier']})" for e in entries) or "-"
@@ -255,44 +269,93 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(root: Path, path: Path, snapshot: Snapshot, base: str | None, reruns: Path | None) -> int:
+    """`catalog build --check`: the listing against the results, the results against the runner's form and (with
+    a base) against the workflow's re-runs."""
+    if not path.exists():
+        print(f"handler catalog build --check: {path} is missing; run `handler catalog build`", file=sys.stderr)
+        return 1
+    try:
+        given = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        print(f"{path}:{exc.lineno}: not JSON ({exc.msg}); rebuild it with `handler catalog build`", file=sys.stderr)
+        return 1
+    errors, notes = check_listing(root, given, snapshot)
+    errors += check_result_files(root)
+    if base is not None or reruns is not None:  # re-runs and no base: every run at this revision is compared
+        try:
+            errors += verify_reruns(root, base, reruns)
+        except SourceError as exc:
+            print(f"handler catalog build --check: {exc}", file=sys.stderr)
+            return 2
+    for line in [*errors, *notes]:
+        print(line)
+    print(f"handler catalog build --check: {len(errors)} error(s), {len(notes)} note(s)")
+    return 1 if errors else 0
+
+
 def _changed(args: argparse.Namespace) -> int:
     try:
         found = changed_connectors(Path(args.root), args.base)
-    except SourceError as exc:
+    except (SourceError, ListingError) as exc:
         print(f"handler catalog changed: {exc}", file=sys.stderr)
         return 2
-    for name, binding in found:
-        if binding is None:
-            print(f"handler catalog changed: connector '{name}' changed but no binding configures it; it cannot be "
-                  "checked", file=sys.stderr)
+    for recheck in found:
+        if recheck.binding is None:
+            print(f"handler catalog changed: connector '{recheck.connector}' changed but no binding configures it; "
+                  "it cannot be checked", file=sys.stderr)
         else:
-            print(f"{name} {binding}")
+            print(recheck.line())
     return 0
 
 
-def _results_changed(root: Path, source: GitSource, name: str) -> bool:
-    """Whether `name`'s result file differs from the one at `source`'s commit."""
-    rel = f"{RESULTS_FOLDER}/{name}.json"
-    path = root / rel
-    now = path.read_bytes() if path.is_file() else None
+def _list(args: argparse.Namespace) -> int:
+    root = Path(args.root)
     try:
-        blob = source.repo.commit(source.ref).tree / "/".join(filter(None, (source.subdir, rel)))
-        then: bytes | None = blob.data_stream.read()
-    except KeyError:  # not at the base
-        then = None
-    return now != then
+        listing = build_listing(root)
+    except (ListingError, SourceError) as exc:
+        print(f"handler catalog list: {exc}", file=sys.stderr)
+        return 2
+    for line in render_listing(listing, Loader().load(FolderSource(root))):
+        print(line)
+    return 0
 
 
-class _Empty:
-    """A tree with nothing in it: against it, everything changed."""
+def render_listing(listing: Mapping[str, Any], snapshot: Snapshot) -> list[str]:
+    """`handler catalog list`'s lines: per interface version, its listed connectors best tier first, then those
+    it does not list (never checked, failed, or changed since), each with its evidence and what it measured."""
+    lines: list[str] = []
+    rank = {tier: i for i, tier in enumerate(TIERS)}
+    for key, entries in sorted(listing["interfaces"].items()):
+        lines.append(key)
+        listed = sorted(entries, key=lambda e: (-rank.get(e["tier"], -1), e["connector"]))
+        for entry in listed:
+            lines.append(f"  {entry['connector']:26} {entry['tier']:9} {entry['evidence']:9}"
+                         f"{_show_measured(entry.get('measured') or {})}".rstrip())
+        names = {e["connector"] for e in entries}
+        for name, connector in sorted(snapshot.connectors.items()):
+            if key not in connector.spec.implements or name in names:
+                continue
+            last = listing["connectors"].get(name) or {}
+            if last.get("checked") is None:
+                status = "never checked"
+            elif not last.get("current"):
+                status = "changed since its last check"
+            else:
+                status = "failed its last check" if not last.get("passed") else "no passing cases"
+            evidence = str(last.get("evidence") or "-")
+            lines.append(f"  {name:26} {'-':9} {evidence:9}{_show_measured((last.get('measured') or {}).get(key, {}))}"
+                         f"  ({status})")
+    return lines
 
-    def read(self) -> tuple[str, dict[str, Any]]:
-        return "empty", {}
 
-
-def _hash(objects: Mapping[str, Any], name: str) -> str | None:
-    found = objects.get(name)
-    return found.content_hash if found is not None else None
+def _show_measured(measured: Mapping[str, Any]) -> str:
+    shown = []
+    for case, rates in sorted(measured.items()):
+        for where, rate in sorted(rates.items()):
+            label = "round-trip word error" if where.endswith("spokenWordErrorRate") else "word error"
+            shown.append(f"{label} {float(rate):.1%} ({case})")
+    return f" {'; '.join(shown)}" if shown else ""
 
 
 def _tier(runs: Sequence[Mapping[str, Any]], key: str) -> str | None:
@@ -313,16 +376,6 @@ def _all_results(root: Path) -> dict[str, list[dict[str, Any]]]:
     folder = root / RESULTS_FOLDER
     out: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        runs = _read_results(path)
+        runs = read_results(path)
         out[path.stem] = sorted(runs, key=lambda r: str(r.get("started") or ""))
     return out
-
-
-def _read_results(path: Path) -> list[dict[str, Any]]:
-    try:
-        body = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ListingError(f"{path}: not a readable result file ({exc})") from None
-    if not isinstance(body, dict) or body.get("format") != RESULTS_FORMAT or not isinstance(body.get("runs"), list):
-        raise ListingError(f"{path}: not a result file (format {RESULTS_FORMAT} with a list of runs)")
-    return [r for r in body["runs"] if isinstance(r, dict) and r.get("evidence") in EVIDENCE]

@@ -68,6 +68,7 @@ class InterfaceSummary:
     examples: int = 0  # valid inputs generated and sent
     refused_inputs: int = 0  # invalid inputs sent
     not_honoured: list[str] = field(default_factory=list)  # 2020-12 keywords the generator ignored
+    measured: dict[str, dict[str, float]] = field(default_factory=dict)  # case → its word error rates, by place
 
     @property
     def cases_pass(self) -> bool:
@@ -85,6 +86,7 @@ class InterfaceSummary:
             "examples": self.examples,
             "refused_inputs": self.refused_inputs,
             "not_honoured": list(self.not_honoured),
+            "measured": {case: dict(rates) for case, rates in sorted(self.measured.items())},
             "cases_pass": self.cases_pass,
             "fuzzing_pass": self.fuzzing_pass,
         }
@@ -99,6 +101,8 @@ def summarize(items: Iterable[ItemResult], interfaces: Iterable[str]) -> dict[st
         count.add(item.outcome)
         summary.examples += int(item.details.get("examples", 0))
         summary.refused_inputs += int(item.details.get("invalid_inputs", 0))
+        if item.kind == "case" and item.details.get("measured"):
+            summary.measured[item.name] = dict(item.details["measured"])
         for note in item.details.get("not_honoured", ()):
             line = f"{item.name}: {note}"
             if line not in summary.not_honoured:
@@ -113,6 +117,9 @@ def render_summary(summaries: Mapping[str, InterfaceSummary]) -> list[str]:
         verdict = "PASS" if s.cases_pass and s.fuzzing_pass else "FAIL"
         lines.append(f"{verdict} {key}: cases {_count(s.cases)}, fuzzing {_count(s.fuzz)} ({s.examples} valid inputs),"
                      f" refusals {_count(s.refuse)} ({s.refused_inputs} invalid inputs)")
+        for case, rates in sorted(s.measured.items()):
+            shown = ", ".join(f"{where} {rate:.1%}" for where, rate in rates.items())
+            lines.append(f"     measured in case '{case}': {shown}")
         for note in s.not_honoured:
             lines.append(f"     not fuzzed as written: {note} is a 2020-12 keyword hypothesis-jsonschema "
                          "(drafts 4-7) cannot honour; generated inputs ignore it and those it rules out are dropped")

@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from conformance.cases import evaluate_case
+from conformance.cases import evaluate_case, measured_rates, spoken_files
 from conformance.errors import CheckError
 from conformance.failures import ConformanceFailure, failures_in, show_json
+from conformance.generating import realize_case
 from conformance.harness import Harness
 from conformance.replies import Reply
 from conformance.reporting import RUN_FORMAT, ItemResult, render_summary, summarize
@@ -255,9 +256,18 @@ class CaseItem(ConformanceItem):
         if self.case is None:
             raise CheckError(f"{self.name} has no case")
         tool = self.tool  # a case naming an unknown tool fails here, listing the known ones
-        self.start()
-        reply = self.call(self.case.input)
-        problems = evaluate_case(self.case, reply)
+        harness = self.start()
+        work = harness.workspace.scopes[self.iface.key] if harness.workspace is not None else Path()
+        case, drawn = realize_case(self.case, dict(self.iface.fixtures), work)
+        if drawn:
+            self.note("detail.generated", drawn)
+        reply = self.call(case.input)
+        heard, problems = self.hear(case, reply)
+        problems += evaluate_case(case, reply, heard)
+        if not reply.is_error:
+            rates = measured_rates(case, reply.output, heard)
+            if rates:
+                self.note("detail.measured", rates)
         if problems:
             details = list(problems)
             if reply.is_error and reply.cause:
@@ -266,7 +276,31 @@ class CaseItem(ConformanceItem):
             if output is not None:
                 details.append(f"output: {show_json(output)}")
             raise CaseFailed(f"case '{self.case.name}' ({tool.name}): {len(problems)} problem(s)",
-                             self.case.input, details)
+                             case.input, details)
+
+    def hear(self, case: Case, reply: Reply) -> tuple[dict[str, str], list[str]]:
+        """The transcript of each audio file the case's `spokenWordErrorRate` names, by its transcriber through
+        the same router; and why any could not be heard."""
+        heard: dict[str, str] = {}
+        problems: list[str] = []
+        if reply.is_error:
+            return heard, problems
+        for key, path in spoken_files(case, reply.output):
+            if key not in self.run.harness().workspace_profiles():
+                problems.append(f"no binding of a local connector (egress = []) implementing {key} in the tree, to "
+                                f"hear {path!r} back; add one (config/bindings/) and run the check again")
+                continue
+            iface = self.run.subject.source.interfaces[key]
+            tool = iface.tools[0]
+            arg = next(name for name, prop in tool.inputSchema.get("properties", {}).items()
+                       if isinstance(prop, dict) and prop.get("format") == "handler-file")
+            answer = self.run.harness().call(key, tool.name, {arg: path})
+            text = answer.output.get("text") if not answer.is_error and isinstance(answer.output, dict) else None
+            if isinstance(text, str):
+                heard[path] = text
+            else:
+                problems.append(f"{key} could not hear {path!r} back: {answer.describe_error()}")
+        return heard, problems
 
     def select(self) -> str:
         name = self.case.name if self.case is not None else ""

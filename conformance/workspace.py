@@ -4,7 +4,9 @@
 the interface versions the connector implements), with "did you mean" for a misspelt name.
 `build_workspace` writes a small tree in a temp folder — the interface version folders, the
 connector's manifest, the binding, a minimal org, and for each interface version a permissive
-profile whose scope is a work folder holding that version's fixture files — and loads it with the
+profile whose scope is a work folder holding that version's fixture files; beside them, the local
+transcriber a case hears speech back with (`Helper`: its interface version, connector and binding, and
+a profile on the same work folder, so it reads what the connector wrote) — and loads it with the
 project's own `Loader`, so the router serves it exactly as it would serve the user's tree. The
 connector process itself runs from its real folder (the router is given the user's root), so the
 code checked is the code in the tree and relative secret references resolve as in production.
@@ -20,9 +22,19 @@ from types import MappingProxyType
 from conformance.errors import CheckError
 from reconciler.config import Binding, Connector, FolderSource, InterfaceVersion, Loader, Snapshot, did_you_mean
 
-__all__ = ["Subject", "Workspace", "build_workspace", "load_subject", "profile_name"]
+__all__ = ["Helper", "Subject", "Workspace", "build_workspace", "find_helpers", "load_subject", "profile_name"]
 
 _SKIP = shutil.ignore_patterns(".*", "__pycache__")
+
+
+@dataclass(frozen=True)
+class Helper:
+    """A local connector a case calls to judge the output (a transcriber hearing speech back), for `user`."""
+
+    iface: InterfaceVersion
+    connector: Connector
+    binding: Binding
+    user: str  # the interface version whose cases call it; the helper's profile shares its work folder
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,7 @@ class Subject:
     connector: Connector
     binding: Binding
     interfaces: tuple[InterfaceVersion, ...]  # every version the connector implements, in order
+    helpers: tuple[Helper, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,26 @@ def load_subject(root: Path, connector: str, binding: str) -> Subject:
         shown = "\n".join(f.render_text() for f in problems)
         raise CheckError(f"the files of '{connector}' or '{binding}' hold errors; fix them first:\n{shown}")
     interfaces = tuple(source.interfaces[key] for key in found.spec.implements)
-    return Subject(root, source, found, chosen, interfaces)
+    return Subject(root, source, found, chosen, interfaces, find_helpers(source, interfaces))
+
+
+def find_helpers(source: Snapshot, interfaces: tuple[InterfaceVersion, ...]) -> tuple[Helper, ...]:
+    """For each transcriber the cases name (`spokenWordErrorRate`), the tree's first binding (by name) of a
+    connector that implements it and reaches no network: the judge runs here, offline. None found: the
+    case fails saying so."""
+    helpers: list[Helper] = []
+    for iface in interfaces:
+        wanted = sorted({a.value["transcriber"] for case in iface.cases for a in case.assertions
+                         if a.op == "spokenWordErrorRate"})
+        for key in wanted:
+            judge = source.interfaces.get(key)
+            local = sorted((name, c) for name, b in source.bindings.items()
+                           if (c := source.connectors.get(b.connector or "")) is not None
+                           and key in c.spec.implements and not c.spec.egress and not c.spec.run.builtin)
+            if judge is not None and local:
+                name, connector = local[0]
+                helpers.append(Helper(judge, connector, source.bindings[name], iface.key))
+    return tuple(helpers)
 
 
 def profile_name(key: str) -> str:
@@ -90,6 +122,11 @@ def build_workspace(subject: Subject, folder: Path) -> Workspace:
     shutil.copytree(root / subject.connector.folder, folder / subject.connector.folder)
     (folder / "config/bindings").mkdir(parents=True)
     shutil.copyfile(root / subject.binding.file, folder / "config/bindings" / Path(subject.binding.file).name)
+    for helper in subject.helpers:
+        for part in (helper.iface.folder, helper.connector.folder):
+            if not (folder / part).exists():
+                shutil.copytree(root / part, folder / part, ignore=_SKIP)
+        shutil.copyfile(root / helper.binding.file, folder / "config/bindings" / Path(helper.binding.file).name)
     (folder / "config/org.toml").write_text('apiVersion = "handler.org/v1"\nname = "conformance"\n')
     profiles: dict[str, str] = {}
     scopes: dict[str, Path] = {}
@@ -111,6 +148,18 @@ def build_workspace(subject: Subject, folder: Path) -> Workspace:
             f'services = {{ "{iface.key}" = "{subject.binding.name}" }}\n')
         profiles[iface.key] = name
         scopes[iface.key] = scope
+    for helper in subject.helpers:
+        name = f"{profile_name(helper.iface.key)}-judge"
+        scope = scopes[helper.user]
+        (folder / "config/profiles" / f"{name}.toml").write_text(
+            'apiVersion = "handler.profile/v1"\n'
+            f'name = "{name}"\n'
+            f'description = "Hears back what the check of {helper.user} wrote"\n'
+            f'scope = "{scope}"\n'
+            'template = "permissive"\n'
+            f'services = {{ "{helper.iface.key}" = "{helper.binding.name}" }}\n')
+        profiles[helper.iface.key] = name
+        scopes[helper.iface.key] = scope
     snapshot = Loader().load(FolderSource(folder))
     if not snapshot.ok:
         shown = "\n".join(f.render_text() for f in snapshot.errors)

@@ -40,6 +40,7 @@ from tests.fixtures.vendor_trees import (
     listed_tools,
     passing_check,
     stand_in_record,
+    stand_in_replay,
     write_tree,
 )
 
@@ -338,7 +339,8 @@ def test_through_the_sandboxed_router(embed_tree: Path) -> None:
 
 def test_connector_check_passes_against_the_stand_in(embed_tree: Path, tmp_path: Path,
                                                      capfd: pytest.CaptureFixture[str]) -> None:
-    summary = passing_check("embed-openai", "embed-test", embed_tree, "embed/v1", examples=10, seed=3,
-                            result=tmp_path / "result.json", capfd=capfd, record=stand_in_record())
+    summary = passing_check("embed-openai", "embed-test", embed_tree, "embed/v1",
+                            **stand_in_replay(seed=3, examples=10), result=tmp_path / "result.json", capfd=capfd,
+                            record=stand_in_record())
     assert summary["cases"]["passed"] == 4
     assert summary["fuzzing_pass"]

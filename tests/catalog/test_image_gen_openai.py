@@ -34,6 +34,7 @@ from tests.fixtures.vendor_trees import (
     listed_tools,
     passing_check,
     stand_in_record,
+    stand_in_replay,
     write_tree,
 )
 
@@ -296,7 +297,8 @@ def test_through_the_sandboxed_router_the_png_lands_in_the_work_folder(images_tr
 
 def test_connector_check_passes_against_the_stand_in(images_tree: Path, tmp_path: Path,
                                                      capfd: pytest.CaptureFixture[str]) -> None:
-    summary = passing_check("image-gen-openai", "images-test", images_tree, "image-gen/v1", examples=5, seed=3,
-                            result=tmp_path / "result.json", capfd=capfd, record=stand_in_record())
+    summary = passing_check("image-gen-openai", "images-test", images_tree, "image-gen/v1",
+                            **stand_in_replay(seed=3, examples=5), result=tmp_path / "result.json", capfd=capfd,
+                            record=stand_in_record())
     assert summary["cases"]["passed"] == 2
     assert summary["fuzzing_pass"]

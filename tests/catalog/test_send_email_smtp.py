@@ -248,9 +248,10 @@ def check_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Mailbox, Pat
             yield mailbox, root
 
 
-def test_the_connector_check_passes_against_a_starttls_server(check_server: tuple[Mailbox, Path], tmp_path: Path,
-                                                              capfd: pytest.CaptureFixture[str]) -> None:
-    """Through the real router and its sandbox: the cases and fuzzing of send-email/v1, each message received
+def test_connector_check_passes_against_the_stand_in(check_server: tuple[Mailbox, Path], tmp_path: Path,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """Through the real router and its sandbox, against a STARTTLS server standing in for the provider's (the catalog
+    workflow runs it when the connector changes): the cases and fuzzing of send-email/v1, each message received
     with its subject, body and recipients, the impossible recipient refused before anything is sent."""
 
     mailbox, root = check_server

@@ -34,6 +34,7 @@ from tests.fixtures.vendor_trees import (
     listed_tools,
     passing_check,
     stand_in_record,
+    stand_in_replay,
     write_tree,
 )
 
@@ -300,7 +301,8 @@ def test_through_the_sandboxed_router(searxng_tree: Path) -> None:
 
 def test_connector_check_passes_against_the_stand_in(searxng_tree: Path, tmp_path: Path,
                                                      capfd: pytest.CaptureFixture[str]) -> None:
-    summary = passing_check("web-search-searxng", "search-test", searxng_tree, "web-search/v1", examples=10, seed=3,
-                            result=tmp_path / "result.json", capfd=capfd, record=stand_in_record())
+    summary = passing_check("web-search-searxng", "search-test", searxng_tree, "web-search/v1",
+                            **stand_in_replay(seed=3, examples=10), result=tmp_path / "result.json", capfd=capfd,
+                            record=stand_in_record())
     assert summary["cases"]["passed"] == 3
     assert summary["fuzzing_pass"]

@@ -153,5 +153,5 @@ def test_ocr_tesseract_implements_ocr_v1(shipped_tree: Path, tmp_path: Path,
                                          capfd: pytest.CaptureFixture[str]) -> None:
     summary = passing_check("ocr-tesseract", "ocr-local", shipped_tree, "ocr/v1", examples=15, seed=4,
                             result=tmp_path / "result.json", capfd=capfd)
-    assert summary["cases"]["passed"] == 3
+    assert summary["cases"]["passed"] == 4  # the page drawn afresh among them
     assert summary["fuzzing_pass"]

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from reconciler.config.cases import Case, CaseError, parse_case
+from reconciler.config.cases import (
+    Case,
+    CaseError,
+    parse_case,
+    read_sentence_patterns,
+    read_word_list,
+)
 from reconciler.config.documents import Document
 from reconciler.config.findings import Finding, suggest
 from reconciler.config.snapshot import InterfaceVersion, Snapshot
@@ -80,6 +86,47 @@ def check_cases(snapshot: Snapshot, key: str) -> Iterator[Finding]:
                 "correct the code",
             )
         yield from _check_fixtures(snapshot, iface, i, case, tool.inputSchema)
+        yield from _check_generators(snapshot, iface, i, case)
+        yield from _check_transcribers(snapshot, iface, i, case)
+
+
+def _check_generators(snapshot: Snapshot, iface: InterfaceVersion, index: int, case: Case) -> Iterator[Finding]:
+    """Each generator's word list or sentences file is a fixture of the folder, and reads as one."""
+    file = f"{iface.folder}/conformance/cases.toml"
+    for gen in case.generate:
+        if gen.kind == "page":
+            continue
+        line = snapshot.line_of(file, "case", index, "generate", gen.name, gen.kind)
+        data = iface.fixtures.get(gen.source)
+        if data is None:
+            yield Finding("I013", file, line, f"case '{case.name}': generate.{gen.name} draws from '{gen.source}', "
+                          f"which is not in {iface.folder}/conformance/", "a fixture file beside cases.toml",
+                          f"add {iface.folder}/conformance/{gen.source}")
+            continue
+        try:
+            empty = not (read_word_list(data) if gen.kind == "words" else read_sentence_patterns(data).patterns)
+        except (CaseError, UnicodeDecodeError) as exc:
+            yield Finding("I013", file, line, f"case '{case.name}': '{gen.source}' is not a {gen.kind} file: {exc}",
+                          "the format of docs/conformance.md, 'Inputs drawn afresh'", f"correct {gen.source}")
+            continue
+        if empty:
+            yield Finding("I013", file, line, f"case '{case.name}': '{gen.source}' holds no words to draw",
+                          "at least one word", f"add words to {gen.source}")
+
+
+def _check_transcribers(snapshot: Snapshot, iface: InterfaceVersion, index: int, case: Case) -> Iterator[Finding]:
+    """A spokenWordErrorRate names an interface version of the tree that hears audio."""
+    file = f"{iface.folder}/conformance/cases.toml"
+    for assertion in case.assertions:
+        if assertion.op != "spokenWordErrorRate":
+            continue
+        key = assertion.value["transcriber"]
+        if key not in snapshot.interfaces:
+            hint = suggest(key, sorted(snapshot.interfaces))
+            path = ["expect", *(str(p) for p in assertion.path), assertion.op, "transcriber"]
+            yield Finding("I013", file, snapshot.line_of(file, "case", index, *path),
+                          f"case '{case.name}' is heard back by '{key}', which is not an interface version of the "
+                          f"tree{hint.did_you_mean}", hint.one_of, "name the transcriber's interface version")
 
 
 def _check_fixtures(
@@ -88,8 +135,11 @@ def _check_fixtures(
     """Every file argument (format handler-file) of the case names a fixture beside cases.toml."""
     file = f"{iface.folder}/conformance/cases.toml"
     props = schema.get("properties", {})
+    pages = {g.name for g in case.generate if g.kind == "page"}
     for arg, value in case.input.items():
         prop = props.get(arg)
+        if isinstance(value, str) and value in {"{" + name + "}" for name in pages}:
+            continue  # a page drawn afresh, written into the work folder by the check
         if isinstance(prop, dict) and prop.get("format") == "handler-file" and value not in iface.fixtures:
             yield Finding(
                 "I013",
