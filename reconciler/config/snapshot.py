@@ -16,6 +16,7 @@ from typing import Any
 from reconciler.config.cases import Case
 from reconciler.config.documents import Document
 from reconciler.config.findings import Finding
+from reconciler.config.skills import Skill
 from reconciler.config.models import (
     BindingFile,
     ConnectorFile,
@@ -93,6 +94,7 @@ class InterfaceVersion:
     tools: tuple[Tool, ...]
     folder: str  # "catalog/interfaces/ocr/v1"
     skills: tuple[str, ...] = ()
+    skill: Skill | None = None  # the one its agents are served (None only in a tree with an I016 or I017 finding)
     cases: tuple[Case, ...] = ()
     fixtures: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}))
     content_hash: str = ""  # every file of the folder
