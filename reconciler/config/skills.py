@@ -139,8 +139,8 @@ def _count_finding(where: str, found: list[str]) -> Finding:
 def _front_finding(path: str, line: int, problem: str) -> Finding:
     """I017: a skill whose front matter does not say its name and description."""
     folder = path.rsplit("/", 2)[-2]
-    return Finding("I017", path, line, f"the skill{problem}; hosts load a skill by its front matter's name and show the model "
-                   "its description", "a front matter between two '---' lines with 'name' equal to the skill's "
-                   f"folder and a 'description' of 1 to {MOST_DESCRIPTION} characters",
+    return Finding("I017", path, line, f"the skill{problem}; hosts load a skill by its front matter's name and "
+                   "show the model its description", "a front matter between two '---' lines with 'name' equal to the "
+                   f"skill's folder and a 'description' of 1 to {MOST_DESCRIPTION} characters",
                    f"open the file with '---', 'name: {folder}', 'description: what it is for and when to use it', "
                    "'---'")

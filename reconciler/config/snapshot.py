@@ -16,7 +16,6 @@ from typing import Any
 from reconciler.config.cases import Case
 from reconciler.config.documents import Document
 from reconciler.config.findings import Finding
-from reconciler.config.skills import Skill
 from reconciler.config.models import (
     BindingFile,
     ConnectorFile,
@@ -28,6 +27,7 @@ from reconciler.config.models import (
     TemplateFile,
     Tool,
 )
+from reconciler.config.skills import Skill
 
 __all__ = [
     "BUILTIN_TEMPLATES",

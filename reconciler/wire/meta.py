@@ -25,6 +25,8 @@ __all__ = [
     "ATTACH",
     "ATTACHED",
     "BUDGET",
+    "BUILTINS",
+    "BUILTINS_ELSEWHERE",
     "CAUSE",
     "COST",
     "ERROR",
@@ -49,6 +51,9 @@ BUDGET: Final = "handler/budget"
 CAUSE: Final = "handler/cause"
 ERROR: Final = "handler/error"  # an error result's code
 REQUEST_ID: Final = "handler/requestId"  # a held result's request_id
+# "elsewhere": another entry of the host's configuration serves the built-in tools, so this one lists none of them.
+BUILTINS: Final = "handler/builtins"
+BUILTINS_ELSEWHERE: Final = "elsewhere"
 ATTACH: Final = "handler/attach"  # the bridge's handoff line
 ATTACHED: Final = "handler/attached"  # the router's answer to it
 
@@ -78,11 +83,14 @@ def run_id_problem(value: object) -> str | None:
     return None
 
 
-def caller_meta(interface: str, env: Mapping[str, str]) -> dict[str, str]:
-    """The `_meta` a client of the router adds to its requests: the interface, and the instances `env` names.
+def caller_meta(interface: str, env: Mapping[str, str], *, builtins: bool = True) -> dict[str, str]:
+    """The `_meta` a client of the router adds to its requests: the interface, the instances `env` names, and,
+    unless `builtins`, that the built-in tools are served by another entry of the host's configuration.
 
     ValueError names the variable whose run id the router would refuse, why, and what to do."""
     meta = {INTERFACE: interface}
+    if not builtins:
+        meta[BUILTINS] = BUILTINS_ELSEWHERE
     for name, key in _CALLER_ENV:
         if env.get(name):
             problem = run_id_problem(env[name])
