@@ -24,7 +24,9 @@ from reconciler.config import (
     plan_changes,
 )
 from reconciler.config.findings import sort_findings
+from reconciler.config.skills import SKILL_FILE, host_skill_name, renamed_skill
 from reconciler.places import default_run_dir
+from reconciler.router.builtins import BUILTIN_INTERFACE
 
 __all__ = ["add_tree_commands"]
 
@@ -57,21 +59,34 @@ def add_tree_commands(sub: Any) -> None:
                      help="the MCP host's format: claude-desktop and cursor read {\"mcpServers\": ...}, vscode reads "
                           "{\"servers\": ...} with type stdio, claude-code gets `claude mcp add` commands "
                           "(default: claude-desktop; docs/hosts.md says where each file lives)")
+    mcp.add_argument("--skills", metavar="DIR", type=Path, default=None,
+                     help="also write each interface's skill folder (DIR/<interface>-v<N>/SKILL.md) where the host "
+                          "loads skills, e.g. .claude/skills for claude-code (docs/hosts.md)")
     mcp.set_defaults(run=_mcp_config)
 
 
 def _mcp_config(args: argparse.Namespace) -> int:
-    """One stdio server per interface of the profile, each the bridge `handler-service <interface>`."""
+    """One stdio server per interface of the profile, each the bridge `handler-service <interface> --no-builtins`,
+    and one, `handler`, for the built-in tools: no tool name is in two entries (docs/hosts.md)."""
     snapshot = load_tree(args.root)
     profile = snapshot.profiles.get(args.profile)
     if profile is None:
         known = ", ".join(sorted(snapshot.profiles))
         raise HandlerError(f"no profile '{args.profile}' in {args.root} (profiles: {known})")
+    if BUILTIN_INTERFACE in profile.selections:
+        raise HandlerError(f"profile '{profile.name}' uses an interface named '{BUILTIN_INTERFACE}', the name of the "
+                           "entry of the built-in tools; rename that interface")
     bridge = Path(sys.executable).parent / "handler-service"
     run_dir = (args.run_dir or default_run_dir()).resolve()
     command = str(bridge) if bridge.exists() else "handler-service"
-    servers = {name: {"command": command, "args": [name, "--profile", profile.name],
-                      "env": {"HANDLER_RUN_DIR": str(run_dir)}} for name in sorted(profile.selections)}
+    env = {"HANDLER_RUN_DIR": str(run_dir)}
+    servers = {BUILTIN_INTERFACE: {"command": command, "args": [BUILTIN_INTERFACE, "--profile", profile.name],
+                                   "env": env}}
+    servers.update({name: {"command": command, "args": [name, "--profile", profile.name, "--no-builtins"],
+                           "env": env} for name in sorted(profile.selections)})
+    if args.skills is not None:
+        for line in write_skills(snapshot, profile.name, Path(args.root), args.skills):
+            print(line, file=sys.stderr)  # stdout stays the configuration, ready to paste
     if args.host == "claude-code":
         for name, server in servers.items():
             print(shlex.join(["claude", "mcp", "add", name, "-e", f"HANDLER_RUN_DIR={run_dir}", "--", command,
@@ -81,6 +96,31 @@ def _mcp_config(args: argparse.Namespace) -> int:
     else:
         print(json.dumps({"mcpServers": servers}, indent=2))
     return EXIT_OK
+
+
+def write_skills(snapshot: Snapshot, profile: str, root: Path, into: Path) -> list[str]:
+    """Write the skill folder of each interface `profile` uses under `into`, as `<interface>-v<N>` with its front
+    matter's name set to match (the Agent Skills convention), so two versions never share one; what was written."""
+    written = []
+    for selection in sorted(snapshot.profiles[profile].selections.values(), key=lambda s: s.key):
+        iface = snapshot.interfaces.get(selection.key)
+        if iface is None or iface.skill is None:
+            continue
+        name = host_skill_name(iface.name, iface.version)
+        folder = into / name
+        source = root / iface.folder / "skills" / iface.skill.folder
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for extra in sorted(source.rglob("*")) if source.is_dir() else ():  # what the skill's folder holds beside it
+                if extra.is_file() and not extra.is_symlink() and extra.name != SKILL_FILE:
+                    (folder / extra.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / extra.relative_to(source)).write_bytes(extra.read_bytes())
+            (folder / SKILL_FILE).write_text(renamed_skill(iface.skill.text, name))
+        except OSError as exc:
+            raise HandlerError(f"cannot write the skill of {iface.key} in {folder}: {exc.strerror or exc}; name a "
+                               "folder you can write with --skills") from None
+        written.append(f"wrote the skill of {iface.key} to {folder / SKILL_FILE}")
+    return written
 
 
 def _load_base(root: str, ref: str) -> Snapshot:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from reconciler.config.findings import Finding
 
-__all__ = ["Skill", "host_skill_name", "read_skill", "renamed_skill", "skill_uri"]
+__all__ = ["SKILL_FILE", "Skill", "host_skill_name", "read_skill", "renamed_skill", "skill_uri"]
 
 SKILL_FILE = "SKILL.md"
 MOST_DESCRIPTION = 1024  # the Agent Skills convention's bound, which hosts enforce
