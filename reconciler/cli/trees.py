@@ -111,7 +111,8 @@ def write_skills(snapshot: Snapshot, profile: str, root: Path, into: Path) -> li
         source = root / iface.folder / "skills" / iface.skill.folder
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            for extra in sorted(source.rglob("*")) if source.is_dir() else ():  # what the skill's folder holds beside it
+            # What the skill's folder holds beside SKILL.md (references, scripts) goes with it.
+            for extra in sorted(source.rglob("*")) if source.is_dir() else ():
                 if extra.is_file() and not extra.is_symlink() and extra.name != SKILL_FILE:
                     (folder / extra.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
                     (folder / extra.relative_to(source)).write_bytes(extra.read_bytes())

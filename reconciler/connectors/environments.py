@@ -32,7 +32,7 @@ from pathlib import Path
 
 from reconciler.config.models import Needs
 from reconciler.config.snapshot import Connector
-from reconciler.connectors.errors import ConnectorStartError
+from reconciler.connectors.errors import ConnectorNotSetUpError, ConnectorStartError
 from reconciler.places import default_envs_dir
 
 __all__ = ["MARKER", "Missing", "build_environment", "environment_key", "environment_path", "environment_ready",
@@ -70,7 +70,7 @@ def require_environment(connector: Connector, envs: Path | None = None) -> Path 
     """
     path = environment_path(connector, envs)
     if path is not None and not environment_ready(path):
-        raise ConnectorStartError(
+        raise ConnectorNotSetUpError(
             f"connector '{connector.name}' runs on an environment of its own ({', '.join(connector.spec.needs.python)})"
             f" that is not built on this machine (expected in {path}); run `handler connector install "
             f"{connector.name}`, then start it again")

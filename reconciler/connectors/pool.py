@@ -43,6 +43,7 @@ from reconciler.connectors.diskwatch import CHECK_SECONDS, KILL_MARGIN_NS, measu
 from reconciler.connectors.drift import find_tool_drift
 from reconciler.connectors.errors import (
     ConnectorError,
+    ConnectorNotSetUpError,
     ConnectorReplyError,
     ConnectorRestartingError,
     ConnectorStartError,
@@ -246,7 +247,7 @@ class ConnectorPool:
             self._ensure_reaper()
         if entry.starting is None or entry.starting.done():
             if entry.failure is not None and time.monotonic() < entry.retry_at:
-                raise ConnectorStartError(entry.failure.message)
+                raise entry.failure.reworded(entry.failure.message)
             if entry.connector is not None and entry.process is not None:  # it ran and is gone: a crash
                 self._note_crash(entry, binding_name)
             # The start runs as a task of its own: a caller cancelled meanwhile leaves no half-started process.
@@ -423,8 +424,8 @@ class ConnectorPool:
             env, _ = await declared_env(binding, connector, self._root)
             try:
                 settings = LlmSettings.from_env(env)
-            except ValueError as exc:
-                raise ConnectorStartError(f"binding '{binding_name}': {exc}") from None
+            except ValueError as exc:  # a setting the router cannot use: a person changes it
+                raise ConnectorNotSetUpError(f"binding '{binding_name}': {exc}") from None
             entry.connector = InRouter(LlmConnector(settings, name=binding_name))
             return
         entry.launch = await prepare_launch(snapshot, binding_name, self._root, self._state, sandbox=self.sandbox,

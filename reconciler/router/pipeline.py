@@ -29,6 +29,7 @@ from reconciler.config.models import Limits
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.errors import (
     ConnectorError,
+    ConnectorNotSetUpError,
     ConnectorOutputInvalidError,
     ConnectorReplyError,
     ConnectorRestartingError,
@@ -44,7 +45,7 @@ from reconciler.router.generation import MOST_OUTPUT_DEPTH, Generation, ToolPlan
 from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, LimitKey, concurrency_error, timeout_error
 from reconciler.router.outcomes import EncodedResult, error_result, executed_result, held_result
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
-from reconciler.wire.meta import read_reported_cost
+from reconciler.wire.meta import RETRY_NEVER, read_reported_cost
 
 __all__ = ["Caller", "Services", "check_arguments", "run_admitted", "run_held", "run_tools_call"]
 
@@ -54,6 +55,9 @@ _call_ids = itertools.count(1)
 _SHOWN_NAME = 100  # characters of an unexpected output name the call log shows
 MOST_MESSAGE = 2000  # characters of a declared error's message the model reads
 _NOT_THE_INTERFACE = "the service returned a result that does not match the interface; retrying later may work"
+# What the model reads of a binding that cannot start: never the vendor, the secret or the program (its owners are
+# told those), and that no retry helps, since a person must act first.
+NOT_SET_UP = "this service is not set up on this machine; an owner has been told; retrying will not help"
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +298,8 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
         raise timeout_error(timeout) from None
     except ConnectorError as exc:
         declined = isinstance(exc, ConnectorReplyError)  # a JSON-RPC error it answered with, not a process gone
+        if isinstance(exc, ConnectorNotSetUpError):
+            svc.gate.report_unready(snapshot, plan.binding or "", exc.cause, exc.message)
         raise connector_failed(plan, exc) from None
     finally:
         if taken:
@@ -318,6 +324,8 @@ def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
                            "retrying then may work", detail=told)
     if isinstance(exc, ConnectorOutputInvalidError):
         return unavailable(exc.cause, _NOT_THE_INTERFACE, field=exc.field, detail=told)
+    if isinstance(exc, ConnectorNotSetUpError):
+        return unavailable(exc.cause, NOT_SET_UP, detail=told, retry=RETRY_NEVER)
     return unavailable(exc.cause, "the service failed; retrying later may work", detail=told)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["audit", "balances", "holds", "leases", "metadata", "notices", "reservations", "spend"]
+__all__ = ["alerts", "audit", "balances", "holds", "leases", "metadata", "notices", "reservations", "spend"]
 
 metadata = sa.MetaData()
 
@@ -135,4 +135,18 @@ notices = sa.Table(
     sa.Column("ref", sa.String(200)),  # the channel's id of what was sent (a Slack message's ts)
     sa.Column("error", sa.Text),
     sa.UniqueConstraint("hold_id", "channel", "target", name="uq_notices_target"),
+)
+
+
+# A binding that cannot start until a person sets it up (a secret, a program): one row per cause, so its owners
+# are told once however many calls fail on it; its notices are in `notices`, under the alert's id (migration 0008).
+alerts = sa.Table(
+    "alerts", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),  # alert_ and a digest of the binding and the cause
+    sa.Column("binding", sa.String(200), nullable=False),
+    sa.Column("cause", sa.String(40), nullable=False),  # not_set_up
+    sa.Column("message", sa.Text, nullable=False),  # for owners: what is missing, never a secret's value
+    sa.Column("first_at", sa.Float, nullable=False),
+    sa.Column("last_at", sa.Float, nullable=False),
+    sa.Column("calls", sa.Integer, nullable=False),  # the calls that failed on it, counted per router's report
 )
