@@ -3,8 +3,9 @@
 `ToolError` carries an interface's closed error code and becomes a tool result with `isError: true`
 carrying `{"error", "message"}`, so the model can read it and correct itself. When the router
 itself turns a call into `unavailable`, `cause` says why. `retry` says whether calling again can help
-(`_meta["handler/retry"]`): `later` for `unavailable` unless its cause is for good, `never` for every
-other code, which asks the model to change the call. Protocol faults are `JsonRpcError`s, which
+(`_meta["handler/retry"]`): what the connector said of a declared error, else `later` for `unavailable`
+(unless its cause is for good) and `limit` (the catalog's rate limits), `never` for every other code,
+which asks the model to change the call. Protocol faults are `JsonRpcError`s, which
 belong to the wire (`reconciler.wire.errors`).
 """
 
@@ -13,7 +14,11 @@ from __future__ import annotations
 from reconciler.config.errors import HandlerError
 from reconciler.wire.meta import RETRY_LATER, RETRY_NEVER
 
-__all__ = ["ToolError", "invalid_arguments", "unavailable"]
+__all__ = ["LATER_CODES", "ToolError", "invalid_arguments", "unavailable"]
+
+# The codes a call may succeed with later, as it is: a service down, a rate limit waited out (every shipped
+# interface's `limit` is one). A connector may say otherwise of its own error (`_meta["handler/retry"]`).
+LATER_CODES = frozenset({"unavailable", "limit"})
 
 
 class ToolError(HandlerError):
@@ -23,8 +28,8 @@ class ToolError(HandlerError):
                  detail: str | None = None, retry: str | None = None) -> None:
         super().__init__(message)
         self.code = code
-        # Whether the same call can succeed later: a declared code other than `unavailable` is about the call itself.
-        self.retry = retry or (RETRY_LATER if code == "unavailable" else RETRY_NEVER)
+        # Whether the same call can succeed later: other codes are about the call itself (its file, its recipient).
+        self.retry = retry or (RETRY_LATER if code in LATER_CODES else RETRY_NEVER)
         self.message = message
         self.cause = cause  # why the router made it `unavailable`: timeout, crashed, output_invalid, ...
         self.field = field  # for output_invalid: where the output broke the schema (a path, never a value)

@@ -45,7 +45,7 @@ from reconciler.router.generation import MOST_OUTPUT_DEPTH, Generation, ToolPlan
 from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, LimitKey, concurrency_error, timeout_error
 from reconciler.router.outcomes import EncodedResult, error_result, executed_result, held_result
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
-from reconciler.wire.meta import RETRY_NEVER, read_reported_cost
+from reconciler.wire.meta import RETRY, RETRY_LATER, RETRY_NEVER, read_reported_cost
 
 __all__ = ["Caller", "Services", "check_arguments", "run_admitted", "run_held", "run_tools_call"]
 
@@ -378,7 +378,8 @@ def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> dict[str, Any]:
             code = structured["error"]
             message = structured.get("message")
             if code in plan.errors:
-                raise ToolError(code, cut_message(message) if isinstance(message, str) else code)
+                raise ToolError(code, cut_message(message) if isinstance(message, str) else code,
+                                retry=reported_retry(raw))
             raise unavailable("undeclared_error", f"the service failed with '{code[:100]}', which "
                               f"{plan.interface} does not declare; retrying later may work")
         raise unavailable("connector_error", "the service failed without an error code; retrying later may work")
@@ -386,6 +387,14 @@ def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> dict[str, Any]:
         raise unavailable("output_invalid", "the service returned no structured result",
                           field="/" if structured is None else "(structuredContent)")
     return structured
+
+
+def reported_retry(raw: Mapping[str, Any]) -> str | None:
+    """What a connector said of its own declared error: `later` or `never` in its `_meta["handler/retry"]` (None:
+    it said nothing usable, and the code decides)."""
+    meta = raw.get("_meta")
+    said = meta.get(RETRY) if isinstance(meta, Mapping) else None
+    return said if said in (RETRY_LATER, RETRY_NEVER) else None
 
 
 def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None = None) -> None:

@@ -150,6 +150,11 @@ def test_a_binding_without_its_secret_says_retrying_will_not_help_and_its_owner_
                         ("owner@example.org", "sent")]
                 finally:
                     store.close()
+                status = subprocess.run([HANDLER, "status", "--root", str(up.root)], capture_output=True, text=True,
+                                        timeout=DEADLINE, env=up.env, check=False)
+                assert (f"not set up: binding echo-local cannot start, {failed} calls failed on it (its owners were "
+                        f"told once): binding 'echo-local': secret slot 'token': the router's environment has no "
+                        f"{TOKEN_ENV}") in status.stdout.splitlines(), status.stdout
             finally:
                 up.stop()
         assert len(box.messages) == 1, [m["Subject"] for m in box.messages]  # however many calls failed

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from reconciler.governance.store.engine import Store, Transaction
 from reconciler.governance.store.tables import alerts
@@ -20,11 +21,12 @@ __all__ = ["count_calls", "fetch_alert", "fetch_alerts", "insert_alert"]
 
 
 def insert_alert(tx: Transaction, values: Mapping[str, Any]) -> bool:
-    """Add the alert unless one with its id exists; True when this transaction added it."""
-    exists = sa.select(alerts.c.id).where(alerts.c.id == values["id"])
-    done = tx.execute(sa.insert(alerts).from_select(
-        list(values), sa.select(*[sa.literal(v) for v in values.values()]).where(~sa.exists(exists))))
-    return int(done.rowcount) == 1
+    """Add the alert unless one with its id exists; True when this transaction added it. Routers racing to add
+    the same one meet in the primary key: the losers' inserts do nothing (ON CONFLICT), never fail."""
+    insert = postgresql.insert if tx.dialect.name == "postgresql" else sqlite.insert
+    done = tx.execute(insert(alerts).values(**values).on_conflict_do_nothing(index_elements=["id"])
+                      .returning(alerts.c.id))
+    return done.first() is not None
 
 
 def count_calls(tx: Transaction, alert_id: str, calls: int, at: float) -> None:
