@@ -298,9 +298,7 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
         raise timeout_error(timeout) from None
     except ConnectorError as exc:
         declined = isinstance(exc, ConnectorReplyError)  # a JSON-RPC error it answered with, not a process gone
-        if isinstance(exc, ConnectorNotSetUpError):
-            svc.gate.report_unready(snapshot, plan.binding or "", exc.cause, exc.message)
-        raise connector_failed(plan, exc) from None
+        raise connector_failed(plan, exc, svc.gate, snapshot) from None
     finally:
         if taken:
             book.release(key)
@@ -312,8 +310,9 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
     return CallResult(True, structured, actual, settlement)
 
 
-def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
-    """The `unavailable` of a connector process that failed, told to the operator in the log first.
+def connector_failed(plan: ToolPlan, exc: ConnectorError, gate: Gate, snapshot: Snapshot) -> ToolError:
+    """The `unavailable` of a connector process that failed, told to the operator in the log first, and to the
+    binding's owners (once per cause, through `gate`) when it cannot start until someone sets it up.
 
     A JSON-RPC error's own text may quote arguments, so only its code is logged.
     """
@@ -325,6 +324,7 @@ def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
     if isinstance(exc, ConnectorOutputInvalidError):
         return unavailable(exc.cause, _NOT_THE_INTERFACE, field=exc.field, detail=told)
     if isinstance(exc, ConnectorNotSetUpError):
+        gate.report_unready(snapshot, plan.binding or "", exc.cause, exc.message)
         return unavailable(exc.cause, NOT_SET_UP, detail=told, retry=RETRY_NEVER)
     return unavailable(exc.cause, "the service failed; retrying later may work", detail=told)
 
