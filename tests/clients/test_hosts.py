@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
+from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from reconciler.governance.store import open_store, store_url
 from tests.fixtures.echo_fixtures import SECRET
 from tests.fixtures.echo_tree import SKILL, SKILL_DESCRIPTION, TOKEN_ENV
 from tests.fixtures.harness import DEADLINE
-from tests.fixtures.mail import serving_mailbox
+from tests.fixtures.mail import Mailbox, serving_mailbox
 from tests.fixtures.matrix import (
     HANDLER,
     HOST_KINDS,
@@ -144,7 +145,7 @@ def test_a_binding_without_its_secret_says_retrying_will_not_help_and_its_owner_
                 try:
                     alert = wait_until(lambda: next((a for a in list_alerts(store) if a.calls >= failed), None),
                                        "every failed call counted on the binding's alert")
-                    wait_until(lambda: box.messages, "the owner's email")
+                    wait_until(lambda: _alerts_mailed(box), "the owner's email")
                     assert len(list_alerts(store)) == 1  # one cause
                     assert [(n.target, n.state) for n in list_notices(store, alert.id)] == [
                         ("owner@example.org", "sent")]
@@ -157,8 +158,9 @@ def test_a_binding_without_its_secret_says_retrying_will_not_help_and_its_owner_
                         f"{TOKEN_ENV}") in status.stdout.splitlines(), status.stdout
             finally:
                 up.stop()
-        assert len(box.messages) == 1, [m["Subject"] for m in box.messages]  # however many calls failed
-        mail = box.messages[0]
+        mailed = _alerts_mailed(box)  # the held call's approval email aside
+        assert len(mailed) == 1, [m["Subject"] for m in box.messages]  # however many calls failed
+        mail = mailed[0]
         assert mail["To"] == "owner@example.org"
         assert "binding echo-local cannot start" in mail["Subject"]
         text = mail.get_body().get_content()  # type: ignore[union-attr]
@@ -166,6 +168,10 @@ def test_a_binding_without_its_secret_says_retrying_will_not_help_and_its_owner_
         assert SECRET not in text
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _alerts_mailed(box: Mailbox) -> list[EmailMessage]:
+    return [m for m in box.messages if str(m["Subject"]).startswith("Not set up:")]
 
 
 def _fail_from_every_side(up: UnreadyService, base: Path) -> int:
@@ -186,6 +192,23 @@ def _fail_from_every_side(up: UnreadyService, base: Path) -> int:
                 assert "echo-local" not in json.dumps(result)
                 assert TOKEN_ENV not in json.dumps(result)
                 failed += 1
+    with hosting("python-sdk-2-auto", config, up.env) as host:  # a held call, approved: its run fails the same way
+        held = host.call("echo", "echo_write", {"text": "x", "outputPath": "x.txt"})
+        assert held["_meta"]["handler/retry"] == "after_decision"
+        rid = held["_meta"]["handler/requestId"]
+        approved = subprocess.run([HANDLER, "approvals", "approve", rid, "--as", "owner", "--root", str(up.root)],
+                                  capture_output=True, text=True, timeout=DEADLINE, env=up.env, check=False)
+        assert approved.returncode == 0, approved.stderr
+
+        def ended() -> dict[str, Any] | None:
+            status = host.call("handler", "handler_status", {"request_id": rid})["structuredContent"]
+            return None if status["status"] == "pending" else status
+
+        outcome = wait_until(ended, f"hold {rid} to run")
+        assert outcome["status"] == "failed"
+        assert outcome["message"] == (f"Approved by owner; the run failed: {NOT_SET_UP}. This is final: the hold is "
+                                      "never run again.")
+        failed += 1
     for _ in range(2):
         called = subprocess.run([HANDLER, "call", "echo", "echo_say", "--profile", "tester", "--text", "x",
                                  "--run-dir", str(up.run_dir), "--root", str(up.root)], capture_output=True,
