@@ -259,3 +259,16 @@ def test_the_bridge_refuses_a_run_id_that_is_not_utf8_before_it_connects(run_dir
     assert done.stderr.decode().splitlines() == [
         "handler-service: HANDLER_INSTANCE is not UTF-8 text; an agent run's id is printable text; set it to the "
         "agent run's id, or unset it to have one made per connection"]
+
+
+@pytest.mark.parametrize("relay", [False, True])
+def test_a_bridge_told_the_built_ins_are_elsewhere_lists_none_handed_over_or_relayed(
+        echo_root: Path, run_dir: Path, relay: bool) -> None:
+    async def scenario() -> list[str]:
+        params = StdioServerParameters(command=BRIDGE, args=["echo", "--profile", "tester", "--no-builtins",
+                                                             *(["--relay"] if relay else [])],
+                                       env={"HANDLER_RUN_DIR": str(run_dir)})
+        async with serving(echo_root, run_dir), Client(params, mode="legacy") as client:
+            return [t.name for t in (await client.list_tools()).tools]
+
+    assert run(scenario()) == ["echo_say", "echo_token", "echo_read", "echo_write", "echo_misbehave"]
