@@ -41,6 +41,7 @@ __all__ = [
     "initialize_result",
     "list_prompts_result",
     "list_resources_result",
+    "list_templates_result",
     "negotiate_handshake",
     "read_envelope",
     "read_resource_result",
@@ -158,6 +159,11 @@ def list_resources_result(skills: tuple[ServedSkill, ...], stateless: bool) -> d
     return _listing({"resources": [{"uri": s.uri, "name": s.name, "title": f"The {s.key} skill",
                                     "description": s.description, "mimeType": SKILL_MIME,
                                     "size": len(s.text.encode())} for s in skills]}, stateless)
+
+
+def list_templates_result(stateless: bool) -> dict[str, Any]:
+    """`resources/templates/list`, which hosts that browse resources ask: none, as no skill is templated."""
+    return _listing({"resourceTemplates": []}, stateless)
 
 
 def read_resource_result(skills: tuple[ServedSkill, ...], params: Mapping[str, Any] | None,

@@ -22,8 +22,6 @@ from reconciler.router.hub import Hub
 from reconciler.router.outcomes import EncodedResult
 from reconciler.router.pipeline import Caller, run_tools_call
 from reconciler.router.protocol import (
-    CACHE_SCOPE,
-    LIST_TTL_MS,
     Era,
     ServedSkill,
     discover_result,
@@ -32,6 +30,7 @@ from reconciler.router.protocol import (
     initialize_result,
     list_prompts_result,
     list_resources_result,
+    list_templates_result,
     negotiate_handshake,
     read_envelope,
     read_resource_result,
@@ -51,23 +50,16 @@ from reconciler.wire.meta import BUILTINS, BUILTINS_ELSEWHERE, INSTANCE, INTERFA
 __all__ = ["Session"]
 
 
-SKILL_METHODS: dict[str, Callable[[tuple[ServedSkill, ...], Mapping[str, Any] | None, bool], dict[str, Any]]] = {
+_SKILL_METHODS: dict[str, Callable[[tuple[ServedSkill, ...], Mapping[str, Any] | None, bool], dict[str, Any]]] = {
     "resources/list": lambda skills, _params, stateless: list_resources_result(skills, stateless),
-    "resources/templates/list": lambda _skills, _params, stateless: _no_templates(stateless),
+    "resources/templates/list": lambda _skills, _params, stateless: list_templates_result(stateless),
     "resources/read": read_resource_result,
     "prompts/list": lambda skills, _params, stateless: list_prompts_result(skills, stateless),
     "prompts/get": get_prompt_result,
 }
 
 
-def _no_templates(stateless: bool) -> dict[str, Any]:
-    result: dict[str, Any] = {"resourceTemplates": []}  # asked by hosts that browse resources; skills are not templated
-    if stateless:
-        result.update(resultType="complete", ttlMs=LIST_TTL_MS, cacheScope=CACHE_SCOPE)
-    return result
-
-
-_HANDSHAKE_METHODS = frozenset({"ping", "tools/list", "tools/call", *SKILL_METHODS})
+_HANDSHAKE_METHODS = frozenset({"ping", "tools/list", "tools/call", *_SKILL_METHODS})
 
 
 class Session:
@@ -158,7 +150,7 @@ class Session:
             self.write(encode_raw_result(msg.id, self._view(generation, msg.params).list_stateless))
         elif msg.method == "tools/call":
             self._start_call(msg, generation, stateless=True)
-        elif msg.method in SKILL_METHODS:
+        elif msg.method in _SKILL_METHODS:
             self.write(encode_result(msg.id, self._skill_request(msg, generation, stateless=True)))
         elif msg.method == "ping":
             raise JsonRpcError(METHOD_NOT_FOUND, "ping was removed in protocol 2026-07-28")
@@ -168,7 +160,7 @@ class Session:
     def _skill_request(self, msg: Message, generation: Generation, *, stateless: bool) -> dict[str, Any]:
         """The result of a request for the interface's skill (docs/router.md "Skills")."""
         skills = self._view(generation, msg.params).skills
-        return SKILL_METHODS[msg.method](skills, msg.params, stateless)
+        return _SKILL_METHODS[msg.method](skills, msg.params, stateless)
 
     def _view(self, generation: Generation, params: Mapping[str, Any] | None) -> View:
         builtins = self.builtins and _builtins(params)
