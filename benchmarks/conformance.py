@@ -46,6 +46,8 @@ def write_tree(root: Path, tools: int, cases: int) -> Path:
                                        "times": {"type": "integer", "minimum": 1, "maximum": 3}}},
         "outputSchema": schema_out, "annotations": {"readOnlyHint": True}} for i in range(tools)]
     (iface / "tools.json").write_text(json.dumps(listing))
+    (iface / "skills/bench").mkdir(parents=True)
+    (iface / "skills/bench/SKILL.md").write_text("---\nname: bench\ndescription: Benchmark texts.\n---\n")
     (iface / "conformance/cases.toml").write_text("".join(
         f'[[case]]\nname = "case {i}"\ntool = "bench_t{i % tools:03d}"\ninput = {{ text = "word {i}" }}\n'
         f'expect.text.contains = "WORD {i}"\nexpect.length.minimum = 1\n\n' for i in range(cases)))

@@ -50,6 +50,8 @@ def generate_tree(root: Path, interfaces: int = 200, connectors: int = 1000, pro
             'unavailable = "down"\nlimit = "rate limited"\n')
         tools = [_tool(name, "read", True), _tool(name, "write", False), _tool(name, "delete", False)]
         (folder / "tools.json").write_text(json.dumps(tools, indent=2))
+        (folder / "skills" / name).mkdir(parents=True)
+        (folder / "skills" / name / "SKILL.md").write_text(f"---\nname: {name}\ndescription: {name}\n---\n")
     by_iface: dict[str, list[str]] = {n: [] for n in names}
     for i in range(connectors):
         iface = names[i % interfaces]

@@ -35,7 +35,7 @@ from reconciler.cli.remote import RemoteLink, RemoteLinkError
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.wire.client import LineClient
 from reconciler.wire.errors import INVALID_PARAMS, HandlerError, JsonRpcError, LineClosedError
-from reconciler.wire.meta import STATUS, caller_meta
+from reconciler.wire.meta import CAUSE, RETRY, STATUS, caller_meta
 from reconciler.wire.results import result_body
 
 __all__ = [
@@ -420,10 +420,23 @@ def _call_and_report(link: RouterLink | RemoteLink, tool: str, arguments: Mappin
             print(body.get("request_id", ""))
         print(f"handler call: held for approval as {body.get('request_id')}: {message}", file=sys.stderr)
         return EXIT_PENDING
-    print(f"handler call: {outcome}: {message}", file=sys.stderr)
+    print(f"handler call: {outcome}: {message}{_why(result)}", file=sys.stderr)
     if outcome == "blocked":
         return EXIT_BLOCKED
     return EXIT_INVALID if outcome == "invalid_arguments" else EXIT_ERROR
+
+
+def _why(result: Mapping[str, Any]) -> str:
+    """The router's cause of a failed call and whether retrying can help, as the result's `_meta` says them; what
+    a binding that is not set up lacks is the owners' to read, in `handler status`."""
+    meta = result.get("_meta")
+    if not isinstance(meta, Mapping):
+        return ""
+    said = [f"{key} {meta[name]}" for key, name in (("cause", CAUSE), ("retry", RETRY))
+            if isinstance(meta.get(name), str)]
+    if meta.get(CAUSE) == "not_set_up":
+        said.append("`handler status` names what is missing")
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def _report_hold(body: Mapping[str, Any], fmt: str) -> int:

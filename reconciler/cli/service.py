@@ -28,6 +28,7 @@ from reconciler.cli.common import (
 from reconciler.config import HandlerError, SourceError, short_revision
 from reconciler.gitops.following import FollowReports
 from reconciler.gitops.status import Attempt, read_status
+from reconciler.governance.alerts import list_alerts
 from reconciler.governance.auditing import SET_ASIDE, pricing_violations_this_month, set_aside_this_month
 from reconciler.governance.errors import StoreError
 from reconciler.governance.store import open_store, store_exists, store_url
@@ -267,16 +268,19 @@ def _not_running(state: Path, form: str) -> int:
     return EXIT_NOT_RUNNING
 
 
-def _audit_alarms(root: str) -> dict[str, int | str | None]:
-    """This month's reports of a cost above the reservation and rows the store refused, from the store (None when
-    there is no store yet); a store that cannot be read is said under `storeProblem`, and the status shown whole."""
+def _audit_alarms(root: str) -> dict[str, Any]:
+    """This month's reports of a cost above the reservation, rows the store refused and bindings not set up, from the
+    store (None when there is no store yet); a store that cannot be read is said under `storeProblem`, and the status
+    shown whole."""
     url = store_url(root)
     if not store_exists(url):
         return {"pricingViolations": None, "setAside": None}
     try:
         store = open_store(url, migrate=False)
         try:
-            return {"pricingViolations": pricing_violations_this_month(store), "setAside": set_aside_this_month(store)}
+            unready = [{"binding": a.binding, "message": a.message, "calls": a.calls} for a in list_alerts(store)]
+            return {"pricingViolations": pricing_violations_this_month(store), "setAside": set_aside_this_month(store),
+                    "notSetUp": unready}
         finally:
             store.close()
     except StoreError as exc:
@@ -306,10 +310,23 @@ def _print_status(status: dict[str, Any]) -> None:
             print(f"  drift: {drift}")
     for problem in status.get("preflight", []):
         print(f"{problem['level']}: {problem['subject']}: {problem['message']}\n  fix: {problem['fix']}")
+    _print_alarms(status)
+    print("history:")
+    for h in status["history"]:
+        revision = short_revision(h["revision"])
+        again = f"  ({h['repeats']} times in a row since {h['first']})" if h.get("repeats", 1) > 1 else ""
+        print(f"  {h['time']}  {h['result']:9}  {h['reason']:8}  {h['durationMs']:8} ms  {revision}{again}")
+
+
+def _print_alarms(status: dict[str, Any]) -> None:
+    """What needs a person: pricing violations, bindings not set up, a store that cannot be read, refused rows."""
     if status.get("pricingViolations"):
         print(f"pricing violations this month: {status['pricingViolations']} (a connector reported more than its "
               "binding's [pricing] allows; it was charged the reservation; `handler audit --event pricing_violation` "
               "names them)")
+    for alert in status.get("notSetUp") or ():
+        print(f"not set up: binding {alert['binding']} cannot start, {alert['calls']} calls failed on it (its owners "
+              f"were told once): {alert['message']}")
     if status.get("storeProblem"):
         print(f"store: cannot be read now: {status['storeProblem']} (the service's calls that need it answer "
               "unavailable until it can)")
@@ -317,8 +334,3 @@ def _print_status(status: dict[str, Any]) -> None:
         print(f"rows the store refused this month: {status['setAside']} (each set aside in the audit trail with the "
               f"store's reason, and not counted where it belonged; `handler audit --event {SET_ASIDE}` lists them; "
               "a refused row is a defect: report it)")
-    print("history:")
-    for h in status["history"]:
-        revision = short_revision(h["revision"])
-        again = f"  ({h['repeats']} times in a row since {h['first']})" if h.get("repeats", 1) > 1 else ""
-        print(f"  {h['time']}  {h['result']:9}  {h['reason']:8}  {h['durationMs']:8} ms  {revision}{again}")

@@ -28,7 +28,9 @@ from reconciler.config import (
     plan_changes,
 )
 from reconciler.config.findings import sort_findings
+from reconciler.config.skills import SKILL_FILE, host_skill_name, renamed_skill
 from reconciler.places import default_run_dir
+from reconciler.router.builtins import BUILTIN_INTERFACE
 
 __all__ = ["add_tree_commands"]
 
@@ -70,16 +72,26 @@ def add_tree_commands(sub: Any) -> None:
     mcp.add_argument("--token-env", default="HANDLER_TOKEN", metavar="NAME", help="with --url: the environment "
                      "variable the host reads the profile's bearer token from (default: HANDLER_TOKEN); the token "
                      "itself is never written into the entries")
+    mcp.add_argument("--skills", metavar="DIR", type=Path, default=None,
+                     help="also write each interface's skill folder (DIR/<interface>-v<N>/SKILL.md) where the host "
+                          "loads skills, e.g. .claude/skills for claude-code (docs/hosts.md)")
     mcp.set_defaults(run=_mcp_config)
 
 
 def _mcp_config(args: argparse.Namespace) -> int:
-    """One stdio server per interface of the profile, each the bridge `handler-service <interface>`."""
+    """One stdio server per interface of the profile, each the bridge `handler-service <interface> --no-builtins`,
+    and one, `handler`, for the built-in tools: no tool name is in two entries (docs/hosts.md)."""
     snapshot = load_tree(args.root)
     profile = snapshot.profiles.get(args.profile)
     if profile is None:
         known = ", ".join(sorted(snapshot.profiles))
         raise HandlerError(f"no profile '{args.profile}' in {args.root} (profiles: {known})")
+    if BUILTIN_INTERFACE in profile.selections:
+        raise HandlerError(f"profile '{profile.name}' uses an interface named '{BUILTIN_INTERFACE}', the name of the "
+                           "entry of the built-in tools; rename that interface")
+    if args.skills is not None:
+        for line in write_skills(snapshot, profile.name, Path(args.root), args.skills):
+            print(line, file=sys.stderr)  # stdout stays the configuration, ready to paste
     if args.url is not None:
         return _remote_config(profile.name, args.url, args.token_env, args.host)
     if args.host not in (None, *HOSTS):
@@ -88,8 +100,11 @@ def _mcp_config(args: argparse.Namespace) -> int:
     bridge = Path(sys.executable).parent / "handler-service"
     run_dir = (args.run_dir or default_run_dir()).resolve()
     command = str(bridge) if bridge.exists() else "handler-service"
-    servers = {name: {"command": command, "args": [name, "--profile", profile.name],
-                      "env": {"HANDLER_RUN_DIR": str(run_dir)}} for name in sorted(profile.selections)}
+    env = {"HANDLER_RUN_DIR": str(run_dir)}
+    servers = {BUILTIN_INTERFACE: {"command": command, "args": [BUILTIN_INTERFACE, "--profile", profile.name],
+                                   "env": env}}
+    servers.update({name: {"command": command, "args": [name, "--profile", profile.name, "--no-builtins"],
+                           "env": env} for name in sorted(profile.selections)})
     if host == "claude-code":
         for name, server in servers.items():
             print(shlex.join(["claude", "mcp", "add", name, "-e", f"HANDLER_RUN_DIR={run_dir}", "--", command,
@@ -136,6 +151,32 @@ def _remote_entry(family: str, endpoint: str, authorization: str) -> dict[str, A
     if family == "cursor":  # Cursor tells a remote server by its url alone
         del entry["type"]
     return entry
+
+
+def write_skills(snapshot: Snapshot, profile: str, root: Path, into: Path) -> list[str]:
+    """Write the skill folder of each interface `profile` uses under `into`, as `<interface>-v<N>` with its front
+    matter's name set to match (the Agent Skills convention), so two versions never share one; what was written."""
+    written = []
+    for selection in sorted(snapshot.profiles[profile].selections.values(), key=lambda s: s.key):
+        iface = snapshot.interfaces.get(selection.key)
+        if iface is None or iface.skill is None:
+            continue
+        name = host_skill_name(iface.name, iface.version)
+        folder = into / name
+        source = root / iface.folder / "skills" / iface.skill.folder
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            # What the skill's folder holds beside SKILL.md (references, scripts) goes with it.
+            for extra in sorted(source.rglob("*")) if source.is_dir() else ():
+                if extra.is_file() and not extra.is_symlink() and extra.name != SKILL_FILE:
+                    (folder / extra.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / extra.relative_to(source)).write_bytes(extra.read_bytes())
+            (folder / SKILL_FILE).write_text(renamed_skill(iface.skill.text, name))
+        except OSError as exc:
+            raise HandlerError(f"cannot write the skill of {iface.key} in {folder}: {exc.strerror or exc}; name a "
+                               "folder you can write with --skills") from None
+        written.append(f"wrote the skill of {iface.key} to {folder / SKILL_FILE}")
+    return written
 
 
 def _load_base(root: str, ref: str) -> Snapshot:

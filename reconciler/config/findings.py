@@ -65,6 +65,8 @@ CODES: dict[str, Code] = _registry(
     Code("I013", E, "a conformance case is malformed"),
     Code("I014", E, "an interface version lacks interface.toml or tools.json"),
     Code("I015", W, "a schema uses a 2020-12 keyword that schema-driven fuzzing cannot honour"),
+    Code("I016", E, "an interface version has no skill, or more than one"),
+    Code("I017", E, "a skill's front matter lacks its name or description, or names another folder"),
     # connectors
     Code("N001", E, "implements names an interface version that does not exist"),
     Code("N002", E, "an egress entry is not host:port"),

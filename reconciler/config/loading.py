@@ -45,6 +45,7 @@ from reconciler.config.models import (
     ProfileFile,
     TemplateFile,
 )
+from reconciler.config.skills import read_skill
 from reconciler.config.snapshot import (
     BUILTIN_TEMPLATES,
     Binding,
@@ -233,6 +234,9 @@ class Loader:
             if p.startswith("conformance/") and p != "conformance/cases.toml"
         }
         skills = tuple(sorted({p.split("/")[1] for p in group if p.startswith("skills/") and p.count("/") >= 2}))
+        skill, found = read_skill(f"catalog/interfaces/{name}/{folder}", {p: b.data for p, b in group.items()
+                                                                          if p.startswith("skills/")})
+        gathered.findings.extend(found)
         contract = {
             p: b.sha for p, b in group.items() if p in ("interface.toml", "tools.json") or p.startswith("skills/")
         }
@@ -242,6 +246,7 @@ class Loader:
             tools=tuple(tools),
             folder=f"catalog/interfaces/{name}/{folder}",
             skills=skills,
+            skill=skill,
             cases=cases,
             fixtures=frozen_map(fixtures),
             content_hash=_folder_hash(group),

@@ -27,6 +27,7 @@ from reconciler.config.models import (
     TemplateFile,
     Tool,
 )
+from reconciler.config.skills import Skill
 
 __all__ = [
     "BUILTIN_TEMPLATES",
@@ -93,6 +94,7 @@ class InterfaceVersion:
     tools: tuple[Tool, ...]
     folder: str  # "catalog/interfaces/ocr/v1"
     skills: tuple[str, ...] = ()
+    skill: Skill | None = None  # the one its agents are served (None only in a tree with an I016 or I017 finding)
     cases: tuple[Case, ...] = ()
     fixtures: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}))
     content_hash: str = ""  # every file of the folder

@@ -28,6 +28,7 @@ from reconciler.config.eventloop import LoopPipe
 from reconciler.connectors.errors import (
     ConnectorCrashedError,
     ConnectorError,
+    ConnectorNotSetUpError,
     ConnectorOutputInvalidError,
     ConnectorOutputTooLargeError,
     ConnectorReplyError,
@@ -244,7 +245,9 @@ class ConnectorProcess:
             raise
         except OSError as exc:
             inc.line.close()
-            raise ConnectorStartError(
+            missing = isinstance(exc, FileNotFoundError | PermissionError)  # the machine lacks it: no retry helps
+            kind = ConnectorNotSetUpError if missing else ConnectorStartError
+            raise kind(
                 f"connector of binding '{self.spec.name}' could not start ({self.spec.command[0]}): "
                 f"{exc.strerror or exc}") from None
         await self._connect(inc, inc.popen)

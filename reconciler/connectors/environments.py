@@ -36,7 +36,7 @@ from pathlib import Path
 from reconciler.config.models import Needs
 from reconciler.config.snapshot import Connector
 from reconciler.connectors.buildbox import BuildBox, local_paths, npm_registry, pip_settings, registry_egress
-from reconciler.connectors.errors import ConnectorStartError
+from reconciler.connectors.errors import ConnectorNotSetUpError, ConnectorStartError
 from reconciler.connectors.sandbox import sandbox_support
 from reconciler.places import default_envs_dir
 
@@ -75,7 +75,7 @@ def require_environment(connector: Connector, envs: Path | None = None) -> Path 
     """
     path = environment_path(connector, envs)
     if path is not None and not environment_ready(path):
-        raise ConnectorStartError(
+        raise ConnectorNotSetUpError(
             f"connector '{connector.name}' runs on an environment of its own ({', '.join(connector.spec.needs.python)})"
             f" that is not built on this machine (expected in {path}); run `handler connector install "
             f"{connector.name}`, then start it again")

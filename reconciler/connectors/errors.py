@@ -8,11 +8,14 @@ JSON-RPC error instead of a tool result.
 
 from __future__ import annotations
 
+import copy
+
 from reconciler.config.errors import HandlerError
 
 __all__ = [
     "ConnectorCrashedError",
     "ConnectorError",
+    "ConnectorNotSetUpError",
     "ConnectorOutputInvalidError",
     "ConnectorOutputTooLargeError",
     "ConnectorReplyError",
@@ -30,11 +33,26 @@ class ConnectorError(HandlerError):
         super().__init__(message)
         self.message = message
 
+    def reworded(self, message: str) -> ConnectorError:
+        """The same failure, of the same type, told in `message` (a binding's name put before it)."""
+        again = copy.copy(self)
+        again.message = message
+        again.args = (message,)
+        return again
+
 
 class ConnectorStartError(ConnectorError):
     """The process could not be started or did not complete the MCP handshake."""
 
     cause = "start_failed"
+
+
+class ConnectorNotSetUpError(ConnectorStartError):
+    """The binding cannot start on this machine until a person sets it up: a secret its reference does not find,
+    a program, package or environment it needs that is not installed, no sandbox. Retrying cannot help; its
+    owners are told once (docs/router.md "Retrying")."""
+
+    cause = "not_set_up"
 
 
 class ConnectorCrashedError(ConnectorError):

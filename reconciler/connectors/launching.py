@@ -55,7 +55,7 @@ from reconciler.connectors.client import Handoff, LaunchSpec
 from reconciler.connectors.diskwatch import DEFAULT_DISK_BYTES
 from reconciler.connectors.egress import EgressProxy
 from reconciler.connectors.environments import environment_path, missing_on_machine, require_environment, runtime_home
-from reconciler.connectors.errors import ConnectorStartError
+from reconciler.connectors.errors import ConnectorNotSetUpError, ConnectorStartError
 from reconciler.connectors.parking import Parking
 from reconciler.connectors.relay import Forward
 from reconciler.connectors.sandbox import (
@@ -150,7 +150,7 @@ async def declared_env(binding: Binding, connector: Connector, root: Path) -> tu
         try:
             value = await resolve_secret(slot, ref, root)
         except ConnectorStartError as exc:
-            raise ConnectorStartError(f"binding '{binding.name}': {exc.message}") from None
+            raise exc.reworded(f"binding '{binding.name}': {exc.message}") from None
         env[slot_spec.env] = value
         secrets.append(value)
     return env, tuple(secrets)
@@ -188,7 +188,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
         raise ConnectorStartError(f"connector '{connector.name}' has no run command")
     support = sandbox_support() if sandbox else None
     if support is not None and not support.ok:
-        raise ConnectorStartError(f"binding '{binding_name}': connector '{connector.name}' cannot be sandboxed: "
+        raise ConnectorNotSetUpError(f"binding '{binding_name}': connector '{connector.name}' cannot be sandboxed: "
                                   f"{support.reason}")
     uid = host_uid if support is not None and support.privileged else None
     declared, secrets = await declared_env(binding, connector, root)
@@ -237,12 +237,12 @@ def _meet_needs(connector: Connector, binding_name: str, env: dict[str, str]) ->
     try:
         environment = require_environment(connector)
     except ConnectorStartError as exc:
-        raise ConnectorStartError(f"binding '{binding_name}': {exc.message}") from None
+        raise exc.reworded(f"binding '{binding_name}': {exc.message}") from None
     if environment is not None:
         env["PATH"] = str(environment / "bin") + os.pathsep + env["PATH"]
     missing = missing_on_machine(connector.spec.needs, env["PATH"])
     if missing:
-        raise ConnectorStartError(f"binding '{binding_name}': {missing.describe(connector.name)}")
+        raise ConnectorNotSetUpError(f"binding '{binding_name}': {missing.describe(connector.name)}")
 
 
 async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, binding_name: str,
@@ -356,8 +356,10 @@ def _program_found(command: list[str], env: Mapping[str, str]) -> list[str]:
     """`command` with its program made absolute through the connector's PATH, so the sandbox can bind its runtime."""
     if command and "/" not in command[0]:
         found = shutil.which(command[0], path=env.get("PATH"))
-        if found is not None:
-            command = [found, *command[1:]]
+        if found is None:  # nothing to run: the machine lacks it, which no retry changes
+            raise ConnectorNotSetUpError(f"the program {command[0]} of its [run] is not on its PATH "
+                                         f"({env.get('PATH', '')}); install it, or declare it in [needs]")
+        command = [found, *command[1:]]
     return command
 
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from reconciler.config.models import SecretRef
-from reconciler.connectors.errors import ConnectorStartError
+from reconciler.connectors.errors import ConnectorNotSetUpError, ConnectorStartError
 
 __all__ = ["resolve_secret"]
 
@@ -20,14 +20,16 @@ COMMAND_TIMEOUT_SECONDS = 15.0
 
 
 async def resolve_secret(slot: str, ref: SecretRef | str, root: Path) -> str:
-    """The value `ref` points at; raises `ConnectorStartError` naming the slot and the reference."""
+    """The value `ref` points at; raises `ConnectorNotSetUpError` naming the slot and the reference when it finds
+    nothing there (a person must set it up), `ConnectorStartError` when its command failed this time."""
     if isinstance(ref, str):
         # The checks refuse literal secrets (B003), so a snapshot that reaches here never has one.
-        raise ConnectorStartError(f"secret slot '{slot}' holds a literal value; give an env, file or command reference")
+        raise ConnectorNotSetUpError(f"secret slot '{slot}' holds a literal value; give an env, file or command "
+                                     "reference")
     if ref.env is not None:
         value = os.environ.get(ref.env)
         if value is None:
-            raise ConnectorStartError(f"secret slot '{slot}': the router's environment has no {ref.env}")
+            raise ConnectorNotSetUpError(f"secret slot '{slot}': the router's environment has no {ref.env}")
         return value
     if ref.file is not None:
         path = Path(ref.file).expanduser()
@@ -35,9 +37,9 @@ async def resolve_secret(slot: str, ref: SecretRef | str, root: Path) -> str:
         try:
             return path.read_text().rstrip("\r\n")
         except OSError as exc:
-            raise ConnectorStartError(f"secret slot '{slot}': cannot read {path}: {exc.strerror}") from None
+            raise ConnectorNotSetUpError(f"secret slot '{slot}': cannot read {path}: {exc.strerror}") from None
     if not ref.command:  # pragma: no cover - the model admits exactly one of env, file, command
-        raise ConnectorStartError(f"secret slot '{slot}' names no env, file or command")
+        raise ConnectorNotSetUpError(f"secret slot '{slot}' names no env, file or command")
     return await _run_secret_command(slot, ref.command, root)
 
 
@@ -47,7 +49,7 @@ async def _run_secret_command(slot: str, command: list[str], root: Path) -> str:
             *command, cwd=root, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     except OSError as exc:
-        raise ConnectorStartError(f"secret slot '{slot}': cannot run {command[0]}: {exc.strerror}") from None
+        raise ConnectorNotSetUpError(f"secret slot '{slot}': cannot run {command[0]}: {exc.strerror}") from None
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), COMMAND_TIMEOUT_SECONDS)
     except TimeoutError:

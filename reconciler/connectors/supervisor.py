@@ -39,7 +39,12 @@ from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.client import ConnectorProcess, DispatchHook, LaunchSpec, await_start
 from reconciler.connectors.diskwatch import CHECK_SECONDS, KILL_MARGIN_NS, measure, remove_left
 from reconciler.connectors.drift import check_tools
-from reconciler.connectors.errors import ConnectorError, ConnectorRestartingError, ConnectorStartError
+from reconciler.connectors.errors import (
+    ConnectorError,
+    ConnectorNotSetUpError,
+    ConnectorRestartingError,
+    ConnectorStartError,
+)
 from reconciler.connectors.launching import Launch, declared_env, effective_egress, prepare_launch
 from reconciler.connectors.llm import LlmConnector, LlmSettings
 from reconciler.connectors.parking import Parking
@@ -158,7 +163,7 @@ class Supervisor:
             return await self._site.enlist(self.key, self.binding).connector(snapshot, deadline)
         if self.starting is None or self.starting.done():
             if self.failure is not None and time.monotonic() < self.retry_at:
-                raise ConnectorStartError(self.failure.message)
+                raise self.failure.reworded(self.failure.message)
             if self.serving is not None and self.process is not None:  # it ran and is gone: a crash
                 self._note_crash()
             # The start runs as a task of its own: a caller cancelled meanwhile leaves no half-started process.
@@ -293,8 +298,8 @@ class Supervisor:
             env, _ = await declared_env(binding, connector, site.root)
             try:
                 settings = LlmSettings.from_env(env)
-            except ValueError as exc:
-                raise ConnectorStartError(f"binding '{binding_name}': {exc}") from None
+            except ValueError as exc:  # a setting the router cannot use: a person changes it
+                raise ConnectorNotSetUpError(f"binding '{binding_name}': {exc}") from None
             self.serving = InRouter(LlmConnector(settings, effective_egress(binding, connector), binding_name))
             return
         self.launch = await prepare_launch(snapshot, binding_name, site.root, site.state_dir, sandbox=site.sandbox,

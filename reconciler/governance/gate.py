@@ -98,6 +98,11 @@ class Gate(Protocol):
         self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest
     ) -> HoldStatus: ...
 
+    def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
+        """A call failed because `binding` cannot start until a person sets it up (`message` says what is missing,
+        for owners): tell its owners, once per cause (`governance.alerts`). Called on the event loop; never waits."""
+        ...
+
 
 class OpenGate:
     """Admits every call at once and holds nothing: the pipeline without governance."""
@@ -113,3 +118,6 @@ class OpenGate:
 
     async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
         return HoldStatus("unknown", f"no request '{request_id}': nothing is ever held without governance")
+
+    def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
+        return None  # no store, no owners to tell: the router's log says it

@@ -10,6 +10,7 @@ compiled rulebooks (`rulebook_cache`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reconciler.config.snapshot import Snapshot
+from reconciler.governance.alerts import alert_id, record_alert
+from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import Admission, CallRequest, Executor, HoldStatus, Settlement
 from reconciler.governance.gatekeeper import Gatekeeper
 from reconciler.governance.holdrunner import HoldRunner
@@ -58,6 +61,8 @@ class Governor:
         # Called on the event loop when a hold was stored here or (PostgreSQL) by another router: the
         # notifier of `handler up` sends its notices at once instead of at its next poll.
         self.on_hold: Callable[[], None] | None = None
+        self._unready: dict[str, list[int]] = {}  # alert id → calls reported since its last write was scheduled
+        self._unready_tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_env(cls, root: str | Path = ".", env: Mapping[str, str] | None = None, *,
@@ -102,6 +107,31 @@ class Governor:
     async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
         return await self._gate.decide(request_id, decision, caller)
 
+    def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
+        """Record the failed call against its alert, in the background; the first report of a cause queues the
+        owners' notices and wakes the notifier. Reports made while a write is under way ride with the next one."""
+        ident = alert_id(binding, cause, message)
+        waiting = self._unready.get(ident)
+        if waiting is not None:
+            waiting[0] += 1
+            return
+        self._unready[ident] = [1]
+        task = asyncio.get_running_loop().create_task(self._record_unready(ident, snapshot, binding, cause, message))
+        self._unready_tasks.add(task)
+        task.add_done_callback(self._unready_tasks.discard)
+
+    async def _record_unready(self, ident: str, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
+        calls = self._unready.pop(ident, [1])[0]
+        try:
+            added = await self._workers.run(record_alert, self.store, snapshot.org, self.reach, binding, cause,
+                                            message, calls)
+        except StoreError as exc:  # the owners are told at the next failed call, once the store answers
+            log.warning("binding '%s' cannot start (%s), and its owners could not be told: %s", binding, message, exc)
+            return
+        if added:
+            log.warning("binding '%s' cannot start until it is set up; its owners are told: %s", binding, message)
+            self._hold_changed()  # the notifier sends what was queued now, not at its next poll
+
     @property
     def pricing_violations(self) -> int:
         """How many calls settled here reported more than they reserved (each is in the audit trail)."""
@@ -131,6 +161,7 @@ class Governor:
 
     async def aclose(self) -> None:
         """Stop running holds (those running now finish), commit the backlog, close the store."""
+        await asyncio.gather(*self._unready_tasks, return_exceptions=True)
         await self._runner.aclose()
         await self._gate.aclose()
         self._close_store()

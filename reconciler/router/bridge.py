@@ -3,7 +3,9 @@
 It connects to the profile's socket (`--profile`, else `HANDLER_PROFILE`) under the run folder. The
 `_meta` it names are the interface it serves (`handler/interface`) and, when set, the agent's
 instance (`HANDLER_INSTANCE` → `handler/instance`) and the instance that started it
-(`HANDLER_PARENT_INSTANCE` → `handler/parentInstance`).
+(`HANDLER_PARENT_INSTANCE` → `handler/parentInstance`). With `--no-builtins` it also says another entry of
+the host's configuration serves the built-in tools (`handler/builtins`), so this one lists none of them and no
+tool name appears twice in the host (docs/hosts.md).
 
 When its stdin and stdout are pipes or sockets (as MCP clients start servers), it hands both to the
 router with those `_meta` (see `handoff`) and then only waits: the router reads the agent's requests
@@ -48,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the profile whose socket to use (default: $HANDLER_PROFILE)")
     parser.add_argument("--run-dir", type=Path, default=None, help="the router's run folder (default: "
                         "$HANDLER_RUN_DIR, else $XDG_RUNTIME_DIR/handler, else /tmp/handler-$UID)")
+    parser.add_argument("--no-builtins", action="store_true",
+                        help="leave out handler_status and handler_decide: another entry of the host's configuration "
+                        "serves them (handler mcp-config writes a 'handler' entry for them)")
     parser.add_argument("--relay", action="store_true", default=os.environ.get("HANDLER_RELAY") == "1",
                         help="relay lines instead of handing stdin and stdout to the router (default when they "
                         "are a terminal or a file; also HANDLER_RELAY=1)")
@@ -61,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("handler-service: name the profile with --profile or HANDLER_PROFILE", file=sys.stderr)
         return 2
     try:
-        meta = caller_meta(args.interface, os.environ)
+        meta = caller_meta(args.interface, os.environ, builtins=not args.no_builtins)
     except ValueError as exc:  # the router would refuse every call: say so before connecting
         print(f"handler-service: {exc}", file=sys.stderr)
         return 2

@@ -4,7 +4,10 @@
 interface it uses, a `View` holding the tools an agent sees (their `tools/list` payloads serialized
 once per era) and, per tool, a `ToolPlan`: the compiled `jsonschema-rs` validators (`format`
 checked, `config/formats.py`), the locations of file arguments, the effective limits, the binding
-and its price. Validators are cached by the interface version's content hash, so a reload that
+and its price; and what it says of itself: the `instructions` of `initialize` and `server/discover`
+and the interface's skill, served as a resource and a prompt (docs/router.md "Skills"). Each view
+has a twin without the built-in tools, for a host configuration whose `handler` entry carries them
+(docs/hosts.md). Validators are cached by the interface version's content hash, so a reload that
 leaves an interface alone compiles nothing. Sessions pin a `Generation` at their first request;
 `Router.swap` replaces the live one.
 """
@@ -23,11 +26,12 @@ import orjson
 from reconciler.config.formats import compile_validator
 from reconciler.config.models import Limits, Tool
 from reconciler.config.schemas import schema_depth
-from reconciler.config.snapshot import ROUTER_ERRORS, Snapshot, effective_limits
+from reconciler.config.skills import host_skill_name, skill_uri
+from reconciler.config.snapshot import ROUTER_ERRORS, InterfaceVersion, Snapshot, effective_limits
 from reconciler.connectors.pool import PoolKey, pool_key
 from reconciler.router.builtins import BUILTIN_INTERFACE, BUILTIN_KEY, BUILTIN_TOOLS
 from reconciler.router.files import FileField, Scope, find_file_fields
-from reconciler.router.protocol import CACHE_SCOPE, LIST_TTL_MS
+from reconciler.router.protocol import CACHE_SCOPE, LIST_TTL_MS, ServedSkill
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
 
 __all__ = ["Generation", "ToolPlan", "ValidatorCache", "View", "compile_generation"]
@@ -74,6 +78,8 @@ class View:
     list_handshake: bytes  # the tools/list result, serialized
     list_stateless: bytes  # the same with resultType, ttlMs and cacheScope
     instructions: str
+    skills: tuple[ServedSkill, ...] = ()
+    bare: View | None = None  # the same without the built-in tools (None: this one has none to leave out)
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,10 +92,12 @@ class Generation:
     interfaces_of: Mapping[str, tuple[str, ...]]  # profile → the interface names it uses
     pool_keys: frozenset[PoolKey] = frozenset()  # the connector processes its sessions may use
 
-    def view(self, profile: str, interface: str | None) -> View:
+    def view(self, profile: str, interface: str | None, builtins: bool = True) -> View:
+        """What `profile` sees through `interface` (all of them: None); without the built-in tools unless
+        `builtins` (another entry of the host's configuration carries them)."""
         found = self.views.get((profile, interface))
         if found is not None:
-            return found
+            return found if builtins or found.bare is None else found.bare
         if profile not in self.interfaces_of:
             raise JsonRpcError(INVALID_PARAMS, f"profile '{profile}' is not in the configuration this session uses")
         uses = ", ".join(self.interfaces_of[profile]) or "nothing"
@@ -144,7 +152,8 @@ def compile_generation(snapshot: Snapshot, number: int, root: Path, cache: Valid
         builtins = {name: ToolPlan(name, BUILTIN_KEY, None, compiled, Limits(), frozenset(ROUTER_ERRORS), 0.0,
                                    scope) for name, compiled in _BUILTIN_COMPILED.items()}
         everything: dict[str, ToolPlan] = {}
-        descriptions: list[str] = []
+        texts: list[str] = []
+        skills: list[ServedSkill] = []
         for iface_name, selection in sorted(profile.selections.items()):
             iface = snapshot.interfaces.get(selection.key)
             binding = snapshot.bindings.get(selection.binding)
@@ -160,25 +169,60 @@ def compile_generation(snapshot: Snapshot, number: int, root: Path, cache: Valid
                                             iface.error_codes, float(pricing.get(tool.name, 0.0)), scope,
                                             pool_key(snapshot, selection.binding))
             everything.update(plans)
-            text = f"{iface.key}: {iface.spec.description}"
-            descriptions.append(text)
-            view = _view(profile.name, iface_name, iface.key, {**plans, **builtins}, text)
-            views[(profile.name, iface_name)] = view
-            views[(profile.name, iface.key)] = view
+            served = serve_skill(iface)
+            skills.extend(served)
+            text = interface_instructions(iface, served)
+            texts.append(text)
+            view = _view(profile.name, iface_name, iface.key, plans, builtins, text, served)
+            views[(profile.name, iface_name)] = views[(profile.name, iface.key)] = view
         interfaces_of[profile.name] = tuple(sorted(profile.selections))
-        builtin_view = _view(profile.name, BUILTIN_INTERFACE, BUILTIN_KEY, builtins,
-                             "handler: the status and decisions of held calls")
-        views[(profile.name, BUILTIN_INTERFACE)] = views[(profile.name, BUILTIN_KEY)] = builtin_view
-        views[(profile.name, None)] = _view(profile.name, None, None, {**everything, **builtins},
-                                            "; ".join(descriptions))
+        views[(profile.name, BUILTIN_INTERFACE)] = views[(profile.name, BUILTIN_KEY)] = _view(
+            profile.name, BUILTIN_INTERFACE, BUILTIN_KEY, {}, builtins, BUILTIN_INSTRUCTIONS, ())
+        views[(profile.name, None)] = _view(profile.name, None, None, everything, builtins,
+                                            "\n\n".join([*texts, BUILTIN_INSTRUCTIONS]), tuple(skills))
     cache.keep_only(used)
     keys = frozenset(plan.pool_key for view in views.values() for plan in view.tools.values()
                      if plan.pool_key is not None)
     return Generation(number, snapshot, MappingProxyType(views), MappingProxyType(interfaces_of), keys)
 
 
+RETRY_WORDS = ('Every result that is not executed says in _meta["handler/retry"] whether calling again can help: '
+               "later, never (not as it is), or after_decision (a person decides a held call first).")
+BUILTIN_INSTRUCTIONS = ("handler: the status and decisions of held calls. A call held for approval answers "
+                        "status pending with a request_id: ask handler_status with it later (not in a tight loop) "
+                        "to learn whether it was executed, with its result, rejected or failed, and why. "
+                        "handler_decide approves or rejects a hold routed to you, the run that started the held "
+                        "agent. " + RETRY_WORDS)
+
+
+def serve_skill(iface: InterfaceVersion) -> tuple[ServedSkill, ...]:
+    """The interface version's skill as a session serves it (none in a tree the checks refused, I016)."""
+    if iface.skill is None:
+        return ()
+    return (ServedSkill(iface.key, skill_uri(iface.key), host_skill_name(iface.name, iface.version),
+                        iface.skill.description, iface.skill.text),)
+
+
+def interface_instructions(iface: InterfaceVersion, served: tuple[ServedSkill, ...]) -> str:
+    """What `initialize` and `server/discover` say of an interface: its description, its skill's summary, and where
+    the whole skill is (most hosts put instructions in the model's context; few read resources unasked)."""
+    text = f"{iface.key}: {iface.spec.description.rstrip('.')}."
+    for skill in served:
+        text += (f" {skill.description} Before calling its tools, read the whole skill (when to call each tool, "
+                 f"what a pending result means, what each error asks of you): the resource {skill.uri} "
+                 f"(resources/read), also the prompt {skill.name}.")
+    return f"{text} {RETRY_WORDS}"
+
+
 def _view(profile: str, interface: str | None, key: str | None, plans: dict[str, ToolPlan],
-          instructions: str) -> View:
+          builtins: dict[str, ToolPlan], instructions: str, skills: tuple[ServedSkill, ...]) -> View:
+    """The view with the built-in tools, and its twin without them (`bare`) when it has tools of its own."""
+    bare = _listed(profile, interface, key, plans, instructions, skills, None) if plans else None
+    return _listed(profile, interface, key, {**plans, **builtins}, instructions, skills, bare)
+
+
+def _listed(profile: str, interface: str | None, key: str | None, plans: dict[str, ToolPlan], instructions: str,
+            skills: tuple[ServedSkill, ...], bare: View | None) -> View:
     tools = [dict(plan.compiled.listing) for plan in plans.values()]
     return View(
         profile=profile,
@@ -189,4 +233,6 @@ def _view(profile: str, interface: str | None, key: str | None, plans: dict[str,
         list_stateless=orjson.dumps({"tools": tools, "resultType": "complete", "ttlMs": LIST_TTL_MS,
                                      "cacheScope": CACHE_SCOPE}),
         instructions=instructions,
+        skills=skills,
+        bare=bare,
     )

@@ -19,6 +19,7 @@ import asyncio
 from collections import deque
 
 from reconciler.router.errors import ToolError, unavailable
+from reconciler.wire.meta import RETRY_NEVER
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "LimitBook", "LimitKey"]
 
@@ -108,7 +109,7 @@ class LimitBook:
 
 def calls_per_run_error(max_calls: int, interface: str) -> ToolError:
     return unavailable("calls_per_run", f"this agent run has made its {max_calls} calls of {interface} "
-                       "(maxCallsPerRun); a new run starts a new count")
+                       "(maxCallsPerRun); a new run starts a new count", retry=RETRY_NEVER)
 
 
 def concurrency_error(limit: int, timeout: float) -> ToolError:

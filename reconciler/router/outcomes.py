@@ -10,7 +10,8 @@ validates `structuredContent` against the tool's `outputSchema` even on an error
 SDK does) would otherwise throw, and the model would never read why. Its one text block is the
 JSON body (`{"error", "message"}`, `{"status": "pending", "message", "request_id"}`,
 `{"status": "blocked", "message"}`), and `_meta` repeats its machine-readable fields
-(`handler/status`, `handler/error`, `handler/cause`, `handler/requestId`).
+(`handler/status`, `handler/error`, `handler/cause`, `handler/requestId`) and says whether calling again
+can help (`handler/retry`: `later`, `never`, `after_decision`; the table is docs/router.md "Retrying").
 `reconciler.wire.results.result_body` reads either shape back.
 """
 
@@ -85,7 +86,7 @@ def executed_result(structured: dict[str, Any], settlement: Settlement | None) -
 
 def error_result(error: ToolError) -> dict[str, Any]:
     body = {"error": error.code, "message": error.message}
-    meta: dict[str, Any] = {meta_keys.STATUS: "error", meta_keys.ERROR: error.code}
+    meta: dict[str, Any] = {meta_keys.STATUS: "error", meta_keys.ERROR: error.code, meta_keys.RETRY: error.retry}
     if error.cause is not None:
         meta[meta_keys.CAUSE] = error.cause
     return {"content": _text(body), "isError": True, "_meta": meta}
@@ -93,7 +94,9 @@ def error_result(error: ToolError) -> dict[str, Any]:
 
 def held_result(body: dict[str, Any], status: str) -> dict[str, Any]:
     """A hold (`pending`, with its request_id) or a refusal (`blocked`)."""
-    meta: dict[str, Any] = {meta_keys.STATUS: status}
+    # A hold waits for a person; a refusal (a rule, a cap, a suspension) stands until someone changes the config.
+    retry = meta_keys.RETRY_AFTER_DECISION if status == "pending" else meta_keys.RETRY_NEVER
+    meta: dict[str, Any] = {meta_keys.STATUS: status, meta_keys.RETRY: retry}
     if body.get("request_id") is not None:
         meta[meta_keys.REQUEST_ID] = body["request_id"]
     return {"content": _text(body), "isError": True, "_meta": meta}

@@ -29,6 +29,7 @@ from reconciler.config.models import Limits
 from reconciler.config.snapshot import Snapshot
 from reconciler.connectors.errors import (
     ConnectorError,
+    ConnectorNotSetUpError,
     ConnectorOutputInvalidError,
     ConnectorReplyError,
     ConnectorRestartingError,
@@ -44,7 +45,7 @@ from reconciler.router.generation import MOST_OUTPUT_DEPTH, Generation, ToolPlan
 from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, LimitKey, concurrency_error, timeout_error
 from reconciler.router.outcomes import EncodedResult, error_result, executed_result, held_result
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
-from reconciler.wire.meta import read_reported_cost
+from reconciler.wire.meta import RETRY, RETRY_LATER, RETRY_NEVER, read_reported_cost
 
 __all__ = ["Caller", "Services", "check_arguments", "run_admitted", "run_held", "run_tools_call"]
 
@@ -54,6 +55,9 @@ _call_ids = itertools.count(1)
 _SHOWN_NAME = 100  # characters of an unexpected output name the call log shows
 MOST_MESSAGE = 2000  # characters of a declared error's message the model reads
 _NOT_THE_INTERFACE = "the service returned a result that does not match the interface; retrying later may work"
+# What the model reads of a binding that cannot start: never the vendor, the secret or the program (its owners are
+# told those), and that no retry helps, since a person must act first.
+NOT_SET_UP = "this service is not set up on this machine; an owner has been told; retrying will not help"
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +298,7 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
         raise timeout_error(timeout) from None
     except ConnectorError as exc:
         declined = isinstance(exc, ConnectorReplyError)  # a JSON-RPC error it answered with, not a process gone
-        raise connector_failed(plan, exc) from None
+        raise connector_failed(plan, exc, svc.gate, snapshot) from None
     finally:
         if taken:
             book.release(key)
@@ -306,8 +310,9 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
     return CallResult(True, structured, actual, settlement)
 
 
-def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
-    """The `unavailable` of a connector process that failed, told to the operator in the log first.
+def connector_failed(plan: ToolPlan, exc: ConnectorError, gate: Gate, snapshot: Snapshot) -> ToolError:
+    """The `unavailable` of a connector process that failed, told to the operator in the log first, and to the
+    binding's owners (once per cause, through `gate`) when it cannot start until someone sets it up.
 
     A JSON-RPC error's own text may quote arguments, so only its code is logged.
     """
@@ -318,6 +323,9 @@ def connector_failed(plan: ToolPlan, exc: ConnectorError) -> ToolError:
                            "retrying then may work", detail=told)
     if isinstance(exc, ConnectorOutputInvalidError):
         return unavailable(exc.cause, _NOT_THE_INTERFACE, field=exc.field, detail=told)
+    if isinstance(exc, ConnectorNotSetUpError):
+        gate.report_unready(snapshot, plan.binding or "", exc.cause, exc.message)
+        return unavailable(exc.cause, NOT_SET_UP, detail=told, retry=RETRY_NEVER)
     return unavailable(exc.cause, "the service failed; retrying later may work", detail=told)
 
 
@@ -372,7 +380,8 @@ def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> dict[str, Any]:
             code = structured["error"]
             message = structured.get("message")
             if code in plan.errors:
-                raise ToolError(code, cut_message(message) if isinstance(message, str) else code)
+                raise ToolError(code, cut_message(message) if isinstance(message, str) else code,
+                                retry=reported_retry(raw))
             raise unavailable("undeclared_error", f"the service failed with '{code[:100]}', which "
                               f"{plan.interface} does not declare; retrying later may work")
         raise unavailable("connector_error", "the service failed without an error code; retrying later may work")
@@ -380,6 +389,14 @@ def map_errors(plan: ToolPlan, raw: Mapping[str, Any]) -> dict[str, Any]:
         raise unavailable("output_invalid", "the service returned no structured result",
                           field="/" if structured is None else "(structuredContent)")
     return structured
+
+
+def reported_retry(raw: Mapping[str, Any]) -> str | None:
+    """What a connector said of its own declared error: `later` or `never` in its `_meta["handler/retry"]` (None:
+    it said nothing usable, and the code decides)."""
+    meta = raw.get("_meta")
+    said = meta.get(RETRY) if isinstance(meta, Mapping) else None
+    return said if said in (RETRY_LATER, RETRY_NEVER) else None
 
 
 def validate_output(plan: ToolPlan, structured: Any, record: CallRecord | None = None) -> None:

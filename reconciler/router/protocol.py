@@ -7,12 +7,17 @@ server speaks, every result carries `resultType`, list results carry `ttlMs`/`ca
 version the router does not speak gets `-32022` with the supported list. As in the reference SDK
 server, a connection's first accepted request settles its era; a request of the other era on it is
 refused (see `docs/router.md`).
+
+Besides tools, a session serves its interface's skill (docs/router.md "Skills"): as a resource
+(`resources/list`, `resources/read`) and as a prompt (`prompts/list`, `prompts/get`), for hosts that
+surface one or the other; the results are shaped here, for both eras.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from reconciler.wire.errors import INVALID_PARAMS, INVALID_REQUEST, UNSUPPORTED_PROTOCOL_VERSION, JsonRpcError
@@ -30,18 +35,38 @@ __all__ = [
     "LIST_TTL_MS",
     "SERVER_INFO",
     "Era",
+    "ServedSkill",
     "discover_result",
+    "get_prompt_result",
     "initialize_result",
+    "list_prompts_result",
+    "list_resources_result",
+    "list_templates_result",
     "negotiate_handshake",
     "read_envelope",
+    "read_resource_result",
 ]
 
 SERVER_INFO: Final = {"name": "handler", "title": "Handler services router", "version": "0.1.0"}
-CAPABILITIES: Final = {"tools": {"listChanged": False}}
+# What a session lists never changes while it lasts (it is pinned to one generation), so nothing is announced.
+CAPABILITIES: Final = {"tools": {"listChanged": False}, "resources": {"subscribe": False, "listChanged": False},
+                       "prompts": {"listChanged": False}}
+SKILL_MIME: Final = "text/markdown"
 # A session is pinned to one snapshot, so what it lists never changes while it lasts; the hint
 # only bounds how long a client may reuse a list across its own reconnections.
 LIST_TTL_MS: Final = 60_000
 CACHE_SCOPE: Final = "private"  # a listing is per profile: never share it across callers
+
+
+@dataclass(frozen=True, slots=True)
+class ServedSkill:
+    """An interface version's skill as a session serves it: a resource at `uri`, a prompt named `name`."""
+
+    key: str  # ocr/v1
+    uri: str  # handler://skills/ocr/v1
+    name: str  # ocr-v1: the prompt's name, and the folder a host loads it from (`handler mcp-config --skills`)
+    description: str  # its front matter's
+    text: str  # the whole SKILL.md
 
 
 class Era(enum.Enum):
@@ -119,4 +144,58 @@ def discover_result(instructions: str | None) -> dict[str, Any]:
     }
     if instructions:
         result["instructions"] = instructions
+    return result
+
+
+def _listing(result: dict[str, Any], stateless: bool) -> dict[str, Any]:
+    """A list (or read) result, with the 2026-07-28 caching fields in that era."""
+    if stateless:
+        result.update(resultType="complete", ttlMs=LIST_TTL_MS, cacheScope=CACHE_SCOPE)
+    return result
+
+
+def list_resources_result(skills: tuple[ServedSkill, ...], stateless: bool) -> dict[str, Any]:
+    """`resources/list`: each skill the session serves, at its stable address."""
+    return _listing({"resources": [{"uri": s.uri, "name": s.name, "title": f"The {s.key} skill",
+                                    "description": s.description, "mimeType": SKILL_MIME,
+                                    "size": len(s.text.encode())} for s in skills]}, stateless)
+
+
+def list_templates_result(stateless: bool) -> dict[str, Any]:
+    """`resources/templates/list`, which hosts that browse resources ask: none, as no skill is templated."""
+    return _listing({"resourceTemplates": []}, stateless)
+
+
+def read_resource_result(skills: tuple[ServedSkill, ...], params: Mapping[str, Any] | None,
+                         stateless: bool) -> dict[str, Any]:
+    """`resources/read` of a skill's address; an unknown one is invalid params, naming those served."""
+    uri = (params or {}).get("uri")
+    if not isinstance(uri, str):
+        raise JsonRpcError(INVALID_PARAMS, "resources/read needs params.uri, a string such as 'handler://skills/ocr/v1'")
+    skill = next((s for s in skills if s.uri == uri), None)
+    if skill is None:
+        served = ", ".join(s.uri for s in skills) or "none"
+        raise JsonRpcError(INVALID_PARAMS, f"no resource '{uri[:200]}' here; this session serves: {served}",
+                           {"uri": uri[:200]})
+    return _listing({"contents": [{"uri": skill.uri, "mimeType": SKILL_MIME, "text": skill.text}]}, stateless)
+
+
+def list_prompts_result(skills: tuple[ServedSkill, ...], stateless: bool) -> dict[str, Any]:
+    """`prompts/list`: each skill as a prompt without arguments, for hosts that surface prompts, not resources."""
+    return _listing({"prompts": [{"name": s.name, "title": f"The {s.key} skill", "description": s.description}
+                                 for s in skills]}, stateless)
+
+
+def get_prompt_result(skills: tuple[ServedSkill, ...], params: Mapping[str, Any] | None,
+                      stateless: bool) -> dict[str, Any]:
+    """`prompts/get`: the whole skill as one user message; an unknown name is invalid params, naming those served."""
+    name = (params or {}).get("name")
+    skill = next((s for s in skills if s.name == name), None)
+    if skill is None:
+        served = ", ".join(s.name for s in skills) or "none"
+        raise JsonRpcError(INVALID_PARAMS, f"no prompt {str(name)[:200]!r} here; this session serves: {served}")
+    result: dict[str, Any] = {"description": skill.description,
+                              "messages": [{"role": "user", "content": {"type": "text", "text": skill.text}}]}
+    if stateless:
+        result["resultType"] = "complete"
     return result

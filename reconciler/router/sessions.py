@@ -6,6 +6,8 @@ first request that is accepted: `initialize` opens the initialize era; a request
 2026-07-28 `_meta` envelope opens the stateless era. Quick methods are answered inline; each
 `tools/call` runs as a task, so calls of a session proceed concurrently and replies may come back
 out of order, matched by id. `notifications/cancelled` cancels a call in flight (no reply is sent).
+The interface's skill is served as a resource and a prompt (`protocol`); a session whose bridge says the
+built-in tools are served elsewhere (`handler/builtins`) lists and runs none of them.
 """
 
 from __future__ import annotations
@@ -21,11 +23,17 @@ from reconciler.router.outcomes import EncodedResult
 from reconciler.router.pipeline import Caller, run_tools_call
 from reconciler.router.protocol import (
     Era,
+    ServedSkill,
     discover_result,
+    get_prompt_result,
     has_envelope,
     initialize_result,
+    list_prompts_result,
+    list_resources_result,
+    list_templates_result,
     negotiate_handshake,
     read_envelope,
+    read_resource_result,
     refuse_other_era,
 )
 from reconciler.wire.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, JsonRpcError
@@ -37,12 +45,21 @@ from reconciler.wire.messages import (
     encode_result,
     parse_message,
 )
-from reconciler.wire.meta import INSTANCE, INTERFACE, PARENT_INSTANCE, run_id_problem
+from reconciler.wire.meta import BUILTINS, BUILTINS_ELSEWHERE, INSTANCE, INTERFACE, PARENT_INSTANCE, run_id_problem
 
 __all__ = ["Session"]
 
 
-_HANDSHAKE_METHODS = frozenset({"ping", "tools/list", "tools/call"})
+_SKILL_METHODS: dict[str, Callable[[tuple[ServedSkill, ...], Mapping[str, Any] | None, bool], dict[str, Any]]] = {
+    "resources/list": lambda skills, _params, stateless: list_resources_result(skills, stateless),
+    "resources/templates/list": lambda _skills, _params, stateless: list_templates_result(stateless),
+    "resources/read": read_resource_result,
+    "prompts/list": lambda skills, _params, stateless: list_prompts_result(skills, stateless),
+    "prompts/get": get_prompt_result,
+}
+
+
+_HANDSHAKE_METHODS = frozenset({"ping", "tools/list", "tools/call", *_SKILL_METHODS})
 
 
 class Session:
@@ -62,6 +79,7 @@ class Session:
         self.interface = bound.get(INTERFACE) or None
         self.instance = bound.get(INSTANCE) or None
         self.parent = bound.get(PARENT_INSTANCE) or None
+        self.builtins = bound.get(BUILTINS) != BUILTINS_ELSEWHERE
         self.generation: Generation | None = None
         self.era: Era | None = None
         self.version: str | None = None
@@ -120,8 +138,10 @@ class Session:
             self.write(encode_result(msg.id, {}))
         elif msg.method == "tools/list":
             self.write(encode_raw_result(msg.id, self._view(generation, msg.params).list_handshake))
-        else:
+        elif msg.method == "tools/call":
             self._start_call(msg, generation, stateless=False)
+        else:
+            self.write(encode_result(msg.id, self._skill_request(msg, generation, stateless=False)))
 
     def _stateless(self, msg: Message, generation: Generation) -> None:
         if msg.method == "server/discover":
@@ -130,13 +150,21 @@ class Session:
             self.write(encode_raw_result(msg.id, self._view(generation, msg.params).list_stateless))
         elif msg.method == "tools/call":
             self._start_call(msg, generation, stateless=True)
+        elif msg.method in _SKILL_METHODS:
+            self.write(encode_result(msg.id, self._skill_request(msg, generation, stateless=True)))
         elif msg.method == "ping":
             raise JsonRpcError(METHOD_NOT_FOUND, "ping was removed in protocol 2026-07-28")
         else:
             raise _unknown_method(msg.method)
 
+    def _skill_request(self, msg: Message, generation: Generation, *, stateless: bool) -> dict[str, Any]:
+        """The result of a request for the interface's skill (docs/router.md "Skills")."""
+        skills = self._view(generation, msg.params).skills
+        return _SKILL_METHODS[msg.method](skills, msg.params, stateless)
+
     def _view(self, generation: Generation, params: Mapping[str, Any] | None) -> View:
-        return generation.view(self.profile, self.interface or _interface(params))
+        builtins = self.builtins and _builtins(params)
+        return generation.view(self.profile, self.interface or _interface(params), builtins)
 
     def _caller(self, params: Mapping[str, Any] | None) -> Caller:
         """Who calls: the run ids bound to the session (checked when it was handed over), else the request's."""
@@ -209,6 +237,12 @@ def _discard(data: bytes) -> None:
     return None
 
 
+def _builtins(params: Mapping[str, Any] | None) -> bool:
+    """Whether a request leaves the built-in tools in (a relayed bridge tags each request with `handler/builtins`)."""
+    meta = _meta(params)
+    return not meta or meta.get(BUILTINS) != BUILTINS_ELSEWHERE
+
+
 def _meta(params: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The request's `_meta` (None when it has none); a JSON-RPC error when it is not an object."""
     meta = params.get("_meta") if params else None
@@ -240,4 +274,5 @@ def _run_id(params: Mapping[str, Any] | None, key: str) -> str | None:
 
 def _unknown_method(method: str) -> JsonRpcError:
     return JsonRpcError(METHOD_NOT_FOUND, f"unknown method '{method[:100]}'; this server offers tools "
-                        "(tools/list, tools/call)")
+                        "(tools/list, tools/call), and its skill as a resource (resources/list, resources/read) and a "
+                        "prompt (prompts/list, prompts/get)")

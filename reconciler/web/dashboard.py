@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from reconciler.governance.alerts import list_alerts
 from reconciler.governance.auditing import pricing_violations_this_month, set_aside_this_month
 from reconciler.governance.decide import usd
 from reconciler.governance.errors import GovernanceError, HoldNotFoundError, NotAllowedError
@@ -158,11 +159,13 @@ class Dashboard:
         troubled = await asyncio.to_thread(troubled_notices, self.desk.store)
         violations = await asyncio.to_thread(pricing_violations_this_month, self.desk.store)
         set_aside = await asyncio.to_thread(set_aside_this_month, self.desk.store)
+        alerts = await asyncio.to_thread(list_alerts, self.desk.store)
         spent = [{"scope": r["scope"], "spent": usd(r["micros"]), "leased": usd(r["leased"]) if r["leased"] else "",
                   "stale": usd(r["stale"]) if r["stale"] else ""}
                  for r in await asyncio.to_thread(spend_report, self.desk.store)]
         return self.page("overview.html", request, status=self.status(), pending=pending, troubled=troubled,
-                         violations=violations, set_aside=set_aside, spent=spent, refresh_every=REFRESH_SECONDS)
+                         violations=violations, set_aside=set_aside, alerts=alerts, spent=spent,
+                         refresh_every=REFRESH_SECONDS)
 
     async def approvals(self, request: Request) -> Response:
         if (refusal := self.locked(request)) is not None:

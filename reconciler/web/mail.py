@@ -17,10 +17,11 @@ from email.message import EmailMessage
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from reconciler.config.errors import HandlerError
+from reconciler.governance.alerts import Alert
 from reconciler.governance.holds import Hold
 from reconciler.governance.rulebook import from_micros
 
-__all__ = ["MailError", "MailSettings", "approval_message", "send_mail"]
+__all__ = ["MailError", "MailSettings", "alert_message", "approval_message", "send_mail"]
 
 
 class MailError(HandlerError):
@@ -73,6 +74,21 @@ def approval_message(hold: Hold, link: str, sender: str, to: str) -> EmailMessag
         f"See the request and decide:\n{link}\n\n"
         "Opening the link decides nothing: the page asks you to confirm.\n"
         f"Or from a shell: handler approvals approve {hold.id} --as <you>\n")
+    return message
+
+
+def alert_message(alert: Alert, sender: str, to: str, dashboard: str) -> EmailMessage:
+    """An owner told, once, that a binding cannot start until someone sets it up, and what is missing."""
+    message = EmailMessage()
+    message["From"] = sender
+    message["To"] = to
+    message["Subject"] = f"Not set up: binding {alert.binding} cannot start, and its calls fail"
+    message.set_content(
+        f"Calls served by binding {alert.binding} fail: it cannot start on this machine until someone sets it up.\n"
+        f"What is missing: {alert.message}\n\n"
+        "Agents are told the service is not set up and that retrying will not help; nothing is retried.\n"
+        "Once it is set up, the next call starts it. This is the only message about this cause; the dashboard "
+        f"({dashboard.rstrip('/')}/) and `handler status` list it with the calls that failed on it.\n")
     return message
 
 

@@ -16,6 +16,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
+from reconciler.governance.alerts import ALERT_PREFIX, get_alert
 from reconciler.governance.holds import Hold, get_hold
 from reconciler.governance.notices import (
     Notice,
@@ -28,7 +29,7 @@ from reconciler.governance.notices import (
 )
 from reconciler.governance.store import Store
 from reconciler.web.links import LinkSigner
-from reconciler.web.mail import MailError, MailSettings, approval_message, send_mail
+from reconciler.web.mail import MailError, MailSettings, alert_message, approval_message, send_mail
 from reconciler.web.slack import SlackClient, SlackError
 
 __all__ = ["Notifier", "decision_text"]
@@ -110,6 +111,9 @@ class Notifier:
         return len(due) + len(closed)
 
     async def _send(self, notice: Notice) -> None:
+        if notice.hold_id.startswith(ALERT_PREFIX):
+            await self._send_alert(notice)
+            return
         hold = await asyncio.to_thread(get_hold, self.store, notice.hold_id)
         if hold.state != "pending":
             await asyncio.to_thread(mark_skipped, self.store, notice, f"the hold was {hold.state} before it was sent")
@@ -134,6 +138,24 @@ class Notifier:
             return
         await asyncio.to_thread(mark_sent, self.store, notice, ref)
         log.info("notice of hold %s sent to %s %s", hold.id, notice.channel, notice.target)
+
+
+    async def _send_alert(self, notice: Notice) -> None:
+        """An owner's notice of a binding that cannot start (`governance.alerts`): email only, as owners are reached."""
+        alert = await asyncio.to_thread(get_alert, self.store, notice.hold_id)
+        if alert is None or notice.channel != "email" or self.mail is None:
+            await asyncio.to_thread(mark_skipped, self.store, notice, "nothing to send it on")
+            return
+        try:
+            message = alert_message(alert, self.mail.sender, notice.target, self.public_url)
+            await asyncio.to_thread(send_mail, self.mail, message)
+        except MailError as exc:
+            state = await asyncio.to_thread(mark_failed, self.store, notice, str(exc), final=exc.permanent)
+            log.warning("notice of %s to %s failed (%s): %s", alert.id, notice.target,
+                        "given up" if state == "failed" else "will retry", exc)
+            return
+        await asyncio.to_thread(mark_sent, self.store, notice, None)
+        log.info("notice of %s (binding %s) sent to %s", alert.id, alert.binding, notice.target)
 
 
 def decision_text(hold: Hold) -> str:

@@ -2,7 +2,7 @@
 
 Requests carry who calls (`handler/interface`, `handler/instance`, `handler/parentInstance`: the
 bridge adds them); results carry what happened (`handler/status`, `handler/cost`, `handler/budget`,
-`handler/cause`, and on an error result the fields of its text body: `handler/error`,
+`handler/cause`, `handler/retry`, and on an error result the fields of its text body: `handler/error`,
 `handler/requestId`). Every room names a key through these constants, never as a string of its own.
 
 An agent run's id (`handler/instance`, `handler/parentInstance`) is whatever the client says, so it is
@@ -25,6 +25,8 @@ __all__ = [
     "ATTACH",
     "ATTACHED",
     "BUDGET",
+    "BUILTINS",
+    "BUILTINS_ELSEWHERE",
     "CAUSE",
     "COST",
     "ERROR",
@@ -34,6 +36,10 @@ __all__ = [
     "MOST_USD",
     "PARENT_INSTANCE",
     "REQUEST_ID",
+    "RETRY",
+    "RETRY_AFTER_DECISION",
+    "RETRY_LATER",
+    "RETRY_NEVER",
     "STATUS",
     "caller_meta",
     "read_reported_cost",
@@ -48,7 +54,15 @@ COST: Final = "handler/cost"
 BUDGET: Final = "handler/budget"
 CAUSE: Final = "handler/cause"
 ERROR: Final = "handler/error"  # an error result's code
+# On every result that is not executed: whether calling again can help (docs/router.md "Retrying").
+RETRY: Final = "handler/retry"
+RETRY_LATER: Final = "later"  # the same call may succeed later (a timeout, a crash, a busy service)
+RETRY_NEVER: Final = "never"  # the same call fails again: change it, or do without (a refusal, a service not set up)
+RETRY_AFTER_DECISION: Final = "after_decision"  # a person decides a held call first: ask handler_status
 REQUEST_ID: Final = "handler/requestId"  # a held result's request_id
+# "elsewhere": another entry of the host's configuration serves the built-in tools, so this one lists none of them.
+BUILTINS: Final = "handler/builtins"
+BUILTINS_ELSEWHERE: Final = "elsewhere"
 ATTACH: Final = "handler/attach"  # the bridge's handoff line
 ATTACHED: Final = "handler/attached"  # the router's answer to it
 
@@ -78,11 +92,14 @@ def run_id_problem(value: object) -> str | None:
     return None
 
 
-def caller_meta(interface: str, env: Mapping[str, str]) -> dict[str, str]:
-    """The `_meta` a client of the router adds to its requests: the interface, and the instances `env` names.
+def caller_meta(interface: str, env: Mapping[str, str], *, builtins: bool = True) -> dict[str, str]:
+    """The `_meta` a client of the router adds to its requests: the interface, the instances `env` names, and,
+    unless `builtins`, that the built-in tools are served by another entry of the host's configuration.
 
     ValueError names the variable whose run id the router would refuse, why, and what to do."""
     meta = {INTERFACE: interface}
+    if not builtins:
+        meta[BUILTINS] = BUILTINS_ELSEWHERE
     for name, key in _CALLER_ENV:
         if env.get(name):
             problem = run_id_problem(env[name])

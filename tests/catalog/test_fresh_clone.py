@@ -101,9 +101,11 @@ async def _call(clone: Path, run_dir: Path, profile: str, interface: str, tool: 
     call is approved by an owner with the CLI, then polled with handler_status until it ran."""
     config = subprocess.run([str(clone / ".venv/bin/handler"), "mcp-config", profile, "--root", str(clone),
                              "--run-dir", str(run_dir)], capture_output=True, text=True, check=True, timeout=60)
-    entry = json.loads(config.stdout)["mcpServers"][interface]
+    servers = json.loads(config.stdout)["mcpServers"]
+    entry, builtins = servers[interface], servers["handler"]  # handler_status is the `handler` entry's alone
     params = StdioServerParameters(command=entry["command"], args=entry["args"], env=entry["env"])
-    async with Client(params) as client:
+    held_params = StdioServerParameters(command=builtins["command"], args=builtins["args"], env=builtins["env"])
+    async with Client(params) as client, Client(held_params) as handler:
         result = await client.call_tool(tool, arguments)
         meta = result.meta or {}
         if meta.get("handler/status") == "pending":
@@ -112,7 +114,7 @@ async def _call(clone: Path, run_dir: Path, profile: str, interface: str, tool: 
                                       "--root", str(clone)], capture_output=True, text=True, timeout=60, check=False)
             assert approve.returncode == 0, approve.stderr
             for _ in range(600):
-                status = await client.call_tool("handler_status", {"request_id": rid})
+                status = await handler.call_tool("handler_status", {"request_id": rid})
                 body = status.structured_content or json.loads(status.content[0].text)  # type: ignore[union-attr]
                 if body["status"] != "pending":
                     assert body["status"] == "executed", body

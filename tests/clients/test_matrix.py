@@ -127,7 +127,8 @@ def test_a_held_call_then_its_status_a_blocked_call_and_a_bad_format(
     assert held["status"] == "pending"
     assert "approval" in held["message"] or "approve" in held["message"], held
     rid = held["request_id"]
-    assert held_result["_meta"] == {"handler/status": "pending", "handler/requestId": rid}
+    assert held_result["_meta"] == {"handler/status": "pending", "handler/requestId": rid,
+                                    "handler/retry": "after_decision"}
     assert not (service.root / f"work/tester/{kind}.txt").exists()
 
     service.approve(rid)
@@ -146,13 +147,13 @@ def test_a_held_call_then_its_status_a_blocked_call_and_a_bad_format(
     blocked = body(blocked_result)
     assert blocked["status"] == "blocked"
     assert "rule for action echo_token" in blocked["message"]
-    assert blocked_result["_meta"] == {"handler/status": "blocked"}
+    assert blocked_result["_meta"] == {"handler/status": "blocked", "handler/retry": "never"}
 
     broken = client.call("echo_formats", {"reply": {"uri": "not a uri"}})
     assert body(broken) == {"error": "unavailable",
                             "message": "the service returned a result that does not match the interface; retrying "
                                        "later may work"}
-    assert broken["_meta"]["handler/cause"] == "output_invalid"
+    assert (broken["_meta"]["handler/cause"], broken["_meta"]["handler/retry"]) == ("output_invalid", "later")
     line = logged(service, f"matrix-{kind}", "echo_formats")
     assert (line["outcome"], line["cause"], line["field"], line["keyword"]) == ("error", "output_invalid", "/uri",
                                                                                  "format")

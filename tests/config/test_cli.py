@@ -51,6 +51,15 @@ def test_a_broken_tree_exits_1(broken: Path, capsys: pytest.CaptureFixture[str])
     assert "B003" in capsys.readouterr().out
 
 
+def test_an_interface_version_without_a_skill_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "tree"
+    shutil.copytree(BASE, root)
+    shutil.rmtree(root / "catalog/interfaces/ocr/v1/skills")
+    assert main(["validate", str(root)]) == 1
+    assert ("catalog/interfaces/ocr/v1/interface.toml:1: I016 interface version ocr/v1 has no skill"
+            in capsys.readouterr().out)
+
+
 def test_warnings_alone_exit_0(unowned: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(unowned)]) == 0
     assert "O005 warning: " in capsys.readouterr().out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 from unittest import mock
 
@@ -37,6 +38,7 @@ def test_highest_version_is_taken_unless_pinned(shipped_tree: Path) -> None:
     v2 = shipped_tree / "catalog/interfaces/ocr/v2"
     v2.mkdir()
     (v2 / "tools.json").write_bytes((v1 / "tools.json").read_bytes())
+    shutil.copytree(v1 / "skills", v2 / "skills")
     (v2 / "interface.toml").write_text((v1 / "interface.toml").read_text().replace("version = 1", "version = 2"))
     connector = shipped_tree / "catalog/connectors/ocr-tesseract/connector.toml"
     connector.write_text(connector.read_text().replace('implements = ["ocr/v1"]', 'implements = ["ocr/v1", "ocr/v2"]'))

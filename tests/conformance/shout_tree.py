@@ -78,6 +78,9 @@ def write_shout_tree(root: Path, *, timeout: float = 5.0, count: bool = False,
         '[errors]\nunavailable = "the shouter is down"\nempty_text = "there was nothing to shout"\n')
     (iface / "tools.json").write_text(json.dumps(tools if tools is not None else TOOLS, indent=2))
     (iface / "conformance/cases.toml").write_text(cases)
+    (iface / "skills/shout").mkdir(parents=True)
+    (iface / "skills/shout/SKILL.md").write_text("---\nname: shout\ndescription: Shout a text back in capitals with "
+                                                 "shout_text.\n---\n\n# Shout\n")
     (iface / "conformance/hello.txt").write_text("hello from a file")
     conn = root / "catalog/connectors/shout"
     conn.mkdir(parents=True)

@@ -142,8 +142,9 @@ def test_a_missing_environment_refuses_the_start_naming_the_install_command(
             client = await RawClient.connect(router.socket_path("tester"))
             result = await client.call("echo_say", {"text": "a"})
             await client.close()
-            assert body(result)["error"] == "unavailable"
-            assert result["_meta"]["handler/cause"] == "start_failed"
+            assert body(result) == {"error": "unavailable", "message": "this service is not set up on this machine; an "
+                                    "owner has been told; retrying will not help"}
+            assert (result["_meta"]["handler/cause"], result["_meta"]["handler/retry"]) == ("not_set_up", "never")
             message = router.services.pool.statuses["echo-local"].message
             assert "binding 'echo-local'" in message
             assert "run `handler connector install echo`" in message

@@ -179,7 +179,7 @@ def test_audit_lists_the_entries_of_one_event(tree: Path, capsys: pytest.Capture
 def test_balance_spend_and_migrate(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "store", "migrate", "--root", str(tree))
     assert code == 0
-    assert "schema at revision 0007" in out  # the newest migration
+    assert "schema at revision 0009" in out  # the newest migration
     code, out, _ = run(capsys, "balance", "show", "--root", str(tree))
     assert "$0.00" in out
     code, out, _ = run(capsys, "balance", "add", "12.5", "--as", "alice", "--root", str(tree))

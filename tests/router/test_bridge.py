@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -15,6 +16,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from reconciler.router.bridge import tag_line
+from tests.fixtures.echo_tree import SKILL
 from tests.fixtures.harness import BRIDGE, bridge_params, log_lines, run, sdk_body, serving
 
 
@@ -183,15 +185,21 @@ def test_mcp_config_gives_a_client_everything_it_needs_to_reach_the_profile(echo
                           capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode == 0, done.stderr
     servers = json.loads(done.stdout)["mcpServers"]
-    assert list(servers) == ["echo"]  # one server per interface the profile uses
-    entry = servers["echo"]
+    assert list(servers) == ["handler", "echo"]  # the built-ins' entry, then one server per interface the profile uses
+    assert servers["echo"]["args"] == ["echo", "--profile", "tester", "--no-builtins"]
 
-    async def scenario() -> list[str]:
+    async def tools_of(entry: dict[str, Any]) -> list[str]:
         params = StdioServerParameters(command=entry["command"], args=entry["args"], env=entry["env"])
-        async with serving(echo_root, run_dir), Client(params, mode="legacy") as client:
+        async with Client(params, mode="legacy") as client:
             return [t.name for t in (await client.list_tools()).tools]
 
-    assert run(scenario())[:2] == ["echo_say", "echo_token"]
+    async def scenario() -> dict[str, list[str]]:
+        async with serving(echo_root, run_dir):
+            return {name: await tools_of(entry) for name, entry in servers.items()}
+
+    listed = run(scenario())
+    assert listed == {"handler": ["handler_status", "handler_decide"],
+                      "echo": ["echo_say", "echo_token", "echo_read", "echo_write", "echo_misbehave"]}
 
 
 def test_mcp_config_speaks_each_hosts_format(echo_root: Path, run_dir: Path) -> None:
@@ -202,11 +210,29 @@ def test_mcp_config_speaks_each_hosts_format(echo_root: Path, run_dir: Path) -> 
                                host], capture_output=True, text=True, check=True, timeout=60)
         return done.stdout
 
-    desktop = json.loads(config("claude-desktop"))["mcpServers"]["echo"]
-    assert json.loads(config("cursor"))["mcpServers"]["echo"] == desktop
-    assert json.loads(config("vscode")) == {"servers": {"echo": {"type": "stdio", **desktop}}}
+    desktop = json.loads(config("claude-desktop"))["mcpServers"]
+    assert json.loads(config("cursor"))["mcpServers"] == desktop
+    assert json.loads(config("vscode")) == {"servers": {name: {"type": "stdio", **entry}
+                                                        for name, entry in desktop.items()}}
+    bridge = desktop["echo"]["command"]
     assert config("claude-code").splitlines() == [
-        f"claude mcp add echo -e HANDLER_RUN_DIR={run_dir.resolve()} -- {desktop['command']} echo --profile tester"]
+        f"claude mcp add handler -e HANDLER_RUN_DIR={run_dir.resolve()} -- {bridge} handler --profile tester",
+        f"claude mcp add echo -e HANDLER_RUN_DIR={run_dir.resolve()} -- {bridge} echo --profile tester --no-builtins"]
+
+
+def test_mcp_config_writes_each_skill_folder_for_the_host_and_says_where(echo_root: Path, run_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    handler = str(Path(BRIDGE).parent / "handler")
+    skills = tmp_path / ".claude/skills"
+    done = subprocess.run([handler, "mcp-config", "tester", str(echo_root), "--run-dir", str(run_dir), "--host",
+                           "claude-code", "--skills", str(skills)], capture_output=True, text=True, check=False,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [f"wrote the skill of echo/v1 to {skills}/echo-v1/SKILL.md"]
+    assert [p.relative_to(skills).as_posix() for p in skills.rglob("*")] == ["echo-v1", "echo-v1/SKILL.md"]
+    written = (skills / "echo-v1/SKILL.md").read_text()
+    assert written == SKILL.replace("name: echo\n", "name: echo-v1\n", 1)  # the folder's name, as hosts require
+    assert done.stdout.startswith("claude mcp add handler")  # stdout is still only the configuration
 
 
 @pytest.mark.parametrize(("stream", "redirect"), [("stdin", "<&-"), ("stdout", ">&-")])
@@ -233,3 +259,16 @@ def test_the_bridge_refuses_a_run_id_that_is_not_utf8_before_it_connects(run_dir
     assert done.stderr.decode().splitlines() == [
         "handler-service: HANDLER_INSTANCE is not UTF-8 text; an agent run's id is printable text; set it to the "
         "agent run's id, or unset it to have one made per connection"]
+
+
+@pytest.mark.parametrize("relay", [False, True])
+def test_a_bridge_told_the_built_ins_are_elsewhere_lists_none_handed_over_or_relayed(
+        echo_root: Path, run_dir: Path, relay: bool) -> None:
+    async def scenario() -> list[str]:
+        params = StdioServerParameters(command=BRIDGE, args=["echo", "--profile", "tester", "--no-builtins",
+                                                             *(["--relay"] if relay else [])],
+                                       env={"HANDLER_RUN_DIR": str(run_dir)})
+        async with serving(echo_root, run_dir), Client(params, mode="legacy") as client:
+            return [t.name for t in (await client.list_tools()).tools]
+
+    assert run(scenario()) == ["echo_say", "echo_token", "echo_read", "echo_write", "echo_misbehave"]

@@ -234,6 +234,9 @@ class RecordingGate(OpenGate):
         self.asked.append((decision, request_id))
         return HoldStatus("blocked", "only the parent instance may decide")
 
+    def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
+        self.asked.append((cause, binding))
+
 
 def test_the_governance_seam_admits_then_settles(echo_root: Path, run_dir: Path) -> None:
     gate = RecordingGate("executed")

@@ -20,7 +20,7 @@ def test_bad_lines_get_their_error_and_the_connection_lives_on(echo_root: Path, 
             cases: list[tuple[bytes, int, Any]] = [
                 (b"{not json\n", -32700, None),
                 (b"[1, 2]\n", -32600, None),
-                (b'{"jsonrpc":"2.0","id":7,"method":"resources/list"}\n', -32601, 7),
+                (b'{"jsonrpc":"2.0","id":7,"method":"completion/complete"}\n', -32601, 7),
                 (b'{"jsonrpc":"2.0","method":"tools/list"}\n', -32600, None),
                 (b'{"jsonrpc":"2.0","id":null,"method":"tools/list"}\n', -32600, None),
                 (b'{"id":8,"method":"tools/list"}\n', -32600, 8),

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["audit", "balances", "holds", "leases", "metadata", "notices", "reservations", "spend", "tokens"]
+__all__ = ["alerts", "audit", "balances", "holds", "leases", "metadata", "notices", "reservations", "spend",
+           "tokens"]
 
 metadata = sa.MetaData()
 
@@ -149,4 +150,17 @@ tokens = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("created_by", sa.String(200), nullable=False),
     sa.Column("expires_at", sa.Float),  # NULL: never
+)
+
+# A binding that cannot start until a person sets it up (a secret, a program): one row per cause, so its owners
+# are told once however many calls fail on it; its notices are in `notices`, under the alert's id (migration 0009).
+alerts = sa.Table(
+    "alerts", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),  # alert_ and a digest of the binding and the cause
+    sa.Column("binding", sa.String(200), nullable=False),
+    sa.Column("cause", sa.String(40), nullable=False),  # not_set_up
+    sa.Column("message", sa.Text, nullable=False),  # for owners: what is missing, never a secret's value
+    sa.Column("first_at", sa.Float, nullable=False),
+    sa.Column("last_at", sa.Float, nullable=False),
+    sa.Column("calls", sa.Integer, nullable=False),  # the calls that failed on it, counted per router's report
 )

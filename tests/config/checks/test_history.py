@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,7 @@ def test_a_new_version_is_not_frozen_until_it_exists_at_the_base(
     v2 = committed / "catalog/interfaces/ocr/v2"
     v2.mkdir()
     (v2 / "tools.json").write_bytes((v1 / "tools.json").read_bytes())
+    shutil.copytree(v1 / "skills", v2 / "skills")
     (v2 / "interface.toml").write_text((v1 / "interface.toml").read_text().replace("version = 1", "version = 2"))
     assert _validate(committed, capsys, "--base", "HEAD")[0] == 0
 

@@ -74,7 +74,7 @@ def _alembic(conn: sa.Connection) -> Config:
 def test_a_store_of_the_previous_revision_is_migrated_with_its_holds_kept(store_url: str) -> None:
     """0003 adds a hold's decision reason and a failed run's cause (holds stored before read None for both),
     0004 the budget leases, 0005 indexes only pricing violations by time, 0006 rows set aside by time, 0007 guards
-    SQLite's sums, 0008 adds the MCP endpoints' tokens."""
+    SQLite's sums, 0008 adds the MCP endpoints' tokens, 0009 the alerts of bindings not set up."""
     store = open_store(store_url, migrate=False)
     try:
         with store.engine.begin() as conn:
@@ -84,7 +84,7 @@ def test_a_store_of_the_previous_revision_is_migrated_with_its_holds_kept(store_
                              "parent_instance": None, "interface": "mail/v1", "tool": "mail_send",
                              "binding": "mail-b", "arguments": {}, "cost": 0, "approver": None, "reason": "held",
                              "trace": []})
-        assert store.migrate() == head_revision() == "0008"
+        assert store.migrate() == head_revision() == "0009"
         with store.engine.connect() as conn:
             indexes = {i["name"] for i in sa.inspect(conn).get_indexes("audit")}
         assert indexes == {"ix_audit_request_id", "ix_audit_violations", "ix_audit_set_aside"}

@@ -1,0 +1,39 @@
+"""What each outcome tells the model of retrying (`_meta["handler/retry"]`, docs/router.md "Retrying"), on a real
+router and the echo connector."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.fixtures.harness import RawClient, run, serving
+
+
+def told(result: dict[str, Any]) -> tuple[str, str, str | None]:
+    """The error code, the retry advice and the router's cause of a result that was not executed."""
+    assert result["isError"] is True, result
+    return json.loads(result["content"][0]["text"])["error"], result["_meta"]["handler/retry"], \
+        result["_meta"].get("handler/cause")
+
+
+def test_each_failure_says_whether_calling_again_can_help(echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with serving(echo_root, run_dir) as router:
+            c = await RawClient.connect(router.socket_path("tester"))
+            cases = [
+                (("echo_misbehave", {"mode": "error"}), ("empty_text", "never", None)),  # about the call itself
+                (("echo_misbehave", {"mode": "error", "retry": "later"}), ("empty_text", "later", None)),
+                (("echo_misbehave", {"mode": "bad_code"}), ("unavailable", "later", "undeclared_error")),
+                (("echo_misbehave", {"mode": "rpc_error"}), ("unavailable", "later", "connector_error")),
+                (("echo_misbehave", {"mode": "wrong_type"}), ("unavailable", "later", "output_invalid")),
+                (("echo_say", {"text": 3}), ("invalid_arguments", "never", None)),
+                (("echo_shout", {"text": "x"}), ("invalid_arguments", "never", None)),
+            ]
+            for (tool, arguments), expected in cases:
+                assert told(await c.call(tool, arguments)) == expected, (tool, arguments)
+            executed = await c.call("echo_say", {"text": "fine"})
+            assert "handler/retry" not in executed["_meta"]  # only what was not executed says it
+            await c.close()
+
+    run(scenario())
