@@ -364,10 +364,17 @@ def test_in_git_mode_the_changes_page_lists_open_proposals_with_diff_and_plan_an
                 httpx.AsyncClient(base_url=url(service)) as http:
             await sign_in(http, login_link(capsys, tree, service))
             token = csrf(await http.get("/profiles/tester"))
-            for _ in range(2):  # two owners' proposals on one profile, in the same second or not
-                done = await http.post("/profiles/tester", data={"use.echo": "echo-other", "was.echo": "echo-local",
-                                                                 "csrf": token})
-                assert done.status_code == 200, text(done)
+            done = await http.post("/profiles/tester", data={"use.echo": "echo-other", "was.echo": "echo-local",
+                                                             "csrf": token})
+            assert done.status_code == 200, text(done)
+            # Another owner's proposal on the same profile, pushed meanwhile (as the dashboard pushes its own).
+            other = base / "other"
+            git(base, "clone", "-q", str(upstream), str(other))
+            profile = other / "config/profiles/tester.toml"
+            profile.write_text(profile.read_text().replace('scope = "work/tester"', '# scoped\nscope = "work/tester"'))
+            git(other, "commit", "-qam", "Profile tester: a comment")
+            for remote in (str(upstream), str(base / "state/mirror.git")):
+                git(other, "push", "-q", remote, "HEAD:refs/heads/handler/profile-tester-comment")
             page = await http.get("/changes")
             assert page.status_code == 200
             said = text(page)
@@ -376,12 +383,14 @@ def test_in_git_mode_the_changes_page_lists_open_proposals_with_diff_and_plan_an
             assert "echo: echo-local (echo/v1" in said  # the plan of each
             assert '-services = { echo = "echo-local" }' in html.unescape(page.text)  # and its diff
             assert "the echo tree" in said  # the followed branch's history: its commit, by its author
-            # Merged (main moved onto it, as the mirror's next fetch brings it), a proposal is no longer open.
+            # Merged upstream (main moved onto it), and in the mirror as its next fetch brings it (a fetch may come
+            # first: it brings the same), a proposal is no longer open.
             mirror = base / "state/mirror.git"
-            merged = git(mirror, "for-each-ref", "--format=%(refname:short)", "refs/heads/handler/").split()[0]
-            git(mirror, "update-ref", "refs/heads/main", git(mirror, "rev-parse", merged))
+            merged = git(mirror, "rev-parse", "handler/profile-tester-comment")
+            for repository in (upstream, mirror):
+                git(repository, "update-ref", "refs/heads/main", merged)
             after = text(await http.get("/changes"))
-            assert "not merged (1)" in after
+            assert "not merged (1)" in after, after[after.find("Proposed"):][:1500]
             assert "Another open proposal" not in after
 
     asyncio.run(scenario())
