@@ -6,9 +6,11 @@ Called by the command modules of `reconciler.cli` only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +19,7 @@ from reconciler.places import not_a_folder
 if TYPE_CHECKING:
     from reconciler.config import Snapshot
     from reconciler.config.findings import Finding
+    from reconciler.governance.store import Store
 
 __all__ = [
     "EXIT_FINDINGS",
@@ -30,6 +33,7 @@ __all__ = [
     "print_findings",
     "require_tree",
     "settle_root",
+    "tree_store",
 ]
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -123,3 +127,22 @@ def print_findings(findings: list[Finding], fmt: str, head: Snapshot) -> None:
         print(f"\n{errors} error(s), {warnings} warning(s) in {summary}.")
     else:
         print(f"OK: {summary}; no findings.")
+
+
+@contextlib.contextmanager
+def tree_store(root: str, *, make: bool = False, missing: str = "nothing was recorded there (the service makes its "
+               "store when it starts)") -> Iterator[Store]:
+    """The store of the tree at `root` (HANDLER_STORE_URL, else SQLite in its state folder), closed after; one not
+    there yet is made only with `make`, else refused (SourceError) saying where it was looked for and `missing`."""
+    from reconciler.config import SourceError  # loaded when used: `handler call` starts fast
+    from reconciler.governance.store import open_store, store_exists, store_url
+
+    url = store_url(require_tree(root))
+    if not make and not store_exists(url):
+        raise SourceError(f"there is no store at {url}: {missing}; point HANDLER_STORE_URL or HANDLER_STATE_DIR at "
+                          "the store the service uses")
+    store = open_store(url)
+    try:
+        yield store
+    finally:
+        store.close()

@@ -17,11 +17,18 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from reconciler.cli.common import EXIT_OK, add_root_options, finite_number, load_tree, require_tree, settle_root
+from reconciler.cli.common import (
+    EXIT_OK,
+    add_root_options,
+    finite_number,
+    load_tree,
+    require_tree,
+    settle_root,
+    tree_store,
+)
 from reconciler.config import SourceError
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.decide import usd
@@ -136,19 +143,8 @@ def _add_ledger_commands(sub: Any) -> None:
                ).set_defaults(run=_store_migrate)
 
 
-@contextlib.contextmanager
-def _store(root: str, *, make: bool = False) -> Iterator[Store]:
-    """The store of the tree at `root` (HANDLER_STORE_URL, else SQLite in its state folder), closed after; one not
-    there yet is made only with `make`, else refused (SourceError) saying where it was looked for."""
-    url = store_url(require_tree(root))
-    if not make and not store_exists(url):
-        raise SourceError(f"there is no store at {url}: nothing was recorded there (the service makes its store when "
-                          "it starts); point HANDLER_STORE_URL or HANDLER_STATE_DIR at the store the service uses")
-    store = open_store(url)
-    try:
-        yield store
-    finally:
-        store.close()
+def _store(root: str, *, make: bool = False) -> contextlib.AbstractContextManager[Store]:
+    return tree_store(root, make=make)
 
 
 def _open_existing_store(root: str) -> Store | None:

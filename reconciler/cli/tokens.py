@@ -14,13 +14,12 @@ import getpass
 import json
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
-from reconciler.cli.common import EXIT_OK, add_root_options, load_tree, require_tree
-from reconciler.config import HandlerError, SourceError
+from reconciler.cli.common import EXIT_OK, add_root_options, load_tree, tree_store
+from reconciler.config import HandlerError
 from reconciler.governance.errors import TokenError
-from reconciler.governance.store import Store, open_store, store_exists, store_url
+from reconciler.governance.store import Store
 from reconciler.governance.tokens import TokenRecord, create_token, list_tokens, parse_duration, revoke_token
 
 __all__ = ["add_token_commands"]
@@ -59,17 +58,8 @@ def _duration(text: str) -> float | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-@contextlib.contextmanager
-def _store(root: str, *, make: bool = False) -> Iterator[Store]:
-    url = store_url(require_tree(root))
-    if not make and not store_exists(url):
-        raise SourceError(f"there is no store at {url}, so no token: `handler token create` makes one there; point "
-                          "HANDLER_STORE_URL or HANDLER_STATE_DIR at the store the service uses")
-    store = open_store(url)
-    try:
-        yield store
-    finally:
-        store.close()
+def _store(root: str, *, make: bool = False) -> contextlib.AbstractContextManager[Store]:
+    return tree_store(root, make=make, missing="no token was made there (`handler token create` makes the store)")
 
 
 def _create(args: argparse.Namespace) -> int:

@@ -34,6 +34,15 @@ def short(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         yield path
 
 
+def _tokens(state: Path, profiles: tuple[str, ...]) -> dict[str, str]:
+    """A token of each profile, made in the running service's store as `handler token create` makes them."""
+    store = open_store(f"sqlite:///{state / 'handler.db'}")
+    try:
+        return {p: create_token(store, p, name=p, instance=None, expires_in=60, actor="test").token for p in profiles}
+    finally:
+        store.close()
+
+
 def test_handler_call_url_uploads_calls_downloads_and_clears(short: Path, capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     root = write_echo_tree(short / "tree", profiles=("tester", "other"))
@@ -47,12 +56,7 @@ def test_handler_call_url_uploads_calls_downloads_and_clears(short: Path, capsys
         async with running(options) as service:
             assert service.listener is not None
             url = f"http://127.0.0.1:{service.listener.port}"
-            store = open_store(f"sqlite:///{short / 'state' / 'handler.db'}")
-            try:
-                tokens = {p: create_token(store, p, name=p, instance=None, expires_in=60, actor="test").token
-                          for p in ("tester", "other")}
-            finally:
-                store.close()
+            tokens = _tokens(short / "state", ("tester", "other"))
             runs = []
             for argv in (["echo_read", "--path", "page.png", "--format", "json"],
                          ["echo_write", "--text", "spoken", "--output-path", "speech.txt"]):
@@ -97,12 +101,7 @@ def test_handler_call_url_reads_a_local_scan_and_brings_speech_back(short: Path,
         async with running(options) as service:
             assert service.listener is not None
             url = f"http://127.0.0.1:{service.listener.port}"
-            store = open_store(f"sqlite:///{short / 'state' / 'handler.db'}")
-            try:
-                tokens = {p: create_token(store, p, name=p, instance=None, expires_in=60, actor="test").token
-                          for p in ("researcher", "assistant")}
-            finally:
-                store.close()
+            tokens = _tokens(short / "state", ("researcher", "assistant"))
             runs = []
             for interface, argv, profile in (
                     ("ocr", ["ocr_extract", "--path", "scan.png"], "researcher"),
