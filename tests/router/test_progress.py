@@ -68,7 +68,8 @@ def test_the_router_sends_its_own_progress_while_a_silent_call_runs(echo_root: P
 
             await c.send(_call("silent", {"mode": "sleep", "seconds": 0.7}))  # no token: no progress
             notes, reply = await _until_reply(c, "silent")
-            assert notes == [] and reply["result"]["structuredContent"] == {"text": "slept"}
+            assert notes == []
+            assert reply["result"]["structuredContent"] == {"text": "slept"}
             await c.close()
 
     run(scenario())
@@ -93,7 +94,7 @@ def test_a_cancelled_call_stops_at_the_connector_and_is_charged_and_logged(echo_
             async with asyncio.timeout(DEADLINE):
                 while not seen.exists() or '"cancelled"' not in log_text(router):
                     await asyncio.sleep(0.01)
-            assert seen.read_text().startswith("cancelled ")  # the connector saw it, and stopped
+            assert seen.read_text().startswith("echo_misbehave sleep: cancelled ")  # the connector saw it, and stopped
             line = log_lines(router)[-1]
             assert (line["outcome"], line["cause"], line["cost"]) == ("cancelled", "cancelled", 0.02)
             await c.close()
