@@ -259,11 +259,9 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
 
     A call sent is charged what its connector reported, whatever the result; reporting nothing, its price when it
     may have reached the provider (no answer: cancelled, late, the process gone; or an answer the interface refuses),
-    and nothing for a declared or JSON-RPC error (docs/router.md, "Tool results"). A call cancelled once sent is
-    cancelled at the connector too (`notifications/cancelled`, by the connector client).
+    and nothing for a declared or JSON-RPC error (docs/router.md, "Tool results").
     """
-    ok = False
-    sent = declined = False
+    ok = sent = declined = False
     actual: float | None = None
     book, limits, key = svc.limits, plan.limits, (caller.profile, caller.instance, plan.interface)
     timeout = limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS
@@ -279,7 +277,7 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
         if connector is None or folder is not None:
             connector, sending, back, deadline = await prepare(supervisor, snapshot, plan, arguments, files, folder,
                                                                deadline)
-        sent = True  # the request is written before the call's first wait
+        sent = True  # written before the call's first wait; cancelled from now on, it is cancelled at the connector
         raw = await connector.call_tool(plan.name, sending, deadline=deadline, on_progress=on_progress)
         if taken:
             taken = False

@@ -283,7 +283,8 @@ class LineClient(asyncio.Protocol):
         future = self._pending.get(msg_id) if type(msg_id) is int else None
         if future is None or future.done():
             return  # a reply to a request already given up on
-        self._progress.pop(msg_id, None)  # answered: progress read after the reply, in this same read, is no one's
+        self._progress.pop(msg_id, None)  # type: ignore[arg-type]  # an int, as its future was found; answered:
+        # progress read after the reply, in this same read, is no one's
         result = msg.get("result")
         if "error" in msg:
             future.set_exception(self.reply_error(JsonRpcError.from_wire(msg["error"])))
