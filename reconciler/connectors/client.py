@@ -327,19 +327,22 @@ class ConnectorProcess:
                 os.close(stderr)
 
     def call_tool(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
-                  deadline: float | None = None) -> Awaitable[dict[str, Any]]:
+                  deadline: float | None = None,
+                  on_progress: Callable[[Mapping[str, Any]], None] | None = None) -> Awaitable[dict[str, Any]]:
         """Run one tools/call; the raw `CallToolResult` dict, or a `ConnectorError`.
 
         With a `deadline` (the loop's clock) the call fails with `TimeoutError` once it passes, and the
-        connector is told the call is cancelled (the line client's one sweeping timer, no timer per call).
+        connector is told the call is cancelled (the line client's one sweeping timer, no timer per call), as it
+        is when the caller cancels the call. With `on_progress`, the call carries a `progressToken` of this
+        process's line and the connector's progress notifications for it go there.
         """
         params: dict[str, Any] = {"name": name, "arguments": arguments}
         if meta:
             params["_meta"] = meta
         if self._inc.alive:  # the common case: one coroutine per call, not two
-            call = self._inc.line.request("tools/call", params, deadline)
+            call = self._inc.line.request("tools/call", params, deadline, on_progress)
         else:
-            call = self._start_and_request(params, deadline)
+            call = self._start_and_request(params, deadline, on_progress)
         return call if self.on_dispatch is None else self.on_dispatch(name, arguments, call)
 
     async def list_tools(self) -> list[dict[str, Any]]:
@@ -349,9 +352,10 @@ class ConnectorProcess:
         tools = result.get("tools")
         return [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
 
-    async def _start_and_request(self, params: dict[str, Any], deadline: float | None) -> dict[str, Any]:
+    async def _start_and_request(self, params: dict[str, Any], deadline: float | None,
+                                 on_progress: Callable[[Mapping[str, Any]], None] | None) -> dict[str, Any]:
         await self.ensure_started()
-        return await self._inc.line.request("tools/call", params, deadline)
+        return await self._inc.line.request("tools/call", params, deadline, on_progress)
 
     async def ping(self, timeout: float) -> None:
         """Ask the running process for a ping reply within `timeout` seconds (TimeoutError if none)."""

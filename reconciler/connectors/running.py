@@ -9,7 +9,7 @@ call's deadline and counts its calls in flight as a process does. The supervisor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from reconciler.connectors.wrapping import ToolCaller
@@ -27,7 +27,8 @@ class RunningConnector(Protocol):
     def in_flight(self) -> int: ...
 
     def call_tool(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
-                  deadline: float | None = None) -> Awaitable[dict[str, Any]]: ...
+                  deadline: float | None = None,
+                  on_progress: Callable[[Mapping[str, Any]], None] | None = None) -> Awaitable[dict[str, Any]]: ...
 
     async def stop(self) -> None: ...
 
@@ -44,7 +45,9 @@ class InRouter:
         return self.inner.running
 
     def call_tool(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
-                  deadline: float | None = None) -> Awaitable[dict[str, Any]]:
+                  deadline: float | None = None,
+                  on_progress: Callable[[Mapping[str, Any]], None] | None = None) -> Awaitable[dict[str, Any]]:
+        # Served inside the router, it reports no progress of its own: the router's own keeps the caller waiting.
         return self._call(name, arguments, meta, deadline)
 
     async def _call(self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None,

@@ -20,7 +20,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,8 @@ _NO_PATHS: dict[str, str] = {}  # no connector-side paths to map back (never wri
 _call_ids = itertools.count(1)
 _SHOWN_NAME = 100  # characters of an unexpected output name the call log shows
 MOST_MESSAGE = 2000  # characters of a declared error's message the model reads
+# What gets a connector's progress notifications for one call (their params), when its caller asked for progress.
+OnProgress = Callable[[Mapping[str, Any]], None]
 _NOT_THE_INTERFACE = "the service returned a result that does not match the interface; retrying later may work"
 # What the model reads of a binding that cannot start: never the vendor, the secret or the program (its owners are
 # told those), and that no retry helps, since a person must act first.
@@ -81,8 +83,10 @@ class Caller:
 
 
 async def run_tools_call(svc: Services, generation: Generation, view: View, caller: Caller,
-                         params: Mapping[str, Any] | None) -> dict[str, Any] | EncodedResult:
-    """Steps 2-10 for one tools/call; the `CallToolResult` to send, or a raised `JsonRpcError`."""
+                         params: Mapping[str, Any] | None,
+                         on_progress: OnProgress | None = None) -> dict[str, Any] | EncodedResult:
+    """Steps 2-10 for one tools/call; the `CallToolResult` to send, or a raised `JsonRpcError`. `on_progress` gets
+    the connector's progress notifications for the call (the caller asked for progress: `progress.Progress`)."""
     name, arguments = read_call_params(params)
     started = time.perf_counter()
     try:
@@ -94,12 +98,12 @@ async def run_tools_call(svc: Services, generation: Generation, view: View, call
     record = CallRecord(caller.profile, caller.instance, plan.interface, plan.name, plan.binding,
                         generation.number, started)
     try:
-        result = await _run_steps(svc, generation.snapshot, plan, caller, arguments, record)
+        result = await _run_steps(svc, generation.snapshot, plan, caller, arguments, record, on_progress)
     except ToolError as exc:
         note_error(record, exc)
         result = error_result(exc)
-    except asyncio.CancelledError:
-        record.outcome = "cancelled"
+    except asyncio.CancelledError:  # the client cancelled it, or went away; charged as `run_admitted` decided
+        record.outcome = record.cause = "cancelled"
         raise
     except Exception:  # a bug of ours must not kill the session: report it and answer unavailable
         log.exception("the router failed on a call of %s %s", plan.interface, plan.name)
@@ -185,8 +189,8 @@ def store_failed(call: CallRequest, exc: StoreError) -> ToolError:
                        "later may work")
 
 
-async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller,
-                     arguments: dict[str, Any], record: CallRecord) -> dict[str, Any] | EncodedResult:
+async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller, arguments: dict[str, Any],
+                     record: CallRecord, on_progress: OnProgress | None) -> dict[str, Any] | EncodedResult:
     files = check_arguments(plan, arguments)
     call = CallRequest(caller.profile, caller.instance, caller.parent, plan.interface, plan.name,
                        plan.binding or "", arguments, plan.price, plan)
@@ -206,7 +210,7 @@ async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: 
         if admission.status == "pending":
             body["request_id"] = admission.request_id
         return held_result(body, admission.status)
-    result = await run_admitted(svc, snapshot, plan, caller, arguments, files, admission, record)
+    result = await run_admitted(svc, snapshot, plan, caller, arguments, files, admission, record, on_progress)
     return executed_result(dict(result.output), result.settlement)
 
 
@@ -249,7 +253,8 @@ def resolve_held(generation: Generation, call: CallRequest) -> ToolPlan:
 
 
 async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller, arguments: dict[str, Any],
-                       files: tuple[FileArg, ...], admission: Admission | None, record: CallRecord) -> CallResult:
+                       files: tuple[FileArg, ...], admission: Admission | None, record: CallRecord,
+                       on_progress: OnProgress | None = None) -> CallResult:
     """Steps 6-10 of an admitted call, settled in every case; with no admission (a held call run once
     approved, whose hold the gate settles itself) nothing is settled here. A failure raises `ToolError`.
 
@@ -260,8 +265,7 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
     may have reached the provider (no answer: cancelled, late, the process gone; or an answer the interface refuses),
     and nothing for a declared or JSON-RPC error (docs/router.md, "Tool results").
     """
-    ok = False
-    sent = declined = False
+    ok = sent = declined = False
     actual: float | None = None
     book, limits, key = svc.limits, plan.limits, (caller.profile, caller.instance, plan.interface)
     timeout = limits.timeoutSeconds or DEFAULT_TIMEOUT_SECONDS
@@ -277,8 +281,8 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
         if connector is None or folder is not None:
             connector, sending, back, deadline = await prepare(supervisor, snapshot, plan, arguments, files, folder,
                                                                deadline)
-        sent = True  # the request is written before the call's first wait
-        raw = await connector.call_tool(plan.name, sending, deadline=deadline)
+        sent = True  # written before the call's first wait; cancelled from now on, it is cancelled at the connector
+        raw = await connector.call_tool(plan.name, sending, deadline=deadline, on_progress=on_progress)
         if taken:
             taken = False
             book.release(key)

@@ -5,7 +5,8 @@ live at that moment, so a reload only affects sessions that start after it. The 
 first request that is accepted: `initialize` opens the initialize era; a request carrying the
 2026-07-28 `_meta` envelope opens the stateless era. Quick methods are answered inline; each
 `tools/call` runs as a task, so calls of a session proceed concurrently and replies may come back
-out of order, matched by id. `notifications/cancelled` cancels a call in flight (no reply is sent).
+out of order, matched by id. `notifications/cancelled` cancels a call in flight (no reply is sent; the connector
+is told in turn). A call whose `_meta` carries a `progressToken` hears progress while it runs (`progress`).
 The interface's skill is served as a resource and a prompt (`protocol`); a session whose bridge says the
 built-in tools are served elsewhere (`handler/builtins`) lists and runs none of them.
 """
@@ -21,6 +22,7 @@ from reconciler.router.generation import Generation, View
 from reconciler.router.hub import Hub
 from reconciler.router.outcomes import EncodedResult
 from reconciler.router.pipeline import Caller, run_tools_call
+from reconciler.router.progress import Progress
 from reconciler.router.protocol import (
     Era,
     ServedSkill,
@@ -181,12 +183,16 @@ class Session:
         self.tasks[msg.id] = self._loop.create_task(self._call(msg, generation, view, stateless))
 
     async def _call(self, msg: Message, generation: Generation, view: View, stateless: bool) -> None:
+        # None unless the client asked for it; it writes through `self.write` as it is then (`detach` changes it)
+        progress = Progress.asked(msg.params, lambda data: self.write(data))  # noqa: PLW0108
         try:
             self._reply(msg, await run_tools_call(self.router.services, generation, view, self._caller(msg.params),
-                                                  msg.params), stateless)
+                                                  msg.params, progress.relay if progress else None), stateless)
         except JsonRpcError as exc:
             self.write(encode_error(msg.id, exc))
         finally:
+            if progress is not None:  # after the reply, with no wait between: nothing follows it
+                progress.end()
             self.tasks.pop(msg.id, None)  # type: ignore[arg-type]  # only requests (with ids) start calls
             if self._on_call_end is not None:  # after the reply: what was waiting for the slot answers later
                 self._on_call_end()

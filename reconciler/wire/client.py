@@ -5,7 +5,9 @@ conformance harness and the command-line clients (`handler call`, `handler-llm`)
 Replies are matched to requests by id, so many calls share one stream. A request may carry a
 deadline on the loop's clock: one sweeping timer per client fails the late ones with `TimeoutError`
 (no timer per call), and a request given up on — late or cancelled — is reported to the peer with
-`notifications/cancelled`, as MCP asks. When the stream ends, every pending request fails. A request
+`notifications/cancelled`, as MCP asks. A request may ask for the peer's progress (`on_progress`): it goes with a
+`progressToken`, the request's own id, and each `notifications/progress` the peer sends under that token is
+handed to the callback while the request is pending. When the stream ends, every pending request fails. A request
 from the peer is answered (`ping`) or refused, unless the peer left more than `MOST_UNREAD_ANSWERS`
 bytes of answers unread: a peer that floods requests and never reads cannot grow our memory.
 
@@ -24,7 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Self
 
@@ -35,7 +37,7 @@ from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, HEAD_BYTES, LineFram
 from reconciler.wire.messages import encode_error, encode_notification, encode_request, encode_result
 from reconciler.wire.versions import LATEST_HANDSHAKE
 
-__all__ = ["MOST_UNREAD_ANSWERS", "SWEEP_SECONDS", "LineClient"]
+__all__ = ["MOST_UNREAD_ANSWERS", "SWEEP_SECONDS", "LineClient", "with_progress_token"]
 
 SWEEP_SECONDS: Final = 0.02  # how late past its deadline a request may be failed
 MOST_UNREAD_ANSWERS: Final = 1 << 20  # bytes waiting to be written past which the peer's requests go unanswered
@@ -48,6 +50,12 @@ def _reply_id(head: bytes) -> int | None:
     """The integer id at the start of a reply (ours are integers), if it shows there and the line is no request."""
     found = _REPLY_ID.match(head) if b'"method"' not in head else None
     return int(found.group(1)) if found else None
+
+
+def with_progress_token(params: Mapping[str, Any] | None, token: int | str) -> dict[str, Any]:
+    """`params` with `_meta.progressToken` set to `token`, the rest of its `_meta` kept (neither is changed)."""
+    meta = (params or {}).get("_meta")
+    return {**(params or {}), "_meta": {**(meta if isinstance(meta, dict) else {}), "progressToken": token}}
 
 
 def _unreadable(exc: orjson.JSONDecodeError) -> str:
@@ -77,6 +85,7 @@ class LineClient(asyncio.Protocol):
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._deadlines: dict[int, float] = {}  # pending requests that must end by then (the loop's clock)
+        self._progress: dict[int, Callable[[Mapping[str, Any]], None]] = {}  # by token: a pending request's id
         self._sweep: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.unanswered = 0  # the peer's requests left unanswered: it was not reading the answers
@@ -203,12 +212,17 @@ class LineClient(asyncio.Protocol):
     # -- requests --------------------------------------------------------------------------------
 
     async def request(self, method: str, params: Mapping[str, Any] | None = None,
-                      deadline: float | None = None) -> dict[str, Any]:
-        """Send one request and wait for its result object (`deadline`: the loop's clock)."""
+                      deadline: float | None = None,
+                      on_progress: Callable[[Mapping[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Send one request and wait for its result object (`deadline`: the loop's clock). With `on_progress`, the
+        request carries a `progressToken` (its id) and the peer's progress notifications under it go there."""
         msg_id = next(self._ids)
         loop = self._loop or self._bind_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[msg_id] = future
+        if on_progress is not None:
+            params = with_progress_token(params, msg_id)
+            self._progress[msg_id] = on_progress
         if deadline is not None:
             self._deadlines[msg_id] = deadline
             if self._sweep is None:
@@ -225,6 +239,7 @@ class LineClient(asyncio.Protocol):
         finally:
             self._pending.pop(msg_id, None)
             self._deadlines.pop(msg_id, None)
+            self._progress.pop(msg_id, None)
 
     def notify(self, method: str, params: Mapping[str, Any] | None = None) -> None:
         self.send(encode_notification(method, params))
@@ -261,11 +276,15 @@ class LineClient(asyncio.Protocol):
         if "method" in msg:
             if "id" in msg:
                 self.answer_request(msg)
+            elif msg["method"] == "notifications/progress":
+                self._on_progress(msg.get("params"))
             return
         msg_id = msg.get("id")
         future = self._pending.get(msg_id) if type(msg_id) is int else None
         if future is None or future.done():
             return  # a reply to a request already given up on
+        self._progress.pop(msg_id, None)  # type: ignore[arg-type]  # an int, as its future was found; answered:
+        # progress read after the reply, in this same read, is no one's
         result = msg.get("result")
         if "error" in msg:
             future.set_exception(self.reply_error(JsonRpcError.from_wire(msg["error"])))
@@ -273,6 +292,13 @@ class LineClient(asyncio.Protocol):
             future.set_result(result)
         else:
             future.set_exception(self.reply_error(JsonRpcError(INTERNAL_ERROR, "the reply holds no result object")))
+
+    def _on_progress(self, params: Any) -> None:
+        """A progress notification: to its request's callback, when its token is a pending request's that asked."""
+        token = params.get("progressToken") if isinstance(params, dict) else None
+        callback = self._progress.get(token) if type(token) is int else None
+        if callback is not None:
+            callback(params)
 
     def _expire_late(self) -> None:
         """Fail the requests whose deadline passed; sweep again while requests with a deadline wait."""
@@ -288,7 +314,7 @@ class LineClient(asyncio.Protocol):
 
     def _fail_pending(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
-        self._deadlines = {}
+        self._deadlines, self._progress = {}, {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)

@@ -216,3 +216,32 @@ def test_a_reply_that_is_not_json_fails_only_its_own_request_at_once_and_a_late_
         assert not client.closed
 
     asyncio.run(_with_peer(peer, body))
+
+
+def test_a_request_that_asks_for_progress_hears_its_own_and_no_other() -> None:
+    """Its token is its id; the peer's progress under another token, or after the reply, reaches no one."""
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = orjson.loads(await reader.readline())
+        token = request["params"]["_meta"]["progressToken"]
+        assert request["params"]["_meta"]["kept"] == "yes"  # the request's own _meta is kept beside it
+        for params in ({"progressToken": token, "progress": 1, "message": "one"},
+                       {"progressToken": token + 1000, "progress": 9},
+                       {"progressToken": str(token), "progress": 9},
+                       {"progressToken": token, "progress": 2, "total": 2}):
+            writer.write(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": params}) + b"\n")
+        writer.write(_reply(request["id"], {"done": True}))
+        writer.write(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                                   "params": {"progressToken": token, "progress": 3}}) + b"\n")
+        other = orjson.loads(await reader.readline())
+        assert "_meta" not in (other.get("params") or {})  # a request that did not ask carries no token
+        writer.write(_reply(other["id"], {}))
+        await writer.drain()
+
+    async def body(client: LineClient, _seen: list[dict[str, object]]) -> None:
+        heard: list[object] = []
+        assert await client.request("work", {"_meta": {"kept": "yes"}}, on_progress=heard.append) == {"done": True}
+        assert await client.request("other", {}) == {}  # the late progress (3) was read by now, and dropped
+        assert [(p["progress"], p.get("message"), p.get("total")) for p in heard] == [  # type: ignore[index,attr-defined]
+            (1, "one", None), (2, None, 2)]
+
+    asyncio.run(_with_peer(peer, body))
