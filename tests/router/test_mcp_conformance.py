@@ -23,7 +23,8 @@ from tests.fixtures.suite_tree import write_suite_tree
 
 SUITE = Path(__file__).parents[1] / "fixtures/mcp_conformance"
 MUST_PASS = ("server-initialize", "ping", "tools-list", "tools-call-simple-text", "tools-call-error",
-             "dns-rebinding-protection", "server-sse-multiple-streams", "tools-call-with-progress")
+             "dns-rebinding-protection", "server-sse-multiple-streams", "tools-call-with-progress", "resources-list",
+             "prompts-list")
 
 
 def suite_bin() -> Path:
