@@ -97,6 +97,7 @@ def test_a_file_where_the_run_or_state_folder_goes_is_an_error(tmp_path: Path) -
                    "--no-sandbox")
     assert done.returncode == 1
     assert done.stdout.splitlines() == [
+        "judged in this shell's environment",  # no service can run on a state folder that is a file
         f"error: run folder: {file} is not a folder: the service cannot start",
         "  fix: point HANDLER_RUN_DIR (or --run-dir) at a folder, or move what is there away",
         f"error: state folder: {file}/state cannot be a folder: {file} is not one: the service cannot start",
