@@ -147,6 +147,7 @@ class Service:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._started = asyncio.Event()
+        self._checking = asyncio.Lock()  # one preflight at a time (`_check_in_turn`)
         self._lock = ServiceLock(self.state_dir)
         self._control = ControlServer(self.run_dir / CONTROL_NAME, self._live_status, self._recheck)
 
@@ -257,10 +258,20 @@ class Service:
         status.checked = f"{datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')} " \
                          f"(revision {live.snapshot.revision[:12]})"
 
+    def _spawn_check(self) -> None:
+        """The preflight of the revision just applied, beside the swap: a secret command that takes its time (up to
+        15 s) does not hold the reload; checks run one at a time, each of the revision served when it starts."""
+        self._tasks = [task for task in self._tasks if not task.done()]
+        self._spawn(self._check_in_turn())
+
+    async def _check_in_turn(self) -> None:
+        async with self._checking:
+            await self._check_machine()
+
     async def _recheck(self) -> dict[str, Any]:
         """`handler doctor` asking the running service: the preflight again, now, and the status it leaves."""
         if self._router is not None:
-            await self._check_machine()
+            await self._check_in_turn()
         return self._live_status()
 
     async def _serve_first(self) -> None:
@@ -279,7 +290,7 @@ class Service:
         number = (await self._router.swap(snapshot)).number
         if self._governor is not None:  # approved holds are checked against the live config
             self._governor.use_snapshot(snapshot)
-        await self._check_machine()  # the checks of the revision served now, not of the one served at start
+        self._spawn_check()  # the checks of the revision served now, not of the one served at start
         return number
 
     async def _start_router(self, snapshot: Snapshot) -> int:
