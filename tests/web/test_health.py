@@ -20,6 +20,8 @@ import httpx
 import pytest
 
 from reconciler.app import UpOptions
+from reconciler.config import FolderSource, Loader
+from reconciler.web.health import profile_badges
 from tests.fixtures.echo_tree import OWNED_ORG, TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, body, short_dir
 from tests.fixtures.service import Service, running
@@ -199,3 +201,22 @@ def test_doctor_asks_the_running_service_and_says_whose_environment_it_judged(tr
             assert not [p for p in again["problems"] if p["subject"] == "binding echo-vault"]
             assert 'class="note ok health up"' in (await http.get("/bindings/echo-vault")).text
     asyncio.run(scenario())
+
+
+def test_a_failed_connector_blocks_the_profiles_it_alone_serves_and_a_suspended_org_blocks_every_profile(
+        tree: Path) -> None:
+    """The badges from a status document as the service writes it: a connector that failed (its secret resolved,
+    its process did not answer) counts as a binding that cannot start; a suspended org blocks every profile."""
+    snapshot = Loader().load(FolderSource(tree))
+    status = {"bindingChecks": {"echo-local": [], "echo-vault": []}, "preflight": [],
+              "connectors": {"echo-local": {"state": "failed", "message": "it did not answer initialize in 10 s",
+                                            "drift": []}}}
+    badges = profile_badges(snapshot, status)
+    assert badges["tester"] == {"badge": "serving", "why": "every binding it uses can start"}
+    assert badges["reader"] == {"badge": "blocked", "why": "no binding it uses can start: echo-local (it did not "
+                                                           "answer initialize in 10 s)"}
+    org = tree / "config/org.toml"
+    org.write_text(org.read_text().replace('name = "test-org"\n', 'name = "test-org"\nsuspended = true\n'))
+    suspended = profile_badges(Loader().load(FolderSource(tree)), status)
+    assert {name: b["badge"] for name, b in suspended.items()} == dict.fromkeys(PROFILES, "blocked")
+    assert suspended["tester"]["why"].startswith("the org is suspended")
