@@ -172,8 +172,10 @@ class Dashboard:
             return refusal
         pending, waiting = await asyncio.to_thread(listed_holds, self.desk.store)
         decided = await asyncio.to_thread(recent_decisions, self.desk.store, 50)
+        status = self.status()
+        down = {h.binding: why for h in pending if (why := cannot_start(status, h.binding)) is not None}
         return self.page("approvals.html", request, pending=pending, waiting=waiting, decided=decided,
-                         refresh_every=REFRESH_SECONDS)
+                         refresh_every=REFRESH_SECONDS, down=down)
 
     async def hold_page(self, request: Request) -> Response:
         hold_id = request.path_params["hold_id"]

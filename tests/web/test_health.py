@@ -140,6 +140,8 @@ def test_a_binding_whose_secret_is_missing_is_red_where_an_operator_acts(tree: P
             assert prefilled, hold.text
             reason = html.unescape(prefilled.group(1))
             assert reason.startswith("Not run: binding echo-vault cannot start on the service now (secret slot")
+            listed = await http.get("/approvals")
+            assert "echo/v1 echo_write echo-vault cannot start" in text(listed)
             rejected = await http.post(f"/approvals/{rid}", data={
                 "csrf": csrf(hold, f"/approvals/{rid}"), "decision": "reject", "reason": reason})
             assert rejected.status_code == 200
