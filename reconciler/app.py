@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import gc
 import os
 import signal
@@ -33,7 +34,7 @@ from reconciler.governance.governor import Governor
 from reconciler.governance.notices import Reach
 from reconciler.liveness import CONTROL_NAME, ControlServer, ServiceLock
 from reconciler.places import PrivatePlaceError, default_run_dir, default_state_dir, ensure_private_dir
-from reconciler.preflight import preflight
+from reconciler.preflight import binding_checks, preflight
 from reconciler.router.exchanges import Receive, Scope, Send, send_body
 from reconciler.router.files import clear_leftovers
 from reconciler.router.resumption import SessionSigner, load_key
@@ -146,8 +147,9 @@ class Service:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._started = asyncio.Event()
+        self._checking = asyncio.Lock()  # one preflight at a time (`_check_in_turn`)
         self._lock = ServiceLock(self.state_dir)
-        self._control = ControlServer(self.run_dir / CONTROL_NAME, self._live_status)
+        self._control = ControlServer(self.run_dir / CONTROL_NAME, self._live_status, self._recheck)
 
     def _live_status(self) -> dict[str, Any]:
         """What `handler status` shows of a running service: its status document, with who it is."""
@@ -242,10 +244,35 @@ class Service:
             self._spawn(self._channels.notifier.run(self._stop))
 
     async def _check_machine(self) -> None:
-        """The preflight (`reconciler.preflight`), for the start's banner, `handler status` and the dashboard."""
-        problems = await preflight(self.router.live.snapshot, self.follower.tree_root, os.environ, run_dir=self.run_dir,
-                                   state_dir=self.state_dir, sandbox=self.options.sandbox)
-        self.reconciler.status.preflight = [p.to_dict() for p in problems]
+        """The preflight (`reconciler.preflight`) of the served revision, in this process's environment and sandbox:
+        for the start's banner, `handler status`, `handler doctor` and the dashboard's health. Run at start, on each
+        applied revision and when `handler doctor` asks, so a fixed binding turns green without a restart."""
+        live = self.router.live
+        root = self.follower.tree_root
+        problems = await preflight(live.snapshot, root, os.environ, run_dir=self.run_dir, state_dir=self.state_dir,
+                                   sandbox=self.options.sandbox)
+        checks = await binding_checks(live.snapshot, root)
+        status = self.reconciler.status
+        status.preflight = [p.to_dict() for p in problems]
+        status.binding_checks = {name: [p.to_dict() for p in found] for name, found in checks.items()}
+        status.checked = f"{datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')} " \
+                         f"(revision {live.snapshot.revision[:12]})"
+
+    def _spawn_check(self) -> None:
+        """The preflight of the revision just applied, beside the swap: a secret command that takes its time (up to
+        15 s) does not hold the reload; checks run one at a time, each of the revision served when it starts."""
+        self._tasks = [task for task in self._tasks if not task.done()]
+        self._spawn(self._check_in_turn())
+
+    async def _check_in_turn(self) -> None:
+        async with self._checking:
+            await self._check_machine()
+
+    async def _recheck(self) -> dict[str, Any]:
+        """`handler doctor` asking the running service: the preflight again, now, and the status it leaves."""
+        if self._router is not None:
+            await self._check_in_turn()
+        return self._live_status()
 
     async def _serve_first(self) -> None:
         """Start the router on `first`, or on the source's first good revision."""
@@ -263,6 +290,7 @@ class Service:
         number = (await self._router.swap(snapshot)).number
         if self._governor is not None:  # approved holds are checked against the live config
             self._governor.use_snapshot(snapshot)
+        self._spawn_check()  # the checks of the revision served now, not of the one served at start
         return number
 
     async def _start_router(self, snapshot: Snapshot) -> int:

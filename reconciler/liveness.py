@@ -5,9 +5,10 @@ A running service holds an exclusive `flock` on `<state>/service.lock` for its w
 them when the process ends however it ends, so a lock that can be taken means no service runs there,
 whatever files were left behind — which the next service may then clear. The lock files name the
 holder (pid, start time, run folder) and its control socket, `<run>/service.sock` (0600): one JSON
-line in, one out, answered from the living service (`{"ask": "status"}` → its status document).
+line in, one out, answered from the living service (`{"ask": "status"}` → its status document;
+`{"ask": "doctor"}` → the same after it ran its preflight again, in its own environment).
 
-`handler status` asks that socket; when the lock is free it says "not running" and shows the last
+`handler status` and `handler doctor` ask that socket; when the lock is free it says "not running" and shows the last
 recorded state as history only.
 """
 
@@ -20,7 +21,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = ["ControlServer", "Holder", "ServiceLock", "ServiceRunningError", "ask
 LOCK_NAME = "service.lock"
 CONTROL_NAME = "service.sock"
 _MAX_REPLY = 8 << 20
+RECHECK_SECONDS = 60.0  # a preflight whose secret commands each answer within their own 15 s
 
 
 class ServiceRunningError(HandlerError):
@@ -134,9 +136,11 @@ def _read_holder(fd: int) -> Holder:
 class ControlServer:
     """The living service's answers on `<run>/service.sock`."""
 
-    def __init__(self, path: Path, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, path: Path, status: Callable[[], dict[str, Any]],
+                 recheck: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.path = path
         self._status = status
+        self._recheck = recheck  # `{"ask": "doctor"}`: the preflight again, in the service, then its status
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -159,7 +163,11 @@ class ControlServer:
                 ask = json.loads(line).get("ask")
             except (ValueError, AttributeError):
                 ask = None
-            reply = {"status": self._status()} if ask == "status" else {"error": "ask for 'status'"}
+            reply: dict[str, Any]
+            if ask == "doctor" and self._recheck is not None:
+                reply = {"status": await asyncio.wait_for(self._recheck(), RECHECK_SECONDS)}
+            else:
+                reply = {"status": self._status()} if ask == "status" else {"error": "ask for 'status' or 'doctor'"}
             writer.write(json.dumps(reply).encode() + b"\n")
             await writer.drain()
         except (TimeoutError, ConnectionError, ValueError):  # ValueError: a line over the reader's limit
@@ -168,13 +176,14 @@ class ControlServer:
             writer.close()
 
 
-def ask_service(holder: Holder, timeout: float = 5.0) -> dict[str, Any] | None:
-    """The living service's status, or None when its control socket does not answer."""
+def ask_service(holder: Holder, timeout: float = 5.0, ask: str = "status") -> dict[str, Any] | None:
+    """The living service's status (`ask="doctor"`: after it ran its preflight again), or None when its control
+    socket does not answer."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             sock.connect(holder.control)
-            sock.sendall(b'{"ask": "status"}\n')
+            sock.sendall(json.dumps({"ask": ask}).encode() + b"\n")
             data = b""
             while not data.endswith(b"\n") and len(data) < _MAX_REPLY:
                 chunk = sock.recv(65536)

@@ -8,10 +8,15 @@ says it at start and the dashboard shows it:
 - the run folder and the state folder: each is a folder, or can be made (no file in its place);
 - per binding a profile uses: every secret reference resolves now (an env variable set, a file
   readable, a command that answers), and its connector's program is on this machine;
+- per binding of the tree, used or not (`binding_checks`): the same two, so a page offering a binding can say
+  it cannot start before anyone picks it;
 - per profile: its socket's path fits under the run folder (a unix socket's path holds 107 bytes); its
   scope folder exists; where it routes holds (Slack, a member), that channel is
   configured here (`HANDLER_SLACK_TOKEN`, `HANDLER_SMTP_URL`), else nobody is told of a hold and
   only the dashboard and `handler approvals` can decide it.
+
+The service runs it at start, again on each revision it applies, and when `handler doctor` asks it: what it
+finds is judged in the service's own environment and sandbox (`docs/troubleshooting.md`).
 
 Each problem says what is wrong and how to fix it; `error`s stop calls from working, `warning`s
 leave them working with less than the tree asks for.
@@ -34,7 +39,7 @@ from reconciler.places import SHORTER_SOCKET, default_run_dir, default_state_dir
 from reconciler.web.mail import MailError, MailSettings
 from reconciler.web.slack import SlackSettings
 
-__all__ = ["Problem", "preflight"]
+__all__ = ["Problem", "binding_checks", "preflight"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,11 @@ async def preflight(snapshot: Snapshot, root: Path, env: Mapping[str, str], *, s
     for profile in sorted(snapshot.profiles.values(), key=lambda p: p.name):
         problems += _profile_problems(snapshot, profile, root, env, run_dir)
     return problems
+
+
+async def binding_checks(snapshot: Snapshot, root: Path) -> dict[str, list[Problem]]:
+    """Per binding of the tree, what keeps its connector from starting on this machine now (an empty list: nothing)."""
+    return {name: await _binding_problems(snapshot, name, root) for name in sorted(snapshot.bindings)}
 
 
 async def _binding_problems(snapshot: Snapshot, name: str, root: Path) -> list[Problem]:

@@ -254,6 +254,14 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK if args.format == "json" or status["ready"] else EXIT_FINDINGS
 
 
+def _print_checks(status: dict[str, Any]) -> None:
+    """The preflight of the revision served (run again at each applied revision, not only at the start)."""
+    if status.get("checked"):
+        print(f"checks:  {status['checked']}, in the service's environment")
+    for problem in status.get("preflight", []):
+        print(f"{problem['level']}: {problem['subject']}: {problem['message']}\n  fix: {problem['fix']}")
+
+
 def _not_running(state: Path, form: str) -> int:
     recorded = read_status(state / "status.json")
     if form == "json":
@@ -308,8 +316,7 @@ def _print_status(status: dict[str, Any]) -> None:
         print(line)
         for drift in conn["drift"]:
             print(f"  drift: {drift}")
-    for problem in status.get("preflight", []):
-        print(f"{problem['level']}: {problem['subject']}: {problem['message']}\n  fix: {problem['fix']}")
+    _print_checks(status)
     _print_alarms(status)
     print("history:")
     for h in status["history"]:

@@ -100,7 +100,10 @@ class MirrorProposer:
         mirror = self.mirror
         branch = _free_branch(mirror.folder, branch_name(topic))  # never the followed ref, which exists
         tree = GitTree(mirror.folder, f"{mirror.subdir.strip('/')}/" if mirror.subdir.strip("/") else "")
-        message = f"{checked.change.summary}\n\nProposed from the dashboard by {identity.name} <{identity.email}>."
+        # The branch in the message: two like proposals in one second are two commits, not one under two names
+        # (merging one would have shown the other merged too).
+        message = (f"{checked.change.summary}\n\nProposed from the dashboard by {identity.name} <{identity.email}> "
+                   f"as {branch}.")
         with mirror.lock:
             done = commit_to_new_branch(tree, checked.before.revision, branch, checked.change.files, message,
                                         identity)

@@ -64,6 +64,9 @@ class Status:
     # Per binding, what the router knows of its connector process (state, why, drift), read when reported.
     connectors: Callable[[], dict[str, Any]] | None = None
     preflight: list[dict[str, Any]] = field(default_factory=list)  # this machine's problems (`reconciler.preflight`)
+    # Per binding of the served revision, used or not, what keeps it from starting (`preflight.binding_checks`).
+    binding_checks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    checked: str | None = None  # when the preflight last ran, and of which revision: "<time> (<revision>)"
 
     @property
     def ready(self) -> bool:
@@ -103,6 +106,8 @@ class Status:
             "profiles": self.profiles,
             "connectors": self.connectors() if self.connectors is not None else {},
             "preflight": list(self.preflight),
+            "bindingChecks": dict(self.binding_checks),
+            "checked": self.checked,
             "history": [_attempt_dict(a, full=False) for a in self.history],
         }
 

@@ -53,6 +53,7 @@ from reconciler.governance.ledger import spend_report
 from reconciler.governance.notices import list_notices, troubled_notices
 from reconciler.web.desk import Desk
 from reconciler.web.editing import ConfigPages
+from reconciler.web.health import cannot_start, profile_badges
 from reconciler.web.history import HistoryPages
 from reconciler.web.links import LINK_DAYS
 from reconciler.web.notifier import decision_text
@@ -111,7 +112,7 @@ class Dashboard:
             Route("/approvals/{hold_id}", self.decide_route, methods=["POST"]),
             Route("/hooks/slack", self.slack_hook, methods=["POST"]),
             *self.door.routes(),
-            *ConfigPages(self, self.door).routes(),
+            *ConfigPages(self, self.door, self.status).routes(),
             *HistoryPages(self, self.desk.call_log, self.status).routes(),
         ]
 
@@ -163,17 +164,20 @@ class Dashboard:
         spent = [{"scope": r["scope"], "spent": usd(r["micros"]), "leased": usd(r["leased"]) if r["leased"] else "",
                   "stale": usd(r["stale"]) if r["stale"] else ""}
                  for r in await asyncio.to_thread(spend_report, self.desk.store)]
-        return self.page("overview.html", request, status=self.status(), pending=pending, troubled=troubled,
+        status = self.status()
+        return self.page("overview.html", request, status=status, pending=pending, troubled=troubled,
                          violations=violations, set_aside=set_aside, alerts=alerts, spent=spent,
-                         refresh_every=REFRESH_SECONDS)
+                         refresh_every=REFRESH_SECONDS, badges=profile_badges(self.desk.snapshot(), status))
 
     async def approvals(self, request: Request) -> Response:
         if (refusal := self.locked(request)) is not None:
             return refusal
         pending, waiting = await asyncio.to_thread(listed_holds, self.desk.store)
         decided = await asyncio.to_thread(recent_decisions, self.desk.store, 50)
+        status = self.status()
+        down = {h.binding: why for h in pending if (why := cannot_start(status, h.binding)) is not None}
         return self.page("approvals.html", request, pending=pending, waiting=waiting, decided=decided,
-                         refresh_every=REFRESH_SECONDS)
+                         refresh_every=REFRESH_SECONDS, down=down)
 
     async def hold_page(self, request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
@@ -206,9 +210,12 @@ class Dashboard:
         proof = ({k: link.get(k, "") for k in ("member", "expires", "sig")} if link is not None
                  else {"csrf": self.desk.signer.csrf(session)})
         who = link.get("member") if link is not None else None  # a link signs in with this very response
+        # Approving a call its binding cannot run fails it for good: the page says so, and offers the reject.
+        down = cannot_start(self.status(), hold.binding) if hold.state == "pending" else None
         return self.page("hold.html", request, status_code=status_code, hold=hold, notices=notices,
-                         decide_as=decide_as, proof=proof, message=message, failed=failed,
-                         refresh=_refresh_url(hold, link), **({"who": who} if who else {}))
+                         decide_as=decide_as, proof=proof, message=message, failed=failed, down=down,
+                         down_reason=_down_reason(hold, down), refresh=_refresh_url(hold, link),
+                         **({"who": who} if who else {}))
 
     async def decide_route(self, request: Request) -> Response:
         hold_id = request.path_params["hold_id"]
@@ -274,6 +281,14 @@ class Dashboard:
             # A decision replaces the message for everyone; only the clicker sees why nothing happened.
             await desk.slack_client.respond(action.response_url, text, replace=decided)
         return Response(status_code=200)
+
+
+def _down_reason(hold: Hold, down: str | None) -> str:
+    """The reason a reject is prefilled with when the hold's binding cannot start (the agent reads it)."""
+    if down is None:
+        return ""
+    return (f"Not run: binding {hold.binding} cannot start on the service now ({down}); ask again once it is "
+            "fixed.")[:2000]
 
 
 def _refresh_url(hold: Hold, link: Mapping[str, str] | None) -> str | None:

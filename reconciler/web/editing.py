@@ -44,6 +44,7 @@ from reconciler.config.errors import HandlerError
 from reconciler.config.snapshot import Snapshot
 from reconciler.gitops.branches import Identity
 from reconciler.web.catalog import binding_view, catalog_view, connector_view, profile_view
+from reconciler.web.health import binding_health, cannot_start
 from reconciler.web.owners import OwnerDoor, Pages
 
 __all__ = ["ConfigPages"]
@@ -52,12 +53,14 @@ log = logging.getLogger("handler.http")
 
 
 class ConfigPages:
-    """The config's pages and forms, on the dashboard's `pages`, signed in through `door`."""
+    """The config's pages and forms, on the dashboard's `pages`, signed in through `door`; `status` is the running
+    service's (its preflight's findings per binding and its connectors' states: `health`)."""
 
-    def __init__(self, pages: Pages, door: OwnerDoor) -> None:
+    def __init__(self, pages: Pages, door: OwnerDoor, status: Callable[[], dict[str, Any]]) -> None:
         self.pages = pages
         self.desk = pages.desk
         self.door = door
+        self.status = status
 
     def routes(self) -> list[Route]:
         return [
@@ -104,9 +107,16 @@ class ConfigPages:
             return self.pages.page("change.html", request, status_code=404, outcome="unknown", message=message,
                                    back="/catalog")
         owner, why = self.door.owner(request)
+        status = self.status()
         return self.pages.page(template, request, view=found, owner=owner, sign_in=why, csrf=self.door.csrf(request),
                                mode=self.desk.proposer.mode if self.desk.proposer is not None else None,
-                               secret_kinds=FORM_SECRET_KINDS)
+                               secret_kinds=FORM_SECRET_KINDS, health=binding_health(status, name),
+                               down=self.down(snapshot, status))
+
+    def down(self, snapshot: Snapshot | None, status: Mapping[str, Any]) -> dict[str, str]:
+        """Per binding of the served revision that cannot start now, why (the service's preflight, its connectors)."""
+        names = snapshot.bindings if snapshot is not None else ()
+        return {name: why for name in names if (why := cannot_start(status, name)) is not None}
 
     # --- forms ---------------------------------------------------------------------------------------
 
@@ -126,8 +136,14 @@ class ConfigPages:
         if not uses:
             return self.pages.page("change.html", request, outcome="unchanged", back=back,
                                    message=f"Nothing to change: every interface of {name} keeps its binding.")
+        # The running service's preflight: a swap to a binding that cannot start here is said before it is written.
+        down = self.down(self.desk.snapshot(), self.status())
+        said = [f"{interface} would be served by {binding}, which cannot start on the running service now: "
+                f"{down[binding]} (its page, /bindings/{binding}, says how to fix it)"
+                for interface, binding in uses if binding in down]
         return await self.propose(request, owner, lambda files: use_bindings(files, name, uses),
-                                  topic=f"profile-{name}", back=back, check_only=form.get("action") == "check")
+                                  topic=f"profile-{name}", back=back, check_only=form.get("action") == "check",
+                                  said=said)
 
     async def binding_create(self, request: Request) -> Response:
         """A connector's "new binding" form: `binding create`, with secrets as env or file references only."""

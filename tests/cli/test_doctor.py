@@ -42,8 +42,11 @@ def test_doctor_lists_each_missing_credential_channel_and_scope(tmp_path: Path) 
     assert "fix: set HANDLER_SLACK_TOKEN" in out
     assert "warning: profile auditor: holds are routed to alice, but no mail server is set" in out
     assert "error: profile researcher: its scope work/researcher does not exist" in out
-    problems = json.loads(_doctor(root, {}, "--format", "json").stdout)
-    assert {p["subject"] for p in problems} >= {"binding llm-openai", "binding search-brave", "profile assistant"}
+    assert out.startswith("judged in this shell's environment\n")  # no service runs on the tree
+    judged = json.loads(_doctor(root, {}, "--format", "json").stdout)
+    assert judged["judged"] == "this shell's environment"
+    subjects = {p["subject"] for p in judged["problems"]}
+    assert subjects >= {"binding llm-openai", "binding search-brave", "profile assistant"}
 
 
 def test_what_the_machine_provides_leaves_the_list(tmp_path: Path) -> None:
@@ -65,7 +68,7 @@ def test_a_tree_this_machine_serves_whole_is_ok(tmp_path: Path) -> None:
     root = write_echo_tree(tmp_path / "t")
     done = _doctor(root, {TOKEN_ENV: "t"})
     assert done.returncode == 0, done.stdout
-    assert done.stdout == f"OK: nothing on this machine keeps {root} from working\n"
+    assert done.stdout == f"judged in this shell's environment\nOK: nothing on this machine keeps {root} from working\n"
 
 
 def test_a_profile_whose_socket_would_not_fit_the_run_folder_is_named(tmp_path: Path) -> None:
@@ -94,6 +97,7 @@ def test_a_file_where_the_run_or_state_folder_goes_is_an_error(tmp_path: Path) -
                    "--no-sandbox")
     assert done.returncode == 1
     assert done.stdout.splitlines() == [
+        "judged in this shell's environment",  # no service can run on a state folder that is a file
         f"error: run folder: {file} is not a folder: the service cannot start",
         "  fix: point HANDLER_RUN_DIR (or --run-dir) at a folder, or move what is there away",
         f"error: state folder: {file}/state cannot be a folder: {file} is not one: the service cannot start",

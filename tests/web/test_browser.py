@@ -1,8 +1,9 @@
 """The dashboard in a real browser (headless Chromium on a 390 px phone screen) against a real `handler up`:
 an owner signs in with `handler dashboard login`, creates a binding through a connector's form (git: a new
 branch pushed, the followed ref untouched), swaps a profile's binding with its dropdown (work tree: the file
-written with its comments, and the router serving the new binding) and approves a hold (the held call then
-runs). Every page is photographed (`artifacts/screenshots/<test>/`) and must fit the phone's width."""
+written with its comments, and the router serving the new binding), sees a binding that cannot start red on its
+page and marked in the dropdown, and approves a hold (the held call then runs). Every page is photographed
+(`artifacts/screenshots/<test>/`) and must fit the phone's width."""
 
 from __future__ import annotations
 
@@ -155,6 +156,43 @@ def test_an_owner_swaps_a_profiles_binding_with_the_dropdown_and_the_router_serv
             return page.url
 
         assert on_phone(drill_down).endswith("/catalog#echo/v1")
+
+
+def test_a_binding_whose_secret_is_missing_is_red_on_its_page_and_the_profile_form_warns_before_swapping_to_it(
+        base: Path, on_phone: OnPhone) -> None:
+    """The service lacks echo-other's token (its environment, not this one's): the binding's page is red with the
+    finding and its fix, the dropdown marks it, and the check of the swap warns before anything is written."""
+    root = add_other_binding(write_echo_tree(base / "t"), OTHER_ENV)
+    profile = root / "config/profiles/tester.toml"
+    before = profile.read_text()
+    env = clean_env(**{TOKEN_ENV: "local-token", "HANDLER_RUN_DIR": str(base / "run")})  # and no OTHER_ENV
+    with handler_up([str(root)], env, cwd=root) as up:
+
+        def look(phone: Phone) -> tuple[str, str, str, str]:
+            page = phone.page
+            sign_in(phone, up, "owner", "--root", str(root))
+            page.goto(up.url + "/bindings/echo-other")
+            phone.snap("binding-cannot-start")
+            health = page.locator(".health.down")
+            colour = health.evaluate("e => getComputedStyle(e).backgroundColor")
+            finding = page.inner_text("table.health-findings")
+            page.goto(up.url + "/profiles/tester")
+            phone.snap("profile-marks-it")
+            option = page.inner_text("#use-echo option[value='echo-other']")
+            page.select_option("#use-echo", "echo-other")
+            page.get_by_role("button", name="Check only").click()
+            phone.snap("check-warns")
+            return colour, finding, option, page.inner_text("main")
+
+        colour, finding, option, checked = on_phone(look)
+        assert colour == "rgb(251, 217, 217)"  # red
+        assert f"secret slot 'token': the router's environment has no {OTHER_ENV}" in finding
+        assert f"export {OTHER_ENV}=... in the service's environment before it starts" in finding
+        assert option.startswith("⚠ echo-other"), option
+        assert option.endswith("cannot start now"), option
+        assert "But the running service warns of it" in checked
+        assert "echo would be served by echo-other, which cannot start on the running service now" in checked
+        assert profile.read_text() == before
 
 
 def test_an_owner_approves_a_hold_and_the_held_call_runs(base: Path, on_phone: OnPhone) -> None:
