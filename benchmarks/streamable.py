@@ -13,7 +13,7 @@ Then 8 sessions of a raw HTTP client (httpx, one keep-alive connection each, no 
 ~0.2 ms of CPU a call) calling `echo_say` as fast as answers come.
 Goals: (s)-(b) <= 1 ms p50; (f)-(a) >= 5x (s)-(a); 8 raw sessions >= 5,000 governed calls/s.
 
-Run: .venv/bin/python benchmarks/http.py [--calls N] [--sessions-calls N]
+Run: .venv/bin/python benchmarks/streamable.py [--calls N] [--sessions-calls N]
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# This file's name is the standard library's `http`: its folder leaves the path before anything imports that.
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "benchmarks"]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # the tests' fixtures (the echo tree) are imported from the repository
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
