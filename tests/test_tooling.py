@@ -63,3 +63,16 @@ def test_code_cites_only_the_projects_own_design_document() -> None:
               for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
               if re.search(r"\bdesign §|DESIGN\.md|\.\./shared", line)]
     assert citing == []
+
+
+BENCHMARKS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py") if p.name != "trees.py")  # trees: a library
+
+
+@pytest.mark.parametrize("script", BENCHMARKS)
+def test_every_benchmark_starts_and_says_how_it_runs(script: str) -> None:
+    """Each script of benchmarks/ imports and answers --help: one named like a module of the standard library (an
+    `http.py`) is found first for every script of its folder, and they all fail at their first import."""
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--help"], capture_output=True,
+                          text=True, timeout=120, check=False, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout
