@@ -25,6 +25,7 @@ from reconciler.wire.messages import encode_notification
 __all__ = ["BEAT_SECONDS", "FIRST_BEAT_SECONDS", "Progress"]
 
 FIRST_BEAT_SECONDS: Final = 5.0  # a call shorter than this hears nothing from the router
+MAX_MESSAGE_CHARS: Final = 500  # of a connector's progress message: a line may hold megabytes
 BEAT_SECONDS: Final = 15.0  # well inside the 60 s the TypeScript SDK waits between two messages by default
 
 
@@ -62,8 +63,9 @@ class Progress:
         note: dict[str, Any] = {"progressToken": self.token, "progress": progress}
         if _is_number(params.get("total")):
             note["total"] = params["total"]
-        if isinstance(params.get("message"), str):
-            note["message"] = params["message"]
+        if isinstance(params.get("message"), str):  # the connector's words, which the client shows: kept short
+            message = params["message"]
+            note["message"] = message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS] + "…"
         # Written on the loop's next turn, in the call's context: this runs in the connector's stream's callbacks.
         # The call's reply, read after it on that stream, reaches the task later still, so the order holds.
         self._loop.call_soon(self._send, note, context=self._context)

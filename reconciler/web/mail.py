@@ -62,34 +62,35 @@ class MailSettings:
                    unquote(parts.password) if parts.password else None, sender)
 
 
-def approval_message(hold: Hold, link: str, sender: str, to: str) -> EmailMessage:
+def _message(sender: str, to: str, subject: str, body: str) -> EmailMessage:
     message = EmailMessage()
     message["From"] = sender
     message["To"] = to
-    message["Subject"] = f"Approval needed: {hold.profile} wants to run {hold.tool} ({hold.id})"
-    message.set_content(
+    message["Subject"] = subject
+    message.set_content(body)
+    return message
+
+
+def approval_message(hold: Hold, link: str, sender: str, to: str) -> EmailMessage:
+    return _message(
+        sender, to, f"Approval needed: {hold.profile} wants to run {hold.tool} ({hold.id})",
         f"Agent profile {hold.profile} (instance {hold.instance}) asks to run {hold.interface} {hold.tool}.\n"
         f"Estimated cost: ${from_micros(hold.cost):.4f}\n"
         f"Why it waits for you: {hold.reason}\n\n"
         f"See the request and decide:\n{link}\n\n"
         "Opening the link decides nothing: the page asks you to confirm.\n"
         f"Or from a shell: handler approvals approve {hold.id} --as <you>\n")
-    return message
 
 
 def alert_message(alert: Alert, sender: str, to: str, dashboard: str) -> EmailMessage:
     """An owner told, once, that a binding cannot start until someone sets it up, and what is missing."""
-    message = EmailMessage()
-    message["From"] = sender
-    message["To"] = to
-    message["Subject"] = f"Not set up: binding {alert.binding} cannot start, and its calls fail"
-    message.set_content(
+    return _message(
+        sender, to, f"Not set up: binding {alert.binding} cannot start, and its calls fail",
         f"Calls served by binding {alert.binding} fail: it cannot start on this machine until someone sets it up.\n"
         f"What is missing: {alert.message}\n\n"
         "Agents are told the service is not set up and that retrying will not help; nothing is retried.\n"
         "Once it is set up, the next call starts it. This is the only message about this cause; the dashboard "
         f"({dashboard.rstrip('/')}/) and `handler status` list it with the calls that failed on it.\n")
-    return message
 
 
 def send_mail(settings: MailSettings, message: EmailMessage) -> None:

@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from reconciler.router import progress
@@ -101,3 +102,22 @@ def test_a_cancelled_call_stops_at_the_connector_and_is_charged_and_logged(echo_
 
     run(scenario())
 
+
+
+def test_a_connectors_progress_message_reaches_the_client_cut_short() -> None:
+    """A connector's words go to the client as they are, but one of megabytes is cut (its line holds 16 MiB)."""
+    written: list[bytes] = []
+
+    async def scenario() -> None:
+        told = progress.Progress("tok", written.append)
+        told.relay({"progress": 1, "message": "page 1 of 3"})
+        told.relay({"progress": 2, "message": "x" * 100_000})
+        told.relay({"progress": "3"})  # not a number: dropped
+        await asyncio.sleep(0)  # relayed notes are written on the loop's next turn
+        told.end()
+
+    asyncio.run(scenario())
+    notes = [orjson.loads(line)["params"] for line in written]
+    assert [n["progress"] for n in notes] == [1, 2]
+    assert notes[0]["message"] == "page 1 of 3"
+    assert len(notes[1]["message"]) == progress.MAX_MESSAGE_CHARS + 1
