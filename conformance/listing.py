@@ -227,7 +227,7 @@ def check_listing(root: Path, listing: Mapping[str, Any], snapshot: Snapshot | N
 def add_catalog_command(sub: Any) -> None:
     """Register `handler catalog build`, `changed` and `list` (through the `handler.commands` entry points)."""
     catalog = sub.add_parser("catalog", help="the catalog listing, built from conformance results")
-    actions = catalog.add_subparsers(title="catalog commands", metavar="ACTION", required=True)
+    actions = catalog.add_subparsers(title="catalog commands (default: list)", metavar="ACTION")
     root_help = "the config root (default: $HANDLER_ROOT, else the current folder)"
     default_root = os.environ.get("HANDLER_ROOT") or "."
     build = actions.add_parser("build", help=f"write {LISTING_FILE} from {RESULTS_FOLDER}/ (--check: verify it)")
@@ -248,6 +248,8 @@ def add_catalog_command(sub: Any) -> None:
     shown = actions.add_parser("list", help="each interface with its connectors, tier and evidence")
     shown.add_argument("--root", default=default_root, metavar="DIR", help=root_help)
     shown.set_defaults(run=_list)
+    # `handler catalog` alone lists, as `handler catalog list` does with its own defaults.
+    catalog.set_defaults(run=lambda args: _list(shown.parse_args([])))
 
 
 def _build(args: argparse.Namespace) -> int:

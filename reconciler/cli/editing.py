@@ -42,9 +42,8 @@ from reconciler.config.governing import (
 )
 from reconciler.config.snapshot import Snapshot
 from reconciler.gitops.branches import GitTree, commit_to_new_branch
-from reconciler.governance.decide import Decision, SpendState, decide_call
+from reconciler.governance.explain import moved_decisions
 from reconciler.governance.explain import render_text as render_explanation
-from reconciler.governance.rulebook import compile_rulebook
 
 __all__ = ["add_edit_commands"]
 
@@ -231,26 +230,12 @@ def _apply(args: argparse.Namespace, edit: Edit, explained: str | None = None) -
 
 
 def _print_decisions(before: Snapshot, after: Snapshot, profile: str) -> None:
-    """`handler explain`'s account of each of `profile`'s calls whose decision the change moves (at no cost, spent
-    nothing yet: the caps' own effect shows in the plan)."""
-    old, new = _decisions(before, profile), _decisions(after, profile)
-    moved = [tool for tool, decision in new.items() if tool not in old or _verdict(old[tool]) != _verdict(decision)]
+    """`handler explain`'s account of each of `profile`'s calls whose decision the change moves."""
+    moved = moved_decisions(before, after, profile)
     if not moved:
         print(f"no call of {profile} is decided otherwise")
-    for tool in moved:
-        print(render_explanation(new[tool], profile, tool))
-
-
-def _decisions(snapshot: Snapshot, profile: str) -> dict[str, Decision]:
-    rulebook = compile_rulebook(snapshot)
-    entries = {tool: rulebook.entry(profile, tool) for tool in sorted(rulebook.profiles.get(profile, ()))}
-    return {tool: decide_call(entry, "(any instance)", None, SpendState())
-            for tool, entry in entries.items() if entry is not None}
-
-
-def _verdict(decision: Decision) -> tuple[str, str, str]:
-    approver = decision.approver.describe() if decision.approver is not None else ""
-    return decision.status, decision.outcome.value, approver
+    for tool, decision in moved:
+        print(render_explanation(decision, profile, tool))
 
 
 def _print_refusal(checked: Checked) -> None:

@@ -14,7 +14,7 @@ from reconciler.governance.ledger import read_state
 from reconciler.governance.rulebook import Rulebook, ToolEntry, compile_rulebook, to_micros
 from reconciler.governance.store import Store
 
-__all__ = ["current_state", "explain_call", "find_entry", "render_text"]
+__all__ = ["current_state", "explain_call", "find_entry", "moved_decisions", "render_text"]
 
 
 def find_entry(rulebook: Rulebook, profile: str, tool: str) -> ToolEntry:
@@ -61,6 +61,27 @@ def render_text(decision: Decision, profile: str, tool: str) -> str:
         lines.append(f"   {mark} {step.layer:<{width}}  {step.found}")
     lines.append("  (* = the layer set or changed the outcome)")
     return "\n".join(lines)
+
+
+def moved_decisions(before: Snapshot, after: Snapshot, profile: str) -> list[tuple[str, Decision]]:
+    """Each of `profile`'s tools whose decision a change from `before` to `after` moves (its status, outcome or
+    approver), with its decision after, as `handler explain` gives it at no cost with nothing spent (the caps' own
+    effect shows in the plan); every tool when `before` has no such profile."""
+    old, new = _decisions(before, profile), _decisions(after, profile)
+    return [(tool, decision) for tool, decision in new.items()
+            if tool not in old or _verdict(old[tool]) != _verdict(decision)]
+
+
+def _decisions(snapshot: Snapshot, profile: str) -> dict[str, Decision]:
+    rulebook = compile_rulebook(snapshot)
+    entries = {tool: rulebook.entry(profile, tool) for tool in sorted(rulebook.profiles.get(profile, ()))}
+    return {tool: decide_call(entry, "(any instance)", None, SpendState())
+            for tool, entry in entries.items() if entry is not None}
+
+
+def _verdict(decision: Decision) -> tuple[str, str, str]:
+    approver = decision.approver.describe() if decision.approver is not None else ""
+    return decision.status, decision.outcome.value, approver
 
 
 def current_state(store: Store, entry: ToolEntry, instance: str) -> SpendState:

@@ -181,6 +181,19 @@ def test_the_shipped_listing_is_supported_by_the_shipped_results() -> None:
             assert entry["evidence"] == ("stand-in" if egress else "local"), entry
 
 
+def test_catalog_with_no_action_lists_each_interface_with_its_connectors_tier_and_evidence(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("HANDLER_ROOT", raising=False)
+    assert handler(["catalog"]) == 0  # no action named: the list, not a usage error
+    alone = capsys.readouterr().out
+    assert handler(["catalog", "list", "--root", str(REPO)]) == 0
+    assert alone == capsys.readouterr().out
+    lines = alone.splitlines()
+    ocr = lines[lines.index("ocr/v1") + 1:]
+    assert re.match(r"  ocr-tesseract +\S+ +local", next(line for line in ocr if "ocr-tesseract" in line))
+
+
 LOOPBACK_BINDING = """apiVersion = "handler.binding/v1"
 name = "embed-stand-in"
 connector = "embed-openai"
