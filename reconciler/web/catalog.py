@@ -72,7 +72,28 @@ def profile_view(snapshot: Snapshot, name: str) -> dict[str, Any] | None:
     return {"name": name, "file": profile.file, "description": spec.description, "scope": spec.scope,
             "template": snapshot.template_for(profile).name, "group": spec.group,
             "routing": spec.routing.model_dump(exclude_none=True) if spec.routing else None,
-            "caps": spec.caps.model_dump(exclude_none=True), "services": services}
+            "caps": spec.caps.model_dump(exclude_none=True), "services": services,
+            "governance": _governance(snapshot, name)}
+
+
+def _governance(snapshot: Snapshot, name: str) -> dict[str, Any]:
+    """What the profile page's governance forms offer: its rules and pins as its file writes them, the tools and
+    interfaces a rule may name, the templates a new profile may start from, and its routing in the words of
+    `handler routing set`."""
+    profile = snapshot.profiles[name]
+    spec = profile.spec
+    served = {s.interface: snapshot.interfaces[s.key] for s in profile.selections.values()
+              if s.key in snapshot.interfaces}
+    routing = spec.routing
+    said = "default" if routing is None else {"member": f"member:{routing.member}",
+                                              "slack": f"slack:{routing.channel}"}.get(routing.to, routing.to)
+    org_cap = snapshot.org.caps.monthly_usd if snapshot.org is not None else None
+    return {"rules": [{"kind": "service" if r.service else "action", "target": r.service or r.action,
+                       "outcome": r.outcome} for r in spec.rules],
+            "pins": list(spec.pins),
+            "interfaces": sorted(served),
+            "tools": [(interface, [t.name for t in iface.tools]) for interface, iface in sorted(served.items())],
+            "templates": sorted(snapshot.templates), "routing": said, "org_cap": org_cap}
 
 
 def binding_view(snapshot: Snapshot, name: str) -> dict[str, Any] | None:

@@ -53,6 +53,7 @@ from reconciler.governance.ledger import spend_report
 from reconciler.governance.notices import list_notices, troubled_notices
 from reconciler.web.desk import Desk
 from reconciler.web.editing import ConfigPages
+from reconciler.web.governing import GovernanceForms
 from reconciler.web.health import cannot_start, profile_badges
 from reconciler.web.history import HistoryPages
 from reconciler.web.links import LINK_DAYS
@@ -105,6 +106,7 @@ class Dashboard:
         self.door = OwnerDoor(self)
 
     def routes(self) -> list[Route]:
+        config = ConfigPages(self, self.door, self.status)
         return [
             Route("/", self.overview),
             Route("/approvals", self.approvals),
@@ -112,7 +114,8 @@ class Dashboard:
             Route("/approvals/{hold_id}", self.decide_route, methods=["POST"]),
             Route("/hooks/slack", self.slack_hook, methods=["POST"]),
             *self.door.routes(),
-            *ConfigPages(self, self.door, self.status).routes(),
+            *config.routes(),
+            *GovernanceForms(config).routes(),
             *HistoryPages(self, self.desk.call_log, self.status).routes(),
         ]
 

@@ -43,11 +43,13 @@ from reconciler.config.editing import (
 from reconciler.config.errors import HandlerError
 from reconciler.config.snapshot import Snapshot
 from reconciler.gitops.branches import Identity
+from reconciler.governance.explain import moved_decisions
+from reconciler.governance.explain import render_text as render_explanation
 from reconciler.web.catalog import binding_view, catalog_view, connector_view, profile_view
 from reconciler.web.health import binding_health, cannot_start
 from reconciler.web.owners import OwnerDoor, Pages
 
-__all__ = ["ConfigPages"]
+__all__ = ["ConfigPages", "resent"]
 
 log = logging.getLogger("handler.http")
 
@@ -143,7 +145,7 @@ class ConfigPages:
                 for interface, binding in uses if binding in down]
         return await self.propose(request, owner, lambda files: use_bindings(files, name, uses),
                                   topic=f"profile-{name}", back=back, check_only=form.get("action") == "check",
-                                  said=said)
+                                  said=said, confirm=resent(form))
 
     async def binding_create(self, request: Request) -> Response:
         """A connector's "new binding" form: `binding create`, with secrets as env or file references only."""
@@ -166,7 +168,8 @@ class ConfigPages:
             request, owner,
             lambda files: create_binding(files, name, connector, description=description, secrets=secrets,
                                          settings=settings),
-            topic=f"binding-{name}", back=back, check_only=form.get("action") == "check", said=said)
+            topic=f"binding-{name}", back=back, check_only=form.get("action") == "check", said=said,
+            confirm=resent(form))
 
     async def signed_form(self, request: Request, back: str) -> tuple[FormData, str] | Response:
         """The posted form and the owner who sent it, or the page refusing it when it is not an owner's."""
@@ -175,8 +178,11 @@ class ConfigPages:
         return (form, owner) if owner is not None else self.refused(request, why, back)
 
     async def propose(self, request: Request, owner: str, edit: Edit, *, topic: str, back: str,
-                      check_only: bool, said: Sequence[str] = ()) -> Response:
-        """Check the change where the service reads its tree; deliver it when clean and asked to; show what came."""
+                      check_only: bool, said: Sequence[str] = (), explained: str | None = None,
+                      confirm: Mapping[str, str] | None = None) -> Response:
+        """Check the change where the service reads its tree; deliver it when clean and asked to; show what came.
+        With `explained`, the decisions of that profile's calls the change moves, as `handler explain` gives them;
+        with `confirm`, the fields a checked page's button sends again to make the change."""
         proposer = self.desk.proposer
         if proposer is None:
             return self.unusable(request, "this service does not edit its config (it follows no tree it can write)",
@@ -189,7 +195,9 @@ class ConfigPages:
             "checked": checked, "mode": proposer.mode, "back": back, "plan": checked.plan.render_text(),
             "brought": [f.to_dict() for f in checked.brought_errors],
             "standing": [f.to_dict() for f in checked.standing_errors],
-            "warnings": [f.to_dict() for f in checked.new_findings if not f.is_error], "said": list(said)}
+            "warnings": [f.to_dict() for f in checked.new_findings if not f.is_error], "said": list(said),
+            "decisions": _decisions(checked, explained), "explained": explained,
+            "confirm": confirm, "csrf": self.door.csrf(request), "target": request.url.path}
         if not checked.ok:
             return self.pages.page("change.html", request, status_code=422, outcome="refused", **page)
         if check_only:
@@ -219,6 +227,19 @@ class ConfigPages:
 
     def unusable(self, request: Request, why: str, back: str) -> Response:
         return self.pages.page("change.html", request, status_code=400, outcome="unusable", message=why, back=back)
+
+
+def resent(form: Mapping[str, Any]) -> dict[str, str]:
+    """A form's fields, sent again by the button of its checked page that makes the change the plan showed."""
+    return {k: v for k, v in form.items() if isinstance(v, str) and k not in ("csrf", "action")}
+
+
+def _decisions(checked: Checked, profile: str | None) -> list[str] | None:
+    """Each call of `profile` whose decision the change moves, in `handler explain`'s words (None: not asked)."""
+    if profile is None:
+        return None
+    return [render_explanation(decision, profile, tool)
+            for tool, decision in moved_decisions(checked.before, checked.after, profile)]
 
 
 def _fields(form: FormData, prefix: str) -> list[tuple[str, str]]:

@@ -394,3 +394,81 @@ def test_in_git_mode_the_changes_page_lists_open_proposals_with_diff_and_plan_an
             assert "Another open proposal" not in after
 
     asyncio.run(scenario())
+
+
+def confirmation(page: httpx.Response) -> tuple[str, dict[str, str]]:
+    """Where a checked change's confirm button posts, and the fields it sends (the form's own, and the csrf)."""
+    found = re.search(r'<form class="edit confirm" id="confirm" method="post" action="([^"]+)">(.*?)</form>',
+                      page.text, re.S)
+    assert found, text(page)
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', found.group(2)))
+    return found.group(1), {k: html.unescape(v) for k, v in fields.items()}
+
+
+def test_a_member_who_is_no_owner_sees_the_rules_but_no_governance_form_and_every_post_is_refused(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    posts = {"/profiles/tester/rules": {"target": "action:echo_say", "outcome": "block"},
+             "/profiles/tester/pins": {"interface": "echo", "pin": "set"},
+             "/profiles/tester/routing": {"to": "none"},
+             "/profiles/tester/caps": {"scope": "profile", "amount": "5"},
+             "/profiles": {"name": "reviewer", "template": "restrictive"}}
+    before = (tree / "config/profiles/tester.toml").read_text()
+
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            for path, data in posts.items():  # nobody signed in
+                refused = await http.post(path, data={**data, "action": "apply"})
+                assert refused.status_code == 403, path
+                assert "editing the config needs an owner's sign-in" in text(refused)
+            link = login_link(capsys, tree, service, "bob")
+            await http.post("/login", data=fields_of(link))
+            page = await http.get("/profiles/tester")
+            assert page.status_code == 200
+            assert "No per-action rule: the permissive template decides" in text(page)
+            assert 'id="rule-form"' not in page.text
+            assert 'action="/profiles"' not in page.text
+            session = http.cookies["handler_member"]
+            for path, data in posts.items():  # signed in, with the session's own token, but no owner
+                refused = await http.post(path, data={**data, "action": "apply", "csrf": signer(base).csrf(session)})
+                assert refused.status_code == 403, path
+    asyncio.run(scenario())
+    assert (tree / "config/profiles/tester.toml").read_text() == before
+    assert not (tree / "config/profiles/reviewer.toml").exists()
+
+
+def test_an_owner_sees_each_governance_forms_plan_and_decisions_before_confirming_it(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tree / "config/profiles/tester.toml"
+    before = profile.read_text()
+
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            await sign_in(http, login_link(capsys, tree, service))
+            page = await http.get("/profiles/tester")
+            for form in ("rule-form", "pin-form", "routing-form", "cap-form", "create-form"):
+                assert f'id="{form}"' in page.text, form
+            token = csrf(page)
+            checked = await http.post("/profiles/tester/rules", data={
+                "csrf": token, "target": "action:echo_say", "outcome": "block", "action": "check"})
+            assert checked.status_code == 200, text(checked)
+            shown = text(checked)
+            assert "The change passes every check. Nothing was written yet" in shown
+            assert "echo: echo_say auto → block" in shown  # the plan
+            assert "What tester's calls get now" in shown
+            assert "the rule for action echo_say says block" in shown
+            explained.append(html.unescape(re.findall(r'<pre class="explain">(.*?)</pre>', checked.text, re.S)[0]))
+            assert profile.read_text() == before  # nothing yet
+            target, fields = confirmation(checked)
+            assert (target, fields) == ("/profiles/tester/rules", {
+                "csrf": token, "target": "action:echo_say", "outcome": "block"})
+            done = await http.post(target, data={**fields, "action": "apply"})
+            assert done.status_code == 200, text(done)
+            assert "Wrote config/profiles/tester.toml" in text(done)
+            assert 'id="confirm"' not in done.text
+
+    explained: list[str] = []
+    asyncio.run(scenario())
+    assert profile.read_text() == before + '\n[[rules]]\naction = "echo_say"\noutcome = "block"\n'
+    capsys.readouterr()
+    assert main(["explain", "--profile", "tester", "--tool", "echo_say", "--root", str(tree)]) == 0
+    assert capsys.readouterr().out.strip() == explained[0]  # the page said what `handler explain` now says
