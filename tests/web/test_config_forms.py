@@ -472,3 +472,91 @@ def test_an_owner_sees_each_governance_forms_plan_and_decisions_before_confirmin
     capsys.readouterr()
     assert main(["explain", "--profile", "tester", "--tool", "echo_say", "--root", str(tree)]) == 0
     assert capsys.readouterr().out.strip() == explained[0]  # the page said what `handler explain` now says
+
+
+async def checked_then_confirmed(http: httpx.AsyncClient, path: str, data: dict[str, str]) -> tuple[str, str]:
+    """A governance form sent as its page sends it (the plan asked first), then confirmed: both pages' text."""
+    checked = await http.post(path, data={**data, "action": "check"})
+    assert checked.status_code == 200, text(checked)
+    target, fields = confirmation(checked)
+    done = await http.post(target, data={**fields, "action": "apply"})
+    assert done.status_code == 200, text(done)
+    return text(checked), text(done)
+
+
+def test_each_governance_form_writes_what_its_cli_command_writes_and_the_tree_validates(
+        base: Path, tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tree / "config/profiles/tester.toml"
+    before = profile.read_text()
+
+    async def scenario() -> None:
+        async with running(options(base, tree)) as service, httpx.AsyncClient(base_url=url(service)) as http:
+            await sign_in(http, login_link(capsys, tree, service))
+            token = csrf(await http.get("/profiles/tester"))
+            checked, _ = await checked_then_confirmed(http, "/profiles/tester/pins",
+                                                      {"csrf": token, "interface": "echo", "pin": "set"})
+            assert "echo_say on profile tester" in checked  # a read tool, automatic before, now waits
+            assert "pending (decision: approve)" in checked
+            checked, _ = await checked_then_confirmed(http, "/profiles/tester/routing",
+                                                      {"csrf": token, "to": "member:bob"})
+            assert "approver: member bob" in checked
+            checked, _ = await checked_then_confirmed(http, "/profiles/tester/caps",
+                                                      {"csrf": token, "scope": "instance", "amount": "2.5"})
+            assert "No call of tester is decided otherwise" in checked  # a cap's effect is in the plan
+            await checked_then_confirmed(http, "/profiles/tester/caps", {"csrf": token, "scope": "org", "amount": "40"})
+            checked, done = await checked_then_confirmed(http, "/profiles", {
+                "csrf": token, "name": "reviewer", "template": "restrictive", "from": "tester", "copy": "1"})
+            assert "profile reviewer (added)" in checked
+            assert "What reviewer's calls get now" in checked
+            assert "echo_write on profile reviewer" in checked
+            assert "Wrote config/profiles/reviewer.toml , work/reviewer/.gitkeep" in done
+            bad = await http.post("/profiles/tester/caps", data={"csrf": token, "scope": "profile", "amount": "ten"})
+            assert bad.status_code == 400
+            assert "a cap is an amount in USD, e.g. 25 or 12.50, not 'ten'" in text(bad)
+            bad = await http.post("/profiles/tester/routing", data={"csrf": token, "to": "bob"})
+            assert bad.status_code == 400
+            assert "give member:NAME, slack:#CHANNEL, caller, none, or default" in text(bad)
+            bad = await http.post("/profiles", data={"csrf": token, "name": "tester", "template": "balanced"})
+            assert bad.status_code == 400
+            assert "profile tester exists" in text(bad)
+    asyncio.run(scenario())
+    assert profile.read_text() == before + (
+        'pins = ["echo"]\nrouting = {to = "member", member = "bob"}\n\n[caps]\ninstance_usd = 2.5\n')
+    assert "[caps]\nmonthly_usd = 40.0\n" in (tree / "config/org.toml").read_text()
+    made = (tree / "config/profiles/reviewer.toml").read_text()
+    assert 'template = "restrictive"' in made
+    assert 'services = { echo = "echo-local" }' in made
+    capsys.readouterr()
+    assert main(["validate", "--root", str(tree)]) == 0, capsys.readouterr().out
+
+
+def test_in_git_mode_an_owner_makes_a_restrictive_profile_and_a_rule_each_on_a_new_branch(
+        base: Path, tree: Path, git: Git, capsys: pytest.CaptureFixture[str]) -> None:
+    git(tree, "init", "-q")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "the echo tree")
+    upstream = base / "upstream.git"
+    git(base, "clone", "-q", "--bare", str(tree), str(upstream))
+    main_before = git(upstream, "rev-parse", "main")
+
+    async def scenario() -> list[str]:
+        async with running(options(base, upstream, source="git", ref="main")) as service, \
+                httpx.AsyncClient(base_url=url(service)) as http:
+            await sign_in(http, login_link(capsys, tree, service))
+            token = csrf(await http.get("/profiles/tester"))
+            _, made = await checked_then_confirmed(http, "/profiles", {
+                "csrf": token, "name": "reviewer", "template": "restrictive", "from": "tester", "copy": "1"})
+            _, ruled = await checked_then_confirmed(http, "/profiles/tester/rules", {
+                "csrf": token, "target": "action:echo_write", "outcome": "block"})
+            return [re.search(r"new branch (handler/\S+)", t).group(1) for t in (made, ruled)]  # type: ignore[union-attr]
+
+    made, ruled = asyncio.run(scenario())
+    assert made.startswith("handler/profile-reviewer-")
+    assert ruled.startswith("handler/profile-tester-rule-")
+    assert git(upstream, "rev-parse", "main") == main_before  # the followed ref never moves
+    assert git(upstream, "diff", "--name-only", "main", made).splitlines() == [
+        "config/profiles/reviewer.toml", "work/reviewer/.gitkeep"]
+    assert 'template = "restrictive"' in git(upstream, "show", f"{made}:config/profiles/reviewer.toml")
+    assert git(upstream, "show", f"{ruled}:config/profiles/tester.toml").endswith(
+        '[[rules]]\naction = "echo_write"\noutcome = "block"')
+    assert git(upstream, "log", "-1", "--format=%an|%s", ruled) == "owner|Profile tester: action echo_write → block"

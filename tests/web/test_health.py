@@ -126,7 +126,8 @@ def test_a_binding_whose_secret_is_missing_is_red_where_an_operator_acts(tree: P
                 "action": "check"})
             assert checked.status_code == 200
             said = text(checked)
-            assert "Nothing was written ( Check only ). But the running service warns of it (below)" in said
+            assert ("Nothing was written yet: read the plan, then confirm it . But the running service warns of it "
+                    "(below)") in said
             assert ("echo would be served by echo-vault, which cannot start on the running service now: secret "
                     "slot 'token': cannot read") in said
             assert 'echo = "echo-local"' in (tree / "config/profiles/reader.toml").read_text()
