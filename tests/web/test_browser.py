@@ -2,8 +2,10 @@
 an owner signs in with `handler dashboard login`, creates a binding through a connector's form (git: a new
 branch pushed, the followed ref untouched), swaps a profile's binding with its dropdown (work tree: the file
 written with its comments, and the router serving the new binding), sees a binding that cannot start red on its
-page and marked in the dropdown, and approves a hold (the held call then runs). Every page is photographed
-(`artifacts/screenshots/<test>/`) and must fit the phone's width."""
+page and marked in the dropdown, approves a hold (the held call then runs), reads what happened (the audit trail
+filtered to one profile, spend against a cap, a failed call's cause), and in git mode makes a Restrictive profile
+and a per-action rule from a profile's page, each a branch the changes page lists with its diff. Every page is
+photographed (`artifacts/screenshots/<test>/`) and must fit the phone's width."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.browser import Phone, call_tool, clean_env, handler_up, sign_in
-from tests.fixtures.echo_tree import TOKEN_ENV, add_other_binding, write_echo_tree
+from tests.fixtures.browser import HandlerUp, Phone, call_tool, clean_env, handler_up, sign_in
+from tests.fixtures.echo_tree import OWNED_ORG, TOKEN_ENV, add_other_binding, governed_profile, write_echo_tree
 from tests.fixtures.harness import short_dir
 
 # The first test of a process also starts Chromium (tests.fixtures.browser.LAUNCH_DEADLINE): a bound on a hang.
@@ -219,3 +221,121 @@ def test_an_owner_approves_a_hold_and_the_held_call_runs(base: Path, on_phone: O
 
         assert on_phone(approve).startswith("executed at")
     assert (root / "work/tester/note.txt").read_text() == "approved by a person"
+
+
+def test_an_operator_reads_the_audit_trail_spend_against_a_cap_and_a_failed_calls_cause(
+        base: Path, on_phone: OnPhone) -> None:
+    root = write_echo_tree(base / "t")
+    (root / "config/org.toml").write_text(OWNED_ORG)
+    (root / "config/profiles/tester.toml").write_text(governed_profile(monthly_usd=0.01))  # echo_write waits
+    env = clean_env(**{TOKEN_ENV: "t", "HANDLER_RUN_DIR": str(base / "run")})
+    sock = base / "run/profiles/tester.sock"
+    with handler_up([str(root)], env, cwd=root) as up:
+        assert call_tool(sock, "echo_say", {"text": "hello"}) == {"text": "hello"}  # priced: spend against the cap
+        held = call_tool(sock, "echo_write", {"text": "dear bob", "outputPath": "mail.txt"})
+        assert held["status"] == "pending", held
+        failed = call_tool(sock, "echo_misbehave", {"mode": "wrong_type"})
+        assert failed["error"] == "unavailable", failed
+
+        def read(phone: Phone) -> tuple[str, str, str, str]:
+            page = phone.page
+            sign_in(phone, up, "owner", "--root", str(root))
+            page.get_by_role("link", name="Audit", exact=True).click()
+            page.fill("input[name='profile']", "tester")
+            page.get_by_role("button", name="Filter").click()
+            phone.snap("audit-filtered")
+            page.locator(f"a[href='/approvals/{held['request_id']}']").first.click()
+            page.wait_for_url(f"**/approvals/{held['request_id']}")
+            phone.snap("the-held-call")
+            hold = page.inner_text("main")
+            page.get_by_role("link", name="Spend", exact=True).click()
+            phone.snap("spend")
+            line = page.locator("table.spend tr", has_text="profile tester")
+            spent = line.inner_text() + f" cap-line:{line.locator('svg line').count()}"
+            page.get_by_role("link", name="Calls", exact=True).click()
+            page.get_by_role("link", name="Only those that did not execute").click()
+            for _ in range(100):  # the call log is written in batches: the page shows a call once it is flushed
+                if "echo_misbehave" in page.inner_text("main"):
+                    break
+                time.sleep(0.1)
+                page.reload()
+            phone.snap("failed-calls")
+            calls = page.locator("tr", has_text="echo_misbehave").first.inner_text()
+            return page.url, hold, spent, calls
+
+        url, hold, spent, calls = on_phone(read)
+    assert url.endswith("/calls?outcome=failed")
+    assert "echo_write" in hold
+    assert "dear bob" in hold  # a signed-in member reads the held call's arguments
+    assert "tester" in spent
+    assert "$0.01" in spent  # the cap beside what was spent
+    assert spent.endswith("cap-line:1")  # the month's bar against the cap's line, drawn on the server
+    assert "unavailable · output_invalid" in calls  # the failed call's cause
+    assert "echo-local" in calls
+
+
+def govern_from_the_profile_page(phone: Phone, up: HandlerUp, state: Path) -> dict[str, str]:
+    """An owner makes a Restrictive profile, then a rule, each from the plan to its confirm; what each page said."""
+    page = phone.page
+    seen: dict[str, str] = {}
+    sign_in(phone, up, "owner", "--state-dir", str(state))
+    page.goto(up.url + "/profiles/tester#governance")
+    phone.snap("profile-governance")
+    page.fill("#create-name", "reviewer")
+    page.select_option("#create-template", "restrictive")
+    page.check("#create-copy")
+    page.get_by_role("button", name="Show the plan of the new profile").click()
+    phone.snap("new-profile-plan")
+    seen["profile-plan"] = page.inner_text("pre.plan")
+    seen["profile-explained"] = page.inner_text("main")
+    page.get_by_role("button", name="Commit to a new branch and push it").click()
+    phone.snap("new-profile-committed")
+    seen["profile-branch"] = page.inner_text(".outcome .branch")
+
+    page.goto(up.url + "/profiles/tester#governance")
+    page.select_option("#rule-target", "action:echo_write")
+    page.select_option("#rule-outcome", "block")
+    page.get_by_role("button", name="Show the plan of the rule").click()
+    phone.snap("rule-plan")
+    seen["rule-explained"] = page.inner_text("pre.explain")
+    page.get_by_role("button", name="Commit to a new branch and push it").click()
+    phone.snap("rule-committed")
+    seen["rule-branch"] = page.inner_text(".outcome .branch")
+
+    page.get_by_role("link", name="Changes", exact=True).click()
+    phone.snap("changes")
+    seen["changes"] = page.inner_text("main")
+    return seen
+
+
+
+def test_in_git_mode_an_owner_makes_a_restrictive_profile_and_a_rule_from_the_profile_page_each_a_branch(
+        base: Path, git: Git, on_phone: OnPhone) -> None:
+    """Each form shows the plan and what `handler explain` would then say before the owner confirms it; each
+    confirm is a branch pushed, and the changes page lists both open proposals with their diffs."""
+    upstream = upstream_of_echo_tree(base, git)
+    main_before = git(upstream, "rev-parse", "main")
+    env = clean_env(**{TOKEN_ENV: "a", "HANDLER_RUN_DIR": str(base / "run")})
+    state = base / "state"
+    with handler_up(["--source", "git", "--ref", "main", str(upstream), "--state-dir", str(state)], env,
+                    cwd=base) as up:
+
+        seen = on_phone(lambda phone: govern_from_the_profile_page(phone, up, state))
+    assert "profile reviewer (added)" in seen["profile-plan"]
+    assert "template: (none) → restrictive" in seen["profile-plan"]
+    assert "echo_write on profile reviewer" in seen["profile-explained"]  # what the new agent's calls get
+    assert seen["rule-explained"].startswith("echo_write on profile tester at")
+    assert "blocked (decision: block)" in seen["rule-explained"]
+    made, ruled = seen["profile-branch"], seen["rule-branch"]
+    assert made.startswith("handler/profile-reviewer-")
+    assert ruled.startswith("handler/profile-tester-rule-")
+    assert git(upstream, "rev-parse", "main") == main_before  # the followed ref never moves
+    assert 'template = "restrictive"' in git(upstream, "show", f"{made}:config/profiles/reviewer.toml")
+    assert git(upstream, "show", f"{ruled}:config/profiles/tester.toml").endswith(
+        '[[rules]]\naction = "echo_write"\noutcome = "block"')
+    changes = seen["changes"]
+    assert "Proposed from the dashboard, not merged (2)" in changes
+    assert made in changes
+    assert ruled in changes
+    assert '+template = "restrictive"' in changes  # each proposal's diff
+    assert '+action = "echo_write"' in changes

@@ -454,7 +454,7 @@ def test_an_owner_sees_each_governance_forms_plan_and_decisions_before_confirmin
             shown = text(checked)
             assert "The change passes every check. Nothing was written yet" in shown
             assert "echo: echo_say auto → block" in shown  # the plan
-            assert "What tester's calls get now" in shown
+            assert "What tester's calls would get, as handler explain says" in shown
             assert "the rule for action echo_say says block" in shown
             explained.append(html.unescape(re.findall(r'<pre class="explain">(.*?)</pre>', checked.text, re.S)[0]))
             assert profile.read_text() == before  # nothing yet
@@ -507,7 +507,7 @@ def test_each_governance_form_writes_what_its_cli_command_writes_and_the_tree_va
             checked, done = await checked_then_confirmed(http, "/profiles", {
                 "csrf": token, "name": "reviewer", "template": "restrictive", "from": "tester", "copy": "1"})
             assert "profile reviewer (added)" in checked
-            assert "What reviewer's calls get now" in checked
+            assert "What reviewer's calls would get" in checked
             assert "echo_write on profile reviewer" in checked
             assert "Wrote config/profiles/reviewer.toml , work/reviewer/.gitkeep" in done
             bad = await http.post("/profiles/tester/caps", data={"csrf": token, "scope": "profile", "amount": "ten"})
