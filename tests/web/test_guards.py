@@ -298,7 +298,8 @@ def test_without_signing_in_no_page_shows_a_held_call_or_the_status_on_loopback_
     async def scenario() -> None:
         async with listening(shipped_tree, store=store_url(shipped_tree), snapshot=snapshot) as port, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            for path in ("/", "/approvals", f"/approvals/{held}", "/catalog", "/profiles/auditor", "/status"):
+            for path in ("/", "/approvals", f"/approvals/{held}", "/catalog", "/profiles/auditor", "/status", "/audit",
+                         "/spend", "/calls", "/changes"):
                 refused = await http.get(path)
                 assert refused.status_code == 401, (path, refused.text)
                 assert "q0" not in refused.text, path
