@@ -93,7 +93,8 @@ def _add_governance_commands(sub: Any, psub: Any) -> None:
                       "config/templates/")
     made.add_argument("--from", dest="source", metavar="PROFILE", help="copy this profile's governance and services")
     _add_common(made, base_flag="--base")  # --from names the profile copied here
-    made.set_defaults(run=lambda a: _apply(a, lambda f: create_profile(f, a.name, a.template, source=a.source)))
+    made.set_defaults(run=lambda a: _apply(a, lambda f: create_profile(f, a.name, a.template, source=a.source),
+                                           a.name))
 
     rule = _actions(sub, "rule", "a per-action rule of a profile: allow, approve or block one tool (or interface)")
     for verb in ("set", "unset"):

@@ -261,6 +261,8 @@ def test_a_governance_command_writes_a_valid_file_prints_the_plan_and_explain_ag
     assert re.fullmatch(rf"{tool} on profile {profile} at \$[0-9.]+: {decided} \(decision: \w+\)", verdict), verdict
     said = [line for line in done.stdout.splitlines() if line.startswith(f"{tool} on profile {profile} at")]
     assert [line.split(": ", 1)[1] for line in said] in ([], [verdict.split(": ", 1)[1]])  # the same decision
+    if words[:2] == ["profile", "create"]:
+        assert said, done.stdout  # a new profile's every call is one its creation decides
 
 
 def test_a_cap_and_a_rule_unset_are_written_where_they_belong_with_comments_kept(example: Path) -> None:
