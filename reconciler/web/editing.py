@@ -9,7 +9,9 @@ Forms: `POST /profiles/<name>` (`profile use`) and `POST /connectors/<name>/bind
 make their change with `config.editing`, the code of the CLI's commands, and hand it to the desk's
 `Proposer` (`gitops.proposals`), which checks it where the service reads its tree and, when clean,
 writes the files (work tree) or commits a new branch in the mirror and pushes it (git). The page then
-shows the findings that keep the change out, each with its `fix:`, or the plan and where it went. Each
+shows the findings that keep the change out, each with its `fix:`, or the plan (for a profile, with the
+decisions it moves, as `handler explain` gives them) and where it went; after *Check only*, a button that
+sends the same fields again to make the change. Each
 form needs an owner's sign-in and its session's `csrf` token (`owners.OwnerDoor`); a secret slot takes
 an `env` or `file` reference by name alone (`config.editing.FORM_SECRET_KINDS`).
 """
@@ -145,7 +147,7 @@ class ConfigPages:
                 for interface, binding in uses if binding in down]
         return await self.propose(request, owner, lambda files: use_bindings(files, name, uses),
                                   topic=f"profile-{name}", back=back, check_only=form.get("action") == "check",
-                                  said=said, confirm=resent(form))
+                                  said=said, explained=name, confirm=resent(form))
 
     async def binding_create(self, request: Request) -> Response:
         """A connector's "new binding" form: `binding create`, with secrets as env or file references only."""
@@ -196,7 +198,7 @@ class ConfigPages:
             "brought": [f.to_dict() for f in checked.brought_errors],
             "standing": [f.to_dict() for f in checked.standing_errors],
             "warnings": [f.to_dict() for f in checked.new_findings if not f.is_error], "said": list(said),
-            "decisions": _decisions(checked, explained), "explained": explained,
+            "decisions": await asyncio.to_thread(_decisions, checked, explained), "explained": explained,
             "confirm": confirm, "csrf": self.door.csrf(request), "target": request.url.path}
         if not checked.ok:
             return self.pages.page("change.html", request, status_code=422, outcome="refused", **page)

@@ -500,6 +500,10 @@ def test_each_governance_form_writes_what_its_cli_command_writes_and_the_tree_va
             checked, _ = await checked_then_confirmed(http, "/profiles/tester/routing",
                                                       {"csrf": token, "to": "member:bob"})
             assert "approver: member bob" in checked
+            refused = await http.post("/profiles/tester/routing", data={"csrf": token, "to": "none", "action": "check"})
+            assert refused.status_code == 422  # nobody to decide beside a pin: the checks keep it out
+            assert "P006" in text(refused)
+            assert 'id="confirm"' not in refused.text  # and nothing to confirm
             checked, _ = await checked_then_confirmed(http, "/profiles/tester/caps",
                                                       {"csrf": token, "scope": "instance", "amount": "2.5"})
             assert "No call of tester is decided otherwise" in checked  # a cap's effect is in the plan
