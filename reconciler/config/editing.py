@@ -34,7 +34,7 @@ from reconciler.config.loading import Loader
 from reconciler.config.models import SecretRef
 from reconciler.config.planning import Plan, plan_changes, toml_value
 from reconciler.config.snapshot import Snapshot
-from reconciler.config.sources import Blob, TreeSource, blob_sha, path_prefixes, tree_revision
+from reconciler.config.sources import TREE_FOLDERS, Blob, TreeSource, blob_sha, path_prefixes, tree_revision
 
 __all__ = [
     "FORM_SECRET_KINDS",
@@ -343,7 +343,10 @@ def check_change(revision: str, files: Mapping[str, Blob], change: Change) -> Ch
     """The tree (`files` at `revision`, as a `TreeSource` reads it) before and after `change`, checked, and the
     plan from one to the other."""
     after_files = dict(files)
+    read = tuple(f"{folder}/" for folder in TREE_FOLDERS)
     for path, text in change.files.items():
+        if not path.startswith(read):  # written beside the tree (a new profile's work folder), never read as config
+            continue
         data = text.encode("utf-8")
         after_files[path] = Blob(path, blob_sha(data), data)
     loader = Loader()  # one loader: what the change leaves alone loads once, and the plan skips it

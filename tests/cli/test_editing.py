@@ -252,6 +252,7 @@ def test_a_governance_command_writes_a_valid_file_prints_the_plan_and_explain_ag
         example: Path, words: list[str], profile: str, tool: str, decided: str) -> None:
     done = _handler(*words, "--root", str(example))
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning" not in done.stdout  # a new profile's work folder is written beside the tree, not read as config
     assert _handler("validate", "--root", str(example)).returncode == 0
     plan = _handler("plan", "--base", "HEAD", "--root", str(example))
     assert _plan_body(done.stdout) == _plan_body(plan.stdout), (done.stdout, plan.stdout)
