@@ -14,10 +14,12 @@ its failures onto the interface's errors) and hands the rest to `serve`:
 
 What `tools/list` answers is the interface's `tools.json`, read where the router shows the interfaces (the
 folder `HANDLER_INTERFACES` names; else the `catalog/interfaces` above the connector's folder), never a copy in
-the connector. An error result is `isError` with `{"error": code, "message": ...}`, the code one of the
-interface's `[errors]` or `invalid_arguments`, and `_meta["handler/retry"]` when the connector says whether
-calling again can help. Where the kit lives and how a connector's own environment gets it:
-docs/conformance.md "Writing a connector on the kit". Standard library and the MCP SDK only.
+the connector; the arguments a handler gets have passed the tool's `inputSchema` (the router checks them too; a
+connector run on its own, by any MCP client, checks them here). An error result is `isError` with
+`{"error": code, "message": ...}`, the code one of the interface's `[errors]` or `invalid_arguments`, and
+`_meta["handler/retry"]` when the connector says whether calling again can help. Where the kit lives and how a
+connector's own environment gets it: docs/conformance.md "Writing a connector on the kit". It imports the
+standard library and the MCP SDK (with jsonschema, which the SDK requires) only.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import jsonschema
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
@@ -89,6 +92,29 @@ class Interface:
     def tool_names(self) -> frozenset[str]:
         return frozenset(tool.name for tool in self.tools)
 
+    def checkers(self) -> dict[str, jsonschema.protocols.Validator]:
+        """Each tool's `inputSchema` as a validator (its own `$schema`'s draft, 2020-12 by default)."""
+        found = {}
+        for tool in self.tools:
+            cls = jsonschema.validators.validator_for(tool.input_schema, default=jsonschema.Draft202012Validator)
+            found[tool.name] = cls(tool.input_schema)
+        return found
+
+
+def check_arguments(tool: str, checker: jsonschema.protocols.Validator, args: dict[str, Any]) -> None:
+    """Raise `invalid_arguments` naming the first field of `args` that breaks the tool's `inputSchema` and the rule
+    it breaks (never the value: it may be long or private)."""
+    error = next(iter(checker.iter_errors(args)), None)
+    if error is None:
+        return
+    where = "/".join(str(p) for p in error.absolute_path) or "the arguments"
+    if error.validator in ("required", "additionalProperties"):  # these messages name properties, not values
+        rule = error.message[:200]
+    else:
+        rule = f"the inputSchema's {error.validator} {json.dumps(error.validator_value)[:200]}"
+    raise InterfaceError("invalid_arguments", f"{tool}: {where} breaks {rule}; fix that argument and call again",
+                         "never")
+
 
 def find_interface(key: str, near: Path | None = None) -> Interface:
     """The interface `key` ("name/vN"): in the folder `HANDLER_INTERFACES` names, else in the first
@@ -126,6 +152,7 @@ def build_server(interface: Interface, name: str, handlers: Mapping[str, Handler
         raise ValueError(f"{name} answers {sorted(handlers)} but {interface.key} has the tools "
                          f"{sorted(interface.tool_names())}; give one handler per tool of the interface")
     closed = interface.errors | ROUTER_CODES
+    checkers = interface.checkers()
 
     async def list_tools(ctx: ServerRequestContext[Any],
                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -137,7 +164,9 @@ def build_server(interface: Interface, name: str, handlers: Mapping[str, Handler
             return error_result("unavailable", f"this connector has no tool '{params.name[:100]}'; call one of "
                                 f"{', '.join(sorted(handlers))}")
         try:
-            reply = await handler(dict(params.arguments or {}))
+            args = dict(params.arguments or {})
+            check_arguments(params.name, checkers[params.name], args)
+            reply = await handler(args)
         except InterfaceError as exc:
             if exc.code not in closed:
                 log.error("%s raised '%s', which %s does not declare; sent as unavailable", params.name, exc.code,
@@ -167,9 +196,12 @@ def log_to_stderr() -> None:
 
 
 def serve(interface: str, name: str, handlers: Mapping[str, Handler], *, failed: str,
-          start: Callable[[], Awaitable[None]] | None = None, near: Path | None = None) -> None:
+          start: Callable[[], Awaitable[None]] | None = None, problem: str = "", near: Path | None = None) -> None:
     """A connector's main loop: log to stderr, find `interface`, run `start`, then serve `handlers` over stdio
-    until the router closes them. `failed` is what the model reads when a handler fails unexpectedly."""
+    until the router closes them. `failed` is what the model reads when a handler fails unexpectedly; `problem`,
+    what is wrong with the binding's settings (logged once: its calls say it too)."""
     log_to_stderr()
+    if problem:
+        log.error("%s; every call will fail until the binding is fixed", problem)
     found = find_interface(interface, near)
     anyio.run(serve_stdio, build_server(found, name, handlers, failed=failed), start)

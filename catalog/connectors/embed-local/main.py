@@ -32,7 +32,6 @@ from handler_kit import Handler, InterfaceError, Reply, log_to_stderr, serve
 
 log = logging.getLogger("embed-local")
 
-MAX_TEXTS, MAX_TEXT = 64, 20000  # embed/v1's bounds
 BATCH = 32  # texts per forward pass
 THREADS = max(1, min(4, os.cpu_count() or 1))
 
@@ -72,19 +71,10 @@ class Engine:
         return {"vectors": vectors, "dimensions": len(vectors[0])}
 
 
-def arguments(args: dict[str, Any]) -> list[str]:
-    texts = args.get("texts")
-    if (not isinstance(texts, list) or not 1 <= len(texts) <= MAX_TEXTS
-            or not all(isinstance(t, str) and 1 <= len(t) <= MAX_TEXT for t in texts)):
-        raise InterfaceError("invalid_arguments", f"texts must be 1 to {MAX_TEXTS} strings of 1 to {MAX_TEXT} "
-                             "characters")
-    return texts
-
-
 def embed_texts(engine: Engine) -> Handler:
     async def handle(args: dict[str, Any]) -> Reply:
         try:
-            output = await anyio.to_thread.run_sync(engine.embed, arguments(args))
+            output = await anyio.to_thread.run_sync(engine.embed, args["texts"])
         except MemoryError:
             raise InterfaceError("limit", "embedding these texts needs more memory than this connector may use; "
                                  "send fewer or shorter texts per call") from None

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import httpx
-from handler_kit import Handler, InterfaceError, Reply, log_to_stderr, serve
+from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("embed-openai")
 
@@ -40,7 +40,7 @@ DEFAULT_BASE_URL = "https://api.openai.com"
 EMBEDDINGS_PATH = "/v1/embeddings"
 CALL_SECONDS = 55.0  # every batch of a call, under embed/v1's limits.timeoutSeconds (60)
 TIMEOUT = httpx.Timeout(50.0, connect=10.0)
-MAX_TEXTS, MAX_TEXT = 64, 20000
+MAX_TEXTS = 64  # the most texts a call of embed/v1 sends, so the most a batch need hold
 DEFAULT_BATCH = 32
 MAX_BODY = 64 * 1024 * 1024  # bytes read of an answer at most: 64 vectors of a few thousand floats as JSON
 MAX_ERROR_BODY = 64 * 1024  # bytes read of an error answer, to tell a too-long text from another refusal
@@ -226,18 +226,9 @@ async def embed(texts: list[str], settings: Settings) -> dict[str, Any]:
     return {"vectors": vectors, "dimensions": len(vectors[0])}
 
 
-def arguments(args: dict[str, Any]) -> list[str]:
-    texts = args.get("texts")
-    if (not isinstance(texts, list) or not 1 <= len(texts) <= MAX_TEXTS
-            or not all(isinstance(t, str) and 1 <= len(t) <= MAX_TEXT for t in texts)):
-        raise InterfaceError("invalid_arguments", f"texts must be 1 to {MAX_TEXTS} strings of 1 to {MAX_TEXT} "
-                             "characters")
-    return texts
-
-
 def embed_texts(settings: Settings) -> Handler:
     async def handle(args: dict[str, Any]) -> Reply:
-        output = await embed(arguments(args), settings)
+        output = await embed(args["texts"], settings)
         return Reply(output, f"{len(output['vectors'])} vectors of {output['dimensions']} dimensions")
 
     return handle
@@ -246,10 +237,7 @@ def embed_texts(settings: Settings) -> Handler:
 def main() -> None:
     settings = Settings.from_env(os.environ)
     problem = check_base_url(settings.base_url) or ("" if settings.model else "EMBED_MODEL is not set")
-    if problem:
-        log_to_stderr()
-        log.error("%s; every call will fail until the binding is fixed", problem)
-    serve("embed/v1", "embed-openai", {"embed_texts": embed_texts(settings)},
+    serve("embed/v1", "embed-openai", {"embed_texts": embed_texts(settings)}, problem=problem,
           failed="embedding failed unexpectedly; retrying later may work")
 
 

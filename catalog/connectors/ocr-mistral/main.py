@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from handler_kit import Handler, InterfaceError, Reply, log_to_stderr, serve
+from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("ocr-mistral")
 
@@ -164,10 +164,7 @@ async def extract(path: Path, api_key: str, model: str = DEFAULT_MODEL) -> dict[
 
 def ocr_extract(api_key: str, model: str) -> Handler:
     async def handle(args: dict[str, Any]) -> Reply:
-        path = args.get("path")
-        if not isinstance(path, str):
-            raise InterfaceError("unsupported_format", "no file was named (path is required)")
-        output = await extract(Path(path), api_key, model)
+        output = await extract(Path(args["path"]), api_key, model)
         return Reply(output, "\n\f\n".join(page["text"] for page in output["pages"]))
 
     return handle
@@ -175,11 +172,9 @@ def ocr_extract(api_key: str, model: str) -> Handler:
 
 def main() -> None:
     api_key = os.environ.get("MISTRAL_API_KEY", "").strip()
-    if not api_key:
-        log_to_stderr()
-        log.error("MISTRAL_API_KEY is not set; every call will fail (see PROVISIONING.md)")
     model = os.environ.get("MISTRAL_OCR_MODEL", "").strip() or DEFAULT_MODEL
     serve("ocr/v1", "ocr-mistral", {"ocr_extract": ocr_extract(api_key, model)},
+          problem="" if api_key else "MISTRAL_API_KEY is not set (see PROVISIONING.md)",
           failed="the OCR connector failed on this file; retrying later may work")
 
 

@@ -162,10 +162,7 @@ def page_from_tsv(tsv: str) -> dict[str, Any]:
 
 def ocr_extract(engine: Engine) -> Handler:
     async def handle(args: dict[str, Any]) -> Reply:
-        path, languages = args.get("path"), args.get("languages")
-        if not isinstance(path, str):
-            raise InterfaceError("invalid_arguments", "path is required")
-        output = await engine.extract(Path(path), languages if isinstance(languages, list) else None)
+        output = await engine.extract(Path(args["path"]), args.get("languages"))
         return Reply(output, "\n\f\n".join(page["text"] for page in output["pages"]))
 
     return handle

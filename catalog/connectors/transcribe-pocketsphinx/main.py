@@ -201,11 +201,7 @@ def _segment(words: list[tuple[str, int, int]]) -> dict[str, Any]:
 
 def transcribe_audio(engine: Engine) -> Handler:
     async def handle(args: dict[str, Any]) -> Reply:
-        path, language = args.get("path"), args.get("language")
-        if not isinstance(path, str):
-            raise InterfaceError("invalid_arguments", "path is required")
-        output = await anyio.to_thread.run_sync(engine.transcribe, Path(path),
-                                                language if isinstance(language, str) else None)
+        output = await anyio.to_thread.run_sync(engine.transcribe, Path(args["path"]), args.get("language"))
         return Reply(output, output["text"])
 
     return handle

@@ -25,7 +25,6 @@ from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("tts-espeak")
 
-MAX_TEXT = 5000  # tts/v1's maxLength for `text`
 MAX_VOICE = 100  # and for `voice`
 TIMEOUT_SECONDS = 50.0  # under the interface's 60 s, so the agent hears why rather than a timeout
 MAX_STDERR = 64 * 1024
@@ -149,12 +148,7 @@ def describe_wav(path: Path) -> dict[str, Any]:
 
 def tts_synthesize(engine: Engine) -> Handler:
     async def handle(args: dict[str, Any]) -> Reply:
-        text, output, voice = args.get("text"), args.get("outputPath"), args.get("voice")
-        if not isinstance(text, str) or not text or len(text) > MAX_TEXT or not isinstance(output, str):
-            raise InterfaceError("unavailable", f"text (1 to {MAX_TEXT} characters) and outputPath are required")
-        if voice is not None and not isinstance(voice, str):
-            raise InterfaceError("voice_unknown", "voice must be a voice name, such as 'en-us'")
-        result = await engine.synthesize(text, Path(output), voice)
+        result = await engine.synthesize(args["text"], Path(args["outputPath"]), args.get("voice"))
         return Reply(result, f"saved {result['durationSeconds']} seconds of speech ({result['bytes']} bytes)")
 
     return handle

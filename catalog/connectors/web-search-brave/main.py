@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 import httpx
-from handler_kit import Handler, InterfaceError, Reply, log_to_stderr, serve
+from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("web-search-brave")
 
@@ -31,7 +31,7 @@ BASE_URL = "https://api.search.brave.com"
 SEARCH_PATH = "/res/v1/web/search"
 TIMEOUT_SECONDS = 20.0  # under web-search/v1's 30-second call limit
 MAX_BODY = 4 * 1024 * 1024  # bytes read from an answer at most; a page of 20 results is tens of KiB
-MAX_RESULTS, DEFAULT_RESULTS = 20, 10
+DEFAULT_RESULTS = 10  # web-search/v1: when maxResults is omitted
 MAX_FIELD = 2000  # characters kept of a title or a snippet
 _SAFESEARCH = ("off", "moderate", "strict")
 _COUNTRY = re.compile(r"^[A-Za-z]{2}$")
@@ -161,18 +161,11 @@ async def search(query: str, max_results: int, settings: Settings) -> dict[str, 
     return {"results": results_from(answer, max_results)}
 
 
-def arguments(args: dict[str, Any]) -> tuple[str, int]:
-    query, count = args.get("query"), args.get("maxResults", DEFAULT_RESULTS)
-    if not isinstance(query, str) or not query.strip() or len(query) > 400:
-        raise InterfaceError("invalid_arguments", "query must be between 1 and 400 characters")
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_RESULTS:
-        raise InterfaceError("invalid_arguments", "maxResults must be a whole number from 1 to 20")
-    return query, count
-
-
 def web_search_query(settings: Settings) -> Handler:
     async def handle(args: dict[str, Any]) -> Reply:
-        query, count = arguments(args)
+        query, count = args["query"], args.get("maxResults", DEFAULT_RESULTS)
+        if not query.strip():
+            raise InterfaceError("invalid_arguments", "query is only spaces; say what to search for")
         output = await search(query, count, settings)
         text = "\n\n".join(f"{r['title']}\n{r['url']}\n{r['snippet']}".strip() for r in output["results"])
         return Reply(output, text or "no results")
@@ -182,10 +175,8 @@ def web_search_query(settings: Settings) -> Handler:
 
 def main() -> None:
     settings = Settings.from_env(os.environ)
-    if not settings.api_key:
-        log_to_stderr()
-        log.error("BRAVE_API_KEY is not set; every search will fail until the binding provides it")
     serve("web-search/v1", "web-search-brave", {"web_search_query": web_search_query(settings)},
+          problem="" if settings.api_key else "BRAVE_API_KEY is not set",
           failed="the search failed unexpectedly; retrying later may work")
 
 
