@@ -8,7 +8,9 @@ launch is everything that process gets and nothing more:
   its socket folder; removed when the process stops;
 - the confined environment: the connector's declared settings (the binding's value, else the
   manifest's default) and secrets (resolved now, from the binding's references), plus PATH, LANG
-  and HOME; nothing else of the router's environment;
+  and HOME, and what a connector on the connector kit reads (`kit_env`: `HANDLER_INTERFACES`, the
+  tree's interfaces, and the kit's folder as PYTHONPATH, both in its view); nothing else of the router's
+  environment;
 - its sandbox (`sandbox.entering` and `sandbox.boxed`): the view `box_view` computes, its call space
   (`callspace`: a tmpfs of its `diskMb`, which the router reaches through the sandbox's root), a
   size-capped `/tmp` as HOME; its socket folder writable only for a socket connector (the relay only
