@@ -24,9 +24,11 @@ from conformance.pages import page_addresses
 from conformance.results import RESULTS_FOLDER, parse_results, read_results
 from conformance.workspace import find_helpers
 from reconciler.config import Connector, FolderSource, GitSource, Loader, Snapshot
+from reconciler.places import KIT_PACKAGE
 
 __all__ = ["STAND_IN", "Recheck", "changed_connectors", "new_runs", "verify_reruns"]
 
+KIT_FOLDER = f"kit/{KIT_PACKAGE}"  # where the service's repository keeps the connector kit
 STAND_IN = ":stand-in"  # in `catalog changed`'s binding column: the test suite's stand-in check runs it
 _OUTCOME = ("cases", "fuzz", "refuse", "cases_pass", "fuzzing_pass")
 
@@ -55,13 +57,15 @@ def runs_here(connector: Connector, snapshot: Snapshot) -> bool:
 
 
 def changed_connectors(root: Path, base: str | None) -> list[Recheck]:
-    """Each connector whose folder, interfaces, bindings or result file changed since the git ref `base` (with no
+    """Each connector whose folder, interfaces, bindings, result file or connector kit (for one written on it: the
+    tree's own `kit/`, where the tree is the service's repository) changed since the git ref `base` (with no
     base: every connector), egress included: one that reaches a vendor is checked against its stand-in (the
     binding column says `:stand-in`), the built-in llm connector by its own tests (it has no process to check)."""
     head = Loader().load(FolderSource(root))
     source = GitSource.for_folder(root, base) if base else None
     before = Loader().load(source) if source is not None else Loader().load(_Empty())
     changed: list[Recheck] = []
+    kit_moved = source is not None and _kit_changed(root, source)
     for name, connector in sorted(head.connectors.items()):
         if connector.spec.run.builtin:
             continue
@@ -70,7 +74,7 @@ def changed_connectors(root: Path, base: str | None) -> list[Recheck]:
         # A transcriber that judges its cases (find_helpers) is part of what its results rest on.
         implemented = tuple(head.interfaces[k] for k in connector.spec.implements if k in head.interfaces)
         judges = find_helpers(head, implemented)
-        moved = (_hash(before.connectors, name) != connector.content_hash
+        moved = (_hash(before.connectors, name) != connector.content_hash or (kit_moved and on_kit(root, connector))
                  or any(_hash(before.interfaces, key) != _hash(head.interfaces, key)
                         for key in connector.spec.implements)
                  or any(_hash(before.connectors, j.connector.spec.name) != j.connector.content_hash
@@ -179,6 +183,18 @@ def _runs_at(source: GitSource, name: str) -> list[dict[str, Any]]:
         return parse_results(data, f"{RESULTS_FOLDER}/{name}.json at {source.ref}")
     except ListingError:
         return []  # an unreadable base file holds no run a change could keep
+
+
+def on_kit(root: Path, connector: Connector) -> bool:
+    """Whether the connector is written on the connector kit: Python of its folder imports it."""
+    return any(KIT_PACKAGE in path.read_text(errors="replace") for path in (root / connector.folder).rglob("*.py"))
+
+
+def _kit_changed(root: Path, source: GitSource) -> bool:
+    """Whether a file of the kit in the tree (`kit/handler_kit/`) differs from the same file at the base."""
+    folder = root / KIT_FOLDER
+    files = sorted(folder.rglob("*.py")) if folder.is_dir() else []
+    return any(_blob_at(source, path.relative_to(root).as_posix()) != path.read_bytes() for path in files)
 
 
 def _file_changed(root: Path, source: GitSource, name: str) -> bool:

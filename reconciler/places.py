@@ -1,6 +1,8 @@
 """Where the service keeps its sockets and its state: the defaults of docs/architecture.md §3, in one place.
 
-Connectors' own Python environments are built under `$XDG_CACHE_HOME/handler/envs` (`default_envs_dir`).
+Connectors' own Python environments are built under `$XDG_CACHE_HOME/handler/envs` (`default_envs_dir`). The
+connector kit (`handler_kit`) is in `kit_folder()`, a folder holding it alone, which the launcher binds read-only
+into a connector's sandbox and puts on its PYTHONPATH; `kit_hash()` is the version a conformance result covers.
 
 `HANDLER_RUN_DIR` (sockets, per-call folders) defaults to `$XDG_RUNTIME_DIR/handler`, else
 `/tmp/handler-$UID`: short, since a unix socket path holds at most ~107 bytes. `HANDLER_STATE_DIR`
@@ -25,6 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import hashlib
+import importlib.util
 import itertools
 import os
 import pwd
@@ -33,6 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = [
+    "KIT_PACKAGE",
     "MAX_SOCKET_PATH",
     "PRIVATE_DIR_MODE",
     "PRIVATE_FILE_MODE",
@@ -42,6 +48,8 @@ __all__ = [
     "default_run_dir",
     "default_state_dir",
     "ensure_private_dir",
+    "kit_folder",
+    "kit_hash",
     "not_a_folder",
     "open_private_file",
     "remove_tree",
@@ -50,6 +58,32 @@ __all__ = [
     "socket_too_long",
     "why_unreachable",
 ]
+
+KIT_PACKAGE = "handler_kit"
+
+
+@functools.cache
+def kit_folder() -> Path | None:
+    """The folder holding the connector kit's package (what a connector's PYTHONPATH names), found without
+    importing it; None when the kit is not installed beside the service."""
+    spec = importlib.util.find_spec(KIT_PACKAGE)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).resolve().parent.parent
+
+
+@functools.cache
+def kit_hash() -> str:
+    """The kit's version as its files' digest: what a connector written on it runs, so its conformance result's
+    hash covers it (`config.loading`). Empty when the kit is not installed."""
+    folder = kit_folder()
+    if folder is None:
+        return ""
+    digest = hashlib.sha256()
+    for path in sorted((folder / KIT_PACKAGE).rglob("*.py")):
+        digest.update(f"{path.relative_to(folder)}\0".encode() + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
 
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, one of them the terminating NUL
 PRIVATE_DIR_MODE = 0o700

@@ -56,6 +56,7 @@ from reconciler.config.snapshot import (
     frozen_map,
 )
 from reconciler.config.sources import MAX_FILE_BYTES, Blob, FolderSource, TreeSource
+from reconciler.places import KIT_PACKAGE, kit_hash
 
 __all__ = ["Loader", "load_snapshot"]
 
@@ -261,7 +262,8 @@ class Loader:
                 continue  # a folder of shared code, not a connector
             spec = self._take(gathered, manifest, partial(_connector, name=name))
             if spec is not None:
-                connectors[name] = Connector(spec, f"catalog/connectors/{name}", _folder_hash(group), frozenset(group))
+                connectors[name] = Connector(spec, f"catalog/connectors/{name}", _connector_hash(group),
+                                             frozenset(group))
         return connectors
 
 
@@ -279,6 +281,14 @@ def _connector(doc: Document, value: Any, name: str) -> _Parsed:
     parsed = _model(doc, value, ConnectorFile, check_connector_file, name)
     parsed.findings[:0] = s1
     return parsed
+
+
+def _connector_hash(files: Mapping[str, Blob]) -> str:
+    """A connector folder's hash; for one written on the connector kit, the kit's version too, so a conformance
+    result (which names this hash) covers the kit it ran on."""
+    on_kit = any(path.endswith(".py") and KIT_PACKAGE.encode() in blob.data for path, blob in files.items())
+    folder = _folder_hash(files)
+    return hashlib.sha256(f"{folder}:kit:{kit_hash()}".encode()).hexdigest() if on_kit else folder
 
 
 def _folder_hash(files: Mapping[str, Blob]) -> str:

@@ -4,6 +4,8 @@ The supervisor of a binding's process calls `check_tools` once per start (`find_
 `wrapping.check_wrap` for a wrap). A tool of a claimed interface that the connector does not offer fails the
 start (every call of it would fail). A tool whose description or schemas differ from the interface's is drift:
 logged and kept in the binding's status, never shown to agents, who see only the interface's `tools.json` (S1).
+A connector on the connector kit lists the interface's own `tools.json` and cannot drift; the check is for the
+others: a wrapped server, a connector written without the kit or in another language.
 """
 
 from __future__ import annotations

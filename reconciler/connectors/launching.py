@@ -8,7 +8,9 @@ launch is everything that process gets and nothing more:
   its socket folder; removed when the process stops;
 - the confined environment: the connector's declared settings (the binding's value, else the
   manifest's default) and secrets (resolved now, from the binding's references), plus PATH, LANG
-  and HOME; nothing else of the router's environment;
+  and HOME, and what a connector on the connector kit reads (`kit_env`: `HANDLER_INTERFACES`, the
+  tree's interfaces, and the kit's folder as PYTHONPATH, both in its view); nothing else of the router's
+  environment;
 - its sandbox (`sandbox.entering` and `sandbox.boxed`): the view `box_view` computes, its call space
   (`callspace`: a tmpfs of its `diskMb`, which the router reaches through the sandbox's root), a
   size-capped `/tmp` as HOME; its socket folder writable only for a socket connector (the relay only
@@ -70,10 +72,10 @@ from reconciler.connectors.sandbox import (
 )
 from reconciler.connectors.secrets import resolve_secret
 from reconciler.connectors.stderrlog import StderrLog
-from reconciler.places import PrivatePlaceError, ensure_private_dir, remove_tree
+from reconciler.places import PrivatePlaceError, ensure_private_dir, kit_folder, remove_tree
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
-__all__ = ["Launch", "box_view", "declared_env", "effective_egress", "limited_command",
+__all__ = ["Launch", "box_view", "declared_env", "effective_egress", "kit_env", "limited_command",
            "prepare_launch", "raw_forwards", "resolve_command"]
 
 log = logging.getLogger("handler.connector")
@@ -204,6 +206,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
         env = confined_env(declared, _SANDBOX_HOME, tmp=_SANDBOX_HOME, system_path=True)
     if support is None:  # unconfined: its Pythons keep compiled files in its private folder (sandboxed: see box_view)
         env["PYTHONPYCACHEPREFIX"] = str(Path(env["TMPDIR"]) / PYCACHE)
+    env.update(kit_env(root))
     launch = Launch(LaunchSpec(name=binding_name, command=(), cwd=str(folder), env=env), folder, secrets=secrets,
                     host_uid=uid)
     try:  # whatever stops the start, the folder (and proxy, cgroups) made for it go
@@ -229,6 +232,16 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
                              start_timeout=run.startSeconds, max_line_bytes=max_line_bytes, on_stderr=stderr.feed,
                              socket_path=socket_path, mask=stderr.mask, handoff=launch.handoff)
     return launch
+
+
+def kit_env(root: Path) -> dict[str, str]:
+    """What a connector written on the kit reads: the interfaces' folder (`HANDLER_INTERFACES`) and the kit's
+    folder on its PYTHONPATH (both bound read-only into its sandbox by `box_view`), whichever Python it runs on."""
+    env = {"HANDLER_INTERFACES": str((root / "catalog/interfaces").absolute())}
+    kit = kit_folder()
+    if kit is not None:
+        env["PYTHONPATH"] = str(kit)
+    return env
 
 
 def _meet_needs(connector: Connector, binding_name: str, env: dict[str, str]) -> None:
@@ -304,11 +317,12 @@ def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequenc
              files: Mapping[str, str], readable_too: Sequence[Path] = ()) -> BoxView:
     """What the connector sees beyond the system (see `sandbox`): its connector's folder, the interfaces (the
     contracts, public), the Python it runs on and the service's code (for the relay and the wrapper), the
+    connector kit's folder, the
     program it names, read-only; `writable`. Nothing else of the config tree: not the profiles, not the
     other bindings, not another connector's code."""
     connector = snapshot.connectors[snapshot.bindings[binding_name].connector or ""]
     readable = [root / connector.folder, root / "catalog/interfaces", _CODE, Path(sys.prefix), Path(sys.base_prefix),
-                *readable_too]
+                *filter(None, [kit_folder()]), *readable_too]
     environment = environment_path(connector)
     if environment is not None:  # its own Python environment, and the installation its bin/python links to
         readable += [environment, *filter(None, [runtime_home(environment)])]

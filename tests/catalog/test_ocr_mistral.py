@@ -22,7 +22,6 @@ import pytest
 
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
-from tests.fixtures.vendor_trees import listed_tools
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/ocr-mistral"
@@ -205,10 +204,6 @@ def test_the_stand_in_refuses_a_wrong_shape(mistral: ModuleType, monkeypatch: py
     assert Mistral.refused == ["document"]
     assert error_of(mistral, FIXTURES / "invoice.pdf", key="wrong")[0] == "unavailable"
     assert Mistral.refused == ["document", "auth"]
-
-
-def test_its_tools_list_is_ocr_v1_word_for_word() -> None:
-    assert listed_tools(CONNECTOR / "main.py", {"MISTRAL_API_KEY": KEY}) == [CONTRACT]
 
 
 def test_through_the_router(shipped_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:

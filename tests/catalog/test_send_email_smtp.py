@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import shutil
 import sys
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from tests.fixtures.harness import RawClient, body, serving, short_dir
 from tests.fixtures.mail import free_port, self_signed, starttls_server
-from tests.fixtures.vendor_trees import listed_tools, passing_check
+from tests.fixtures.vendor_trees import passing_check
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/send-email-smtp"
@@ -156,11 +155,6 @@ def test_an_untrusted_certificate_is_unavailable(tls_server: tuple[Mailbox, int]
     code, message = refusal(port, {"to": ["alice@example.org"], "subject": "Hi", "body": "Hello.\n"})
     assert (code, "certificate" in message) == ("unavailable", True)
     assert mailbox.received == []
-
-
-def test_its_tools_list_is_send_email_v1_word_for_word() -> None:
-    tools = listed_tools(CONNECTOR / "main.py", {})
-    assert tools == json.loads((REPO / "catalog/interfaces/send-email/v1/tools.json").read_text())
 
 
 BINDING = """apiVersion = "handler.binding/v1"

@@ -21,6 +21,7 @@ from mcp.client.stdio import StdioServerParameters
 from reconciler.cli import main as handler
 from reconciler.config import FolderSource, Loader
 from reconciler.connectors.environments import environment_path
+from reconciler.connectors.launching import kit_env
 from tests.fixtures.vendor_trees import passing_check
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def python() -> Path:
 
 def calls(python: Path, *arguments: dict[str, Any]) -> list[Any]:
     params = StdioServerParameters(command=str(python), args=[str(CONNECTOR / "main.py")], cwd=str(CONNECTOR),
-                                   env={"PATH": "/usr/bin:/bin"})
+                                   env={"PATH": "/usr/bin:/bin", **kit_env(REPO)})
 
     async def called() -> list[Any]:
         async with Client(params) as client:

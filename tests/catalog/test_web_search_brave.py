@@ -23,7 +23,6 @@ import pytest
 
 from tests.fixtures.harness import RawClient, body, run, serving, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
-from tests.fixtures.vendor_trees import listed_tools
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTOR = REPO / "catalog/connectors/web-search-brave/main.py"
@@ -201,7 +200,3 @@ def test_through_the_router(shipped_tree: Path, monkeypatch: pytest.MonkeyPatch)
     # The shipped binding's settings reach Brave.
     assert StandIn.seen[0]["country"] == ["US"]
     assert StandIn.seen[0]["safesearch"] == ["moderate"]
-
-
-def test_its_tools_list_is_web_search_v1_word_for_word() -> None:
-    assert listed_tools(CONNECTOR, {"BRAVE_API_KEY": KEY}) == [TOOL]

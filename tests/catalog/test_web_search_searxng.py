@@ -31,7 +31,6 @@ from tests.fixtures.loopback import QuietHandler, serving_http
 from tests.fixtures.vendor_trees import (
     calls_through_router,
     egress_of,
-    listed_tools,
     passing_check,
     stand_in_record,
     stand_in_replay,
@@ -260,10 +259,6 @@ def test_a_missing_or_bad_instance_address_is_unavailable_without_a_request(sear
     assert (code, says in message) == ("unavailable", True)
     assert "pw" not in message
     assert SearXNG.seen == SearXNG.refused == []
-
-
-def test_its_tools_list_is_web_search_v1_word_for_word() -> None:
-    assert listed_tools(CONNECTOR, {"SEARXNG_URL": "https://search.example.org"}) == [TOOL]
 
 
 BINDING = """apiVersion = "handler.binding/v1"

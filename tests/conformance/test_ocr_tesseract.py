@@ -1,4 +1,4 @@
-"""The shipped OCR connector speaks MCP to any client: the SDK's own client lists ocr/v1's tool and calls it.
+"""The shipped OCR connector speaks MCP to any client: the SDK's own client calls ocr/v1's tool.
 
 Its conformance to ocr/v1 through the router is `test_check.test_ocr_tesseract_implements_ocr_v1`.
 """
@@ -6,7 +6,6 @@ Its conformance to ocr/v1 through the router is `test_check.test_ocr_tesseract_i
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -24,17 +23,6 @@ FIXTURES = REPO / "catalog/interfaces/ocr/v1/conformance"
 def server() -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable, args=[str(CONNECTOR / "main.py")], cwd=str(CONNECTOR),
                                  env={"OCR_LANGUAGES": "eng", "PATH": "/usr/bin:/bin"})
-
-
-def test_its_tools_list_is_ocr_v1_word_for_word() -> None:
-    async def listed() -> list[dict[str, Any]]:
-        async with Client(server()) as client:
-            result = await client.list_tools()
-            return [t.model_dump(by_alias=True, exclude_none=True) for t in result.tools]
-
-    tools = asyncio.run(asyncio.wait_for(listed(), 30))
-    contract = json.loads((REPO / "catalog/interfaces/ocr/v1/tools.json").read_text())
-    assert tools == contract
 
 
 @pytest.mark.skipif(not (shutil.which("tesseract") and shutil.which("pdftoppm")),

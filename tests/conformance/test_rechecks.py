@@ -188,6 +188,23 @@ def test_changed_connectors_are_named_with_a_binding(tmp_path: Path, git: Callab
     assert changed_connectors(tree, "HEAD") == [Recheck("shout", "shout-bad-code")]
 
 
+def test_a_change_to_the_kit_names_the_connectors_written_on_it(tmp_path: Path, git: Callable[..., str]) -> None:
+    tree = write_shout_tree(tmp_path / "tree")
+    (tree / "kit/handler_kit").mkdir(parents=True)
+    (tree / "kit/handler_kit/__init__.py").write_text('"""the kit"""\n')
+    main = tree / "catalog/connectors/shout/main.py"
+    git(tree, "init", "-q")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "base")
+    (tree / "kit/handler_kit/__init__.py").write_text('"""the kit, changed"""\n')
+    assert changed_connectors(tree, "HEAD") == []  # shout does not import the kit
+    main.write_text("from handler_kit import serve  # written on the kit\n" + main.read_text())
+    git(tree, "commit", "-q", "-am", "shout on the kit")
+    assert changed_connectors(tree, "HEAD") == []  # the kit as committed
+    (tree / "kit/handler_kit/__init__.py").write_text('"""the kit, changed again"""\n')
+    assert changed_connectors(tree, "HEAD") == [Recheck("shout", "shout-bad-code")]
+
+
 def test_a_connector_with_egress_is_named_to_be_checked_against_its_stand_in(repo_root: Path) -> None:
     named = {r.connector: r.binding for r in changed_connectors(repo_root, None)}
     assert named["embed-local"] == "embed-local"

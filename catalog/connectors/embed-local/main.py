@@ -23,57 +23,17 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-import logging  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-from typing import Any  # noqa: E402
+import logging
+import threading
+from typing import Any
 
-import anyio  # noqa: E402
-import mcp_types as types  # noqa: E402
-from mcp.server import Server, ServerRequestContext  # noqa: E402
-from mcp.server.stdio import stdio_server  # noqa: E402
+import anyio
+from handler_kit import Handler, InterfaceError, Reply, log_to_stderr, serve
 
 log = logging.getLogger("embed-local")
 
-MAX_TEXTS, MAX_TEXT = 64, 20000  # embed/v1's bounds
 BATCH = 32  # texts per forward pass
 THREADS = max(1, min(4, os.cpu_count() or 1))
-
-# embed/v1's tool, word for word (a published interface version never changes).
-EMBED_TEXTS = types.Tool(
-    name="embed_texts",
-    description="Compute one embedding vector per text, in the order given. Vectors from the same service can be "
-                "compared with cosine similarity.",
-    input_schema={
-        "type": "object", "additionalProperties": False, "required": ["texts"],
-        "properties": {"texts": {"type": "array", "minItems": 1, "maxItems": 64,
-                                 "description": "the texts to embed, at most 64 per call",
-                                 "items": {"type": "string", "minLength": 1, "maxLength": 20000}}},
-    },
-    output_schema={
-        "type": "object", "additionalProperties": False, "required": ["vectors", "dimensions"],
-        "properties": {
-            "vectors": {"type": "array", "maxItems": 64, "description": "one vector per input text, in the same order",
-                        "items": {"type": "array", "minItems": 1, "items": {"type": "number"}}},
-            "dimensions": {"type": "integer", "minimum": 1, "description": "the length of every vector"},
-        },
-    },
-    annotations=types.ToolAnnotations(read_only_hint=True),
-)
-
-
-class InterfaceError(Exception):
-    """An error of embed/v1's closed list, sent as isError with {"error": code, "message": ...}."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def error_result(code: str, message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)],
-                                structured_content={"error": code, "message": message}, is_error=True)
 
 
 class Engine:
@@ -111,50 +71,24 @@ class Engine:
         return {"vectors": vectors, "dimensions": len(vectors[0])}
 
 
-def arguments(args: dict[str, Any]) -> list[str]:
-    texts = args.get("texts")
-    if (not isinstance(texts, list) or not 1 <= len(texts) <= MAX_TEXTS
-            or not all(isinstance(t, str) and 1 <= len(t) <= MAX_TEXT for t in texts)):
-        raise InterfaceError("invalid_arguments", f"texts must be 1 to {MAX_TEXTS} strings of 1 to {MAX_TEXT} "
-                             "characters")
-    return texts
-
-
-def build_server(engine: Engine) -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any],
-                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[EMBED_TEXTS])
-
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name != "embed_texts":
-            return error_result("unavailable", f"this connector has no tool '{params.name}'")
+def embed_texts(engine: Engine) -> Handler:
+    async def handle(args: dict[str, Any]) -> Reply:
         try:
-            output = await anyio.to_thread.run_sync(engine.embed, arguments(params.arguments or {}))
-        except InterfaceError as exc:
-            return error_result(exc.code, exc.message)
+            output = await anyio.to_thread.run_sync(engine.embed, args["texts"])
         except MemoryError:
-            return error_result("limit", "embedding these texts needs more memory than this connector may use; send "
-                                "fewer or shorter texts per call")
-        except Exception:
-            log.exception("embed_texts failed")
-            return error_result("unavailable", "embedding failed unexpectedly; retrying later may work")
-        text = f"{len(output['vectors'])} vectors of {output['dimensions']} dimensions"
-        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=output)
+            raise InterfaceError("limit", "embedding these texts needs more memory than this connector may use; "
+                                 "send fewer or shorter texts per call") from None
+        return Reply(output, f"{len(output['vectors'])} vectors of {output['dimensions']} dimensions")
 
-    return Server("embed-local", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
-
-
-async def serve(engine: Engine) -> None:
-    server = build_server(engine)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    return handle
 
 
 def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to_stderr()
     engine = Engine()
     engine.load()  # before anything reads stdin: the router's `initialize` waits for it
-    anyio.run(serve, engine)
+    serve("embed/v1", "embed-local", {"embed_texts": embed_texts(engine)},
+          failed="embedding failed unexpectedly; retrying later may work")
 
 
 if __name__ == "__main__":

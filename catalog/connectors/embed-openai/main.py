@@ -26,16 +26,13 @@ import logging
 import math
 import os
 import struct
-import sys
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 import httpx
-import mcp_types as types
-from mcp.server import Server, ServerRequestContext
-from mcp.server.stdio import stdio_server
+from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("embed-openai")
 
@@ -43,7 +40,7 @@ DEFAULT_BASE_URL = "https://api.openai.com"
 EMBEDDINGS_PATH = "/v1/embeddings"
 CALL_SECONDS = 55.0  # every batch of a call, under embed/v1's limits.timeoutSeconds (60)
 TIMEOUT = httpx.Timeout(50.0, connect=10.0)
-MAX_TEXTS, MAX_TEXT = 64, 20000
+MAX_TEXTS = 64  # the most texts a call of embed/v1 sends, so the most a batch need hold
 DEFAULT_BATCH = 32
 MAX_BODY = 64 * 1024 * 1024  # bytes read of an answer at most: 64 vectors of a few thousand floats as JSON
 MAX_ERROR_BODY = 64 * 1024  # bytes read of an error answer, to tell a too-long text from another refusal
@@ -51,37 +48,6 @@ _RETRY_AFTER_MAX = 86_400
 # Words of an HTTP 400's error that say a text was over the model's input length (OpenAI, vLLM); only used to
 # choose `limit` over `unavailable`, never repeated.
 _TOO_LONG = ("context length", "context_length", "too long", "maximum input", "max_tokens", "token limit")
-
-# embed/v1's tool, word for word (a published interface version never changes).
-EMBED_TEXTS = types.Tool(
-    name="embed_texts",
-    description="Compute one embedding vector per text, in the order given. Vectors from the same service can be "
-                "compared with cosine similarity.",
-    input_schema={
-        "type": "object", "additionalProperties": False, "required": ["texts"],
-        "properties": {"texts": {"type": "array", "minItems": 1, "maxItems": 64,
-                                 "description": "the texts to embed, at most 64 per call",
-                                 "items": {"type": "string", "minLength": 1, "maxLength": 20000}}},
-    },
-    output_schema={
-        "type": "object", "additionalProperties": False, "required": ["vectors", "dimensions"],
-        "properties": {
-            "vectors": {"type": "array", "maxItems": 64, "description": "one vector per input text, in the same order",
-                        "items": {"type": "array", "minItems": 1, "items": {"type": "number"}}},
-            "dimensions": {"type": "integer", "minimum": 1, "description": "the length of every vector"},
-        },
-    },
-    annotations=types.ToolAnnotations(read_only_hint=True),
-)
-
-
-class InterfaceError(Exception):
-    """An error of embed/v1's closed list, sent as isError with {"error": code, "message": ...}."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 MALFORMED = "the embedding service sent an answer this connector cannot read; retrying later may work"
@@ -121,11 +87,6 @@ class Settings:
                    base_url=(env.get("EMBED_BASE_URL", "").strip() or DEFAULT_BASE_URL).rstrip("/"),
                    dimensions=whole_number(env, "EMBED_DIMENSIONS", 1, 65536),
                    batch=whole_number(env, "EMBED_BATCH", 1, MAX_TEXTS) or DEFAULT_BATCH)
-
-
-def error_result(code: str, message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)],
-                                structured_content={"error": code, "message": message}, is_error=True)
 
 
 def retry_after(headers: httpx.Headers) -> str:
@@ -265,46 +226,20 @@ async def embed(texts: list[str], settings: Settings) -> dict[str, Any]:
     return {"vectors": vectors, "dimensions": len(vectors[0])}
 
 
-def arguments(args: dict[str, Any]) -> list[str]:
-    texts = args.get("texts")
-    if (not isinstance(texts, list) or not 1 <= len(texts) <= MAX_TEXTS
-            or not all(isinstance(t, str) and 1 <= len(t) <= MAX_TEXT for t in texts)):
-        raise InterfaceError("invalid_arguments", f"texts must be 1 to {MAX_TEXTS} strings of 1 to {MAX_TEXT} "
-                             "characters")
-    return texts
+def embed_texts(settings: Settings) -> Handler:
+    async def handle(args: dict[str, Any]) -> Reply:
+        output = await embed(args["texts"], settings)
+        return Reply(output, f"{len(output['vectors'])} vectors of {output['dimensions']} dimensions")
+
+    return handle
 
 
-def build_server(settings: Settings) -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any],
-                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[EMBED_TEXTS])
-
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name != "embed_texts":
-            return error_result("unavailable", f"this connector has no tool '{params.name}'")
-        try:
-            output = await embed(arguments(params.arguments or {}), settings)
-        except InterfaceError as exc:
-            return error_result(exc.code, exc.message)
-        except Exception:
-            log.exception("embed_texts failed")
-            return error_result("unavailable", "embedding failed unexpectedly; retrying later may work")
-        text = f"{len(output['vectors'])} vectors of {output['dimensions']} dimensions"
-        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=output)
-
-    return Server("embed-openai", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
-
-
-async def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+def main() -> None:
     settings = Settings.from_env(os.environ)
     problem = check_base_url(settings.base_url) or ("" if settings.model else "EMBED_MODEL is not set")
-    if problem:
-        log.error("%s; every call will fail until the binding is fixed", problem)
-    server = build_server(settings)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    serve("embed/v1", "embed-openai", {"embed_texts": embed_texts(settings)}, problem=problem,
+          failed="embedding failed unexpectedly; retrying later may work")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()

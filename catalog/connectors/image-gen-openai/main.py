@@ -27,17 +27,13 @@ import json
 import logging
 import os
 import struct
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import anyio
 import httpx
-import mcp_types as types
-from mcp.server import Server, ServerRequestContext
-from mcp.server.stdio import stdio_server
+from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("image-gen-openai")
 
@@ -52,44 +48,6 @@ _RETRY_AFTER_MAX = 86_400
 _PNG = b"\x89PNG\r\n\x1a\n"
 _REFUSED_CODES = ("content_policy_violation", "moderation_blocked")
 _OTHER_IMAGES = ((b"\xff\xd8\xff", "JPEG"), (b"RIFF", "WebP"), (b"GIF8", "GIF"))
-
-# image-gen/v1's tool, word for word (a published interface version never changes).
-IMAGE_GEN_GENERATE = types.Tool(
-    name="image_gen_generate",
-    description="Generate one image from a text description and save it as a PNG file at a path you choose in "
-                "the work folder.",
-    input_schema={
-        "type": "object", "additionalProperties": False, "required": ["prompt", "outputPath"],
-        "properties": {
-            "prompt": {"type": "string", "minLength": 1, "maxLength": 4000,
-                       "description": "what the image should show: subject, style, composition, colours"},
-            "outputPath": {"type": "string", "format": "handler-output-file",
-                           "description": "where to save the image, in the work folder, e.g. out/cover.png; the "
-                                          "file is always PNG; an existing file is replaced"},
-            "size": {"type": "string", "enum": list(SIZES),
-                     "description": "width x height in pixels; 1024x1024 if omitted"},
-        },
-    },
-    output_schema={
-        "type": "object", "additionalProperties": False, "required": ["path", "width", "height"],
-        "properties": {
-            "path": {"type": "string", "description": "the file written, as given in outputPath"},
-            "width": {"type": "integer", "minimum": 1, "description": "in pixels"},
-            "height": {"type": "integer", "minimum": 1, "description": "in pixels"},
-        },
-    },
-    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-                                      open_world_hint=True),
-)
-
-
-class InterfaceError(Exception):
-    """An error of image-gen/v1's closed list, sent as isError with {"error": code, "message": ...}."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def check_base_url(value: str) -> str | None:
@@ -124,11 +82,6 @@ class Settings:
         return cls(model=env.get("IMAGE_GEN_MODEL", "").strip(), api_key=env.get("IMAGE_GEN_API_KEY", "").strip()
                    or None, base_url=(env.get("IMAGE_GEN_BASE_URL", "").strip() or DEFAULT_BASE_URL).rstrip("/"),
                    sizes=sizes or SIZES, response_format=fmt == "b64_json")
-
-
-def error_result(code: str, message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)],
-                                structured_content={"error": code, "message": message}, is_error=True)
 
 
 def retry_after(headers: httpx.Headers) -> str:
@@ -262,49 +215,23 @@ async def generate(prompt: str, output: Path, size: str, settings: Settings) -> 
     return {"path": str(output), "width": width, "height": height}
 
 
-def arguments(args: dict[str, Any]) -> tuple[str, Path, str]:
-    prompt, output, size = args.get("prompt"), args.get("outputPath"), args.get("size", DEFAULT_SIZE)
-    if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > 4000:
-        raise InterfaceError("invalid_arguments", "prompt must be between 1 and 4000 characters")
-    if not isinstance(output, str) or not output:
-        raise InterfaceError("invalid_arguments", "outputPath is required")
-    if size not in SIZES:
-        raise InterfaceError("invalid_arguments", f"size must be one of {', '.join(SIZES)}")
-    return prompt, Path(output), size
+def image_gen_generate(settings: Settings) -> Handler:
+    async def handle(args: dict[str, Any]) -> Reply:
+        prompt, size = args["prompt"], args.get("size", DEFAULT_SIZE)
+        if not prompt.strip():
+            raise InterfaceError("invalid_arguments", "prompt is only spaces; describe the image to make")
+        result = await generate(prompt, Path(args["outputPath"]), size, settings)
+        return Reply(result, f"{result['width']}x{result['height']} PNG written to {result['path']}")
+
+    return handle
 
 
-def build_server(settings: Settings) -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any],
-                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[IMAGE_GEN_GENERATE])
-
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name != "image_gen_generate":
-            return error_result("unavailable", f"this connector has no tool '{params.name}'")
-        try:
-            prompt, output, size = arguments(params.arguments or {})
-            result = await generate(prompt, output, size, settings)
-        except InterfaceError as exc:
-            return error_result(exc.code, exc.message)
-        except Exception:
-            log.exception("image_gen_generate failed")
-            return error_result("unavailable", "the image generation failed unexpectedly; retrying later may work")
-        text = f"{result['width']}x{result['height']} PNG written to {result['path']}"
-        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result)
-
-    return Server("image-gen-openai", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
-
-
-async def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+def main() -> None:
     settings = Settings.from_env(os.environ)
     problem = check_base_url(settings.base_url) or ("" if settings.model else "IMAGE_GEN_MODEL is not set")
-    if problem:
-        log.error("%s; every call will fail until the binding is fixed", problem)
-    server = build_server(settings)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    serve("image-gen/v1", "image-gen-openai", {"image_gen_generate": image_gen_generate(settings)}, problem=problem,
+          failed="the image generation failed unexpectedly; retrying later may work")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()

@@ -17,15 +17,11 @@ import base64
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
-import mcp_types as types
-from mcp.server import Server, ServerRequestContext
-from mcp.server.stdio import stdio_server
+from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("ocr-mistral")
 
@@ -36,47 +32,6 @@ MAX_ANSWER_BYTES = 8 * 1024 * 1024  # what is read of Mistral's answer, at most
 MAX_PAGES = 2000
 TIMEOUT = httpx.Timeout(110.0, connect=10.0)  # under ocr/v1's limits.timeoutSeconds (120)
 _RETRY_AFTER_MAX = 86_400
-
-# ocr/v1's tool, word for word (a published interface version never changes).
-_BLOCK_SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["text", "bbox"],
-    "properties": {"text": {"type": "string"},
-                   "bbox": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4}},
-}
-OCR_EXTRACT = types.Tool(
-    name="ocr_extract",
-    description="Extract the text of a PDF or image in the work folder, page by page.",
-    input_schema={
-        "type": "object", "additionalProperties": False, "required": ["path"],
-        "properties": {
-            "path": {"type": "string", "format": "handler-file", "description": "a file in the work folder"},
-            "languages": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{2}$"}},
-        },
-    },
-    output_schema={
-        "type": "object", "additionalProperties": False, "required": ["pages"],
-        "properties": {"pages": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False, "required": ["text"],
-            "properties": {"text": {"type": "string"},
-                           "blocks": {"type": "array", "items": {"$ref": "#/$defs/block"}}}}}},
-        "$defs": {"block": _BLOCK_SCHEMA},
-    },
-    annotations=types.ToolAnnotations(read_only_hint=True),
-)
-
-
-class InterfaceError(Exception):
-    """An error of ocr/v1's closed list, sent as isError with {"error": code, "message": ...}."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def error_result(code: str, message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)],
-                                structured_content={"error": code, "message": message}, is_error=True)
 
 
 # The types Mistral's OCR reads, by the file's first bytes; anything else is refused before any call.
@@ -207,39 +162,21 @@ async def extract(path: Path, api_key: str, model: str = DEFAULT_MODEL) -> dict[
     return {"pages": pages_from_answer(raw)}
 
 
-def build_server(api_key: str, model: str) -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any],
-                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[OCR_EXTRACT])
+def ocr_extract(api_key: str, model: str) -> Handler:
+    async def handle(args: dict[str, Any]) -> Reply:
+        output = await extract(Path(args["path"]), api_key, model)
+        return Reply(output, "\n\f\n".join(page["text"] for page in output["pages"]))
 
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name != "ocr_extract":
-            return error_result("unavailable", f"this connector has no tool '{params.name}'")
-        path = (params.arguments or {}).get("path")
-        if not isinstance(path, str):
-            return error_result("unsupported_format", "no file was named (path is required)")
-        try:
-            output = await extract(Path(path), api_key, model)
-        except InterfaceError as exc:
-            return error_result(exc.code, exc.message)
-        except Exception:
-            log.exception("ocr_extract failed")
-            return error_result("unavailable", "the OCR connector failed on this file; retrying later may work")
-        text = "\n\f\n".join(page["text"] for page in output["pages"])
-        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=output)
-
-    return Server("ocr-mistral", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+    return handle
 
 
-async def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+def main() -> None:
     api_key = os.environ.get("MISTRAL_API_KEY", "").strip()
-    if not api_key:
-        log.error("MISTRAL_API_KEY is not set; every call will fail (see PROVISIONING.md)")
-    server = build_server(api_key, os.environ.get("MISTRAL_OCR_MODEL", "").strip() or DEFAULT_MODEL)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    model = os.environ.get("MISTRAL_OCR_MODEL", "").strip() or DEFAULT_MODEL
+    serve("ocr/v1", "ocr-mistral", {"ocr_extract": ocr_extract(api_key, model)},
+          problem="" if api_key else "MISTRAL_API_KEY is not set (see PROVISIONING.md)",
+          failed="the OCR connector failed on this file; retrying later may work")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()

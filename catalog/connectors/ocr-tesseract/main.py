@@ -17,16 +17,13 @@ import io
 import logging
 import os
 import re
-import sys
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import anyio
-import mcp_types as types
-from mcp.server import Server, ServerRequestContext
-from mcp.server.stdio import stdio_server
+from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("ocr-tesseract")
 
@@ -45,48 +42,6 @@ _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"II*\x00", b"MM\x00*", b
 _PNM = re.compile(rb"^P[1-6]\s")
 _CACHE_SIZE = 64
 _BLOCK, _WORD = 2, 5  # the `level` column of Tesseract's TSV
-
-# ocr/v1's tool, word for word (a published interface version never changes): what tools/list
-# answers, so any MCP client can use this server and the router can see it offers what it claims.
-_BLOCK_SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["text", "bbox"],
-    "properties": {"text": {"type": "string"},
-                   "bbox": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4}},
-}
-OCR_EXTRACT = types.Tool(
-    name="ocr_extract",
-    description="Extract the text of a PDF or image in the work folder, page by page.",
-    input_schema={
-        "type": "object", "additionalProperties": False, "required": ["path"],
-        "properties": {
-            "path": {"type": "string", "format": "handler-file", "description": "a file in the work folder"},
-            "languages": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{2}$"}},
-        },
-    },
-    output_schema={
-        "type": "object", "additionalProperties": False, "required": ["pages"],
-        "properties": {"pages": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False, "required": ["text"],
-            "properties": {"text": {"type": "string"},
-                           "blocks": {"type": "array", "items": {"$ref": "#/$defs/block"}}}}}},
-        "$defs": {"block": _BLOCK_SCHEMA},
-    },
-    annotations=types.ToolAnnotations(read_only_hint=True),
-)
-
-
-class InterfaceError(Exception):
-    """An error of ocr/v1's closed list, sent as isError with {"error": code, "message": ...}."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def error_result(code: str, message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)],
-                                structured_content={"error": code, "message": message}, is_error=True)
 
 
 def sniff(head: bytes) -> str | None:
@@ -205,39 +160,19 @@ def page_from_tsv(tsv: str) -> dict[str, Any]:
     return {"text": "\n\n".join(b["text"] for b in out), "blocks": out}
 
 
-def build_server(engine: Engine) -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any],
-                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[OCR_EXTRACT])
+def ocr_extract(engine: Engine) -> Handler:
+    async def handle(args: dict[str, Any]) -> Reply:
+        output = await engine.extract(Path(args["path"]), args.get("languages"))
+        return Reply(output, "\n\f\n".join(page["text"] for page in output["pages"]))
 
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name != "ocr_extract":
-            return error_result("unavailable", f"this connector has no tool '{params.name}'")
-        args = params.arguments or {}
-        path, languages = args.get("path"), args.get("languages")
-        if not isinstance(path, str):
-            return error_result("invalid_arguments", "path is required")
-        try:
-            output = await engine.extract(Path(path), languages if isinstance(languages, list) else None)
-        except InterfaceError as exc:
-            return error_result(exc.code, exc.message)
-        except Exception:
-            log.exception("ocr_extract failed")
-            return error_result("unavailable", "the OCR engine failed on this file; retrying later may work")
-        text = "\n\f\n".join(page["text"] for page in output["pages"])
-        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=output)
-
-    return Server("ocr-tesseract", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+    return handle
 
 
-async def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+def main() -> None:
     engine = Engine(os.environ.get("OCR_LANGUAGES", "eng"))
-    await engine.start()
-    server = build_server(engine)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    serve("ocr/v1", "ocr-tesseract", {"ocr_extract": ocr_extract(engine)}, start=engine.start,
+          failed="the OCR engine failed on this file; retrying later may work")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()

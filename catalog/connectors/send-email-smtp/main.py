@@ -22,7 +22,6 @@ import logging
 import os
 import smtplib
 import ssl
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -30,9 +29,7 @@ from email.utils import formatdate, make_msgid
 from typing import Any
 
 import anyio
-import mcp_types as types
-from mcp.server import Server, ServerRequestContext
-from mcp.server.stdio import stdio_server
+from handler_kit import InterfaceError, Reply, serve
 
 log = logging.getLogger("send-email-smtp")
 
@@ -43,46 +40,6 @@ MAX_ADDRESS = 254
 # send-email/v1's tool, word for word (a published interface version never changes): what tools/list
 # answers, so any MCP client can use this server and the router can see it offers what it claims.
 _ADDRESS_LIST = {"type": "array", "uniqueItems": True, "items": {"$ref": "#/$defs/address"}}
-SEND_EMAIL = types.Tool(
-    name="send_email_send",
-    description="Send a plain-text email. Sending cannot be undone: check the recipients and the text first.",
-    input_schema={
-        "type": "object", "additionalProperties": False, "required": ["to", "subject", "body"],
-        "properties": {
-            "to": {**_ADDRESS_LIST, "minItems": 1, "maxItems": 50, "description": "the recipients"},
-            "cc": {**_ADDRESS_LIST, "maxItems": 50, "description": "recipients in copy"},
-            "subject": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^\\r\\n]*$",
-                        "description": "one line, no line breaks"},
-            "body": {"type": "string", "minLength": 1, "maxLength": 100000, "description": "the message, plain text"},
-        },
-        "$defs": {"address": {"type": "string", "format": "email", "maxLength": MAX_ADDRESS}},
-    },
-    output_schema={
-        "type": "object", "additionalProperties": False, "required": ["messageId", "acceptedRecipients"],
-        "properties": {
-            "messageId": {"type": "string", "minLength": 1,
-                          "description": "the Message-ID of the email sent, to quote when following up"},
-            "acceptedRecipients": {"type": "array", "items": {"type": "string", "format": "email"},
-                                   "description": "every address (to and cc) the mail server accepted"},
-        },
-    },
-    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False,
-                                      open_world_hint=True),
-)
-
-
-class InterfaceError(Exception):
-    """An error of send-email/v1's closed list, sent as isError with {"error": code, "message": ...}."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def error_result(code: str, message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)],
-                                structured_content={"error": code, "message": message}, is_error=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,35 +228,16 @@ def send(config: Config, args: dict[str, Any]) -> dict[str, Any]:
     return {"messageId": str(msg["Message-ID"]), "acceptedRecipients": accepted}
 
 
-def build_server() -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any],
-                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[SEND_EMAIL])
-
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name != "send_email_send":
-            return error_result("unavailable", f"this connector has no tool '{params.name}'")
-        try:
-            config = Config.from_env(os.environ)
-            output = await anyio.to_thread.run_sync(send, config, dict(params.arguments or {}))
-        except InterfaceError as exc:
-            return error_result(exc.code, exc.message)
-        except Exception:
-            log.exception("send_email_send failed")
-            return error_result("unavailable", "the email could not be sent because of an unexpected failure; "
-                                "retrying later may work")
-        text = f"Sent {output['messageId']} to {', '.join(output['acceptedRecipients'])}"
-        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=output)
-
-    return Server("send-email-smtp", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+async def send_email_send(args: dict[str, Any]) -> Reply:
+    config = Config.from_env(os.environ)
+    output = await anyio.to_thread.run_sync(send, config, args)
+    return Reply(output, f"Sent {output['messageId']} to {', '.join(output['acceptedRecipients'])}")
 
 
-async def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    server = build_server()
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+def main() -> None:
+    serve("send-email/v1", "send-email-smtp", {"send_email_send": send_email_send},
+          failed="the email could not be sent because of an unexpected failure; retrying later may work")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()

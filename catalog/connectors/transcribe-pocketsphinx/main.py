@@ -30,9 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import mcp_types as types
-from mcp.server import Server, ServerRequestContext
-from mcp.server.stdio import stdio_server
+from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("transcribe-pocketsphinx")
 
@@ -52,50 +50,10 @@ _SEGMENT = {
         "text": {"type": "string"},
     },
 }
-TRANSCRIBE_AUDIO = types.Tool(
-    name="transcribe_audio",
-    description="Transcribe the speech in an audio file in the work folder (WAV, MP3, FLAC, OGG, M4A) to text.",
-    input_schema={
-        "type": "object", "additionalProperties": False, "required": ["path"],
-        "properties": {
-            "path": {"type": "string", "format": "handler-file", "description": "an audio file in the work folder"},
-            "language": {"type": "string", "pattern": "^[a-z]{2}$",
-                         "description": "the spoken language as an ISO 639-1 code; omit it to detect the language"},
-        },
-    },
-    output_schema={
-        "type": "object", "additionalProperties": False, "required": ["text"],
-        "properties": {
-            "text": {"type": "string", "description": "the whole transcript"},
-            "language": {"type": "string", "pattern": "^[a-z]{2}$",
-                         "description": "the language transcribed, as an ISO 639-1 code"},
-            "segments": {"type": "array",
-                         "description": "the transcript in timed pieces, in order; present only when the service "
-                                        "provides timings",
-                         "items": {"$ref": "#/$defs/segment"}},
-        },
-        "$defs": {"segment": _SEGMENT},
-    },
-    annotations=types.ToolAnnotations(read_only_hint=True),
-)
 
 _OTHER_AUDIO = ((b"ID3", "MP3"), (b"\xff\xfb", "MP3"), (b"\xff\xf3", "MP3"), (b"\xff\xf2", "MP3"),
                 (b"fLaC", "FLAC"), (b"OggS", "OGG"))
 _CONVERT = "convert it to WAV, e.g. ffmpeg -i in.mp3 -ac 1 -ar 16000 out.wav"
-
-
-class InterfaceError(Exception):
-    """An error of transcribe/v1's closed list, sent as isError with {"error": code, "message": ...}."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def error_result(code: str, message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)],
-                                structured_content={"error": code, "message": message}, is_error=True)
 
 
 def read_pcm(data: bytes) -> bytes:
@@ -241,37 +199,18 @@ def _segment(words: list[tuple[str, int, int]]) -> dict[str, Any]:
             "text": " ".join(w for w, _, _ in words)}
 
 
-def build_server(engine: Engine) -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any],
-                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[TRANSCRIBE_AUDIO])
+def transcribe_audio(engine: Engine) -> Handler:
+    async def handle(args: dict[str, Any]) -> Reply:
+        output = await anyio.to_thread.run_sync(engine.transcribe, Path(args["path"]), args.get("language"))
+        return Reply(output, output["text"])
 
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name != "transcribe_audio":
-            return error_result("unavailable", f"this connector has no tool '{params.name}'")
-        args = params.arguments or {}
-        path, language = args.get("path"), args.get("language")
-        if not isinstance(path, str):
-            return error_result("invalid_arguments", "path is required")
-        try:
-            output = await anyio.to_thread.run_sync(engine.transcribe, Path(path),
-                                                    language if isinstance(language, str) else None)
-        except InterfaceError as exc:
-            return error_result(exc.code, exc.message)
-        except Exception:
-            log.exception("transcribe_audio failed")
-            return error_result("unavailable", "the speech recognizer failed on this file; retrying later may work")
-        return types.CallToolResult(content=[types.TextContent(text=output["text"])], structured_content=output)
-
-    return Server("transcribe-pocketsphinx", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+    return handle
 
 
-async def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    server = build_server(Engine())
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+def main() -> None:
+    serve("transcribe/v1", "transcribe-pocketsphinx", {"transcribe_audio": transcribe_audio(Engine())},
+          failed="the speech recognizer failed on this file; retrying later may work")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()

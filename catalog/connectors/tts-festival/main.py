@@ -18,20 +18,16 @@ import logging
 import os
 import re
 import subprocess
-import sys
 import unicodedata
 import wave
 from pathlib import Path
 from typing import Any
 
 import anyio
-import mcp_types as types
-from mcp.server import Server, ServerRequestContext
-from mcp.server.stdio import stdio_server
+from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("tts-festival")
 
-MAX_TEXT = 5000  # tts/v1's maxLength for `text`
 MAX_VOICE = 100  # and for `voice`
 TIMEOUT_SECONDS = 50.0  # under the interface's 60 s, so the agent hears why rather than a timeout
 MAX_STDERR = 64 * 1024
@@ -40,48 +36,6 @@ MIN_RATE, MAX_RATE, DEFAULT_RATE = 8000, 48000, 16000
 DEFAULT_VOICE = "cmu_us_slt_arctic_hts"
 # A Festival voice is a Scheme symbol `voice_<name>`; only names of this shape are ever put into Scheme.
 _VOICE = re.compile(r"^[a-z0-9_]+$")
-
-# tts/v1's tool, word for word (a published interface version never changes): what tools/list answers.
-TTS_SYNTHESIZE = types.Tool(
-    name="tts_synthesize",
-    description="Read a text aloud and save the speech as a WAV file at a path you choose in the work folder.",
-    input_schema={
-        "type": "object", "additionalProperties": False, "required": ["text", "outputPath"],
-        "properties": {
-            "text": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT,
-                     "description": "the text to read aloud"},
-            "outputPath": {"type": "string", "format": "handler-output-file",
-                           "description": "where to save the audio, in the work folder, e.g. out/reply.wav; "
-                                          "the file is always WAV; an existing file is replaced"},
-            "voice": {"type": "string", "minLength": 1, "maxLength": MAX_VOICE,
-                      "description": "a voice name the service offers; omit it for the default voice"},
-        },
-    },
-    output_schema={
-        "type": "object", "additionalProperties": False, "required": ["path", "durationSeconds", "bytes"],
-        "properties": {
-            "path": {"type": "string", "description": "the file written, as given in outputPath"},
-            "durationSeconds": {"type": "number", "minimum": 0, "description": "the length of the speech"},
-            "bytes": {"type": "integer", "minimum": 0, "description": "the size of the file written"},
-        },
-    },
-    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
-                                      open_world_hint=False),
-)
-
-
-class InterfaceError(Exception):
-    """An error of tts/v1's closed list, sent as isError with {"error": code, "message": ...}."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def error_result(code: str, message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)],
-                                structured_content={"error": code, "message": message}, is_error=True)
 
 
 def rate_from(raw: str | None) -> int:
@@ -208,41 +162,19 @@ def describe_wav(path: Path) -> dict[str, Any]:
     return {"path": str(path), "durationSeconds": duration, "bytes": size}
 
 
-def build_server(engine: Engine) -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any],
-                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[TTS_SYNTHESIZE])
+def tts_synthesize(engine: Engine) -> Handler:
+    async def handle(args: dict[str, Any]) -> Reply:
+        result = await engine.synthesize(args["text"], Path(args["outputPath"]), args.get("voice"))
+        return Reply(result, f"saved {result['durationSeconds']} seconds of speech ({result['bytes']} bytes)")
 
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name != "tts_synthesize":
-            return error_result("unavailable", f"this connector has no tool '{params.name[:100]}'")
-        args = params.arguments or {}
-        text, output, voice = args.get("text"), args.get("outputPath"), args.get("voice")
-        if not isinstance(text, str) or not text or len(text) > MAX_TEXT or not isinstance(output, str):
-            return error_result("unavailable", f"text (1 to {MAX_TEXT} characters) and outputPath are required")
-        if voice is not None and not isinstance(voice, str):
-            return error_result("voice_unknown", "voice must be a voice name, such as 'cmu_us_slt_arctic_hts'")
-        try:
-            result = await engine.synthesize(text, Path(output), voice)
-        except InterfaceError as exc:
-            return error_result(exc.code, exc.message)
-        except Exception:
-            log.exception("tts_synthesize failed")
-            return error_result("unavailable", "the speech engine failed; retrying later may work")
-        summary = f"saved {result['durationSeconds']} seconds of speech ({result['bytes']} bytes)"
-        return types.CallToolResult(content=[types.TextContent(text=summary)], structured_content=result)
-
-    return Server("tts-festival", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+    return handle
 
 
-async def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+def main() -> None:
     engine = Engine(os.environ.get("FESTIVAL_VOICE", DEFAULT_VOICE), rate_from(os.environ.get("FESTIVAL_SAMPLE_RATE")))
-    await engine.start()
-    server = build_server(engine)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    serve("tts/v1", "tts-festival", {"tts_synthesize": tts_synthesize(engine)}, start=engine.start,
+          failed="the speech engine failed; retrying later may work")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()

@@ -25,23 +25,20 @@ import json
 import logging
 import os
 import re
-import sys
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 import httpx
-import mcp_types as types
-from mcp.server import Server, ServerRequestContext
-from mcp.server.stdio import stdio_server
+from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("web-search-searxng")
 
 SEARCH_PATH = "/search"
 TIMEOUT_SECONDS = 12.0  # per page; two pages stay under web-search/v1's 30-second call limit
 MAX_BODY = 4 * 1024 * 1024  # bytes read from an answer at most; a page of results is tens of KiB
-MAX_RESULTS, DEFAULT_RESULTS = 20, 10
+DEFAULT_RESULTS = 10  # web-search/v1: when maxResults is omitted
 MAX_FIELD = 2000  # characters kept of a title or a snippet
 _SAFESEARCH = {"off": "0", "moderate": "1", "strict": "2"}
 _LANGUAGE = re.compile(r"^(all|auto|[a-z]{2,3}(-[A-Za-z]{2,4})?)$")
@@ -50,47 +47,6 @@ _URL = re.compile(r"^https?://[^\s/?#]+\S*$")
 _TAG = re.compile(r"<[^>]{0,200}>")
 # Why SearXNG lists an engine as unresponsive, when waiting is what helps: the engine was rate limited.
 _THROTTLED = ("too many requests", "captcha")
-
-# web-search/v1's tool, word for word (a published interface version never changes).
-_RESULT_SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["title", "url", "snippet"],
-    "properties": {
-        "title": {"type": "string"},
-        "url": {"type": "string", "format": "uri"},
-        "snippet": {"type": "string", "description": "an extract of the page near the query's words; may be empty"},
-    },
-}
-WEB_SEARCH_QUERY = types.Tool(
-    name="web_search_query",
-    description="Search the public web. Returns the best results first, each with its title, address and a "
-                "short snippet.",
-    input_schema={
-        "type": "object", "additionalProperties": False, "required": ["query"],
-        "properties": {
-            "query": {"type": "string", "minLength": 1, "maxLength": 400,
-                      "description": "what to search for, as you would type it in a search engine"},
-            "maxResults": {"type": "integer", "minimum": 1, "maximum": 20,
-                           "description": "how many results at most; 10 if omitted"},
-        },
-    },
-    output_schema={
-        "type": "object", "additionalProperties": False, "required": ["results"],
-        "properties": {"results": {"type": "array", "maxItems": 20,
-                                   "description": "the results, best first; empty when nothing matched",
-                                   "items": {"$ref": "#/$defs/result"}}},
-        "$defs": {"result": _RESULT_SCHEMA},
-    },
-    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=True),
-)
-
-
-class InterfaceError(Exception):
-    """An error of web-search/v1's closed list, sent as isError with {"error": code, "message": ...}."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def check_base_url(value: str) -> str | None:
@@ -133,11 +89,6 @@ class Settings:
                    safesearch=safesearch, engines=",".join(engines) or None,
                    username=env.get("SEARXNG_USERNAME", "").strip() or None,
                    password=env.get("SEARXNG_PASSWORD", "") or None)
-
-
-def error_result(code: str, message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=message)],
-                                structured_content={"error": code, "message": message}, is_error=True)
 
 
 def retry_after(value: str | None) -> int | None:
@@ -278,48 +229,24 @@ async def search(query: str, max_results: int, settings: Settings) -> dict[str, 
     return {"results": results}
 
 
-def arguments(args: dict[str, Any]) -> tuple[str, int]:
-    query, count = args.get("query"), args.get("maxResults", DEFAULT_RESULTS)
-    if not isinstance(query, str) or not query.strip() or len(query) > 400:
-        raise InterfaceError("invalid_arguments", "query must be between 1 and 400 characters")
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_RESULTS:
-        raise InterfaceError("invalid_arguments", "maxResults must be a whole number from 1 to 20")
-    return query, count
-
-
-def build_server(settings: Settings) -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any],
-                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[WEB_SEARCH_QUERY])
-
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name != "web_search_query":
-            return error_result("unavailable", f"this connector has no tool '{params.name}'")
-        try:
-            query, count = arguments(params.arguments or {})
-            output = await search(query, count, settings)
-        except InterfaceError as exc:
-            return error_result(exc.code, exc.message)
-        except Exception:
-            log.exception("web_search_query failed")
-            return error_result("unavailable", "the search failed unexpectedly; retrying later may work")
+def web_search_query(settings: Settings) -> Handler:
+    async def handle(args: dict[str, Any]) -> Reply:
+        query, count = args["query"], args.get("maxResults", DEFAULT_RESULTS)
+        if not query.strip():
+            raise InterfaceError("invalid_arguments", "query is only spaces; say what to search for")
+        output = await search(query, count, settings)
         text = "\n\n".join(f"{r['title']}\n{r['url']}\n{r['snippet']}".strip() for r in output["results"])
-        return types.CallToolResult(content=[types.TextContent(text=text or "no results")],
-                                    structured_content=output)
+        return Reply(output, text or "no results")
 
-    return Server("web-search-searxng", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+    return handle
 
 
-async def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+def main() -> None:
     settings = Settings.from_env(os.environ)
-    problem = check_base_url(settings.base_url)
-    if problem:
-        log.error("%s; every search will fail until the binding provides it", problem)
-    server = build_server(settings)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    serve("web-search/v1", "web-search-searxng", {"web_search_query": web_search_query(settings)},
+          problem=check_base_url(settings.base_url) or "",
+          failed="the search failed unexpectedly; retrying later may work")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()
