@@ -1,8 +1,8 @@
 """MCP over Streamable HTTP: `/mcp/<profile>` on the service's listener, framing the very sessions of the sockets.
 
-`app.py` mounts `McpEndpoint` on the HTTP listener (whose guards have checked `Host` and the body's size). Each
-request then passes, in order: its method, its `Origin` (a page of another origin is refused, the
-specification's DNS-rebinding rule), its credential (`authenticate`: a bearer of this profile, from loopback as
+`app.py` mounts `McpEndpoint` on the HTTP listener, whose guards (web/guards.py) have checked `Host`, `Origin` (a
+page of another origin is refused, the specification's DNS-rebinding rule) and the body's size. Each request then
+passes, in order: its method, its credential (`authenticate`: a bearer of this profile, from loopback as
 from anywhere), the budget of its profile and of its credential. What a message means is `sessions.Session`'s,
 as on a unix socket; only the framing differs (docs/router.md "MCP over HTTP"):
 
@@ -23,7 +23,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import orjson
 
@@ -163,9 +162,6 @@ class McpEndpoint:
         if scope["method"] not in ("POST", "GET", "DELETE"):
             await send_body(send, 405, b"The MCP endpoint takes POST, GET and DELETE.\n",
                             {"allow": "POST, GET, DELETE", "content-type": "text/plain"})
-            return
-        if (problem := origin_problem(headers)) is not None:
-            await send_body(send, 403, problem.encode(), {"content-type": "text/plain; charset=utf-8"})
             return
         try:
             principal = await self._authenticate(headers.get("authorization"), profile, _base_url(scope, headers))
@@ -441,26 +437,6 @@ class Headers:
     def text(self, name: str) -> str:
         """The header's value, "" when it is absent."""
         return self._values.get(name, "")
-
-
-def origin_problem(headers: Headers) -> str | None:
-    """Why a request's `Origin` is refused, or None. A browser names the page's origin; a request of a page served
-    elsewhere (another site, or a name rebound to this address) may not act with a credential it holds. Clients
-    that are not browsers send none."""
-    origin = headers.get("origin")
-    if origin is None:
-        return None
-    host = headers.text("host").lower()
-    parts = urlsplit(origin.strip())
-    if parts.scheme in ("http", "https") and parts.netloc and _same_host(parts.scheme, parts.netloc.lower(), host):
-        return None
-    return (f"Origin {origin[:100]!r} is not this service's ({host[:100]}): a page served elsewhere may not call the "
-            "MCP endpoint. Call it from a program (which sends no Origin), or from a page of this service.\n")
-
-
-def _same_host(scheme: str, netloc: str, host: str) -> bool:
-    default = ":443" if scheme == "https" else ":80"
-    return netloc.removesuffix(default) == host.removesuffix(default)
 
 
 def _routing_refusal(scope: Scope, headers: Headers, decoded: Mapping[str, Any]) -> JsonRpcError | None:
