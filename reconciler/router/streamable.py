@@ -2,9 +2,10 @@
 
 `app.py` mounts `McpEndpoint` on the HTTP listener, whose guards (web/guards.py) have checked `Host`, `Origin` (a
 page of another origin is refused, the specification's DNS-rebinding rule) and the body's size. Each request then
-passes, in order: its method, its credential (`authenticate`: a bearer of this profile, from loopback as
-from anywhere), the budget of its profile and of its credential. What a message means is `sessions.Session`'s,
-as on a unix socket; only the framing differs (docs/router.md "MCP over HTTP"):
+passes, in order: its method, its credential (`authenticate`: a bearer of this profile, from loopback as from
+anywhere), the budget of its profile and of its credential (`held.Budget`). What a message means is
+`sessions.Session`'s, as on a unix socket, and the sessions kept between requests are `held.HeldSessions`'; only
+the framing differs (docs/router.md "MCP over HTTP"):
 
 - 2024-11-05 to 2025-11-25: `initialize` opens a session whose id (`Mcp-Session-Id`) is its signed record
   (`resumption`), so any router sharing the state folder serves its next request, pinned to the revision it
@@ -18,10 +19,8 @@ as on a unix socket; only the framing differs (docs/router.md "MCP over HTTP"):
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -39,6 +38,7 @@ from reconciler.router.exchanges import (
     send_json_error,
     stream_session,
 )
+from reconciler.router.held import Budget, Held, HeldSessions, HttpBounds, Outlet, new_session
 from reconciler.router.hub import Hub
 from reconciler.router.protocol import Era, read_envelope
 from reconciler.router.resumption import SessionRecord, SessionSigner
@@ -53,8 +53,6 @@ from reconciler.wire.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     JsonRpcError,
 )
-from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
-from reconciler.wire.meta import INSTANCE
 from reconciler.wire.versions import HANDSHAKE_VERSIONS
 
 __all__ = ["Authenticate", "HttpBounds", "McpEndpoint"]
@@ -67,67 +65,6 @@ _ROUTING_HEADERS: Final = (b"mcp-protocol-version", b"mcp-method", b"mcp-name")
 _STATUS_OF_CODE: Final = {PARSE_ERROR: 400, INVALID_REQUEST: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
                           -32021: 400, UNSUPPORTED_PROTOCOL_VERSION: 400, METHOD_NOT_FOUND: 404}
 _NEW_SESSION: Final = "start a new session: send initialize again, without Mcp-Session-Id"
-
-
-@dataclass(frozen=True)
-class HttpBounds:
-    """What one profile and one credential may hold of the endpoint at once, as the sockets bound a client."""
-
-    max_body_bytes: int = DEFAULT_MAX_LINE_BYTES  # one message, as a socket's line
-    requests_per_profile: int = 512  # open requests and streams: a profile's socket takes 512 connections
-    requests_per_credential: int = 256  # one credential: as many calls as one connection may run
-    sessions_per_credential: int = 64  # held in memory; an idle one past it is let go, and resumes from its id
-    idle_seconds: float = 600.0  # a session idle this long is let go too (its generation with it), and resumes
-    stream_after_seconds: float = 5.0  # a call still running then answers as an SSE stream, kept alive
-    keepalive_seconds: float = 15.0
-
-
-class _Outlet:
-    """Where a handshake-era session's writes go: the request that caused them, else its GET stream."""
-
-    def __init__(self) -> None:
-        self.stream: Exchange | None = None
-
-    def write(self, data: bytes) -> None:
-        exchange = CURRENT.get()
-        if exchange is None:
-            exchange = self.stream
-        if exchange is not None:
-            exchange.put(data)
-
-
-@dataclass
-class _Held:
-    session: Session
-    record: SessionRecord
-    outlet: _Outlet
-    used: float = field(default_factory=time.monotonic)
-
-
-class _Budget:
-    """Open requests by profile and by credential."""
-
-    def __init__(self, bounds: HttpBounds) -> None:
-        self._bounds = bounds
-        self._profiles: dict[str, int] = {}
-        self._credentials: dict[tuple[str, str], int] = {}
-
-    def take(self, profile: str, credential: str) -> str | None:
-        key = (profile, credential)
-        if self._profiles.get(profile, 0) >= self._bounds.requests_per_profile:
-            return f"profile {profile!r} has {self._bounds.requests_per_profile} requests open over HTTP already"
-        if self._credentials.get(key, 0) >= self._bounds.requests_per_credential:
-            return f"the credential {credential!r} has {self._bounds.requests_per_credential} requests open already"
-        self._profiles[profile] = self._profiles.get(profile, 0) + 1
-        self._credentials[key] = self._credentials.get(key, 0) + 1
-        return None
-
-    def give(self, profile: str, credential: str) -> None:
-        key = (profile, credential)
-        self._profiles[profile] -= 1
-        self._credentials[key] -= 1
-        if not self._credentials[key]:
-            del self._credentials[key]
 
 
 @dataclass
@@ -151,10 +88,8 @@ class McpEndpoint:
         self._authenticate = authenticate
         self._signer = signer
         self.bounds = bounds or HttpBounds()
-        self._budget = _Budget(self.bounds)
-        self._sessions: dict[str, _Held] = {}
-        self._by_credential: dict[tuple[str, str], OrderedDict[str, None]] = {}
-        self._ended: OrderedDict[str, None] = OrderedDict()  # ids ended here, refused rather than resumed
+        self._budget = Budget(self.bounds)
+        self._held = HeldSessions(router, self.bounds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope)
@@ -211,7 +146,7 @@ class McpEndpoint:
         if (refusal := _routing_refusal(call.scope, call.headers, decoded)) is not None:
             await send_json_error(call.send, 400, refusal.code, refusal.message, _id_of(decoded))
             return
-        session = Session(self._router, call.profile, _discard, _bound(call.principal))
+        session = new_session(self._router, call.profile, call.principal, Outlet())  # writes to no stream
         exchange = Exchange()
         session.write = exchange.put
         try:
@@ -271,8 +206,8 @@ class McpEndpoint:
             await send_json_error(call.send, 400, INVALID_REQUEST, "initialize opens a session: send it without "
                                  "Mcp-Session-Id (the session you name goes on as it was)", _id_of(decoded))
             return
-        outlet = _Outlet()
-        session = Session(self._router, call.profile, outlet.write, _bound(call.principal))
+        outlet = Outlet()
+        session = new_session(self._router, call.profile, call.principal, outlet)
         exchange = Exchange()
         self._handle(session, exchange, body)  # answered inline: the reply is in the exchange now
         reply = exchange.reply or b""
@@ -286,22 +221,22 @@ class McpEndpoint:
                                session.generation.snapshot.revision, session.instance or session.default_instance,
                                capabilities if isinstance(capabilities, dict) else {})
         new_id = self._signer.issue(record)
-        if not self._keep(new_id, _Held(session, record, outlet)):
+        if not self._held.keep(new_id, Held(session, record, outlet)):
             session.abort()
             await send_json_error(call.send, 429, SERVER_BUSY, self._too_many(call), _id_of(decoded))
             return
         await send_body(call.send, 200, reply, {"content-type": "application/json", "mcp-session-id": new_id})
 
-    async def _find(self, call: _Call, sid: str | None, msg_id: int | str | None) -> _Held | None:
+    async def _find(self, call: _Call, sid: str | None, msg_id: int | str | None) -> Held | None:
         """The session `sid` names, held here or resumed from its record; else the refusal is sent and None."""
         if sid is None:
             await send_json_error(call.send, 400, INVALID_REQUEST, "this request needs the Mcp-Session-Id header "
                                   "that initialize answered with (or MCP-Protocol-Version: 2026-07-28, which needs "
                                   "no session)", msg_id)
             return None
-        held = self._sessions.get(sid)
+        held = self._held.get(sid)
         record = held.record if held is not None else self._signer.read(sid)
-        if record is None or sid in self._ended or record.profile != call.profile \
+        if record is None or self._held.ended(sid) or record.profile != call.profile \
                 or record.principal != call.principal.name:
             # Another credential's id is as unknown as a forged one: nothing says it exists.
             await send_json_error(call.send, 404, INVALID_REQUEST, f"no such session; {_NEW_SESSION}", msg_id)
@@ -309,60 +244,23 @@ class McpEndpoint:
         if held is None:
             held = await self._resume(call, sid, record, msg_id)
         else:
-            held.used = time.monotonic()
-            self._by_credential[(call.profile, call.principal.name)].move_to_end(sid)
+            self._held.touch(sid, held)
         return held
 
-    async def _resume(self, call: _Call, sid: str, record: SessionRecord, msg_id: int | str | None) -> _Held | None:
+    async def _resume(self, call: _Call, sid: str, record: SessionRecord, msg_id: int | str | None) -> Held | None:
         live = self._router.live.snapshot.revision
         if record.revision != live:
             await send_json_error(call.send, 404, INVALID_REQUEST, f"this session was pinned to config revision "
                                   f"{record.revision[:12]}, which is no longer served (now {live[:12]}); "
                                   f"{_NEW_SESSION}", msg_id)
             return None
-        outlet = _Outlet()
-        session = Session(self._router, call.profile, outlet.write, _bound(call.principal))
-        session.era, session.version, session.default_instance = Era.HANDSHAKE, record.version, record.instance
-        held = _Held(session, record, outlet)
-        if not self._keep(sid, held):
+        held = self._held.resumed(record, call.principal)
+        if not self._held.keep(sid, held):
             await send_json_error(call.send, 429, SERVER_BUSY, self._too_many(call), msg_id)
             return None
         return held
 
-    def _keep(self, sid: str, held: _Held) -> bool:
-        """Hold `held` under `sid`, letting the credential's least recently used idle session go past its bound;
-        False when all of them are busy."""
-        self._let_go_idle()
-        ids = self._by_credential.setdefault((held.record.profile, held.record.principal), OrderedDict())
-        if len(ids) >= self.bounds.sessions_per_credential:
-            idle = next((old for old in ids if not self._sessions[old].session.tasks
-                         and self._sessions[old].outlet.stream is None), None)
-            if idle is None:
-                return False
-            self._let_go(idle)
-        self._sessions[sid] = held
-        ids[sid] = None
-        return True
-
-    def _let_go_idle(self) -> None:
-        """Let go the sessions nobody used for `idle_seconds`: a client that never ends its session keeps no
-        generation pinned for ever (its connectors could never drain). Each resumes from its id if it comes back."""
-        horizon = time.monotonic() - self.bounds.idle_seconds
-        for sid in [sid for sid, held in self._sessions.items() if held.used < horizon and not held.session.tasks
-                    and held.outlet.stream is None]:
-            self._let_go(sid)
-
-    def _let_go(self, sid: str) -> None:
-        held = self._sessions.pop(sid)
-        ids = self._by_credential[(held.record.profile, held.record.principal)]
-        del ids[sid]
-        if not ids:
-            del self._by_credential[(held.record.profile, held.record.principal)]
-        if held.outlet.stream is not None:
-            held.outlet.stream.close()
-        held.session.abort()
-
-    async def _open_stream(self, call: _Call, held: _Held) -> None:
+    async def _open_stream(self, call: _Call, held: Held) -> None:
         if held.outlet.stream is not None and not held.outlet.stream.closed:
             await send_body(call.send, 409, b"This session has its stream open already: one GET stream a session.\n",
                             {"content-type": "text/plain"})
@@ -378,10 +276,7 @@ class McpEndpoint:
         held = await self._find(call, sid, None)
         if held is None or sid is None:
             return
-        self._let_go(sid)
-        self._ended[sid] = None
-        while len(self._ended) > 100_000:
-            self._ended.popitem(last=False)
+        self._held.end(sid)
         await send_body(call.send, 200, b"", {})
 
     def _too_many(self, call: _Call) -> str:
@@ -420,8 +315,7 @@ class McpEndpoint:
         return body, decoded
 
     async def aclose(self) -> None:
-        for sid in list(self._sessions):
-            self._let_go(sid)
+        self._held.close()
         await asyncio.sleep(0)
 
 
@@ -489,11 +383,6 @@ def _accepts(headers: Headers) -> str:
     return accept.replace("*/*", "application/json, text/event-stream")
 
 
-def _bound(principal: Principal) -> dict[str, str] | None:
-    """The credential's agent run, which a request may not override (as the bridge's tags on a socket)."""
-    return {INSTANCE: principal.instance} if principal.instance else None
-
-
 def _id_of(decoded: Mapping[str, Any]) -> int | str | None:
     value = decoded.get("id")
     return value if isinstance(value, int | str) and not isinstance(value, bool) else None
@@ -501,7 +390,3 @@ def _id_of(decoded: Mapping[str, Any]) -> int | str | None:
 
 def _base_url(scope: Scope, headers: Headers) -> str:
     return f"{scope.get('scheme', 'http')}://{headers.text('host')}"
-
-
-def _discard(data: bytes) -> None:
-    return None
