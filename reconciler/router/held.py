@@ -5,11 +5,13 @@
 outlet its writes go to and its signed record (`resumption`); it opens sessions at `initialize`, rebuilds one
 from its record when the id comes to a router that does not hold it, lets the least recently used idle one go
 past a credential's bound (it resumes from its id) and remembers the ids ended here. `Budget` counts the requests
-open per profile and per credential. `HttpBounds` is every number of both.
+open per profile and per credential. `HttpBounds` is every number of both. A session also keeps the streams of its
+calls that are not yet delivered whole (`Held.streams`), for a client that lost one to resume it.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -39,6 +41,10 @@ class HttpBounds:
     idle_seconds: float = 600.0  # a session idle this long is let go too (its generation with it), and resumes
     stream_after_seconds: float = 5.0  # a call still running then answers as an SSE stream, kept alive
     keepalive_seconds: float = 15.0
+    # 2025-11-25 sessions: a call's stream still open this long is ended after an event the client resumes from
+    # (GET with Last-Event-ID), so no connection is held through a long call; None: held until the reply
+    poll_after_seconds: float | None = None
+    streams_per_session: int = 64  # streams a client lost and may resume; the oldest is dropped past it
 
 
 class Outlet:
@@ -61,6 +67,23 @@ class Held:
     record: SessionRecord
     outlet: Outlet
     used: float = field(default_factory=time.monotonic)
+    # the calls' streams not yet delivered whole, by stream id: a client that lost one resumes it from here
+    streams: OrderedDict[str, Exchange] = field(default_factory=OrderedDict)
+
+    def open_stream(self, most: int) -> Exchange:
+        """A resumable exchange for a request of this session, kept until its reply is delivered (`settle`)."""
+        exchange = Exchange(stream_id=secrets.token_urlsafe(9))
+        self.streams[exchange.stream_id or ""] = exchange
+        while len(self.streams) > most:
+            self.streams.popitem(last=False)[1].close()
+        return exchange
+
+    def settle(self, exchange: Exchange) -> None:
+        """Forget `exchange` once nothing of it is left to resume: its reply delivered, or no event with an id sent
+        (a client that saw none cannot name where to resume)."""
+        if exchange.delivered or exchange.closed or not exchange.log:
+            self.streams.pop(exchange.stream_id or "", None)
+            exchange.close()
 
     @property
     def idle(self) -> bool:
@@ -157,6 +180,8 @@ class HeldSessions:
             del self._by_credential[key]
         if held.outlet.stream is not None:
             held.outlet.stream.close()
+        for exchange in held.streams.values():
+            exchange.close()
         held.session.abort()
 
     def _let_go_idle(self) -> None:

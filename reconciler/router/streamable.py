@@ -34,6 +34,7 @@ from reconciler.router.exchanges import (
     Scope,
     Send,
     answer,
+    resume,
     send_body,
     send_json_error,
     stream_session,
@@ -60,6 +61,7 @@ __all__ = ["Authenticate", "HttpBounds", "McpEndpoint"]
 Authenticate = Callable[[str | None, str, str | None], Awaitable[Principal]]
 _SESSION_HEADER: Final = "mcp-session-id"
 _VERSION_HEADER: Final = "mcp-protocol-version"
+_LAST_EVENT_HEADER: Final = "last-event-id"
 _ROUTING_HEADERS: Final = (b"mcp-protocol-version", b"mcp-method", b"mcp-name")
 # 2026-07-28 names the HTTP status of each refusal; anything else is a JSON-RPC answer, 200.
 _STATUS_OF_CODE: Final = {PARSE_ERROR: 400, INVALID_REQUEST: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
@@ -172,7 +174,9 @@ class McpEndpoint:
                 await _refuse_accept(call.send, "text/event-stream")
                 return
             held = await self._find(call, sid, None)
-            if held is not None:
+            if held is not None and (last := call.headers.get(_LAST_EVENT_HEADER)) is not None:
+                await self._resume_stream(call, held, last)
+            elif held is not None:
                 await self._open_stream(call, held)
             return
         if "application/json" not in accepts or "text/event-stream" not in accepts:
@@ -194,12 +198,16 @@ class McpEndpoint:
             self._handle(held.session, None, body)
             await send_body(call.send, 202, b"", {})
             return
-        exchange = Exchange()
+        exchange = held.open_stream(self.bounds.streams_per_session)
         self._handle(held.session, exchange, body)
-        # A client that goes away leaves its call running (these revisions do not read a disconnect as a cancel).
-        await answer(exchange, call.receive, call.send, stream=True, stream_after=self.bounds.stream_after_seconds,
-                     keepalive=self.bounds.keepalive_seconds, status_of=lambda _: 200, headers={},
-                     on_gone=lambda: None)
+        # A client that goes away leaves its call running (these revisions do not read a disconnect as a cancel),
+        # and may resume its stream: GET with Last-Event-ID (`_resume_stream`).
+        try:
+            await answer(exchange, call.receive, call.send, stream=True, stream_after=self.bounds.stream_after_seconds,
+                         keepalive=self.bounds.keepalive_seconds, status_of=lambda _: 200, headers={},
+                         on_gone=lambda: None, poll_after=self._poll_after(held))
+        finally:
+            held.settle(exchange)
 
     async def _open(self, call: _Call, body: bytes, decoded: dict[str, Any], sid: str | None) -> None:
         if sid is not None:
@@ -271,6 +279,28 @@ class McpEndpoint:
         finally:
             if held.outlet.stream is exchange:
                 held.outlet.stream = None
+
+    async def _resume_stream(self, call: _Call, held: Held, last_event_id: str) -> None:
+        """GET with `Last-Event-ID`: the stream of a call whose client lost it, from the event after that one. The
+        specification lets a server replay or not; a stream delivered whole, dropped, or of another router is
+        refused 400, saying so, rather than opened empty (the client would wait for its reply for ever)."""
+        exchange = held.streams.get(last_event_id.strip().rpartition("/")[0])
+        after = exchange.resumes_after(last_event_id) if exchange is not None else None
+        if exchange is None or after is None:
+            await send_body(call.send, 400, f"No stream of this session to resume after event {last_event_id[:80]!r}: "
+                            "its reply was delivered already, or it was dropped (a router restarted, or the session "
+                            "was let go). Send the request again.\n".encode(), {"content-type": "text/plain"})
+            return
+        try:
+            await resume(exchange, after, call.receive, call.send, self.bounds.keepalive_seconds, {},
+                         self._poll_after(held))
+        finally:
+            held.settle(exchange)
+
+    def _poll_after(self, held: Held) -> float | None:
+        """`HttpBounds.poll_after_seconds` for a session of 2025-11-25 on (the revision that lets a server end a
+        stream for its client to resume), else None."""
+        return self.bounds.poll_after_seconds if held.record.version >= "2025-11-25" else None
 
     async def _end(self, call: _Call, sid: str | None) -> None:
         held = await self._find(call, sid, None)
