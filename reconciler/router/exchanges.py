@@ -118,10 +118,12 @@ def error_code(reply: bytes) -> int | None:
 
 async def answer(exchange: Exchange, receive: Receive, send: Send, *, stream: bool, stream_after: float,
                  keepalive: float, status_of: Callable[[int | None], int], headers: Mapping[str, str],
-                 on_gone: Callable[[], None], poll_after: float | None = None) -> None:
+                 on_gone: Callable[[], None], poll_after: float | None = None, prime: bool = False) -> None:
     """Send the exchange's reply as JSON, or as an SSE stream once a notification comes or the call runs past
     `stream_after` (when the client accepts one: `stream`). `on_gone` runs when the client disconnects first.
-    `poll_after`: a resumable stream still open this long is ended after an event the client resumes from."""
+    `poll_after`: a resumable stream still open this long is ended after an event the client resumes from.
+    `prime`: a resumable stream opens with an event with an id and no data (2025-11-25), so a client that loses
+    it before any message came can still resume it."""
     if exchange.reply is not None and not exchange.notes:  # answered inline (ping, tools/list): nothing to watch
         exchange.delivered = True
         await send_body(send, status_of(error_code(exchange.reply)), exchange.reply,
@@ -141,6 +143,8 @@ async def answer(exchange: Exchange, receive: Receive, send: Send, *, stream: bo
             await send_body(send, status_of(error_code(exchange.reply)), exchange.reply,
                             {**headers, "content-type": "application/json"})
             return
+        if prime and exchange.stream_id is not None and not exchange.log:
+            exchange.prime()
         await _stream(exchange, send, keepalive, headers, watcher, 0, poll_after)
     finally:
         watcher.cancel()

@@ -205,7 +205,7 @@ class McpEndpoint:
         try:
             await answer(exchange, call.receive, call.send, stream=True, stream_after=self.bounds.stream_after_seconds,
                          keepalive=self.bounds.keepalive_seconds, status_of=lambda _: 200, headers={},
-                         on_gone=lambda: None, poll_after=self._poll_after(held))
+                         on_gone=lambda: None, poll_after=self._poll_after(held), prime=_primes(held))
         finally:
             held.settle(exchange)
 
@@ -300,7 +300,7 @@ class McpEndpoint:
     def _poll_after(self, held: Held) -> float | None:
         """`HttpBounds.poll_after_seconds` for a session of 2025-11-25 on (the revision that lets a server end a
         stream for its client to resume), else None."""
-        return self.bounds.poll_after_seconds if held.record.version >= "2025-11-25" else None
+        return self.bounds.poll_after_seconds if _primes(held) else None
 
     async def _end(self, call: _Call, sid: str | None) -> None:
         held = await self._find(call, sid, None)
@@ -411,6 +411,12 @@ async def _refuse_accept(send: Send, needed: str) -> None:
 def _accepts(headers: Headers) -> str:
     accept = headers.text("accept").lower()
     return accept.replace("*/*", "application/json, text/event-stream")
+
+
+def _primes(held: Held) -> bool:
+    """Whether the session's revision (2025-11-25 on) has a server open a stream with an event to resume from,
+    and lets it end a stream for its client to resume."""
+    return held.record.version >= "2025-11-25"
 
 
 def _id_of(decoded: Mapping[str, Any]) -> int | str | None:

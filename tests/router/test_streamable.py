@@ -4,7 +4,8 @@ A real `handler serve --http` on the conformance suite's tree (tests/fixtures/su
 its store: what a page of another origin and a rebound name get, a session that outlives its router, one whose
 revision is gone, the end of a session, and the 2026-07-28 revision's single requests and their headers. Then
 the endpoint in this process on the echo tree, with small bounds: a credential past its open requests, bodies
-refused before any session, and a long call answered as a stream.
+refused before any session, a long call answered as a stream, and a stream its client lost resumed with
+`Last-Event-ID` (by the official client, and after a dropped connection) or refused when nothing is left of it.
 """
 
 from __future__ import annotations
@@ -307,5 +308,34 @@ def test_a_last_event_id_of_no_stream_held_is_refused_saying_to_send_the_request
             assert answered.status_code == 400
             assert "No stream of this session to resume after event 'gone/3'" in answered.text
             assert "Send the request again" in answered.text
+
+    run(scenario())
+
+
+def test_a_stream_whose_connection_drops_is_resumed_from_its_first_event_and_ends_with_the_reply(
+        echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        bounds = HttpBounds(stream_after_seconds=0.05, keepalive_seconds=0.1)
+        async with mounted(echo_root, run_dir, bounds) as (app, token):
+            listener = HttpListener(app, "127.0.0.1", 0, dashboard=False)
+            await listener.start()
+            try:
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{listener.port}", timeout=30) as client:
+                    headers = await open_session(client, token)
+                    async with client.stream("POST", "/mcp/tester", headers=headers, json=sleep_call(7, 0.8)) as cut:
+                        first = (await anext(cut.aiter_raw())).decode()
+                    assert first.startswith("id: "), first  # the priming event: an id, no data
+                    assert "\ndata: \n" in first, first
+                    last_id = first.split("\n", 1)[0].removeprefix("id: ")
+                    resumed = await client.get("/mcp/tester", headers={**headers, "Last-Event-ID": last_id})
+                    again = await client.get("/mcp/tester", headers={**headers, "Last-Event-ID": last_id})
+            finally:
+                await listener.aclose()
+            assert resumed.status_code == 200
+            assert resumed.headers["content-type"] == "text/event-stream"
+            data = [line for line in resumed.text.splitlines() if line.startswith("data: {")]
+            assert len(data) == 1, resumed.text
+            assert json.loads(data[0][len("data: "):])["id"] == 7
+            assert again.status_code == 400  # delivered whole: nothing is left to resume
 
     run(scenario())
