@@ -48,6 +48,7 @@ class Exchange:
         self.log: list[bytes] = []  # the stream's events so far, the reply's last once it came
         self.delivered = False  # the reply went out whole on some connection: nothing is left to resume
         self.replied = False  # the reply is in `log`, the stream's last event
+        self.connections = 0  # connections that sent its stream so far: the last one sends, an older one stops
         self._arrived = asyncio.Event()
 
     def put(self, data: bytes) -> None:
@@ -168,7 +169,10 @@ async def _stream(exchange: Exchange, send: Send, keepalive: float, headers: Map
                 "headers": [*_SSE_HEADERS, *((k.encode(), v.encode()) for k, v in headers.items())]})
     loop = asyncio.get_running_loop()
     until = None if poll_after is None else loop.time() + poll_after
-    while not exchange.closed and not gone.done():
+    exchange.connections += 1
+    mine = exchange.connections
+    exchange.wake()  # a connection the client gave up on, not yet seen gone, stops sending
+    while not exchange.closed and not gone.done() and exchange.connections == mine:
         exchange.record()
         events, sent = b"".join(exchange.log[sent:]), len(exchange.log)
         if exchange.replied:
