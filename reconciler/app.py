@@ -308,12 +308,8 @@ class Service:
 
     def _open_mcp(self, router: Router) -> McpEndpoint:
         """The agents' MCP endpoints over HTTP: the router's sessions, behind the service's credentials."""
-        store = self._governor.store if self._governor is not None else None
-        credentials = Credentials(store, lambda: _http_auth(router), public_url=ListenerSettings.from_env(
-            os.environ).public_url)
-
         def authenticate(authorization: str | None, profile: str, base_url: str | None) -> Awaitable[Principal]:
-            return credentials.authenticate(authorization, profile, base_url=base_url)
+            return self.credentials.authenticate(authorization, profile, base_url=base_url)
 
         return McpEndpoint(router, authenticate, SessionSigner(load_key(self.state_dir)))
 
@@ -377,12 +373,6 @@ class Service:
             await self._router.aclose()
         await self._control.aclose()
         self._lock.release()  # last: until here, this state folder is ours
-
-
-def _http_auth(router: Router) -> HttpAuth | None:
-    """The live revision's `[http.auth]`: a reload that changes it applies to the next request."""
-    org = router.live.snapshot.org
-    return org.http.auth if org is not None else None
 
 
 def _connector_states(router: Router) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["CURRENT", "Exchange", "Receive", "Scope", "Send", "answer", "send_body", "send_json_error",
+__all__ = ["CURRENT", "Exchange", "Receive", "Scope", "Send", "answer", "resume", "send_body", "send_json_error",
            "stream_session"]
 
 # ASGI, as the specification of that interface names its parts (the web room's server runs it).
@@ -28,17 +28,27 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 _REPLY: Final = b'{"jsonrpc":"2.0","id":'  # how every reply a session writes begins (wire.messages)
+_RETRY: Final = b"retry: 100\n\n"  # a stream ended for polling: resume at once (the SDK waits 1 s without it)
 _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
                        (b"x-accel-buffering", b"no")]
 
 
 class Exchange:
-    """The messages written for one request: notifications as they come, then the reply."""
+    """The messages written for one request: notifications as they come, then the reply.
 
-    def __init__(self) -> None:
+    An exchange with a `stream_id` is resumable: its stream's events carry ids (`<stream_id>/<n>`), `log` keeps
+    them, and a client that loses the stream does not close it: what still comes is kept for a GET with
+    `Last-Event-ID` (`resume`)."""
+
+    def __init__(self, stream_id: str | None = None) -> None:
         self.notes: list[bytes] = []
         self.reply: bytes | None = None
-        self.closed = False  # the client went away: what still comes is dropped
+        self.closed = False  # the client went away (or the session ended): what still comes is dropped
+        self.stream_id = stream_id
+        self.log: list[bytes] = []  # the stream's events so far, the reply's last once it came
+        self.delivered = False  # the reply went out whole on some connection: nothing is left to resume
+        self.replied = False  # the reply is in `log`, the stream's last event
+        self.connections = 0  # connections that sent its stream so far: the last one sends, an older one stops
         self._arrived = asyncio.Event()
 
     def put(self, data: bytes) -> None:
@@ -55,6 +65,9 @@ class Exchange:
         self.closed = True
         self._arrived.set()
 
+    def wake(self) -> None:
+        self._arrived.set()
+
     async def wait(self, seconds: float | None) -> None:
         """Until something arrives (or `seconds` pass)."""
         with contextlib.suppress(TimeoutError):
@@ -65,6 +78,30 @@ class Exchange:
     def take_notes(self) -> list[bytes]:
         notes, self.notes = self.notes, []
         return notes
+
+    def record(self) -> None:
+        """Move what arrived into `log` as events, the reply last."""
+        for note in self.take_notes():
+            self.log.append(self._event(note))
+        if self.reply is not None and not self.replied:
+            self.log.append(self._event(self.reply))
+            self.replied = True
+
+    def prime(self) -> None:
+        """An event with an id and no data (2025-11-25): a client resumes from it before any message came."""
+        self.log.append(self._event(b""))
+
+    def _event(self, message: bytes) -> bytes:
+        if self.stream_id is None:
+            return b"event: message\n" + _data(message)
+        return b"id: %s/%d\nevent: message\n%s" % (self.stream_id.encode(), len(self.log) + 1, _data(message))
+
+    def resumes_after(self, last_event_id: str) -> int | None:
+        """How many of `log`'s events a client that saw `last_event_id` has; None when it is not this stream's."""
+        stream, _, seen = last_event_id.strip().rpartition("/")
+        if stream != self.stream_id or not (seen.isascii() and seen.isdigit()) or int(seen) > len(self.log):
+            return None
+        return int(seen)
 
 
 CURRENT: ContextVar[Exchange | None] = ContextVar("handler_http_exchange", default=None)
@@ -82,10 +119,14 @@ def error_code(reply: bytes) -> int | None:
 
 async def answer(exchange: Exchange, receive: Receive, send: Send, *, stream: bool, stream_after: float,
                  keepalive: float, status_of: Callable[[int | None], int], headers: Mapping[str, str],
-                 on_gone: Callable[[], None]) -> None:
+                 on_gone: Callable[[], None], poll_after: float | None = None, prime: bool = False) -> None:
     """Send the exchange's reply as JSON, or as an SSE stream once a notification comes or the call runs past
-    `stream_after` (when the client accepts one: `stream`). `on_gone` runs when the client disconnects first."""
+    `stream_after` (when the client accepts one: `stream`). `on_gone` runs when the client disconnects first.
+    `poll_after`: a resumable stream still open this long is ended after an event the client resumes from.
+    `prime`: a resumable stream opens with an event with an id and no data (2025-11-25), so a client that loses
+    it before any message came can still resume it."""
     if exchange.reply is not None and not exchange.notes:  # answered inline (ping, tools/list): nothing to watch
+        exchange.delivered = True
         await send_body(send, status_of(error_code(exchange.reply)), exchange.reply,
                         {**headers, "content-type": "application/json"})
         return
@@ -96,27 +137,56 @@ async def answer(exchange: Exchange, receive: Receive, send: Send, *, stream: bo
         while not stream and exchange.reply is None and not exchange.closed:
             exchange.notes.clear()  # no stream to carry them: a JSON answer is the reply alone
             await exchange.wait(None)
-        if exchange.closed:
+        if exchange.closed or watcher.done():
             return
         if exchange.reply is not None and not exchange.notes:
+            exchange.delivered = True
             await send_body(send, status_of(error_code(exchange.reply)), exchange.reply,
                             {**headers, "content-type": "application/json"})
             return
-        await _stream(exchange, send, keepalive, headers)
+        if prime and exchange.stream_id is not None and not exchange.log:
+            exchange.prime()
+        await _stream(exchange, send, keepalive, headers, watcher, 0, poll_after)
     finally:
         watcher.cancel()
 
 
-async def _stream(exchange: Exchange, send: Send, keepalive: float, headers: Mapping[str, str]) -> None:
+async def resume(exchange: Exchange, after: int, receive: Receive, send: Send, keepalive: float,
+                 headers: Mapping[str, str], poll_after: float | None = None) -> None:
+    """A GET with `Last-Event-ID`: the events of `exchange`'s stream after the `after`-th, then the rest of it."""
+    watcher = asyncio.create_task(_watch_disconnect(receive, exchange, lambda: None))
+    try:
+        await _stream(exchange, send, keepalive, headers, watcher, after, poll_after)
+    finally:
+        watcher.cancel()
+
+
+async def _stream(exchange: Exchange, send: Send, keepalive: float, headers: Mapping[str, str],
+                  gone: asyncio.Task[None], sent: int, poll_after: float | None) -> None:
+    """Send `exchange.log` from its `sent`-th event on, as it grows, until the reply went out, the client left
+    (`gone`), or (`poll_after`) the stream was ended for the client to resume."""
     await send({"type": "http.response.start", "status": 200,
                 "headers": [*_SSE_HEADERS, *((k.encode(), v.encode()) for k, v in headers.items())]})
-    while not exchange.closed:
-        events = b"".join(_event(note) for note in exchange.take_notes())
-        if exchange.reply is not None:
-            await send({"type": "http.response.body", "body": events + _event(exchange.reply), "more_body": False})
+    loop = asyncio.get_running_loop()
+    until = None if poll_after is None else loop.time() + poll_after
+    exchange.connections += 1
+    mine = exchange.connections
+    exchange.wake()  # a connection the client gave up on, not yet seen gone, stops sending
+    while not exchange.closed and not gone.done() and exchange.connections == mine:
+        exchange.record()
+        events, sent = b"".join(exchange.log[sent:]), len(exchange.log)
+        if exchange.replied:
+            await send({"type": "http.response.body", "body": events, "more_body": False})
+            exchange.delivered = True
+            return
+        if until is not None and loop.time() >= until:
+            if not exchange.log:
+                exchange.prime()
+                events += exchange.log[-1]
+            await send({"type": "http.response.body", "body": events + _RETRY, "more_body": False})
             return
         await send({"type": "http.response.body", "body": events or b": keep-alive\n\n", "more_body": True})
-        await exchange.wait(keepalive)
+        await exchange.wait(keepalive if until is None else min(keepalive, max(until - loop.time(), 0.0)))
 
 
 async def stream_session(exchange: Exchange, receive: Receive, send: Send, keepalive: float,
@@ -141,12 +211,19 @@ async def stream_session(exchange: Exchange, receive: Receive, send: Send, keepa
 async def _watch_disconnect(receive: Receive, exchange: Exchange, on_gone: Callable[[], None]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-    exchange.close()
+    if exchange.stream_id is None:
+        exchange.close()
+    else:  # the sender stops; what still comes is kept for the client's GET with Last-Event-ID
+        exchange.wake()
     on_gone()
 
 
 def _event(message: bytes) -> bytes:
-    return b"event: message\ndata: " + message.rstrip(b"\n") + b"\n\n"
+    return b"event: message\n" + _data(message)
+
+
+def _data(message: bytes) -> bytes:
+    return b"data: " + message.rstrip(b"\n") + b"\n\n"
 
 
 async def send_body(send: Send, status: int, body: bytes, headers: Mapping[str, str]) -> None:

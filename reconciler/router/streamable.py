@@ -1,10 +1,11 @@
 """MCP over Streamable HTTP: `/mcp/<profile>` on the service's listener, framing the very sessions of the sockets.
 
-`app.py` mounts `McpEndpoint` on the HTTP listener (whose guards have checked `Host` and the body's size). Each
-request then passes, in order: its method, its `Origin` (a page of another origin is refused, the
-specification's DNS-rebinding rule), its credential (`authenticate`: a bearer of this profile, from loopback as
-from anywhere), the budget of its profile and of its credential. What a message means is `sessions.Session`'s,
-as on a unix socket; only the framing differs (docs/router.md "MCP over HTTP"):
+`app.py` mounts `McpEndpoint` on the HTTP listener, whose guards (web/guards.py) have checked `Host`, `Origin` (a
+page of another origin is refused, the specification's DNS-rebinding rule) and the body's size. Each request then
+passes, in order: its method, its credential (`authenticate`: a bearer of this profile, from loopback as from
+anywhere), the budget of its profile and of its credential (`held.Budget`). What a message means is
+`sessions.Session`'s, as on a unix socket, and the sessions kept between requests are `held.HeldSessions`'; only
+the framing differs (docs/router.md "MCP over HTTP"):
 
 - 2024-11-05 to 2025-11-25: `initialize` opens a session whose id (`Mcp-Session-Id`) is its signed record
   (`resumption`), so any router sharing the state folder serves its next request, pinned to the revision it
@@ -18,12 +19,9 @@ as on a unix socket; only the framing differs (docs/router.md "MCP over HTTP"):
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import orjson
 
@@ -36,10 +34,12 @@ from reconciler.router.exchanges import (
     Scope,
     Send,
     answer,
+    resume,
     send_body,
     send_json_error,
     stream_session,
 )
+from reconciler.router.held import Budget, Held, HeldSessions, HttpBounds, Outlet, new_session
 from reconciler.router.hub import Hub
 from reconciler.router.protocol import Era, read_envelope
 from reconciler.router.resumption import SessionRecord, SessionSigner
@@ -54,8 +54,6 @@ from reconciler.wire.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     JsonRpcError,
 )
-from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
-from reconciler.wire.meta import INSTANCE
 from reconciler.wire.versions import HANDSHAKE_VERSIONS
 
 __all__ = ["Authenticate", "HttpBounds", "McpEndpoint"]
@@ -63,72 +61,12 @@ __all__ = ["Authenticate", "HttpBounds", "McpEndpoint"]
 Authenticate = Callable[[str | None, str, str | None], Awaitable[Principal]]
 _SESSION_HEADER: Final = "mcp-session-id"
 _VERSION_HEADER: Final = "mcp-protocol-version"
+_LAST_EVENT_HEADER: Final = "last-event-id"
 _ROUTING_HEADERS: Final = (b"mcp-protocol-version", b"mcp-method", b"mcp-name")
 # 2026-07-28 names the HTTP status of each refusal; anything else is a JSON-RPC answer, 200.
 _STATUS_OF_CODE: Final = {PARSE_ERROR: 400, INVALID_REQUEST: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
                           -32021: 400, UNSUPPORTED_PROTOCOL_VERSION: 400, METHOD_NOT_FOUND: 404}
 _NEW_SESSION: Final = "start a new session: send initialize again, without Mcp-Session-Id"
-
-
-@dataclass(frozen=True)
-class HttpBounds:
-    """What one profile and one credential may hold of the endpoint at once, as the sockets bound a client."""
-
-    max_body_bytes: int = DEFAULT_MAX_LINE_BYTES  # one message, as a socket's line
-    requests_per_profile: int = 512  # open requests and streams: a profile's socket takes 512 connections
-    requests_per_credential: int = 256  # one credential: as many calls as one connection may run
-    sessions_per_credential: int = 64  # held in memory; an idle one past it is let go, and resumes from its id
-    idle_seconds: float = 600.0  # a session idle this long is let go too (its generation with it), and resumes
-    stream_after_seconds: float = 5.0  # a call still running then answers as an SSE stream, kept alive
-    keepalive_seconds: float = 15.0
-
-
-class _Outlet:
-    """Where a handshake-era session's writes go: the request that caused them, else its GET stream."""
-
-    def __init__(self) -> None:
-        self.stream: Exchange | None = None
-
-    def write(self, data: bytes) -> None:
-        exchange = CURRENT.get()
-        if exchange is None:
-            exchange = self.stream
-        if exchange is not None:
-            exchange.put(data)
-
-
-@dataclass
-class _Held:
-    session: Session
-    record: SessionRecord
-    outlet: _Outlet
-    used: float = field(default_factory=time.monotonic)
-
-
-class _Budget:
-    """Open requests by profile and by credential."""
-
-    def __init__(self, bounds: HttpBounds) -> None:
-        self._bounds = bounds
-        self._profiles: dict[str, int] = {}
-        self._credentials: dict[tuple[str, str], int] = {}
-
-    def take(self, profile: str, credential: str) -> str | None:
-        key = (profile, credential)
-        if self._profiles.get(profile, 0) >= self._bounds.requests_per_profile:
-            return f"profile {profile!r} has {self._bounds.requests_per_profile} requests open over HTTP already"
-        if self._credentials.get(key, 0) >= self._bounds.requests_per_credential:
-            return f"the credential {credential!r} has {self._bounds.requests_per_credential} requests open already"
-        self._profiles[profile] = self._profiles.get(profile, 0) + 1
-        self._credentials[key] = self._credentials.get(key, 0) + 1
-        return None
-
-    def give(self, profile: str, credential: str) -> None:
-        key = (profile, credential)
-        self._profiles[profile] -= 1
-        self._credentials[key] -= 1
-        if not self._credentials[key]:
-            del self._credentials[key]
 
 
 @dataclass
@@ -152,10 +90,8 @@ class McpEndpoint:
         self._authenticate = authenticate
         self._signer = signer
         self.bounds = bounds or HttpBounds()
-        self._budget = _Budget(self.bounds)
-        self._sessions: dict[str, _Held] = {}
-        self._by_credential: dict[tuple[str, str], OrderedDict[str, None]] = {}
-        self._ended: OrderedDict[str, None] = OrderedDict()  # ids ended here, refused rather than resumed
+        self._budget = Budget(self.bounds)
+        self._held = HeldSessions(router, self.bounds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope)
@@ -163,9 +99,6 @@ class McpEndpoint:
         if scope["method"] not in ("POST", "GET", "DELETE"):
             await send_body(send, 405, b"The MCP endpoint takes POST, GET and DELETE.\n",
                             {"allow": "POST, GET, DELETE", "content-type": "text/plain"})
-            return
-        if (problem := origin_problem(headers)) is not None:
-            await send_body(send, 403, problem.encode(), {"content-type": "text/plain; charset=utf-8"})
             return
         try:
             principal = await self._authenticate(headers.get("authorization"), profile, _base_url(scope, headers))
@@ -215,7 +148,7 @@ class McpEndpoint:
         if (refusal := _routing_refusal(call.scope, call.headers, decoded)) is not None:
             await send_json_error(call.send, 400, refusal.code, refusal.message, _id_of(decoded))
             return
-        session = Session(self._router, call.profile, _discard, _bound(call.principal))
+        session = new_session(self._router, call.profile, call.principal, Outlet())  # writes to no stream
         exchange = Exchange()
         session.write = exchange.put
         try:
@@ -241,7 +174,9 @@ class McpEndpoint:
                 await _refuse_accept(call.send, "text/event-stream")
                 return
             held = await self._find(call, sid, None)
-            if held is not None:
+            if held is not None and (last := call.headers.get(_LAST_EVENT_HEADER)) is not None:
+                await self._resume_stream(call, held, last)
+            elif held is not None:
                 await self._open_stream(call, held)
             return
         if "application/json" not in accepts or "text/event-stream" not in accepts:
@@ -263,20 +198,24 @@ class McpEndpoint:
             self._handle(held.session, None, body)
             await send_body(call.send, 202, b"", {})
             return
-        exchange = Exchange()
+        exchange = held.open_stream(self.bounds.streams_per_session)
         self._handle(held.session, exchange, body)
-        # A client that goes away leaves its call running (these revisions do not read a disconnect as a cancel).
-        await answer(exchange, call.receive, call.send, stream=True, stream_after=self.bounds.stream_after_seconds,
-                     keepalive=self.bounds.keepalive_seconds, status_of=lambda _: 200, headers={},
-                     on_gone=lambda: None)
+        # A client that goes away leaves its call running (these revisions do not read a disconnect as a cancel),
+        # and may resume its stream: GET with Last-Event-ID (`_resume_stream`).
+        try:
+            await answer(exchange, call.receive, call.send, stream=True, stream_after=self.bounds.stream_after_seconds,
+                         keepalive=self.bounds.keepalive_seconds, status_of=lambda _: 200, headers={},
+                         on_gone=lambda: None, poll_after=self._poll_after(held), prime=_primes(held))
+        finally:
+            held.settle(exchange)
 
     async def _open(self, call: _Call, body: bytes, decoded: dict[str, Any], sid: str | None) -> None:
         if sid is not None:
             await send_json_error(call.send, 400, INVALID_REQUEST, "initialize opens a session: send it without "
                                  "Mcp-Session-Id (the session you name goes on as it was)", _id_of(decoded))
             return
-        outlet = _Outlet()
-        session = Session(self._router, call.profile, outlet.write, _bound(call.principal))
+        outlet = Outlet()
+        session = new_session(self._router, call.profile, call.principal, outlet)
         exchange = Exchange()
         self._handle(session, exchange, body)  # answered inline: the reply is in the exchange now
         reply = exchange.reply or b""
@@ -290,22 +229,22 @@ class McpEndpoint:
                                session.generation.snapshot.revision, session.instance or session.default_instance,
                                capabilities if isinstance(capabilities, dict) else {})
         new_id = self._signer.issue(record)
-        if not self._keep(new_id, _Held(session, record, outlet)):
+        if not self._held.keep(new_id, Held(session, record, outlet)):
             session.abort()
             await send_json_error(call.send, 429, SERVER_BUSY, self._too_many(call), _id_of(decoded))
             return
         await send_body(call.send, 200, reply, {"content-type": "application/json", "mcp-session-id": new_id})
 
-    async def _find(self, call: _Call, sid: str | None, msg_id: int | str | None) -> _Held | None:
+    async def _find(self, call: _Call, sid: str | None, msg_id: int | str | None) -> Held | None:
         """The session `sid` names, held here or resumed from its record; else the refusal is sent and None."""
         if sid is None:
             await send_json_error(call.send, 400, INVALID_REQUEST, "this request needs the Mcp-Session-Id header "
                                   "that initialize answered with (or MCP-Protocol-Version: 2026-07-28, which needs "
                                   "no session)", msg_id)
             return None
-        held = self._sessions.get(sid)
+        held = self._held.get(sid)
         record = held.record if held is not None else self._signer.read(sid)
-        if record is None or sid in self._ended or record.profile != call.profile \
+        if record is None or self._held.ended(sid) or record.profile != call.profile \
                 or record.principal != call.principal.name:
             # Another credential's id is as unknown as a forged one: nothing says it exists.
             await send_json_error(call.send, 404, INVALID_REQUEST, f"no such session; {_NEW_SESSION}", msg_id)
@@ -313,60 +252,23 @@ class McpEndpoint:
         if held is None:
             held = await self._resume(call, sid, record, msg_id)
         else:
-            held.used = time.monotonic()
-            self._by_credential[(call.profile, call.principal.name)].move_to_end(sid)
+            self._held.touch(sid, held)
         return held
 
-    async def _resume(self, call: _Call, sid: str, record: SessionRecord, msg_id: int | str | None) -> _Held | None:
+    async def _resume(self, call: _Call, sid: str, record: SessionRecord, msg_id: int | str | None) -> Held | None:
         live = self._router.live.snapshot.revision
         if record.revision != live:
             await send_json_error(call.send, 404, INVALID_REQUEST, f"this session was pinned to config revision "
                                   f"{record.revision[:12]}, which is no longer served (now {live[:12]}); "
                                   f"{_NEW_SESSION}", msg_id)
             return None
-        outlet = _Outlet()
-        session = Session(self._router, call.profile, outlet.write, _bound(call.principal))
-        session.era, session.version, session.default_instance = Era.HANDSHAKE, record.version, record.instance
-        held = _Held(session, record, outlet)
-        if not self._keep(sid, held):
+        held = self._held.resumed(record, call.principal)
+        if not self._held.keep(sid, held):
             await send_json_error(call.send, 429, SERVER_BUSY, self._too_many(call), msg_id)
             return None
         return held
 
-    def _keep(self, sid: str, held: _Held) -> bool:
-        """Hold `held` under `sid`, letting the credential's least recently used idle session go past its bound;
-        False when all of them are busy."""
-        self._let_go_idle()
-        ids = self._by_credential.setdefault((held.record.profile, held.record.principal), OrderedDict())
-        if len(ids) >= self.bounds.sessions_per_credential:
-            idle = next((old for old in ids if not self._sessions[old].session.tasks
-                         and self._sessions[old].outlet.stream is None), None)
-            if idle is None:
-                return False
-            self._let_go(idle)
-        self._sessions[sid] = held
-        ids[sid] = None
-        return True
-
-    def _let_go_idle(self) -> None:
-        """Let go the sessions nobody used for `idle_seconds`: a client that never ends its session keeps no
-        generation pinned for ever (its connectors could never drain). Each resumes from its id if it comes back."""
-        horizon = time.monotonic() - self.bounds.idle_seconds
-        for sid in [sid for sid, held in self._sessions.items() if held.used < horizon and not held.session.tasks
-                    and held.outlet.stream is None]:
-            self._let_go(sid)
-
-    def _let_go(self, sid: str) -> None:
-        held = self._sessions.pop(sid)
-        ids = self._by_credential[(held.record.profile, held.record.principal)]
-        del ids[sid]
-        if not ids:
-            del self._by_credential[(held.record.profile, held.record.principal)]
-        if held.outlet.stream is not None:
-            held.outlet.stream.close()
-        held.session.abort()
-
-    async def _open_stream(self, call: _Call, held: _Held) -> None:
+    async def _open_stream(self, call: _Call, held: Held) -> None:
         if held.outlet.stream is not None and not held.outlet.stream.closed:
             await send_body(call.send, 409, b"This session has its stream open already: one GET stream a session.\n",
                             {"content-type": "text/plain"})
@@ -378,14 +280,33 @@ class McpEndpoint:
             if held.outlet.stream is exchange:
                 held.outlet.stream = None
 
+    async def _resume_stream(self, call: _Call, held: Held, last_event_id: str) -> None:
+        """GET with `Last-Event-ID`: the stream of a call whose client lost it, from the event after that one. The
+        specification lets a server replay or not; a stream delivered whole, dropped, or of another router is
+        refused 400, saying so, rather than opened empty (the client would wait for its reply for ever)."""
+        exchange = held.streams.get(last_event_id.strip().rpartition("/")[0])
+        after = exchange.resumes_after(last_event_id) if exchange is not None else None
+        if exchange is None or after is None:
+            await send_body(call.send, 400, f"No stream of this session to resume after event {last_event_id[:80]!r}: "
+                            "its reply was delivered already, or it was dropped (a router restarted, or the session "
+                            "was let go). Send the request again.\n".encode(), {"content-type": "text/plain"})
+            return
+        try:
+            await resume(exchange, after, call.receive, call.send, self.bounds.keepalive_seconds, {},
+                         self._poll_after(held))
+        finally:
+            held.settle(exchange)
+
+    def _poll_after(self, held: Held) -> float | None:
+        """`HttpBounds.poll_after_seconds` for a session of 2025-11-25 on (the revision that lets a server end a
+        stream for its client to resume), else None."""
+        return self.bounds.poll_after_seconds if _primes(held) else None
+
     async def _end(self, call: _Call, sid: str | None) -> None:
         held = await self._find(call, sid, None)
         if held is None or sid is None:
             return
-        self._let_go(sid)
-        self._ended[sid] = None
-        while len(self._ended) > 100_000:
-            self._ended.popitem(last=False)
+        self._held.end(sid)
         await send_body(call.send, 200, b"", {})
 
     def _too_many(self, call: _Call) -> str:
@@ -424,8 +345,7 @@ class McpEndpoint:
         return body, decoded
 
     async def aclose(self) -> None:
-        for sid in list(self._sessions):
-            self._let_go(sid)
+        self._held.close()
         await asyncio.sleep(0)
 
 
@@ -441,26 +361,6 @@ class Headers:
     def text(self, name: str) -> str:
         """The header's value, "" when it is absent."""
         return self._values.get(name, "")
-
-
-def origin_problem(headers: Headers) -> str | None:
-    """Why a request's `Origin` is refused, or None. A browser names the page's origin; a request of a page served
-    elsewhere (another site, or a name rebound to this address) may not act with a credential it holds. Clients
-    that are not browsers send none."""
-    origin = headers.get("origin")
-    if origin is None:
-        return None
-    host = headers.text("host").lower()
-    parts = urlsplit(origin.strip())
-    if parts.scheme in ("http", "https") and parts.netloc and _same_host(parts.scheme, parts.netloc.lower(), host):
-        return None
-    return (f"Origin {origin[:100]!r} is not this service's ({host[:100]}): a page served elsewhere may not call the "
-            "MCP endpoint. Call it from a program (which sends no Origin), or from a page of this service.\n")
-
-
-def _same_host(scheme: str, netloc: str, host: str) -> bool:
-    default = ":443" if scheme == "https" else ":80"
-    return netloc.removesuffix(default) == host.removesuffix(default)
 
 
 def _routing_refusal(scope: Scope, headers: Headers, decoded: Mapping[str, Any]) -> JsonRpcError | None:
@@ -513,9 +413,10 @@ def _accepts(headers: Headers) -> str:
     return accept.replace("*/*", "application/json, text/event-stream")
 
 
-def _bound(principal: Principal) -> dict[str, str] | None:
-    """The credential's agent run, which a request may not override (as the bridge's tags on a socket)."""
-    return {INSTANCE: principal.instance} if principal.instance else None
+def _primes(held: Held) -> bool:
+    """Whether the session's revision (2025-11-25 on) has a server open a stream with an event to resume from,
+    and lets it end a stream for its client to resume."""
+    return held.record.version >= "2025-11-25"
 
 
 def _id_of(decoded: Mapping[str, Any]) -> int | str | None:
@@ -525,7 +426,3 @@ def _id_of(decoded: Mapping[str, Any]) -> int | str | None:
 
 def _base_url(scope: Scope, headers: Headers) -> str:
     return f"{scope.get('scheme', 'http')}://{headers.text('host')}"
-
-
-def _discard(data: bytes) -> None:
-    return None

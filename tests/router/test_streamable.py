@@ -4,7 +4,8 @@ A real `handler serve --http` on the conformance suite's tree (tests/fixtures/su
 its store: what a page of another origin and a rebound name get, a session that outlives its router, one whose
 revision is gone, the end of a session, and the 2026-07-28 revision's single requests and their headers. Then
 the endpoint in this process on the echo tree, with small bounds: a credential past its open requests, bodies
-refused before any session, and a long call answered as a stream.
+refused before any session, a long call answered as a stream, and a stream its client lost resumed with
+`Last-Event-ID` (by the official client, and after a dropped connection) or refused when nothing is left of it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from starlette.applications import Starlette
 
 from reconciler.governance.credentials import Credentials, Principal
 from reconciler.governance.store import open_store
@@ -27,7 +32,7 @@ from reconciler.governance.store.engine import store_url
 from reconciler.governance.tokens import create_token
 from reconciler.router.resumption import SessionSigner, load_key
 from reconciler.router.streamable import HttpBounds, McpEndpoint
-from reconciler.web.http import build_mcp_app
+from reconciler.web.http import HttpListener, build_mcp_app
 from tests.fixtures.harness import run, serving
 from tests.fixtures.http_service import HttpServed
 from tests.fixtures.suite_connector import SIMPLE_TEXT
@@ -172,8 +177,8 @@ def test_protocol_2026_07_28_is_one_request_a_post_with_its_headers_and_no_sessi
 
 
 @contextlib.asynccontextmanager
-async def endpoint(root: Path, run_dir: Path, bounds: HttpBounds) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
-    """An HTTP client of the endpoint (as the listener mounts it) and a bearer token of `tester`."""
+async def mounted(root: Path, run_dir: Path, bounds: HttpBounds) -> AsyncIterator[tuple[Starlette, str]]:
+    """The endpoint as the listener mounts it, on a router of its own, and a bearer token of `tester`."""
     with contextlib.closing(open_store(store_url(root, {}, state_dir=root / ".handler"))) as store:
         token = create_token(store, "tester", name="bounded", instance=None, expires_in=None, actor="tests").token
         credentials = Credentials(store)
@@ -182,10 +187,18 @@ async def endpoint(root: Path, run_dir: Path, bounds: HttpBounds) -> AsyncIterat
                 return credentials.authenticate(authorization, profile, base_url=base)
 
             mcp = McpEndpoint(router, authenticate, SessionSigner(load_key(root)), bounds)
-            transport = httpx.ASGITransport(app=build_mcp_app(mcp))
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-                yield client, token
-            await mcp.aclose()
+            try:
+                yield build_mcp_app(mcp), token
+            finally:
+                await mcp.aclose()
+
+
+@contextlib.asynccontextmanager
+async def endpoint(root: Path, run_dir: Path, bounds: HttpBounds) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """An HTTP client of the endpoint (as the listener mounts it) and a bearer token of `tester`."""
+    async with mounted(root, run_dir, bounds) as (app, token), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+        yield client, token
 
 
 async def open_session(client: httpx.AsyncClient, token: str) -> dict[str, str]:
@@ -247,5 +260,82 @@ def test_a_long_call_is_answered_as_a_stream_ending_with_its_result(echo_root: P
             last = streamed.content.rstrip(b"\n").rsplit(b"\n", 1)[1]
             assert last.startswith(b'data: {"jsonrpc":"2.0","id":5,"result":')
             assert json.loads(last[len(b"data: "):])["result"]["isError"] is False
+
+    run(scenario())
+
+
+# --- a stream the client lost, resumed with Last-Event-ID ---------------------------------------------------------
+
+
+def test_a_call_whose_stream_ends_before_its_result_is_resumed_by_the_sdk_client_and_answered(
+        echo_root: Path, run_dir: Path) -> None:
+    """The endpoint ends a 2025-11-25 call's stream after 0.2 s (as the specification lets a server), after an event
+    with an id; the official client reconnects with GET and Last-Event-ID, and gets the call's result there."""
+    async def scenario() -> None:
+        bounds = HttpBounds(stream_after_seconds=0.05, keepalive_seconds=0.1, poll_after_seconds=0.2)
+        async with mounted(echo_root, run_dir, bounds) as (app, token):
+            listener = HttpListener(app, "127.0.0.1", 0, dashboard=False)
+            await listener.start()
+            asked: list[tuple[str, str | None]] = []
+
+            async def note(request: Any) -> None:
+                asked.append((request.method, request.headers.get("last-event-id")))
+
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+            http.event_hooks["request"].append(note)
+            try:
+                url = f"http://127.0.0.1:{listener.port}/mcp/tester"
+                async with http, Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+                    result = await client.call_tool("echo_misbehave", {"mode": "sleep", "seconds": 1.0})
+                    assert not result.is_error, result
+                    said = await client.call_tool("echo_say", {"text": "after"})
+                    assert not said.is_error, said
+            finally:
+                await listener.aclose()
+            resumed = [last for method, last in asked if method == "GET" and last is not None]
+            assert len(resumed) >= 2, asked  # 1 s of call, a stream ended every 0.2 s
+            assert len({last.rpartition("/")[0] for last in resumed}) == 1  # the one call's stream, each time
+
+    run(scenario())
+
+
+def test_a_last_event_id_of_no_stream_held_is_refused_saying_to_send_the_request_again(echo_root: Path,
+                                                                                        run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with endpoint(echo_root, run_dir, HttpBounds()) as (client, token):
+            headers = await open_session(client, token)
+            answered = await client.get("/mcp/tester", headers={**headers, "Last-Event-ID": "gone/3"})
+            assert answered.status_code == 400
+            assert "No stream of this session to resume after event 'gone/3'" in answered.text
+            assert "Send the request again" in answered.text
+
+    run(scenario())
+
+
+def test_a_stream_whose_connection_drops_is_resumed_from_its_first_event_and_ends_with_the_reply(
+        echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        bounds = HttpBounds(stream_after_seconds=0.05, keepalive_seconds=0.1)
+        async with mounted(echo_root, run_dir, bounds) as (app, token):
+            listener = HttpListener(app, "127.0.0.1", 0, dashboard=False)
+            await listener.start()
+            try:
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{listener.port}", timeout=30) as client:
+                    headers = await open_session(client, token)
+                    async with client.stream("POST", "/mcp/tester", headers=headers, json=sleep_call(7, 0.8)) as cut:
+                        first = (await anext(cut.aiter_raw())).decode()
+                    assert first.startswith("id: "), first  # the priming event: an id, no data
+                    assert "\ndata: \n" in first, first
+                    last_id = first.split("\n", 1)[0].removeprefix("id: ")
+                    resumed = await client.get("/mcp/tester", headers={**headers, "Last-Event-ID": last_id})
+                    again = await client.get("/mcp/tester", headers={**headers, "Last-Event-ID": last_id})
+            finally:
+                await listener.aclose()
+            assert resumed.status_code == 200
+            assert resumed.headers["content-type"] == "text/event-stream"
+            data = [line for line in resumed.text.splitlines() if line.startswith("data: {")]
+            assert len(data) == 1, resumed.text
+            assert json.loads(data[0][len("data: "):])["id"] == 7
+            assert again.status_code == 400  # delivered whole: nothing is left to resume
 
     run(scenario())

@@ -222,7 +222,7 @@ def test_signatures_and_times_that_are_not_ascii_are_refused_not_a_server_error(
             assert status_of(await exchange(port, raw, [])) == 401  # an unreadable cookie signs nobody in
             huge = (b"POST /hooks/git HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n")
             answer = await exchange(port, huge, [])
-            assert status_of(answer) in (400, 413), answer  # h11 or the limit refuses it, never a 500
+            assert status_of(answer) in (400, 413), answer  # the parser or the limit refuses it, never a 500
 
     asyncio.run(scenario())
 
