@@ -59,6 +59,7 @@ _log = logging.getLogger("handler.router")
 _BACKLOG = 128
 _ACCEPTS_PER_WAKEUP = 64
 _ACCEPT_PAUSE_SECONDS = 0.1
+_MOST_UNREAD_NOTES = 1 << 20  # what a handed-over session's lifeline may hold unread: a bridge reads it all along
 
 
 class Connection:
@@ -176,10 +177,15 @@ class Connection:
             self._tell(calls_line(changes))
 
     def _tell(self, line: bytes) -> None:
-        """A line for the bridge, on the lifeline."""
+        """A line for the bridge, on the lifeline. A peer that leaves them unread is no bridge (a bridge reads all
+        along): past `_MOST_UNREAD_NOTES` its session ends, rather than the router holding its lines for ever."""
         lifeline = self.lifeline
         if lifeline is not None and not lifeline.is_closing():
             lifeline.write(line)  # type: ignore[attr-defined]  # a socket transport
+            if lifeline.get_write_buffer_size() > _MOST_UNREAD_NOTES:  # type: ignore[attr-defined]
+                _log.warning("profile %s: ended a handed-over session whose bridge left %d bytes of the "
+                             "router's lines unread", self.session.profile, _MOST_UNREAD_NOTES)
+                self.end(abort=True)
 
     def input_ended(self) -> None:
         """The client closed its sending side: finish the calls in flight, reply, then close the output."""
