@@ -37,7 +37,6 @@ from reconciler.places import PrivatePlaceError, default_run_dir, default_state_
 from reconciler.preflight import binding_checks, preflight
 from reconciler.router.exchanges import Receive, Scope, Send, send_body
 from reconciler.router.files import clear_leftovers
-from reconciler.router.resumption import SessionSigner, load_key
 from reconciler.router.server import Router
 from reconciler.router.streamable import McpEndpoint
 from reconciler.router.tally import CallTally
@@ -311,7 +310,7 @@ class Service:
         def authenticate(authorization: str | None, profile: str, base_url: str | None) -> Awaitable[Principal]:
             return self.credentials.authenticate(authorization, profile, base_url=base_url)
 
-        return McpEndpoint(router, authenticate, SessionSigner(load_key(self.state_dir)))
+        return McpEndpoint(router, authenticate, router.signer)  # the records bridges re-attach with, too
 
     async def _serve_mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.mcp is None:  # pragma: no cover - the listener starts serving after the router

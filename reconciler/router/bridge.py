@@ -8,13 +8,15 @@ the host's configuration serves the built-in tools (`handler/builtins`), so this
 tool name appears twice in the host (docs/hosts.md).
 
 When its stdin and stdout are pipes or sockets (as MCP clients start servers), it hands both to the
-router with those `_meta` (see `handoff`) and then only waits: the router reads the agent's requests
-and writes its replies itself, and closes the socket when the session is over, which is when the
-bridge exits. Otherwise (a terminal, a file, one socket as both, `--relay`), or if the router
-refuses, it relays lines both ways, adding the `_meta` to each request. A line it cannot parse, and
-one over the size cap, goes through as it is: the router answers it. When the agent closes stdin,
-the bridge closes its sending side and waits for the replies still owed; when the router closes, or
-the agent stops reading, it exits.
+router with those `_meta` (see `handoff`) and then follows the session (`lifeline`): the router reads the
+agent's requests and writes its replies itself, and says when the session is over, which is when the
+bridge exits. The bridge keeps its own copies of both, so when the router goes away instead (a restart),
+it answers each call left open with an error naming the restart, waits for the next router
+(`--wait-seconds`) and hands the session over again. Otherwise (a terminal, a file, one socket as both,
+`--relay`), or if the router refuses, it relays lines both ways, adding the `_meta` to each request. A
+line it cannot parse, and one over the size cap, goes through as it is: the router answers it. When the
+agent closes stdin, the bridge closes its sending side and waits for the replies still owed; when the
+router closes, or the agent stops reading, it exits (a relayed session does not outlive its router).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from typing import Any
 import orjson
 
 from reconciler.places import default_run_dir, socket_path, why_unreachable
-from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, attach_line, is_stream_fd
+from reconciler.router.handoff import ACCEPTED, attach_line, is_stream_fd
+from reconciler.router.lifeline import DEFAULT_WAIT_SECONDS, Lifeline, read_line
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.meta import caller_meta
 
@@ -56,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--relay", action="store_true", default=os.environ.get("HANDLER_RELAY") == "1",
                         help="relay lines instead of handing stdin and stdout to the router (default when they "
                         "are a terminal or a file; also HANDLER_RELAY=1)")
+    parser.add_argument("--wait-seconds", type=float, default=_wait_default(), metavar="SECONDS",
+                        help="when the router goes away (a restart), how long to wait for the next one before "
+                        f"stopping (default {DEFAULT_WAIT_SECONDS:g}; also HANDLER_REATTACH_SECONDS)")
     args = parser.parse_args(argv)
     if closed := _closed_stream():
         # Checked before any socket is opened: it would take the free descriptor and pass for the agent's stdio.
@@ -80,12 +86,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"handler-service: {why_unreachable(run_dir, args.profile, path, exc)}", file=sys.stderr)
         return 1
     try:
-        if args.relay or not hand_over(sock, meta):
-            # The router's own cap, never a lower one: a line over the bridge's cap passes untagged, and under the
-            # router's it would be served with the agent's own run ids, a held agent deciding its own hold.
-            relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, DEFAULT_MAX_LINE_BYTES)
+        return _serve(sock, path, meta, args)
     except KeyboardInterrupt:
         return 130
+
+
+def _serve(sock: socket.socket, path: Path, meta: Mapping[str, str], args: argparse.Namespace) -> int:
+    """Hand the agent's stdio over and follow the session, else relay it; the exit status."""
+    if not args.relay and hand_over(sock, meta):
+        return Lifeline(path, meta, args.wait_seconds).follow(sock)
+    # The router's own cap, never a lower one: a line over the bridge's cap passes untagged, and under the
+    # router's it would be served with the agent's own run ids, a held agent deciding its own hold.
+    relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, DEFAULT_MAX_LINE_BYTES)
     return 0
 
 
@@ -99,8 +111,15 @@ def _closed_stream() -> str | None:
     return None
 
 
+def _wait_default() -> float:
+    try:
+        return float(os.environ.get("HANDLER_REATTACH_SECONDS") or DEFAULT_WAIT_SECONDS)
+    except ValueError:
+        return DEFAULT_WAIT_SECONDS
+
+
 def hand_over(sock: socket.socket, meta: Mapping[str, str]) -> bool:
-    """Give the router stdin and stdout and wait until it ends the session; False if it was not possible.
+    """Give the router stdin and stdout (keeping copies); False if it was not possible.
 
     After False the socket is still a line connection, ready for `relay`.
     """
@@ -111,31 +130,11 @@ def hand_over(sock: socket.socket, meta: Mapping[str, str]) -> bool:
         if (stdin.st_dev, stdin.st_ino) == (stdout.st_dev, stdout.st_ino):
             return False  # one socket both ways: an event loop cannot watch it as two pipes
         socket.send_fds(sock, [attach_line(meta)], [0, 1])
-        answer = _read_line(sock)
+        answer = read_line(sock)
     except OSError:
         return False
-    if answer != ACCEPTED:
-        return False  # refused, or a router that does not know the handoff: its answer is not for the agent
-    # The router owns the agent's stdio now: let go of ours, so the agent sees the end when the router closes.
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)
-    os.dup2(null, 1)
-    os.close(null)
-    with contextlib.suppress(OSError):
-        while sock.recv(_CHUNK):
-            pass
-    sock.close()
-    return True
-
-
-def _read_line(sock: socket.socket) -> bytes:
-    """One line from the socket, read a byte at a time so nothing after it is taken from the relay."""
-    line = bytearray()
-    while len(line) <= MAX_ATTACH_BYTES and (byte := sock.recv(1)):
-        line += byte
-        if byte == b"\n":
-            break
-    return bytes(line)
+    # Refused, or a router that does not know the handoff: its answer is not for the agent.
+    return answer == ACCEPTED
 
 
 def relay(sock: socket.socket, in_fd: int, out_fd: int, meta: Mapping[str, str], max_line: int) -> None:

@@ -8,40 +8,87 @@ writes replies to its stdout itself, so each message crosses one process fewer. 
 open as the session's lifeline: the router closes it when the session ends, and the bridge's exit
 (or death) ends the session. A router that refuses the handoff answers `{"handler/attached":
 false, "message": ...}` and the connection carries relayed lines as usual.
+
+The bridge keeps its own copies of both descriptors, so the session can outlive its router. Over the
+lifeline the router tells the bridge what it needs to hand the session over again (docs/router.md
+"Restarts"): the session's signed record once the session has settled (`{"handler/session": id}`, the
+record `resumption` makes for Streamable HTTP too), the calls it opened and closed (`{"handler/calls":
+[["open", id], ["closed", id], ...]}`, in order: the calls begun in an event-loop turn at its end, a
+call's end just before its reply, so a bridge never answers a call whose reply the agent may have read),
+and, when the session is over rather than the router going away, `{"handler/ended": true}`. A bridge
+whose lifeline closes without that line re-attaches to the next router with the record beside its meta
+(`{"handler/attach": {meta}, "handler/session": id}`), and the router resumes the session without a
+new `initialize`.
 """
 
 from __future__ import annotations
 
 import stat
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, NamedTuple
 
 import orjson
 
-from reconciler.wire.meta import ATTACH, ATTACHED
+from reconciler.wire.meta import ATTACH, ATTACHED, CALLS, ENDED, SESSION
 
-__all__ = ["ACCEPTED", "attach_line", "is_stream_fd", "parse_attach", "refused_line"]
+__all__ = [
+    "ACCEPTED",
+    "ENDED_LINE",
+    "STDIO_PRINCIPAL",
+    "Attach",
+    "attach_line",
+    "calls_line",
+    "is_stream_fd",
+    "parse_attach",
+    "refused_line",
+    "session_line",
+]
 
 ACCEPTED: Final = orjson.dumps({ATTACHED: True}, option=orjson.OPT_APPEND_NEWLINE)
+ENDED_LINE: Final = orjson.dumps({ENDED: True}, option=orjson.OPT_APPEND_NEWLINE)
 MAX_ATTACH_BYTES: Final = 64 * 1024
+# The principal of a session record made for a handed-over session: the socket is who it is, no credential. No
+# credential has an empty name, so a record of an HTTP session is never resumed on a socket, nor one of these over HTTP.
+STDIO_PRINCIPAL: Final = ""
 
 
-def attach_line(meta: Mapping[str, str]) -> bytes:
-    return orjson.dumps({ATTACH: dict(meta)}, option=orjson.OPT_APPEND_NEWLINE)
+class Attach(NamedTuple):
+    meta: dict[str, str]
+    session: str | None  # the signed record of the session to resume, when the bridge re-attaches
 
 
-def parse_attach(data: bytes) -> dict[str, str] | None:
-    """The meta of an attach line, or None if `data` is not exactly one well-formed attach line."""
+def attach_line(meta: Mapping[str, str], session: str | None = None) -> bytes:
+    line: dict[str, object] = {ATTACH: dict(meta)}
+    if session is not None:
+        line[SESSION] = session
+    return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def parse_attach(data: bytes) -> Attach | None:
+    """What an attach line says, or None if `data` is not exactly one well-formed attach line."""
     if not data.endswith(b"\n") or data.count(b"\n") != 1:
         return None
     try:
         msg = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    meta = msg.get(ATTACH) if isinstance(msg, dict) and len(msg) == 1 else None
+    if not isinstance(msg, dict) or not set(msg) <= {ATTACH, SESSION}:
+        return None
+    meta, session = msg.get(ATTACH), msg.get(SESSION)
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         return None
-    return meta
+    if session is not None and not isinstance(session, str):
+        return None
+    return Attach(meta, session)
+
+
+def session_line(session: str) -> bytes:
+    return orjson.dumps({SESSION: session}, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def calls_line(changes: list[tuple[str, int | str]]) -> bytes:
+    """The calls opened and closed since the last such line, in order: `("open", id)` or `("closed", id)`."""
+    return orjson.dumps({CALLS: changes}, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def refused_line(message: str) -> bytes:

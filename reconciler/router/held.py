@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from reconciler.governance.credentials import Principal
 from reconciler.router.exchanges import CURRENT, Exchange
 from reconciler.router.hub import Hub
-from reconciler.router.protocol import Era
 from reconciler.router.resumption import SessionRecord
 from reconciler.router.sessions import Session
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
@@ -147,7 +146,7 @@ class HeldSessions:
         """A session rebuilt from its record, as it was after its `initialize` (not yet held: `keep` it)."""
         outlet = Outlet()
         session = new_session(self._router, record.profile, principal, outlet)
-        session.era, session.version, session.default_instance = Era.HANDSHAKE, record.version, record.instance
+        session.resume(record)  # the transport checked the revision is live
         return Held(session, record, outlet)
 
     def keep(self, sid: str, held: Held) -> bool:

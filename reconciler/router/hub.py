@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from reconciler.router.generation import Generation
 from reconciler.router.pipeline import Services
+from reconciler.router.resumption import SessionSigner
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineBudget
 
 __all__ = ["ConnectionBounds", "Hub"]
@@ -35,7 +36,8 @@ class ConnectionBounds:
 
 
 class Hub(Protocol):
-    """The live generation and the shared services, the bounds on clients, and the set of open connections."""
+    """The live generation and the shared services, the bounds on clients, the set of open connections, and the
+    signer of session records (`resumption`)."""
 
     services: Services
     bounds: ConnectionBounds
@@ -44,3 +46,6 @@ class Hub(Protocol):
 
     @property
     def live(self) -> Generation: ...
+
+    @property
+    def signer(self) -> SessionSigner: ...

@@ -6,7 +6,8 @@ client's capabilities, the config revision it is pinned to, its agent run) with 
 in the state folder (`http-sessions.key`, 0600), so a router that did not open the session — the same one after
 a restart, or another sharing the state — resumes it without a table of sessions anywhere. A record whose
 revision is no longer served is read, then refused by the transport, which tells the client so. The same record
-is what a bridge would hand over to a new router (docs/router.md "Sessions over HTTP").
+is what a bridge hands over to a new router to carry a stdio session across a restart (`lifeline`, docs/router.md
+"Restarts").
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from reconciler.router.generation import Generation, ValidatorCache, compile_gen
 from reconciler.router.hub import ConnectionBounds
 from reconciler.router.limits import LimitBook
 from reconciler.router.pipeline import Services, run_held
+from reconciler.router.resumption import SessionSigner, load_key
 from reconciler.router.transport import Connection, Listener
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineBudget
 
@@ -66,6 +67,15 @@ class Router:
         self.services.pool.set_live(self.live.pool_keys)
         self._listeners: dict[str, Listener] = {}
         self.connections: set[Connection] = set()
+        self._signer: SessionSigner | None = None
+
+    @property
+    def signer(self) -> SessionSigner:
+        """The signer of session records, under the state folder's key (made when first needed): the records of
+        sessions over HTTP and of sessions a bridge handed over, which a restarted router resumes."""
+        if self._signer is None:
+            self._signer = SessionSigner(load_key(_private(self.state_dir, "HANDLER_STATE_DIR")))
+        return self._signer
 
     def socket_path(self, profile: str) -> Path:
         return socket_path(self.run_dir, profile)
@@ -128,7 +138,7 @@ class Router:
         for profile in list(self._listeners):
             await self._close_socket(profile)
         for conn in list(self.connections):
-            conn.end()
+            conn.end(over=False)  # a bridge holding its session hands it to the next router
         await asyncio.sleep(0)  # let cancelled calls log and settle before their connectors go
         await self.services.pool.close()
         self.services.log.close()

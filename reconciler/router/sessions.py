@@ -9,6 +9,10 @@ out of order, matched by id. `notifications/cancelled` cancels a call in flight 
 is told in turn). A call whose `_meta` carries a `progressToken` hears progress while it runs (`progress`).
 The interface's skill is served as a resource and a prompt (`protocol`); a session whose bridge says the
 built-in tools are served elsewhere (`handler/builtins`) lists and runs none of them.
+
+`record` is what the session is, as a `resumption.SessionRecord` (both transports make it here), and
+`resume` goes on from one without a new `initialize`: pinned to the generation that serves the record's
+revision, or, when that revision is no longer served, answering each request with why and what to do.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from reconciler.router.protocol import (
     read_resource_result,
     refuse_other_era,
 )
+from reconciler.router.resumption import SessionRecord
 from reconciler.wire.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, JsonRpcError
 from reconciler.wire.messages import (
     IdentifiedError,
@@ -48,6 +53,7 @@ from reconciler.wire.messages import (
     parse_message,
 )
 from reconciler.wire.meta import BUILTINS, BUILTINS_ELSEWHERE, INSTANCE, INTERFACE, PARENT_INSTANCE, run_id_problem
+from reconciler.wire.versions import HANDSHAKE_VERSIONS
 
 __all__ = ["Session"]
 
@@ -72,9 +78,13 @@ class Session:
     """
 
     def __init__(self, router: Hub, profile: str, write: Callable[[bytes], None],
-                 bound: Mapping[str, str] | None = None, on_call_end: Callable[[], None] | None = None) -> None:
+                 bound: Mapping[str, str] | None = None, on_call_end: Callable[[], None] | None = None,
+                 on_call_start: Callable[[int | str], None] | None = None,
+                 on_call_answer: Callable[[int | str], None] | None = None) -> None:
         self.router = router
         self._on_call_end = on_call_end  # the connection resumes reading once fewer calls run
+        # Which calls a bridge would owe an answer: each call's start, and its answer, told just before the reply
+        self._on_call_start, self._on_call_answer = on_call_start, on_call_answer
         self.profile = profile
         self.write = write
         bound = bound or {}
@@ -85,6 +95,8 @@ class Session:
         self.generation: Generation | None = None
         self.era: Era | None = None
         self.version: str | None = None
+        self.capabilities: dict[str, Any] = {}  # the client's, from its `initialize`
+        self.refusal: str | None = None  # why every request is refused: a resumed session whose revision is gone
         # An agent run that names no instance is one per connection, so per-run limits still apply.
         self.default_instance = "conn-" + secrets.token_hex(6)
         self.tasks: dict[int | str, asyncio.Task[None]] = {}
@@ -105,6 +117,9 @@ class Session:
         if not msg.is_request:
             self._notification(msg)
             return
+        if self.refusal is not None:
+            self.write(encode_error(msg.id, JsonRpcError(INVALID_REQUEST, self.refusal)))
+            return
         if self.generation is None:
             self.generation = self.router.live
             self.router.services.pool.pin(self.generation.pool_keys)  # its connectors drain only after it ends
@@ -121,6 +136,8 @@ class Session:
             version = negotiate_handshake(params)
             view = self._view(generation, params)
             self.era, self.version = Era.HANDSHAKE, version
+            capabilities = params.get("capabilities") if params else None
+            self.capabilities = capabilities if isinstance(capabilities, dict) else {}
             self.write(encode_result(msg.id, initialize_result(version, view.instructions)))
         elif has_envelope(params):
             if self.era is Era.HANDSHAKE:
@@ -181,29 +198,43 @@ class Session:
             raise JsonRpcError(INVALID_REQUEST, f"request id {msg.id!r} is already in use by a call in flight")
         # The task removes itself from `tasks` when it ends (its body starts after this registration).
         self.tasks[msg.id] = self._loop.create_task(self._call(msg, generation, view, stateless))
+        if self._on_call_start is not None:
+            self._on_call_start(msg.id)
 
     async def _call(self, msg: Message, generation: Generation, view: View, stateless: bool) -> None:
         # None unless the client asked for it; it writes through `self.write` as it is then (`detach` changes it)
         progress = Progress.asked(msg.params, lambda data: self.write(data))  # noqa: PLW0108
+        call_id: int | str = msg.id  # type: ignore[assignment]  # only requests (with ids) start calls
+        answered = False
         try:
-            self._reply(msg, await run_tools_call(self.router.services, generation, view, self._caller(msg.params),
-                                                  msg.params, progress.relay if progress else None), stateless)
-        except JsonRpcError as exc:
-            self.write(encode_error(msg.id, exc))
+            try:
+                reply = self._reply(msg, await run_tools_call(self.router.services, generation, view,
+                                                              self._caller(msg.params), msg.params,
+                                                              progress.relay if progress else None), stateless)
+            except JsonRpcError as exc:
+                reply = encode_error(msg.id, exc)
+            answered = True
+            self._answering(call_id)  # before the reply: a bridge must never answer a call the client heard of
+            self.write(reply)
         finally:
             if progress is not None:  # after the reply, with no wait between: nothing follows it
                 progress.end()
-            self.tasks.pop(msg.id, None)  # type: ignore[arg-type]  # only requests (with ids) start calls
+            if not answered:  # cancelled: no reply comes
+                self._answering(call_id)
+            self.tasks.pop(call_id, None)
             if self._on_call_end is not None:  # after the reply: what was waiting for the slot answers later
                 self._on_call_end()
 
-    def _reply(self, msg: Message, result: EncodedResult | dict[str, Any], stateless: bool) -> None:
+    def _answering(self, call_id: int | str) -> None:
+        if self._on_call_answer is not None:
+            self._on_call_answer(call_id)
+
+    def _reply(self, msg: Message, result: EncodedResult | dict[str, Any], stateless: bool) -> bytes:
         if isinstance(result, EncodedResult):
-            self.write(encode_raw_result(msg.id, result.to_json(stateless)))
-            return
+            return encode_raw_result(msg.id, result.to_json(stateless))
         if stateless:
             result["resultType"] = "complete"
-        self.write(encode_result(msg.id, result))
+        return encode_result(msg.id, result)
 
     def _notification(self, msg: Message) -> None:
         if msg.method == "notifications/cancelled":
@@ -214,6 +245,28 @@ class Session:
                 # `finally`, so the call would go unlogged and its id stay taken for the rest of the connection.
                 self._loop.call_soon(task.cancel)
         # notifications/initialized and the rest need nothing from a tools-only server
+
+    def record(self, principal: str) -> SessionRecord | None:
+        """What a router needs to resume this session (None until `initialize` or an envelope settled it)."""
+        if self.version is None or self.generation is None:
+            return None
+        return SessionRecord(self.profile, principal, self.version, self.generation.snapshot.revision,
+                             self.instance or self.default_instance, self.capabilities)
+
+    def resume(self, record: SessionRecord) -> None:
+        """Go on as `record` says, without a new `initialize`: on the live generation if it serves the record's
+        revision; otherwise each request is answered with why, and what to do (`refusal`)."""
+        self.default_instance = record.instance
+        live = self.router.live
+        if record.revision != live.snapshot.revision:
+            self.refusal = (f"this session was pinned to config revision {record.revision[:12]}, which the router "
+                            f"no longer serves since it restarted (now {live.snapshot.revision[:12]}); restart "
+                            "this MCP server in your host to start a new session, then call again")
+            return
+        self.generation = live
+        self.router.services.pool.pin(live.pool_keys)
+        self.version, self.capabilities = record.version, dict(record.capabilities)
+        self.era = Era.HANDSHAKE if record.version in HANDSHAKE_VERSIONS else Era.STATELESS
 
     async def drain(self) -> None:
         """Wait for the calls in flight to finish and reply (the client closed its side)."""
@@ -236,7 +289,7 @@ class Session:
         """Its connection has ended: what still runs writes nowhere and tells it nothing. So neither keeps the other
         alive until the collector's next full pass, which a busy router makes rarely."""
         self.write = _discard
-        self._on_call_end = None
+        self._on_call_end = self._on_call_start = self._on_call_answer = None
 
 
 def _discard(data: bytes) -> None:

@@ -219,15 +219,11 @@ class McpEndpoint:
         exchange = Exchange()
         self._handle(session, exchange, body)  # answered inline: the reply is in the exchange now
         reply = exchange.reply or b""
-        if session.era is not Era.HANDSHAKE or session.generation is None or session.version is None:
+        record = session.record(call.principal.name) if session.era is Era.HANDSHAKE else None
+        if record is None:  # initialize was refused
             session.abort()
             await send_body(call.send, 400, reply, {"content-type": "application/json"})
             return
-        params = decoded.get("params")
-        capabilities = params.get("capabilities") if isinstance(params, dict) else None
-        record = SessionRecord(call.profile, call.principal.name, session.version,
-                               session.generation.snapshot.revision, session.instance or session.default_instance,
-                               capabilities if isinstance(capabilities, dict) else {})
         new_id = self._signer.issue(record)
         if not self._held.keep(new_id, Held(session, record, outlet)):
             session.abort()

@@ -3,7 +3,10 @@
 `Listener` accepts on one profile's socket and reads each new connection's first bytes itself, with
 room for file descriptors. An attach line from `handler-service` carrying the agent's stdin and
 stdout (see `handoff`) makes an attached connection: requests come from the agent's stdin, replies
-go to its stdout, and the socket is kept only as the session's lifeline. Anything else makes a line
+go to its stdout, and the socket is kept as the session's lifeline, over which the bridge hears what it
+needs to hand the session to the next router should this one go away: the session's signed record, the
+calls opened (batched, one line per event-loop turn) and answered (just before each reply), and the
+session's end (see `handoff`). An attach line carrying a record resumes that session. Anything else makes a line
 connection on the socket, fed those first bytes.
 
 `Connection` holds what both kinds share: framing, the `Session`, flow control, and the ending. When
@@ -31,8 +34,19 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.config.eventloop import LoopPipe
-from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, is_stream_fd, parse_attach, refused_line
+from reconciler.router.handoff import (
+    ACCEPTED,
+    ENDED_LINE,
+    MAX_ATTACH_BYTES,
+    STDIO_PRINCIPAL,
+    calls_line,
+    is_stream_fd,
+    parse_attach,
+    refused_line,
+    session_line,
+)
 from reconciler.router.hub import Hub
+from reconciler.router.resumption import SessionRecord
 from reconciler.router.sessions import Session
 from reconciler.wire.errors import INVALID_REQUEST, SERVER_BUSY, JsonRpcError
 from reconciler.wire.framing import LineFramer, Oversize
@@ -45,6 +59,7 @@ _log = logging.getLogger("handler.router")
 _BACKLOG = 128
 _ACCEPTS_PER_WAKEUP = 64
 _ACCEPT_PAUSE_SECONDS = 0.1
+_MOST_UNREAD_NOTES = 1 << 20  # what a handed-over session's lifeline may hold unread: a bridge reads it all along
 
 
 class Connection:
@@ -55,7 +70,8 @@ class Connection:
         self._router = router
         self._framer = LineFramer(router.bounds.max_line_bytes)
         self._max_calls = router.bounds.max_calls_in_flight
-        self.session = Session(router, profile, self._write, bound, on_call_end=self._call_ended)
+        self.session = Session(router, profile, self._write, bound, on_call_end=self._call_ended,
+                               on_call_start=self._call_started, on_call_answer=self._call_answered)
         self.reader: asyncio.ReadTransport | None = None
         self.writer: asyncio.WriteTransport | None = None
         self.lifeline: asyncio.BaseTransport | None = None
@@ -67,6 +83,8 @@ class Connection:
         self._unsent_bytes = 0  # replies unsent while the client is behind, counted in the budget
         self._lifted: asyncio.Future[None] | None = None  # the input's end, waiting for the waiting lines
         self._group = group  # the connections of its profile's socket, which the listener counts
+        self._unrecorded = False  # a handed-over session whose record its bridge has not had yet
+        self._changes: list[tuple[str, int | str]] = []  # calls opened and closed, for the bridge at the turn's end
         router.connections.add(self)
         if group is not None:
             group.add(self)
@@ -102,6 +120,8 @@ class Connection:
         for index, item in enumerate(items):
             if type(item) is bytes:
                 self.session.handle(item)
+                if self._unrecorded:
+                    self._send_record()
                 if len(self.session.tasks) >= self._max_calls:
                     self._hold("calls")
             else:
@@ -119,9 +139,53 @@ class Connection:
         if not self._router.line_budget.change(size):
             self._shed()
 
+    def _call_answered(self, call_id: int | str) -> None:
+        if self.lifeline is not None:  # told at once, just before the reply: never after, which a crash could split
+            self._changes.append(("closed", call_id))
+            self._send_changes()
+
     def _call_ended(self) -> None:
         if "calls" in self._holds and len(self.session.tasks) < self._max_calls:
             self._release("calls")
+
+    def handed_over(self, record: SessionRecord | None) -> None:
+        """Its bridge holds the agent's stdio too: tell it the session's record and calls. `record`: the session
+        the bridge re-attached, which goes on without `initialize`."""
+        if record is None:
+            self._unrecorded = True
+        else:
+            self.session.resume(record)
+
+    def _send_record(self) -> None:
+        record = self.session.record(STDIO_PRINCIPAL)
+        if record is not None:
+            self._unrecorded = False
+            self._tell(session_line(self._router.signer.issue(record)))
+
+    def _call_started(self, call_id: int | str) -> None:
+        if self.lifeline is not None:
+            self._change("open", call_id)
+
+    def _change(self, kind: str, call_id: int | str) -> None:
+        self._changes.append((kind, call_id))
+        if len(self._changes) == 1:
+            asyncio.get_running_loop().call_soon(self._send_changes)
+
+    def _send_changes(self) -> None:
+        changes, self._changes = self._changes, []
+        if changes:
+            self._tell(calls_line(changes))
+
+    def _tell(self, line: bytes) -> None:
+        """A line for the bridge, on the lifeline. A peer that leaves them unread is no bridge (a bridge reads all
+        along): past `_MOST_UNREAD_NOTES` its session ends, rather than the router holding its lines for ever."""
+        lifeline = self.lifeline
+        if lifeline is not None and not lifeline.is_closing():
+            lifeline.write(line)  # type: ignore[attr-defined]  # a socket transport
+            if lifeline.get_write_buffer_size() > _MOST_UNREAD_NOTES:  # type: ignore[attr-defined]
+                _log.warning("profile %s: ended a handed-over session whose bridge left %d bytes of the "
+                             "router's lines unread", self.session.profile, _MOST_UNREAD_NOTES)
+                self.end(abort=True)
 
     def input_ended(self) -> None:
         """The client closed its sending side: finish the calls in flight, reply, then close the output."""
@@ -138,12 +202,17 @@ class Connection:
         if self.writer is not None:
             self.writer.close()  # flushes what is buffered; its connection_lost then ends the rest
 
-    def end(self, *, abort: bool = False) -> None:
+    def end(self, *, abort: bool = False, over: bool = True) -> None:
         """Abort what still runs and close every stream (`abort`: dropping what they have not sent); safe to call
-        more than once."""
+        more than once. `over`: the session is over, so its bridge exits; otherwise (the router is going away) the
+        bridge answers the calls still open and hands the session to the next router."""
         if self._ended:
             return
         self._ended = True
+        if self.lifeline is not None:
+            self._send_changes()
+            if over:
+                self._tell(ENDED_LINE)
         self._router.connections.discard(self)
         if self._group is not None:
             self._group.discard(self)
@@ -396,11 +465,15 @@ class Listener:
             _close_fds(fds)
             conn.close()  # connected and left without a word
             return
-        meta = parse_attach(data) if fds else None
-        if meta is not None:
-            problem = _handoff_problem(fds) or _meta_problem(meta)
+        attach = parse_attach(data) if fds else None
+        if attach is not None:
+            problem = _handoff_problem(fds) or _meta_problem(attach.meta)
+            record = self._resumable(attach.session) if problem is None and attach.session is not None else None
+            if problem is None and attach.session is not None and record is None:
+                problem = ("the session the bridge re-attached is not one this router can resume (its record is "
+                           "another state folder's, or another profile's); restart this MCP server in your host")
             if problem is None:
-                self._start(self._attach(conn, fds, meta), conn, fds)
+                self._start(self._attach(conn, fds, attach.meta, record), conn, fds)
                 return
             with contextlib.suppress(OSError):
                 conn.send(refused_line(problem))
@@ -429,8 +502,17 @@ class Listener:
             conn.end()  # never made: it must not linger among the router's connections
             raise
 
-    async def _attach(self, sock: socket.socket, fds: list[int], meta: Mapping[str, str]) -> None:
+    def _resumable(self, session: str) -> SessionRecord | None:
+        """The record of a session handed over on this profile's socket, read from what its bridge presents."""
+        record = self._router.signer.read(session)
+        if record is None or record.profile != self._profile or record.principal != STDIO_PRINCIPAL:
+            return None
+        return record
+
+    async def _attach(self, sock: socket.socket, fds: list[int], meta: Mapping[str, str],
+                      record: SessionRecord | None) -> None:
         conn = Connection(self._router, self._profile, meta, group=self._live)
+        conn.handed_over(record)
         stdin, stdout = (LoopPipe(fd, self._loop) for fd in fds)  # each owned by its transport once handed over
         fds.clear()
         handed: set[LoopPipe] = set()

@@ -27,8 +27,10 @@ __all__ = [
     "BUDGET",
     "BUILTINS",
     "BUILTINS_ELSEWHERE",
+    "CALLS",
     "CAUSE",
     "COST",
+    "ENDED",
     "ERROR",
     "INSTANCE",
     "INTERFACE",
@@ -40,6 +42,7 @@ __all__ = [
     "RETRY_AFTER_DECISION",
     "RETRY_LATER",
     "RETRY_NEVER",
+    "SESSION",
     "STATUS",
     "caller_meta",
     "read_reported_cost",
@@ -65,6 +68,9 @@ BUILTINS: Final = "handler/builtins"
 BUILTINS_ELSEWHERE: Final = "elsewhere"
 ATTACH: Final = "handler/attach"  # the bridge's handoff line
 ATTACHED: Final = "handler/attached"  # the router's answer to it
+SESSION: Final = "handler/session"  # the session's signed record, router to bridge and back at a re-attach
+CALLS: Final = "handler/calls"  # the calls a handed-over session opened and closed, router to bridge
+ENDED: Final = "handler/ended"  # the handed-over session is over: the bridge exits rather than re-attach
 
 # Where a caller's identity comes from when a client is started by whoever launches the agent.
 _CALLER_ENV: Final = (("HANDLER_INSTANCE", INSTANCE), ("HANDLER_PARENT_INSTANCE", PARENT_INSTANCE))

@@ -123,25 +123,32 @@ def test_a_relayed_line_always_carries_the_bridges_run_ids_however_long(echo_roo
     assert lines[-1]["instance"] == "run-42"
 
 
-def test_the_bridge_exits_cleanly_when_the_router_closes(echo_root: Path, run_dir: Path) -> None:
+def test_when_the_router_closes_the_bridge_waits_for_the_next_then_exits_saying_why(echo_root: Path,
+                                                                                     run_dir: Path) -> None:
+    """A router that goes away (`aclose`, as `handler up` stopping) is not the session's end: the bridge waits for
+    the next one, within its bound (test_restart covers the one that comes back)."""
     import asyncio
 
-    async def scenario() -> int:
+    async def scenario() -> tuple[int, bytes]:
         async with serving(echo_root, run_dir) as router:
             proc = await asyncio.create_subprocess_exec(
-                BRIDGE, "echo", "--profile", "tester", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                env={"HANDLER_RUN_DIR": str(run_dir)})
+                BRIDGE, "echo", "--profile", "tester", "--wait-seconds", "0.5", stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"HANDLER_RUN_DIR": str(run_dir)})
             assert proc.stdin is not None
             assert proc.stdout is not None
+            assert proc.stderr is not None
             proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
             assert orjson.loads(await asyncio.wait_for(proc.stdout.readline(), 20)) == {
                 "jsonrpc": "2.0", "id": 1, "result": {}}
             await router.aclose()  # the agent's stdin stays open: the router's side closes first
             code = await asyncio.wait_for(proc.wait(), 20)
             proc.stdin.close()
-            return code
+            return code, await proc.stderr.read()
 
-    assert run(scenario()) == 0
+    code, err = run(scenario())
+    assert code == 1
+    assert b"handler-service: the router went away; waiting up to 0.5 s for it to come back" in err
+    assert b"handler-service: no router came back at " in err
 
 
 def test_the_bridge_refuses_a_run_id_the_router_would_refuse_before_it_connects(run_dir: Path) -> None:

@@ -1,0 +1,179 @@
+"""The bridge's side of a session it handed to the router: the session outlives the router (docs/router.md "Restarts").
+
+`handler-service` keeps its own copies of the agent's stdin and stdout after the handoff, so the agent sees
+no end of stream when the router goes away. `Lifeline.follow` reads what the router tells it over the
+socket (`handoff`): the session's signed record and the calls it opened and closed. When the socket closes
+without the router saying the session is over, the router has gone (a restart, an upgrade, a crash): each
+call still open gets one JSON-RPC error naming the restart, the bridge waits for the next router on the
+same socket path (at most `wait_seconds`, saying so on its stderr), and hands the session over again with
+its record, so the agent's session goes on without a new `initialize`. When no router comes back in time,
+each request the agent sent meanwhile gets an error saying so, and the bridge exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, attach_line
+from reconciler.wire.errors import INTERNAL_ERROR, JsonRpcError
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
+from reconciler.wire.messages import encode_error
+from reconciler.wire.meta import CALLS, ENDED, RETRY, RETRY_LATER, SESSION
+
+__all__ = ["DEFAULT_WAIT_SECONDS", "Lifeline", "read_line"]
+
+DEFAULT_WAIT_SECONDS: Final = 120.0  # enough for an upgrade's restart, short enough not to leave a host hanging
+_CHUNK: Final = 1 << 16
+_RETRY_PAUSE: Final = 0.1
+RESTARTED: Final = ("the router restarted while this call was running, so it may or may not have run (and been "
+                    "charged). If it was held for approval, its pending result named a request_id: ask handler_status. "
+                    "Otherwise call it again if running it twice does no harm; if it would, check its effect first. "
+                    "This session goes on: the next calls are served as soon as the router is back.")
+
+
+class Lifeline:
+    """What the bridge keeps of a handed-over session, and its re-attach to the next router."""
+
+    def __init__(self, path: Path, meta: Mapping[str, str], wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
+        self.path = path
+        self.meta = dict(meta)
+        self.wait_seconds = wait_seconds
+        self.record: str | None = None  # the session's signed record, once the router sent it
+        self.open: dict[int | str, None] = {}  # the calls in flight, in the order they began
+
+    def follow(self, sock: socket.socket) -> int:
+        """Follow the session through its routers until it is over; the bridge's exit status."""
+        while not self._read_until_closed(sock):
+            sock.close()
+            self._answer_open()
+            print(f"handler-service: the router went away; waiting up to {self.wait_seconds:g} s for it to come "
+                  f"back at {self.path}", file=sys.stderr, flush=True)
+            found = self._reattach()
+            if found is None:
+                return 1
+            sock = found
+            print("handler-service: the router is back; the session goes on", file=sys.stderr, flush=True)
+        sock.close()
+        return 0
+
+    def _read_until_closed(self, sock: socket.socket) -> bool:
+        """Read the router's lines until the socket closes; True if it said the session is over."""
+        framer = LineFramer(MAX_ATTACH_BYTES, oversize="pass")
+        with contextlib.suppress(OSError):
+            while data := sock.recv(_CHUNK):
+                for line in framer.feed(data):
+                    if isinstance(line, bytes) and self._heard(line):
+                        return True
+        return False
+
+    def _heard(self, line: bytes) -> bool:
+        """Take in one line of the router's; True if it says the session is over."""
+        try:
+            said: Any = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(said, dict):
+            return False
+        if isinstance(record := said.get(SESSION), str):
+            self.record = record
+        for change in said.get(CALLS) or ():
+            kind, call_id = change
+            if kind == "open":
+                self.open[call_id] = None
+            else:
+                self.open.pop(call_id, None)
+        return said.get(ENDED) is True
+
+    def _answer_open(self) -> None:
+        """One error for each call the router left unanswered."""
+        data = {RETRY: RETRY_LATER}
+        lines = b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, RESTARTED, data)) for call_id in self.open)
+        self.open.clear()
+        _write_out(lines)
+
+    def _reattach(self) -> socket.socket | None:
+        """The socket of the next router, the session handed over to it; None when none took it in time."""
+        deadline = time.monotonic() + self.wait_seconds
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(str(self.path))
+                socket.send_fds(sock, [attach_line(self.meta, self.record)], [0, 1])
+                answer = read_line(sock)
+            except OSError:
+                sock.close()
+                if time.monotonic() >= deadline:
+                    self._give_up(f"no router came back at {self.path} within {self.wait_seconds:g} s")
+                    return None
+                time.sleep(_RETRY_PAUSE)
+                continue
+            if answer == ACCEPTED:
+                return sock
+            sock.close()
+            self._give_up(f"the router did not take the session back: {_refusal(answer)}")
+            return None
+
+    def _give_up(self, why: str) -> None:
+        """Answer what the agent sent while the bridge waited, say why on stderr; the bridge then exits."""
+        message = f"{why}; this MCP server has stopped: restart it in your host (or start the router: handler up)"
+        _write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, message, {RETRY: RETRY_LATER}))
+                            for call_id in _waiting_requests()))
+        print(f"handler-service: {message}", file=sys.stderr, flush=True)
+
+
+def read_line(sock: socket.socket) -> bytes:
+    """One line from the socket, read a byte at a time so nothing after it is taken from what follows."""
+    line = bytearray()
+    while len(line) <= MAX_ATTACH_BYTES and (byte := sock.recv(1)):
+        line += byte
+        if byte == b"\n":
+            break
+    return bytes(line)
+
+
+def _refusal(answer: bytes) -> str:
+    with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+        return str(orjson.loads(answer).get("message") or "no reason given")
+    return "its answer was not a handoff answer"
+
+
+def _waiting_requests() -> list[int | str]:
+    """The ids of the requests waiting on stdin (what the agent sent since the router went away)."""
+    os.set_blocking(0, False)
+    framer, ids = LineFramer(DEFAULT_MAX_LINE_BYTES, oversize="pass"), []
+    with contextlib.suppress(OSError):
+        while chunk := os.read(0, _CHUNK):
+            for line in framer.feed(chunk):
+                if not isinstance(line, Oversize) and (call_id := _request_id(line)) is not None:
+                    ids.append(call_id)
+    return ids
+
+
+def _request_id(line: bytes) -> int | str | None:
+    try:
+        msg: Any = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(msg, dict) and "method" in msg and isinstance(call_id := msg.get("id"), int | str):
+        return call_id
+    return None
+
+
+def _write_out(data: bytes) -> None:
+    """Bytes to the agent's stdout, whole (the router left it non-blocking: it is blocking again here)."""
+    if not data:
+        return
+    with contextlib.suppress(OSError):  # the agent has gone: nobody is left to tell
+        os.set_blocking(1, True)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(1, view):]

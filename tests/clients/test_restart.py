@@ -1,0 +1,84 @@
+"""The router is stopped and started again under an open stdio session of each client: the session goes on.
+
+Each client (the TypeScript SDK, the Python SDK 1.x, 2.x in both eras, and openai-agents with every server
+`handler mcp-config` writes for the profile) runs `handler-service` as its MCP server. The router (`handler
+serve` on the governed tree, the process `handler up` runs too) is stopped with SIGTERM, as a service manager
+stops it for an upgrade, while the client waits on a call the connector holds; then started again. The call in
+flight gets one error, which names the restart, and the client's next call succeeds in the same session: no
+client reconnects or initializes again (docs/router.md "Restarts").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.clients.test_matrix import STDIO_KINDS, client_command, logged
+from tests.fixtures.matrix import (
+    ClientProcess,
+    GovernedService,
+    HostProcess,
+    governed_service,
+    host_command,
+    profile_config,
+)
+
+RESTARTED = "the router restarted while this call was running, so it may or may not have run"
+HELD = {"mode": "sleep", "seconds": 60}
+REACHED_SECONDS = 2.0  # ample for the call to reach the connector: the router is stopped while it runs there
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[GovernedService]:
+    with governed_service() as running:
+        yield running
+
+
+def the_restart_error(answer: dict[str, Any]) -> None:
+    """The client raised on the call in flight, with the bridge's error: what happened and what to do."""
+    assert RESTARTED in answer.get("raised", ""), answer
+    assert "handler_status" in answer["raised"], answer
+
+
+@pytest.mark.parametrize("kind", STDIO_KINDS)
+def test_a_restart_under_an_open_session_answers_the_call_in_flight_once_and_the_session_goes_on(
+        service: GovernedService, kind: str) -> None:
+    client = ClientProcess(client_command(kind), service, env={"HANDLER_INSTANCE": f"restart-{kind}"})
+    try:
+        assert client.call("echo_say", {"text": "before"})["structuredContent"] == {"text": "before"}
+        client.send(op="call", name="echo_misbehave", arguments=HELD)
+        time.sleep(REACHED_SECONDS)
+        service.restart()
+        the_restart_error(client.answer())
+        after = client.call("echo_say", {"text": "after the restart"})
+        assert after["structuredContent"] == {"text": "after the restart"}
+        assert logged(service, f"restart-{kind}", "echo_say")["outcome"] == "executed"
+        assert client.listed()["tools"]  # what it listed at the start is still what it uses: no new session
+    finally:
+        err = client.close()
+    assert "Traceback" not in err, err
+    assert "handler-service: the router is back; the session goes on" in err
+
+
+def test_openai_agents_with_every_server_of_the_profile_goes_on_after_a_restart(service: GovernedService,
+                                                                               tmp_path: Path) -> None:
+    host = HostProcess(host_command("openai-agents"), profile_config(service, tmp_path), service.env)
+    try:
+        assert host.call("parrot", "parrot_say", {"text": "before"})["structuredContent"] == {"text": "before"}
+        host.send(op="call", server="echo", name="echo_misbehave", arguments=HELD)
+        time.sleep(REACHED_SECONDS)
+        service.restart()
+        the_restart_error(host.answer())
+        # Every server's session goes on: the one whose call was cut, and those that were idle.
+        assert host.call("echo", "echo_say", {"text": "after"})["structuredContent"] == {"text": "after"}
+        assert host.call("parrot", "parrot_say", {"text": "after"})["structuredContent"] == {"text": "after"}
+        status = host.call("handler", "handler_status", {"request_id": "req_nothing"})
+        assert status["structuredContent"]["status"] == "unknown"
+    finally:
+        said = host.close()
+    assert "Traceback" not in said, said
+    assert said.count("handler-service: the router is back; the session goes on") == 3, said

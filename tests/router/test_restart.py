@@ -1,0 +1,175 @@
+"""A session handed to the router outlives the router: the bridge answers what was open, waits, and hands it over again.
+
+Every test runs the installed `handler-service` and `handler serve` as real subprocesses on the echo tree; the
+router is killed (SIGKILL, nothing said) or stopped (SIGTERM) under an open session, then started again or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.fixtures.harness import BRIDGE, DEADLINE
+from tests.fixtures.matrix import HANDLER
+from tests.router.test_handoff import INIT, call, line
+
+PING: dict[str, Any] = {"jsonrpc": "2.0", "method": "ping"}
+
+
+@contextlib.contextmanager
+def router(root: Path, run_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    """`handler serve` on the echo tree, serving once its socket is there."""
+    sock = run_dir / "profiles/tester.sock"
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()  # a killed router's, which nobody listens on
+    proc = subprocess.Popen([HANDLER, "serve", str(root)], env={**os.environ, "HANDLER_RUN_DIR": str(run_dir)},
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while not sock.exists():
+            assert proc.poll() is None, "handler serve exited"
+            assert time.monotonic() < deadline, "handler serve did not open its socket"
+            time.sleep(0.05)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(DEADLINE)
+
+
+class Agent:
+    """The host's side of `handler-service`: requests in on its stdin, replies read from its stdout."""
+
+    def __init__(self, run_dir: Path, wait_seconds: float) -> None:
+        self.proc = subprocess.Popen([BRIDGE, "echo", "--profile", "tester"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env={**os.environ, "HANDLER_RUN_DIR": str(run_dir),
+                                          "HANDLER_REATTACH_SECONDS": str(wait_seconds)})
+        self.replies: list[dict[str, Any]] = []
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def reply(self, timeout: float = DEADLINE) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, "no reply came"
+        got = self.proc.stdout.readline()
+        assert got, "the agent's stdout ended"
+        reply: dict[str, Any] = json.loads(got)
+        self.replies.append(reply)
+        return reply
+
+    def request(self, data: bytes) -> dict[str, Any]:
+        self.send(data)
+        return self.reply()
+
+    def finish(self) -> tuple[int, str]:
+        """Close stdin; the bridge's exit status and stderr, every reply left read into `replies`."""
+        out, err = self.proc.communicate(timeout=DEADLINE)
+        self.replies.extend(json.loads(reply) for reply in out.splitlines())
+        return self.proc.returncode, err.decode()
+
+
+def calls_logged(root: Path) -> list[dict[str, Any]]:
+    path = root / ".handler/calls.jsonl"
+    return [json.loads(entry) for entry in path.read_text().splitlines()] if path.exists() else []
+
+
+def open_call(agent: Agent) -> None:
+    """An initialized session with call 2 in flight (held 30 s by the connector), known to the bridge."""
+    assert agent.request(line(INIT))["id"] == 1
+    agent.send(call(2, "echo_misbehave", {"mode": "sleep", "seconds": 30}))
+    # Answered after call 2 began: the router told the bridge of it at the end of that event-loop turn.
+    assert agent.request(call(3, "echo_say", {"text": "before"}))["result"]["structuredContent"] == {"text": "before"}
+
+
+def test_a_router_killed_mid_call_answers_it_once_and_the_session_goes_on_at_the_next(echo_root: Path,
+                                                                                      run_dir: Path) -> None:
+    with router(echo_root, run_dir) as first:
+        agent = Agent(run_dir, wait_seconds=30)
+        open_call(agent)
+        first.send_signal(signal.SIGKILL)
+        first.wait(DEADLINE)
+        told = agent.reply()
+    assert told["id"] == 2
+    assert told["error"]["data"] == {"handler/retry": "later"}
+    assert "the router restarted while this call was running, so it may or may not have run" in \
+        told["error"]["message"]
+    with router(echo_root, run_dir):
+        # No initialize: the same session, resumed from the record the bridge kept.
+        answer = agent.request(call(4, "echo_say", {"text": "after the restart"}))
+        assert answer["result"]["structuredContent"] == {"text": "after the restart"}
+        status, err = agent.finish()
+    assert status == 0, err
+    assert [reply["id"] for reply in agent.replies] == [1, 3, 2, 4]  # one reply each, call 2's the error
+    assert "the router went away; waiting up to 30 s" in err
+    assert "the router is back; the session goes on" in err
+
+
+def test_a_router_stopped_and_started_again_resumes_the_session(echo_root: Path, run_dir: Path) -> None:
+    with router(echo_root, run_dir) as first:
+        agent = Agent(run_dir, wait_seconds=30)
+        open_call(agent)
+        first.send_signal(signal.SIGTERM)
+        first.wait(DEADLINE)
+        assert agent.reply()["id"] == 2
+    with router(echo_root, run_dir):
+        assert agent.request(line({**PING, "id": 5}))["result"] == {}
+        assert agent.request(call(6, "echo_say", {"text": "after"}))["result"]["structuredContent"] == {"text": "after"}
+        status, err = agent.finish()
+    assert status == 0, err
+    assert [reply["id"] for reply in agent.replies] == [1, 3, 2, 5, 6]
+    # One agent run on both routers, though the bridge named none: the session's record carried it.
+    logged = {entry["tool"]: entry for entry in calls_logged(echo_root)}
+    assert logged["echo_misbehave"]["outcome"] == "cancelled"  # the stopping router cancelled it, and logged it
+    assert logged["echo_say"]["instance"] == logged["echo_misbehave"]["instance"]
+
+
+def test_when_no_router_comes_back_the_bridge_answers_what_waits_and_exits(echo_root: Path, run_dir: Path) -> None:
+    with router(echo_root, run_dir) as first:
+        agent = Agent(run_dir, wait_seconds=1.5)
+        open_call(agent)
+        first.send_signal(signal.SIGKILL)
+        first.wait(DEADLINE)
+    assert agent.reply()["id"] == 2
+    began = time.monotonic()
+    agent.send(call(6, "echo_say", {"text": "anyone?"}))
+    assert agent.proc.wait(DEADLINE) == 1
+    assert time.monotonic() - began < 1.5 + 5
+    status, err = agent.finish()
+    assert status == 1
+    told = agent.replies[-1]
+    assert told["id"] == 6
+    assert told["error"]["message"].startswith(f"no router came back at {run_dir / 'profiles/tester.sock'} within "
+                                               "1.5 s; this MCP server has stopped: restart it in your host")
+    assert [reply["id"] for reply in agent.replies] == [1, 3, 2, 6]
+    assert "handler-service: no router came back" in err
+
+
+def test_a_session_whose_revision_is_gone_is_told_on_its_next_call(echo_root: Path, run_dir: Path) -> None:
+    with router(echo_root, run_dir) as first:
+        agent = Agent(run_dir, wait_seconds=30)
+        open_call(agent)
+        first.send_signal(signal.SIGKILL)
+        first.wait(DEADLINE)
+        assert agent.reply()["id"] == 2
+    profile = echo_root / "config/profiles/tester.toml"
+    profile.write_text(profile.read_text() + "\n# changed while the router was down\n")
+    with router(echo_root, run_dir):
+        told = agent.request(call(7, "echo_say", {"text": "still pinned?"}))
+        status, _ = agent.finish()
+    assert told["error"]["code"] == -32600, told
+    assert "this session was pinned to config revision" in told["error"]["message"]
+    assert "restart this MCP server in your host" in told["error"]["message"]
+    assert status == 0
