@@ -4,6 +4,7 @@ MCP server whose network is exactly its binding's egress."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -60,8 +61,13 @@ def _let_llm_reach(tree: Path, url: str) -> str:
     return entry
 
 
-def test_handler_llm_through_the_profiles_socket(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("version", ["llm/v2", "llm/v1"])
+def test_handler_llm_through_the_profiles_socket(tree: Path, monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    """`handler-llm` asks whichever version the profile serves: llm/v2, the highest, or llm/v1 where it is pinned."""
     monkeypatch.setenv("TEST_OPENAI_KEY", "sk-from-a-reference")
+    if version == "llm/v1":
+        profile = tree / "config/profiles/assistant.toml"
+        profile.write_text(profile.read_text().replace("services = { ", 'services = { "llm/v1" = "llm-openai", '))
     with serving_vendor() as vendor, short_dir() as run_dir:
         entry = _let_llm_reach(tree, vendor.url)
         _set_binding(
@@ -78,18 +84,23 @@ def test_handler_llm_through_the_profiles_socket(tree: Path, monkeypatch: pytest
         vendor.replies += [
             openai_reply("Hi there."),
             Reply(429, {"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}}),
+            openai_reply("Hi again."),
         ]
 
         async def scenario() -> list[tuple[int, str, str]]:
             async with serving(tree, run_dir):
                 return [
-                    await _handler_llm(run_dir, "Say", "hi", "--max-tokens", "20"),
+                    await _handler_llm(run_dir, "Say", "hi", "--max-tokens", "20", "--system", "Be brief"),
                     await _handler_llm(run_dir, "again"),
+                    await _handler_llm(run_dir, "once more", "--json"),
                 ]
 
-        (ok, out, _), (limited, _, err) = asyncio.run(scenario())
+        (ok, out, _), (limited, _, err), (_, printed, _) = asyncio.run(scenario())
         assert (ok, out) == (0, "Hi there.\n")
-        assert vendor.requests[0]["body"]["messages"] == [{"role": "user", "content": "Say hi"}]
+        assert vendor.requests[0]["body"]["messages"] == [{"role": "system", "content": "Be brief"},
+                                                          {"role": "user", "content": "Say hi"}]
+        served = json.loads(printed)["structuredContent"]
+        assert ("type" in served) is (version == "llm/v2")  # llm/v2's output says which kind of reply it is
         assert vendor.requests[0]["headers"]["authorization"] == "Bearer sk-from-a-reference"
         assert limited == EXIT_CODES["limit"]
         assert "limit" in err
