@@ -283,12 +283,13 @@ def test_exit_1_when_no_router_serves_the_profile_but_help_still_lists_offline(t
                                  capture_output=True, text=True, timeout=60, check=False, env=env)
         assert listing.returncode == 0, listing.stderr
         assert "ocr_extract" in listing.stdout
-        fields = subprocess.run([HANDLER, "call", "llm", "llm_complete", "--help", "--root", str(REPO),
-                                 "--profile", "researcher"], capture_output=True, text=True, timeout=60, check=False,
-                                env=env)
-        assert fields.returncode == 0, fields.stderr
-        assert "--max-tokens" in fields.stdout
-        assert "messages (required): an array of objects" in fields.stdout  # given through --json
+        for interface, tool in (("llm", "llm_chat"), ("llm/v1", "llm_complete")):  # the profile's, or one pinned
+            fields = subprocess.run([HANDLER, "call", interface, tool, "--help", "--root", str(REPO),
+                                     "--profile", "researcher"], capture_output=True, text=True, timeout=60,
+                                    check=False, env=env)
+            assert fields.returncode == 0, fields.stderr
+            assert "--max-tokens" in fields.stdout
+            assert "messages (required): an array" in fields.stdout  # given through --json
 
 
 def test_flags_are_kebab_case_and_what_a_flag_cannot_say_goes_through_json() -> None:
