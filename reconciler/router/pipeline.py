@@ -45,7 +45,7 @@ from reconciler.router.generation import MOST_OUTPUT_DEPTH, Generation, ToolPlan
 from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, LimitKey, concurrency_error, timeout_error
 from reconciler.router.outcomes import EncodedResult, error_result, executed_result, held_result
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
-from reconciler.wire.meta import RETRY, RETRY_LATER, RETRY_NEVER, read_reported_cost
+from reconciler.wire.meta import INSTANCE, PARENT_INSTANCE, PROFILE, RETRY, RETRY_LATER, RETRY_NEVER, read_reported_cost
 
 __all__ = ["Caller", "Services", "check_arguments", "run_admitted", "run_held", "run_tools_call"]
 
@@ -252,6 +252,13 @@ def resolve_held(generation: Generation, call: CallRequest) -> ToolPlan:
     return dataclasses.replace(plan, binding=call.binding, pool_key=pool_key(generation.snapshot, call.binding))
 
 
+def _told(plan: ToolPlan, caller: Caller) -> dict[str, Any] | None:
+    """Who calls, for the connector that is told (the built-in agent: `runs.AgentRuns`); None for every other."""
+    if not plan.tells_caller:
+        return None
+    return {PROFILE: caller.profile, INSTANCE: caller.instance, PARENT_INSTANCE: caller.parent}
+
+
 async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller, arguments: dict[str, Any],
                        files: tuple[FileArg, ...], admission: Admission | None, record: CallRecord,
                        on_progress: OnProgress | None = None) -> CallResult:
@@ -282,7 +289,8 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
             connector, sending, back, deadline = await prepare(supervisor, snapshot, plan, arguments, files, folder,
                                                                deadline)
         sent = True  # written before the call's first wait; cancelled from now on, it is cancelled at the connector
-        raw = await connector.call_tool(plan.name, sending, deadline=deadline, on_progress=on_progress)
+        raw = await connector.call_tool(plan.name, sending, _told(plan, caller), deadline=deadline,
+                                        on_progress=on_progress)
         if taken:
             taken = False
             book.release(key)

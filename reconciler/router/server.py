@@ -31,6 +31,7 @@ from reconciler.router.generation import Generation, ValidatorCache, compile_gen
 from reconciler.router.hub import ConnectionBounds
 from reconciler.router.limits import LimitBook
 from reconciler.router.pipeline import Services, run_held
+from reconciler.router.runs import AgentRuns
 from reconciler.router.transport import Connection, Listener
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineBudget
 
@@ -64,6 +65,8 @@ class Router:
             calls_dir=run_dir / "calls",  # one folder per binding, so a connector sees only its own
         )
         self.services.pool.set_live(self.live.pool_keys)
+        self.runs = AgentRuns(lambda: self.live.snapshot, root, run_dir, state)
+        self.services.pool.serve_agents(self.runs)
         self._listeners: dict[str, Listener] = {}
         self.connections: set[Connection] = set()
 
@@ -124,7 +127,8 @@ class Router:
             self.socket_path(profile).unlink()
 
     async def aclose(self) -> None:
-        """Close the sockets and sessions, stop the connector processes, close the log."""
+        """Close the sockets and sessions, end the agent runs, stop the connector processes, close the log."""
+        await self.runs.stop()
         for profile in list(self._listeners):
             await self._close_socket(profile)
         for conn in list(self.connections):

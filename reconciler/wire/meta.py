@@ -35,6 +35,7 @@ __all__ = [
     "MAX_RUN_ID_CHARS",
     "MOST_USD",
     "PARENT_INSTANCE",
+    "PROFILE",
     "REQUEST_ID",
     "RETRY",
     "RETRY_AFTER_DECISION",
@@ -49,6 +50,7 @@ __all__ = [
 INTERFACE: Final = "handler/interface"
 INSTANCE: Final = "handler/instance"
 PARENT_INSTANCE: Final = "handler/parentInstance"
+PROFILE: Final = "handler/profile"  # the caller's profile, as the router tells the built-in agent connector
 STATUS: Final = "handler/status"
 COST: Final = "handler/cost"
 BUDGET: Final = "handler/budget"
