@@ -122,6 +122,29 @@ class AgentRuns:
         except RunRefusedError as exc:
             return tool_error(exc.code, exc.message)
 
+    async def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        """What `handler agent` asks on the service's control socket: `{"op": "run" | "status" | "list" | "cancel"}`;
+        a run is started as the member `as`, who must be one of org.toml."""
+        op = message.get("op")
+        try:
+            if op == "list":
+                return {"runs": [run.row() for run in sorted(self.runs.values(), key=lambda r: r.started)]}
+            if op == "run":
+                member = str(message.get("as") or "")
+                snapshot = self._snapshot()
+                if snapshot is None or snapshot.org is None or member not in snapshot.org.members:
+                    return {"error": f"'{member}' is not a member of config/org.toml: give --as one of its members"}
+                run = self.start(str(message.get("agent")), str(message.get("input") or ""), starter=f"member:{member}")
+                return {"run": run.row()}
+            found = self.runs.get(str(message.get("run")))
+            if found is None:
+                return {"error": f"no run '{message.get('run')}': `handler agent list` shows the runs"}
+            if op == "cancel":
+                await self.cancel(found.id, f"cancelled by {message.get('as') or 'an operator'} from the CLI")
+            return {"run": found.row()}
+        except RunRefusedError as exc:
+            return {"error": exc.message}
+
     def own(self, run_id: str, caller: str) -> Run:
         """The run `run_id`, if the profile `caller` started it (or is it)."""
         run = self.runs.get(run_id)
