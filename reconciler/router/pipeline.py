@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,8 @@ class Services:
     limits: LimitBook
     log: CallLog
     calls_dir: Path  # per-call folders of connector processes
+    # An agent run's secret → its (instance, parent): what a session's secret proves (`runs.AgentRuns`).
+    proofs: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,7 @@ class Caller:
     profile: str
     instance: str
     parent: str | None
+    proven: bool = False  # instance and parent proven by an agent run's secret (`runs.AgentRuns.prove`)
 
 
 async def run_tools_call(svc: Services, generation: Generation, view: View, caller: Caller,
@@ -193,7 +196,7 @@ async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: 
                      record: CallRecord, on_progress: OnProgress | None) -> dict[str, Any] | EncodedResult:
     files = check_arguments(plan, arguments)
     call = CallRequest(caller.profile, caller.instance, caller.parent, plan.interface, plan.name,
-                       plan.binding or "", arguments, plan.price, plan)
+                       plan.binding or "", arguments, plan.price, plan, caller.proven)
     if plan.builtin:
         try:
             is_error, out = await run_builtin(svc.gate, plan.name, arguments, call)

@@ -26,12 +26,13 @@ from typing import Any
 
 from reconciler.config.snapshot import Profile, Snapshot
 from reconciler.connectors.llm import tool_error
-from reconciler.places import ensure_private_dir
-from reconciler.wire.meta import INSTANCE, PROFILE
+from reconciler.places import ensure_private_dir, open_private_file
+from reconciler.wire.meta import INSTANCE, PROFILE, secret_digest
 
 __all__ = ["AgentRuns", "Run", "RunRefusedError", "mcp_servers"]
 
 RESULT_CHARS = 1_000_000  # agent/v1's most for a result
+ERROR_CHARS = 300  # of a failed runner's last line on stderr, in the run's error
 ENDED = ("succeeded", "failed", "timed_out", "cancelled")
 _PASSED = ("PATH", "LANG", "LC_ALL", "TZ", "HOME")
 
@@ -54,6 +55,7 @@ class Run:
     starter: str  # "member:<name>", or "run:<id>" for a run started by another run's agent_run
     parent: str | None  # the run that started it, if one did
     profile_of_starter: str | None = None  # the profile whose agent_run started it
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)  # proves its sessions
     status: str = "running"
     result: str | None = None
     error: str | None = None
@@ -77,12 +79,14 @@ class Run:
                 "ended": self.ended}
 
 
-def mcp_servers(profile: str, run_dir: Path, interfaces: list[str]) -> dict[str, Any]:
+def mcp_servers(profile: str, run_dir: Path, interfaces: list[str],
+                identity: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The `mcpServers` entries of `profile` (as `handler mcp-config` prints them): one bridge per interface, and
-    `handler` for the built-in tools."""
+    `handler` for the built-in tools; each bridge's environment carries `identity` (a run's instance and secret),
+    since a host starts its servers with an environment of its own, not the run's."""
     bridge = Path(sys.executable).parent / "handler-service"
     command = str(bridge) if bridge.exists() else "handler-service"
-    env = {"HANDLER_RUN_DIR": str(run_dir)}
+    env = {"HANDLER_RUN_DIR": str(run_dir), **(identity or {})}
     servers = {"handler": {"command": command, "args": ["handler", "--profile", profile], "env": env}}
     servers.update({name: {"command": command, "args": [name, "--profile", profile, "--no-builtins"], "env": env}
                     for name in sorted(interfaces)})
@@ -94,8 +98,10 @@ class AgentRuns:
 
     running = True
 
-    def __init__(self, snapshot: Callable[[], Snapshot | None], root: Path, run_dir: Path, state_dir: Path) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot | None], root: Path, run_dir: Path, state_dir: Path,
+                 proofs: dict[str, tuple[str, str | None]] | None = None) -> None:
         self._snapshot = snapshot
+        self.proofs = proofs if proofs is not None else {}  # a running run's secret's digest → (run id, parent)
         self.root, self.run_dir = root, run_dir
         self.folder = state_dir / "runs"
         self.runs: dict[str, Run] = {}
@@ -175,6 +181,7 @@ class AgentRuns:
         self._check_limits(agent, parent, runner.maxConcurrent, runner.maxPerParent)
         run = Run("run-" + secrets.token_hex(8), agent, text, starter, parent, caller)
         self.runs[run.id] = run
+        self.proofs[secret_digest(run.secret)] = (run.id, run.parent)
         run.task = asyncio.get_running_loop().create_task(self._run(run, profile, snapshot))
         return run
 
@@ -218,20 +225,22 @@ class AgentRuns:
             scope.mkdir(parents=True, exist_ok=True)
             run.process = await asyncio.create_subprocess_exec(
                 *runner.command, run.input, cwd=scope, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             self._end(run, "failed", error=f"its runner could not start: {exc.strerror or exc}")
             return
         try:
             async with asyncio.timeout(runner.timeoutSeconds):
-                out, _ = await run.process.communicate()
+                out, err = await run.process.communicate()
         except TimeoutError:
             self._end(run, "timed_out", error=f"it ran past its runner's {runner.timeoutSeconds:g} s limit")
             return
         finally:
             _kill_group(run.process)
         if run.process.returncode != 0:
-            self._end(run, "failed", error=f"its runner exited with status {run.process.returncode}")
+            last = next((line for line in reversed(err.decode(errors="replace").splitlines()) if line.strip()), "")
+            said = f": {last.strip()[:ERROR_CHARS]}" if last else ""
+            self._end(run, "failed", error=f"its runner exited with status {run.process.returncode}{said}")
             return
         lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
         if not lines:
@@ -241,20 +250,23 @@ class AgentRuns:
 
     def _environment(self, run: Run, profile: Profile, snapshot: Snapshot) -> dict[str, str]:
         """What the run's process is given: the profile's MCP configuration, its identity, the router's folder."""
-        folder = ensure_private_dir(self.folder)
-        config = folder / f"{run.id}.mcp.json"
-        config.write_text(json.dumps(mcp_servers(profile.name, self.run_dir, list(profile.selections))))
+        identity = {"HANDLER_INSTANCE": run.id, "HANDLER_INSTANCE_SECRET": run.secret}
+        if run.parent is not None:
+            identity["HANDLER_PARENT_INSTANCE"] = run.parent
+        config = ensure_private_dir(self.folder) / f"{run.id}.mcp.json"
+        fd = open_private_file(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # 0600: it holds the run's secret
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(mcp_servers(profile.name, self.run_dir, list(profile.selections), identity)))
         env = {k: v for k in _PASSED if (v := os.environ.get(k)) is not None}
         env.update({"HANDLER_RUN_DIR": str(self.run_dir), "HANDLER_PROFILE": profile.name,
-                    "HANDLER_MCP_CONFIG": str(config), "HANDLER_INSTANCE": run.id})
-        if run.parent is not None:
-            env["HANDLER_PARENT_INSTANCE"] = run.parent
+                    "HANDLER_MCP_CONFIG": str(config), **identity})
         return env
 
     def _end(self, run: Run, status: str, *, result: str | None = None, error: str | None = None) -> None:
         if run.status != "running":
             return
         run.status, run.result, run.error, run.ended = status, result, error, time.time()
+        self.proofs.pop(secret_digest(run.secret), None)  # an ended run's sessions prove nothing any more
         if run.process is not None:
             _kill_group(run.process)
         with contextlib.suppress(FileNotFoundError):

@@ -57,15 +57,17 @@ class Router:
         self.state_dir = state
         self._cache = ValidatorCache()
         self.live: Generation = compile_generation(snapshot, 1, root, self._cache)
+        proofs: dict[str, tuple[str, str | None]] = {}  # an agent run's secret's digest → its instance and parent
         self.services = Services(
             gate=gate or OpenGate(),
             pool=ConnectorPool(root, state, idle_seconds=idle_seconds, sandbox=sandbox),
             limits=LimitBook(),
             log=CallLog(_private(state, "HANDLER_STATE_DIR") / "calls.jsonl" if call_log else None),
             calls_dir=run_dir / "calls",  # one folder per binding, so a connector sees only its own
+            proofs=proofs,
         )
         self.services.pool.set_live(self.live.pool_keys)
-        self.runs = AgentRuns(lambda: self.live.snapshot, root, run_dir, state)
+        self.runs = AgentRuns(lambda: self.live.snapshot, root, run_dir, state, proofs)
         self.services.pool.serve_agents(self.runs)
         self._listeners: dict[str, Listener] = {}
         self.connections: set[Connection] = set()
