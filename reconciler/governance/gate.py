@@ -37,6 +37,7 @@ class CallRequest:
     # Whether the router proved `instance` and `parent_instance` by the secret of an agent run it started (else the
     # client only claimed them): a hold routed to the caller is decided only by a proven parent.
     proven: bool = False
+    member: str | None = None  # a proven run that a member started (no parent run): that member decides its holds
 
 
 @dataclass(slots=True, eq=False)  # each is its call's own: compared and hashed by identity, a gate's handle on it

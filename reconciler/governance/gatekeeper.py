@@ -482,7 +482,17 @@ def _hold_values(request_id: str, revision: str, call: CallRequest, decision: De
         "id": request_id, "revision": revision, "profile": call.profile, "instance": call.instance,
         "parent_instance": call.parent_instance, "interface": call.interface, "tool": call.tool,
         "binding": call.binding, "arguments": dict(call.arguments), "cost": decision.cost,
-        "approver": decision.approver.to_dict() if decision.approver else None, "reason": decision.reason,
+        "approver": _approver(call, decision), "reason": decision.reason,
         "trace": list(decision.wire_trace),
     }
+
+
+def _approver(call: CallRequest, decision: Decision) -> dict[str, Any] | None:
+    """Whom the hold goes to. Routed to the caller, a proven run a member started (no parent run) goes to that
+    member, as a hold routed to them: their approvals page, their channels, theirs to decide (docs/agents.md)."""
+    approver = decision.approver.to_dict() if decision.approver else None
+    if approver is not None and approver.get("to") == "caller" and call.proven and call.parent_instance is None \
+            and call.member is not None:
+        return {"to": "member", "member": call.member, "via": "caller"}
+    return approver
 

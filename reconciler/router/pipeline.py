@@ -63,6 +63,17 @@ NOT_SET_UP = "this service is not set up on this machine; an owner has been told
 
 
 @dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling: the profile (from the socket), the agent run and the run that started it."""
+
+    profile: str
+    instance: str
+    parent: str | None
+    proven: bool = False  # instance and parent proven by an agent run's secret (`runs.AgentRuns`)
+    member: str | None = None  # of a proven run started by a member (no parent run): that member
+
+
+@dataclass(frozen=True, slots=True)
 class Services:
     """What the pipeline uses from the router; fixed for the router's life."""
 
@@ -71,18 +82,8 @@ class Services:
     limits: LimitBook
     log: CallLog
     calls_dir: Path  # per-call folders of connector processes
-    # An agent run's secret → its (instance, parent): what a session's secret proves (`runs.AgentRuns`).
-    proofs: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """Who is calling: the profile (from the socket), the agent run and the run that started it."""
-
-    profile: str
-    instance: str
-    parent: str | None
-    proven: bool = False  # instance and parent proven by an agent run's secret (`runs.AgentRuns.prove`)
+    # An agent run's secret's digest → the caller it proves (`runs.AgentRuns`; `proven` set).
+    proofs: Mapping[str, Caller] = field(default_factory=dict)
 
 
 async def run_tools_call(svc: Services, generation: Generation, view: View, caller: Caller,
@@ -196,7 +197,7 @@ async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: 
                      record: CallRecord, on_progress: OnProgress | None) -> dict[str, Any] | EncodedResult:
     files = check_arguments(plan, arguments)
     call = CallRequest(caller.profile, caller.instance, caller.parent, plan.interface, plan.name,
-                       plan.binding or "", arguments, plan.price, plan, caller.proven)
+                       plan.binding or "", arguments, plan.price, plan, caller.proven, caller.member)
     if plan.builtin:
         try:
             is_error, out = await run_builtin(svc.gate, plan.name, arguments, call)

@@ -27,6 +27,7 @@ from typing import Any
 from reconciler.config.snapshot import Profile, Snapshot
 from reconciler.connectors.llm import tool_error
 from reconciler.places import ensure_private_dir, open_private_file
+from reconciler.router.pipeline import Caller
 from reconciler.wire.meta import INSTANCE, PROFILE, secret_digest
 
 __all__ = ["AgentRuns", "Run", "RunRefusedError", "mcp_servers"]
@@ -99,9 +100,9 @@ class AgentRuns:
     running = True
 
     def __init__(self, snapshot: Callable[[], Snapshot | None], root: Path, run_dir: Path, state_dir: Path,
-                 proofs: dict[str, tuple[str, str | None]] | None = None) -> None:
+                 proofs: dict[str, Caller] | None = None) -> None:
         self._snapshot = snapshot
-        self.proofs = proofs if proofs is not None else {}  # a running run's secret's digest → (run id, parent)
+        self.proofs = proofs if proofs is not None else {}  # a running run's secret's digest → the caller it proves
         self.root, self.run_dir = root, run_dir
         self.folder = state_dir / "runs"
         self.runs: dict[str, Run] = {}
@@ -181,7 +182,9 @@ class AgentRuns:
         self._check_limits(agent, parent, runner.maxConcurrent, runner.maxPerParent)
         run = Run("run-" + secrets.token_hex(8), agent, text, starter, parent, caller)
         self.runs[run.id] = run
-        self.proofs[secret_digest(run.secret)] = (run.id, run.parent)
+        member = run.starter.removeprefix("member:") if run.parent is None and run.starter.startswith("member:") \
+            else None
+        self.proofs[secret_digest(run.secret)] = Caller(agent, run.id, run.parent, True, member)
         run.task = asyncio.get_running_loop().create_task(self._run(run, profile, snapshot))
         return run
 

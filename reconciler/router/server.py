@@ -30,7 +30,7 @@ from reconciler.router.calllog import CallLog
 from reconciler.router.generation import Generation, ValidatorCache, compile_generation
 from reconciler.router.hub import ConnectionBounds
 from reconciler.router.limits import LimitBook
-from reconciler.router.pipeline import Services, run_held
+from reconciler.router.pipeline import Caller, Services, run_held
 from reconciler.router.runs import AgentRuns
 from reconciler.router.transport import Connection, Listener
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineBudget
@@ -57,7 +57,7 @@ class Router:
         self.state_dir = state
         self._cache = ValidatorCache()
         self.live: Generation = compile_generation(snapshot, 1, root, self._cache)
-        proofs: dict[str, tuple[str, str | None]] = {}  # an agent run's secret's digest → its instance and parent
+        proofs: dict[str, Caller] = {}  # an agent run's secret's digest → the caller it proves
         self.services = Services(
             gate=gate or OpenGate(),
             pool=ConnectorPool(root, state, idle_seconds=idle_seconds, sandbox=sandbox),

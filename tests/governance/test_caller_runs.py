@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reconciler.governance.governor import Governor
+from reconciler.governance.holds import get_hold
 from reconciler.governance.store import Store
 from reconciler.router.runs import Run
 from reconciler.router.server import Router
@@ -83,6 +86,59 @@ def test_the_parent_run_decides_its_childs_hold_and_nobody_else(tmp_path: Path, 
                 await governor.start(router.execute_held)
                 boss = router.runs.start("boss", "sleep", starter="member:owner")
                 await _orchestrate(router, root, boss)
+        finally:
+            await governor.aclose()
+
+    run(scenario(), timeout=120)
+
+
+MEMBERS_ORG = '''apiVersion = "handler.org/v1"
+name = "test-org"
+
+[members.owner]
+email = "owner@example.org"
+owner = true
+
+[members.bob]
+email = "bob@example.org"
+
+[members.carol]
+email = "carol@example.org"
+'''
+
+
+async def _approvals(verb: str, request_id: str, member: str, root: Path, store_url: str) -> tuple[int, str]:
+    done = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "handler"), "approvals", verb, request_id, "--as", member, "--root",
+        str(root), env={**os.environ, "HANDLER_STORE_URL": store_url}, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    out, _ = await done.communicate()
+    return done.returncode or 0, out.decode()
+
+
+def test_a_member_started_runs_hold_goes_to_that_member_who_decides_it(tmp_path: Path, sqlite_store: Store,
+                                                                       sqlite_url: str, run_dir: Path) -> None:
+    root = write_agents_tree(tmp_path / "tree", worker_template="balanced", worker_routing=ROUTED)
+    (root / "config/org.toml").write_text(MEMBERS_ORG)
+
+    async def scenario() -> None:
+        governor = Governor(sqlite_store, owns_store=False)
+        try:
+            async with serving(root, run_dir, gate=governor) as router:
+                await governor.start(router.execute_held)
+                started = router.runs.start("worker", "write", starter="member:bob")
+                await _until(lambda: (root / "work/worker/held").exists() or started.status != "running")
+                request_id = (root / "work/worker/held").read_text()
+                assert get_hold(sqlite_store, request_id).approver == {"to": "member", "member": "bob",
+                                                                       "via": "caller"}
+                code, said = await _approvals("approve", request_id, "carol", root, sqlite_url)
+                assert code != 0
+                assert "routed to member bob; carol is not an owner" in said
+                code, said = await _approvals("approve", request_id, "bob", root, sqlite_url)
+                assert code == 0, said
+                await _until(lambda: started.status != "running")
+                assert started.status == "succeeded", started.error
+                assert json.loads(started.result or "{}")["final"]["status"] == "executed"
         finally:
             await governor.aclose()
 
