@@ -8,7 +8,8 @@ interface's fixture files and `handler-output-file` values are fresh paths in th
 Bounded texts get lengths spread over their range, up to 1 KiB into it (hypothesis alone draws a few
 characters almost always, so a connector that fails on long inputs would rarely be seen); arrays get
 at most 16 items (or their minItems). Inputs past those sizes are not generated. Only inputs the router's
-own validator (jsonschema-rs, 2020-12) accepts are kept.
+own validator (jsonschema-rs, 2020-12) accepts, and a JSON-RPC line can carry (integers within 64 bits, which
+an open value may otherwise draw), are kept.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
 from hypothesis import strategies as st
 from hypothesis.provisional import domains
 from hypothesis_jsonschema import from_schema
@@ -60,7 +62,16 @@ def valid_inputs(schema: Mapping[str, Any], fixtures: Sequence[str],
     strategy: st.SearchStrategy[dict[str, Any]] = _Builder(root, formats).build(root)
     # hypothesis-jsonschema reads drafts 4-7, and Python's `$` also matches before a final newline:
     # keep only what the router's validator accepts.
-    return strategy.filter(compile_validator(schema).is_valid)
+    return strategy.filter(compile_validator(schema).is_valid).filter(_carried)
+
+
+def _carried(arguments: dict[str, Any]) -> bool:
+    """Whether one JSON-RPC line can carry `arguments`: the router's parser, orjson, holds integers to 64 bits."""
+    try:
+        orjson.dumps(arguments)
+    except orjson.JSONEncodeError:
+        return False
+    return True
 
 
 class _Builder:

@@ -1,9 +1,10 @@
-"""`handler-llm`: `handler call llm llm_complete` for a prompt, with the llm/v1 shortcuts (docs/router.md).
+"""`handler-llm`: `handler call llm llm_chat` (or `llm_complete`) for a prompt, with the llm shortcuts (docs/router.md).
 
 A thin alias of `handler call` (`reconciler.cli.call`): the same link to the calling profile's socket,
 the same `_meta`, the same reading of results, so the profile's selection, limits and governance
 apply exactly as to an agent. What it adds is the prompt: taken from the arguments or stdin and sent
-as one user message; the reply's text goes to stdout. It keeps the exit codes scripts written for it
+as one user message, to whichever version of llm the profile serves (llm/v2's `llm_chat`, offering no tools,
+or llm/v1's `llm_complete`); the reply's text goes to stdout. It keeps the exit codes scripts written for it
 rely on, one per outcome, so a script can tell a refusal from a rate limit from an outage:
 
     0 the reply was printed    3 refused     4 limit       5 unavailable
@@ -21,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from reconciler.cli.call import LinkError, caller_of, connect, outcome_of, read_body
+from reconciler.cli.call import LinkError, RouterLink, caller_of, connect, outcome_of, read_body
 from reconciler.cli.common import folder_path
 from reconciler.cli.flags import carried_integer, carried_number, carried_text
 from reconciler.wire.errors import JsonRpcError
@@ -57,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             arguments[key] = value
     try:
         with connect(args.profile, args.run_dir, meta, "handler-llm") as link:
-            result = link.call_tool("llm_complete", arguments)
+            result = _ask(link, arguments)
     except LinkError as exc:
         print(f"handler-llm: {exc}", file=sys.stderr)
         return 1
@@ -65,6 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"handler-llm: the router refused the call: {exc.message} ({exc.code})", file=sys.stderr)
         return 1
     return _report(result, as_json=args.json)
+
+
+def _ask(link: RouterLink, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The v1-shaped `arguments` sent to llm/v2's `llm_chat` when the profile serves it (the system prompt its first
+    message), else to llm/v1's `llm_complete`."""
+    if not any(tool.get("name") == "llm_chat" for tool in link.list_tools()):
+        return link.call_tool("llm_complete", arguments)
+    system = arguments.pop("system", None)
+    if system:  # llm/v1 ignores an empty one; llm/v2's system message has content
+        arguments["messages"] = [{"role": "system", "content": system}, *arguments["messages"]]
+    return link.call_tool("llm_chat", arguments)
 
 
 def _read_prompt(words: list[str]) -> str:

@@ -1,8 +1,9 @@
 """What the save-time checks and the conformance fuzzer both know about JSON Schema 2020-12.
 
 Walking every subschema of a schema, the keywords schema-driven fuzzing cannot honour, the file
-formats of the handler, resolving a local `$ref`, and how deep the values a schema allows may nest (the
-router's bound on outputs). The rules themselves are in `checks.tools`.
+formats of the handler, resolving a local `$ref`, how deep the values a schema allows may nest (the
+router's bound on outputs), and where a schema breaks the 2020-12 meta-schema (which the built-in llm
+also asks of the tools a call offers its model). The rules themselves are in `checks.tools`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema_rs
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
 from reconciler.config.lines import KeyPath
 
 __all__ = ["FILE_FORMATS", "NEW_KEYWORDS", "is_object_schema", "iter_subschemas", "resolve_ref", "schema_depth",
-           "types_of"]
+           "schema_errors", "types_of"]
+
+_META = Draft202012Validator(Draft202012Validator.META_SCHEMA)
 
 FILE_FORMATS = frozenset({"handler-file", "handler-output-file"})
 # Keywords of 2020-12 (and 2019-09) that schema-driven generators for drafts 4-7 cannot honour.
@@ -147,3 +154,9 @@ def _value_depth(value: Any) -> int:
     if isinstance(value, list):
         return 1 + max(map(_value_depth, value), default=0)
     return 0
+
+
+def schema_errors(schema: Any) -> list[ValidationError]:
+    """Where `schema` breaks the Draft 2020-12 meta-schema; empty when it is valid. The compiled meta-schema
+    answers yes or no fast; only an invalid schema is walked again by `jsonschema`, whose messages are the clearest."""
+    return [] if jsonschema_rs.meta.is_valid(schema) else list(_META.iter_errors(schema))

@@ -18,7 +18,7 @@ def test_shipped_tree_resolves_services_and_defaults(shipped_tree: Path) -> None
     assert snapshot.ok, [f.render_text() for f in snapshot.findings]
     assistant = snapshot.profiles["assistant"]
     llm = assistant.selections["llm"]
-    assert (llm.key, llm.binding, llm.origin) == ("llm/v1", "llm-openai", "org default")
+    assert (llm.key, llm.binding, llm.origin) == ("llm/v2", "llm-openai", "org default")  # the highest version
     auditor = snapshot.profiles["auditor"].selections["ocr"]
     assert (auditor.key, auditor.pinned) == ("ocr/v1", True)
 

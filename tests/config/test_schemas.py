@@ -35,10 +35,16 @@ def test_a_schema_sets_the_depth_of_its_values_or_no_bound(schema: dict[str, Any
     assert schema_depth(schema) == depth
 
 
+# Outputs no schema can bound: llm/v2's tool calls carry the arguments the model chose, any JSON object. The router
+# measures their depth on each call (microseconds, beside a model's seconds).
+UNBOUNDED = {("llm", "llm_chat")}
+
+
 def test_every_shipped_interface_bounds_its_outputs() -> None:
-    """So no shipped tool pays for measuring its output's depth on a call."""
+    """So no shipped tool pays for measuring its output's depth on a call, but those that cannot."""
     root = Path(__file__).resolve().parents[2] / "catalog/interfaces"
     depths = {(f.parent.parent.name, t["name"]): schema_depth(t["outputSchema"])
               for f in root.glob("*/v*/tools.json") for t in json.loads(f.read_text())}
     assert depths
-    assert all(d is not None and d <= 16 for d in depths.values()), depths
+    assert all(d is not None and d <= 16 for key, d in depths.items() if key not in UNBOUNDED), depths
+    assert all(depths[key] is None for key in UNBOUNDED)

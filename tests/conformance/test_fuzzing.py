@@ -93,6 +93,15 @@ def test_output_files_are_fresh_paths_in_a_folder_of_the_work_folder() -> None:
     assert len(set(paths)) > 1
 
 
+def test_only_values_a_json_rpc_line_can_carry_are_drawn() -> None:
+    """An open value (a model's tool arguments) may hold any integer; one past 64 bits no line carries."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["v"],
+              "properties": {"v": {"anyOf": [{"type": "integer", "minimum": 2**64}, {"type": "string"}]}}}
+    values = draws(schema, [], n=40)
+    assert values
+    assert all(isinstance(v["v"], str) for v in values)
+
+
 def test_texts_reach_their_whole_length_range_not_only_a_few_characters() -> None:
     lengths = [len(v["text"]) for v in draws(SHOUT_TEXT["inputSchema"], [], n=60)]
     assert max(lengths) > 64

@@ -1,4 +1,5 @@
-"""The built-in llm connector against local servers speaking each vendor's wire format."""
+"""The built-in llm connector against local servers speaking each vendor's wire format: llm/v1's text turn, and
+llm/v2's turn with tools in each vendor's own tool-calling format."""
 
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ def _egress_of(settings: LlmSettings) -> list[str]:
     return [host_port]
 
 
-def _call(settings: LlmSettings, arguments: dict[str, Any], egress: list[str] | None = None) -> dict[str, Any]:
+def _call(settings: LlmSettings, arguments: dict[str, Any], egress: list[str] | None = None,
+          tool: str = "llm_complete") -> dict[str, Any]:
     async def go() -> dict[str, Any]:
         connector = LlmConnector(settings, egress if egress is not None else _egress_of(settings))
         try:
-            return await connector.call_tool("llm_complete", arguments)
+            return await connector.call_tool(tool, arguments)
         finally:
             await connector.stop()
 
@@ -242,3 +244,127 @@ def test_a_wildcard_egress_does_not_let_the_llm_reach_this_machine(vendor: Vendo
     assert result["structuredContent"]["error"] == "unavailable"
     assert "an address of this machine or a private network" in result["structuredContent"]["message"]
     assert vendor.requests == []
+
+
+# --- llm/v2: tools -------------------------------------------------------------------------------------------------
+
+WEATHER = {"name": "weather_now", "description": "The current weather in a city.",
+           "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+ASKED = {"role": "user", "content": "Weather in Lyon?"}
+CALLED = {"role": "assistant", "content": "Let me look.",
+          "toolCalls": [{"id": "call_1", "name": "weather_now", "arguments": {"city": "Lyon"}}]}
+ANSWERED = {"role": "tool", "toolCallId": "call_1", "content": '{"temperatureC": 17}'}
+USAGE_OPENAI, USAGE_ANTHROPIC = {"inputTokens": 12, "outputTokens": 5}, {"inputTokens": 9, "outputTokens": 4}
+
+
+def _chat(settings: LlmSettings, arguments: dict[str, Any]) -> dict[str, Any]:
+    return _call(settings, arguments, tool="llm_chat")
+
+
+def test_openai_asks_for_a_tool_then_answers_from_its_result(vendor: Vendor) -> None:
+    vendor.replies += [openai_reply(None, finish="tool_calls", calls=[("call_1", "weather_now", '{"city": "Lyon"}')]),
+                       openai_reply("17 degrees in Lyon.")]
+    system = {"role": "system", "content": "Be brief"}
+    asked = _chat(_openai(vendor), {"messages": [system, ASKED], "tools": [WEATHER], "maxTokens": 50})
+    assert asked["structuredContent"] == {
+        "type": "tool_calls", "toolCalls": [{"id": "call_1", "name": "weather_now", "arguments": {"city": "Lyon"}}],
+        "text": "", "stopReason": "tool_calls", "usage": USAGE_OPENAI}
+    answered = _chat(_openai(vendor), {"messages": [system, ASKED, CALLED, ANSWERED], "tools": [WEATHER]})
+    assert answered["structuredContent"] == {"type": "text", "text": "17 degrees in Lyon.", "stopReason": "end",
+                                             "usage": USAGE_OPENAI}
+    first, second = (request["body"] for request in vendor.requests)
+    tool = {"type": "function", "function": {"name": "weather_now", "description": "The current weather in a city.",
+                                             "parameters": WEATHER["inputSchema"]}}
+    assert first == {"model": "gpt-4o-mini", "max_tokens": 50, "tools": [tool],
+                     "messages": [{"role": "system", "content": "Be brief"}, ASKED]}
+    assert second["messages"][2:] == [
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather_now", "arguments": '{"city":"Lyon"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperatureC": 17}'}]
+
+
+def test_anthropic_asks_for_a_tool_then_answers_from_its_result(vendor: Vendor) -> None:
+    vendor.replies += [anthropic_reply("Let me look.", stop="tool_use", uses=[("toolu_1", "weather_now",
+                                                                              {"city": "Lyon"})]),
+                       anthropic_reply("17 degrees in Lyon.")]
+    system = {"role": "system", "content": "Be brief"}
+    asked = _chat(_anthropic(vendor), {"messages": [system, ASKED], "tools": [WEATHER], "temperature": 1.5})
+    assert asked["structuredContent"] == {
+        "type": "tool_calls", "toolCalls": [{"id": "toolu_1", "name": "weather_now", "arguments": {"city": "Lyon"}}],
+        "text": "Let me look.", "stopReason": "tool_calls", "usage": USAGE_ANTHROPIC}
+    then = {"role": "user", "content": "And tomorrow?"}
+    answered = _chat(_anthropic(vendor), {"messages": [system, ASKED, CALLED, ANSWERED, then], "tools": [WEATHER]})
+    assert answered["structuredContent"]["type"] == "text"
+    first, second = (request["body"] for request in vendor.requests)
+    assert first == {"model": "claude-sonnet-4-5", "max_tokens": 1024, "system": "Be brief", "temperature": 1.0,
+                     "tools": [{"name": "weather_now", "description": "The current weather in a city.",
+                                "input_schema": WEATHER["inputSchema"]}],
+                     "messages": [ASKED]}
+    assert second["messages"][1:] == [
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
+                                          {"type": "tool_use", "id": "call_1", "name": "weather_now",
+                                           "input": {"city": "Lyon"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "call_1", "content": '{"temperatureC": 17}'},
+            {"type": "text", "text": "And tomorrow?"}]}]
+
+
+@pytest.mark.parametrize("settings", [_openai, _anthropic])
+def test_a_reply_cut_at_max_tokens_is_text_never_half_a_call(vendor: Vendor, settings: Any) -> None:
+    vendor.replies += [openai_reply("Let me", finish="length", calls=[("c", "weather_now", '{"ci')]),
+                       anthropic_reply("Let me", stop="max_tokens", uses=[("c", "weather_now", {})])]
+    if settings is _anthropic:
+        vendor.replies.pop(0)
+    result = _chat(settings(vendor), {"messages": [ASKED], "tools": [WEATHER], "maxTokens": 3})
+    assert result["structuredContent"]["type"] == "text"
+    assert result["structuredContent"]["stopReason"] == "max_tokens"
+    assert result["structuredContent"]["text"] == "Let me"
+
+
+@pytest.mark.parametrize("arguments", ['{"city": ', '["Lyon"]', "null"])
+def test_tool_arguments_that_are_not_an_object_are_invalid_tool_call(vendor: Vendor, arguments: str) -> None:
+    vendor.replies.append(openai_reply(None, finish="tool_calls", calls=[("c1", "weather_now", arguments)]))
+    result = _chat(_openai(vendor), {"messages": [ASKED], "tools": [WEATHER]})
+    assert result["structuredContent"]["error"] == "invalid_tool_call"
+    assert "tool 'weather_now'" in result["structuredContent"]["message"]
+    assert "call again" in result["structuredContent"]["message"]
+    assert result["_meta"] == {"handler/retry": "later"}
+
+
+def test_empty_openai_arguments_are_an_empty_object(vendor: Vendor) -> None:
+    vendor.replies.append(openai_reply(None, finish="tool_calls", calls=[("c1", "weather_now", "")]))
+    result = _chat(_openai(vendor), {"messages": [ASKED], "tools": [WEATHER]})
+    assert result["structuredContent"]["toolCalls"] == [{"id": "c1", "name": "weather_now", "arguments": {}}]
+
+
+@pytest.mark.parametrize(("tools", "messages", "says"), [
+    ([{**WEATHER, "inputSchema": {"type": "object", "properties": {"city": {"type": 42}}}}], [ASKED],
+     "tool 'weather_now' (tools[0]): its inputSchema is not valid JSON Schema 2020-12 at 'properties/city/type'"),
+    ([{**WEATHER, "inputSchema": {"type": "object", "required": "city"}}], [ASKED],
+     "at 'required': 'city' is not of type 'array'"),
+    ([{**WEATHER, "inputSchema": {"type": "string"}}], [ASKED],
+     "tool 'weather_now' (tools[0]): its inputSchema's root is not \"type\": \"object\""),
+    ([WEATHER, WEATHER], [ASKED], "tools[0] and tools[1] are both named 'weather_now'"),
+    ([WEATHER], [ASKED, {"role": "system", "content": "late"}], "messages[1] is a system message after"),
+    ([WEATHER], [ASKED, CALLED], "the tool calls 'call_1' of messages[1] have no tool message at the end"),
+    ([WEATHER], [ASKED, CALLED, {"role": "user", "content": "well?"}],
+     "the tool calls 'call_1' of messages[1] have no tool message before messages[2]"),
+    ([WEATHER], [ASKED, ANSWERED], "messages[1] answers tool call 'call_1', which is not a call of the assistant"),
+    ([WEATHER], [ASKED, CALLED, ANSWERED, ANSWERED], "messages[3] answers tool call 'call_1'"),
+    ([WEATHER], [ASKED, {**CALLED, "toolCalls": CALLED["toolCalls"] * 2}], "two tool calls with one id"),
+])
+@pytest.mark.parametrize("settings", [_openai, _anthropic])
+def test_a_turn_no_vendor_would_take_is_invalid_arguments_and_never_sent(
+        vendor: Vendor, settings: Any, tools: list[dict[str, Any]], messages: list[dict[str, Any]], says: str) -> None:
+    result = _chat(settings(vendor), {"messages": messages, "tools": tools})
+    assert result["structuredContent"]["error"] == "invalid_arguments"
+    assert says in result["structuredContent"]["message"]
+    assert vendor.requests == []
+
+
+def test_a_v1_call_is_the_same_turn_without_tools(vendor: Vendor) -> None:
+    """llm/v1 stays as it was: no tools sent, no `type` in its output, a tool call it could not ask for refused."""
+    vendor.replies += [openai_reply("Hi!"), openai_reply(None, finish="tool_calls", calls=[("c", "x", "{}")])]
+    assert "type" not in _call(_openai(vendor), CHAT)["structuredContent"]
+    assert "tools" not in vendor.requests[0]["body"]
+    assert _call(_openai(vendor), CHAT)["structuredContent"]["error"] == "unavailable"

@@ -170,7 +170,15 @@ def _services_of(snapshot: Snapshot, profile: Profile) -> dict[str, str]:
 
 
 def _implements(snapshot: Snapshot, profile: Profile, name: str, required: str) -> bool:
-    key = next((k for k in profile.spec.services if k.split("/")[0] == name), None)
-    binding = snapshot.bindings.get(profile.spec.services[key]) if key else None
+    """Whether the binding serving `name` (the profile's own, else the org's default) implements `required`."""
+    for services in (profile.spec.services, snapshot.org.defaults.services if snapshot.org else {}):
+        key = next((k for k in services if k.split("/")[0] == name), None)
+        if key is not None:
+            return _binding_implements(snapshot, services[key], required)
+    return False
+
+
+def _binding_implements(snapshot: Snapshot, name: str, required: str) -> bool:
+    binding = snapshot.bindings.get(name)
     connector = snapshot.connectors.get(binding.connector or "") if binding else None
     return connector is not None and connector.implements(required)
