@@ -293,7 +293,7 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
             connector, sending, back, deadline = await prepare(supervisor, snapshot, plan, arguments, files, folder,
                                                                deadline)
         sent = True  # written before the call's first wait; cancelled from now on, it is cancelled at the connector
-        raw = await connector.call_tool(plan.name, sending, _told(plan, caller), deadline=deadline, on_progress=on_progress)
+        raw = await connector.call_tool(plan.name, sending, _told(plan, caller), deadline, on_progress)
         if taken:
             taken = False
             book.release(key)
