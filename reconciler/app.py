@@ -148,7 +148,14 @@ class Service:
         self._started = asyncio.Event()
         self._checking = asyncio.Lock()  # one preflight at a time (`_check_in_turn`)
         self._lock = ServiceLock(self.state_dir)
-        self._control = ControlServer(self.run_dir / CONTROL_NAME, self._live_status, self._recheck)
+        self._control = ControlServer(self.run_dir / CONTROL_NAME, self._live_status, self._recheck,
+                                      {"agent": self._agent_ask})
+
+    async def _agent_ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        """`handler agent ...` on the control socket: the router's agent runs (`runs.AgentRuns.ask`)."""
+        if self._router is None:
+            return {"error": "the service is still starting; try again in a moment"}
+        return await self._router.runs.ask(message)
 
     def _live_status(self) -> dict[str, Any]:
         """What `handler status` shows of a running service: its status document, with who it is."""

@@ -6,7 +6,8 @@ them when the process ends however it ends, so a lock that can be taken means no
 whatever files were left behind — which the next service may then clear. The lock files name the
 holder (pid, start time, run folder) and its control socket, `<run>/service.sock` (0600): one JSON
 line in, one out, answered from the living service (`{"ask": "status"}` → its status document;
-`{"ask": "doctor"}` → the same after it ran its preflight again, in its own environment).
+`{"ask": "doctor"}` → the same after it ran its preflight again, in its own environment; `{"ask": "agent", ...}` →
+what `handler agent` asks of the service's agent runs, answered by the service's `answers`).
 
 `handler status` and `handler doctor` ask that socket; when the lock is free it says "not running" and shows the last
 recorded state as history only.
@@ -21,7 +22,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from reconciler.places import PRIVATE_FILE_MODE, open_private_file
 from reconciler.wire.errors import HandlerError
 
-__all__ = ["ControlServer", "Holder", "ServiceLock", "ServiceRunningError", "ask_service", "holder_of"]
+__all__ = ["ControlServer", "Holder", "ServiceLock", "ServiceRunningError", "ask_control", "ask_service", "holder_of"]
 
 LOCK_NAME = "service.lock"
 CONTROL_NAME = "service.sock"
@@ -137,9 +138,11 @@ class ControlServer:
     """The living service's answers on `<run>/service.sock`."""
 
     def __init__(self, path: Path, status: Callable[[], dict[str, Any]],
-                 recheck: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
+                 recheck: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+                 answers: Mapping[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] | None = None) -> None:
         self.path = path
         self._status = status
+        self._answers = dict(answers or {})  # other asks, by name: the line in, its reply out
         self._recheck = recheck  # `{"ask": "doctor"}`: the preflight again, in the service, then its status
         self._server: asyncio.AbstractServer | None = None
 
@@ -160,11 +163,14 @@ class ControlServer:
         try:
             line = await asyncio.wait_for(reader.readline(), 5)
             try:
-                ask = json.loads(line).get("ask")
+                message = json.loads(line)
+                ask = message.get("ask")
             except (ValueError, AttributeError):
-                ask = None
+                message, ask = {}, None
             reply: dict[str, Any]
-            if ask == "doctor" and self._recheck is not None:
+            if isinstance(ask, str) and ask in self._answers:
+                reply = await self._answers[ask](message)
+            elif ask == "doctor" and self._recheck is not None:
                 reply = {"status": await asyncio.wait_for(self._recheck(), RECHECK_SECONDS)}
             else:
                 reply = {"status": self._status()} if ask == "status" else {"error": "ask for 'status' or 'doctor'"}
@@ -179,18 +185,25 @@ class ControlServer:
 def ask_service(holder: Holder, timeout: float = 5.0, ask: str = "status") -> dict[str, Any] | None:
     """The living service's status (`ask="doctor"`: after it ran its preflight again), or None when its control
     socket does not answer."""
+    reply = ask_control(holder, {"ask": ask}, timeout)
+    status = reply.get("status") if reply is not None else None
+    return status if isinstance(status, dict) else None
+
+
+def ask_control(holder: Holder, message: dict[str, Any], timeout: float = 5.0) -> dict[str, Any] | None:
+    """The living service's reply to one line on its control socket, or None when it does not answer."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             sock.connect(holder.control)
-            sock.sendall(json.dumps({"ask": ask}).encode() + b"\n")
+            sock.sendall(json.dumps(message).encode() + b"\n")
             data = b""
             while not data.endswith(b"\n") and len(data) < _MAX_REPLY:
                 chunk = sock.recv(65536)
                 if not chunk:
                     break
                 data += chunk
-        status = json.loads(data).get("status")
-    except (OSError, ValueError, AttributeError):
+        reply = json.loads(data)
+    except (OSError, ValueError):
         return None
-    return status if isinstance(status, dict) else None
+    return reply if isinstance(reply, dict) else None

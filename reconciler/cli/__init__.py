@@ -75,6 +75,7 @@ def _guarded(run: Callable[[], int]) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from reconciler.cli.agents import add_agent_commands
     from reconciler.cli.call import add_call_command
     from reconciler.cli.connectors import add_connector_commands
     from reconciler.cli.dashboard import add_dashboard_commands
@@ -96,6 +97,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_connector_commands(sub)  # `connector install`; the conformance runner adds `connector check` to it
     add_edit_commands(sub)
     add_dashboard_commands(sub)
+    add_agent_commands(sub)
     for ep in entry_points(group="handler.commands"):
         ep.load()(sub)
     return parser

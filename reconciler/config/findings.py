@@ -109,6 +109,9 @@ CODES: dict[str, Code] = _registry(
     Code("P013", E, "scope is empty or climbs out with '..'"),
     Code("P014", W, "the name leaves little of a socket's path for the run folder"),
     Code("P015", W, "scope is the whole file system or a whole home folder"),
+    Code("P016", E, "agents names a profile that does not exist"),
+    Code("P017", W, "agents names a profile without a runner"),
+    Code("P018", W, "agents lists agents to run, but the profile does not bind agent/v1"),
     # org
     Code("O001", E, "a required interface is not bound for a profile"),
     Code("O002", E, "a policy scope names something that does not exist"),

@@ -42,6 +42,7 @@ __all__ = [
     "Routing",
     "Rule",
     "RunSpec",
+    "Runner",
     "SandboxSpec",
     "SecretRef",
     "SecretSlot",
@@ -403,6 +404,19 @@ class Caps(_Model):
     instance_usd: Usd | None = None
 
 
+class Runner(_Model):
+    """How a profile's agent runs when another agent or a member starts it (docs/agents.md).
+
+    `command` is given the run's input as its last argument, the profile's MCP configuration and its
+    instance through the environment; its last line of output is the run's result.
+    """
+
+    command: list[str] = Field(min_length=1)
+    timeoutSeconds: float = Field(default=600, gt=0, le=86400)
+    maxConcurrent: int = Field(default=2, gt=0, le=64)  # runs of this profile at once
+    maxPerParent: int = Field(default=8, gt=0, le=1000)  # runs one parent run may start of this profile
+
+
 class ProfileFile(_Model):
     apiVersion: Literal["handler.profile/v1"]
     name: Name | None = None
@@ -415,6 +429,8 @@ class ProfileFile(_Model):
     routing: Routing | None = None
     rules: list[Rule] = []
     caps: Caps = Caps()
+    agents: list[str] = []  # the profiles this one may run with agent/v1's agent_run
+    runner: Runner | None = None
 
 
 # --- org and templates --------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from reconciler.connectors.parking import Parking
 from reconciler.connectors.quarters import Quarters
 from reconciler.connectors.running import RunningConnector
 from reconciler.connectors.supervisor import BindingStatus, PoolKey, Site, Supervisor
+from reconciler.connectors.wrapping import ToolCaller
 from reconciler.places import default_state_dir
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
@@ -114,6 +115,10 @@ class ConnectorPool:
         self._site.on_dispatch = hook
         for found in self._live.values():
             found.set_dispatch(hook)
+
+    def serve_agents(self, runs: ToolCaller) -> None:
+        """Serve the built-in `agent` connector with `runs` (the router's `runs.AgentRuns`)."""
+        self._site.agents = runs
 
     def launch_spec(self, binding_name: str) -> LaunchSpec | None:
         """How the binding's running process was launched (command, folder, environment), if one runs."""

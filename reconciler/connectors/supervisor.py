@@ -51,7 +51,7 @@ from reconciler.connectors.parking import Parking
 from reconciler.connectors.quarters import Quarters
 from reconciler.connectors.running import InRouter, RunningConnector
 from reconciler.connectors.sandbox import limits_for
-from reconciler.connectors.wrapping import WrappedConnector
+from reconciler.connectors.wrapping import ToolCaller, WrappedConnector
 
 __all__ = ["BindingStatus", "PoolKey", "Site", "Supervisor"]
 
@@ -88,6 +88,7 @@ class Site:
     statuses: dict[str, BindingStatus]
     enlist: Callable[[PoolKey | None, str], Supervisor]  # the pool's supervisor of a key, entered in its table
     on_dispatch: DispatchHook | None = None
+    agents: ToolCaller | None = None  # the router's agent runs, served as the built-in `agent`
     closed: bool = False
 
 
@@ -291,10 +292,15 @@ class Supervisor:
         binding = snapshot.bindings[binding_name]
         connector = snapshot.connectors[binding.connector or ""]
         run = connector.spec.run
+        if run.builtin == "agent":
+            if site.agents is None:
+                raise ConnectorNotSetUpError(f"binding '{binding_name}': this router runs no agents")
+            self.serving = InRouter(site.agents)
+            return
         if run.builtin is not None:
             if run.builtin != "llm":
                 raise ConnectorStartError(f"binding '{binding_name}': connector '{connector.name}' names the "
-                                          f"built-in '{run.builtin}'; the router provides only 'llm'")
+                                          f"built-in '{run.builtin}'; the router provides only 'llm' and 'agent'")
             env, _ = await declared_env(binding, connector, site.root)
             try:
                 settings = LlmSettings.from_env(env)

@@ -34,6 +34,10 @@ class CallRequest:
     # The router's own object for this profile's tool while one snapshot is served (its plan), the same for every
     # such call; a gate may key what it works out once per profile, tool and price by it. None: no such object.
     route: object | None = None
+    # Whether the router proved `instance` and `parent_instance` by the secret of an agent run it started (else the
+    # client only claimed them): a hold routed to the caller is decided only by a proven parent.
+    proven: bool = False
+    member: str | None = None  # a proven run that a member started (no parent run): that member decides its holds
 
 
 @dataclass(slots=True, eq=False)  # each is its call's own: compared and hashed by identity, a gate's handle on it
@@ -95,8 +99,12 @@ class Gate(Protocol):
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus: ...
 
     async def decide(
-        self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest
+        self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest, reason: str | None = None
     ) -> HoldStatus: ...
+
+    async def waiting(self, caller: CallRequest) -> list[Mapping[str, Any]]:
+        """The pending holds routed to `caller` as the proven parent run of their agent: what it may decide."""
+        ...
 
     def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
         """A call failed because `binding` cannot start until a person sets it up (`message` says what is missing,
@@ -116,8 +124,12 @@ class OpenGate:
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
         return HoldStatus("unknown", f"no request '{request_id}': nothing is ever held without governance")
 
-    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
+    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest,
+                     reason: str | None = None) -> HoldStatus:
         return HoldStatus("unknown", f"no request '{request_id}': nothing is ever held without governance")
+
+    async def waiting(self, caller: CallRequest) -> list[Mapping[str, Any]]:
+        return []
 
     def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
         return None  # no store, no owners to tell: the router's log says it

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,15 +31,23 @@ from reconciler.config.models import Outcome
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.charging import charge_call
 from reconciler.governance.decide import Decision, SpendState, decide_call
-from reconciler.governance.errors import HoldNotFoundError, NotAllowedError, StoreError, StoreRefusedError
+from reconciler.governance.errors import (
+    GovernanceError,
+    HoldNotFoundError,
+    NotAllowedError,
+    StoreError,
+    StoreRefusedError,
+)
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, Settlement
 from reconciler.governance.holds import (
+    LISTED_HOLDS,
     PENDING_HINT,
     Hold,
     caller_refusal,
     decide_hold,
     get_hold,
     hold_status,
+    list_holds,
     new_request_id,
 )
 from reconciler.governance.lanes import Charges, Lane, Records, limits_spend
@@ -313,7 +322,8 @@ class Gatekeeper:
             hold = await self._workers.run(get_hold, self.store, request_id)
         except HoldNotFoundError:
             return None
-        return hold if caller.profile == hold.profile or caller.instance == hold.parent_instance else None
+        parent = caller.proven and caller.instance == hold.parent_instance
+        return hold if caller.profile == hold.profile or parent else None
 
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
         hold = await self._visible_hold(request_id, caller)
@@ -324,7 +334,17 @@ class Gatekeeper:
         notices = await self._workers.run(list_notices, self.store, hold.id)  # who was really told, so far
         return hold_status(hold, pending_news(hold.id, hold.approver, notices, self.reach))
 
-    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
+    async def waiting(self, caller: CallRequest) -> list[Mapping[str, Any]]:
+        """The pending holds whose agent this proven run started and that are routed to it (`caller_refusal`)."""
+        if not caller.proven:
+            return []
+        holds = await self._workers.run(list_holds, self.store, ("pending",), LISTED_HOLDS)
+        return [{"request_id": h.id, "profile": h.profile, "instance": h.instance, "tool": h.tool,
+                 "arguments": dict(h.arguments), "reason": h.reason} for h in holds
+                if h.parent_instance == caller.instance and caller_refusal(h, caller) is None]
+
+    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest,
+                     reason: str | None = None) -> HoldStatus:
         hold = await self._visible_hold(request_id, caller)
         if hold is None:
             return HoldStatus("unknown", f"no request '{request_id}'")
@@ -332,8 +352,9 @@ class Gatekeeper:
         if refusal is not None:
             return HoldStatus("blocked", refusal)
         try:
-            await self._workers.run(decide_hold, self.store, request_id, decision, f"instance {caller.instance}")
-        except NotAllowedError as exc:
+            await self._workers.run(functools.partial(decide_hold, self.store, request_id, decision,
+                                                      f"instance {caller.instance}", reason=reason))
+        except (NotAllowedError, GovernanceError) as exc:
             return HoldStatus("blocked", str(exc))
         if decision == "approve":
             # Run it here and now, so the orchestrator gets the result in the reply; the claim keeps it
@@ -461,7 +482,17 @@ def _hold_values(request_id: str, revision: str, call: CallRequest, decision: De
         "id": request_id, "revision": revision, "profile": call.profile, "instance": call.instance,
         "parent_instance": call.parent_instance, "interface": call.interface, "tool": call.tool,
         "binding": call.binding, "arguments": dict(call.arguments), "cost": decision.cost,
-        "approver": decision.approver.to_dict() if decision.approver else None, "reason": decision.reason,
+        "approver": _approver(call, decision), "reason": decision.reason,
         "trace": list(decision.wire_trace),
     }
+
+
+def _approver(call: CallRequest, decision: Decision) -> dict[str, Any] | None:
+    """Whom the hold goes to. Routed to the caller, a proven run a member started (no parent run) goes to that
+    member, as a hold routed to them: their approvals page, their channels, theirs to decide (docs/agents.md)."""
+    approver = decision.approver.to_dict() if decision.approver else None
+    if approver is not None and approver.get("to") == "caller" and call.proven and call.parent_instance is None \
+            and call.member is not None:
+        return {"to": "member", "member": call.member, "via": "caller"}
+    return approver
 

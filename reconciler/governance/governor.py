@@ -104,8 +104,12 @@ class Governor:
     async def status(self, request_id: str, caller: CallRequest) -> HoldStatus:
         return await self._gate.status(request_id, caller)
 
-    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
-        return await self._gate.decide(request_id, decision, caller)
+    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest,
+                     reason: str | None = None) -> HoldStatus:
+        return await self._gate.decide(request_id, decision, caller, reason)
+
+    async def waiting(self, caller: CallRequest) -> list[Mapping[str, Any]]:
+        return await self._gate.waiting(caller)
 
     def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
         """Record the failed call against its alert, in the background; the first report of a cause queues the

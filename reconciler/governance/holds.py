@@ -92,7 +92,7 @@ class Hold:
     result: Mapping[str, Any] | None
     message: str
     charged: int | None
-    decision_reason: str | None  # why the approver rejected it, in their words
+    decision_reason: str | None  # why the approver decided so, in their words (the held agent reads it)
     cause: str | None  # why an approved run failed, for people (never shown to the agent)
     claimed_at: float | None = None  # when a router took it to run (state running)
 
@@ -242,6 +242,9 @@ def caller_refusal(hold: Hold, caller: CallRequest) -> str | None:
                 "it is decided with `handler approvals` or the dashboard.")
     if caller.instance == hold.instance:
         return f"Blocked: an agent cannot decide its own hold {hold.id}."
+    if not caller.proven:
+        return (f"Blocked: hold {hold.id} is decided by the run that started the held agent, proven by the secret "
+                "the router gave that run; this session presented none, so it cannot decide it.")
     if hold.parent_instance is None or caller.instance != hold.parent_instance:
         return f"Blocked: only the instance that started the held agent may decide hold {hold.id}."
     return None
@@ -266,7 +269,8 @@ def hold_status(hold: Hold, news: str = "") -> HoldStatus:
         why = f": {hold.decision_reason}" if hold.decision_reason else " (no reason given)"
         return HoldStatus("rejected", f"{_sentence(f'Rejected by {hold.decided_by}{why}')} {FINAL_HINT}")
     if hold.state == "executed":
-        return HoldStatus("executed", f"Approved by {hold.decided_by} and executed.", hold.result, charged)
+        why = f" ({_sentence(hold.decision_reason)[:-1]})" if hold.decision_reason else ""
+        return HoldStatus("executed", f"Approved by {hold.decided_by}{why} and executed.", hold.result, charged)
     failed = _sentence(f"Approved by {hold.decided_by}; the run failed: {hold.message or 'the call failed'}")
     return HoldStatus("failed", f"{failed} {FINAL_HINT}", hold.result, charged)
 

@@ -61,6 +61,7 @@ class ToolPlan:
     price: float
     scope: Scope
     pool_key: PoolKey | None = None  # the binding's connector process, found without a lookup per call
+    tells_caller: bool = False  # served by the built-in agent connector, which is told who calls (`runs.AgentRuns`)
 
     @property
     def builtin(self) -> bool:
@@ -167,7 +168,8 @@ def compile_generation(snapshot: Snapshot, number: int, root: Path, cache: Valid
                 compiled = cache.compiled(iface.key, iface.content_hash, tool)
                 plans[tool.name] = ToolPlan(tool.name, iface.key, selection.binding, compiled, limits,
                                             iface.error_codes, float(pricing.get(tool.name, 0.0)), scope,
-                                            pool_key(snapshot, selection.binding))
+                                            pool_key(snapshot, selection.binding),
+                                            _serves_runs(snapshot, selection.binding))
             everything.update(plans)
             served = serve_skill(iface)
             skills.extend(served)
@@ -236,3 +238,10 @@ def _listed(profile: str, interface: str | None, key: str | None, plans: dict[st
         skills=skills,
         bare=bare,
     )
+
+
+def _serves_runs(snapshot: Snapshot, binding_name: str) -> bool:
+    """The binding's connector is the built-in `agent`: agent runs, served by the router itself."""
+    binding = snapshot.bindings.get(binding_name)
+    connector = snapshot.connectors.get(binding.connector or "") if binding is not None else None
+    return connector is not None and connector.spec.run.builtin == "agent"

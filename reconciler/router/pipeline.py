@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from reconciler.router.generation import MOST_OUTPUT_DEPTH, Generation, ToolPlan
 from reconciler.router.limits import DEFAULT_TIMEOUT_SECONDS, LimitBook, LimitKey, concurrency_error, timeout_error
 from reconciler.router.outcomes import EncodedResult, error_result, executed_result, held_result
 from reconciler.wire.errors import INVALID_PARAMS, JsonRpcError
-from reconciler.wire.meta import RETRY, RETRY_LATER, RETRY_NEVER, read_reported_cost
+from reconciler.wire.meta import INSTANCE, PARENT_INSTANCE, PROFILE, RETRY, RETRY_LATER, RETRY_NEVER, read_reported_cost
 
 __all__ = ["Caller", "Services", "check_arguments", "run_admitted", "run_held", "run_tools_call"]
 
@@ -63,6 +63,17 @@ NOT_SET_UP = "this service is not set up on this machine; an owner has been told
 
 
 @dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling: the profile (from the socket), the agent run and the run that started it."""
+
+    profile: str
+    instance: str
+    parent: str | None
+    proven: bool = False  # instance and parent proven by an agent run's secret (`runs.AgentRuns`)
+    member: str | None = None  # of a proven run started by a member (no parent run): that member
+
+
+@dataclass(frozen=True, slots=True)
 class Services:
     """What the pipeline uses from the router; fixed for the router's life."""
 
@@ -71,15 +82,8 @@ class Services:
     limits: LimitBook
     log: CallLog
     calls_dir: Path  # per-call folders of connector processes
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """Who is calling: the profile (from the socket), the agent run and the run that started it."""
-
-    profile: str
-    instance: str
-    parent: str | None
+    # An agent run's secret's digest → the caller it proves (`runs.AgentRuns`; `proven` set).
+    proofs: Mapping[str, Caller] = field(default_factory=dict)
 
 
 async def run_tools_call(svc: Services, generation: Generation, view: View, caller: Caller,
@@ -193,7 +197,7 @@ async def _run_steps(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: 
                      record: CallRecord, on_progress: OnProgress | None) -> dict[str, Any] | EncodedResult:
     files = check_arguments(plan, arguments)
     call = CallRequest(caller.profile, caller.instance, caller.parent, plan.interface, plan.name,
-                       plan.binding or "", arguments, plan.price, plan)
+                       plan.binding or "", arguments, plan.price, plan, caller.proven, caller.member)
     if plan.builtin:
         try:
             is_error, out = await run_builtin(svc.gate, plan.name, arguments, call)
@@ -252,6 +256,13 @@ def resolve_held(generation: Generation, call: CallRequest) -> ToolPlan:
     return dataclasses.replace(plan, binding=call.binding, pool_key=pool_key(generation.snapshot, call.binding))
 
 
+def _told(plan: ToolPlan, caller: Caller) -> dict[str, Any] | None:
+    """Who calls, for the connector that is told (the built-in agent: `runs.AgentRuns`); None for every other."""
+    if not plan.tells_caller:
+        return None
+    return {PROFILE: caller.profile, INSTANCE: caller.instance, PARENT_INSTANCE: caller.parent}
+
+
 async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller: Caller, arguments: dict[str, Any],
                        files: tuple[FileArg, ...], admission: Admission | None, record: CallRecord,
                        on_progress: OnProgress | None = None) -> CallResult:
@@ -282,7 +293,7 @@ async def run_admitted(svc: Services, snapshot: Snapshot, plan: ToolPlan, caller
             connector, sending, back, deadline = await prepare(supervisor, snapshot, plan, arguments, files, folder,
                                                                deadline)
         sent = True  # written before the call's first wait; cancelled from now on, it is cancelled at the connector
-        raw = await connector.call_tool(plan.name, sending, deadline=deadline, on_progress=on_progress)
+        raw = await connector.call_tool(plan.name, sending, _told(plan, caller), deadline, on_progress)
         if taken:
             taken = False
             book.release(key)

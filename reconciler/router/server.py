@@ -30,8 +30,9 @@ from reconciler.router.calllog import CallLog
 from reconciler.router.generation import Generation, ValidatorCache, compile_generation
 from reconciler.router.hub import ConnectionBounds
 from reconciler.router.limits import LimitBook
-from reconciler.router.pipeline import Services, run_held
+from reconciler.router.pipeline import Caller, Services, run_held
 from reconciler.router.resumption import SessionSigner, load_key
+from reconciler.router.runs import AgentRuns
 from reconciler.router.transport import Connection, Listener
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineBudget
 
@@ -57,14 +58,18 @@ class Router:
         self.state_dir = state
         self._cache = ValidatorCache()
         self.live: Generation = compile_generation(snapshot, 1, root, self._cache)
+        proofs: dict[str, Caller] = {}  # an agent run's secret's digest → the caller it proves
         self.services = Services(
             gate=gate or OpenGate(),
             pool=ConnectorPool(root, state, idle_seconds=idle_seconds, sandbox=sandbox),
             limits=LimitBook(),
             log=CallLog(_private(state, "HANDLER_STATE_DIR") / "calls.jsonl" if call_log else None),
             calls_dir=run_dir / "calls",  # one folder per binding, so a connector sees only its own
+            proofs=proofs,
         )
         self.services.pool.set_live(self.live.pool_keys)
+        self.runs = AgentRuns(lambda: self.live.snapshot, root, run_dir, state, proofs)
+        self.services.pool.serve_agents(self.runs)
         self._listeners: dict[str, Listener] = {}
         self.connections: set[Connection] = set()
         self._signer: SessionSigner | None = None
@@ -134,7 +139,8 @@ class Router:
             self.socket_path(profile).unlink()
 
     async def aclose(self) -> None:
-        """Close the sockets and sessions, stop the connector processes, close the log."""
+        """Close the sockets and sessions, end the agent runs, stop the connector processes, close the log."""
+        await self.runs.stop()
         for profile in list(self._listeners):
             await self._close_socket(profile)
         for conn in list(self.connections):

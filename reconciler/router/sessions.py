@@ -52,7 +52,16 @@ from reconciler.wire.messages import (
     encode_result,
     parse_message,
 )
-from reconciler.wire.meta import BUILTINS, BUILTINS_ELSEWHERE, INSTANCE, INTERFACE, PARENT_INSTANCE, run_id_problem
+from reconciler.wire.meta import (
+    BUILTINS,
+    BUILTINS_ELSEWHERE,
+    INSTANCE,
+    INTERFACE,
+    PARENT_INSTANCE,
+    SECRET,
+    run_id_problem,
+    secret_digest,
+)
 from reconciler.wire.versions import HANDSHAKE_VERSIONS
 
 __all__ = ["Session"]
@@ -91,6 +100,10 @@ class Session:
         self.interface = bound.get(INTERFACE) or None
         self.instance = bound.get(INSTANCE) or None
         self.parent = bound.get(PARENT_INSTANCE) or None
+        self.proven = False  # instance and parent proven by the secret the router gave an agent run
+        self.member: str | None = None  # the member who started that run, when no run did
+        if bound.get(SECRET):
+            self._prove(str(bound[SECRET]))
         self.builtins = bound.get(BUILTINS) != BUILTINS_ELSEWHERE
         self.generation: Generation | None = None
         self.era: Era | None = None
@@ -185,10 +198,19 @@ class Session:
         builtins = self.builtins and _builtins(params)
         return generation.view(self.profile, self.interface or _interface(params), builtins)
 
+    def _prove(self, secret: str) -> None:
+        """Bind the run the secret proves; a secret that proves none leaves no claim standing (docs/agents.md)."""
+        proof = self.router.services.proofs.get(secret_digest(secret))
+        self.instance, self.parent = (proof.instance, proof.parent) if proof is not None else (None, None)
+        self.proven, self.member = proof is not None, proof.member if proof is not None else None
+
     def _caller(self, params: Mapping[str, Any] | None) -> Caller:
-        """Who calls: the run ids bound to the session (checked when it was handed over), else the request's."""
+        """Who calls: the run proven by a secret (bound at the handover, or a relayed request's), else the run ids
+        bound to the session (checked when it was handed over), else the request's, as claims."""
+        if not self.proven and (meta := _meta(params)) and isinstance(secret := meta.get(SECRET), str):
+            self._prove(secret)
         return Caller(self.profile, self.instance or _run_id(params, INSTANCE) or self.default_instance,
-                      self.parent or _run_id(params, PARENT_INSTANCE))
+                      self.parent or _run_id(params, PARENT_INSTANCE), self.proven, self.member)
 
     def _start_call(self, msg: Message, generation: Generation, *, stateless: bool) -> None:
         if msg.id is None:  # pragma: no cover - only requests (with ids) reach here

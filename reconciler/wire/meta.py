@@ -16,6 +16,7 @@ retry.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Mapping
@@ -37,21 +38,28 @@ __all__ = [
     "MAX_RUN_ID_CHARS",
     "MOST_USD",
     "PARENT_INSTANCE",
+    "PROFILE",
     "REQUEST_ID",
     "RETRY",
     "RETRY_AFTER_DECISION",
     "RETRY_LATER",
     "RETRY_NEVER",
+    "SECRET",
     "SESSION",
     "STATUS",
     "caller_meta",
     "read_reported_cost",
     "run_id_problem",
+    "secret_digest",
 ]
 
 INTERFACE: Final = "handler/interface"
 INSTANCE: Final = "handler/instance"
 PARENT_INSTANCE: Final = "handler/parentInstance"
+# An agent run's secret, minted by the router for its run: what proves a session's instance (the bridge presents it
+# at attach). Never logged, never in a result.
+SECRET: Final = "handler/secret"  # noqa: S105 - a key's name, not a secret
+PROFILE: Final = "handler/profile"  # the caller's profile, as the router tells the built-in agent connector
 STATUS: Final = "handler/status"
 COST: Final = "handler/cost"
 BUDGET: Final = "handler/budget"
@@ -98,8 +106,14 @@ def run_id_problem(value: object) -> str | None:
     return None
 
 
+def secret_digest(secret: str) -> str:
+    """What the router keeps of an agent run's secret: its SHA-256, so a secret is never held or compared as text."""
+    return hashlib.sha256(secret.encode(errors="replace")).hexdigest()
+
+
 def caller_meta(interface: str, env: Mapping[str, str], *, builtins: bool = True) -> dict[str, str]:
-    """The `_meta` a client of the router adds to its requests: the interface, the instances `env` names, and,
+    """The `_meta` a client of the router adds to its requests: the interface, the instances `env` names (and the
+    secret of its run, `HANDLER_INSTANCE_SECRET`, which proves them), and,
     unless `builtins`, that the built-in tools are served by another entry of the host's configuration.
 
     ValueError names the variable whose run id the router would refuse, why, and what to do."""
@@ -113,6 +127,8 @@ def caller_meta(interface: str, env: Mapping[str, str], *, builtins: bool = True
                 raise ValueError(f"{name} {problem}; set it to the agent run's id, or unset it to have one made per "
                                  "connection")
             meta[key] = env[name]
+    if env.get("HANDLER_INSTANCE_SECRET"):
+        meta[SECRET] = env["HANDLER_INSTANCE_SECRET"]
     return meta
 
 

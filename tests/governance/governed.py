@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -52,7 +53,8 @@ def mail(instance: str = "child", **args: Any) -> CallRequest:
     return priced_call(instance, profile="h", tool="mail_send", to="ceo@example.org", **args)
 
 
-PARENT = priced_call("parent-1", profile="p")  # the instance that started `mail()`'s agent
+# The instance that started `mail()`'s agent, proven by its run's secret (as the router proves a session's run).
+PARENT = dataclasses.replace(priced_call("parent-1", profile="p"), proven=True)
 STRANGER = priced_call("someone-else", profile="p")
 
 

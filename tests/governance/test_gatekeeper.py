@@ -67,9 +67,13 @@ def test_only_the_parent_instance_may_decide_a_hold_routed_to_the_caller(store: 
         own = await g.decide(rid, "approve", mail())
         assert own.status == "blocked"
         assert "its own hold" in own.message
-        other = await g.decide(rid, "approve", priced_call("someone-else", profile="h"))
+        other = await g.decide(rid, "approve", dataclasses.replace(priced_call("someone-else", profile="h"),
+                                                                   proven=True))  # another run, proven
         assert other.status == "blocked"
         assert "only the instance that started" in other.message
+        claimed = await g.decide(rid, "approve", dataclasses.replace(PARENT, proven=False))  # its id, no secret
+        assert claimed.status == "unknown"  # to a claim the hold does not exist, as to any other profile
+        assert (await g.status(rid, dataclasses.replace(PARENT, proven=False))).status == "unknown"
         done = await g.decide(rid, "approve", PARENT)
         assert done.status == "executed", done
         assert done.result is not None

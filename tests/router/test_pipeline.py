@@ -230,9 +230,13 @@ class RecordingGate(OpenGate):
         self.asked.append(("status", request_id))
         return HoldStatus("executed", "ran", {"text": "held result"})
 
-    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest) -> HoldStatus:
+    async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest,
+                     reason: str | None = None) -> HoldStatus:
         self.asked.append((decision, request_id))
         return HoldStatus("blocked", "only the parent instance may decide")
+
+    async def waiting(self, caller: CallRequest) -> list[Mapping[str, Any]]:
+        return []
 
     def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
         self.asked.append((cause, binding))

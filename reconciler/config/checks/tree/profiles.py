@@ -1,6 +1,7 @@
 """What a resolved profile names fits the tree: its template and group exist, its routing reaches
 someone and agrees with its pins and rules, its rules and pins name services it uses, and it binds
-what org.toml requires. P006, P008, P009, P012, O001; P004 and P005 come from `routing`, P007 from
+what org.toml requires, and the agents it may run exist and can run.
+P006, P008, P009, P012, P016-P018, O001; P004 and P005 come from `routing`, P007 from
 `selections`. Run by `check_tree` for each profile once `selections` has resolved it.
 """
 
@@ -25,6 +26,7 @@ def check_profile(snapshot: Snapshot, profile: Profile) -> Iterator[Finding]:
     yield from _check_rules(snapshot, profile, services)
     yield from _check_pins(snapshot, profile, services)
     yield from _check_required(snapshot, profile, services)
+    yield from _check_agents(snapshot, profile, services)
 
 
 def _check_group(snapshot: Snapshot, profile: Profile) -> Iterator[Finding]:
@@ -129,6 +131,25 @@ def _check_required(snapshot: Snapshot, profile: Profile, services: dict[str, st
                 f"a binding for {required} in services or in org.toml [defaults] services",
                 f'services = {{ {name} = "<binding>" }}',
             )
+
+
+def _check_agents(snapshot: Snapshot, profile: Profile, services: dict[str, str]) -> Iterator[Finding]:
+    """Each agent it may run is a profile with a runner; running any needs agent/v1 bound."""
+    file, agents = profile.file, profile.spec.agents
+    for i, agent in enumerate(agents):
+        other = snapshot.profiles.get(agent)
+        line = snapshot.line_of(file, "agents", i)
+        if other is None:
+            hint = suggest(agent, sorted(snapshot.profiles), none="(no profiles)")
+            yield Finding("P016", file, line, f"agents names '{agent}', which is not a profile{hint.did_you_mean}",
+                          hint.one_of, "correct the name, or add the profile under config/profiles/")
+        elif other.spec.runner is None:
+            yield Finding("P017", file, line, f"agent '{agent}' has no [runner], so agent_run cannot start it",
+                          "a [runner] in the agent's profile", f'[runner] command = ["handler-agent"] in {other.file}')
+    if agents and "agent" not in services:
+        yield Finding("P018", file, snapshot.line_of(file, "agents"),
+                      "agents lists agents this profile may run, but it does not bind agent/v1, so it has no agent_run",
+                      "agent/v1 in services", 'services = { agent = "agents" }')
 
 
 def _services_of(snapshot: Snapshot, profile: Profile) -> dict[str, str]:
