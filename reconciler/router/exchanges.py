@@ -171,6 +171,7 @@ async def _stream(exchange: Exchange, send: Send, keepalive: float, headers: Map
     until = None if poll_after is None else loop.time() + poll_after
     exchange.connections += 1
     mine = exchange.connections
+    last_sent = loop.time()
     exchange.wake()  # a connection the client gave up on, not yet seen gone, stops sending
     while not exchange.closed and not gone.done() and exchange.connections == mine:
         exchange.record()
@@ -185,7 +186,9 @@ async def _stream(exchange: Exchange, send: Send, keepalive: float, headers: Map
                 events += exchange.log[-1]
             await send({"type": "http.response.body", "body": events + _RETRY, "more_body": False})
             return
-        await send({"type": "http.response.body", "body": events or b": keep-alive\n\n", "more_body": True})
+        if events or loop.time() - last_sent >= keepalive:  # a wake with nothing new sends nothing
+            await send({"type": "http.response.body", "body": events or b": keep-alive\n\n", "more_body": True})
+            last_sent = loop.time()
         await exchange.wait(keepalive if until is None else min(keepalive, max(until - loop.time(), 0.0)))
 
 

@@ -58,8 +58,9 @@ def test_one_process_per_binding_with_settings_and_secrets_in_its_env(echo_root:
             assert env["ECHO_TOKEN"] == echo_secret
             assert env["ECHO_GREETING"] == "hi"
             assert TOKEN_ENV not in env  # the router's own variables stay the router's
+            # PYTHONPATH and HANDLER_INTERFACES: the connector kit, and the interfaces it reads
             assert set(env) <= {"ECHO_TOKEN", "ECHO_GREETING", "PATH", "LANG", "LC_ALL", "TZ", "HOME", "TMPDIR",
-                                "PYTHONPYCACHEPREFIX"}
+                                "PYTHONPYCACHEPREFIX", "PYTHONPATH", "HANDLER_INTERFACES"}
             assert env["PYTHONPYCACHEPREFIX"].startswith(env["TMPDIR"] + "/")  # its own: never its folder's __pycache__
             assert Path(env["HOME"]).parent == echo_root / ".handler/connectors"  # its private folder
             assert spec.cwd == env["HOME"]
