@@ -137,9 +137,11 @@ def summarize(samples_ns: list[int], wall_s: float) -> dict[str, float]:
     return {"p50": statistics.median(ordered) / 1000, "p99": p99 / 1000, "rate": len(ordered) / wall_s}
 
 
-async def sdk_runs(clients: dict[str, StdioServerParameters], calls: int, warmup: int,
-                   rounds: int = 8) -> dict[str, dict[str, float]]:
-    """Each client's calls, interleaved in `rounds` blocks, so a slow spell of the machine hits every line alike."""
+async def sdk_runs(clients: dict[str, StdioServerParameters], calls: int, warmup: int, rounds: int = 8,
+                   pids: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
+    """Each client's calls, interleaved in `rounds` blocks, so a slow spell of the machine hits every line alike;
+    with `pids`, the CPU per call of the process in the middle of those lines, over their blocks alone."""
+    pids = pids or {}
     async with contextlib.AsyncExitStack() as stack:
         opened = {name: await stack.enter_async_context(Client(params, mode="legacy"))
                   for name, params in clients.items()}
@@ -147,9 +149,10 @@ async def sdk_runs(clients: dict[str, StdioServerParameters], calls: int, warmup
             for _ in range(warmup):
                 await client.call_tool("echo_say", ARGS)
         samples: dict[str, list[int]] = {name: [] for name in opened}
-        spent = dict.fromkeys(opened, 0.0)
+        spent, cpu = dict.fromkeys(opened, 0.0), dict.fromkeys(opened, 0.0)
         for _ in range(rounds):
             for name, client in opened.items():
+                cpu[name] -= cpu_seconds(pids[name]) if name in pids else 0.0
                 start = time.perf_counter()
                 for _ in range(calls // rounds):
                     t0 = time.perf_counter_ns()
@@ -157,7 +160,9 @@ async def sdk_runs(clients: dict[str, StdioServerParameters], calls: int, warmup
                     samples[name].append(time.perf_counter_ns() - t0)
                     assert not result.is_error
                 spent[name] += time.perf_counter() - start
-        return {name: summarize(samples[name], spent[name]) for name in opened}
+                cpu[name] += cpu_seconds(pids[name]) if name in pids else 0.0
+        return {name: summarize(samples[name], spent[name])
+                | ({"cpu": cpu[name] / len(samples[name]) * 1e6} if name in pids else {}) for name in opened}
 
 
 ECHO_SCRIPT = "import os\nwhile (data := os.read(0, 4096)):\n    os.write(1, data)\n"
@@ -413,7 +418,7 @@ def pg_schema(url: str | None) -> Iterator[str | None]:
             conn.execute(f"DROP SCHEMA {name} CASCADE")
 
 
-def measure_sdk_lines(run: Any, base: Path, governed_run: Path, connector: list[str],
+def measure_sdk_lines(run: Any, base: Path, governed: tuple[Path, int], connector: list[str],
                       args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Lines (a), (b) and (c): the SDK client direct, through handler-service and the governed router, through
     FastMCP."""
@@ -422,10 +427,10 @@ def measure_sdk_lines(run: Any, base: Path, governed_run: Path, connector: list[
     results: dict[str, dict[str, float]] = run(sdk_runs({
         "a": StdioServerParameters(command=connector[0], args=connector[1:]),
         "b": StdioServerParameters(command=str(BIN / "handler-service"), args=["echo", "--profile", "tester"],
-                                   env={"HANDLER_RUN_DIR": str(governed_run)}),
+                                   env={"HANDLER_RUN_DIR": str(governed[0])}),
         "c": StdioServerParameters(command=sys.executable, args=[str(base / "proxy.py"), *connector[1:]]),
         "h": StdioServerParameters(command=sys.executable, args=[str(base / "stdio_hop.py"), *connector]),
-    }, args.calls, args.warmup))
+    }, args.calls, args.warmup, pids={"b": governed[1]}))
     row("(a) SDK client -> connector", results["a"])
     row("(b) SDK client -> handler-service -> governed router", results["b"])
     row("(c) SDK client -> FastMCP proxy -> connector", results["c"])
@@ -668,18 +673,25 @@ def measure_scale_out(run: Any, base: Path, root: Path, env: dict[str, str], pg:
         print(f"  {label:<52} {rate:9.0f} calls/s aggregate")
 
 
+def print_sdk_ratios(results: dict[str, dict[str, float]]) -> None:
+    """What handler-service and the governed router add to the SDK client's call, against FastMCP and a plain hop."""
+    added_b = results["b"]["p50"] - results["a"]["p50"]
+    added_c = results["c"]["p50"] - results["a"]["p50"]
+    print(f"  (b)-(a) handler-service + governed router adds {added_b:8.1f} µs   (goal <= 150 µs)")
+    print(f"  (c)-(a) FastMCP proxy adds                     {added_c:8.1f} µs")
+    print(f"  (c) adds {added_c / added_b if added_b > 0 else float('inf'):.1f}x what (b) adds          "
+          "(goal >= 10x)")
+    added_h = results["h"]["p50"] - results["a"]["p50"]
+    print(f"  (h)-(a) a plain stdio hop adds {added_h:8.1f} µs, the floor of any process in the middle on this "
+          f"host; (b) adds {added_b - added_h:.1f} µs more")
+    # Steadier than latency on a busy host (/proc ticks of 10 ms: a few µs of resolution over the line's calls).
+    print(f"  the governed router's CPU per call of line (b): {results['b']['cpu']:.1f} µs")
+
+
 def print_ratios(results: dict[str, dict[str, float]], mcp: bool) -> None:
     print("\nAdded latency (p50) and ratios:")
     if mcp:
-        added_b = results["b"]["p50"] - results["a"]["p50"]
-        added_c = results["c"]["p50"] - results["a"]["p50"]
-        print(f"  (b)-(a) handler-service + governed router adds {added_b:8.1f} µs   (goal <= 150 µs)")
-        print(f"  (c)-(a) FastMCP proxy adds                     {added_c:8.1f} µs")
-        print(f"  (c) adds {added_c / added_b if added_b > 0 else float('inf'):.1f}x what (b) adds          "
-              "(goal >= 10x)")
-        added_h = results["h"]["p50"] - results["a"]["p50"]
-        print(f"  (h)-(a) a plain stdio hop adds {added_h:8.1f} µs, the floor of any process in the middle on this "
-              f"host; (b) adds {added_b - added_h:.1f} µs more")
+        print_sdk_ratios(results)
     added_router = results["router"]["p50"] - results["direct"]["p50"]
     added_hop = results["hop"]["p50"] - results["direct"]["p50"]
     print(f"  governed router adds {added_router:8.1f} µs, a plain hop adds {added_hop:8.1f} µs: "
@@ -712,7 +724,21 @@ def print_ratios(results: dict[str, dict[str, float]], mcp: bool) -> None:
                   f"(goal >= {CAPPED_GOAL:,}), {capped['ratio']:.0%} of the open gate")
 
 
-def main() -> None:
+def sdk_only(run: Any, base: Path, routers: Routers, serve: list[str], connector: list[str],
+             args: argparse.Namespace) -> None:
+    """`--part sdk`: lines (a), (b), (c) and (h) alone, for tracking what the SDK client's call through the router
+    costs without the minutes of the throughput lines."""
+    try:
+        results = measure_sdk_lines(run, base, routers.start("sqlite", serve), connector, args)
+    finally:
+        routers.close()
+        with contextlib.suppress(OSError):
+            subprocess.run(["rm", "-rf", str(base)], check=False)
+    print("\nAdded latency (p50) and ratios:")
+    print_sdk_ratios(results)
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per configuration (default 2000)")
     parser.add_argument("--round-calls", type=int, default=20_000,
@@ -721,11 +747,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--window", type=float, default=1.0,
                         help="seconds of one side-by-side window (default 1; 11 windows a line)")
-    parser.add_argument("--part", choices=["all", "raw"], default="all",
-                        help="raw: without the MCP client lines and the two-router lines")
+    parser.add_argument("--part", choices=["all", "raw", "sdk"], default="all",
+                        help="raw: without the MCP client lines and the two-router lines; sdk: the MCP client lines "
+                             "alone, against one governed router on SQLite")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test",
                         help="the PostgreSQL server for the PostgreSQL lines ('' to leave them out)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     try:
         import uvloop
         run = uvloop.run
@@ -742,6 +773,9 @@ def main() -> None:
     mcp = args.part == "all"
     serve = [str(BIN / "handler"), "serve", str(root)]
     routers = Routers(base, env)
+    if args.part == "sdk":
+        sdk_only(run, base, routers, serve, connector, args)
+        return
     try:
         with pg_schema(args.pg) as pg_url, pg_schema(args.pg) as capped_pg_url:
             started_routers = {"open": routers.start("open", [sys.executable, str(base / "serve_open.py"), str(root)]),
@@ -758,7 +792,7 @@ def main() -> None:
                                                                          str(root)], args.window)
             results.update({f"side {name}": figures for name, figures in beside.items()})
             if mcp:
-                results.update(measure_sdk_lines(run, base, started_routers["sqlite"][0], connector, args))
+                results.update(measure_sdk_lines(run, base, started_routers["sqlite"], connector, args))
             results.update(measure_raw_lines(base, env, connector, started_routers, args))
             throughput = measure_throughput(run, started_routers, args.round_calls)
             results.update({f"x8 {name}": figures for name, figures in throughput.items()})

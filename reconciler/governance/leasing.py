@@ -103,8 +103,7 @@ class Leaser:
 
     def settle(self, held: Sequence[Lease], cost: int, charged: int) -> int:
         """A call ended, charged `charged`; returns the budget left as this router sees it."""
-        self.book.settle(held, cost, charged)
-        return self.book.remaining(held)
+        return self.book.settle(held, cost, charged)
 
     async def settled_after_close(self) -> None:
         """A call that outlived `aclose` ended: give back what its leases no longer need, now."""

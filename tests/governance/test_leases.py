@@ -152,6 +152,30 @@ def test_a_lowered_cap_is_not_overspent_by_a_lease_taken_under_the_old_one(store
     assert org_row(store) == to_micros(0.06)
 
 
+def test_a_leased_call_is_decided_by_the_snapshot_it_comes_with_not_by_the_decision_kept_from_the_last(
+        store: Store) -> None:
+    # A covered call's decision is worked out once per entry, instance and price and kept (`_covered_plan`): a reload
+    # that makes the same tool held, or that lowers its price, is obeyed by the very next call.
+    held = make_snapshot({"p": {"template": "balanced", "routing": {"to": "caller"}}},
+                         org={**OWNERS_ORG, "caps": {"monthly_usd": 1.0}})
+
+    async def scenario() -> list[str]:
+        governor = Governor(store, owns_store=False)
+        try:
+            seen = []
+            for snapshot in (capped(1.0), capped(1.0), held, capped(1.0)):
+                admission = await governor.admit(snapshot, priced_call(tool="mail_send", to="x"))
+                seen.append(admission.status)
+                if admission.status == "executed":
+                    await governor.settle(admission, None, True)
+            return seen
+        finally:
+            await governor.aclose()
+
+    assert asyncio.run(scenario()) == ["executed", "executed", "pending", "executed"]
+    assert org_row(store) == 3 * to_micros(0.01)
+
+
 def test_a_killed_router_leaves_its_lease_counted_and_its_next_start_gives_back_what_it_never_issued(
         store_url: str, store: Store) -> None:
     router = "router-restarted"
