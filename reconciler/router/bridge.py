@@ -36,6 +36,7 @@ import orjson
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.router.handoff import ACCEPTED, attach_line, is_stream_fd
 from reconciler.router.lifeline import DEFAULT_WAIT_SECONDS, Lifeline, read_line
+from reconciler.router.openpage import make_page
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.meta import caller_meta
 
@@ -93,8 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(sock: socket.socket, path: Path, meta: Mapping[str, str], args: argparse.Namespace) -> int:
     """Hand the agent's stdio over and follow the session, else relay it; the exit status."""
-    if not args.relay and hand_over(sock, meta):
-        return Lifeline(path, meta, args.wait_seconds).follow(sock)
+    page = None if args.relay else make_page()
+    if page is not None and hand_over(sock, meta, page):
+        return Lifeline(path, meta, page, args.wait_seconds).follow(sock)
     # The router's own cap, never a lower one: a line over the bridge's cap passes untagged, and under the
     # router's it would be served with the agent's own run ids, a held agent deciding its own hold.
     relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, DEFAULT_MAX_LINE_BYTES)
@@ -118,8 +120,9 @@ def _wait_default() -> float:
         return DEFAULT_WAIT_SECONDS
 
 
-def hand_over(sock: socket.socket, meta: Mapping[str, str]) -> bool:
-    """Give the router stdin and stdout (keeping copies); False if it was not possible.
+def hand_over(sock: socket.socket, meta: Mapping[str, str], page: int) -> bool:
+    """Give the router stdin and stdout (keeping copies) and the page it keeps the open calls on (`openpage`);
+    False if it was not possible.
 
     After False the socket is still a line connection, ready for `relay`.
     """
@@ -129,7 +132,7 @@ def hand_over(sock: socket.socket, meta: Mapping[str, str]) -> bool:
             return False
         if (stdin.st_dev, stdin.st_ino) == (stdout.st_dev, stdout.st_ino):
             return False  # one socket both ways: an event loop cannot watch it as two pipes
-        socket.send_fds(sock, [attach_line(meta)], [0, 1])
+        socket.send_fds(sock, [attach_line(meta)], [0, 1, page])
         answer = read_line(sock)
     except OSError:
         return False

@@ -9,16 +9,15 @@ open as the session's lifeline: the router closes it when the session ends, and 
 (or death) ends the session. A router that refuses the handoff answers `{"handler/attached":
 false, "message": ...}` and the connection carries relayed lines as usual.
 
-The bridge keeps its own copies of both descriptors, so the session can outlive its router. Over the
-lifeline the router tells the bridge what it needs to hand the session over again (docs/router.md
+The bridge keeps its own copies of both descriptors, so the session can outlive its router. With stdin and
+stdout it sends a third descriptor, the page the router keeps the session's open calls on (`openpage`:
+shared memory, written without a system call, read by the bridge only once its router is gone). Over the
+lifeline the router tells the bridge the rest it needs to hand the session over again (docs/router.md
 "Restarts"): the session's signed record once the session has settled (`{"handler/session": id}`, the
-record `resumption` makes for Streamable HTTP too), the calls it opened and closed (`{"handler/calls":
-[["open", id], ["closed", id], ...]}`, in order: the calls begun in an event-loop turn at its end, a
-call's end just before its reply, so a bridge never answers a call whose reply the agent may have read),
-and, when the session is over rather than the router going away, `{"handler/ended": true}`. A bridge
-whose lifeline closes without that line re-attaches to the next router with the record beside its meta
-(`{"handler/attach": {meta}, "handler/session": id}`), and the router resumes the session without a
-new `initialize`.
+record `resumption` makes for Streamable HTTP too) and, when the session is over rather than the
+router going away, `{"handler/ended": true}`. A bridge whose lifeline closes without that line
+re-attaches to the next router with the record beside its meta (`{"handler/attach": {meta},
+"handler/session": id}`), and the router resumes the session without a new `initialize`.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from typing import Final, NamedTuple
 
 import orjson
 
-from reconciler.wire.meta import ATTACH, ATTACHED, CALLS, ENDED, SESSION
+from reconciler.wire.meta import ATTACH, ATTACHED, ENDED, SESSION
 
 __all__ = [
     "ACCEPTED",
@@ -37,7 +36,6 @@ __all__ = [
     "STDIO_PRINCIPAL",
     "Attach",
     "attach_line",
-    "calls_line",
     "is_stream_fd",
     "parse_attach",
     "refused_line",
@@ -85,10 +83,6 @@ def parse_attach(data: bytes) -> Attach | None:
 def session_line(session: str) -> bytes:
     return orjson.dumps({SESSION: session}, option=orjson.OPT_APPEND_NEWLINE)
 
-
-def calls_line(changes: list[tuple[str, int | str]]) -> bytes:
-    """The calls opened and closed since the last such line, in order: `("open", id)` or `("closed", id)`."""
-    return orjson.dumps({CALLS: changes}, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def refused_line(message: str) -> bytes:

@@ -1,12 +1,12 @@
 """The bridge's side of a session it handed to the router: the session outlives the router (docs/router.md "Restarts").
 
-`handler-service` keeps its own copies of the agent's stdin and stdout after the handoff, so the agent sees
-no end of stream when the router goes away. `Lifeline.follow` reads what the router tells it over the
-socket (`handoff`): the session's signed record and the calls it opened and closed. When the socket closes
-without the router saying the session is over, the router has gone (a restart, an upgrade, a crash): each
-call still open gets one JSON-RPC error naming the restart, the bridge waits for the next router on the
-same socket path (at most `wait_seconds`, saying so on its stderr), and hands the session over again with
-its record, so the agent's session goes on without a new `initialize`. When no router comes back in time,
+`handler-service` keeps its own copies of the agent's stdin and stdout after the handoff, so the agent sees no
+end of stream when the router goes away. `Lifeline.follow` reads what the router tells it over the socket
+(`handoff`): the session's signed record (the calls in flight are on the bridge's own page, `openpage`). When
+the socket closes without the router saying the session is over, the router has gone (a restart, an upgrade, a
+crash): each call still open gets one JSON-RPC error naming the restart, the bridge waits for the next router
+on the same socket path (at most `wait_seconds`, saying so on its stderr), and hands the session over again
+with its record, so the agent's session goes on without a new `initialize`. When no router comes back in time,
 each request the agent sent meanwhile gets an error saying so, and the bridge exits.
 """
 
@@ -24,10 +24,11 @@ from typing import Any, Final
 import orjson
 
 from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, attach_line
+from reconciler.router.openpage import clear_page, read_open
 from reconciler.wire.errors import INTERNAL_ERROR, JsonRpcError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.messages import encode_error
-from reconciler.wire.meta import CALLS, ENDED, RETRY, RETRY_LATER, SESSION
+from reconciler.wire.meta import ENDED, RETRY, RETRY_LATER, SESSION
 
 __all__ = ["DEFAULT_WAIT_SECONDS", "Lifeline", "read_line"]
 
@@ -43,12 +44,13 @@ RESTARTED: Final = ("the router restarted while this call was running, so it may
 class Lifeline:
     """What the bridge keeps of a handed-over session, and its re-attach to the next router."""
 
-    def __init__(self, path: Path, meta: Mapping[str, str], wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
+    def __init__(self, path: Path, meta: Mapping[str, str], page: int,
+                 wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
         self.path = path
         self.meta = dict(meta)
+        self.page = page  # where the router keeps the calls in flight (`openpage`), read once it is gone
         self.wait_seconds = wait_seconds
         self.record: str | None = None  # the session's signed record, once the router sent it
-        self.open: dict[int | str, None] = {}  # the calls in flight, in the order they began
 
     def follow(self, sock: socket.socket) -> int:
         """Follow the session through its routers until it is over; the bridge's exit status."""
@@ -85,20 +87,19 @@ class Lifeline:
             return False
         if isinstance(record := said.get(SESSION), str):
             self.record = record
-        for change in said.get(CALLS) or ():
-            kind, call_id = change
-            if kind == "open":
-                self.open[call_id] = None
-            else:
-                self.open.pop(call_id, None)
         return said.get(ENDED) is True
 
     def _answer_open(self) -> None:
         """One error for each call the router left unanswered."""
         data = {RETRY: RETRY_LATER}
-        lines = b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, RESTARTED, data)) for call_id in self.open)
-        self.open.clear()
-        _write_out(lines)
+        open_calls = read_open(self.page)
+        clear_page(self.page)  # the next router starts from no open call
+        if open_calls is None:
+            print("handler-service: the router left more calls open than its page holds; they get no answer",
+                  file=sys.stderr, flush=True)
+            return
+        _write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, RESTARTED, data))
+                            for call_id in open_calls))
 
     def _reattach(self) -> socket.socket | None:
         """The socket of the next router, the session handed over to it; None when none took it in time."""
@@ -107,7 +108,7 @@ class Lifeline:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(str(self.path))
-                socket.send_fds(sock, [attach_line(self.meta, self.record)], [0, 1])
+                socket.send_fds(sock, [attach_line(self.meta, self.record)], [0, 1, self.page])
                 answer = read_line(sock)
             except OSError:
                 sock.close()

@@ -4,10 +4,10 @@
 room for file descriptors. An attach line from `handler-service` carrying the agent's stdin and
 stdout (see `handoff`) makes an attached connection: requests come from the agent's stdin, replies
 go to its stdout, and the socket is kept as the session's lifeline, over which the bridge hears what it
-needs to hand the session to the next router should this one go away: the session's signed record, the
-calls opened (batched, one line per event-loop turn) and answered (just before each reply), and the
-session's end (see `handoff`). An attach line carrying a record resumes that session. Anything else makes a line
-connection on the socket, fed those first bytes.
+needs to hand the session to the next router should this one go away: the session's signed record and
+the session's end (see `handoff`); the calls opened and answered (each just before its reply) are kept on
+the bridge's page of open calls (`openpage`). An attach line carrying a record resumes that session.
+Anything else makes a line connection on the socket, fed those first bytes.
 
 `Connection` holds what both kinds share: framing, the `Session`, flow control, and the ending. When
 the input ends, the calls in flight finish and reply before the output closes; when the output
@@ -39,13 +39,13 @@ from reconciler.router.handoff import (
     ENDED_LINE,
     MAX_ATTACH_BYTES,
     STDIO_PRINCIPAL,
-    calls_line,
     is_stream_fd,
     parse_attach,
     refused_line,
     session_line,
 )
 from reconciler.router.hub import Hub
+from reconciler.router.openpage import OpenCalls, page_problem
 from reconciler.router.resumption import SessionRecord
 from reconciler.router.sessions import Session
 from reconciler.wire.errors import INVALID_REQUEST, SERVER_BUSY, JsonRpcError
@@ -84,7 +84,7 @@ class Connection:
         self._lifted: asyncio.Future[None] | None = None  # the input's end, waiting for the waiting lines
         self._group = group  # the connections of its profile's socket, which the listener counts
         self._unrecorded = False  # a handed-over session whose record its bridge has not had yet
-        self._changes: list[tuple[str, int | str]] = []  # calls opened and closed, for the bridge at the turn's end
+        self.open_calls: OpenCalls | None = None  # a handed-over session's open calls, on its bridge's page
         router.connections.add(self)
         if group is not None:
             group.add(self)
@@ -140,9 +140,8 @@ class Connection:
             self._shed()
 
     def _call_answered(self, call_id: int | str) -> None:
-        if self.lifeline is not None:  # told at once, just before the reply: never after, which a crash could split
-            self._changes.append(("closed", call_id))
-            self._send_changes()
+        if self.open_calls is not None:  # just before the reply: never after, which a crash could split
+            self.open_calls.closed(call_id)
 
     def _call_ended(self) -> None:
         if "calls" in self._holds and len(self.session.tasks) < self._max_calls:
@@ -163,18 +162,8 @@ class Connection:
             self._tell(session_line(self._router.signer.issue(record)))
 
     def _call_started(self, call_id: int | str) -> None:
-        if self.lifeline is not None:
-            self._change("open", call_id)
-
-    def _change(self, kind: str, call_id: int | str) -> None:
-        self._changes.append((kind, call_id))
-        if len(self._changes) == 1:
-            asyncio.get_running_loop().call_soon(self._send_changes)
-
-    def _send_changes(self) -> None:
-        changes, self._changes = self._changes, []
-        if changes:
-            self._tell(calls_line(changes))
+        if self.open_calls is not None:
+            self.open_calls.opened(call_id)
 
     def _tell(self, line: bytes) -> None:
         """A line for the bridge, on the lifeline. A peer that leaves them unread is no bridge (a bridge reads all
@@ -209,10 +198,8 @@ class Connection:
         if self._ended:
             return
         self._ended = True
-        if self.lifeline is not None:
-            self._send_changes()
-            if over:
-                self._tell(ENDED_LINE)
+        if self.lifeline is not None and over:
+            self._tell(ENDED_LINE)
         self._router.connections.discard(self)
         if self._group is not None:
             self._group.discard(self)
@@ -228,6 +215,9 @@ class Connection:
         return self._ended
 
     def close_streams(self, *, abort: bool = False) -> None:
+        if self.open_calls is not None:
+            self.open_calls.close()
+            self.open_calls = None
         for transport in (self.reader, self.writer, self.lifeline):
             if transport is not None and not transport.is_closing():
                 if abort and isinstance(transport, asyncio.WriteTransport):
@@ -453,7 +443,7 @@ class Listener:
 
     def _first_read(self, conn: socket.socket) -> None:
         try:
-            data, fds, _flags, _ = socket.recv_fds(conn, MAX_ATTACH_BYTES, 2)
+            data, fds, _flags, _ = socket.recv_fds(conn, MAX_ATTACH_BYTES, 3)
         except (BlockingIOError, InterruptedError):
             return  # spurious wakeup: the reader stays registered
         except OSError:
@@ -513,6 +503,9 @@ class Listener:
                       record: SessionRecord | None) -> None:
         conn = Connection(self._router, self._profile, meta, group=self._live)
         conn.handed_over(record)
+        if len(fds) == 3:  # the bridge's page of open calls: mapped, so its descriptor is not needed after
+            conn.open_calls = OpenCalls(fds[2])
+            os.close(fds.pop())
         stdin, stdout = (LoopPipe(fd, self._loop) for fd in fds)  # each owned by its transport once handed over
         fds.clear()
         handed: set[LoopPipe] = set()
@@ -537,20 +530,31 @@ class Listener:
 
 
 def _handoff_problem(fds: list[int]) -> str | None:
-    """Why these descriptors cannot serve as the agent's stdin and stdout, or None if they can."""
-    if len(fds) != 2:
-        return f"the attach line must carry 2 descriptors (stdin, stdout), not {len(fds)}"
-    for fd, name, wanted in ((fds[0], "stdin", (os.O_RDONLY, os.O_RDWR)), (fds[1], "stdout", (os.O_WRONLY, os.O_RDWR))):
-        try:
-            mode = os.fstat(fd).st_mode
-            access = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
-        except OSError as exc:
-            return f"the agent's {name} cannot be inspected ({exc.strerror})"
-        if not is_stream_fd(mode):
-            return f"the agent's {name} is not a pipe or a socket"
-        if access not in wanted:
-            return f"the agent's {name} is not open for {'reading' if name == 'stdin' else 'writing'}"
-    first, second = os.fstat(fds[0]), os.fstat(fds[1])
+    """Why these descriptors cannot serve as the agent's stdin and stdout (and its bridge's page of open calls,
+    `openpage`, when there is a third), or None if they can."""
+    if len(fds) not in (2, 3):
+        return f"the attach line must carry stdin, stdout and the open-calls page (2 or 3 descriptors), not {len(fds)}"
+    if len(fds) == 3 and (problem := page_problem(fds[2])) is not None:
+        return problem
+    return _stdio_problem(fds[0], "stdin", (os.O_RDONLY, os.O_RDWR)) \
+        or _stdio_problem(fds[1], "stdout", (os.O_WRONLY, os.O_RDWR)) or _one_socket_problem(fds[0], fds[1])
+
+
+def _stdio_problem(fd: int, name: str, wanted: tuple[int, ...]) -> str | None:
+    try:
+        mode = os.fstat(fd).st_mode
+        access = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError as exc:
+        return f"the agent's {name} cannot be inspected ({exc.strerror})"
+    if not is_stream_fd(mode):
+        return f"the agent's {name} is not a pipe or a socket"
+    if access not in wanted:
+        return f"the agent's {name} is not open for {'reading' if name == 'stdin' else 'writing'}"
+    return None
+
+
+def _one_socket_problem(stdin: int, stdout: int) -> str | None:
+    first, second = os.fstat(stdin), os.fstat(stdout)
     if (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino):
         return "the agent's stdin and stdout are one socket; relay its lines instead"
     return None

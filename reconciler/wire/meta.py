@@ -28,7 +28,6 @@ __all__ = [
     "BUDGET",
     "BUILTINS",
     "BUILTINS_ELSEWHERE",
-    "CALLS",
     "CAUSE",
     "COST",
     "ENDED",
@@ -77,7 +76,6 @@ BUILTINS_ELSEWHERE: Final = "elsewhere"
 ATTACH: Final = "handler/attach"  # the bridge's handoff line
 ATTACHED: Final = "handler/attached"  # the router's answer to it
 SESSION: Final = "handler/session"  # the session's signed record, router to bridge and back at a re-attach
-CALLS: Final = "handler/calls"  # the calls a handed-over session opened and closed, router to bridge
 ENDED: Final = "handler/ended"  # the handed-over session is over: the bridge exits rather than re-attach
 
 # Where a caller's identity comes from when a client is started by whoever launches the agent.
