@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from reconciler.router.handoff import attach_line
+from reconciler.router.openpage import PAGE_BYTES
 from reconciler.router.server import Router
 from tests.fixtures.harness import BRIDGE, DEADLINE, log_lines, serving
 
@@ -203,11 +204,12 @@ def test_a_relaying_bridge_exits_when_the_router_closes(echo_root: Path, run_dir
     assert on_uvloop(scenario) == 0
 
 
-@pytest.mark.parametrize("kind", ["file", "one-socket", "run-id", "none"])
+@pytest.mark.parametrize("kind", ["file", "one-socket", "run-id", "unsealed-page", "none"])
 def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_lines(
         echo_root: Path, run_dir: Path, tmp_path: Path, kind: str) -> None:
     """Also a handoff binding a run id the store cannot hold ("run-id"): a handed-over session's run ids are bound for
-    its whole life, so they are checked once, at the handoff."""
+    its whole life, so they are checked once, at the handoff. And a page of open calls its sender could shrink under
+    the router's mapping ("unsealed-page"), which would kill the router with SIGBUS at its next write."""
     plain = tmp_path / "plain"
     plain.write_bytes(b"")
     meta = {"handler/interface": "echo"}
@@ -220,12 +222,16 @@ def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_
             sock.settimeout(DEADLINE)
             loop = asyncio.get_running_loop()
             both, other = socket.socketpair()
+            unsealed = os.memfd_create("page")
+            os.ftruncate(unsealed, PAGE_BYTES)
             fds = {"file": [reading.fileno(), writing.fileno()], "one-socket": [both.fileno()] * 2,
-                   "run-id": [other.fileno(), both.fileno()]}.get(kind, [])
+                   "run-id": [other.fileno(), both.fileno()],
+                   "unsealed-page": [other.fileno(), both.fileno(), unsealed]}.get(kind, [])
             await loop.run_in_executor(None, socket.send_fds, sock, [attach_line(meta)], fds)
             answer = orjson.loads(await loop.run_in_executor(None, recv_line, sock))
             both.close()
             other.close()
+            os.close(unsealed)
             if kind == "file":
                 assert answer == {"handler/attached": False, "message": "the agent's stdin is not a pipe or a socket"}
             elif kind == "one-socket":
@@ -234,6 +240,9 @@ def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_
             elif kind == "run-id":
                 assert answer == {"handler/attached": False, "message": "the attach line's handler/instance holds a "
                                   "control character; an agent run's id is printable text"}
+            elif kind == "unsealed-page":
+                assert answer["handler/attached"] is False
+                assert "sealed against shrinking and growing" in answer["message"]
             else:  # no descriptors: the line is read as JSON-RPC, and it is not
                 assert answer["error"]["code"] == -32600
             await loop.run_in_executor(None, sock.sendall, line({"jsonrpc": "2.0", "id": 5, "method": "ping"}))
