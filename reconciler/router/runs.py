@@ -28,7 +28,7 @@ from reconciler.config.snapshot import Profile, Snapshot
 from reconciler.connectors.llm import tool_error
 from reconciler.places import ensure_private_dir, open_private_file
 from reconciler.router.pipeline import Caller
-from reconciler.wire.meta import INSTANCE, PROFILE, secret_digest
+from reconciler.wire.meta import INSTANCE, PROFILE, RUN_PREFIX, secret_digest
 
 __all__ = ["AgentRuns", "Run", "RunRefusedError", "mcp_servers"]
 
@@ -180,7 +180,7 @@ class AgentRuns:
         if runner is None:
             raise RunRefusedError("unavailable", f"agent '{agent}' has no [runner] in its profile: an owner adds one")
         self._check_limits(agent, parent, runner.maxConcurrent, runner.maxPerParent)
-        run = Run("run-" + secrets.token_hex(8), agent, text, starter, parent, caller)
+        run = Run(RUN_PREFIX + secrets.token_hex(8), agent, text, starter, parent, caller)
         self.runs[run.id] = run
         member = run.starter.removeprefix("member:") if run.parent is None and run.starter.startswith("member:") \
             else None

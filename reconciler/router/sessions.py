@@ -59,6 +59,7 @@ from reconciler.wire.meta import (
     INTERFACE,
     PARENT_INSTANCE,
     SECRET,
+    minted_run_id,
     run_id_problem,
     secret_digest,
 )
@@ -209,7 +210,10 @@ class Session:
         bound to the session (checked when it was handed over), else the request's, as claims."""
         if not self.proven and (meta := _meta(params)) and isinstance(secret := meta.get(SECRET), str):
             self._prove(secret)
-        return Caller(self.profile, self.instance or _run_id(params, INSTANCE) or self.default_instance,
+        instance = self.instance or _run_id(params, INSTANCE)
+        if instance is not None and not self.proven and minted_run_id(instance):
+            instance = None  # another run's id, claimed without its secret: the session's own run, not that one
+        return Caller(self.profile, instance or self.default_instance,
                       self.parent or _run_id(params, PARENT_INSTANCE), self.proven, self.member)
 
     def _start_call(self, msg: Message, generation: Generation, *, stateless: bool) -> None:

@@ -43,10 +43,12 @@ __all__ = [
     "RETRY_AFTER_DECISION",
     "RETRY_LATER",
     "RETRY_NEVER",
+    "RUN_PREFIX",
     "SECRET",
     "SESSION",
     "STATUS",
     "caller_meta",
+    "minted_run_id",
     "read_reported_cost",
     "run_id_problem",
     "secret_digest",
@@ -102,6 +104,16 @@ def run_id_problem(value: object) -> str | None:
     if _SURROGATE.search(value) is not None:
         return "is not UTF-8 text; an agent run's id is printable text"
     return None
+
+
+RUN_PREFIX: Final = "run-"  # the ids the router mints for the agent runs it starts: "run-" and 16 hex digits
+_MINTED = re.compile(r"run-[0-9a-f]{16}")
+
+
+def minted_run_id(value: str) -> bool:
+    """Whether `value` has the shape of a run id the router minted: such an id counts only when its secret proves it
+    (docs/agents.md); claimed without, it would spend that run's allowance and count against its limits."""
+    return value.startswith(RUN_PREFIX) and _MINTED.fullmatch(value) is not None
 
 
 def secret_digest(secret: str) -> str:

@@ -106,6 +106,24 @@ def test_calls_per_run_are_counted_per_instance(tight_root: Path, run_dir: Path)
     exchange(tight_root, run_dir, script)
 
 
+def test_a_run_id_the_router_minted_claimed_without_its_secret_spends_nothing_of_that_run(tight_root: Path,
+                                                                                         run_dir: Path) -> None:
+    """Another session naming a run of the router's own ids in `_meta` is counted as itself, not as that run: it cannot
+    use up the run's calls (or its cap) by claiming its id (docs/agents.md)."""
+    minted = "run-0123456789abcdef"
+
+    async def script(c: RawClient, router: Router) -> None:
+        claim = {"name": "echo_say", "arguments": {"text": "x"}, "_meta": {"handler/instance": minted}}
+        for _ in range(3):
+            assert (await c.request("tools/call", claim))["result"]["isError"] is False
+        assert router.services.limits.calls_made(("tester", minted, "echo/v1")) == 0
+        logged = {line["instance"] for line in log_lines(router)}
+        assert len(logged) == 1
+        assert logged.pop().startswith("conn-")  # the session's own run, as when it names none
+
+    exchange(tight_root, run_dir, script)
+
+
 def test_invalid_arguments_do_not_count_against_the_run(tight_root: Path, run_dir: Path) -> None:
     async def script(c: RawClient, router: Router) -> None:
         for _ in range(5):
