@@ -94,13 +94,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(sock: socket.socket, path: Path, meta: Mapping[str, str], args: argparse.Namespace) -> int:
     """Hand the agent's stdio over and follow the session, else relay it; the exit status."""
-    page = None if args.relay else make_page()
+    page = None if args.relay else _page()
     if page is not None and hand_over(sock, meta, page):
         return Lifeline(path, meta, page, args.wait_seconds).follow(sock)
     # The router's own cap, never a lower one: a line over the bridge's cap passes untagged, and under the
     # router's it would be served with the agent's own run ids, a held agent deciding its own hold.
     relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, DEFAULT_MAX_LINE_BYTES)
     return 0
+
+
+def _page() -> int | None:
+    """The page of open calls for a handoff (`openpage`); None where the kernel makes none: the bridge relays."""
+    try:
+        return make_page()
+    except OSError as exc:
+        print(f"handler-service: no shared page for the session ({exc.strerror}); relaying its lines instead",
+              file=sys.stderr, flush=True)
+        return None
 
 
 def _closed_stream() -> str | None:
