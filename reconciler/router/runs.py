@@ -34,6 +34,10 @@ __all__ = ["AgentRuns", "Run", "RunRefusedError", "mcp_servers"]
 
 RESULT_CHARS = 1_000_000  # agent/v1's most for a result
 ERROR_CHARS = 300  # of a failed runner's last line on stderr, in the run's error
+# What the router keeps of a runner's output while it runs: the tail, enough for a whole result line (UTF-8: up to
+# 4 bytes a character) and its newline. A runner writing more costs the router no more memory than this.
+_KEPT_OUT_BYTES = 4 * RESULT_CHARS + 2
+_KEPT_ERR_BYTES = 64 * 1024
 ENDED = ("succeeded", "failed", "timed_out", "cancelled")
 _PASSED = ("PATH", "LANG", "LC_ALL", "TZ", "HOME")
 
@@ -234,7 +238,9 @@ class AgentRuns:
             return
         try:
             async with asyncio.timeout(runner.timeoutSeconds):
-                out, err = await run.process.communicate()
+                out, err = await asyncio.gather(_tail(run.process.stdout, _KEPT_OUT_BYTES),
+                                                _tail(run.process.stderr, _KEPT_ERR_BYTES))
+                await run.process.wait()
         except TimeoutError:
             self._end(run, "timed_out", error=f"it ran past its runner's {runner.timeoutSeconds:g} s limit")
             return
@@ -285,3 +291,12 @@ def _kill_group(process: asyncio.subprocess.Process) -> None:
 def _ok(body: dict[str, Any]) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": json.dumps(body)}], "structuredContent": body, "isError": False}
 
+
+async def _tail(stream: asyncio.StreamReader | None, keep: int) -> bytes:
+    """Read `stream` to its end, keeping its last `keep` bytes only: a runner's output is not the router's to hold."""
+    kept = bytearray()
+    while stream is not None and (chunk := await stream.read(1 << 16)):
+        kept += chunk
+        if len(kept) > 2 * keep:
+            del kept[:-keep]
+    return bytes(kept[-keep:])
