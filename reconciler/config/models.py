@@ -70,6 +70,7 @@ MAX_NAME_CHARS = 100
 MAX_TOOL_NAME_CHARS = 128
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
 ToolName = Annotated[str, Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)]
+AbsolutePath = Annotated[str, Field(pattern=r"^/", description="an absolute path of the host")]
 
 
 class ActionClass(enum.StrEnum):
@@ -415,6 +416,9 @@ class Runner(_Model):
     timeoutSeconds: float = Field(default=600, gt=0, le=86400)
     maxConcurrent: int = Field(default=2, gt=0, le=64)  # runs of this profile at once
     maxPerParent: int = Field(default=8, gt=0, le=1000)  # runs one parent run may start of this profile
+    # Its sandbox (docs/agents.md): host folders it may read (an agent host's installation), hosts it may reach.
+    readable: list[AbsolutePath] = []
+    egress: list[str] = []
 
 
 class ProfileFile(_Model):

@@ -75,15 +75,15 @@ from reconciler.connectors.stderrlog import StderrLog
 from reconciler.places import PrivatePlaceError, ensure_private_dir, kit_folder, remove_tree
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
-__all__ = ["Launch", "box_view", "declared_env", "effective_egress", "kit_env", "limited_command",
-           "prepare_launch", "raw_forwards", "resolve_command"]
+__all__ = ["SERVICE_CODE", "Launch", "box_view", "declared_env", "effective_egress", "etc_files", "kit_env",
+           "limited_command", "prepare_launch", "raw_forwards", "resolve_command", "socket_dir"]
 
 log = logging.getLogger("handler.connector")
 _MAX_SOCKET_PATH = 100  # unix socket paths are capped near 107 bytes
 _warned_no_sandbox = False
 _SANDBOX_HOME = Path("/tmp")  # noqa: S108 - the sandbox's own /tmp: a size-capped tmpfs no one else sees
 PYCACHE = ".pycache"  # unsandboxed, under its private tmp: where its Pythons keep compiled files
-_CODE = Path(__file__).resolve().parents[1]  # the service's package: the relay and the wrapper run from it
+SERVICE_CODE = Path(__file__).resolve().parents[1]  # the service's package: the relay and the wrapper run from it
 
 
 @dataclass
@@ -214,7 +214,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
         command = _program_found(resolve_command(run.command, root / connector.folder), env)
         egress = effective_egress(binding, connector) if support is not None else []
         if run.transport == "socket" or egress:
-            launch.socket_dirs = (_socket_dir(folder, uid),)
+            launch.socket_dirs = (socket_dir(folder, uid),)
         socket_path = None
         if run.transport == "socket":  # a path socket crosses the network namespace
             socket_path = env["HANDLER_CONNECTOR_SOCKET"] = str(launch.socket_dirs[0] / "mcp.sock")
@@ -276,7 +276,7 @@ async def _boxed(launch: Launch, snapshot: Snapshot, root: Path, binding_name: s
     writable = list(launch.socket_dirs) if listens else []
     launch.space = CallSpace(binding_name)
     launch.writable, launch.disk_bytes = tuple(writable), limits.disk_bytes
-    view = box_view(snapshot, root, binding_name, command, writable, _etc_files(launch.folder, uid, hosts),
+    view = box_view(snapshot, root, binding_name, command, writable, etc_files(launch.folder, uid, hosts),
                     [] if listens else launch.socket_dirs)
     # As root, a parked spare's leaves; as a user, only where the host delegated cgroups to it (`cgroups`).
     spare = parking.take(limits.processes, limits.memory_bytes) if uid is not None and parking is not None else None
@@ -321,8 +321,8 @@ def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequenc
     program it names, read-only; `writable`. Nothing else of the config tree: not the profiles, not the
     other bindings, not another connector's code."""
     connector = snapshot.connectors[snapshot.bindings[binding_name].connector or ""]
-    readable = [root / connector.folder, root / "catalog/interfaces", _CODE, Path(sys.prefix), Path(sys.base_prefix),
-                *filter(None, [kit_folder()]), *readable_too]
+    readable = [root / connector.folder, root / "catalog/interfaces", SERVICE_CODE, Path(sys.prefix),
+                Path(sys.base_prefix), *filter(None, [kit_folder()]), *readable_too]
     environment = environment_path(connector)
     if environment is not None:  # its own Python environment, and the installation its bin/python links to
         readable += [environment, *filter(None, [runtime_home(environment)])]
@@ -346,7 +346,7 @@ def box_view(snapshot: Snapshot, root: Path, binding_name: str, command: Sequenc
     return BoxView(real(readable), real(writable), files, real(blanked), real(emptied))
 
 
-def _etc_files(folder: Path, uid: int | None, hosts: Mapping[str, str]) -> dict[str, str]:
+def etc_files(folder: Path, uid: int | None, hosts: Mapping[str, str]) -> dict[str, str]:
     """`/etc/passwd`, `group` and `hosts` of the sandbox, written into the launch's folder."""
     me = uid if uid is not None else os.getuid()
     contents = {
@@ -396,7 +396,7 @@ def limited_command(command: Sequence[str], limits: Limits) -> list[str]:
             "--", *command]
 
 
-def _socket_dir(folder: Path, uid: int | None) -> Path:
+def socket_dir(folder: Path, uid: int | None) -> Path:
     """A folder for the connector's sockets, bound into its sandbox: `folder/sock`, or a short folder under /tmp
     when that path is too long for a unix socket (about 107 bytes)."""
     path = folder / "sock"

@@ -120,6 +120,11 @@ class ConnectorPool:
         """Serve the built-in `agent` connector with `runs` (the router's `runs.AgentRuns`)."""
         self._site.agents = runs
 
+    def run_uid(self, profile: str) -> int | None:
+        """The host uid the runs of `profile`'s agent run as when the router is root (`quarters`), else None:
+        one per profile, apart from every binding's."""
+        return self._site.quarters.host_uid(f"run:{profile}")
+
     def launch_spec(self, binding_name: str) -> LaunchSpec | None:
         """How the binding's running process was launched (command, folder, environment), if one runs."""
         for found in self._live.values():

@@ -51,6 +51,7 @@ _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-
         "pki", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf", "localtime", "timezone", "mime.types",
         "protocols", "services", "fonts", "os-release", "debian_version")
 _NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
+_TMP = "/tmp"  # noqa: S108 - the sandbox's own: a size-capped tmpfs
 USERNS_HINT = ("this machine refuses unprivileged user namespaces: allow them (Debian: sysctl "
                "kernel.unprivileged_userns_clone=1; Ubuntu 24.04: sysctl "
                "kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile that lets /usr/bin/bwrap "
@@ -169,14 +170,15 @@ def entering(seccomp: Path, cgroup_procs: Sequence[str] = ()) -> list[str]:
 
 
 def boxed(command: Sequence[str], view: BoxView, limits: Limits, *, host_uid: int | None,
-          relay: Sequence[str] | None = None) -> list[str]:
+          relay: Sequence[str] | None = None, chdir: str = _TMP) -> list[str]:
     """bubblewrap running `command`, its seccomp program read from descriptor 9.
 
     With `host_uid` (the router is root) the sandbox keeps only what the next step needs to become that
     uid (`setpriv`, or `relay`, which also binds its forwards' ports first); without it, the user
     namespace holds the user's own uid and no capability outside it. `prlimit`, last, sets the rlimits
     on the connector: inside the user namespace, so the process count binds the connector's own
-    processes, not every process of the user running the router.
+    processes, not every process of the user running the router. `chdir`: its current folder inside (its own
+    `/tmp`, or an agent run's scope).
     """
     limited = [_PRLIMIT, f"--data={limits.memory_bytes}", f"--cpu={limits.cpu_seconds}",
                f"--fsize={limits.file_bytes}", f"--nproc={limits.processes}", "--"]
@@ -187,7 +189,7 @@ def boxed(command: Sequence[str], view: BoxView, limits: Limits, *, host_uid: in
         caps += ["--cap-add", "CAP_NET_BIND_SERVICE"]  # SMTP's 587 and the like, bound by the relay
     box = [shutil.which("bwrap") or "bwrap", *_NAMESPACES, *([] if host_uid is not None else ["--unshare-user"]),
            "--die-with-parent", "--new-session", *caps, *_system_binds(), *_etc_binds(view.files),
-           "--proc", "/proc", "--dev", "/dev", *_writable_mounts(limits), *_view_binds(view), "--chdir", _TMP,
+           "--proc", "/proc", "--dev", "/dev", *_writable_mounts(limits), *_view_binds(view), "--chdir", chdir,
            "--seccomp", "9", "--"]
     inner = [*limited, *command]
     if relay is not None:
@@ -202,7 +204,6 @@ def boxed(command: Sequence[str], view: BoxView, limits: Limits, *, host_uid: in
 _ENTER = 'while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@" 9< "$0"'
 _SETPRIV = "/usr/bin/setpriv"
 _PRLIMIT = "/usr/bin/prlimit"
-_TMP = "/tmp"  # noqa: S108 - the sandbox's own: a size-capped tmpfs
 _SHM = "/dev/shm"  # noqa: S108 - the sandbox's own, capped alike
 
 
@@ -232,7 +233,12 @@ def _etc_binds(files: Mapping[str, str]) -> list[str]:
         path = Path("/etc", name)
         if path.exists() and str(path) not in files:
             args += ["--ro-bind", str(path.resolve()), str(path)]
+    made = {"/", "/etc"}
     for dest, source in files.items():
+        for parent in reversed(Path(dest).parents):  # each made 0755, as /etc is, for its own uid to walk
+            if str(parent) not in made:
+                made.add(str(parent))
+                args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", source, dest]
     return args
 

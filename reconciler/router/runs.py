@@ -22,15 +22,18 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from reconciler.config.models import Runner
 from reconciler.config.snapshot import Profile, Snapshot
+from reconciler.connectors.errors import ConnectorNotSetUpError
 from reconciler.connectors.llm import tool_error
+from reconciler.connectors.runbox import INSIDE_RUN_DIR, RunPlan, box_run, socket_ready
 from reconciler.places import ensure_private_dir, open_private_file
 from reconciler.router.pipeline import Caller
 from reconciler.wire.meta import INSTANCE, PROFILE, RUN_PREFIX, secret_digest
 
-__all__ = ["AgentRuns", "Run", "RunRefusedError", "mcp_servers"]
+__all__ = ["AgentRuns", "Confinement", "Run", "RunRefusedError", "mcp_servers"]
 
 RESULT_CHARS = 1_000_000  # agent/v1's most for a result
 ERROR_CHARS = 300  # of a failed runner's last line on stderr, in the run's error
@@ -98,17 +101,31 @@ def mcp_servers(profile: str, run_dir: Path, interfaces: list[str],
     return {"mcpServers": servers}
 
 
+class Closing(Protocol):
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """How the router confines runs: the host uid of a profile's runs (root only), and a socket of a profile that
+    the router serves at a path for one run alone (bound into its sandbox as the profile's socket)."""
+
+    host_uid: Callable[[str], int | None]
+    listen: Callable[[str, Path], Closing]
+
+
 class AgentRuns:
     """Every run this router started, running or ended; served as the built-in `agent` connector."""
 
     running = True
 
     def __init__(self, snapshot: Callable[[], Snapshot | None], root: Path, run_dir: Path, state_dir: Path,
-                 proofs: dict[str, Caller] | None = None) -> None:
+                 proofs: dict[str, Caller] | None = None, *, confine: Confinement | None = None) -> None:
         self._snapshot = snapshot
         self.proofs = proofs if proofs is not None else {}  # a running run's secret's digest → the caller it proves
         self.root, self.run_dir = root, run_dir
         self.folder = state_dir / "runs"
+        self.confine = confine  # None: runs are not sandboxed (the router's --no-sandbox)
         self.runs: dict[str, Run] = {}
 
     # --- agent/v1, as a connector answers -----------------------------------------------------
@@ -189,7 +206,7 @@ class AgentRuns:
         member = run.starter.removeprefix("member:") if run.parent is None and run.starter.startswith("member:") \
             else None
         self.proofs[secret_digest(run.secret)] = Caller(agent, run.id, run.parent, True, member)
-        run.task = asyncio.get_running_loop().create_task(self._run(run, profile, snapshot))
+        run.task = asyncio.get_running_loop().create_task(self._run(run, profile))
         return run
 
     def _check_limits(self, agent: str, parent: str | None, at_once: int, per_parent: int) -> None:
@@ -222,34 +239,39 @@ class AgentRuns:
 
     # --- one run's process ------------------------------------------------------------------------
 
-    async def _run(self, run: Run, profile: Profile, snapshot: Snapshot) -> None:
+    async def _run(self, run: Run, profile: Profile) -> None:
         runner = profile.spec.runner
         if runner is None:  # `start` found one; a profile is frozen
             return
-        scope = (self.root / profile.spec.scope).resolve()
-        try:
-            env = self._environment(run, profile, snapshot)
-            scope.mkdir(parents=True, exist_ok=True)
-            run.process = await asyncio.create_subprocess_exec(
-                *runner.command, run.input, cwd=scope, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
-            self._end(run, "failed", error=f"its runner could not start: {exc.strerror or exc}")
-            return
-        try:
-            async with asyncio.timeout(runner.timeoutSeconds):
-                out, err = await asyncio.gather(_tail(run.process.stdout, _KEPT_OUT_BYTES),
-                                                _tail(run.process.stderr, _KEPT_ERR_BYTES))
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                command, env, cwd = await self._launch(run, profile, runner, stack)
+                run.process = await asyncio.create_subprocess_exec(
+                    *command, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            except (OSError, ConnectorNotSetUpError) as exc:
+                cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                self._end(run, "failed", error=f"its runner could not start: {cause}")
+                return
+            try:
+                async with asyncio.timeout(runner.timeoutSeconds):
+                    out, err = await asyncio.gather(_tail(run.process.stdout, _KEPT_OUT_BYTES),
+                                                    _tail(run.process.stderr, _KEPT_ERR_BYTES))
+                    await run.process.wait()
+            except TimeoutError:
+                self._end(run, "timed_out", error=f"it ran past its runner's {runner.timeoutSeconds:g} s limit")
+                return
+            finally:
+                _kill_group(run.process)
                 await run.process.wait()
-        except TimeoutError:
-            self._end(run, "timed_out", error=f"it ran past its runner's {runner.timeoutSeconds:g} s limit")
-            return
-        finally:
-            _kill_group(run.process)
-        if run.process.returncode != 0:
+        self._ended_with(run, run.process.returncode or 0, out, err)
+
+    def _ended_with(self, run: Run, status: int, out: bytes, err: bytes) -> None:
+        """End `run` by what its runner did: its exit status, its last line of output (the result) or of stderr."""
+        if status != 0:
             last = next((line for line in reversed(err.decode(errors="replace").splitlines()) if line.strip()), "")
             said = f": {last.strip()[:ERROR_CHARS]}" if last else ""
-            self._end(run, "failed", error=f"its runner exited with status {run.process.returncode}{said}")
+            self._end(run, "failed", error=f"its runner exited with status {status}{said}")
             return
         lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
         if not lines:
@@ -257,13 +279,35 @@ class AgentRuns:
             return
         self._end(run, "succeeded", result=lines[-1][:RESULT_CHARS])
 
-    def _environment(self, run: Run, profile: Profile, snapshot: Snapshot) -> dict[str, str]:
-        """What the run's process is given: the profile's MCP configuration, its identity, the router's folder."""
+    async def _launch(self, run: Run, profile: Profile, runner: Runner,
+                      stack: contextlib.AsyncExitStack) -> tuple[list[str], dict[str, str], Path]:
+        """The command, environment and folder of the run's process; in its sandbox (`runbox`) unless the router
+        runs connectors unconfined. What it made is undone by `stack` once the run ended."""
+        scope = (self.root / profile.spec.scope).resolve()
+        scope.mkdir(parents=True, exist_ok=True)
         identity = {"HANDLER_INSTANCE": run.id, "HANDLER_INSTANCE_SECRET": run.secret}
         if run.parent is not None:
             identity["HANDLER_PARENT_INSTANCE"] = run.parent
-        config = ensure_private_dir(self.folder) / f"{run.id}.mcp.json"
-        fd = open_private_file(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # 0600: it holds the run's secret
+        ensure_private_dir(self.folder)
+        if self.confine is None:
+            return [*runner.command, run.input], self._unconfined_env(run, profile, identity), scope
+        uid = self.confine.host_uid(profile.name)
+        config = json.dumps(mcp_servers(profile.name, INSIDE_RUN_DIR, list(profile.selections), identity))
+        plan = RunPlan(run.id, profile.name, [*runner.command, run.input], scope,
+                       {"HANDLER_PROFILE": profile.name, **identity}, config, tuple(runner.readable),
+                       tuple(runner.egress), uid)
+        box = await box_run(plan, self.folder)
+        stack.push_async_callback(box.cleanup)
+        listener = self.confine.listen(profile.name, box.socket)
+        stack.callback(listener.close)
+        socket_ready(box, uid)
+        return box.command, box.env, box.cwd
+
+    def _unconfined_env(self, run: Run, profile: Profile, identity: dict[str, str]) -> dict[str, str]:
+        """Unsandboxed (--no-sandbox): the run reaches the router's own socket of its profile, its MCP
+        configuration in a 0600 file of the state folder (it holds the run's secret)."""
+        config = self.folder / f"{run.id}.mcp.json"
+        fd = open_private_file(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         with os.fdopen(fd, "w") as out:
             out.write(json.dumps(mcp_servers(profile.name, self.run_dir, list(profile.selections), identity)))
         env = {k: v for k in _PASSED if (v := os.environ.get(k)) is not None}
@@ -278,7 +322,7 @@ class AgentRuns:
         self.proofs.pop(secret_digest(run.secret), None)  # an ended run's sessions prove nothing any more
         if run.process is not None:
             _kill_group(run.process)
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):  # unconfined runs' configuration
             (self.folder / f"{run.id}.mcp.json").unlink()
 
 

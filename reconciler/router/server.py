@@ -32,7 +32,7 @@ from reconciler.router.hub import ConnectionBounds
 from reconciler.router.limits import LimitBook
 from reconciler.router.pipeline import Caller, Services, run_held
 from reconciler.router.resumption import SessionSigner, load_key
-from reconciler.router.runs import AgentRuns
+from reconciler.router.runs import AgentRuns, Confinement
 from reconciler.router.transport import Connection, Listener
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineBudget
 
@@ -68,7 +68,9 @@ class Router:
             proofs=proofs,
         )
         self.services.pool.set_live(self.live.pool_keys)
-        self.runs = AgentRuns(lambda: self.live.snapshot, root, run_dir, state, proofs)
+        confine = Confinement(self.services.pool.run_uid, lambda profile, path: Listener(self, profile, path)) \
+            if sandbox else None
+        self.runs = AgentRuns(lambda: self.live.snapshot, root, run_dir, state, proofs, confine=confine)
         self.services.pool.serve_agents(self.runs)
         self._listeners: dict[str, Listener] = {}
         self.connections: set[Connection] = set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +33,29 @@ async def _ended(client: RawClient, run: str) -> dict[str, Any]:
     raise AssertionError(f"run {run} still running")
 
 
-async def _all_gone(pids: list[int]) -> bool:
-    """Each process ended (a killed child of a killed runner may take a moment to be reaped by init)."""
+def _processes_of(run: str) -> list[int]:
+    """The host's processes of `run`: those whose environment names it (the runner, its children, its bridges),
+    however the run's sandbox numbers them inside."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            if f"HANDLER_INSTANCE={run}".encode() in environ and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+async def _all_gone(run: str) -> bool:
+    """Each process of `run` ended (a killed sandbox's processes may take a moment to be reaped)."""
     for _ in range(40):
-        if all(_gone(pid) for pid in pids):
+        if not _processes_of(run):
             return True
         await asyncio.sleep(0.05)
     return False
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
 def test_a_run_gives_its_result_with_its_identity_and_configuration(agents_root: Path, run_dir: Path) -> None:
@@ -77,19 +86,18 @@ def test_over_its_time_limit_crashing_and_cancelled_each_end_with_a_cause(agents
         timed = await _ended(client, slow)
         assert timed["status"] == "timed_out", timed
         assert "1.5 s" in timed["error"]
-        pids = [int(p) for p in (agents_root / "work/worker/pids").read_text().split()]
-        assert await _all_gone(pids), "the runner and its child outlived the run"
+        assert await _all_gone(slow), "the runner and its child outlived the run"
         crashed = await _ended(client, crash)
         assert crashed == {"run": crash, "agent": "worker", "status": "failed",
                            "error": "its runner exited with status 3"}
-        (agents_root / "work/worker/pids").unlink()
+        (agents_root / "work/worker/started").unlink()
         cancelled = body(await client.call("agent_run", {"agent": "worker", "input": "sleep"}))["run"]
-        while not (agents_root / "work/worker/pids").exists():
+        while not (agents_root / "work/worker/started").exists():
             await asyncio.sleep(0.05)
-        pids = [int(p) for p in (agents_root / "work/worker/pids").read_text().split()]
+        assert len(_processes_of(cancelled)) >= 2, "the runner and its child are not both running"
         stopped = body(await client.call("agent_cancel", {"run": cancelled}))
         assert stopped.get("status") == "cancelled", stopped
-        assert await _all_gone(pids), "a cancelled run's processes are still there"
+        assert await _all_gone(cancelled), "a cancelled run's processes are still there"
 
     exchange(agents_root, run_dir, script, profile="boss")
 
@@ -138,3 +146,63 @@ def test_another_profile_cannot_follow_or_cancel_a_run(agents_root: Path, run_di
         assert run.error == "cancelled by owner"
 
     exchange(agents_root, run_dir, script, profile="boss")
+
+
+def test_a_run_reaches_its_scope_and_its_profiles_socket_and_nothing_else(agents_root: Path, run_dir: Path) -> None:
+    """The runner runs in the connectors' sandbox: its scope is its folder, the only one it writes; its profile's
+    socket is the only socket it sees; the config tree, the state and run folders and the host's network are not
+    there (docs/agents.md, "What a run can reach")."""
+    listener = socket.create_server(("127.0.0.1", 0))  # a service of the host, on its loopback
+    (agents_root / "work/worker").mkdir(parents=True, exist_ok=True)
+    (agents_root / "work/worker/scan.txt").write_text("for the run")
+
+    async def script(client: RawClient, router: Router) -> None:
+        asked = {"read": [str(agents_root / "work/worker/scan.txt"), str(agents_root / "config/profiles/boss.toml"),
+                          str(router.state_dir / "calls.jsonl"), "/etc/shadow"],
+                 "list": ["/run/handler/profiles", str(run_dir / "profiles"), str(agents_root)],
+                 "connect": listener.getsockname()[1]}
+        started = body(await client.call("agent_run", {"agent": "worker", "input": json.dumps(asked)}))["run"]
+        ended = await _ended(client, started)
+        assert ended["status"] == "succeeded", ended
+        seen = json.loads(ended["result"])
+        assert seen["cwd"] == str((agents_root / "work/worker").resolve())
+        assert seen[f"read {agents_root / 'work/worker/scan.txt'}"] == len("for the run")
+        for hidden in (agents_root / "config/profiles/boss.toml", router.state_dir / "calls.jsonl",
+                       Path("/etc/shadow")):
+            assert seen[f"read {hidden}"] == "FileNotFoundError", hidden
+        assert seen["list /run/handler/profiles"] == ["worker.sock"]
+        assert seen[f"list {run_dir / 'profiles'}"] == "FileNotFoundError"
+        assert seen[f"list {agents_root}"] == ["work"]  # the way to its scope, and nothing beside it
+        assert seen["connect"] in ("ConnectionRefusedError", "OSError", "TimeoutError")
+        if os.geteuid() == 0:
+            assert seen["uid"] != 0  # a host uid of its own, as a connector's
+        assert (agents_root / "work/worker/written-by-run").read_text() == "mine"
+
+    try:
+        exchange(agents_root, run_dir, script, profile="boss")
+    finally:
+        listener.close()
+
+
+def test_a_runner_reaches_the_hosts_its_egress_lists_and_no_other(agents_root: Path, run_dir: Path) -> None:
+    """An agent host that calls its own vendor: the runner's `egress` entries, through the allow-list proxy and
+    the relay, as a connector's; a port it does not list stays out of reach."""
+    listed, unlisted = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    worker = agents_root / "config/profiles/worker.toml"
+    worker.write_text(worker.read_text() + f'egress = ["127.0.0.1:{listed.getsockname()[1]}"]\n')
+
+    async def script(client: RawClient, router: Router) -> None:
+        seen = {}
+        for port in (listed.getsockname()[1], unlisted.getsockname()[1]):
+            started = body(await client.call("agent_run", {"agent": "worker", "input": json.dumps({"connect": port})}))
+            ended = await _ended(client, started["run"])
+            assert ended["status"] == "succeeded", ended
+            seen[port] = json.loads(ended["result"])["connect"]
+        assert seen[listed.getsockname()[1]] == "connected"
+        assert seen[unlisted.getsockname()[1]] != "connected"
+
+    try:
+        exchange(agents_root, run_dir, script, profile="boss")
+    finally:
+        listed.close()
+        unlisted.close()

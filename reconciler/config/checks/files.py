@@ -229,6 +229,8 @@ def check_profile_file(doc: Document, spec: ProfileFile, name: str) -> list[Find
             f"a name of at most {_SOCKET_NAME_CHARS} characters, which leaves {run_dir_room('x' * _SOCKET_NAME_CHARS)} "
             "(the defaults, $XDG_RUNTIME_DIR/handler or /tmp/handler-$UID, take about 20)",
             "a shorter name (and file name)"))
+    for i, entry in enumerate(spec.runner.egress if spec.runner is not None else []):
+        findings.extend(_check_egress(doc, ("runner", "egress", i), entry))
     scope = PurePosixPath(spec.scope)
     if not spec.scope or ".." in scope.parts or "\\" in spec.scope:
         findings.append(
