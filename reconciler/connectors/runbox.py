@@ -111,7 +111,10 @@ async def box_run(plan: RunPlan, base: Path) -> RunBox:
         _write_private(folder / "mcp.json", plan.config_json, uid)
         if uid is not None:
             _own_scope(plan.scope, uid)
-        command = _program_found(plan.command)
+        env = {**confined_env({}, _HOME, tmp=_HOME, system_path=True), **plan.env,
+               "HANDLER_RUN_DIR": str(INSIDE_RUN_DIR), "HANDLER_MCP_CONFIG": str(INSIDE_RUN_DIR / "mcp.json"),
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        command = _program_found(plan.command, env["PATH"])
         relay, hosts = await _egress(plan, box, uid)
         view = _view(plan, command, box, etc_files(folder, uid, hosts))
         box.cgroups = make_cgroups(f"run-{plan.run_id}", plan.limits.processes, plan.limits.memory_bytes)
@@ -119,9 +122,7 @@ async def box_run(plan: RunPlan, base: Path) -> RunBox:
         write_seccomp(seccomp)
         inside = boxed(command, view, plan.limits, host_uid=uid, relay=relay, chdir=str(plan.scope))
         box.command = [*entering(seccomp, box.cgroups.procs if box.cgroups is not None else ()), *inside]
-        box.env = {**confined_env({}, _HOME, tmp=_HOME, system_path=True), **plan.env,
-                   "HANDLER_RUN_DIR": str(INSIDE_RUN_DIR), "HANDLER_MCP_CONFIG": str(INSIDE_RUN_DIR / "mcp.json"),
-                   "PYTHONDONTWRITEBYTECODE": "1"}
+        box.env = env
     except BaseException:
         await box.cleanup()
         raise
@@ -163,13 +164,14 @@ def _view(plan: RunPlan, command: Sequence[str], box: RunBox, etc: dict[str, str
     return BoxView(shown, (str(plan.scope),), files)
 
 
-def _program_found(command: Sequence[str]) -> list[str]:
-    """`command` with its program made absolute through the service's PATH (the sandbox binds its folder)."""
+def _program_found(command: Sequence[str], path: str) -> list[str]:
+    """`command` with its program made absolute through the run's PATH, the service's Python's folder first, then
+    the system's (`python3` is the service's, as in a connector's command); the sandbox binds its folder."""
     if "/" in command[0]:
         return list(command)
-    found = shutil.which(command[0])
+    found = shutil.which(command[0], path=path)
     if found is None:
-        raise ConnectorNotSetUpError(f"its runner's program {command[0]} is not on the service's PATH: install it, "
+        raise ConnectorNotSetUpError(f"its runner's program {command[0]} is not on its PATH ({path}): install it, "
                                      "or give its absolute path in the profile's [runner] command")
     return [found, *command[1:]]
 

@@ -58,7 +58,9 @@ async def _all_gone(run: str) -> bool:
     return False
 
 
-def test_a_run_gives_its_result_with_its_identity_and_configuration(agents_root: Path, run_dir: Path) -> None:
+@pytest.mark.parametrize("sandbox", [True, False], ids=["sandboxed", "no-sandbox"])
+def test_a_run_gives_its_result_with_its_identity_and_configuration(agents_root: Path, run_dir: Path,
+                                                                    sandbox: bool) -> None:
     async def script(client: RawClient, router: Router) -> None:
         started = body(await client.call("agent_run", {"agent": "worker", "input": "count the scans"},
                                          _meta={"handler/instance": "boss-run-1"}))
@@ -76,7 +78,7 @@ def test_a_run_gives_its_result_with_its_identity_and_configuration(agents_root:
         assert listed[0].parent == "boss-run-1"
         assert listed[0].starter == "run:boss-run-1"
 
-    exchange(agents_root, run_dir, script, profile="boss")
+    exchange(agents_root, run_dir, script, profile="boss", sandbox=sandbox)
 
 
 def test_over_its_time_limit_crashing_and_cancelled_each_end_with_a_cause(agents_root: Path, run_dir: Path) -> None:
