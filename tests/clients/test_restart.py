@@ -1,9 +1,10 @@
 """The router is stopped and started again under an open stdio session of each client: the session goes on.
 
 Each client (the TypeScript SDK, the Python SDK 1.x, 2.x in both eras, and openai-agents with every server
-`handler mcp-config` writes for the profile) runs `handler-service` as its MCP server. The router (`handler
-serve` on the governed tree, the process `handler up` runs too) is stopped with SIGTERM, as a service manager
-stops it for an upgrade, while the client waits on a call the connector holds; then started again. The call in
+`handler mcp-config` writes for the profile) runs `handler-service` as its MCP server. The service (`handler up`
+on the governed tree: the router, the reconciler following the tree, the dashboard) is stopped with SIGTERM, as a
+service manager stops it for an upgrade, while the client waits on a call the connector holds; then started
+again. The call in
 flight gets one error, which names the restart, and the client's next call succeeds in the same session: no
 client reconnects or initializes again (docs/router.md "Restarts").
 """
@@ -34,7 +35,7 @@ REACHED_SECONDS = 2.0  # ample for the call to reach the connector: the router i
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[GovernedService]:
-    with governed_service() as running:
+    with governed_service(command="up") as running:
         yield running
 
 
@@ -82,3 +83,24 @@ def test_openai_agents_with_every_server_of_the_profile_goes_on_after_a_restart(
         said = host.close()
     assert "Traceback" not in said, said
     assert said.count("handler-service: the router is back; the session goes on") == 3, said
+
+
+@pytest.mark.parametrize("kind", ["typescript", "python-sdk-2-auto"])
+def test_a_crash_under_an_open_session_answers_the_call_in_flight_once_and_the_session_goes_on(
+        service: GovernedService, kind: str) -> None:
+    """`handler up` killed (SIGKILL: a crash, nothing of it runs after) while the client waits on a call: the bridge
+    answers that call once, and the next call of the same session runs on the service started again."""
+    client = ClientProcess(client_command(kind), service, env={"HANDLER_INSTANCE": f"crash-{kind}"})
+    try:
+        assert client.call("echo_say", {"text": "before"})["structuredContent"] == {"text": "before"}
+        client.send(op="call", name="echo_misbehave", arguments=HELD)
+        time.sleep(REACHED_SECONDS)
+        service.restart(kill=True)
+        the_restart_error(client.answer())
+        after = client.call("echo_say", {"text": "after the crash"})
+        assert after["structuredContent"] == {"text": "after the crash"}
+        assert logged(service, f"crash-{kind}", "echo_say")["outcome"] == "executed"
+    finally:
+        err = client.close()
+    assert "Traceback" not in err, err
+    assert "handler-service: the router is back; the session goes on" in err
