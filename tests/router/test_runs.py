@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import socket
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,23 @@ def test_a_runner_reaches_the_hosts_its_egress_lists_and_no_other(agents_root: P
     finally:
         listed.close()
         unlisted.close()
+
+
+def test_a_runner_flooding_its_output_costs_the_router_only_the_tail(tmp_path: Path, run_dir: Path) -> None:
+    """64 MiB on stdout and as much on stderr before the result: the run ends with its last line as its result,
+    and the router's memory grows by a small part of what was written (it keeps the tail as it reads)."""
+    root = write_agents_tree(tmp_path / "tree", timeout=120)
+
+    async def script(client: RawClient, router: Router) -> None:
+        tracemalloc.start()
+        try:
+            started = body(await client.call("agent_run", {"agent": "worker", "input": "flood"}))["run"]
+            ended = await _ended(client, started)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert ended["status"] == "succeeded", ended
+        assert ended["result"] == "the result after the flood"
+        assert peak < 24 << 20, f"the router held {peak >> 20} MiB while the run wrote 128 MiB"
+
+    exchange(root, run_dir, script, profile="boss")
