@@ -430,11 +430,15 @@ def measure_sdk_lines(run: Any, base: Path, governed: tuple[Path, int], connecto
                                    env={"HANDLER_RUN_DIR": str(governed[0])}),
         "c": StdioServerParameters(command=sys.executable, args=[str(base / "proxy.py"), *connector[1:]]),
         "h": StdioServerParameters(command=sys.executable, args=[str(base / "stdio_hop.py"), *connector]),
+        "r": StdioServerParameters(command=str(BIN / "handler-service"),
+                                   args=["echo", "--profile", "tester", "--relay"],
+                                   env={"HANDLER_RUN_DIR": str(governed[0])}),
     }, args.calls, args.warmup, pids={"b": governed[1]}))
     row("(a) SDK client -> connector", results["a"])
     row("(b) SDK client -> handler-service -> governed router", results["b"])
     row("(c) SDK client -> FastMCP proxy -> connector", results["c"])
     row("(h) SDK client -> plain stdio hop -> connector", results["h"])
+    row("(r) SDK client -> handler-service relaying -> governed router", results["r"])
     return results
 
 
@@ -684,6 +688,8 @@ def print_sdk_ratios(results: dict[str, dict[str, float]]) -> None:
     added_h = results["h"]["p50"] - results["a"]["p50"]
     print(f"  (h)-(a) a plain stdio hop adds {added_h:8.1f} µs, the floor of any process in the middle on this "
           f"host; (b) adds {added_b - added_h:.1f} µs more")
+    print(f"  (r)-(b) the bridge relaying the session's lines, where it hands them over by default: "
+          f"{results['r']['p50'] - results['b']['p50']:.1f} µs")
     # Steadier than latency on a busy host (/proc ticks of 10 ms: a few µs of resolution over the line's calls).
     print(f"  the governed router's CPU per call of line (b): {results['b']['cpu']:.1f} µs")
 

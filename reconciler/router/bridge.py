@@ -13,34 +13,31 @@ agent's requests and writes its replies itself, and says when the session is ove
 bridge exits. The bridge keeps its own copies of both, so when the router goes away instead (a restart),
 it answers each call left open with an error naming the restart, waits for the next router
 (`--wait-seconds`) and hands the session over again. Otherwise (a terminal, a file, one socket as both,
-`--relay`), or if the router refuses, it relays lines both ways, adding the `_meta` to each request. A
-line it cannot parse, and one over the size cap, goes through as it is: the router answers it. When the
-agent closes stdin, the bridge closes its sending side and waits for the replies still owed; when the
-router closes, or the agent stops reading, it exits (a relayed session does not outlive its router).
+`--relay`), or if the router refuses, it relays the session's lines both ways (`relaying`): the router binds the
+`_meta` to the session as it does on a handoff, and the bridge, seeing every request and reply, answers each
+request exactly once across restarts. A line over the size cap goes through as it is: the router answers it.
+When the agent closes stdin, the bridge closes its sending side and waits for the replies still owed; when the
+agent stops reading, it exits.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import socket
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.router.handoff import ACCEPTED, attach_line, is_stream_fd
 from reconciler.router.lifeline import DEFAULT_WAIT_SECONDS, Lifeline, read_line
 from reconciler.router.openpage import make_page
-from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
+from reconciler.router.relaying import Relay
+from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 from reconciler.wire.meta import caller_meta
 
-__all__ = ["hand_over", "main", "relay", "tag_line"]
+__all__ = ["hand_over", "main"]
 
 _CHUNK = 1 << 16
 
@@ -93,14 +90,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(sock: socket.socket, path: Path, meta: Mapping[str, str], args: argparse.Namespace) -> int:
-    """Hand the agent's stdio over and follow the session, else relay it; the exit status."""
+    """Hand the agent's stdio over and follow the session, else relay it (`relaying`); the exit status."""
     page = None if args.relay else _page()
-    if page is not None and hand_over(sock, meta, page):
-        return Lifeline(path, meta, page, args.wait_seconds).follow(sock)
-    # The router's own cap, never a lower one: a line over the bridge's cap passes untagged, and under the
-    # router's it would be served with the agent's own run ids, a held agent deciding its own hold.
-    relay(sock, sys.stdin.fileno(), sys.stdout.fileno(), meta, DEFAULT_MAX_LINE_BYTES)
-    return 0
+    if page is not None:
+        if hand_over(sock, meta, page):
+            return Lifeline(path, meta, page, args.wait_seconds).follow(sock)
+        sock.close()  # refused: that connection is the router's plain line connection now; the relay opens its own
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(path))
+    relay = Relay(path, meta, args.wait_seconds, DEFAULT_MAX_LINE_BYTES)
+    refused = relay.attach(sock)
+    if refused is not None:
+        print(f"handler-service: the router refused the session: {refused}", file=sys.stderr, flush=True)
+        return 1
+    return relay.follow(sock)
 
 
 def _page() -> int | None:
@@ -148,69 +151,6 @@ def hand_over(sock: socket.socket, meta: Mapping[str, str], page: int) -> bool:
         return False
     # Refused, or a router that does not know the handoff: its answer is not for the agent.
     return answer == ACCEPTED
-
-
-def relay(sock: socket.socket, in_fd: int, out_fd: int, meta: Mapping[str, str], max_line: int) -> None:
-    """Relay until the router closes the socket or `out_fd` stops taking bytes."""
-    upstream = threading.Thread(target=_upstream, args=(sock, in_fd, meta, max_line), daemon=True)
-    upstream.start()
-    try:
-        while data := sock.recv(_CHUNK):
-            _write_all(out_fd, data)
-    except OSError:
-        pass  # the agent stopped reading (EPIPE) or the socket broke: either way the session is over
-    finally:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _upstream(sock: socket.socket, fd: int, meta: Mapping[str, str], max_line: int) -> None:
-    # A line over the limit goes through untouched, in pieces as it comes: the router refuses it.
-    framer = LineFramer(max_line, oversize="pass")
-    try:
-        while chunk := os.read(fd, _CHUNK):
-            out = b"".join(item.data if isinstance(item, Oversize) else tag_line(item, meta)
-                           for item in framer.feed(chunk))
-            if out:
-                sock.sendall(out)
-        if rest := framer.take_rest():
-            sock.sendall(tag_line(rest + b"\n", meta))
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_WR)
-
-
-def tag_line(line: bytes, meta: Mapping[str, str]) -> bytes:
-    """`line` with `meta` added to its `params._meta` if it is a request; otherwise unchanged."""
-    try:
-        msg: Any = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return line
-    if not isinstance(msg, dict) or "method" not in msg or "id" not in msg:
-        return line
-    params = msg.get("params")
-    if params is None:
-        msg["params"] = {"_meta": dict(meta)}
-    elif isinstance(params, dict):
-        current = params.get("_meta")
-        if current is None:
-            params["_meta"] = dict(meta)
-        elif isinstance(current, dict):
-            current.update(meta)
-        else:
-            return line
-    else:
-        return line
-    return orjson.dumps(msg, option=orjson.OPT_APPEND_NEWLINE)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ record `resumption` makes for Streamable HTTP too) and, when the session is over
 router going away, `{"handler/ended": true}`. A bridge whose lifeline closes without that line
 re-attaches to the next router with the record beside its meta (`{"handler/attach": {meta},
 "handler/session": id}`), and the router resumes the session without a new `initialize`.
+
+A bridge that relays (`relaying`) sends the same line with `"handler/relay": true` and no descriptor: the
+socket then carries the session's lines both ways, the router's notes to the bridge among them.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from typing import Final, NamedTuple
 
 import orjson
 
-from reconciler.wire.meta import ATTACH, ATTACHED, ENDED, SESSION
+from reconciler.wire.meta import ATTACH, ATTACHED, ENDED, RELAY, SESSION
 
 __all__ = [
     "ACCEPTED",
+    "ATTACH_HEAD",
     "ENDED_LINE",
     "STDIO_PRINCIPAL",
     "Attach",
@@ -42,6 +46,7 @@ __all__ = [
     "session_line",
 ]
 
+ATTACH_HEAD: Final = b'{"' + ATTACH.encode() + b'"'  # how an attach line begins (`attach_line` puts it first)
 ACCEPTED: Final = orjson.dumps({ATTACHED: True}, option=orjson.OPT_APPEND_NEWLINE)
 ENDED_LINE: Final = orjson.dumps({ENDED: True}, option=orjson.OPT_APPEND_NEWLINE)
 MAX_ATTACH_BYTES: Final = 64 * 1024
@@ -53,12 +58,15 @@ STDIO_PRINCIPAL: Final = ""
 class Attach(NamedTuple):
     meta: dict[str, str]
     session: str | None  # the signed record of the session to resume, when the bridge re-attaches
+    relay: bool = False  # the bridge relays the session's lines on this socket (`relaying`), sending no descriptor
 
 
-def attach_line(meta: Mapping[str, str], session: str | None = None) -> bytes:
+def attach_line(meta: Mapping[str, str], session: str | None = None, *, relay: bool = False) -> bytes:
     line: dict[str, object] = {ATTACH: dict(meta)}
     if session is not None:
         line[SESSION] = session
+    if relay:
+        line[RELAY] = True
     return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
 
@@ -70,14 +78,14 @@ def parse_attach(data: bytes) -> Attach | None:
         msg = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(msg, dict) or not set(msg) <= {ATTACH, SESSION}:
+    if not isinstance(msg, dict) or not set(msg) <= {ATTACH, SESSION, RELAY} or msg.get(RELAY, True) is not True:
         return None
     meta, session = msg.get(ATTACH), msg.get(SESSION)
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         return None
     if session is not None and not isinstance(session, str):
         return None
-    return Attach(meta, session)
+    return Attach(meta, session, RELAY in msg)
 
 
 def session_line(session: str) -> bytes:

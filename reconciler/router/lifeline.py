@@ -30,7 +30,8 @@ from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.messages import encode_error
 from reconciler.wire.meta import ENDED, RETRY, RETRY_LATER, SESSION
 
-__all__ = ["DEFAULT_WAIT_SECONDS", "Lifeline", "read_line"]
+__all__ = ["DEFAULT_WAIT_SECONDS", "RESTARTED", "Lifeline", "give_up", "read_line", "refusal", "request_id",
+           "write_out"]
 
 DEFAULT_WAIT_SECONDS: Final = 120.0  # enough for an upgrade's restart, short enough not to leave a host hanging
 _CHUNK: Final = 1 << 16
@@ -98,7 +99,7 @@ class Lifeline:
             print("handler-service: the router left more calls open than its page holds; they get no answer",
                   file=sys.stderr, flush=True)
             return
-        _write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, RESTARTED, data))
+        write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, RESTARTED, data))
                             for call_id in open_calls))
 
     def _reattach(self) -> socket.socket | None:
@@ -113,22 +114,24 @@ class Lifeline:
             except OSError:
                 sock.close()
                 if time.monotonic() >= deadline:
-                    self._give_up(f"no router came back at {self.path} within {self.wait_seconds:g} s")
+                    give_up(f"no router came back at {self.path} within {self.wait_seconds:g} s")
                     return None
                 time.sleep(_RETRY_PAUSE)
                 continue
             if answer == ACCEPTED:
                 return sock
             sock.close()
-            self._give_up(f"the router did not take the session back: {_refusal(answer)}")
+            give_up(f"the router did not take the session back: {refusal(answer)}")
             return None
 
-    def _give_up(self, why: str) -> None:
-        """Answer what the agent sent while the bridge waited, say why on stderr; the bridge then exits."""
-        message = f"{why}; this MCP server has stopped: restart it in your host (or start the router: handler up)"
-        _write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, message, {RETRY: RETRY_LATER}))
-                            for call_id in _waiting_requests()))
-        print(f"handler-service: {message}", file=sys.stderr, flush=True)
+
+
+def give_up(why: str) -> None:
+    """Answer what the agent sent while the bridge waited, say why on stderr; the bridge then exits."""
+    message = f"{why}; this MCP server has stopped: restart it in your host (or start the router: handler up)"
+    write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, message, {RETRY: RETRY_LATER}))
+                       for call_id in _waiting_requests()))
+    print(f"handler-service: {message}", file=sys.stderr, flush=True)
 
 
 def read_line(sock: socket.socket) -> bytes:
@@ -141,7 +144,7 @@ def read_line(sock: socket.socket) -> bytes:
     return bytes(line)
 
 
-def _refusal(answer: bytes) -> str:
+def refusal(answer: bytes) -> str:
     with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
         return str(orjson.loads(answer).get("message") or "no reason given")
     return "its answer was not a handoff answer"
@@ -154,12 +157,12 @@ def _waiting_requests() -> list[int | str]:
     with contextlib.suppress(OSError):
         while chunk := os.read(0, _CHUNK):
             for line in framer.feed(chunk):
-                if not isinstance(line, Oversize) and (call_id := _request_id(line)) is not None:
+                if not isinstance(line, Oversize) and (call_id := request_id(line)) is not None:
                     ids.append(call_id)
     return ids
 
 
-def _request_id(line: bytes) -> int | str | None:
+def request_id(line: bytes) -> int | str | None:
     try:
         msg: Any = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -169,7 +172,7 @@ def _request_id(line: bytes) -> int | str | None:
     return None
 
 
-def _write_out(data: bytes) -> None:
+def write_out(data: bytes) -> None:
     """Bytes to the agent's stdout, whole (the router left it non-blocking: it is blocking again here)."""
     if not data:
         return

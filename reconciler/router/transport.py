@@ -36,6 +36,7 @@ from typing import Any
 from reconciler.config.eventloop import LoopPipe
 from reconciler.router.handoff import (
     ACCEPTED,
+    ATTACH_HEAD,
     ENDED_LINE,
     MAX_ATTACH_BYTES,
     STDIO_PRINCIPAL,
@@ -455,13 +456,16 @@ class Listener:
             _close_fds(fds)
             conn.close()  # connected and left without a word
             return
-        attach = parse_attach(data) if fds else None
+        attach = parse_attach(data) if fds or data.startswith(ATTACH_HEAD) else None
         if attach is not None:
-            problem = _handoff_problem(fds) or _meta_problem(attach.meta)
+            problem = (_relay_problem(fds) if attach.relay else _handoff_problem(fds)) or _meta_problem(attach.meta)
             record = self._resumable(attach.session) if problem is None and attach.session is not None else None
             if problem is None and attach.session is not None and record is None:
                 problem = ("the session the bridge re-attached is not one this router can resume (its record is "
                            "another state folder's, or another profile's); restart this MCP server in your host")
+            if problem is None and attach.relay:
+                self._start(self._relayed(conn, attach.meta, record), conn, [])
+                return
             if problem is None:
                 self._start(self._attach(conn, fds, attach.meta, record), conn, fds)
                 return
@@ -491,6 +495,18 @@ class Listener:
         except BaseException:
             conn.end()  # never made: it must not linger among the router's connections
             raise
+
+    async def _relayed(self, sock: socket.socket, meta: Mapping[str, str], record: SessionRecord | None) -> None:
+        """A session its bridge relays on `sock` (`relaying`): lines both ways, the bridge's notes among them."""
+        conn = Connection(self._router, self._profile, meta, group=self._live)
+        conn.handed_over(record)
+        try:
+            transport, _ = await self._loop.connect_accepted_socket(lambda: _Lines(conn, b""), sock)
+        except BaseException:
+            conn.end()
+            raise
+        conn.lifeline = transport
+        transport.write(ACCEPTED)  # before any reply: the bridge sends nothing until it has this
 
     def _resumable(self, session: str) -> SessionRecord | None:
         """The record of a session handed over on this profile's socket, read from what its bridge presents."""
@@ -533,11 +549,19 @@ def _handoff_problem(fds: list[int]) -> str | None:
     """Why these descriptors cannot serve as the agent's stdin and stdout (and its bridge's page of open calls,
     `openpage`, when there is a third), or None if they can."""
     if len(fds) not in (2, 3):
-        return f"the attach line must carry stdin, stdout and the open-calls page (2 or 3 descriptors), not {len(fds)}"
+        return (f"the attach line must carry stdin, stdout and the open-calls page (2 or 3 descriptors), not "
+                f"{len(fds)}; a bridge that relays the session's lines says \"handler/relay\": true and sends none")
     if len(fds) == 3 and (problem := page_problem(fds[2])) is not None:
         return problem
     return _stdio_problem(fds[0], "stdin", (os.O_RDONLY, os.O_RDWR)) \
         or _stdio_problem(fds[1], "stdout", (os.O_WRONLY, os.O_RDWR)) or _one_socket_problem(fds[0], fds[1])
+
+
+def _relay_problem(fds: list[int]) -> str | None:
+    if fds:
+        _close_fds(fds)
+        return "a relaying bridge sends no descriptor with its attach line"
+    return None
 
 
 def _stdio_problem(fd: int, name: str, wanted: tuple[int, ...]) -> str | None:

@@ -38,6 +38,7 @@ __all__ = [
     "MOST_USD",
     "PARENT_INSTANCE",
     "PROFILE",
+    "RELAY",
     "REQUEST_ID",
     "RETRY",
     "RETRY_AFTER_DECISION",
@@ -77,6 +78,7 @@ BUILTINS: Final = "handler/builtins"
 BUILTINS_ELSEWHERE: Final = "elsewhere"
 ATTACH: Final = "handler/attach"  # the bridge's handoff line
 ATTACHED: Final = "handler/attached"  # the router's answer to it
+RELAY: Final = "handler/relay"  # in an attach line without descriptors: the bridge relays the session's lines
 SESSION: Final = "handler/session"  # the session's signed record, router to bridge and back at a re-attach
 ENDED: Final = "handler/ended"  # the handed-over session is over: the bridge exits rather than re-attach
 

@@ -15,7 +15,9 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from reconciler.router.bridge import tag_line
+from reconciler.router.relaying import reply_id
+from reconciler.wire.errors import JsonRpcError
+from reconciler.wire.messages import encode_error, encode_notification, encode_raw_result, encode_request, encode_result
 from tests.fixtures.echo_tree import SKILL
 from tests.fixtures.harness import BRIDGE, bridge_params, log_lines, run, sdk_body, serving
 
@@ -68,15 +70,18 @@ def test_the_agents_instance_reaches_the_router_through_the_bridge(echo_root: Pa
     run(scenario())
 
 
-def test_the_bridge_names_interface_and_instances_in_meta() -> None:
-    meta = {"handler/interface": "ocr", "handler/instance": "i-1", "handler/parentInstance": "p-0"}
-    tagged = orjson.loads(tag_line(b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}\n', meta))
-    assert tagged["params"]["_meta"] == meta
-    line = b'{"jsonrpc":"2.0","id":2,"method":"x","params":{"_meta":{"progressToken":7}}}\n'
-    kept = orjson.loads(tag_line(line, meta))
-    assert kept["params"]["_meta"] == {"progressToken": 7, **meta}
-    for untouched in (b"not json\n", b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'):
-        assert tag_line(untouched, meta) == untouched
+@pytest.mark.parametrize("call_id", [7, 0, -3, "req-1", 'a,"result":b', "ü", ""])
+def test_a_relaying_bridge_reads_which_request_each_reply_answers(call_id: int | str) -> None:
+    """What the relay counts as answered: replies of the router's encoder read from their head, any other
+    reply parsed whole; a request or a notification of the router's answers nothing."""
+    for line in (encode_result(call_id, {"content": []}), encode_error(call_id, JsonRpcError(-32602, "no")),
+                 encode_raw_result(call_id, b'{"tools":[]}'),
+                 orjson.dumps({"result": {}, "id": call_id, "jsonrpc": "2.0"}) + b"\n"):
+        assert reply_id(line) == call_id, line
+    for line in (encode_request(call_id, "sampling/createMessage", {}),
+                 encode_notification("notifications/progress", {"progress": 1}),
+                 orjson.dumps({"jsonrpc": "2.0", "id": True, "result": {}}) + b"\n", b"not json\n"):
+        assert reply_id(line) is None, line
 
 
 def test_the_bridge_exits_cleanly_when_stdin_closes_after_its_requests(echo_root: Path, run_dir: Path) -> None:

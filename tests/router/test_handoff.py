@@ -185,23 +185,39 @@ def test_the_bridge_relays_lines_when_stdin_is_a_file(echo_root: Path, run_dir: 
     assert log[-1]["instance"] == "run-9"  # the relay tags each request with the agent's instance
 
 
-def test_a_relaying_bridge_exits_when_the_router_closes(echo_root: Path, run_dir: Path) -> None:
-    async def scenario() -> int:
-        controller, terminal = pty.openpty()  # a terminal cannot be handed over: the bridge relays
+def test_a_relaying_bridge_answers_the_call_in_flight_once_and_goes_on_with_the_next_router(
+        echo_root: Path, run_dir: Path) -> None:
+    """A terminal as stdin cannot be handed over: the bridge relays. The router goes away under a call: the bridge
+    answers that call once, waits for the next router, and the session goes on there, without `initialize`."""
+    async def scenario() -> None:
+        controller, terminal = pty.openpty()
         tty.setraw(terminal)
         try:
             async with serving(echo_root, run_dir) as router:
                 proc = await start_bridge(run_dir, stdin=terminal)
-                os.write(controller, line({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
-                assert await read_reply(proc) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+                os.write(controller, line(INIT) + line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+                assert (await read_reply(proc))["id"] == 1
+                os.write(controller, call(2, "echo_misbehave", {"mode": "sleep", "seconds": 30}))
                 assert held_by_bridge(proc.pid)[0].startswith("/dev/pts/")
+                await asyncio.sleep(1)  # the call reaches the connector
                 await router.aclose()
-                return await asyncio.wait_for(proc.wait(), DEADLINE)
+                cut = await read_reply(proc)
+            assert cut["id"] == 2
+            assert "the router restarted while this call was running" in cut["error"]["message"]
+            async with serving(echo_root, run_dir):
+                os.write(controller, call(3, "echo_say", {"text": "again"}))
+                again = await read_reply(proc)
+                assert again["id"] == 3
+                assert again["result"]["structuredContent"] == {"text": "again"}
+            assert proc.stderr is not None
+            proc.kill()
+            said = (await proc.stderr.read()).decode()
+            assert "handler-service: the router is back; the session goes on" in said
         finally:
             os.close(controller)
             os.close(terminal)
 
-    assert on_uvloop(scenario) == 0
+    on_uvloop(scenario)
 
 
 @pytest.mark.parametrize("kind", ["file", "one-socket", "run-id", "unsealed-page", "none"])
@@ -243,8 +259,9 @@ def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_
             elif kind == "unsealed-page":
                 assert answer["handler/attached"] is False
                 assert "sealed against shrinking and growing" in answer["message"]
-            else:  # no descriptors: the line is read as JSON-RPC, and it is not
-                assert answer["error"]["code"] == -32600
+            else:  # no descriptors and no relay: neither a handoff nor a relayed session
+                assert answer["handler/attached"] is False
+                assert "not 0; a bridge that relays the session's lines says" in answer["message"]
             await loop.run_in_executor(None, sock.sendall, line({"jsonrpc": "2.0", "id": 5, "method": "ping"}))
             assert orjson.loads(await loop.run_in_executor(None, recv_line, sock))["id"] == 5
 

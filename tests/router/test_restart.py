@@ -6,12 +6,16 @@ router is killed (SIGKILL, nothing said) or stopped (SIGTERM) under an open sess
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import json
 import os
+import random
 import select
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,8 +52,8 @@ def router(root: Path, run_dir: Path) -> Iterator[subprocess.Popen[str]]:
 class Agent:
     """The host's side of `handler-service`: requests in on its stdin, replies read from its stdout."""
 
-    def __init__(self, run_dir: Path, wait_seconds: float) -> None:
-        self.proc = subprocess.Popen([BRIDGE, "echo", "--profile", "tester"], stdin=subprocess.PIPE,
+    def __init__(self, run_dir: Path, wait_seconds: float, *options: str) -> None:
+        self.proc = subprocess.Popen([BRIDGE, "echo", "--profile", "tester", *options], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env={**os.environ, "HANDLER_RUN_DIR": str(run_dir),
                                           "HANDLER_REATTACH_SECONDS": str(wait_seconds)})
@@ -173,3 +177,54 @@ def test_a_session_whose_revision_is_gone_is_told_on_its_next_call(echo_root: Pa
     assert "this session was pinned to config revision" in told["error"]["message"]
     assert "restart this MCP server in your host" in told["error"]["message"]
     assert status == 0
+
+
+def test_a_relaying_bridge_answers_every_request_exactly_once_through_repeated_crashes(echo_root: Path,
+                                                                                        run_dir: Path) -> None:
+    """Requests sent without pause, short and long calls, while the router is killed (SIGKILL) again and again at
+    random moments and started again: each request gets exactly one reply, each a whole line, and none is lost
+    (docs/router.md "Exactly one reply")."""
+    chance = random.Random(20261204)  # noqa: S311 - the moments of the crashes, not a secret
+    lines: list[bytes] = []
+    sent: list[int] = []
+    stop = threading.Event()
+
+    def send_all() -> None:
+        for call_id in itertools.count(2):
+            if stop.is_set():
+                return
+            seconds = chance.choice([0, 0, 0.05, 0.3])
+            agent.send(call(call_id, "echo_misbehave", {"mode": "sleep", "seconds": seconds}) if seconds
+                       else call(call_id, "echo_say", {"text": str(call_id)}))
+            sent.append(call_id)
+            time.sleep(0.002)
+
+    sending = threading.Thread(target=send_all, daemon=True)
+    for cycle in range(6):
+        with router(echo_root, run_dir) as serving_now:
+            if cycle == 0:
+                agent = Agent(run_dir, 60, "--relay")
+                out = agent.proc.stdout
+                assert out is not None
+                threading.Thread(target=lines.extend, args=(iter(out.readline, b""),), daemon=True).start()
+                agent.send(line(INIT))
+                sending.start()
+            time.sleep(chance.uniform(0.1, 0.6))
+            if cycle < 5:
+                serving_now.send_signal(signal.SIGKILL)
+                serving_now.wait(DEADLINE)
+                continue
+            stop.set()
+            sending.join(DEADLINE)
+            deadline = time.monotonic() + DEADLINE
+            while len(lines) < len(sent) + 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            status, err = agent.finish()
+    assert status == 0, err
+    replies = [json.loads(reply) for reply in lines]  # each a whole line, or this raises
+    answered = collections.Counter(reply["id"] for reply in replies)
+    assert {call_id: n for call_id, n in answered.items() if n != 1} == {}, "answered more than once"
+    assert sorted(answered) == [1, *sent], "some requests got no reply"
+    cut = [r for r in replies if "error" in r]
+    assert cut, "no call was in flight at any crash: the test proved nothing"
+    assert all("the router restarted while this call was running" in r["error"]["message"] for r in cut)

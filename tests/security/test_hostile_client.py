@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from reconciler.router.handoff import attach_line
 from tests.fixtures.flood import flood_lines, rss_mb
-from tests.fixtures.hostile.routers import MODES, HostileRouter, hostile_router
+from tests.fixtures.hostile.routers import HostileRouter
 
 FLOOD_SECONDS = 10.0
 GROWTH_MB = 100.0  # the highest the router may grow while flooded
@@ -27,14 +27,6 @@ LEFT_MB = 20.0  # how far from where it started it must come back once the clien
 DEADLINE = 30.0
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module", params=MODES)
-def router(request: pytest.FixtureRequest) -> Iterator[HostileRouter]:
-    if request.param == "user" and os.geteuid() != 0:
-        pytest.skip("the unprivileged run drops from root to nobody; this run is not root")
-    with hostile_router(request.param) as running:
-        yield running
 
 
 def flood_and_measure(router: HostileRouter, name: str, send: Callable[[bytes], int], close: Callable[[], None]) -> str:

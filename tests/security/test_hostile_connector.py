@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hostile.hostile import ATTACKS
-from tests.fixtures.hostile.routers import CGROUP_V1, MODES, NOBODY, HostileRouter, hostile_router, processes_with
+from tests.fixtures.hostile.routers import CGROUP_V1, NOBODY, HostileRouter, hostile_router, processes_with
 from tests.fixtures.hostile.tree import tree_changes
 
 DEADLINE = 30.0
@@ -30,14 +30,6 @@ DEADLINE = 30.0
 # The first test of the unprivileged run waits while its virtualenv is built (a minute or so, once per
 # `pyproject.toml`); the attacks themselves each answer within the interface's 60 s.
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module", params=MODES)
-def router(request: pytest.FixtureRequest) -> Iterator[HostileRouter]:
-    if request.param == "user" and os.geteuid() != 0:
-        pytest.skip("the unprivileged run drops from root to nobody; this run is not root")
-    with hostile_router(request.param) as running:
-        yield running
 
 
 def refused(router: HostileRouter, name: str, target: str | None = None) -> str:

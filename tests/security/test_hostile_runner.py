@@ -10,15 +10,13 @@ unprivileged user (nobody). Whatever it tries, the store, the tree and the secre
 from __future__ import annotations
 
 import json
-import os
 import time
 import tomllib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.fixtures.hostile.routers import MODES, HostileRouter, hostile_router
+from tests.fixtures.hostile.routers import HostileRouter
 from tests.fixtures.hostile.tree import tree_changes
 
 pytestmark = pytest.mark.timeout(600)
@@ -28,14 +26,6 @@ pytestmark = pytest.mark.timeout(600)
 ATTACKS = ["store", "router_environ", "environ_scan", "router_mem", "process_vm", "setns", "mount", "config_write",
            "shadow", "signal", "profile_socket", "postgres_socket", "loopback_tcp", "secret_file", "ptrace",
            "keyctl", "bpf", "perf_event_open", "write_usr", "write_code", "list_proc", "identity"]
-
-
-@pytest.fixture(scope="module", params=MODES)
-def router(request: pytest.FixtureRequest) -> Iterator[HostileRouter]:
-    if request.param == "user" and os.geteuid() != 0:
-        pytest.skip("the unprivileged run drops from root to nobody; this run is not root")
-    with hostile_router(request.param) as running:
-        yield running
 
 
 def _body(result: Any) -> dict[str, Any]:

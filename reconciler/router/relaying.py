@@ -1,0 +1,197 @@
+"""The bridge relaying a session's lines: every request answered exactly once, whatever happens to the router.
+
+When `handler-service` relays (`--relay`, `HANDLER_RELAY=1`, a terminal or a file for stdio, a router that
+refuses the handoff; docs/router.md "Relay"), it reads each line the agent sends and each line the router sends,
+so it knows which requests the router has not answered. It opens the session with one line,
+`{"handler/attach": {meta}, "handler/relay": true}` (and the session's signed record when it re-attaches),
+no descriptors: the router binds the meta to the session, answers `{"handler/attached": true}`, and the socket
+carries the session's lines both ways, with the router's notes to the bridge among them (the session's record,
+`{"handler/ended": true}`), which the agent never sees.
+
+Only whole lines reach the agent: a reply the router had written in part when it died is dropped. When the socket
+closes without the router saying the session is over, the bridge writes each reply that reached it, answers
+every request still open once (the restart error of `lifeline`), waits for the next router and goes on with the
+session's record; requests the agent sends meanwhile wait in the pipe. Exactly once costs a process in the
+middle of every message: `benchmarks/router.py` prints what it adds over the handoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from reconciler.router.handoff import ACCEPTED, attach_line
+from reconciler.router.lifeline import RESTARTED, give_up, read_line, refusal, request_id, write_out
+from reconciler.wire.errors import INTERNAL_ERROR, JsonRpcError
+from reconciler.wire.framing import LineFramer, Oversize
+from reconciler.wire.messages import encode_error
+from reconciler.wire.meta import ENDED, RETRY, RETRY_LATER, SESSION
+
+__all__ = ["Relay", "reply_id"]
+
+_CHUNK: Final = 1 << 16
+_RETRY_PAUSE: Final = 0.1
+_NOTE: Final = b'{"handler/'  # how a note of the router's to the bridge begins; a JSON-RPC line never does
+_REPLY_HEAD: Final = b'{"jsonrpc":"2.0","id":'  # how the router's encoder begins a reply (`wire.messages`)
+_MOST_REPLY_BYTES: Final = 1 << 30  # a longer reply passes in pieces, its id unread
+
+
+class Relay:
+    """One relayed session, through the routers that serve it in turn."""
+
+    def __init__(self, path: Path, meta: Mapping[str, str], wait_seconds: float, max_line: int) -> None:
+        self.path = path
+        self.meta = dict(meta)
+        self.wait_seconds = wait_seconds
+        self.record: str | None = None  # the session's signed record, once the router sent it
+        self.open: dict[int | str, None] = {}  # requests sent to the router and not answered, in order
+        self._from_agent = LineFramer(max_line, oversize="pass")
+        self._input_over = False  # the agent closed its stdin
+        self._ended = False  # the router said the session is over
+
+    def attach(self, sock: socket.socket) -> str | None:
+        """Open (or resume) the session on `sock`; None when the router took it, else its refusal."""
+        sock.sendall(attach_line(self.meta, self.record, relay=True))
+        answer = read_line(sock)
+        return None if answer == ACCEPTED else refusal(answer)
+
+    def follow(self, sock: socket.socket) -> int:
+        """Relay through each router until the session is over; the bridge's exit status."""
+        while True:
+            self._relay(sock)
+            sock.close()
+            self._answer_open()
+            if self._ended or self._input_over:
+                return 0
+            print(f"handler-service: the router went away; waiting up to {self.wait_seconds:g} s for it to come "
+                  f"back at {self.path}", file=sys.stderr, flush=True)
+            found = self._reattach()
+            if found is None:
+                return 1
+            sock = found
+            print("handler-service: the router is back; the session goes on", file=sys.stderr, flush=True)
+
+    def _relay(self, sock: socket.socket) -> None:
+        """Move lines both ways until the router's side closes."""
+        from_router = LineFramer(_MOST_REPLY_BYTES, oversize="pass")
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        if not self._input_over:
+            poller.register(0, select.POLLIN)
+        while True:
+            for fd, _ in poller.poll():
+                if fd == 0 and not self._from_agent_read(sock):
+                    poller.unregister(0)
+                elif fd != 0 and not self._from_router_read(sock, from_router):
+                    return
+
+    def _from_agent_read(self, sock: socket.socket) -> bool:
+        """Send what the agent wrote on; False once its stdin ended (the router is told: no more requests)."""
+        try:
+            chunk = os.read(0, _CHUNK)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._input_over = True
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+            return False
+        out = []
+        for item in self._from_agent.feed(chunk):
+            if isinstance(item, Oversize):
+                out.append(item.data)  # passed on in pieces as it comes: the router refuses it
+            else:
+                if (call_id := request_id(item)) is not None:
+                    self.open[call_id] = None
+                out.append(item)
+        with contextlib.suppress(OSError):  # the router is gone: what it missed is answered as open
+            sock.sendall(b"".join(out))
+        return True
+
+    def _from_router_read(self, sock: socket.socket, framer: LineFramer) -> bool:
+        """Write the router's whole lines to the agent and take in its notes; False once the socket closed."""
+        try:
+            data = sock.recv(_CHUNK)
+        except OSError:
+            data = b""
+        if not data:
+            return False
+        out = []
+        for item in framer.feed(data):
+            if isinstance(item, Oversize):
+                out.append(item.data)
+            elif item.startswith(_NOTE):
+                self._heard(item)
+            else:
+                if (call_id := reply_id(item)) is not None:
+                    self.open.pop(call_id, None)
+                out.append(item)
+        write_out(b"".join(out))
+        return True
+
+    def _heard(self, line: bytes) -> None:
+        try:
+            said: Any = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(said, dict):
+            if isinstance(record := said.get(SESSION), str):
+                self.record = record
+            self._ended = self._ended or said.get(ENDED) is True
+
+    def _answer_open(self) -> None:
+        """One error for each request the router left unanswered."""
+        data = {RETRY: RETRY_LATER}
+        write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, RESTARTED, data))
+                           for call_id in self.open))
+        self.open.clear()
+
+    def _reattach(self) -> socket.socket | None:
+        """The socket of the next router, the session resumed on it; None when none took it in time."""
+        deadline = time.monotonic() + self.wait_seconds
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(str(self.path))
+                refused = self.attach(sock)
+            except OSError:
+                sock.close()
+                if time.monotonic() >= deadline:
+                    give_up(f"no router came back at {self.path} within {self.wait_seconds:g} s")
+                    return None
+                time.sleep(_RETRY_PAUSE)
+                continue
+            if refused is None:
+                return sock
+            sock.close()
+            give_up(f"the router did not take the session back: {refused}")
+            return None
+
+
+def reply_id(line: bytes) -> int | str | None:
+    """The id of the request `line` answers, or None if it answers none (a notification, a request of the
+    router's). The router's own replies begin alike, so their id is read from the head alone."""
+    if line.startswith(_REPLY_HEAD):
+        end = line.find(b',"', len(_REPLY_HEAD))  # a string id holds no bare quote: the first ," ends it
+        if line.startswith((b',"result":', b',"error":'), end):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                found = orjson.loads(line[len(_REPLY_HEAD):end])
+                return found if isinstance(found, int | str) and not isinstance(found, bool) else None
+        return None
+    try:
+        msg: Any = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(msg, dict) and "method" not in msg and ("result" in msg or "error" in msg):
+        found = msg.get("id")
+        return found if isinstance(found, int | str) and not isinstance(found, bool) else None
+    return None
