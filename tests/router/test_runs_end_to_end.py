@@ -8,18 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reconciler.app import UpOptions
-from tests.fixtures.harness import run, short_dir
+from reconciler.governance.governor import Governor
+from reconciler.governance.ledger import spend_report
+from reconciler.governance.rulebook import to_micros
+from reconciler.governance.store import Store, open_store
+from reconciler.governance.store.audit import read_audit
+from reconciler.router.server import Router
+from tests.fixtures.agents_tree import write_agents_tree
+from tests.fixtures.harness import RawClient, body, log_lines, run, serving, short_dir
 from tests.fixtures.service import running
 from tests.fixtures.vendors import Reply, Vendor, anthropic_reply, openai_reply, serving_vendor
 
@@ -167,3 +175,151 @@ def test_a_member_runs_an_orchestrator_that_runs_a_researcher_reading_a_scan(
                for t in r["body"]["tools"] if "function" in t}
     assert {"agent_run", "agent_status"} <= offered  # the orchestrator's model was offered agent/v1
     assert INVOICE in json.dumps(vendor.requests[-1]["body"])  # and read the researcher's result
+
+
+# --- a run that ends while one of its calls is in flight: its spend is settled ---------------------------------
+
+PRICE = 0.25  # echo_misbehave's price on echo-local: what a call the connector had and never answered is charged
+CAP = 1.0  # the worker's monthly cap: the three runs' calls and exactly one more
+
+# The worker's runner (a file of the test's tree, so a sandboxed run reads it): it calls echo_misbehave through its
+# profile's bridge, a call the connector holds (it appends to `arrivals`, then waits for `release`, which never
+# comes); once the call has arrived, it crashes (`crash`) or waits for its answer (`wait`).
+CALLER = '''import asyncio, json, os, sys
+from pathlib import Path
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+
+async def main(task):
+    servers = json.loads(Path(os.environ["HANDLER_MCP_CONFIG"]).read_text())["mcpServers"]
+    async with stdio_client(StdioServerParameters(**servers["echo"])) as (r, w), ClientSession(r, w) as echo:
+        await echo.initialize()
+        arrivals = Path(task["arrivals"])
+        held = {"mode": "held", "seconds": 60, "paths": [str(arrivals), task["release"]]}
+        call = asyncio.create_task(echo.call_tool("echo_misbehave", held))
+        while not arrivals.exists():
+            await asyncio.sleep(0.02)
+        if task["then"] == "crash":
+            print("worker: lost its footing mid-call", file=sys.stderr, flush=True)
+            os._exit(3)
+        await call
+
+
+asyncio.run(main(json.loads(sys.argv[-1])))
+'''
+
+
+def _spend_tree(root: Path) -> Path:
+    """The agents tree, the worker capped at `CAP` and running `CALLER`; echo_misbehave priced `PRICE`."""
+    write_agents_tree(root)
+    (root / "caller.py").write_text(CALLER)
+    binding = root / "config/bindings/echo-local.toml"
+    priced = binding.read_text().replace("echo_say = 0.001\n", f"echo_say = 0.001\necho_misbehave = {PRICE}\n")
+    binding.write_text(priced)
+    (root / "config/profiles/worker.toml").write_text(
+        'apiVersion = "handler.profile/v1"\nname = "worker"\nscope = "work/worker"\ntemplate = "permissive"\n'
+        f'services = {{ echo = "echo-local" }}\n\n[caps]\nmonthly_usd = {CAP}\n\n'
+        f'[runner]\ncommand = {json.dumps([sys.executable, str(root / "caller.py")])}\ntimeoutSeconds = 8\n')
+    return root
+
+
+async def _until(check: Callable[[], bool], seconds: float = 30.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def _logged(router: Router, run_id: str) -> dict[str, Any]:
+    """The call log's line of the run's echo_misbehave, once the call ended (and was settled)."""
+    found: list[dict[str, Any]] = []
+
+    def ended() -> bool:
+        found[:] = [line for line in log_lines(router) if line["instance"] == run_id
+                    and line["tool"] == "echo_misbehave"]
+        return bool(found)
+
+    await _until(ended)
+    return found[0]
+
+
+async def _mid_call(boss: RawClient, router: Router, root: Path, ending: str) -> tuple[dict[str, Any], Any]:
+    """A worker run started by the boss's agent, ended (`ending`) while its priced call is at the connector: what
+    agent_status says of it once ended, and the call log's line of that call."""
+    scope = root / "work/worker"
+    arrivals = scope / f"arrivals-{ending}"
+    task = {"arrivals": str(arrivals), "release": str(scope / "release"), "then": ending}
+    started = body(await boss.call("agent_run", {"agent": "worker", "input": json.dumps(task)},
+                                   _meta={"handler/instance": "boss-1"}))
+    run = router.runs.runs[started["run"]]
+    await _until(lambda: arrivals.exists() or run.status != "running")
+    assert arrivals.exists(), f"the run's call never reached the connector: {run}"
+    if ending == "cancel":
+        assert body(await boss.call("agent_cancel", {"run": run.id}))["status"] == "cancelled"
+    await _until(lambda: run.status != "running")
+    assert run.process is not None
+    await _until(lambda: _group_gone(run.process.pid), 10.0)  # type: ignore[union-attr]
+    ended = body(await boss.call("agent_status", {"run": run.id}))
+    return ended, await _logged(router, run.id)
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    opened = open_store(f"sqlite:///{tmp_path / 'state' / 'handler.db'}")
+    yield opened
+    opened.close()
+
+
+@pytest.mark.usefixtures("echo_secret")
+def test_a_run_ending_mid_call_leaves_no_process_and_its_spend_settled(tmp_path: Path, sqlite_store: Store,
+                                                                       run_dir: Path) -> None:
+    """Cancelled, crashed, or past its time while its capped call is at the connector: each run ends with its status
+    and cause and its process group gone, its call is charged what it may have cost (its price: the connector had
+    it), and the cap's room is what the calls charged: exactly one more call fits, none stays reserved."""
+    root = _spend_tree(tmp_path / "tree")
+
+    async def scenario() -> dict[str, tuple[dict[str, Any], Any]]:
+        governor = Governor(sqlite_store, owns_store=False)
+        try:  # connectors unconfined: the echo connector writes the arrivals in the worker's scope
+            async with serving(root, run_dir, gate=governor, sandbox=False) as router:
+                boss = await RawClient.connect(router.socket_path("boss"))
+                worker = await RawClient.connect(router.socket_path("worker"))
+                try:
+                    ended = {ending: await _mid_call(boss, router, root, ending)
+                             for ending in ("cancel", "crash", "time out")}
+                    fits = await worker.call("echo_misbehave", {"mode": "cost"})
+                    over = await worker.call("echo_misbehave", {"mode": "cost"})
+                    ended["room"] = (fits["_meta"], over)
+                    return ended
+                finally:
+                    await boss.close()
+                    await worker.close()
+        finally:
+            await governor.aclose()
+
+    ended = run(scenario(), timeout=150)
+    cancelled, crashed, timed = (ended[e][0] for e in ("cancel", "crash", "time out"))
+    assert (cancelled["status"], cancelled["error"]) == ("cancelled", "cancelled by the agent of profile 'boss'")
+    assert (crashed["status"], crashed["error"]) == ("failed", "its runner exited with status 3: worker: lost its "
+                                                    "footing mid-call")
+    assert (timed["status"], timed["error"]) == ("timed_out", "it ran past its runner's 8 s limit")
+    for ending in ("cancel", "crash", "time out"):
+        line = ended[ending][1]
+        assert (line["outcome"], line["cost"]) == ("cancelled", PRICE), line
+    fits, over = ended["room"]
+    assert (fits["handler/status"], fits["handler/cost"]) == ("executed", PRICE)
+    assert over["_meta"]["handler/status"] == "blocked"
+    assert "cap" in body(over)["message"]
+    (worker,) = [row for row in spend_report(sqlite_store) if row["scope"] == "profile:worker"]
+    assert (worker["micros"], worker["leased"], worker["stale"]) == (to_micros(CAP), 0, 0)
+    trail = [r for r in read_audit(sqlite_store, limit=1000) if r["profile"] == "worker"]
+    released = [r["detail"] for r in trail if r["event"] == "released"]
+    assert (sum(d.get("calls", 1) for d in released), sum(d["charged"] for d in released)) == (3, to_micros(3 * PRICE))
