@@ -278,7 +278,6 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
     opened.close()
 
 
-@pytest.mark.usefixtures("echo_secret")
 def test_a_run_ending_mid_call_leaves_no_process_and_its_spend_settled(tmp_path: Path, sqlite_store: Store,
                                                                        run_dir: Path) -> None:
     """Cancelled, crashed, or past its time while its capped call is at the connector: each run ends with its status
