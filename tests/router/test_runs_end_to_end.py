@@ -26,10 +26,10 @@ from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store, open_store
 from reconciler.governance.store.audit import read_audit
 from reconciler.router.server import Router
-from tests.fixtures.agents_tree import write_agents_tree
+from tests.fixtures.agents_tree import processes_of, write_agents_tree
 from tests.fixtures.harness import RawClient, body, log_lines, run, serving, short_dir
 from tests.fixtures.service import running
-from tests.fixtures.vendors import Reply, Vendor, anthropic_reply, openai_reply, serving_vendor
+from tests.fixtures.vendors import Reply, anthropic_reply, openai_reply, serving_vendor
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -134,22 +134,18 @@ async def _ended(run_id: str, where: tuple[str, ...]) -> str:
             await asyncio.sleep(0.2)
 
 
-def _vendor_of(models: Models, vendor: Vendor, root: Path) -> None:
-    vendor.script = models
-    _model_bindings(root, vendor.url)
-    _agents(root)
-
-
 def test_a_member_runs_an_orchestrator_that_runs_a_researcher_reading_a_scan(
         tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_LLM_KEY", "key-from-a-reference")
     models = Models()
     with serving_vendor() as vendor, short_dir() as short:
-        _vendor_of(models, vendor, tree)
+        vendor.script = models
+        _model_bindings(tree, vendor.url)
+        _agents(tree)
         options = UpOptions(root=str(tree), run_dir=short / "run", state_dir=short / "state", http_port=0)
         where = ("--root", str(tree), "--state-dir", str(short / "state"))
 
-        async def scenario() -> tuple[str, str]:
+        async def scenario() -> tuple[str, str, str]:
             async with running(options):
                 code, out, err = await _cli("run", "orchestrator", "--input", "Find the invoice's number.", "--as",
                                             "bob", "--format", "json", *where)
@@ -159,10 +155,9 @@ def test_a_member_runs_an_orchestrator_that_runs_a_researcher_reading_a_scan(
                 status = await _ended(started["run"], where)
                 code, listed, err = await _cli("list", *where)
                 assert code == 0, err
-                return f"{started['run']}\n{status}", listed
+                return started["run"], status, listed
 
-        shown, listed = run(scenario(), timeout=200)
-    orchestrator, status = shown.split("\n", 1)
+        orchestrator, status, listed = run(scenario(), timeout=200)
     assert f"{orchestrator}  orchestrator  succeeded  parent: -  starter: member:bob" in status, status
     assert f"result: The researcher says: The invoice number is {INVOICE}." in status
     rows = {line.split()[1]: line.split() for line in listed.splitlines()}
@@ -183,8 +178,8 @@ PRICE = 0.25  # echo_misbehave's price on echo-local: what a call the connector 
 CAP = 1.0  # the worker's monthly cap: the three runs' calls and exactly one more
 
 # The worker's runner (a file of the test's tree, so a sandboxed run reads it): it calls echo_misbehave through its
-# profile's bridge, a call the connector holds (it appends to `arrivals`, then waits for `release`, which never
-# comes); once the call has arrived, it crashes (`crash`) or waits for its answer (`wait`).
+# profile's bridge, a call the connector holds and does not answer for a minute; `crash`: once the test has written
+# `crash` in its scope (the call has arrived), it exits at once, its call still in flight; else it waits for it.
 CALLER = '''import asyncio, json, os, sys
 from pathlib import Path
 from mcp import ClientSession, StdioServerParameters
@@ -195,18 +190,16 @@ async def main(task):
     servers = json.loads(Path(os.environ["HANDLER_MCP_CONFIG"]).read_text())["mcpServers"]
     async with stdio_client(StdioServerParameters(**servers["echo"])) as (r, w), ClientSession(r, w) as echo:
         await echo.initialize()
-        arrivals = Path(task["arrivals"])
-        held = {"mode": "held", "seconds": 60, "paths": [str(arrivals), task["release"]]}
-        call = asyncio.create_task(echo.call_tool("echo_misbehave", held))
-        while not arrivals.exists():
+        call = asyncio.create_task(echo.call_tool("echo_misbehave", {"mode": "held", "seconds": 60}))
+        while task == "crash" and not Path("crash").exists():
             await asyncio.sleep(0.02)
-        if task["then"] == "crash":
+        if task == "crash":
             print("worker: lost its footing mid-call", file=sys.stderr, flush=True)
             os._exit(3)
         await call
 
 
-asyncio.run(main(json.loads(sys.argv[-1])))
+asyncio.run(main(sys.argv[-1]))
 '''
 
 
@@ -224,10 +217,14 @@ def _spend_tree(root: Path) -> Path:
     return root
 
 
-async def _until(check: Callable[[], bool], seconds: float = 30.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not check():
-            await asyncio.sleep(0.02)
+async def _until(check: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    """Wait for `check()` to hold, up to a deadline; past it, fail saying `what` did not happen."""
+    try:
+        async with asyncio.timeout(seconds):
+            while not check():
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        pytest.fail(f"{what} did not happen within {seconds:g} s")
 
 
 def _group_gone(pgid: int) -> bool:
@@ -247,26 +244,34 @@ async def _logged(router: Router, run_id: str) -> dict[str, Any]:
                     and line["tool"] == "echo_misbehave"]
         return bool(found)
 
-    await _until(ended)
+    await _until(ended, f"the call of run {run_id} ending in the call log")
     return found[0]
+
+
+def _arrived(router: Router) -> int:
+    """How many held calls reached the echo connector: it says so on stderr, which its binding's log keeps."""
+    log = router.state_dir / "connectors/echo-local.stderr.log"
+    return log.read_text().count("echo_misbehave held: call") if log.exists() else 0
 
 
 async def _mid_call(boss: RawClient, router: Router, root: Path, ending: str) -> tuple[dict[str, Any], Any]:
     """A worker run started by the boss's agent, ended (`ending`) while its priced call is at the connector: what
     agent_status says of it once ended, and the call log's line of that call."""
-    scope = root / "work/worker"
-    arrivals = scope / f"arrivals-{ending}"
-    task = {"arrivals": str(arrivals), "release": str(scope / "release"), "then": ending}
-    started = body(await boss.call("agent_run", {"agent": "worker", "input": json.dumps(task)},
+    before = _arrived(router)
+    started = body(await boss.call("agent_run", {"agent": "worker", "input": ending},
                                    _meta={"handler/instance": "boss-1"}))
     run = router.runs.runs[started["run"]]
-    await _until(lambda: arrivals.exists() or run.status != "running")
-    assert arrivals.exists(), f"the run's call never reached the connector: {run}"
+    await _until(lambda: _arrived(router) > before or run.status != "running", "the run's call reaching the connector")
+    assert _arrived(router) > before, f"the run's call never reached the connector: {run}"
     if ending == "cancel":
         assert body(await boss.call("agent_cancel", {"run": run.id}))["status"] == "cancelled"
-    await _until(lambda: run.status != "running")
+    elif ending == "crash":
+        (root / "work/worker/crash").write_text("now")
+    await _until(lambda: run.status != "running", f"the run ending ({ending})")
     assert run.process is not None
-    await _until(lambda: _group_gone(run.process.pid), 10.0)  # type: ignore[union-attr]
+    await _until(lambda: _group_gone(run.process.pid), "its process group ending", 10.0)  # type: ignore[union-attr]
+    # nor any process of it elsewhere: its bridge, its sandbox's
+    await _until(lambda: not processes_of(run.id), f"every process of {run.id} ending", 10.0)
     ended = body(await boss.call("agent_status", {"run": run.id}))
     return ended, await _logged(router, run.id)
 
@@ -278,8 +283,9 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
     opened.close()
 
 
+@pytest.mark.parametrize("sandbox", [True, False], ids=["sandboxed", "no-sandbox"])
 def test_a_run_ending_mid_call_leaves_no_process_and_its_spend_settled(tmp_path: Path, sqlite_store: Store,
-                                                                       run_dir: Path) -> None:
+                                                                       run_dir: Path, sandbox: bool) -> None:
     """Cancelled, crashed, or past its time while its capped call is at the connector: each run ends with its status
     and cause and its process group gone, its call is charged what it may have cost (its price: the connector had
     it), and the cap's room is what the calls charged: exactly one more call fits, none stays reserved."""
@@ -287,8 +293,8 @@ def test_a_run_ending_mid_call_leaves_no_process_and_its_spend_settled(tmp_path:
 
     async def scenario() -> dict[str, tuple[dict[str, Any], Any]]:
         governor = Governor(sqlite_store, owns_store=False)
-        try:  # connectors unconfined: the echo connector writes the arrivals in the worker's scope
-            async with serving(root, run_dir, gate=governor, sandbox=False) as router:
+        try:
+            async with serving(root, run_dir, gate=governor, sandbox=sandbox) as router:
                 boss = await RawClient.connect(router.socket_path("boss"))
                 worker = await RawClient.connect(router.socket_path("worker"))
                 try:
