@@ -1,6 +1,7 @@
 """A member-started run's holds on the dashboard (docs/agents.md, "Who decides a run's holds"): bob, a member who is
 not an owner, starts a run with `handler agent run --as bob`; its call, held and routed to the caller, shows on bob's
-approvals page and bob approves it there, so the run goes on and succeeds. Carol, a member who did not start it,
+approvals page (and bob is emailed, as a member a hold is routed to is) and bob approves it there, so the run goes
+on and succeeds. Carol, a member who did not start it,
 reads the hold and is told who decides it; her decision is refused.
 """
 
@@ -19,6 +20,7 @@ import pytest
 from reconciler.app import UpOptions
 from tests.fixtures.agents_tree import write_agents_tree
 from tests.fixtures.harness import short_dir
+from tests.fixtures.mail import serving_mailbox
 from tests.fixtures.service import DEADLINE, Service, running
 from tests.fixtures.signin import sign_in
 
@@ -121,8 +123,9 @@ def _url(service: Service) -> str:
 
 
 def test_the_member_who_started_a_run_approves_its_hold_on_the_dashboard_and_no_other_member_can(
-        tree: Path) -> None:
-    with short_dir() as short:
+        tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with short_dir() as short, serving_mailbox() as (box, port):
+        monkeypatch.setenv("HANDLER_SMTP_URL", f"smtp://127.0.0.1:{port}")
         state = short / "state"
         options = UpOptions(root=str(tree), run_dir=short / "run", state_dir=state, http_port=0)
         where = ("--root", str(tree), "--state-dir", str(state))
@@ -134,6 +137,9 @@ def test_the_member_who_started_a_run_approves_its_hold_on_the_dashboard_and_no_
                 assert code == 0, err
                 run_id = json.loads(out)["run"]
                 rid = await _held(tree, run_id, where)
+                await service.until(lambda: bool(box.messages))
+                (mail,) = box.messages
+                assert (mail["To"], rid in mail["Subject"]) == ("bob@example.org", True)
                 await _carol_cannot_decide(_url(service), tree, state, rid)
                 await _bob_approves(_url(service), tree, state, rid)
                 return await _ended(run_id, where)
