@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from reconciler.router.server import Router
-from tests.fixtures.agents_tree import write_agents_tree
+from tests.fixtures.agents_tree import processes_of, write_agents_tree
 from tests.fixtures.harness import RawClient, body, exchange
 
 pytestmark = pytest.mark.usefixtures("echo_secret")
@@ -34,26 +34,10 @@ async def _ended(client: RawClient, run: str) -> dict[str, Any]:
     raise AssertionError(f"run {run} still running")
 
 
-def _processes_of(run: str) -> list[int]:
-    """The host's processes of `run`: those whose environment names it (the runner, its children, its bridges),
-    however the run's sandbox numbers them inside."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                environ = (entry / "environ").read_bytes().split(b"\0")
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:  # gone meanwhile, or not ours to read
-                continue
-            if f"HANDLER_INSTANCE={run}".encode() in environ and state != "Z":
-                found.append(int(entry.name))
-    return found
-
-
 async def _all_gone(run: str) -> bool:
     """Each process of `run` ended (a killed sandbox's processes may take a moment to be reaped)."""
     for _ in range(40):
-        if not _processes_of(run):
+        if not processes_of(run):
             return True
         await asyncio.sleep(0.05)
     return False
@@ -97,7 +81,7 @@ def test_over_its_time_limit_crashing_and_cancelled_each_end_with_a_cause(agents
         cancelled = body(await client.call("agent_run", {"agent": "worker", "input": "sleep"}))["run"]
         while not (agents_root / "work/worker/started").exists():
             await asyncio.sleep(0.05)
-        assert len(_processes_of(cancelled)) >= 2, "the runner and its child are not both running"
+        assert len(processes_of(cancelled)) >= 2, "the runner and its child are not both running"
         stopped = body(await client.call("agent_cancel", {"run": cancelled}))
         assert stopped.get("status") == "cancelled", stopped
         assert await _all_gone(cancelled), "a cancelled run's processes are still there"
