@@ -7,17 +7,15 @@ instance (`HANDLER_INSTANCE` → `handler/instance`) and the instance that start
 the host's configuration serves the built-in tools (`handler/builtins`), so this one lists none of them and no
 tool name appears twice in the host (docs/hosts.md).
 
-When its stdin and stdout are pipes or sockets (as MCP clients start servers), it hands both to the
-router with those `_meta` (see `handoff`) and then follows the session (`lifeline`): the router reads the
-agent's requests and writes its replies itself, and says when the session is over, which is when the
-bridge exits. The bridge keeps its own copies of both, so when the router goes away instead (a restart),
-it answers each call left open with an error naming the restart, waits for the next router
-(`--wait-seconds`) and hands the session over again. Otherwise (a terminal, a file, one socket as both,
-`--relay`), or if the router refuses, it relays the session's lines both ways (`relaying`): the router binds the
-`_meta` to the session as it does on a handoff, and the bridge, seeing every request and reply, answers each
-request exactly once across restarts. A line over the size cap goes through as it is: the router answers it.
-When the agent closes stdin, the bridge closes its sending side and waits for the replies still owed; when the
-agent stops reading, it exits.
+It relays the session's lines both ways (`relaying`): the router binds those `_meta` to the session, and the
+bridge, seeing every request and reply, answers each request exactly once whatever happens to the router — when
+the router goes away (a restart, a crash) it answers each request left open with an error naming the restart,
+waits for the next router (`--wait-seconds`) and goes on with the session there. With `--handover`, when its
+stdin and stdout are pipes or sockets, it hands both to the router instead (see `handoff`) and follows the
+session (`lifeline`): one process fewer per message, but a router killed mid-call can leave a call unanswered
+(docs/router.md "Exactly one reply"); where the router refuses the handoff, it relays. A line over the size cap
+goes through as it is: the router answers it. When the agent closes stdin, the bridge closes its sending side and
+waits for the replies still owed; when the agent stops reading, it exits.
 """
 
 from __future__ import annotations
@@ -54,9 +52,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-builtins", action="store_true",
                         help="leave out handler_status and handler_decide: another entry of the host's configuration "
                         "serves them (handler mcp-config writes a 'handler' entry for them)")
+    parser.add_argument("--handover", action="store_true", default=os.environ.get("HANDLER_HANDOVER") == "1",
+                        help="hand stdin and stdout to the router instead of relaying the session's lines: one "
+                        "process fewer per message, but a router killed mid-call can leave a call unanswered "
+                        "(docs/router.md \"Exactly one reply\"; also HANDLER_HANDOVER=1)")
     parser.add_argument("--relay", action="store_true", default=os.environ.get("HANDLER_RELAY") == "1",
-                        help="relay lines instead of handing stdin and stdout to the router (default when they "
-                        "are a terminal or a file; also HANDLER_RELAY=1)")
+                        help="relay the session's lines, every request answered exactly once (the default; it wins "
+                        "over --handover; also HANDLER_RELAY=1)")
     parser.add_argument("--wait-seconds", type=float, default=_wait_default(), metavar="SECONDS",
                         help="when the router goes away (a restart), how long to wait for the next one before "
                         f"stopping (default {DEFAULT_WAIT_SECONDS:g}; also HANDLER_REATTACH_SECONDS)")
@@ -91,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(sock: socket.socket, path: Path, meta: Mapping[str, str], args: argparse.Namespace) -> int:
     """Hand the agent's stdio over and follow the session, else relay it (`relaying`); the exit status."""
-    page = None if args.relay else _page()
+    page = _page() if args.handover and not args.relay else None
     if page is not None:
         if hand_over(sock, meta, page):
             return Lifeline(path, meta, page, args.wait_seconds).follow(sock)

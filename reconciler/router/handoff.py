@@ -20,7 +20,9 @@ re-attaches to the next router with the record beside its meta (`{"handler/attac
 "handler/session": id}`), and the router resumes the session without a new `initialize`.
 
 A bridge that relays (`relaying`) sends the same line with `"handler/relay": true` and no descriptor: the
-socket then carries the session's lines both ways, the router's notes to the bridge among them.
+socket then carries the session's lines both ways, the router's notes to the bridge among them, and the bridge's
+`{"handler/inputEnded": true}` when the agent closed its stdin (the calls in flight then finish and reply). The
+socket closing is the bridge gone, as a lifeline's: the session ends and its calls are cancelled.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from typing import Final, NamedTuple
 
 import orjson
 
-from reconciler.wire.meta import ATTACH, ATTACHED, ENDED, RELAY, SESSION
+from reconciler.wire.meta import ATTACH, ATTACHED, ENDED, INPUT_ENDED, RELAY, SESSION
 
 __all__ = [
     "ACCEPTED",
     "ATTACH_HEAD",
     "ENDED_LINE",
+    "INPUT_ENDED_LINE",
+    "NOTE_HEAD",
     "STDIO_PRINCIPAL",
     "Attach",
     "attach_line",
@@ -47,6 +51,8 @@ __all__ = [
 ]
 
 ATTACH_HEAD: Final = b'{"' + ATTACH.encode() + b'"'  # how an attach line begins (`attach_line` puts it first)
+NOTE_HEAD: Final = b'{"handler/'  # how a note between bridge and router begins; a JSON-RPC message never does
+INPUT_ENDED_LINE: Final = orjson.dumps({INPUT_ENDED: True}, option=orjson.OPT_APPEND_NEWLINE)
 ACCEPTED: Final = orjson.dumps({ATTACHED: True}, option=orjson.OPT_APPEND_NEWLINE)
 ENDED_LINE: Final = orjson.dumps({ENDED: True}, option=orjson.OPT_APPEND_NEWLINE)
 MAX_ATTACH_BYTES: Final = 64 * 1024

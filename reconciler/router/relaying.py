@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import orjson
 
-from reconciler.router.handoff import ACCEPTED, attach_line
+from reconciler.router.handoff import ACCEPTED, INPUT_ENDED_LINE, NOTE_HEAD, attach_line
 from reconciler.router.lifeline import RESTARTED, give_up, read_line, refusal, request_id, write_out
 from reconciler.wire.errors import INTERNAL_ERROR, JsonRpcError
 from reconciler.wire.framing import LineFramer, Oversize
@@ -40,7 +40,6 @@ __all__ = ["Relay", "reply_id"]
 
 _CHUNK: Final = 1 << 16
 _RETRY_PAUSE: Final = 0.1
-_NOTE: Final = b'{"handler/'  # how a note of the router's to the bridge begins; a JSON-RPC line never does
 _REPLY_HEAD: Final = b'{"jsonrpc":"2.0","id":'  # how the router's encoder begins a reply (`wire.messages`)
 _MOST_REPLY_BYTES: Final = 1 << 30  # a longer reply passes in pieces, its id unread
 
@@ -57,6 +56,7 @@ class Relay:
         self._from_agent = LineFramer(max_line, oversize="pass")
         self._input_over = False  # the agent closed its stdin
         self._ended = False  # the router said the session is over
+        self._gone = False  # the agent stopped reading its stdout
 
     def attach(self, sock: socket.socket) -> str | None:
         """Open (or resume) the session on `sock`; None when the router took it, else its refusal."""
@@ -69,6 +69,8 @@ class Relay:
         while True:
             self._relay(sock)
             sock.close()
+            if self._gone:
+                return 0
             self._answer_open()
             if self._ended or self._input_over:
                 return 0
@@ -85,13 +87,17 @@ class Relay:
         from_router = LineFramer(_MOST_REPLY_BYTES, oversize="pass")
         poller = select.poll()
         poller.register(sock, select.POLLIN)
+        poller.register(1, 0)  # its errors alone: the agent closed its end of stdout
         if not self._input_over:
             poller.register(0, select.POLLIN)
         while True:
             for fd, _ in poller.poll():
+                if fd == 1:  # nobody reads the replies: the session is over, its calls cancelled with it
+                    self._input_over = self._gone = True
+                    return
                 if fd == 0 and not self._from_agent_read(sock):
                     poller.unregister(0)
-                elif fd != 0 and not self._from_router_read(sock, from_router):
+                elif fd == sock.fileno() and not self._from_router_read(sock, from_router):
                     return
 
     def _from_agent_read(self, sock: socket.socket) -> bool:
@@ -102,13 +108,15 @@ class Relay:
             chunk = b""
         if not chunk:
             self._input_over = True
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(OSError):  # the calls in flight finish and reply; the router then closes
+                sock.sendall(INPUT_ENDED_LINE)
             return False
         out = []
         for item in self._from_agent.feed(chunk):
             if isinstance(item, Oversize):
                 out.append(item.data)  # passed on in pieces as it comes: the router refuses it
+            elif item.startswith(NOTE_HEAD):
+                out.append(b" " + item)  # the agent's, not a note of the bridge's: the router answers it as a line
             else:
                 if (call_id := request_id(item)) is not None:
                     self.open[call_id] = None
@@ -129,7 +137,7 @@ class Relay:
         for item in framer.feed(data):
             if isinstance(item, Oversize):
                 out.append(item.data)
-            elif item.startswith(_NOTE):
+            elif item.startswith(NOTE_HEAD):
                 self._heard(item)
             else:
                 if (call_id := reply_id(item)) is not None:

@@ -38,7 +38,9 @@ from reconciler.router.handoff import (
     ACCEPTED,
     ATTACH_HEAD,
     ENDED_LINE,
+    INPUT_ENDED_LINE,
     MAX_ATTACH_BYTES,
+    NOTE_HEAD,
     STDIO_PRINCIPAL,
     is_stream_fd,
     parse_attach,
@@ -86,6 +88,7 @@ class Connection:
         self._group = group  # the connections of its profile's socket, which the listener counts
         self._unrecorded = False  # a handed-over session whose record its bridge has not had yet
         self.open_calls: OpenCalls | None = None  # a handed-over session's open calls, on its bridge's page
+        self.relayed = False  # its bridge relays its lines (`relaying`), its notes among them
         router.connections.add(self)
         if group is not None:
             group.add(self)
@@ -120,6 +123,9 @@ class Connection:
         megabytes a connection."""
         for index, item in enumerate(items):
             if type(item) is bytes:
+                if self.relayed and item.startswith(NOTE_HEAD):
+                    self._noted(item)
+                    continue
                 self.session.handle(item)
                 if self._unrecorded:
                     self._send_record()
@@ -130,6 +136,11 @@ class Connection:
             if self._holds or self._ended:  # ended: its replies took the router past its budget (`_shed`)
                 self._keep_waiting(items[index + 1 :])
                 return
+
+    def _noted(self, line: bytes) -> None:
+        """A note of its relaying bridge's: the agent closed its stdin."""
+        if line == INPUT_ENDED_LINE:
+            self.input_ended()
 
     def _keep_waiting(self, items: list[bytes | Oversize]) -> None:
         size = sum(len(item) if isinstance(item, bytes) else len(item.data) for item in items)
@@ -338,6 +349,14 @@ class _Lines(_Reads, _Writes):
             self._conn.received(self._first)
 
 
+class _Relayed(_Lines):
+    """A relaying bridge's socket: the agent's end of input comes as a note, so its closing is the bridge gone."""
+
+    def eof_received(self) -> bool:
+        self._conn.end()
+        return False
+
+
 class _AgentInput(_Reads):
     """The agent's stdin, handed over by the bridge."""
 
@@ -500,8 +519,9 @@ class Listener:
         """A session its bridge relays on `sock` (`relaying`): lines both ways, the bridge's notes among them."""
         conn = Connection(self._router, self._profile, meta, group=self._live)
         conn.handed_over(record)
+        conn.relayed = True
         try:
-            transport, _ = await self._loop.connect_accepted_socket(lambda: _Lines(conn, b""), sock)
+            transport, _ = await self._loop.connect_accepted_socket(lambda: _Relayed(conn, b""), sock)
         except BaseException:
             conn.end()
             raise

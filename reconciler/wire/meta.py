@@ -78,6 +78,7 @@ BUILTINS: Final = "handler/builtins"
 BUILTINS_ELSEWHERE: Final = "elsewhere"
 ATTACH: Final = "handler/attach"  # the bridge's handoff line
 ATTACHED: Final = "handler/attached"  # the router's answer to it
+INPUT_ENDED: Final = "handler/inputEnded"  # a relaying bridge to the router: the agent closed its stdin
 RELAY: Final = "handler/relay"  # in an attach line without descriptors: the bridge relays the session's lines
 SESSION: Final = "handler/session"  # the session's signed record, router to bridge and back at a re-attach
 ENDED: Final = "handler/ended"  # the handed-over session is over: the bridge exits rather than re-attach

@@ -39,9 +39,10 @@ def call(msg_id: int, tool: str, arguments: dict[str, Any]) -> bytes:
 
 async def start_bridge(run_dir: Path, stdin: Any = subprocess.PIPE, *options: str,
                        **env: str) -> asyncio.subprocess.Process:
+    """`handler-service` asked to hand its stdio over (`--handover`), unless `options` say `--relay`."""
     return await asyncio.create_subprocess_exec(
-        BRIDGE, "echo", "--profile", "tester", *options, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={"HANDLER_RUN_DIR": str(run_dir), **env})
+        BRIDGE, "echo", "--profile", "tester", "--handover", *options, stdin=stdin, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env={"HANDLER_RUN_DIR": str(run_dir), **env})
 
 
 async def read_reply(proc: asyncio.subprocess.Process) -> dict[str, Any]:
@@ -287,7 +288,7 @@ def test_one_socket_as_both_stdin_and_stdout_is_relayed(echo_root: Path, run_dir
         with agent, server:
             async with serving(echo_root, run_dir):
                 proc = await asyncio.create_subprocess_exec(
-                    BRIDGE, "echo", "--profile", "tester", stdin=server, stdout=server,
+                    BRIDGE, "echo", "--profile", "tester", "--handover", stdin=server, stdout=server,
                     env={"HANDLER_RUN_DIR": str(run_dir)})
                 agent.settimeout(DEADLINE)
                 loop = asyncio.get_running_loop()

@@ -21,11 +21,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.fixtures.harness import BRIDGE, DEADLINE
 from tests.fixtures.matrix import HANDLER
 from tests.router.test_handoff import INIT, call, line
 
 PING: dict[str, Any] = {"jsonrpc": "2.0", "method": "ping"}
+
+
+@pytest.fixture(params=["relay", "handover"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """How the bridge carries the session: relaying its lines (the default), or handing its stdio to the router."""
+    return f"--{request.param}"
 
 
 @contextlib.contextmanager
@@ -99,9 +107,9 @@ def open_call(agent: Agent) -> None:
 
 
 def test_a_router_killed_mid_call_answers_it_once_and_the_session_goes_on_at_the_next(echo_root: Path,
-                                                                                      run_dir: Path) -> None:
+                                                                                      run_dir: Path, mode: str) -> None:
     with router(echo_root, run_dir) as first:
-        agent = Agent(run_dir, wait_seconds=30)
+        agent = Agent(run_dir, 30, mode)
         open_call(agent)
         first.send_signal(signal.SIGKILL)
         first.wait(DEADLINE)
@@ -121,9 +129,9 @@ def test_a_router_killed_mid_call_answers_it_once_and_the_session_goes_on_at_the
     assert "the router is back; the session goes on" in err
 
 
-def test_a_router_stopped_and_started_again_resumes_the_session(echo_root: Path, run_dir: Path) -> None:
+def test_a_router_stopped_and_started_again_resumes_the_session(echo_root: Path, run_dir: Path, mode: str) -> None:
     with router(echo_root, run_dir) as first:
-        agent = Agent(run_dir, wait_seconds=30)
+        agent = Agent(run_dir, 30, mode)
         open_call(agent)
         first.send_signal(signal.SIGTERM)
         first.wait(DEADLINE)
@@ -140,9 +148,10 @@ def test_a_router_stopped_and_started_again_resumes_the_session(echo_root: Path,
     assert logged["echo_say"]["instance"] == logged["echo_misbehave"]["instance"]
 
 
-def test_when_no_router_comes_back_the_bridge_answers_what_waits_and_exits(echo_root: Path, run_dir: Path) -> None:
+def test_when_no_router_comes_back_the_bridge_answers_what_waits_and_exits(echo_root: Path, run_dir: Path,
+                                                                          mode: str) -> None:
     with router(echo_root, run_dir) as first:
-        agent = Agent(run_dir, wait_seconds=1.5)
+        agent = Agent(run_dir, 1.5, mode)
         open_call(agent)
         first.send_signal(signal.SIGKILL)
         first.wait(DEADLINE)
@@ -161,9 +170,9 @@ def test_when_no_router_comes_back_the_bridge_answers_what_waits_and_exits(echo_
     assert "handler-service: no router came back" in err
 
 
-def test_a_session_whose_revision_is_gone_is_told_on_its_next_call(echo_root: Path, run_dir: Path) -> None:
+def test_a_session_whose_revision_is_gone_is_told_on_its_next_call(echo_root: Path, run_dir: Path, mode: str) -> None:
     with router(echo_root, run_dir) as first:
-        agent = Agent(run_dir, wait_seconds=30)
+        agent = Agent(run_dir, 30, mode)
         open_call(agent)
         first.send_signal(signal.SIGKILL)
         first.wait(DEADLINE)
@@ -203,7 +212,7 @@ def test_a_relaying_bridge_answers_every_request_exactly_once_through_repeated_c
     for cycle in range(6):
         with router(echo_root, run_dir) as serving_now:
             if cycle == 0:
-                agent = Agent(run_dir, 60, "--relay")
+                agent = Agent(run_dir, 60)  # relaying, as by default
                 out = agent.proc.stdout
                 assert out is not None
                 threading.Thread(target=lines.extend, args=(iter(out.readline, b""),), daemon=True).start()
