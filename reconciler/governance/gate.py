@@ -106,6 +106,11 @@ class Gate(Protocol):
         """The pending holds routed to `caller` as the proven parent run of their agent: what it may decide."""
         ...
 
+    async def withdraw(self, instance: str, why: str) -> int:
+        """Reject the pending holds of the agent run `instance`, which ended (`why`: how): a held call never runs
+        after its run. How many were withdrawn."""
+        ...
+
     def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
         """A call failed because `binding` cannot start until a person sets it up (`message` says what is missing,
         for owners): tell its owners, once per cause (`governance.alerts`). Called on the event loop; never waits."""
@@ -130,6 +135,9 @@ class OpenGate:
 
     async def waiting(self, caller: CallRequest) -> list[Mapping[str, Any]]:
         return []
+
+    async def withdraw(self, instance: str, why: str) -> int:
+        return 0
 
     def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
         return None  # no store, no owners to tell: the router's log says it

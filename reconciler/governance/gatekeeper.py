@@ -76,6 +76,7 @@ __all__ = ["Gatekeeper"]
 log = logging.getLogger("handler.governance")
 _NO_SPEND = SpendState()
 _RETRY_SECONDS = 1.0  # between tries to commit the backlog while the store fails
+WITHDRAWER = "the service"  # who rejects the holds of a run that ended
 
 
 @dataclass(slots=True)  # built on every capped call: plain slots, not frozen (a frozen dataclass takes 4x as long)
@@ -370,6 +371,17 @@ class Gatekeeper:
         return [{"request_id": h.id, "profile": h.profile, "instance": h.instance, "tool": h.tool,
                  "arguments": dict(h.arguments), "reason": h.reason} for h in holds
                 if h.parent_instance == caller.instance and caller_refusal(h, caller) is None]
+
+    async def withdraw(self, instance: str, why: str) -> int:
+        """Reject the pending holds of the ended run `instance`, each once (one decided meanwhile stays decided)."""
+        holds = await self._workers.run(list_holds, self.store, ("pending",), None)
+        withdrawn = 0
+        for hold in (h for h in holds if h.instance == instance):
+            with contextlib.suppress(NotAllowedError):
+                await self._workers.run(functools.partial(decide_hold, self.store, hold.id, "reject", WITHDRAWER,
+                                                          reason=f"its run ended: {why}"))
+                withdrawn += 1
+        return withdrawn
 
     async def decide(self, request_id: str, decision: Literal["approve", "reject"], caller: CallRequest,
                      reason: str | None = None) -> HoldStatus:

@@ -111,6 +111,9 @@ class Governor:
     async def waiting(self, caller: CallRequest) -> list[Mapping[str, Any]]:
         return await self._gate.waiting(caller)
 
+    async def withdraw(self, instance: str, why: str) -> int:
+        return await self._gate.withdraw(instance, why)
+
     def report_unready(self, snapshot: Snapshot, binding: str, cause: str, message: str) -> None:
         """Record the failed call against its alert, in the background; the first report of a cause queues the
         owners' notices and wakes the notifier. Reports made while a write is under way ride with the next one."""

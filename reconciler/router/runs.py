@@ -19,7 +19,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -120,12 +120,15 @@ class AgentRuns:
     running = True
 
     def __init__(self, snapshot: Callable[[], Snapshot | None], root: Path, run_dir: Path, state_dir: Path,
-                 proofs: dict[str, Caller] | None = None, *, confine: Confinement | None = None) -> None:
+                 proofs: dict[str, Caller] | None = None, *, confine: Confinement | None = None,
+                 withdraw: Callable[[str, str], Awaitable[int]] | None = None) -> None:
         self._snapshot = snapshot
         self.proofs = proofs if proofs is not None else {}  # a running run's secret's digest → the caller it proves
         self.root, self.run_dir = root, run_dir
         self.folder = state_dir / "runs"
         self.confine = confine  # None: runs are not sandboxed (the router's --no-sandbox)
+        self._withdraw = withdraw  # the gate's: rejects the pending holds of a run that did not succeed
+        self._withdrawing: set[asyncio.Task[int]] = set()
         self.runs: dict[str, Run] = {}
 
     # --- agent/v1, as a connector answers -----------------------------------------------------
@@ -236,6 +239,8 @@ class AgentRuns:
     async def stop(self) -> None:
         for run in list(self.runs.values()):
             await self.cancel(run.id, "the service stopped")
+        if self._withdrawing:
+            await asyncio.gather(*self._withdrawing, return_exceptions=True)
 
     # --- one run's process ------------------------------------------------------------------------
 
@@ -320,6 +325,11 @@ class AgentRuns:
             return
         run.status, run.result, run.error, run.ended = status, result, error, time.time()
         self.proofs.pop(secret_digest(run.secret), None)  # an ended run's sessions prove nothing any more
+        if status != "succeeded" and self._withdraw is not None:
+            # A held call of a run cut short never runs after it; a run that finished left its holds on purpose.
+            task = asyncio.get_running_loop().create_task(self._withdraw(run.id, f"{status}, {error}"))
+            self._withdrawing.add(task)
+            task.add_done_callback(self._withdrawing.discard)
         if run.process is not None:
             _kill_group(run.process)
         with contextlib.suppress(FileNotFoundError):  # unconfined runs' configuration

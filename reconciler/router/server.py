@@ -70,7 +70,8 @@ class Router:
         self.services.pool.set_live(self.live.pool_keys)
         confine = Confinement(self.services.pool.run_uid, lambda profile, path: Listener(self, profile, path)) \
             if sandbox else None
-        self.runs = AgentRuns(lambda: self.live.snapshot, root, run_dir, state, proofs, confine=confine)
+        self.runs = AgentRuns(lambda: self.live.snapshot, root, run_dir, state, proofs, confine=confine,
+                              withdraw=self.services.gate.withdraw)
         self.services.pool.serve_agents(self.runs)
         self._listeners: dict[str, Listener] = {}
         self.connections: set[Connection] = set()

@@ -143,3 +143,34 @@ def test_a_member_started_runs_hold_goes_to_that_member_who_decides_it(tmp_path:
             await governor.aclose()
 
     run(scenario(), timeout=120)
+
+
+def test_a_run_cancelled_with_a_call_held_takes_its_hold_back_and_the_call_never_runs(
+        tmp_path: Path, sqlite_store: Store, sqlite_url: str, run_dir: Path) -> None:
+    """The member cancels the run whose write waits on their approval: the hold is rejected, saying the run ended
+    and how, and approving it afterwards is refused; the write never happens."""
+    root = write_agents_tree(tmp_path / "tree", worker_template="balanced", worker_routing=ROUTED)
+    (root / "config/org.toml").write_text(MEMBERS_ORG)
+
+    async def scenario() -> None:
+        governor = Governor(sqlite_store, owns_store=False)
+        try:
+            async with serving(root, run_dir, gate=governor) as router:
+                await governor.start(router.execute_held)
+                started = router.runs.start("worker", "write", starter="member:bob")
+                await _until(lambda: (root / "work/worker/held").exists() or started.status != "running")
+                request_id = (root / "work/worker/held").read_text()
+                assert get_hold(sqlite_store, request_id).state == "pending"
+                await router.runs.cancel(started.id, "cancelled by bob from the CLI")
+                await _until(lambda: get_hold(sqlite_store, request_id).state != "pending")
+                hold = get_hold(sqlite_store, request_id)
+                assert (hold.state, hold.decided_by) == ("rejected", "the service")
+                assert hold.reason == "its run ended: cancelled, cancelled by bob from the CLI"
+                code, said = await _approvals("approve", request_id, "bob", root, sqlite_url)
+                assert code != 0
+                assert "already decided: it is rejected (by the service)" in said
+        finally:
+            await governor.aclose()
+
+    run(scenario(), timeout=120)
+    assert not (root / "work/worker/note.txt").exists()
