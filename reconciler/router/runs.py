@@ -19,7 +19,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -121,7 +121,7 @@ class AgentRuns:
 
     def __init__(self, snapshot: Callable[[], Snapshot | None], root: Path, run_dir: Path, state_dir: Path,
                  proofs: dict[str, Caller] | None = None, *, confine: Confinement | None = None,
-                 withdraw: Callable[[str, str], Awaitable[int]] | None = None) -> None:
+                 withdraw: Callable[[str, str], Coroutine[Any, Any, int]] | None = None) -> None:
         self._snapshot = snapshot
         self.proofs = proofs if proofs is not None else {}  # a running run's secret's digest → the caller it proves
         self.root, self.run_dir = root, run_dir

@@ -165,7 +165,7 @@ def test_a_run_cancelled_with_a_call_held_takes_its_hold_back_and_the_call_never
                 await _until(lambda: get_hold(sqlite_store, request_id).state != "pending")
                 hold = get_hold(sqlite_store, request_id)
                 assert (hold.state, hold.decided_by) == ("rejected", "the service")
-                assert hold.reason == "its run ended: cancelled, cancelled by bob from the CLI"
+                assert hold.decision_reason == "its run ended: cancelled, cancelled by bob from the CLI"
                 code, said = await _approvals("approve", request_id, "bob", root, sqlite_url)
                 assert code != 0
                 assert "already decided: it is rejected (by the service)" in said
