@@ -25,7 +25,7 @@ log = logging.getLogger("handler.governance")
 
 
 class Charged(Protocol):
-    """Who a charge is for, as a violation names it (`PricedCall`, or the gate's own token of the call)."""
+    """Who a charge is for, as a violation names it (`PricedCall`, or a capped call's ticket)."""
 
     @property
     def request_id(self) -> str | None: ...

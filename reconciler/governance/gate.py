@@ -14,7 +14,8 @@ from typing import Any, Literal, Protocol
 
 from reconciler.config.snapshot import Snapshot
 
-__all__ = ["Admission", "CallRequest", "CallResult", "Executor", "Gate", "HoldStatus", "OpenGate", "Settlement"]
+__all__ = ["Admission", "CallRequest", "CallResult", "Executor", "Gate", "HoldStatus", "OpenGate", "Settlement",
+           "Ticket"]
 
 
 # CallRequest, Admission and Settlement are built on every call: plain slots, not frozen (a frozen
@@ -40,12 +41,20 @@ class CallRequest:
     member: str | None = None  # a proven run that a member started (no parent run): that member decides its holds
 
 
+class Ticket(Protocol):
+    """An executed call's charge as the gate that admitted it keeps it, one kind per way of admitting (governance:
+    `lanes.LaneTicket` for a call nothing limits, the gatekeeper's leased and reserved tickets for a capped one).
+    Settling it records what the call cost, and says what it was charged (docs/architecture.md §7)."""
+
+    def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement: ...
+
+
 @dataclass(slots=True, eq=False)  # each is its call's own: compared and hashed by identity, a gate's handle on it
 class Admission:
     status: Literal["executed", "pending", "blocked"]  # executed = run it now
     message: str = ""
     request_id: str | None = None
-    token: Any = None  # the gate's own handle (a spend reservation) passed back to settle()
+    ticket: Ticket | None = None  # an executed call's charge, settled by the gate that admitted it
     trace: tuple[Mapping[str, Any], ...] = ()
 
 

@@ -50,7 +50,7 @@ from reconciler.governance.holds import (
     list_holds,
     new_request_id,
 )
-from reconciler.governance.lanes import Charges, Lane, Records, limits_spend
+from reconciler.governance.lanes import Charges, Records, limits_spend
 from reconciler.governance.leases import Lease, Needs
 from reconciler.governance.leasing import Leaser
 from reconciler.governance.ledger import (
@@ -80,17 +80,11 @@ WITHDRAWER = "the service"  # who rejects the holds of a run that ended
 
 
 @dataclass(slots=True)  # built on every capped call: plain slots, not frozen (a frozen dataclass takes 4x as long)
-class _Token:
-    """The gate's handle on an admitted call, passed back to `settle` in `Admission.token`; also who a charge is
-    for (`charging.Charged`: its fields read only when a violation names them)."""
+class _Charge:
+    """Who a capped call's charge is for (`charging.Charged`: its fields read only when a violation names them)."""
 
     request_id: str
     call: CallRequest
-    reservation: Reservation | None
-    estimate: int = 0  # without a reservation: its price, the most it may be charged
-    scopes: tuple[str, ...] = ()  # without a reservation: the spend rows its charge is added to when settled
-    month: str = ""
-    leased: tuple[Lease, ...] = ()  # the leases its price is reserved on
 
     @property
     def profile(self) -> str:
@@ -107,6 +101,32 @@ class _Token:
     @property
     def tool(self) -> str:
         return self.call.tool
+
+
+@dataclass(slots=True)
+class _LeasedTicket(_Charge):
+    """The ticket of a capped call admitted on the event loop against this router's budget leases (`gate.Ticket`):
+    its price reserved on `leased`, its charge added to `scopes` when it settles."""
+
+    gate: Gatekeeper
+    estimate: int  # its price, the most it may be charged
+    scopes: tuple[str, ...]
+    month: str
+    leased: tuple[Lease, ...]
+
+    def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
+        return self.gate.settle_leased(self, None if actual_cost is None else to_micros(actual_cost), ok)
+
+
+@dataclass(slots=True)
+class _ReservedTicket(_Charge):
+    """The ticket of a call admitted in one store transaction with a reservation of its own (`admit_now`)."""
+
+    gate: Gatekeeper
+    reservation: Reservation
+
+    def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
+        return self.gate.settle_reserved(self, None if actual_cost is None else to_micros(actual_cost), ok)
 
 
 class _CoveredPlan(NamedTuple):
@@ -177,7 +197,7 @@ class Gatekeeper:
             self._flush_soon()
         if admission.status == "pending":
             self._held()
-        if isinstance(admission.token, _Token):
+        if admission.ticket is not None:  # off its lane: counted until settled
             self._open += 1
         return admission
 
@@ -220,8 +240,8 @@ class Gatekeeper:
         if not self._flush_due:
             self._flush_soon()
         # The scopes no cap limits are counted through the backlog when it is settled, as for a call nothing limits.
-        token = _Token(request_id, call, None, cost, needs.counted, needs.month, held)
-        return Admission("executed", decision.reason, request_id, token, decision.wire_trace)
+        ticket = _LeasedTicket(request_id, call, self, cost, needs.counted, needs.month, held)
+        return Admission("executed", decision.reason, request_id, ticket, decision.wire_trace)
 
     def _covered_plan(self, entry: ToolEntry, instance: str, cost: int) -> _CoveredPlan:
         """What a leased call of this entry, instance and price counts against this month, and its decision when
@@ -267,7 +287,7 @@ class Gatekeeper:
         self._backlog.add_audit(_decided_row(request_id, call, decision))
         if reservation is None:
             return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
-        return Admission("executed", decision.reason, request_id, _Token(request_id, call, reservation),
+        return Admission("executed", decision.reason, request_id, _ReservedTicket(request_id, call, self, reservation),
                          decision.wire_trace)
 
     def _refuse_unserved(self, snapshot: Snapshot, call: CallRequest, request_id: str) -> Admission:
@@ -295,52 +315,54 @@ class Gatekeeper:
     # --- settlement ------------------------------------------------------------------------------
 
     async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
-        """Charge an admitted call what it reported, never more than its reservation (`charging`)."""
-        token = admission.token
-        if type(token) is Lane:  # admitted on its lane
-            settled = self._records.settle(admission, actual_cost, ok)
-            if self._closed:
-                await asyncio.to_thread(self._flush_late, self._records.take(everything=True))
-            elif not self._flush_due:
-                self._flush_soon()
-            return settled
-        if not isinstance(token, _Token):
+        """Charge an admitted call what it reported, never more than its reservation (`charging`), by its ticket."""
+        ticket = admission.ticket
+        if ticket is None:
             return Settlement(0.0, None)
-        try:
-            settlement = self._settle_token(token, None if actual_cost is None else to_micros(actual_cost), ok)
-        finally:
-            self._open = max(0, self._open - 1)  # a call admitted by `admit_now` was never counted
+        settled = ticket.settle(admission, actual_cost, ok)
         if self._closed:  # a call that outlived `aclose` (the router closes after governance): written now
             await asyncio.to_thread(self._flush_late, self._records.take(everything=True))
-            if token.leased:
+            if settled.remaining is not None:  # a budget applied: what its leases no longer need goes back now
                 await self._leaser.settled_after_close()
-        else:
+        elif not self._flush_due:
             self._flush_soon()
-        return settlement
+        return settled
 
-    def _settle_token(self, token: _Token, reported: int | None, ok: bool) -> Settlement:
-        """Put the settlement of one admitted call (and any pricing violation) in the backlog."""
-        held = token.reservation
-        reserved = held.reserved if held is not None else token.estimate
-        charge = charge_call(token, reserved, reported, ok)
-        delta = charge.charged - reserved
-        if charge.violation is not None:
-            self._violations += 1
-        call = token.call
-        if held is None:  # admitted on the event loop against leases (this runs there): its decision waits in records
-            self._records.settled(token.request_id, call, ok, reserved, charge.charged, charge.violation)
-            self._backlog.add_spend(token.scopes, token.month, charge.charged)
-            if token.leased:
-                left = self._leaser.settle(token.leased, reserved, charge.charged)
+    def settle_leased(self, ticket: _LeasedTicket, reported: int | None, ok: bool) -> Settlement:
+        """Settle a call admitted against leases (on the event loop, where this runs): its decision waits in the
+        records, its charge in the backlog, and its leases get back what it did not spend."""
+        try:
+            charge = charge_call(ticket, ticket.estimate, reported, ok)
+            if charge.violation is not None:
+                self._violations += 1
+            self._records.settled(ticket.request_id, ticket.call, ok, ticket.estimate, charge.charged,
+                                  charge.violation)
+            self._backlog.add_spend(ticket.scopes, ticket.month, charge.charged)
+            if ticket.leased:
+                left = self._leaser.settle(ticket.leased, ticket.estimate, charge.charged)
                 return Settlement(from_micros(charge.charged), from_micros(left))
             return Settlement(from_micros(charge.charged), None)
-        self._backlog.add_audit(settlement_row(token.request_id, call.profile, call.instance, ok, reserved,
-                                               charge.charged))
-        if charge.violation is not None:
-            self._backlog.add_audit(charge.violation)
-        self._backlog.add_settlement(held.id, charge.charged, ok, delta, held.scopes, held.month, held.account)
-        remaining = None if held.remaining is None else max(0, held.remaining - delta)
-        return Settlement(from_micros(charge.charged), None if remaining is None else from_micros(remaining))
+        finally:
+            self._open = max(0, self._open - 1)
+
+    def settle_reserved(self, ticket: _ReservedTicket, reported: int | None, ok: bool) -> Settlement:
+        """Settle a call admitted with a reservation of its own: its settlement row and the reservation's settlement
+        (and any pricing violation) go to the backlog."""
+        try:
+            held = ticket.reservation
+            charge = charge_call(ticket, held.reserved, reported, ok)
+            delta = charge.charged - held.reserved
+            call = ticket.call
+            self._backlog.add_audit(settlement_row(ticket.request_id, call.profile, call.instance, ok, held.reserved,
+                                                   charge.charged))
+            if charge.violation is not None:
+                self._violations += 1
+                self._backlog.add_audit(charge.violation)
+            self._backlog.add_settlement(held.id, charge.charged, ok, delta, held.scopes, held.month, held.account)
+            remaining = None if held.remaining is None else max(0, held.remaining - delta)
+            return Settlement(from_micros(charge.charged), None if remaining is None else from_micros(remaining))
+        finally:
+            self._open = max(0, self._open - 1)  # a call admitted by `admit_now` directly was never counted
 
     # --- the built-ins: handler_status, handler_decide -------------------------------------------
 

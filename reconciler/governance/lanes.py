@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -46,7 +46,7 @@ from reconciler.governance.rulebook import CapSet, Rulebook, from_micros, to_mic
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store.audit import AuditRow
 
-__all__ = ["Lane", "Records", "limits_spend"]
+__all__ = ["Lane", "LaneTicket", "Records", "limits_spend"]
 
 _NO_SPEND = SpendState()
 
@@ -66,6 +66,18 @@ class Lane:
     released: AuditRow
     caps: CapSet  # whose org the spend is counted for
     paid: Settlement  # what a call charged its price is told; one for all of them, read only
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LaneTicket:
+    """The ticket of the calls one `Records` admits on one lane (`gate.Ticket`): made once per snapshot and route,
+    not per call; settling it records the call's settlement with that `Records`."""
+
+    lane: Lane
+    records: Records
+
+    def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
+        return self.records.settle(admission, self.lane, actual_cost, ok)
 
 
 Charges = list[tuple[tuple[str, ...], str, int]]  # (spend scopes, month, micros), as `Backlog.add_rows` takes them
@@ -94,7 +106,9 @@ class Records:
         self._snapshot: Snapshot | None = None
         self._book: Rulebook | None = None
         self._lanes: dict[tuple[str, str, float], Any] = {}
-        self._routes: dict[object, Any] = {}  # a call's route → its lane, for the snapshot seen
+        self._routes: dict[object, LaneTicket] = {}  # a call's route → its lane's ticket, for the snapshot seen
+        self._off: set[object] = set()  # the routes whose calls take the gate's other paths, for the snapshot seen
+        self._tickets: dict[Lane, LaneTicket] = {}  # each lane's ticket, for the snapshot seen
         self.rows: list[AuditRow] = []  # in the order they happened
         # A lane's calls not yet settled, by admission: the call and when it was decided; those decided before the last
         # `take` are carried. One still running at the next has its `decided` row written then, and its admission → the
@@ -117,38 +131,49 @@ class Records:
         self.violations = 0  # lane calls that reported more than their price, since start
 
     def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission | None:
-        """Record the decision of a call admitted on its lane and return its admission, whose token is the lane and
-        which is the call's own handle until `settle`; None when the call must take the gate's other paths. Its request
-        id is made only if its `decided` row is written (`take`, while it runs): the tally names none."""
+        """Record the decision of a call admitted on its lane and return its admission, whose ticket is the lane's
+        and which is the call's own handle until it is settled; None when the call must take the gate's other paths.
+        Its request id is made only if its `decided` row is written (`take`, while it runs): the tally names none."""
         if snapshot is not self._snapshot:
             self._book = self._books.rulebook(snapshot)
-            self._lanes, self._snapshot, self._routes = self._book.lanes, snapshot, {}
+            self._lanes, self._snapshot = self._book.lanes, snapshot
+            self._routes, self._off, self._tickets = {}, set(), {}
             self._on_snapshot(snapshot)
-        lane = self._routes.get(call.route)
-        if lane is None:
-            lane = self._lane(call)
-        if lane is _OFF:
-            return None
-        admission = Admission("executed", lane.reason, None, lane, lane.trace)
+        ticket = self._routes.get(call.route)
+        if ticket is None:
+            if call.route in self._off:
+                return None
+            ticket = self._ticket(call)
+            if ticket is None:
+                return None
+        lane = ticket.lane
+        admission = Admission("executed", lane.reason, None, ticket, lane.trace)
         self._running[admission] = (call, time.time())
         return admission
 
-    def _lane(self, call: CallRequest) -> Any:
-        """The lane of a call's profile, tool and price (or `_OFF`), worked out once per snapshot and found by the
-        call's route from then on."""
+    def _ticket(self, call: CallRequest) -> LaneTicket | None:
+        """The ticket of a call's lane (None: the call takes the gate's other paths), its lane worked out once per
+        snapshot for its profile, tool and price, and the ticket found by the call's route from then on."""
         key = (call.profile, call.tool, call.estimated_cost)
         lane = self._lanes.get(key)
         if lane is None:
             assert self._book is not None  # noqa: S101 - set with `_snapshot`
             lane = self._lanes[key] = _compile(self._book, call)
+        if lane is _OFF:
+            if call.route is not None:
+                self._off.add(call.route)
+            return None
+        ticket = self._tickets.get(lane)
+        if ticket is None:
+            ticket = self._tickets[lane] = LaneTicket(lane, self)
         if call.route is not None:
-            self._routes[call.route] = lane
-        return lane
+            self._routes[call.route] = ticket
+        return ticket
 
-    def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
-        """Record the settlement of a call `admit` admitted; what it is told it was charged. One that reported more
-        than its price is charged its price, and its pricing violation recorded (and counted: `violations`)."""
-        lane: Lane = admission.token
+    def settle(self, admission: Admission, lane: Lane, actual_cost: float | None, ok: bool) -> Settlement:
+        """Record the settlement of a call `admit` admitted on `lane`; what it is told it was charged. One that
+        reported more than its price is charged its price, and its pricing violation recorded (and counted:
+        `violations`)."""
         found = self._running.pop(admission, None)
         if found is not None and ok and (actual_cost is None or actual_cost == lane.price):  # the common case
             counted = (lane, found[0].instance)
@@ -250,7 +275,7 @@ class Records:
                 rid = new_request_id()
                 self._written[admission] = (call, rid)
                 rows.append((at, "decided", rid, call.profile, call.instance, call.tool, None, "executed",
-                             admission.token.decided))
+                             cast(LaneTicket, admission.ticket).lane.decided))
         rows.extend(self._deciding_carried.values())
         if everything:
             rows.extend(self._deciding.values())

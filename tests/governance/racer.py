@@ -63,7 +63,7 @@ async def churn(url: str, n: int, seed: int) -> None:
                 counts["blocked"] += 1
                 continue
             counts["executed"] += 1
-            counts["leased"] += bool(admission.token.leased)  # its price reserved on this router's leases
+            counts["leased"] += bool(getattr(admission.ticket, "leased", ()))  # its price reserved on its leases
             await asyncio.sleep(rng.random() * 0.004)
             ok, cost = outcomes[i]
             counts["charged"] += to_micros((await governor.settle(admission, cost, ok)).charged)

@@ -25,7 +25,7 @@ def test_the_three_outcomes(store: Store) -> None:
     async def scenario(g: Governor) -> None:
         executed = await g.admit(snapshot, priced_call())
         assert executed.status == "executed"
-        assert executed.token is not None
+        assert executed.ticket is not None
         held = await g.admit(snapshot, priced_call(profile="p", tool="mail_delete", id="m1"))
         assert held.status == "blocked"
         assert held.message == "Destructive actions are not allowed for this agent (Restrictive template)."

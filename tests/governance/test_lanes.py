@@ -23,7 +23,7 @@ def test_a_call_that_ends_before_the_second_take_is_only_counted() -> None:
     rows, _ = records.take()
     assert rows == []  # decided since the last take (there was none): carried, not written
     assert len(records) == 1  # so the gate's flush keeps coming back for it
-    records.settle(admission, None, True)
+    admission.ticket.settle(admission, None, True)
     rows, charges = records.take()
     assert [(row[1], row[2], row[8].count('"calls":1')) for row in rows] == [("settled", None, 1)]
     assert [micros for _, _, micros in charges] == [to_micros(0.005)]
@@ -38,11 +38,11 @@ def test_a_call_running_through_two_takes_has_its_decision_written_then_its_sett
     (decided,) = records.take()[0]
     assert decided[1] == "decided"
     assert decided[2] is not None  # the request id its settlement will name
-    records.settle(admission, 0.001, True)
+    admission.ticket.settle(admission, 0.001, True)
     (settled,), charges = records.take()
     assert (settled[1], settled[2]) == ("settled", decided[2])
     assert [micros for _, _, micros in charges] == [to_micros(0.001)]
-    assert records.settle(admission, None, True).charged == 0.0  # settled twice: counted and charged once
+    assert admission.ticket.settle(admission, None, True).charged == 0.0  # settled twice: counted and charged once
 
 
 def test_the_last_take_writes_the_decision_of_every_call_still_running() -> None:

@@ -220,7 +220,7 @@ class RecordingGate(OpenGate):
     async def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission:
         self.admitted.append(call)
         return Admission(self.status_to_give, f"test gate says {self.status_to_give}",
-                         request_id="req-1" if self.status_to_give == "pending" else None, token="tok")  # noqa: S106 - a gate handle
+                         request_id="req-1" if self.status_to_give == "pending" else None)
 
     async def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
         self.settled.append((admission, actual_cost, ok))
