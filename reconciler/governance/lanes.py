@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import orjson
 
@@ -46,9 +46,10 @@ from reconciler.governance.rulebook import CapSet, Rulebook, from_micros, to_mic
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store.audit import AuditRow
 
-__all__ = ["Lane", "LaneTicket", "Records", "limits_spend"]
+__all__ = ["Lane", "LaneTicket", "Records", "Tally", "limits_spend"]
 
 _NO_SPEND = SpendState()
+K = TypeVar("K")
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # each lane is its own: compared and hashed by identity
@@ -78,6 +79,32 @@ class LaneTicket:
 
     def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
         return self.records.settle(admission, self.lane, actual_cost, ok)
+
+
+@dataclass(slots=True)
+class Tally:
+    """Calls settled with one decision and outcome, written as one audit row at `take`."""
+
+    calls: int
+    reserved: int  # micros, summed
+    charged: int  # micros, summed
+    first: float  # when the first of them was decided
+
+    def row(self, at: float, profile: str, instance: str, tool: str, decided: str, ok: bool) -> AuditRow:
+        """The one row of these calls, dated `at`: `decided`'s detail with the count, the sums and when the first of
+        them was decided."""
+        event, status = ("settled", "executed") if ok else ("released", "failed")
+        detail = {**orjson.loads(decided), "calls": self.calls, "reserved": self.reserved, "charged": self.charged,
+                  "first": self.first}
+        return (at, event, None, profile, instance, tool, None, status, orjson.dumps(detail).decode())
+
+
+@dataclass(slots=True)
+class _Paid:
+    """A lane's calls of one instance that succeeded charged its price: the common case, with less to add."""
+
+    calls: int
+    first: float  # when the first of them was decided
 
 
 Charges = list[tuple[tuple[str, ...], str, int]]  # (spend scopes, month, micros), as `Backlog.add_rows` takes them
@@ -122,11 +149,11 @@ class Records:
         # The calls settled before their decision was taken, counted → [calls, micros reserved, micros charged, when
         # the first was decided]: a lane's by (lane, instance, ok), whose charges are summed here too; a leased call's
         # (whose charge the gate adds itself) by (profile, instance, tool, its `decided` detail, ok).
-        self._tally: dict[tuple[Lane, str, bool], list[Any]] = {}
+        self._tally: dict[tuple[Lane, str, bool], Tally] = {}
         # The common case counted apart, with less to add: a lane's calls that succeeded charged its price, by (lane,
-        # instance) → [calls, when the first was decided]; `take` counts them into `_tally`.
-        self._paid: dict[tuple[Lane, str], list[Any]] = {}
-        self._leased: dict[tuple[str, str, str, str, bool], list[Any]] = {}
+        # instance); `take` counts them into `_tally`.
+        self._paid: dict[tuple[Lane, str], _Paid] = {}
+        self._leased: dict[tuple[str, str, str, str, bool], Tally] = {}
         self._charged: dict[tuple[str, Lane], int] = {}  # (instance, lane) → micros
         self.violations = 0  # lane calls that reported more than their price, since start
 
@@ -179,11 +206,11 @@ class Records:
             counted = (lane, found[0].instance)
             paid = self._paid.get(counted)
             if paid is None:
-                self._paid[counted] = [1, found[1]]
+                self._paid[counted] = _Paid(1, found[1])
             else:
-                paid[0] += 1
-                if found[1] < paid[1]:  # noqa: PLR1730 - a comparison costs the call path less than min()
-                    paid[1] = found[1]
+                paid.calls += 1
+                if found[1] < paid.first:  # noqa: PLR1730 - a comparison costs the call path less than min()
+                    paid.first = found[1]
             return lane.paid
         charged = self._settle_other(admission, lane, found, actual_cost, ok)
         return lane.paid if charged == lane.cost else Settlement(from_micros(charged), None)
@@ -257,16 +284,16 @@ class Records:
         rows, charged = self.rows, self._charged
         self.rows, self._charged = [], {}
         now = time.time()
-        for (lane, instance), (calls, first) in self._paid.items():
-            micros = calls * lane.cost
-            _count(self._tally, (lane, instance, True), micros, micros, first, calls)
+        for (lane, instance), paid in self._paid.items():
+            micros = paid.calls * lane.cost
+            _count(self._tally, (lane, instance, True), micros, micros, paid.first, paid.calls)
         for (lane, instance, ok), tally in self._tally.items():
-            rows.append(_tally_row(now, lane.profile, instance, lane.tool, lane.decided, ok, tally))
-            if tally[2]:
+            rows.append(tally.row(now, lane.profile, instance, lane.tool, lane.decided, ok))
+            if tally.charged:
                 charges = (instance, lane)
-                charged[charges] = charged.get(charges, 0) + tally[2]
+                charged[charges] = charged.get(charges, 0) + tally.charged
         for (profile, instance, tool, decided, ok), tally in self._leased.items():
-            rows.append(_tally_row(now, profile, instance, tool, decided, ok, tally))
+            rows.append(tally.row(now, profile, instance, tool, decided, ok))
         # Still running since before the last take: its decision is written now. One decided since then is carried
         # to the next take, by which most have ended and are counted (a busy router always has calls under way).
         written = (self._carried, self._running) if everything else (self._carried,)
@@ -293,26 +320,16 @@ class Records:
                 + len(self._tally) + len(self._paid) + len(self._leased) + len(self._running) + len(self._carried))
 
 
-def _count(tallies: dict[Any, list[Any]], counted: Any, reserved: int, charged: int, first: float,
-           calls: int = 1) -> None:
+def _count(tallies: dict[K, Tally], counted: K, reserved: int, charged: int, first: float, calls: int = 1) -> None:
     """Count `calls` calls settled, the first of them decided at `first`."""
     tally = tallies.get(counted)
     if tally is None:
-        tallies[counted] = [calls, reserved, charged, first]
+        tallies[counted] = Tally(calls, reserved, charged, first)
     else:
-        tally[0] += calls
-        tally[1] += reserved
-        tally[2] += charged
-        tally[3] = min(tally[3], first)
-
-
-def _tally_row(at: float, profile: str, instance: str, tool: str, decided: str, ok: bool, tally: list[Any]) -> AuditRow:
-    """The one row of the calls one tally counts, dated `at`: `decided`'s detail with the count, the sums and when the
-    first of them was decided."""
-    calls, reserved, charged, first = tally
-    event, status = ("settled", "executed") if ok else ("released", "failed")
-    return (at, event, None, profile, instance, tool, None, status,
-            f'{decided[:-1]},"calls":{calls},"reserved":{reserved},"charged":{charged},"first":{first!r}}}')
+        tally.calls += calls
+        tally.reserved += reserved
+        tally.charged += charged
+        tally.first = min(tally.first, first)
 
 
 def _stamp(row: AuditRow) -> float:
