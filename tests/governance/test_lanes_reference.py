@@ -1,0 +1,140 @@
+"""The lanes (`governance/lanes.py`, the governance room's one module written for speed) against a plain version of
+the same rules: whatever calls come, in whatever order they settle and whatever takes fall between, the trail and
+the charges it leaves are those a call-by-call ledger would leave, and every decision it writes is named by the
+settlement of its call.
+
+The plain version charges each call on its own (what `charging.charge_call` says of a call: a success its report,
+never more than its price; a failure nothing, or what it may have cost) and counts it once, however often it is
+settled. The lanes count calls in tallies, carry decisions across takes and write rows late; the sums must agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reconciler.governance.gate import Admission
+from reconciler.governance.lanes import Records
+from reconciler.governance.rulebook import to_micros
+from reconciler.governance.rulebook_cache import RulebookCache
+from reconciler.governance.store.audit import AuditRow
+from tests.governance.builders import OWNERS_ORG, make_snapshot, priced_call
+
+FREE = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+PRICE = to_micros(0.005)  # search_query's price in the builders' tree: what a lane call reserves
+REPORTS = {"none": None, "price": PRICE, "less": PRICE // 3, "more": PRICE * 2}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call: its instance, what it reports, whether it succeeds, the takes after it began, whether the oldest
+    call still running settles then, and whether that one is settled twice."""
+
+    instance: str
+    report: str
+    ok: bool
+    takes: int
+    settle_oldest: bool
+    twice: bool
+
+
+steps = st.lists(st.builds(Step, st.sampled_from(["a", "b"]), st.sampled_from(list(REPORTS)), st.booleans(),
+                           st.sampled_from([0, 0, 0, 1, 2]), st.booleans(), st.booleans()), min_size=1, max_size=40)
+
+
+def plain_charge(reported: int | None, ok: bool) -> tuple[int, bool]:
+    """The reference: what one call is charged (micros), and whether its report is a pricing violation."""
+    if not ok:
+        return (0 if reported is None else min(reported, PRICE)), False
+    if reported is None:
+        return PRICE, False
+    return min(reported, PRICE), reported > PRICE
+
+
+def counted(rows: list[AuditRow]) -> Counter[str]:
+    """Calls per event in the trail: a tally row counts its `calls`, any other settlement row one."""
+    seen: Counter[str] = Counter()
+    for row in rows:
+        if row[1] in ("settled", "released"):
+            seen[row[1]] += json.loads(row[8]).get("calls", 1) if row[8] else 1
+        elif row[1] == "pricing_violation":
+            seen["violation"] += 1
+    return seen
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps)
+def test_the_lanes_leave_the_trail_and_charges_of_a_call_by_call_ledger(calls: list[Step]) -> None:
+    records = Records(RulebookCache())
+    rows: list[AuditRow] = []
+    charged: Counter[str] = Counter()
+    running: list[tuple[Admission, Step]] = []
+    expected: Counter[str] = Counter()
+    owed: Counter[str] = Counter()
+
+    def take(everything: bool = False) -> None:
+        taken, charges = records.take(everything)
+        rows.extend(taken)
+        for scopes, _month, micros in charges:
+            charged[scopes[0]] += micros  # the instance's row
+
+    def settle_oldest() -> None:
+        admission, step = running.pop(0)
+        assert admission.ticket is not None
+        reported = REPORTS[step.report]
+        admission.ticket.settle(admission, None if reported is None else reported / 1e6, step.ok)
+        if step.twice:
+            assert admission.ticket.settle(admission, None, True).charged == 0.0  # counted and charged once
+        micros, violation = plain_charge(reported, step.ok)
+        owed[f"instance:p/{step.instance}"] += micros
+        expected["settled" if step.ok else "released"] += 1
+        expected["violation"] += violation
+
+    for step in calls:
+        admission = records.admit(FREE, priced_call(step.instance))
+        assert admission is not None
+        running.append((admission, step))
+        for _ in range(step.takes):
+            take()
+        if step.settle_oldest:
+            settle_oldest()
+    take(everything=True)  # the last take (a router closing): the decision of every call still running is written
+    while running:  # settled after it: each settlement names the request id its decision was written with
+        settle_oldest()
+    take()
+    assert counted(rows) == +expected
+    decided = {row[2] for row in rows if row[1] == "decided"}
+    named = [row[2] for row in rows if row[1] in ("settled", "released") and row[2] is not None]
+    assert sorted(named) == sorted(decided), "each decision written is named by one settlement, and only those"
+    assert +charged == +owed
+    assert records.violations == expected["violation"]
+    assert len(records) == 0
+    assert records.running == 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 12)), min_size=1, max_size=6))
+def test_bursts_of_calls_charged_their_price_between_two_takes_are_counted_call_by_call(
+        bursts: list[tuple[str, int]]) -> None:
+    """The common case the lanes count apart, with less to add: calls settled at their price before any take."""
+    records = Records(RulebookCache())
+    rows: list[AuditRow] = []
+    owed: Counter[str] = Counter()
+    charged: Counter[str] = Counter()
+    for instance, calls in bursts:
+        for _ in range(calls):
+            admission = records.admit(FREE, priced_call(instance))
+            assert admission is not None
+            assert admission.ticket is not None
+            assert admission.ticket.settle(admission, None, True).charged == PRICE / 1e6
+            owed[f"instance:p/{instance}"] += PRICE
+        taken, charges = records.take()
+        rows.extend(taken)
+        for scopes, _month, micros in charges:
+            charged[scopes[0]] += micros
+    assert counted(rows) == Counter(settled=sum(calls for _, calls in bursts))
+    assert charged == owed
