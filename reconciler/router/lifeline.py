@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -30,8 +30,8 @@ from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.messages import encode_error
 from reconciler.wire.meta import ENDED, RETRY, RETRY_LATER, SESSION
 
-__all__ = ["DEFAULT_WAIT_SECONDS", "RESTARTED", "Lifeline", "give_up", "read_line", "refusal", "request_id",
-           "write_out"]
+__all__ = ["DEFAULT_WAIT_SECONDS", "Lifeline", "answer_restarted", "next_router", "read_line", "refusal",
+           "request_id", "write_out"]
 
 DEFAULT_WAIT_SECONDS: Final = 120.0  # enough for an upgrade's restart, short enough not to leave a host hanging
 _CHUNK: Final = 1 << 16
@@ -58,15 +58,18 @@ class Lifeline:
         while not self._read_until_closed(sock):
             sock.close()
             self._answer_open()
-            print(f"handler-service: the router went away; waiting up to {self.wait_seconds:g} s for it to come "
-                  f"back at {self.path}", file=sys.stderr, flush=True)
-            found = self._reattach()
+            found = next_router(self.path, self.wait_seconds, self._hand_over)
             if found is None:
                 return 1
             sock = found
-            print("handler-service: the router is back; the session goes on", file=sys.stderr, flush=True)
         sock.close()
         return 0
+
+    def _hand_over(self, sock: socket.socket) -> str | None:
+        """Hand the session to the router on `sock`: None when it took it, else its refusal."""
+        socket.send_fds(sock, [attach_line(self.meta, self.record)], [0, 1, self.page])
+        answer = read_line(sock)
+        return None if answer == ACCEPTED else refusal(answer)
 
     def _read_until_closed(self, sock: socket.socket) -> bool:
         """Read the router's lines until the socket closes; True if it said the session is over."""
@@ -92,37 +95,45 @@ class Lifeline:
 
     def _answer_open(self) -> None:
         """One error for each call the router left unanswered."""
-        data = {RETRY: RETRY_LATER}
         open_calls = read_open(self.page)
         clear_page(self.page)  # the next router starts from no open call
         if open_calls is None:
             print("handler-service: the router left more calls open than its page holds; they get no answer",
                   file=sys.stderr, flush=True)
             return
-        write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, RESTARTED, data))
-                            for call_id in open_calls))
+        answer_restarted(open_calls)
 
-    def _reattach(self) -> socket.socket | None:
-        """The socket of the next router, the session handed over to it; None when none took it in time."""
-        deadline = time.monotonic() + self.wait_seconds
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(str(self.path))
-                socket.send_fds(sock, [attach_line(self.meta, self.record)], [0, 1, self.page])
-                answer = read_line(sock)
-            except OSError:
-                sock.close()
-                if time.monotonic() >= deadline:
-                    give_up(f"no router came back at {self.path} within {self.wait_seconds:g} s")
-                    return None
-                time.sleep(_RETRY_PAUSE)
-                continue
-            if answer == ACCEPTED:
-                return sock
+
+def answer_restarted(call_ids: Iterable[int | str]) -> None:
+    """One error for each of these requests, left open by a router that went away: what happened, what to do."""
+    data = {RETRY: RETRY_LATER}
+    write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, RESTARTED, data)) for call_id in call_ids))
+
+
+def next_router(path: Path, wait_seconds: float, attach: Callable[[socket.socket], str | None]) -> socket.socket | None:
+    """The socket of the next router at `path`, the session opened there by `attach` (None: taken, else the
+    router's refusal), saying so on stderr; None when none took it within `wait_seconds`."""
+    print(f"handler-service: the router went away; waiting up to {wait_seconds:g} s for it to come back at {path}",
+          file=sys.stderr, flush=True)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(path))
+            refused = attach(sock)
+        except OSError:
             sock.close()
-            give_up(f"the router did not take the session back: {refusal(answer)}")
-            return None
+            if time.monotonic() >= deadline:
+                give_up(f"no router came back at {path} within {wait_seconds:g} s")
+                return None
+            time.sleep(_RETRY_PAUSE)
+            continue
+        if refused is None:
+            print("handler-service: the router is back; the session goes on", file=sys.stderr, flush=True)
+            return sock
+        sock.close()
+        give_up(f"the router did not take the session back: {refused}")
+        return None
 
 
 

@@ -21,8 +21,6 @@ import contextlib
 import os
 import select
 import socket
-import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -30,11 +28,9 @@ from typing import Any, Final
 import orjson
 
 from reconciler.router.handoff import ACCEPTED, INPUT_ENDED_LINE, NOTE_HEAD, attach_line
-from reconciler.router.lifeline import RESTARTED, give_up, read_line, refusal, request_id, write_out
-from reconciler.wire.errors import INTERNAL_ERROR, JsonRpcError
+from reconciler.router.lifeline import answer_restarted, next_router, read_line, refusal, request_id, write_out
 from reconciler.wire.framing import LineFramer, Oversize
-from reconciler.wire.messages import encode_error
-from reconciler.wire.meta import ENDED, RETRY, RETRY_LATER, SESSION
+from reconciler.wire.meta import ENDED, SESSION
 
 __all__ = ["Relay", "reply_id"]
 
@@ -71,16 +67,14 @@ class Relay:
             sock.close()
             if self._gone:
                 return 0
-            self._answer_open()
+            answer_restarted(self.open)
+            self.open.clear()
             if self._ended or self._input_over:
                 return 0
-            print(f"handler-service: the router went away; waiting up to {self.wait_seconds:g} s for it to come "
-                  f"back at {self.path}", file=sys.stderr, flush=True)
-            found = self._reattach()
+            found = next_router(self.path, self.wait_seconds, self.attach)
             if found is None:
                 return 1
             sock = found
-            print("handler-service: the router is back; the session goes on", file=sys.stderr, flush=True)
 
     def _relay(self, sock: socket.socket) -> None:
         """Move lines both ways until the router's side closes."""
@@ -155,34 +149,6 @@ class Relay:
             if isinstance(record := said.get(SESSION), str):
                 self.record = record
             self._ended = self._ended or said.get(ENDED) is True
-
-    def _answer_open(self) -> None:
-        """One error for each request the router left unanswered."""
-        data = {RETRY: RETRY_LATER}
-        write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, RESTARTED, data))
-                           for call_id in self.open))
-        self.open.clear()
-
-    def _reattach(self) -> socket.socket | None:
-        """The socket of the next router, the session resumed on it; None when none took it in time."""
-        deadline = time.monotonic() + self.wait_seconds
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(str(self.path))
-                refused = self.attach(sock)
-            except OSError:
-                sock.close()
-                if time.monotonic() >= deadline:
-                    give_up(f"no router came back at {self.path} within {self.wait_seconds:g} s")
-                    return None
-                time.sleep(_RETRY_PAUSE)
-                continue
-            if refused is None:
-                return sock
-            sock.close()
-            give_up(f"the router did not take the session back: {refused}")
-            return None
 
 
 def reply_id(line: bytes) -> int | str | None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.harness import run, serving, short_dir
-from tests.fixtures.vendors import Reply, anthropic_reply, serving_vendor
+from tests.fixtures.harness import run, serving, shipped_tree, short_dir
+from tests.fixtures.vendors import Reply, anthropic_reply, let_llm_reach, serving_vendor
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = str(Path(sys.executable).parent / "handler-agent")
@@ -23,19 +23,13 @@ AGENT = str(Path(sys.executable).parent / "handler-agent")
 
 @pytest.fixture
 def tree() -> Iterator[Path]:
-    with short_dir() as folder:
-        root = folder / "t"
-        for part in ("catalog/interfaces", "catalog/connectors", "config"):
-            shutil.copytree(REPO / part, root / part)
+    with shipped_tree() as root:
         yield root
 
 
 def _researcher(root: Path, url: str) -> None:
     """researcher: ocr on Tesseract, llm on the stand-in, handler-agent as its runner."""
-    entry = url.split("://", 1)[1].rstrip("/")
-    manifest = root / "catalog/connectors/llm/connector.toml"
-    reach = manifest.read_text().replace('"api.anthropic.com:443"]', f'"api.anthropic.com:443", "{entry}"]')
-    manifest.write_text(reach)
+    entry = let_llm_reach(root, url)
     (root / "config/bindings/llm-anthropic.toml").write_text(
         'apiVersion = "handler.binding/v1"\nname = "llm-anthropic"\nconnector = "llm"\n'
         'secrets = { api_key = { env = "TEST_LLM_KEY" } }\n'

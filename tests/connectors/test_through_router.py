@@ -18,21 +18,16 @@ from reconciler.cli.llm import EXIT_CODES
 from reconciler.governance.governor import Governor
 from reconciler.governance.ledger import spend_report
 from reconciler.governance.store import open_store
-from tests.fixtures.harness import RawClient, body, serving, short_dir
+from tests.fixtures.harness import RawClient, body, serving, shipped_tree, short_dir
 from tests.fixtures.loopback import QuietHandler, serving_http
-from tests.fixtures.vendors import Reply, anthropic_reply, openai_reply, serving_vendor
+from tests.fixtures.vendors import Reply, anthropic_reply, let_llm_reach, openai_reply, serving_vendor
 from tests.governance.governed import until
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def tree() -> Iterator[Path]:
     """The shipped config tree in a short folder (sockets live beside it)."""
-    with short_dir() as folder:
-        root = folder / "t"
-        for part in ("catalog/interfaces", "catalog/connectors", "config"):
-            shutil.copytree(REPO / part, root / part)
+    with shipped_tree() as root:
         yield root
 
 
@@ -56,15 +51,6 @@ async def _handler_llm(run_dir: Path, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-def _let_llm_reach(tree: Path, url: str) -> str:
-    """Add the stand-in's address to the built-in llm's egress (a binding may only narrow it); the entry."""
-    entry = url.split("://", 1)[1].rstrip("/")
-    manifest = tree / "catalog/connectors/llm/connector.toml"
-    text = manifest.read_text().replace('"api.anthropic.com:443"]', f'"api.anthropic.com:443", "{entry}"]')
-    manifest.write_text(text)
-    return entry
-
-
 @pytest.mark.parametrize("version", ["llm/v2", "llm/v1"])
 def test_handler_llm_through_the_profiles_socket(tree: Path, monkeypatch: pytest.MonkeyPatch, version: str) -> None:
     """`handler-llm` asks whichever version the profile serves: llm/v2, the highest, or llm/v1 where it is pinned."""
@@ -73,7 +59,7 @@ def test_handler_llm_through_the_profiles_socket(tree: Path, monkeypatch: pytest
         profile = tree / "config/profiles/assistant.toml"
         profile.write_text(profile.read_text().replace("services = { ", 'services = { "llm/v1" = "llm-openai", '))
     with serving_vendor() as vendor, short_dir() as run_dir:
-        entry = _let_llm_reach(tree, vendor.url)
+        entry = let_llm_reach(tree, vendor.url)
         _set_binding(
             tree,
             "llm-openai",
@@ -145,7 +131,7 @@ def test_llm_v2_tool_round_trip_through_the_governed_router(tree: Path, monkeypa
     store = open_store(f"sqlite:///{tmp_path / 'handler.db'}")
     broken = {**WEATHER, "inputSchema": {"type": "object", "properties": {"city": {"type": "town"}}}}
     with serving_vendor() as vendor, short_dir() as run_dir:
-        _set_binding(tree, "llm-openai", _llm_binding(endpoint, vendor.url, _let_llm_reach(tree, vendor.url)))
+        _set_binding(tree, "llm-openai", _llm_binding(endpoint, vendor.url, let_llm_reach(tree, vendor.url)))
         vendor.replies += SCRIPTS[endpoint]
 
         async def scenario() -> list[dict[str, Any]]:

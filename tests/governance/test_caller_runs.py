@@ -4,9 +4,11 @@ secret the router gave that run; a client claiming that run's id, and the held r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from reconciler.governance.holds import get_hold
 from reconciler.governance.store import Store
 from reconciler.router.runs import Run
 from reconciler.router.server import Router
-from tests.fixtures.agents_tree import write_agents_tree
+from tests.fixtures.agents_tree import MEMBERS_ORG, write_agents_tree
 from tests.fixtures.harness import RawClient, body, run, serving
 
 pytestmark = pytest.mark.usefixtures("echo_secret")
@@ -92,19 +94,6 @@ def test_the_parent_run_decides_its_childs_hold_and_nobody_else(tmp_path: Path, 
     run(scenario(), timeout=120)
 
 
-MEMBERS_ORG = '''apiVersion = "handler.org/v1"
-name = "test-org"
-
-[members.owner]
-email = "owner@example.org"
-owner = true
-
-[members.bob]
-email = "bob@example.org"
-
-[members.carol]
-email = "carol@example.org"
-'''
 
 
 async def _approvals(verb: str, request_id: str, member: str, root: Path, store_url: str) -> tuple[int, str]:
@@ -116,31 +105,36 @@ async def _approvals(verb: str, request_id: str, member: str, root: Path, store_
     return done.returncode or 0, out.decode()
 
 
+@contextlib.asynccontextmanager
+async def _bobs_held_run(root: Path, store: Store, run_dir: Path) -> AsyncIterator[tuple[Router, Run, str]]:
+    """The worker's run started by bob, its write held for him (caller routing): the router, the run, the hold."""
+    governor = Governor(store, owns_store=False)
+    try:
+        async with serving(root, run_dir, gate=governor) as router:
+            await governor.start(router.execute_held)
+            started = router.runs.start("worker", "write", starter="member:bob")
+            await _until(lambda: (root / "work/worker/held").exists() or started.status != "running")
+            yield router, started, (root / "work/worker/held").read_text()
+    finally:
+        await governor.aclose()
+
+
 def test_a_member_started_runs_hold_goes_to_that_member_who_decides_it(tmp_path: Path, sqlite_store: Store,
                                                                        sqlite_url: str, run_dir: Path) -> None:
     root = write_agents_tree(tmp_path / "tree", worker_template="balanced", worker_routing=ROUTED)
     (root / "config/org.toml").write_text(MEMBERS_ORG)
 
     async def scenario() -> None:
-        governor = Governor(sqlite_store, owns_store=False)
-        try:
-            async with serving(root, run_dir, gate=governor) as router:
-                await governor.start(router.execute_held)
-                started = router.runs.start("worker", "write", starter="member:bob")
-                await _until(lambda: (root / "work/worker/held").exists() or started.status != "running")
-                request_id = (root / "work/worker/held").read_text()
-                assert get_hold(sqlite_store, request_id).approver == {"to": "member", "member": "bob",
-                                                                       "via": "caller"}
-                code, said = await _approvals("approve", request_id, "carol", root, sqlite_url)
-                assert code != 0
-                assert "routed to member bob; carol is not an owner" in said
-                code, said = await _approvals("approve", request_id, "bob", root, sqlite_url)
-                assert code == 0, said
-                await _until(lambda: started.status != "running")
-                assert started.status == "succeeded", started.error
-                assert json.loads(started.result or "{}")["final"]["status"] == "executed"
-        finally:
-            await governor.aclose()
+        async with _bobs_held_run(root, sqlite_store, run_dir) as (_router, started, request_id):
+            assert get_hold(sqlite_store, request_id).approver == {"to": "member", "member": "bob", "via": "caller"}
+            code, said = await _approvals("approve", request_id, "carol", root, sqlite_url)
+            assert code != 0
+            assert "routed to member bob; carol is not an owner" in said
+            code, said = await _approvals("approve", request_id, "bob", root, sqlite_url)
+            assert code == 0, said
+            await _until(lambda: started.status != "running")
+            assert started.status == "succeeded", started.error
+            assert json.loads(started.result or "{}")["final"]["status"] == "executed"
 
     run(scenario(), timeout=120)
 
@@ -153,24 +147,16 @@ def test_a_run_cancelled_with_a_call_held_takes_its_hold_back_and_the_call_never
     (root / "config/org.toml").write_text(MEMBERS_ORG)
 
     async def scenario() -> None:
-        governor = Governor(sqlite_store, owns_store=False)
-        try:
-            async with serving(root, run_dir, gate=governor) as router:
-                await governor.start(router.execute_held)
-                started = router.runs.start("worker", "write", starter="member:bob")
-                await _until(lambda: (root / "work/worker/held").exists() or started.status != "running")
-                request_id = (root / "work/worker/held").read_text()
-                assert get_hold(sqlite_store, request_id).state == "pending"
-                await router.runs.cancel(started.id, "cancelled by bob from the CLI")
-                await _until(lambda: get_hold(sqlite_store, request_id).state != "pending")
-                hold = get_hold(sqlite_store, request_id)
-                assert (hold.state, hold.decided_by) == ("rejected", "the service")
-                assert hold.decision_reason == "its run ended: cancelled, cancelled by bob from the CLI"
-                code, said = await _approvals("approve", request_id, "bob", root, sqlite_url)
-                assert code != 0
-                assert "already decided: it is rejected (by the service)" in said
-        finally:
-            await governor.aclose()
+        async with _bobs_held_run(root, sqlite_store, run_dir) as (router, started, request_id):
+            assert get_hold(sqlite_store, request_id).state == "pending"
+            await router.runs.cancel(started.id, "cancelled by bob from the CLI")
+            await _until(lambda: get_hold(sqlite_store, request_id).state != "pending")
+            hold = get_hold(sqlite_store, request_id)
+            assert (hold.state, hold.decided_by) == ("rejected", "the service")
+            assert hold.decision_reason == "its run ended: cancelled, cancelled by bob from the CLI"
+            code, said = await _approvals("approve", request_id, "bob", root, sqlite_url)
+            assert code != 0
+            assert "already decided: it is rejected (by the service)" in said
 
     run(scenario(), timeout=120)
     assert not (root / "work/worker/note.txt").exists()

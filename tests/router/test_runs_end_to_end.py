@@ -27,9 +27,9 @@ from reconciler.governance.store import Store, open_store
 from reconciler.governance.store.audit import read_audit
 from reconciler.router.server import Router
 from tests.fixtures.agents_tree import processes_of, write_agents_tree
-from tests.fixtures.harness import RawClient, body, log_lines, run, serving, short_dir
+from tests.fixtures.harness import RawClient, body, log_lines, run, serving, shipped_tree, short_dir
 from tests.fixtures.service import running
-from tests.fixtures.vendors import Reply, anthropic_reply, openai_reply, serving_vendor
+from tests.fixtures.vendors import Reply, anthropic_reply, let_llm_reach, openai_reply, serving_vendor
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -40,19 +40,13 @@ INVOICE = "INV-2024-0042"  # what the OCR conformance scan reads
 @pytest.fixture
 def tree() -> Iterator[Path]:
     """The shipped catalog and config (its org: alice, an owner, and bob, a member) in a short folder."""
-    with short_dir() as folder:
-        root = folder / "t"
-        for part in ("catalog/interfaces", "catalog/connectors", "config"):
-            shutil.copytree(REPO / part, root / part)
+    with shipped_tree() as root:
         yield root
 
 
 def _model_bindings(root: Path, url: str) -> None:
     """llm-openai and llm-anthropic both reach the stand-in (the built-in llm's egress lists it)."""
-    entry = url.split("://", 1)[1].rstrip("/")
-    manifest = root / "catalog/connectors/llm/connector.toml"
-    reach = manifest.read_text().replace('"api.anthropic.com:443"]', f'"api.anthropic.com:443", "{entry}"]')
-    manifest.write_text(reach)
+    entry = let_llm_reach(root, url)
     for name, endpoint in (("llm-openai", "openai-chat"), ("llm-anthropic", "anthropic")):
         (root / f"config/bindings/{name}.toml").write_text(
             f'apiVersion = "handler.binding/v1"\nname = "{name}"\nconnector = "llm"\n'

@@ -18,26 +18,13 @@ import httpx
 import pytest
 
 from reconciler.app import UpOptions
-from tests.fixtures.agents_tree import write_agents_tree
+from tests.fixtures.agents_tree import MEMBERS_ORG, write_agents_tree
 from tests.fixtures.harness import short_dir
 from tests.fixtures.mail import serving_mailbox
 from tests.fixtures.service import DEADLINE, Service, running
 from tests.fixtures.signin import sign_in
 
 HANDLER = str(Path(sys.executable).parent / "handler")
-ORG = '''apiVersion = "handler.org/v1"
-name = "test-org"
-
-[members.owner]
-email = "owner@example.org"
-owner = true
-
-[members.bob]
-email = "bob@example.org"
-
-[members.carol]
-email = "carol@example.org"
-'''
 
 
 @pytest.fixture
@@ -48,7 +35,7 @@ def tree(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         monkeypatch.delenv(name, raising=False)
     with short_dir() as base:
         root = write_agents_tree(base / "t", worker_template="balanced", worker_routing='routing = { to = "caller" }\n')
-        (root / "config/org.toml").write_text(ORG)
+        (root / "config/org.toml").write_text(MEMBERS_ORG)
         yield root
 
 
