@@ -38,6 +38,7 @@ _CHUNK: Final = 1 << 16
 _RETRY_PAUSE: Final = 0.1
 _REPLY_HEAD: Final = b'{"jsonrpc":"2.0","id":'  # how the router's encoder begins a reply (`wire.messages`)
 _MOST_REPLY_BYTES: Final = 1 << 30  # a longer reply passes in pieces, its id unread
+_MOST_UNSENT: Final = 1 << 20  # what the agent sent that may wait for the router before the bridge stops reading it
 
 
 class Relay:
@@ -53,6 +54,7 @@ class Relay:
         self._input_over = False  # the agent closed its stdin
         self._ended = False  # the router said the session is over
         self._gone = False  # the agent stopped reading its stdout
+        self._unsent = bytearray()  # what the agent sent that the router has not taken yet
 
     def attach(self, sock: socket.socket) -> str | None:
         """Open (or resume) the session on `sock`; None when the router took it, else its refusal."""
@@ -77,52 +79,74 @@ class Relay:
             sock = found
 
     def _relay(self, sock: socket.socket) -> None:
-        """Move lines both ways until the router's side closes."""
+        """Move lines both ways until the router's side closes. What goes to the router waits in `_unsent` while the
+        router is not reading (its calls at their bound), and the bridge reads its replies all the while: a bridge
+        blocked sending would leave them unread, and a router whose replies go unread stops reading."""
         from_router = LineFramer(_MOST_REPLY_BYTES, oversize="pass")
+        sock.setblocking(False)
+        self._unsent = bytearray()
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         poller.register(1, 0)  # its errors alone: the agent closed its end of stdout
-        if not self._input_over:
-            poller.register(0, select.POLLIN)
+        reading_agent = False
         while True:
+            wanted = not self._input_over and len(self._unsent) < _MOST_UNSENT
+            if wanted != reading_agent:  # the agent waits while the router has not taken what it sent
+                if wanted:
+                    poller.register(0, select.POLLIN)
+                else:
+                    poller.unregister(0)
+                reading_agent = wanted
+            poller.modify(sock, select.POLLIN | (select.POLLOUT if self._unsent else 0))
             for fd, _ in poller.poll():
                 if fd == 1:  # nobody reads the replies: the session is over, its calls cancelled with it
                     self._input_over = self._gone = True
                     return
-                if fd == 0 and not self._from_agent_read(sock):
-                    poller.unregister(0)
-                elif fd == sock.fileno() and not self._from_router_read(sock, from_router):
+                if fd == 0:
+                    self._from_agent_read()
+                elif not self._from_router_read(sock, from_router):
                     return
+            self._send_some(sock)
 
-    def _from_agent_read(self, sock: socket.socket) -> bool:
-        """Send what the agent wrote on; False once its stdin ended (the router is told: no more requests)."""
+    def _from_agent_read(self) -> None:
+        """Take what the agent wrote, for the router; at its end, the note that no more requests come."""
         try:
             chunk = os.read(0, _CHUNK)
         except OSError:
             chunk = b""
         if not chunk:
-            self._input_over = True
-            with contextlib.suppress(OSError):  # the calls in flight finish and reply; the router then closes
-                sock.sendall(INPUT_ENDED_LINE)
-            return False
-        out = []
+            self._input_over = True  # the calls in flight finish and reply; the router then closes
+            self._unsent += INPUT_ENDED_LINE
+            return
         for item in self._from_agent.feed(chunk):
             if isinstance(item, Oversize):
-                out.append(item.data)  # passed on in pieces as it comes: the router refuses it
+                self._unsent += item.data  # passed on in pieces as it comes: the router refuses it
             elif item.startswith(NOTE_HEAD):
-                out.append(b" " + item)  # the agent's, not a note of the bridge's: the router answers it as a line
+                self._unsent += b" " + item  # the agent's, not a note of the bridge's: the router answers it as a line
             else:
                 if (call_id := request_id(item)) is not None:
                     self.open[call_id] = None
-                out.append(item)
-        with contextlib.suppress(OSError):  # the router is gone: what it missed is answered as open
-            sock.sendall(b"".join(out))
-        return True
+                self._unsent += item
+
+    def _send_some(self, sock: socket.socket) -> None:
+        """Send what the router will take now of what waits for it."""
+        if not self._unsent:
+            return
+        try:
+            sent = sock.send(self._unsent)
+        except BlockingIOError:
+            return
+        except OSError:  # the router is gone: what it missed is answered as open once its socket has closed
+            self._unsent.clear()
+            return
+        del self._unsent[:sent]
 
     def _from_router_read(self, sock: socket.socket, framer: LineFramer) -> bool:
         """Write the router's whole lines to the agent and take in its notes; False once the socket closed."""
         try:
             data = sock.recv(_CHUNK)
+        except BlockingIOError:
+            return True
         except OSError:
             data = b""
         if not data:

@@ -237,3 +237,19 @@ def test_a_relaying_bridge_answers_every_request_exactly_once_through_repeated_c
     cut = [r for r in replies if "error" in r]
     assert cut, "no call was in flight at any crash: the test proved nothing"
     assert all("the router restarted while this call was running" in r["error"]["message"] for r in cut)
+
+
+def test_a_relaying_bridge_sent_thousands_of_requests_at_once_answers_every_one(echo_root: Path,
+                                                                               run_dir: Path) -> None:
+    """3,000 requests written in one go, their replies (6 MB) far past what the socket and the router buffer: the
+    bridge keeps reading the replies while the router is not taking its requests, so neither waits on the other."""
+    with router(echo_root, run_dir):
+        agent = Agent(run_dir, 30)
+        data = line(INIT) + b"".join(call(i, "echo_say", {"text": "x" * 2000}) for i in range(2, 3002))
+        threading.Thread(target=agent.send, args=(data,), daemon=True).start()
+        out = agent.proc.stdout
+        assert out is not None
+        ids = [json.loads(out.readline())["id"] for _ in range(3001)]
+        status, err = agent.finish()
+    assert status == 0, err
+    assert sorted(ids) == list(range(1, 3002))
