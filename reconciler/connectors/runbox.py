@@ -20,6 +20,7 @@ The router's side of the socket is the caller's (`AgentRuns`, which listens on `
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -109,8 +110,8 @@ async def box_run(plan: RunPlan, base: Path) -> RunBox:
     box = RunBox([], {}, plan.scope, folder / "profile.sock", folder)
     try:
         _write_private(folder / "mcp.json", plan.config_json, uid)
-        if uid is not None:
-            _own_scope(plan.scope, uid)
+        if uid is not None:  # a walk of the whole scope: off the event loop
+            await asyncio.to_thread(_own_scope, plan.scope, uid)
         env = {**confined_env({}, _HOME, tmp=_HOME, system_path=True), **plan.env,
                "HANDLER_RUN_DIR": str(INSIDE_RUN_DIR), "HANDLER_MCP_CONFIG": str(INSIDE_RUN_DIR / "mcp.json"),
                "PYTHONDONTWRITEBYTECODE": "1"}
