@@ -578,10 +578,9 @@ def _handoff_problem(fds: list[int]) -> str | None:
 
 
 def _relay_problem(fds: list[int]) -> str | None:
-    if fds:
-        _close_fds(fds)
-        return "a relaying bridge sends no descriptor with its attach line"
-    return None
+    """Why a relaying bridge's attach line cannot be taken, or None: it carries no descriptor (those it sent are
+    closed with the refusal, as a refused handoff's are)."""
+    return "a relaying bridge sends no descriptor with its attach line" if fds else None
 
 
 def _stdio_problem(fd: int, name: str, wanted: tuple[int, ...]) -> str | None:

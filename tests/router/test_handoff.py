@@ -221,7 +221,7 @@ def test_a_relaying_bridge_answers_the_call_in_flight_once_and_goes_on_with_the_
     on_uvloop(scenario)
 
 
-@pytest.mark.parametrize("kind", ["file", "one-socket", "run-id", "unsealed-page", "none"])
+@pytest.mark.parametrize("kind", ["file", "one-socket", "run-id", "unsealed-page", "none", "relay-with-fds"])
 def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_lines(
         echo_root: Path, run_dir: Path, tmp_path: Path, kind: str) -> None:
     """Also a handoff binding a run id the store cannot hold ("run-id"): a handed-over session's run ids are bound for
@@ -243,9 +243,15 @@ def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_
             os.ftruncate(unsealed, PAGE_BYTES)
             fds = {"file": [reading.fileno(), writing.fileno()], "one-socket": [both.fileno()] * 2,
                    "run-id": [other.fileno(), both.fileno()],
-                   "unsealed-page": [other.fileno(), both.fileno(), unsealed]}.get(kind, [])
-            await loop.run_in_executor(None, socket.send_fds, sock, [attach_line(meta)], fds)
+                   "unsealed-page": [other.fileno(), both.fileno(), unsealed],
+                   "relay-with-fds": [other.fileno()]}.get(kind, [])
+            attach = attach_line(meta, relay=kind == "relay-with-fds")
+            await loop.run_in_executor(None, socket.send_fds, sock, [attach], fds)
             answer = orjson.loads(await loop.run_in_executor(None, recv_line, sock))
+            if kind == "relay-with-fds":  # the router closed the copy it was sent: its peer sees the end
+                other.close()
+                both.settimeout(DEADLINE)
+                assert await loop.run_in_executor(None, both.recv, 1) == b""
             both.close()
             other.close()
             os.close(unsealed)
@@ -260,6 +266,9 @@ def test_a_handoff_the_router_cannot_take_is_refused_and_the_connection_carries_
             elif kind == "unsealed-page":
                 assert answer["handler/attached"] is False
                 assert "sealed against shrinking and growing" in answer["message"]
+            elif kind == "relay-with-fds":
+                assert answer == {"handler/attached": False,
+                                  "message": "a relaying bridge sends no descriptor with its attach line"}
             else:  # no descriptors and no relay: neither a handoff nor a relayed session
                 assert answer["handler/attached"] is False
                 assert "not 0; a bridge that relays the session's lines says" in answer["message"]
