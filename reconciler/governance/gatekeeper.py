@@ -193,7 +193,7 @@ class Gatekeeper:
             found = (await self._admit_leased(snapshot, entry, call) if limits_spend(entry.caps)
                      else self._refuse_unlimited(entry, call))
         admission = found if found is not None else await self._workers.run(self.admit_now, snapshot, call)
-        if len(self._backlog):
+        if not self._flush_due and len(self._backlog):  # a flush due runs until the backlog is empty
             self._flush_soon()
         if admission.status == "pending":
             self._held()

@@ -33,10 +33,11 @@ call-by-call ledger of the same rules.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import orjson
 
@@ -113,7 +114,16 @@ class _Paid:
 
 
 Charges = list[tuple[tuple[str, ...], str, int]]  # (spend scopes, month, micros), as `Backlog.add_rows` takes them
-_OFF = object()  # cached: this profile's tool at this price takes the gate's other paths
+
+
+class _Off(enum.Enum):
+    """Cached in a lane's place: this profile's tool at this price takes the gate's other paths."""
+
+    OFF = "off"
+
+
+_OFF = _Off.OFF
+_Compiled = Lane | Literal[_Off.OFF]  # what the rulebook's `lanes` holds, by (profile, tool, price)
 
 
 def limits_spend(caps: CapSet) -> bool:
@@ -137,7 +147,7 @@ class Records:
         # since comparing it costs the call path less than calling a weak reference.
         self._snapshot: Snapshot | None = None
         self._book: Rulebook | None = None
-        self._lanes: dict[tuple[str, str, float], Any] = {}
+        self._lanes: dict[tuple[str, str, float], _Compiled] = {}
         self._routes: dict[object, LaneTicket] = {}  # a call's route → its lane's ticket, for the snapshot seen
         self._off: set[object] = set()  # the routes whose calls take the gate's other paths, for the snapshot seen
         self._tickets: dict[Lane, LaneTicket] = {}  # each lane's ticket, for the snapshot seen
@@ -341,7 +351,8 @@ def _stamp(row: AuditRow) -> float:
     return row[0]
 
 
-def _compile(book: Rulebook, call: CallRequest) -> Any:
+def _compile(book: Rulebook, call: CallRequest) -> _Compiled:
+    """The lane of a call's profile, tool and price, or `_OFF` when a cap, prepaid balance, hold or block applies."""
     entry = book.entry(call.profile, call.tool)
     if entry is None or limits_spend(entry.caps):
         return _OFF

@@ -13,6 +13,7 @@ from reconciler.config.snapshot import BUILTIN_TEMPLATES, Binding, InterfaceVers
 from reconciler.governance.gate import CallRequest
 from reconciler.governance.governor import Governor
 from reconciler.governance.store import open_store, store_url
+from reconciler.governance.store.audit import AUDIT_COLUMNS, AuditRow
 
 __all__ = ["OWNERS_ORG", "PRICES", "TOOLS", "cap_snapshot", "make_snapshot", "priced_call"]
 
@@ -79,6 +80,11 @@ def cap_snapshot() -> Snapshot:
     org = {**OWNERS_ORG, "caps": {"monthly_usd": 0.25}}
     return make_snapshot({"p": {"template": "permissive"}, "h": {"template": "balanced", "routing": {"to": "caller"}}},
                          org=org)
+
+
+def fields(row: AuditRow) -> dict[str, Any]:
+    """An audit row as a reader checks it: its fields by the table's column names."""
+    return dict(zip(AUDIT_COLUMNS, row, strict=True))
 
 
 def priced_call(instance: str = "i1", profile: str = "p", tool: str = "search_query", **arguments: Any) -> CallRequest:

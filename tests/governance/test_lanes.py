@@ -3,17 +3,19 @@ and still running is carried to the next, so a busy router writes its decision o
 
 from __future__ import annotations
 
+import json
+
 from reconciler.governance.lanes import Records
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store.audit import AuditRow
-from tests.governance.builders import OWNERS_ORG, make_snapshot, priced_call
+from tests.governance.builders import OWNERS_ORG, fields, make_snapshot, priced_call
 
 FREE = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
 
 
 def _events(rows: list[AuditRow]) -> list[tuple[str, str | None]]:
-    return [(row[1], row[2]) for row in rows]
+    return [(fields(row)["event"], fields(row)["request_id"]) for row in rows]
 
 
 def test_a_call_that_ends_before_the_second_take_is_only_counted() -> None:
@@ -25,7 +27,8 @@ def test_a_call_that_ends_before_the_second_take_is_only_counted() -> None:
     assert len(records) == 1  # so the gate's flush keeps coming back for it
     admission.ticket.settle(admission, None, True)
     rows, charges = records.take()
-    assert [(row[1], row[2], row[8].count('"calls":1')) for row in rows] == [("settled", None, 1)]
+    assert [(row["event"], row["request_id"], json.loads(row["detail"])["calls"]) for row in map(fields, rows)] == [
+        ("settled", None, 1)]
     assert [micros for _, _, micros in charges] == [to_micros(0.005)]
     assert len(records) == 0
 
@@ -35,12 +38,12 @@ def test_a_call_running_through_two_takes_has_its_decision_written_then_its_sett
     admission = records.admit(FREE, priced_call())
     assert admission is not None
     assert records.take()[0] == []
-    (decided,) = records.take()[0]
-    assert decided[1] == "decided"
-    assert decided[2] is not None  # the request id its settlement will name
+    (decided,) = map(fields, records.take()[0])
+    assert decided["event"] == "decided"
+    assert decided["request_id"] is not None  # the request id its settlement will name
     admission.ticket.settle(admission, 0.001, True)
     (settled,), charges = records.take()
-    assert (settled[1], settled[2]) == ("settled", decided[2])
+    assert _events([settled]) == [("settled", decided["request_id"])]
     assert [micros for _, _, micros in charges] == [to_micros(0.001)]
     assert admission.ticket.settle(admission, None, True).charged == 0.0  # settled twice: counted and charged once
 
@@ -53,7 +56,8 @@ def test_the_last_take_writes_the_decision_of_every_call_still_running() -> None
     assert first is not None
     assert second is not None
     rows, _ = records.take(everything=True)
-    assert sorted((row[1], row[4]) for row in rows) == [("decided", "i1"), ("decided", "i2")]
+    decided = sorted((row["event"], row["instance"]) for row in map(fields, rows))
+    assert decided == [("decided", "i1"), ("decided", "i2")]
     assert records.running == 2
 
 

@@ -22,7 +22,7 @@ from reconciler.governance.lanes import Records
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store.audit import AuditRow
-from tests.governance.builders import OWNERS_ORG, make_snapshot, priced_call
+from tests.governance.builders import OWNERS_ORG, fields, make_snapshot, priced_call
 
 FREE = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
 PRICE = to_micros(0.005)  # search_query's price in the builders' tree: what a lane call reserves
@@ -58,10 +58,10 @@ def plain_charge(reported: int | None, ok: bool) -> tuple[int, bool]:
 def counted(rows: list[AuditRow]) -> Counter[str]:
     """Calls per event in the trail: a tally row counts its `calls`, any other settlement row one."""
     seen: Counter[str] = Counter()
-    for row in rows:
-        if row[1] in ("settled", "released"):
-            seen[row[1]] += json.loads(row[8]).get("calls", 1) if row[8] else 1
-        elif row[1] == "pricing_violation":
+    for row in map(fields, rows):
+        if row["event"] in ("settled", "released"):
+            seen[row["event"]] += json.loads(row["detail"]).get("calls", 1) if row["detail"] else 1
+        elif row["event"] == "pricing_violation":
             seen["violation"] += 1
     return seen
 
@@ -107,8 +107,10 @@ def test_the_lanes_leave_the_trail_and_charges_of_a_call_by_call_ledger(calls: l
         settle_oldest()
     take()
     assert counted(rows) == +expected
-    decided = {row[2] for row in rows if row[1] == "decided"}
-    named = [row[2] for row in rows if row[1] in ("settled", "released") and row[2] is not None]
+    trail = [fields(row) for row in rows]
+    decided = {row["request_id"] for row in trail if row["event"] == "decided"}
+    named = [row["request_id"] for row in trail
+             if row["event"] in ("settled", "released") and row["request_id"] is not None]
     assert sorted(named) == sorted(decided), "each decision written is named by one settlement, and only those"
     assert +charged == +owed
     assert records.violations == expected["violation"]

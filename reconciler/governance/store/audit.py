@@ -23,11 +23,14 @@ import sqlalchemy as sa
 from reconciler.governance.store.engine import Store, Transaction, marker, now
 from reconciler.governance.store.tables import audit
 
-__all__ = ["COPY_AUDIT", "AuditFilter", "AuditRow", "audit_row", "audit_statements", "insert_audit", "read_audit",
-           "record", "search_audit"]
+__all__ = ["AUDIT_COLUMNS", "COPY_AUDIT", "AuditFilter", "AuditRow", "audit_row", "audit_statements", "insert_audit",
+           "read_audit", "record", "search_audit"]
 
-COPY_AUDIT = "COPY audit (at, event, request_id, profile, instance, tool, actor, status, detail) FROM STDIN"
-_INSERT = "INSERT INTO audit (at, event, request_id, profile, instance, tool, actor, status, detail) VALUES "
+# The names of an `AuditRow`'s fields, in its order: the table's columns (a reader names a row's fields with
+# `dict(zip(AUDIT_COLUMNS, row))`).
+AUDIT_COLUMNS = ("at", "event", "request_id", "profile", "instance", "tool", "actor", "status", "detail")
+COPY_AUDIT = f"COPY audit ({', '.join(AUDIT_COLUMNS)}) FROM STDIN"
+_INSERT = f"INSERT INTO audit ({', '.join(AUDIT_COLUMNS)}) VALUES "  # noqa: S608 - the table's own names, no input
 
 _ROWS_A_STATEMENT = 256  # SQLite's: 2,304 parameters, well under its limit of 32,766
 
@@ -70,7 +73,7 @@ def audit_statements(mark: str, rows: Sequence[AuditRow]) -> list[tuple[str, tup
 
 def _values(mark: str, rows: int) -> str:
     """The INSERT of `rows` audit rows, with the driver's placeholder `mark`."""
-    row = "(" + ", ".join([mark] * 9) + ")"
+    row = "(" + ", ".join([mark] * len(AUDIT_COLUMNS)) + ")"
     return _INSERT + ", ".join([row] * rows)
 
 
