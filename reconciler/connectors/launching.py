@@ -76,7 +76,7 @@ from reconciler.places import PrivatePlaceError, ensure_private_dir, kit_folder,
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 
 __all__ = ["SERVICE_CODE", "Launch", "box_view", "declared_env", "effective_egress", "etc_files", "kit_env",
-           "limited_command", "prepare_launch", "raw_forwards", "resolve_command", "socket_dir"]
+           "limited_command", "prepare_launch", "program_found", "raw_forwards", "resolve_command", "socket_dir"]
 
 log = logging.getLogger("handler.connector")
 _MAX_SOCKET_PATH = 100  # unix socket paths are capped near 107 bytes
@@ -211,7 +211,7 @@ async def prepare_launch(snapshot: Snapshot, binding_name: str, root: Path, stat
                     host_uid=uid)
     try:  # whatever stops the start, the folder (and proxy, cgroups) made for it go
         _meet_needs(connector, binding_name, env)
-        command = _program_found(resolve_command(run.command, root / connector.folder), env)
+        command = program_found(resolve_command(run.command, root / connector.folder), env.get("PATH", ""))
         egress = effective_egress(binding, connector) if support is not None else []
         if run.transport == "socket" or egress:
             launch.socket_dirs = (socket_dir(folder, uid),)
@@ -366,13 +366,15 @@ def etc_files(folder: Path, uid: int | None, hosts: Mapping[str, str]) -> dict[s
     return out
 
 
-def _program_found(command: list[str], env: Mapping[str, str]) -> list[str]:
-    """`command` with its program made absolute through the connector's PATH, so the sandbox can bind its runtime."""
+def program_found(command: Sequence[str], path: str, fix: str = "install it, or declare it in [needs]",
+                  where: str = "its [run]") -> list[str]:
+    """`command` with its program made absolute through `path` (a PATH), so a sandbox can bind its runtime; a program
+    found nowhere refuses the start, naming `where` it is written and the `fix`."""
+    command = list(command)
     if command and "/" not in command[0]:
-        found = shutil.which(command[0], path=env.get("PATH"))
+        found = shutil.which(command[0], path=path)
         if found is None:  # nothing to run: the machine lacks it, which no retry changes
-            raise ConnectorNotSetUpError(f"the program {command[0]} of its [run] is not on its PATH "
-                                         f"({env.get('PATH', '')}); install it, or declare it in [needs]")
+            raise ConnectorNotSetUpError(f"the program {command[0]} of {where} is not on its PATH ({path}); {fix}")
         command = [found, *command[1:]]
     return command
 

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -34,7 +33,7 @@ from pathlib import Path
 from reconciler.connectors.cgroups import ConnectorCgroups, make_cgroups
 from reconciler.connectors.egress import EgressProxy
 from reconciler.connectors.errors import ConnectorNotSetUpError
-from reconciler.connectors.launching import SERVICE_CODE, etc_files, raw_forwards, socket_dir
+from reconciler.connectors.launching import SERVICE_CODE, etc_files, program_found, raw_forwards, socket_dir
 from reconciler.connectors.sandbox import (
     DEFAULT_LIMITS,
     BoxView,
@@ -45,7 +44,7 @@ from reconciler.connectors.sandbox import (
     sandbox_support,
     write_seccomp,
 )
-from reconciler.places import remove_tree
+from reconciler.places import open_private_file, remove_tree
 
 __all__ = ["INSIDE_RUN_DIR", "RunBox", "RunPlan", "box_run", "socket_ready"]
 
@@ -115,7 +114,8 @@ async def box_run(plan: RunPlan, base: Path) -> RunBox:
         env = {**confined_env({}, _HOME, tmp=_HOME, system_path=True), **plan.env,
                "HANDLER_RUN_DIR": str(INSIDE_RUN_DIR), "HANDLER_MCP_CONFIG": str(INSIDE_RUN_DIR / "mcp.json"),
                "PYTHONDONTWRITEBYTECODE": "1"}
-        command = _program_found(plan.command, env["PATH"])
+        command = program_found(plan.command, env["PATH"], "install it, or give its absolute path in the profile's "
+                                "[runner] command", "its runner")
         relay, hosts = await _egress(plan, box, uid)
         view = _view(plan, command, box, etc_files(folder, uid, hosts))
         box.cgroups = make_cgroups(f"run-{plan.run_id}", plan.limits.processes, plan.limits.memory_bytes)
@@ -165,18 +165,6 @@ def _view(plan: RunPlan, command: Sequence[str], box: RunBox, etc: dict[str, str
     return BoxView(shown, (str(plan.scope),), files)
 
 
-def _program_found(command: Sequence[str], path: str) -> list[str]:
-    """`command` with its program made absolute through the run's PATH, the service's Python's folder first, then
-    the system's (`python3` is the service's, as in a connector's command); the sandbox binds its folder."""
-    if "/" in command[0]:
-        return list(command)
-    found = shutil.which(command[0], path=path)
-    if found is None:
-        raise ConnectorNotSetUpError(f"its runner's program {command[0]} is not on its PATH ({path}): install it, "
-                                     "or give its absolute path in the profile's [runner] command")
-    return [found, *command[1:]]
-
-
 def _run_folder(base: Path, run_id: str) -> Path:
     """The run's private folder: under `base`, or a short one under /tmp when a socket path there would be too
     long for a unix socket."""
@@ -189,11 +177,11 @@ def _run_folder(base: Path, run_id: str) -> Path:
 
 def _write_private(path: Path, text: str, uid: int | None) -> None:
     """A 0600 file of the run's uid (it holds the run's secret)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = open_private_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)
     with os.fdopen(fd, "w") as out:
+        if uid is not None:
+            os.fchown(out.fileno(), uid, uid)
         out.write(text)
-    if uid is not None:
-        os.chown(path, uid, uid)
 
 
 def _own_scope(scope: Path, uid: int) -> None:

@@ -43,9 +43,11 @@ __all__ = [
     "NOTE_HEAD",
     "STDIO_PRINCIPAL",
     "Attach",
+    "Note",
     "attach_line",
     "is_stream_fd",
     "parse_attach",
+    "read_note",
     "refused_line",
     "session_line",
 ]
@@ -92,6 +94,25 @@ def parse_attach(data: bytes) -> Attach | None:
     if session is not None and not isinstance(session, str):
         return None
     return Attach(meta, session, RELAY in msg)
+
+
+class Note(NamedTuple):
+    """What a note of the router's to its bridge says: the session's record, or that the session is over."""
+
+    record: str | None
+    ended: bool
+
+
+def read_note(line: bytes) -> Note | None:
+    """The note `line` holds (`{"handler/session": ...}`, `{"handler/ended": true}`), or None if it holds none."""
+    try:
+        said = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(said, dict):
+        return None
+    record = said.get(SESSION)
+    return Note(record if isinstance(record, str) else None, said.get(ENDED) is True)
 
 
 def session_line(session: str) -> bytes:

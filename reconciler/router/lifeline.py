@@ -23,14 +23,14 @@ from typing import Any, Final
 
 import orjson
 
-from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, attach_line
+from reconciler.router.handoff import ACCEPTED, MAX_ATTACH_BYTES, attach_line, read_note
 from reconciler.router.openpage import clear_page, read_open
 from reconciler.wire.errors import INTERNAL_ERROR, JsonRpcError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.messages import encode_error
-from reconciler.wire.meta import ENDED, RETRY, RETRY_LATER, SESSION
+from reconciler.wire.meta import RETRY, RETRY_LATER
 
-__all__ = ["DEFAULT_WAIT_SECONDS", "Lifeline", "answer_restarted", "next_router", "read_line", "refusal",
+__all__ = ["DEFAULT_WAIT_SECONDS", "Lifeline", "answer_restarted", "call_id", "next_router", "read_line", "refusal",
            "request_id", "write_out"]
 
 DEFAULT_WAIT_SECONDS: Final = 120.0  # enough for an upgrade's restart, short enough not to leave a host hanging
@@ -83,18 +83,16 @@ class Lifeline:
 
     def _heard(self, line: bytes) -> bool:
         """Take in one line of the router's; True if it says the session is over."""
-        try:
-            said: Any = orjson.loads(line)
-        except orjson.JSONDecodeError:
+        note = read_note(line)
+        if note is None:
             return False
-        if not isinstance(said, dict):
-            return False
-        if isinstance(record := said.get(SESSION), str):
-            self.record = record
-        return said.get(ENDED) is True
+        self.record = note.record or self.record
+        return note.ended
 
     def _answer_open(self) -> None:
         """One error for each call the router left unanswered."""
+        with contextlib.suppress(OSError):  # the router wrote the agent's stdout non-blocking: the bridge blocks
+            os.set_blocking(1, True)
         open_calls = read_open(self.page)
         clear_page(self.page)  # the next router starts from no open call
         if open_calls is None:
@@ -174,21 +172,24 @@ def _waiting_requests() -> list[int | str]:
 
 
 def request_id(line: bytes) -> int | str | None:
+    """The id of the request `line` is, or None if it is none (a notification, a reply, not JSON)."""
     try:
         msg: Any = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
-    if isinstance(msg, dict) and "method" in msg and isinstance(call_id := msg.get("id"), int | str):
-        return call_id
-    return None
+    return call_id(msg.get("id")) if isinstance(msg, dict) and "method" in msg else None
+
+
+def call_id(value: object) -> int | str | None:
+    """`value` if it can be a JSON-RPC request's id (a string or a number that is no boolean), else None."""
+    return value if isinstance(value, int | str) and not isinstance(value, bool) else None
 
 
 def write_out(data: bytes) -> None:
-    """Bytes to the agent's stdout, whole (the router left it non-blocking: it is blocking again here)."""
+    """Bytes to the agent's stdout (blocking), whole."""
     if not data:
         return
     with contextlib.suppress(OSError):  # the agent has gone: nobody is left to tell
-        os.set_blocking(1, True)
         view = memoryview(data)
         while view:
             view = view[os.write(1, view):]

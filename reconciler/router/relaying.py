@@ -27,10 +27,17 @@ from typing import Any, Final
 
 import orjson
 
-from reconciler.router.handoff import ACCEPTED, INPUT_ENDED_LINE, NOTE_HEAD, attach_line
-from reconciler.router.lifeline import answer_restarted, next_router, read_line, refusal, request_id, write_out
+from reconciler.router.handoff import ACCEPTED, INPUT_ENDED_LINE, NOTE_HEAD, attach_line, read_note
+from reconciler.router.lifeline import (
+    answer_restarted,
+    call_id,
+    next_router,
+    read_line,
+    refusal,
+    request_id,
+    write_out,
+)
 from reconciler.wire.framing import LineFramer, Oversize
-from reconciler.wire.meta import ENDED, SESSION
 
 __all__ = ["Relay", "reply_id"]
 
@@ -64,6 +71,8 @@ class Relay:
 
     def follow(self, sock: socket.socket) -> int:
         """Relay through each router until the session is over; the bridge's exit status."""
+        with contextlib.suppress(OSError):  # written whole, waiting when the agent is behind (`write_out`)
+            os.set_blocking(1, True)
         while True:
             self._relay(sock)
             sock.close()
@@ -165,14 +174,9 @@ class Relay:
         return True
 
     def _heard(self, line: bytes) -> None:
-        try:
-            said: Any = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(said, dict):
-            if isinstance(record := said.get(SESSION), str):
-                self.record = record
-            self._ended = self._ended or said.get(ENDED) is True
+        if (note := read_note(line)) is not None:
+            self.record = note.record or self.record
+            self._ended = self._ended or note.ended
 
 
 def reply_id(line: bytes) -> int | str | None:
@@ -182,14 +186,12 @@ def reply_id(line: bytes) -> int | str | None:
         end = line.find(b',"', len(_REPLY_HEAD))  # a string id holds no bare quote: the first ," ends it
         if line.startswith((b',"result":', b',"error":'), end):
             with contextlib.suppress(orjson.JSONDecodeError):
-                found = orjson.loads(line[len(_REPLY_HEAD):end])
-                return found if isinstance(found, int | str) and not isinstance(found, bool) else None
+                return call_id(orjson.loads(line[len(_REPLY_HEAD):end]))
         return None
     try:
         msg: Any = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
     if isinstance(msg, dict) and "method" not in msg and ("result" in msg or "error" in msg):
-        found = msg.get("id")
-        return found if isinstance(found, int | str) and not isinstance(found, bool) else None
+        return call_id(msg.get("id"))
     return None
