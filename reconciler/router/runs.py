@@ -42,6 +42,7 @@ ERROR_CHARS = 300  # of a failed runner's last line on stderr, in the run's erro
 _KEPT_OUT_BYTES = 4 * RESULT_CHARS + 2
 _KEPT_ERR_BYTES = 64 * 1024
 ENDED = ("succeeded", "failed", "timed_out", "cancelled")
+KEPT_ENDED = 1000  # ended runs `handler agent list` and agent_status still know
 _PASSED = ("PATH", "LANG", "LC_ALL", "TZ", "HOME")
 
 
@@ -334,6 +335,18 @@ class AgentRuns:
             _kill_group(run.process)
         with contextlib.suppress(FileNotFoundError):  # unconfined runs' configuration
             (self.folder / f"{run.id}.mcp.json").unlink()
+        self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        """Keep at most `KEPT_ENDED` ended runs (each may hold a result of a megabyte), forgetting the oldest; a run
+        whose parent still runs is kept, since it counts in that parent's `maxPerParent`."""
+        ended = [r for r in self.runs.values() if r.status != "running"]
+        if len(ended) <= KEPT_ENDED:
+            return
+        running = {r.id for r in self.runs.values() if r.status == "running"}
+        forgettable = [r for r in ended if r.parent not in running]
+        for old in sorted(forgettable, key=lambda r: r.ended or 0.0)[:len(ended) - KEPT_ENDED]:
+            del self.runs[old.id]
 
 
 def _kill_group(process: asyncio.subprocess.Process) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.router.runs import KEPT_ENDED, AgentRuns, Run
 from reconciler.router.server import Router
 from tests.fixtures.agents_tree import processes_of, write_agents_tree
 from tests.fixtures.harness import RawClient, body, exchange
@@ -213,3 +214,19 @@ def test_a_runner_flooding_its_output_costs_the_router_only_the_tail(tmp_path: P
         assert peak < 24 << 20, f"the router held {peak >> 20} MiB while the run wrote 128 MiB"
 
     exchange(root, run_dir, script, profile="boss")
+
+
+def test_the_runs_kept_once_ended_are_bounded_and_a_running_parents_children_stay(tmp_path: Path) -> None:
+    """Each ended run may hold a megabyte of result: past `KEPT_ENDED` the oldest are forgotten, but never one whose
+    parent still runs (it counts in that parent's `maxPerParent`)."""
+    runs = AgentRuns(lambda: None, tmp_path, tmp_path / "run", tmp_path / "state")
+    parent = Run("run-parent", "boss", "", "member:bob", None)
+    runs.runs[parent.id] = parent
+    children = [Run(f"run-child-{i}", "worker", "", f"run:{parent.id}", parent.id) for i in range(3)]
+    others = [Run(f"run-{i}", "worker", "", "member:bob", None) for i in range(KEPT_ENDED + 5)]
+    for run in (*children, *others):
+        runs.runs[run.id] = run
+        runs._end(run, "succeeded", result="x" * 1000)
+    assert all(child.id in runs.runs for child in children)
+    assert [r.id for r in others if r.id not in runs.runs] == [r.id for r in others[:8]]  # the oldest, 3 + 5 over
+    assert sum(r.status != "running" for r in runs.runs.values()) == KEPT_ENDED
