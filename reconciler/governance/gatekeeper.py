@@ -1,8 +1,9 @@
 """The gate on the call path: admits each call, settles it after, answers `handler_status` and `handler_decide`.
 
-A call that nothing limits and nothing holds is admitted on its lane (`lanes`): decided once per
-snapshot, so the call costs a lookup. A call that a cap or the prepaid balance limits is admitted
-against this router's budget leases (`leasing.Leaser`): its price is reserved on them in memory, and
+A call that nothing holds is admitted on its lane (`lanes`): decided once per snapshot, so the call
+costs a lookup, and, where a cap or the prepaid balance limits it, the subtraction of its price from
+this router's budget leases while they cover it. Otherwise a call that a cap or the balance limits is
+admitted here against the leases (`leasing.Leaser`): its price is reserved on them in memory, and
 `decide_call` decides on the spend state they stand for; when they lack room, one store transaction
 takes more (or finds the cap reached, which the decision then names). The leases are counted in the
 spend rows, so no cap is overspent however many calls or routers race. Either way, an executed
@@ -50,7 +51,7 @@ from reconciler.governance.holds import (
     list_holds,
     new_request_id,
 )
-from reconciler.governance.lanes import Charges, Records, limits_spend
+from reconciler.governance.lanes import Charges, Records, covered, limits_spend
 from reconciler.governance.leases import Lease, Needs
 from reconciler.governance.leasing import Leaser
 from reconciler.governance.ledger import (
@@ -62,7 +63,7 @@ from reconciler.governance.ledger import (
     settlement_row,
 )
 from reconciler.governance.notices import Reach, add_notices, list_notices, pending_news, targets_for
-from reconciler.governance.rulebook import CapSet, ToolEntry, from_micros, to_micros
+from reconciler.governance.rulebook import ToolEntry, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store import Store, Transaction
 from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
@@ -161,7 +162,7 @@ class Gatekeeper:
         self._commit_lock = asyncio.Lock()
         self._commits: set[asyncio.Future[bool]] = set()
         # What the calls on the event loop's thread left to write.
-        self._records = Records(rulebooks, seen)
+        self._records = Records(rulebooks, seen, leaser.book)
         self._flushing: asyncio.Task[None] | None = None
         self._flush_due = False  # a flush is scheduled: it runs until the backlog and the lanes' records are empty
         self._open = 0  # calls admitted here off their lanes and not yet settled (`Records` counts the lanes')
@@ -255,7 +256,7 @@ class Gatekeeper:
             if len(self._plans) >= _PLANS_KEPT:  # instances and snapshots come and go
                 self._plans.clear()
             needs = self._leaser.needs(entry.caps, entry.profile, instance, month)
-            decision = decide_call(entry, instance, cost, _covered(entry.caps, cost))
+            decision = decide_call(entry, instance, cost, covered(entry.caps, cost))
             plan = self._plans[key] = _CoveredPlan(entry, needs, decision)
         return plan
 
@@ -512,11 +513,6 @@ class Gatekeeper:
 
 def _not_recorded(waiting: int, exc: StoreError) -> None:
     log.warning("could not record %d audit/spend rows yet, will retry: %s", waiting, exc)
-
-
-def _covered(caps: CapSet, cost: int) -> SpendState:
-    """The spend state of a call its leases cover: nothing spent, a balance of exactly its price."""
-    return SpendState(balance=cost) if caps.prepaid else _NO_SPEND
 
 
 def _decided_row(request_id: str, call: CallRequest, decision: Decision) -> AuditRow:

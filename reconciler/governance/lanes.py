@@ -10,6 +10,13 @@ charged is summed only for those not charged their price). `Records` keeps them 
 thread, so no lock is taken per call; the gate's flush takes them there (`take`) and hands them to
 the backlog, which the store's worker commits.
 
+A call that a cap or the prepaid balance limits has a lane too, a leased one, while this router's budget
+leases cover it (`leases.LeaseBook`): decided as a covered call (the guardrails read an untouched budget,
+`covered`), it costs the lookup plus the subtraction of its price from its leases (`LeaseBook.take`), and its
+settlement gives the leases back what it did not spend and tells the budget left. When they lack room the
+call takes the gatekeeper's leased path, which waits for the keeper (`leasing`); the caps' own spend is
+counted by the leases' syncs, the scopes no cap limits through the backlog, as for any lane.
+
 Such a call is decided by the revision alone, and no one can ask for it by its request id (neither
 the agent nor the call log is told one), so its record is the tally: the calls of one agent run, tool
 and outcome settled before the flush (every 50 ms) leave one audit row, `settled` or `released`, with
@@ -47,14 +54,16 @@ from reconciler.governance.charging import PricedCall, charge_call
 from reconciler.governance.decide import SpendState, decide_call
 from reconciler.governance.gate import Admission, CallRequest, Settlement
 from reconciler.governance.holds import new_request_id
+from reconciler.governance.leases import Lease, LeaseBook, Needs
 from reconciler.governance.ledger import current_month, scopes_for, settlement_row
 from reconciler.governance.rulebook import CapSet, Rulebook, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store.audit import AuditRow
 
-__all__ = ["Lane", "LaneTicket", "Records", "Tally", "limits_spend"]
+__all__ = ["Lane", "LaneTicket", "Records", "Tally", "covered", "limits_spend"]
 
 _NO_SPEND = SpendState()
+_NEEDS_KEPT = 10_000
 K = TypeVar("K")
 
 
@@ -73,6 +82,7 @@ class Lane:
     released: AuditRow
     caps: CapSet  # whose org the spend is counted for
     paid: Settlement  # what a call charged its price is told; one for all of them, read only
+    leased: bool = False  # a cap or the prepaid balance limits it: each call takes its price from the budget leases
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -82,6 +92,11 @@ class LaneTicket:
 
     lane: Lane
     records: Records
+
+    @property
+    def leased(self) -> bool:
+        """Whether its calls' prices are reserved on this router's budget leases."""
+        return self.lane.leased
 
     def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
         return self.records.settle(admission, self.lane, actual_cost, ok)
@@ -139,9 +154,15 @@ class Records:
     """The lanes of the latest snapshot seen, and the audit rows and charges recorded on the event loop's thread
     since the last `take`. Used from that thread only."""
 
-    def __init__(self, books: RulebookCache, seen: Callable[[Snapshot], None] | None = None) -> None:
-        """`seen` is told of each snapshot a call comes with that the last call did not."""
+    def __init__(self, books: RulebookCache, seen: Callable[[Snapshot], None] | None = None,
+                 leases: LeaseBook | None = None) -> None:
+        """`seen` is told of each snapshot a call comes with that the last call did not; `leases`, this router's
+        budget leases, lets a capped call take a lane while they cover it (none: capped calls take the gate's other
+        paths)."""
         self._books = books
+        self._leases = leases
+        self._needs: dict[tuple[Lane, str], Needs] = {}  # a leased lane's calls of an instance: what they count on
+        self._held: dict[Admission, tuple[Lease, ...]] = {}  # a leased lane's call running → the leases it took from
         self._on_snapshot = seen or _ignore
         # The snapshot of the last call: held until a call comes with another (the router holds the live one anyway),
         # since comparing it costs the call path less than calling a weak reference.
@@ -179,7 +200,7 @@ class Records:
         if snapshot is not self._snapshot:
             self._book = self._books.rulebook(snapshot)
             self._lanes, self._snapshot = self._book.lanes, snapshot
-            self._routes, self._off, self._tickets = {}, set(), {}
+            self._routes, self._off, self._tickets, self._needs = {}, set(), {}, {}
             self._on_snapshot(snapshot)
         ticket = self._routes.get(call.route)
         if ticket is None:
@@ -190,8 +211,33 @@ class Records:
                 return None
         lane = ticket.lane
         admission = Admission("executed", lane.reason, None, ticket, lane.trace)
+        if lane.leased:
+            held = self._take_leases(lane, call.instance)
+            if held is None:  # the leases lack room: the gate's leased path waits for the keeper
+                return None
+            self._held[admission] = held
         self._running[admission] = (call, time.time())
         return admission
+
+    def _take_leases(self, lane: Lane, instance: str) -> tuple[Lease, ...] | None:
+        """A leased lane's call's price reserved on the leases of its caps this month (`LeaseBook.take`)."""
+        assert self._leases is not None  # noqa: S101 - a leased lane is compiled only with leases
+        month = current_month()
+        needs = self._needs.get((lane, instance))
+        if needs is None or needs.month != month:
+            if len(self._needs) >= _NEEDS_KEPT:  # instances come and go
+                self._needs.clear()
+            needs = self._needs[(lane, instance)] = self._leases.needs(lane.caps, lane.profile, instance, month)
+        return self._leases.take(needs, lane.cost)
+
+    def _settle_leases(self, admission: Admission, lane: Lane, charged: int) -> Settlement:
+        """What a leased lane's call is told: charged `charged`, and the budget left once its leases are settled."""
+        held = self._held.pop(admission, None)
+        if held is None:  # settled already
+            return Settlement(from_micros(charged), None)
+        assert self._leases is not None  # noqa: S101 - held only with leases
+        left = self._leases.settle(held, lane.cost, charged)
+        return Settlement(lane.price if charged == lane.cost else from_micros(charged), from_micros(left))
 
     def _ticket(self, call: CallRequest) -> LaneTicket | None:
         """The ticket of a call's lane (None: the call takes the gate's other paths), its lane worked out once per
@@ -200,7 +246,7 @@ class Records:
         lane = self._lanes.get(key)
         if lane is None:
             assert self._book is not None  # noqa: S101 - set with `_snapshot`
-            lane = self._lanes[key] = _compile(self._book, call)
+            lane = self._lanes[key] = _compile(self._book, call, leased=self._leases is not None)
         if lane is _OFF:
             if call.route is not None:
                 self._off.add(call.route)
@@ -226,8 +272,10 @@ class Records:
                 paid.calls += 1
                 if found[1] < paid.first:  # noqa: PLR1730 - a comparison costs the call path less than min()
                     paid.first = found[1]
-            return lane.paid
+            return self._settle_leases(admission, lane, lane.cost) if lane.leased else lane.paid
         charged = self._settle_other(admission, lane, found, actual_cost, ok)
+        if lane.leased:
+            return self._settle_leases(admission, lane, charged)
         return lane.paid if charged == lane.cost else Settlement(from_micros(charged), None)
 
     def _settle_other(self, admission: Admission, lane: Lane, found: tuple[CallRequest, float] | None,
@@ -327,8 +375,15 @@ class Records:
         self._deciding_carried, self._deciding = ({}, {}) if everything else (self._deciding, {})
         self._tally, self._paid, self._leased = {}, {}, {}
         month = current_month()
-        return rows, [(scopes_for(lane.caps, lane.profile, instance), month, micros)
-                      for (instance, lane), micros in charged.items()]
+        return rows, [(scopes, month, micros) for (instance, lane), micros in charged.items()
+                      if (scopes := self._counted(lane, instance, month))]
+
+    def _counted(self, lane: Lane, instance: str, month: str) -> tuple[str, ...]:
+        """The spend scopes a lane's charges are added to through the backlog: every scope of a lane nothing limits;
+        of a leased lane, those no cap limits (what the leases' caps spend is counted by the leases' syncs)."""
+        if lane.leased and self._leases is not None:
+            return self._leases.needs(lane.caps, lane.profile, instance, month).counted
+        return scopes_for(lane.caps, lane.profile, instance)
 
     def __len__(self) -> int:
         return (len(self.rows) + len(self._charged) + len(self._deciding) + len(self._deciding_carried)
@@ -351,16 +406,24 @@ def _stamp(row: AuditRow) -> float:
     return row[0]
 
 
-def _compile(book: Rulebook, call: CallRequest) -> _Compiled:
-    """The lane of a call's profile, tool and price, or `_OFF` when a cap, prepaid balance, hold or block applies."""
+def _compile(book: Rulebook, call: CallRequest, *, leased: bool) -> _Compiled:
+    """The lane of a call's profile, tool and price, or `_OFF` when a hold or block applies. Where a cap or the
+    prepaid balance limits it, its lane is leased (with `leased`: else `_OFF`), decided as a call its leases cover
+    (`covered`: the guardrails read an untouched budget), which is what it is while they do."""
     entry = book.entry(call.profile, call.tool)
-    if entry is None or limits_spend(entry.caps):
+    limited = entry is not None and limits_spend(entry.caps)
+    if entry is None or (limited and not leased):
         return _OFF
     cost = to_micros(call.estimated_cost) or entry.price
-    decision = decide_call(entry, call.instance, cost, _NO_SPEND)
+    decision = decide_call(entry, call.instance, cost, covered(entry.caps, cost) if limited else _NO_SPEND)
     if decision.outcome is not Outcome.AUTO:  # a block or a hold is not decided on a lane
         return _OFF
     decided = orjson.dumps({"reason": decision.reason, "cost": decision.cost, "binding": call.binding}).decode()
     settled, released = settlement_row(None, "", "", True, cost, cost), settlement_row(None, "", "", False, cost, 0)
     return Lane(call.profile, call.tool, from_micros(cost), cost, decision.reason, decision.wire_trace, decided,
-                settled, released, entry.caps, Settlement(from_micros(cost), None))
+                settled, released, entry.caps, Settlement(from_micros(cost), None), limited)
+
+
+def covered(caps: CapSet, cost: int) -> SpendState:
+    """The spend state of a call its leases cover: nothing spent, a balance of exactly its price."""
+    return SpendState(balance=cost) if caps.prepaid else _NO_SPEND

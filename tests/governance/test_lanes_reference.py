@@ -1,7 +1,8 @@
 """The lanes (`governance/lanes.py`, the governance room's one module written for speed) against a plain version of
 the same rules: whatever calls come, in whatever order they settle and whatever takes fall between, the trail and
 the charges it leaves are those a call-by-call ledger would leave, and every decision it writes is named by the
-settlement of its call.
+settlement of its call. A capped profile's calls take a leased lane, whose leases must end charged with what the
+ledger owes and holding nothing reserved.
 
 The plain version charges each call on its own (what `charging.charge_call` says of a call: a success its report,
 never more than its price; a failure nothing, or what it may have cost) and counts it once, however often it is
@@ -19,12 +20,15 @@ from hypothesis import strategies as st
 
 from reconciler.governance.gate import Admission
 from reconciler.governance.lanes import Records
+from reconciler.governance.leases import Lease, LeaseBook, LeaseTerms
+from reconciler.governance.ledger import current_month
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store.audit import AuditRow
 from tests.governance.builders import OWNERS_ORG, fields, make_snapshot, priced_call
 
 FREE = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
+CAPPED = make_snapshot({"p": {"template": "permissive"}}, org={**OWNERS_ORG, "caps": {"monthly_usd": 1_000_000.0}})
 PRICE = to_micros(0.005)  # search_query's price in the builders' tree: what a lane call reserves
 REPORTS = {"none": None, "price": PRICE, "less": PRICE // 3, "more": PRICE * 2}
 
@@ -66,10 +70,24 @@ def counted(rows: list[AuditRow]) -> Counter[str]:
     return seen
 
 
+def leased_records() -> tuple[Records, Lease]:
+    """Lanes with a book holding one lease on the org's cap, with room for every call a test makes (as a sync of the
+    keeper leaves one: `leases.sync`)."""
+    book = LeaseBook("router-1", LeaseTerms())
+    cache = RulebookCache()
+    caps = cache.rulebook(CAPPED).entry("p", "search_query").caps  # type: ignore[union-attr]
+    (need,) = book.needs(caps, "p", "a", current_month()).leased
+    lease = Lease(need.cut, need.cap)
+    lease.granted = lease.issued = PRICE * 1000
+    book._leases[need.cut] = lease  # what a sync would have granted and issued
+    return Records(cache, leases=book), lease
+
+
 @settings(max_examples=200, deadline=None)
-@given(steps)
-def test_the_lanes_leave_the_trail_and_charges_of_a_call_by_call_ledger(calls: list[Step]) -> None:
-    records = Records(RulebookCache())
+@given(steps, st.booleans())
+def test_the_lanes_leave_the_trail_and_charges_of_a_call_by_call_ledger(calls: list[Step], capped: bool) -> None:
+    records, lease = leased_records() if capped else (Records(RulebookCache()), None)
+    snapshot = CAPPED if capped else FREE
     rows: list[AuditRow] = []
     charged: Counter[str] = Counter()
     running: list[tuple[Admission, Step]] = []
@@ -95,8 +113,9 @@ def test_the_lanes_leave_the_trail_and_charges_of_a_call_by_call_ledger(calls: l
         expected["violation"] += violation
 
     for step in calls:
-        admission = records.admit(FREE, priced_call(step.instance))
+        admission = records.admit(snapshot, priced_call(step.instance))
         assert admission is not None
+        assert getattr(admission.ticket, "leased", None) is capped
         running.append((admission, step))
         for _ in range(step.takes):
             take()
@@ -112,10 +131,12 @@ def test_the_lanes_leave_the_trail_and_charges_of_a_call_by_call_ledger(calls: l
     named = [row["request_id"] for row in trail
              if row["event"] in ("settled", "released") and row["request_id"] is not None]
     assert sorted(named) == sorted(decided), "each decision written is named by one settlement, and only those"
-    assert +charged == +owed
+    assert +charged == +owed  # the instances' rows: counted through the backlog, capped or not
     assert records.violations == expected["violation"]
     assert len(records) == 0
     assert records.running == 0
+    if lease is not None:  # the org's cap: spent from its lease, every reservation given back
+        assert (lease.charged, lease.reserved) == (sum(owed.values()), 0)
 
 
 @settings(max_examples=50, deadline=None)

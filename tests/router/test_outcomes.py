@@ -7,6 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reconciler.governance.gate import Settlement
+from reconciler.router.outcomes import executed_result, priced_note
 from tests.fixtures.harness import RawClient, run, serving
 
 
@@ -37,3 +43,14 @@ def test_each_failure_says_whether_calling_again_can_help(echo_root: Path, run_d
             await c.close()
 
     run(scenario())
+
+
+@settings(max_examples=300, deadline=None)
+@given(charged=st.floats(min_value=0, max_value=1e7, allow_nan=False),
+       remaining=st.floats(min_value=0, max_value=1e9, allow_nan=False))
+def test_a_capped_calls_note_reads_as_the_plain_one(charged: float, remaining: float) -> None:
+    """The note a capped call's result carries is built from a head kept per price (for speed): it must be, byte for
+    byte, the plain note JSON-encoded."""
+    expected = orjson.dumps(priced_note(Settlement(charged, remaining)))
+    assert executed_result({"text": "x"}, Settlement(charged, remaining)).note == expected
+    assert executed_result({"text": "x"}, Settlement(charged, remaining)).note == expected  # the head, reused
