@@ -37,7 +37,7 @@ from reconciler.config.models import BindingFile, InterfaceFile, OrgFile, Profil
 from reconciler.config.snapshot import BUILTIN_TEMPLATES, Binding, InterfaceVersion, Profile, Selection, Snapshot
 from reconciler.governance.decide import SpendState, decide_call
 from reconciler.governance.gate import CallRequest, Gate, OpenGate
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.rulebook import compile_rulebook, to_micros
 from reconciler.governance.store import open_store
 from reconciler.router.server import Router
@@ -219,7 +219,7 @@ def bench_pipeline(snapshot: Snapshot, calls: int, pg: str | None) -> None:
     concurrency = 32
     rates = {"governance off (OpenGate)": asyncio.run(_pipeline(OpenGate(), snapshot, calls, concurrency))}
     with tempfile.TemporaryDirectory() as tmp:
-        governor = Governor(open_store(f"sqlite:///{Path(tmp) / 'handler.db'}"))
+        governor = GovernedGate(open_store(f"sqlite:///{Path(tmp) / 'handler.db'}"))
         rates["governance on, SQLite (WAL)"] = asyncio.run(_pipeline(governor, snapshot, calls, concurrency))
         governor.close()
     if pg:
@@ -232,7 +232,7 @@ def bench_pipeline(snapshot: Snapshot, calls: int, pg: str | None) -> None:
         else:
             try:
                 url = pg.replace("postgresql://", "postgresql+psycopg://", 1) + f"?options=-csearch_path%3D{schema}"
-                governor = Governor(open_store(url))
+                governor = GovernedGate(open_store(url))
                 rates["governance on, PostgreSQL"] = asyncio.run(_pipeline(governor, snapshot, calls, concurrency))
                 governor.close()
             finally:
@@ -247,7 +247,7 @@ def bench_pipeline(snapshot: Snapshot, calls: int, pg: str | None) -> None:
 async def _router_rate(root: Path, run_dir: Path, gate: Gate, calls: int, sessions: int) -> float:
     router = Router(Loader().load(FolderSource(root)), root=root, run_dir=run_dir, gate=gate, call_log=False)
     await router.start()
-    if isinstance(gate, Governor):
+    if isinstance(gate, GovernedGate):
         await gate.start(router.execute_held)
     line = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                          "params": {"name": "echo_say", "arguments": {"text": "hello"}}}) + b"\n"
@@ -267,7 +267,7 @@ async def _router_rate(root: Path, run_dir: Path, gate: Gate, calls: int, sessio
         await asyncio.gather(*(session(calls // sessions) for _ in range(sessions)))
         return (calls // sessions * sessions) / (time.perf_counter() - started)
     finally:
-        if isinstance(gate, Governor):
+        if isinstance(gate, GovernedGate):
             await gate.aclose()
         await router.aclose()
 
@@ -288,7 +288,7 @@ def bench_router(calls: int, pg: str | None) -> None:
                 profile.write_text(profile.read_text() + "\n[caps]\nmonthly_usd = 1000.0\n")
             gates: list[tuple[str, Callable[[], Gate]]] = [
                 ("off (OpenGate)", OpenGate),
-                ("on, SQLite", lambda: Governor(open_store(f"sqlite:///{Path(tmp) / 'h.db'}"))),
+                ("on, SQLite", lambda: GovernedGate(open_store(f"sqlite:///{Path(tmp) / 'h.db'}"))),
             ]
             schema = None
             if pg:
@@ -296,7 +296,7 @@ def bench_router(calls: int, pg: str | None) -> None:
                 with psycopg.connect(pg, autocommit=True) as conn:
                     conn.execute(f"CREATE SCHEMA {schema}")
                 url = pg.replace("postgresql://", "postgresql+psycopg://", 1) + f"?options=-csearch_path%3D{schema}"
-                gates.append(("on, PostgreSQL", lambda u=url: Governor(open_store(u))))  # type: ignore[misc]
+                gates.append(("on, PostgreSQL", lambda u=url: GovernedGate(open_store(u))))  # type: ignore[misc]
             try:
                 for name, make in gates:
                     if capped and name.startswith("off"):

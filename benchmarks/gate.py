@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: another checkout can be measured
 from reconciler.config.snapshot import Snapshot
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.store import open_store
 from tests.governance.builders import OWNERS_ORG, make_snapshot, priced_call
 
@@ -33,7 +33,7 @@ def snapshot(capped: bool) -> Snapshot:
     return make_snapshot({"p": {"template": "permissive"}}, org=org)
 
 
-async def calls(governor: Governor, snap: Snapshot, count: int) -> float:
+async def calls(governor: GovernedGate, snap: Snapshot, count: int) -> float:
     """µs of this process's CPU per call, admitted and settled at its price."""
     call = priced_call()
     started = time.process_time()
@@ -47,7 +47,7 @@ async def calls(governor: Governor, snap: Snapshot, count: int) -> float:
 
 async def measure(count: int, rounds: int, profile: cProfile.Profile | None) -> dict[str, list[float]]:
     store = open_store(f"sqlite:///{tempfile.mkdtemp(prefix='hb')}/gate.db")
-    governor = Governor(store, owns_store=True)
+    governor = GovernedGate(store, owns_store=True)
     lines = {"uncapped": snapshot(False), "capped": snapshot(True)}
     out: dict[str, list[float]] = {name: [] for name in lines}
     try:

@@ -33,7 +33,7 @@ from trees import generate_tree  # noqa: E402
 
 from reconciler.app import UpOptions, run_up  # noqa: E402
 from reconciler.config import FolderSource, Loader  # noqa: E402
-from reconciler.gitops.reconciling import Reconciler  # noqa: E402
+from reconciler.gitops.reconciling import ReconcileLoop  # noqa: E402
 from reconciler.gitops.webhook import sign_body  # noqa: E402
 from reconciler.router.server import Router  # noqa: E402
 from reconciler.web.http import HttpListener  # noqa: E402
@@ -76,7 +76,7 @@ async def _measure(options: UpOptions, change: Callable[[int], object], repeat: 
     ready = asyncio.Event()
     parts: list[object] = []
 
-    def on_ready(router: Router, reconciler: Reconciler, listener: HttpListener) -> None:
+    def on_ready(router: Router, reconciler: ReconcileLoop, listener: HttpListener) -> None:
         parts.extend([router, listener])
         ready.set()
 
@@ -165,7 +165,7 @@ def _print_reload(profiles: int) -> None:
             live.append(snapshot)
             return len(live)
 
-        reconciler = Reconciler(FolderSource(root), swap, label="bench")
+        reconciler = ReconcileLoop(FolderSource(root), swap, label="bench")
         cold_start = time.perf_counter()
         asyncio.run(reconciler.reconcile("start"))
         cold = time.perf_counter() - cold_start

@@ -1,7 +1,7 @@
 """The router's cost per call, governed as shipped, side by side in one run (docs/architecture.md §10).
 Prints figures with their goals; asserts none.
 
-Every router here is `handler serve`, governed as it ships (the Governor on its store: SQLite in its
+Every router here is `handler serve`, governed as it ships (the GovernedGate on its store: SQLite in its
 state folder, or PostgreSQL), except the open-gate router, which differs only in its gate (every call
 admitted at once): the comparison that tells what governance costs.
 

@@ -2,7 +2,7 @@
 FastMCP's own HTTP proxy of the same connector, in one run (docs/router.md "MCP over HTTP"). Prints figures with
 their goals; asserts none.
 
-The router is `handler serve --http`, governed as it ships (the Governor on SQLite in its state folder), on the
+The router is `handler serve --http`, governed as it ships (the GovernedGate on SQLite in its state folder), on the
 echo tree; its HTTP clients carry a token of the profile. Lines of the official SDK client (initialize era,
 checking each result against the outputSchema), interleaved in 8 rounds:
   (a) the SDK client -> the echo connector directly (stdio);

@@ -26,11 +26,11 @@ from reconciler.config import ConfigError, HandlerError, Snapshot
 from reconciler.config.eventloop import run_on_uvloop
 from reconciler.config.models import HttpAuth
 from reconciler.gitops.following import Follower, FollowReports
-from reconciler.gitops.reconciling import Reconciler
+from reconciler.gitops.reconciling import ReconcileLoop
 from reconciler.gitops.status import Attempt
 from reconciler.governance.credentials import Credentials, Principal
 from reconciler.governance.gate import Gate
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.notices import Reach
 from reconciler.liveness import CONTROL_NAME, ControlServer, ServiceLock
 from reconciler.places import PrivatePlaceError, default_run_dir, default_state_dir, ensure_private_dir
@@ -118,7 +118,7 @@ class Service:
     """The router on the newest good revision of a config tree, and what the options start around it.
 
     `async with Service(options) as service:` starts everything (or raises `NotServableError`) and
-    closes it on the way out: the listener and tasks first, then the channels, the governor (holds
+    closes it on the way out: the listener and tasks first, then the channels, the governed gate (holds
     running now finish through the router) and the router last. `first`, when given, is a checked
     snapshot to start on instead of reading the source.
     """
@@ -132,7 +132,7 @@ class Service:
         self.run_dir = options.run_dir or default_run_dir()
         # Governance runs unless the caller brings its own gate: the store is SQLite in the state folder,
         # or PostgreSQL when HANDLER_STORE_URL names one (migrated at start, under a lock).
-        self._governor = Governor.from_env(root, state_dir=self.state_dir) if gate is None else None
+        self._governor = GovernedGate.from_env(root, state_dir=self.state_dir) if gate is None else None
         self._gate = self._governor or gate
         # Who calls the agents' HTTP routes: the store's tokens, and the live org's [http.auth] issuer.
         self.credentials = Credentials(self._governor.store if self._governor is not None else None, self._http_auth,
@@ -186,7 +186,7 @@ class Service:
         return self._router
 
     @property
-    def reconciler(self) -> Reconciler:
+    def reconciler(self) -> ReconcileLoop:
         return self.follower.reconciler
 
     async def __aenter__(self) -> Service:
@@ -465,7 +465,7 @@ def up(options: ServiceOptions, *, gate: Gate | None = None, reports: Reports | 
 
 
 async def run_up(options: ServiceOptions, *, gate: Gate | None = None,
-                 on_ready: Callable[[Router, Reconciler, HttpListener | None], None] | None = None,
+                 on_ready: Callable[[Router, ReconcileLoop, HttpListener | None], None] | None = None,
                  stop: asyncio.Event | None = None) -> int:
     """`handler up` in the running loop, handing the router, reconciler and listener to `on_ready`."""
     ready = (lambda s: on_ready(s.router, s.reconciler, s.listener)) if on_ready is not None else _ignore

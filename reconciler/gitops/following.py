@@ -1,6 +1,6 @@
 """Following a source: when to reconcile, and what to serve when the source's head cannot be.
 
-A `Follower` keeps one `Reconciler` on the newest good revision of its source. A work tree is
+A `Follower` keeps one `ReconcileLoop` on the newest good revision of its source. A work tree is
 watched (`watching`): each save reconciles. A git source is a mirror (`fetching`) fetched every
 `interval` seconds, or at once when the push webhook calls `push()`; the applied revision's files
 are exported to the follower's `tree_root`, where connectors run from their folder. At start, a
@@ -24,7 +24,7 @@ from pathlib import Path
 from reconciler.config import FolderSource, GitSource, HandlerError, Loader, Snapshot
 from reconciler.gitops.fetching import GitMirror
 from reconciler.gitops.proposals import MirrorProposer, Proposer, WorkTreeProposer
-from reconciler.gitops.reconciling import Reconciler, SwapFn
+from reconciler.gitops.reconciling import ReconcileLoop, SwapFn
 from reconciler.gitops.status import Attempt, read_status
 from reconciler.gitops.watching import watch_tree
 
@@ -49,9 +49,9 @@ class FollowReports:
 
 
 class Follower:
-    """Keeps a `Reconciler` on its source: watched (a work tree) or fetched (git) until stopped."""
+    """Keeps a `ReconcileLoop` on its source: watched (a work tree) or fetched (git) until stopped."""
 
-    def __init__(self, reconciler: Reconciler, *, tree_root: Path, mirror: GitMirror | None = None,
+    def __init__(self, reconciler: ReconcileLoop, *, tree_root: Path, mirror: GitMirror | None = None,
                  interval: float = 30.0, reports: FollowReports | None = None) -> None:
         self.reconciler = reconciler
         self.tree_root = tree_root  # where relative paths of the tree (scopes, connector folders) resolve
@@ -65,8 +65,8 @@ class Follower:
     def worktree(cls, root: Path, swap: SwapFn, *, status_file: Path,
                  reports: FollowReports | None = None) -> Follower:
         """Follow the config folders under `root` as they are saved."""
-        reconciler = Reconciler(FolderSource(root), swap, label=f"worktree {root.resolve()}", status_file=status_file)
-        return cls(reconciler, tree_root=root, reports=reports)
+        loop = ReconcileLoop(FolderSource(root), swap, label=f"worktree {root.resolve()}", status_file=status_file)
+        return cls(loop, tree_root=root, reports=reports)
 
     @classmethod
     def git(cls, remote: str, ref: str, swap: SwapFn, *, state_dir: Path, interval: float,
@@ -88,7 +88,7 @@ class Follower:
                     await asyncio.shield(asyncio.to_thread(mirror.export, live.revision, tree_root))
                 raise
 
-        reconciler = Reconciler(mirror, export_and_swap, label=f"git {remote}@{ref}",
+        reconciler = ReconcileLoop(mirror, export_and_swap, label=f"git {remote}@{ref}",
                                 status_file=state_dir / "status.json", frozen=True)
         return cls(reconciler, tree_root=tree_root, mirror=mirror, interval=interval, reports=reports)
 

@@ -1,6 +1,6 @@
 """The reconcile loop: load a revision → check it → guard → plan against the live one → swap → record.
 
-`Reconciler.reconcile()` is called by whatever notices a possible change (the work-tree watcher, the
+`ReconcileLoop.reconcile()` is called by whatever notices a possible change (the work-tree watcher, the
 git poller, the push webhook). An invalid or refused revision is never applied: the last good
 snapshot keeps serving and the status names the failing revision and its findings. Loading and
 checking run in a worker thread, so the router keeps answering while a large tree is read.
@@ -21,7 +21,7 @@ from reconciler.config.findings import Finding
 from reconciler.gitops.fetching import GitMirror
 from reconciler.gitops.status import Applied, Attempt, Status, write_status
 
-__all__ = ["Reconciler", "SwapFn", "guard_emptying"]
+__all__ = ["ReconcileLoop", "SwapFn", "guard_emptying"]
 
 log = logging.getLogger("handler.reconciler")
 
@@ -59,7 +59,7 @@ def guard_emptying(live: Snapshot | None, new: Snapshot) -> str | None:
     return None
 
 
-class Reconciler:
+class ReconcileLoop:
     """Keeps the router on the newest good revision of one source."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """Owners told, once per cause, of a binding that cannot start until a person sets it up (docs/router.md "Retrying").
 
 A call whose binding cannot start (a secret its reference does not find, a program that is not installed) is
-`unavailable` with `handler/retry = never`, and the router reports it here (`Governor.report_unready`).
+`unavailable` with `handler/retry = never`, and the router reports it here (`GovernedGate.report_unready`).
 `record_alert` keeps one row per binding and cause, and only the transaction that adds it queues the notices to
 the org's owners (an email to each, and the Slack channel of the org's owners' routing when there is one), so
 however many calls fail, on however many routers, they are told once. The dashboard and `handler status` list

@@ -6,7 +6,7 @@ is charged the reservation and the excess is recorded as a pricing violation —
 `pricing_violation` naming the binding, tool, reported and reserved amounts, and a warning in the
 log — so a connector can never spend past a cap that admission checked. A tool with no price
 reserves nothing and so is charged nothing, whatever its connector says (and that is a violation
-too when it says more than zero). Called by the gatekeeper (calls admitted at once) and by the
+too when it says more than zero). Called by `admissions` (calls admitted at once) and by the
 ledger (approved holds).
 """
 

@@ -2,7 +2,7 @@
 
 The router asks a `Gate` to admit every call before dispatch and to settle it after; it serves the
 built-in `handler_status` and `handler_decide` tools by asking the gate too. `OpenGate` admits
-everything and is what runs when no store is configured; the governance room's `Governor` is the
+everything and is what runs when no store is configured; the governance room's `GovernedGate` is the
 real gate (decision, holds, spend).
 """
 
@@ -43,7 +43,7 @@ class CallRequest:
 
 class Ticket(Protocol):
     """An executed call's charge as the gate that admitted it keeps it, one kind per way of admitting (governance:
-    `lanes.LaneTicket` for a call nothing limits, the gatekeeper's leased and reserved tickets for a capped one).
+    `lanes.LaneTicket` for a call nothing limits, `admissions`' leased and reserved tickets for a capped one).
     Settling it records what the call cost, and says what it was charged (docs/architecture.md §7)."""
 
     def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement: ...

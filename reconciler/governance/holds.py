@@ -4,7 +4,7 @@ A hold never expires. Each transition is one conditional UPDATE in the store (`s
 when two routers, or a router and the CLI, race on the same hold exactly one wins: a hold is
 decided once and an approved hold is claimed — and run — exactly once. Every transition writes
 an audit row in the same transaction. Who may decide a hold is answered here too (`may_decide`
-for people, `caller_refusal` over MCP). Called by the governor, `handler approvals` and the dashboard.
+for people, `caller_refusal` over MCP). Called by the governed gate, `handler approvals` and the dashboard.
 """
 
 from __future__ import annotations

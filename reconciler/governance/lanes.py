@@ -14,7 +14,7 @@ A call that a cap or the prepaid balance limits has a lane too, a leased one, wh
 leases cover it (`leases.LeaseBook`): decided as a covered call (the guardrails read an untouched budget,
 `covered`), it costs the lookup plus the subtraction of its price from its leases (`LeaseBook.take`), and its
 settlement gives the leases back what it did not spend and tells the budget left. When they lack room the
-call takes the gatekeeper's leased path, which waits for the keeper (`leasing`); the caps' own spend is
+call takes the admissions' leased path, which waits for the keeper (`leasekeeper`); the caps' own spend is
 counted by the leases' syncs, the scopes no cap limits through the backlog, as for any lane.
 
 Such a call is decided by the revision alone, and no one can ask for it by its request id (neither
@@ -28,7 +28,7 @@ about to end); one still running then has its `decided` row written, with a requ
 and its own settlement row naming it when it ends. So a call's decision is in the store within two
 flushes, and an explicit flush or the last one writes the decision of every call still running. A
 call that reports more than its price is charged its price and recorded as a pricing violation, as
-on every path (`charging`). A call admitted against budget leases (`leasing`) is executed without a
+on every path (`charging`). A call admitted against budget leases (`leasekeeper`) is executed without a
 request id anyone is told, too: settled within two flushes, it is counted with the calls of its run,
 tool, decision (its `decided` detail) and outcome; else `decided`, then `settled`.
 

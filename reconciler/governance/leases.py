@@ -17,7 +17,7 @@ never under-counts.
 
 This module holds one router's book of leases — its arithmetic under one lock, since admissions run on
 the event loop and store work on worker threads — and the transaction that brings the book and the
-store in line (`sync`). `leasing.Leaser` drives both. The rows are the store's (`store.leases`).
+store in line (`sync`). `leasekeeper.LeaseKeeper` drives both. The rows are the store's (`store.leases`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from reconciler.cli.llm import EXIT_CODES
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.ledger import spend_report
 from reconciler.governance.store import open_store
 from tests.fixtures.harness import RawClient, body, serving, shipped_tree, short_dir
@@ -135,7 +135,7 @@ def test_llm_v2_tool_round_trip_through_the_governed_router(tree: Path, monkeypa
         vendor.replies += SCRIPTS[endpoint]
 
         async def scenario() -> list[dict[str, Any]]:
-            governor = Governor(store, owns_store=False)
+            governor = GovernedGate(store, owns_store=False)
             try:
                 async with serving(tree, run_dir, gate=governor) as router:
                     client = await RawClient.connect(router.socket_path("assistant"))

@@ -10,7 +10,7 @@ import pytest
 
 from reconciler.config import SourceError
 from reconciler.gitops.fetching import GitMirror
-from reconciler.gitops.reconciling import Reconciler
+from reconciler.gitops.reconciling import ReconcileLoop
 from tests.gitops.swaps import Swaps
 
 
@@ -20,7 +20,7 @@ def test_pushed_commits_are_applied_and_broken_ones_are_not(
     bare, clone = remote
     mirror = GitMirror(str(bare), "main", tmp_path / "state/mirror")
     swaps = Swaps()
-    reconciler = Reconciler(mirror, swaps, label=f"git {bare}@main")
+    reconciler = ReconcileLoop(mirror, swaps, label=f"git {bare}@main")
     first = asyncio.run(reconciler.reconcile("start"))
     assert first.result == "applied"
     assert first.revision == git(clone, "rev-parse", "HEAD")

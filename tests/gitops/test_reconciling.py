@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from reconciler.config import FolderSource
-from reconciler.gitops.reconciling import Reconciler
+from reconciler.gitops.reconciling import ReconcileLoop
 from reconciler.gitops.status import read_status
 from tests.gitops.swaps import Swaps
 
 
-def _reconciler(root: Path) -> tuple[Reconciler, Swaps]:
+def _reconciler(root: Path) -> tuple[ReconcileLoop, Swaps]:
     swaps = Swaps()
-    return Reconciler(
+    return ReconcileLoop(
         FolderSource(root), swaps, label=f"worktree {root}", status_file=root / ".handler/status.json"
     ), swaps
 
@@ -164,7 +164,7 @@ def test_a_failure_each_poll_meets_again_is_logged_once(shipped_tree: Path, capl
 
     for swap, said in ((refusing, "not applied: profile p's socket path"), (failing, "the router failed to apply")):
         caplog.clear()
-        reconciler = Reconciler(FolderSource(shipped_tree), swap, label="t")
+        reconciler = ReconcileLoop(FolderSource(shipped_tree), swap, label="t")
         assert asyncio.run(reconciler.reconcile("poll")).result == "error"
         first = [r.getMessage() for r in caplog.records]
         assert any(said in line for line in first), first

@@ -11,7 +11,7 @@ from reconciler.config import FolderSource, Loader
 from reconciler.config.models import BindingFile, InterfaceFile, OrgFile, ProfileFile, TemplateFile, Tool
 from reconciler.config.snapshot import BUILTIN_TEMPLATES, Binding, InterfaceVersion, Profile, Selection, Snapshot
 from reconciler.governance.gate import CallRequest
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.store import open_store, store_url
 from reconciler.governance.store.audit import AUDIT_COLUMNS, AuditRow
 
@@ -95,7 +95,7 @@ def priced_call(instance: str = "i1", profile: str = "p", tool: str = "search_qu
 def hold_calls(tree: Path, count: int) -> list[str]:
     """`count` held web searches of the auditor (Restrictive: each waits for a person), oldest first."""
     snapshot = Loader().load(FolderSource(tree))
-    governor = Governor(open_store(store_url(tree)))
+    governor = GovernedGate(open_store(store_url(tree)))
     held = []
     for n in range(count):
         call = priced_call(f"run-{n}", profile="auditor", tool="web_search_query", query=f"q{n}")

@@ -1,4 +1,4 @@
-"""What the governor tests share: an executor that records, a deadline wait, the callers, a run helper."""
+"""What the governed gate's tests share: an executor that records, a deadline wait, the callers, a run helper."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from reconciler.governance.gate import CallRequest, CallResult
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.store import Store
 from tests.governance.builders import priced_call
 
@@ -58,10 +58,10 @@ PARENT = dataclasses.replace(priced_call("parent-1", profile="p"), proven=True)
 STRANGER = priced_call("someone-else", profile="p")
 
 
-def run(scenario: Callable[[Governor], Awaitable[None]], store: Store) -> None:
+def run(scenario: Callable[[GovernedGate], Awaitable[None]], store: Store) -> None:
     """Run `scenario` with a governor on `store` (polling fast), closed after."""
     async def main() -> None:
-        governor = Governor(store, owns_store=False, poll_seconds=0.05)
+        governor = GovernedGate(store, owns_store=False, poll_seconds=0.05)
         try:
             await scenario(governor)
         finally:

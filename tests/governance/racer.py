@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from reconciler.governance.gate import CallRequest, CallResult
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.leases import LeaseTerms
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import open_store
@@ -32,7 +32,7 @@ from tests.governance.builders import cap_snapshot, priced_call
 
 
 async def admit(url: str, n: int) -> None:
-    governor = Governor(open_store(url))
+    governor = GovernedGate(open_store(url))
     snapshot = cap_snapshot()
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -47,7 +47,7 @@ async def admit(url: str, n: int) -> None:
 
 
 async def churn(url: str, n: int, seed: int) -> None:
-    governor = Governor(open_store(url))
+    governor = GovernedGate(open_store(url))
     snapshot = cap_snapshot()
     rng = random.Random(seed)  # noqa: S311 - a test's mix of outcomes, not a secret
     outcomes = [rng.choice([(True, 0.005), (True, 0.0025), (False, 0.0)]) for _ in range(n)]
@@ -75,7 +75,7 @@ async def churn(url: str, n: int, seed: int) -> None:
 
 async def lease(url: str, router: str, ttl: float) -> None:
     terms = LeaseTerms(lease_seconds=10.0, idle_seconds=3600.0, ttl_seconds=ttl)
-    governor = Governor(open_store(url), router_id=router, leases=terms)
+    governor = GovernedGate(open_store(url), router_id=router, leases=terms)
     snapshot = cap_snapshot()
     charged = 0
     for _ in range(20):
@@ -89,7 +89,7 @@ async def lease(url: str, router: str, ttl: float) -> None:
 
 
 async def run(url: str, path: str) -> None:
-    governor = Governor(open_store(url), poll_seconds=0.05)
+    governor = GovernedGate(open_store(url), poll_seconds=0.05)
     governor.use_snapshot(cap_snapshot())
 
     async def executor(call: CallRequest) -> CallResult:

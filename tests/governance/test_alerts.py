@@ -8,7 +8,7 @@ import threading
 
 from reconciler.config.models import OrgFile
 from reconciler.governance.alerts import alert_id, list_alerts, record_alert
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.notices import Reach, list_notices
 from reconciler.governance.store import Store
 from tests.governance.builders import make_snapshot
@@ -64,7 +64,7 @@ def test_the_governor_records_a_burst_of_failed_calls_on_one_alert_and_wakes_the
     woken: list[int] = []
 
     async def burst() -> None:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         governor.on_hold = lambda: woken.append(1)
         try:
             for _ in range(25):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.holds import get_hold
 from reconciler.governance.store import Store
 from reconciler.router.runs import Run
@@ -82,7 +82,7 @@ def test_the_parent_run_decides_its_childs_hold_and_nobody_else(tmp_path: Path, 
     root = write_agents_tree(tmp_path / "tree", worker_template="balanced", worker_routing=ROUTED)
 
     async def scenario() -> None:
-        governor = Governor(sqlite_store, owns_store=False)
+        governor = GovernedGate(sqlite_store, owns_store=False)
         try:
             async with serving(root, run_dir, gate=governor) as router:
                 await governor.start(router.execute_held)
@@ -108,7 +108,7 @@ async def _approvals(verb: str, request_id: str, member: str, root: Path, store_
 @contextlib.asynccontextmanager
 async def _bobs_held_run(root: Path, store: Store, run_dir: Path) -> AsyncIterator[tuple[Router, Run, str]]:
     """The worker's run started by bob, its write held for him (caller routing): the router, the run, the hold."""
-    governor = Governor(store, owns_store=False)
+    governor = GovernedGate(store, owns_store=False)
     try:
         async with serving(root, run_dir, gate=governor) as router:
             await governor.start(router.execute_held)

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.errors import StoreError
 from reconciler.governance.gate import Admission
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.ledger import current_month, reconcile_reservations, spend_report
 from reconciler.governance.rulebook import from_micros, to_micros
 from reconciler.governance.store import Store, open_store
@@ -51,7 +51,7 @@ def violations(store: Store) -> list[dict[str, Any]]:
     return [r for r in read_audit(store, limit=1000) if r["event"] == "pricing_violation"]
 
 
-async def call_once(governor: Governor, snapshot: Snapshot, i: int, reported: float) -> tuple[Admission, float]:
+async def call_once(governor: GovernedGate, snapshot: Snapshot, i: int, reported: float) -> tuple[Admission, float]:
     """Admit one search, let it run a moment, settle it at `reported`; (admission, what the reply says it cost)."""
     admission = await governor.admit(snapshot, priced_call(f"i{i % 9}"))
     if admission.status != "executed":
@@ -62,7 +62,7 @@ async def call_once(governor: Governor, snapshot: Snapshot, i: int, reported: fl
 
 def test_200_calls_reporting_100_times_their_price_never_pass_a_50_cent_cap(store: Store) -> None:
     async def race() -> list[tuple[Admission, float]]:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         try:
             return await asyncio.gather(*(call_once(governor, capped(0.50), i, PRICE * 100) for i in range(200)))
         finally:
@@ -86,7 +86,7 @@ def test_two_routers_on_one_store_never_pass_the_cap_together(store_url: str) ->
     stores = [open_store(store_url), open_store(store_url)]
 
     async def race() -> list[tuple[Admission, float]]:
-        governors = [Governor(s, owns_store=False) for s in stores]
+        governors = [GovernedGate(s, owns_store=False) for s in stores]
         try:
             return await asyncio.gather(*(call_once(governors[i % 2], capped(0.50), i, PRICE * 100)
                                           for i in range(200)))
@@ -110,7 +110,7 @@ def test_two_routers_on_one_store_never_pass_the_cap_together(store_url: str) ->
 
 def test_a_report_above_the_price_of_an_uncapped_call_is_charged_the_price(store: Store) -> None:
     async def scenario() -> tuple[float, int]:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         try:
             return (await call_once(governor, uncapped(), 0, 1.00))[1], governor.pricing_violations
         finally:
@@ -123,7 +123,7 @@ def test_a_report_above_the_price_of_an_uncapped_call_is_charged_the_price(store
 
 def test_a_tool_with_no_price_is_charged_nothing_whatever_its_connector_reports(store: Store) -> None:
     async def scenario() -> tuple[float, int]:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         try:
             admission = await governor.admit(capped(0.50), priced_call("i1", tool="mail_read"))
             assert admission.status == "executed"
@@ -141,7 +141,7 @@ def test_a_tool_with_no_price_is_charged_nothing_whatever_its_connector_reports(
 @pytest.mark.parametrize("snapshot", [uncapped(), capped(1000.0)], ids=["uncapped", "capped"])
 def test_every_settlement_reaches_handler_spend_under_60_concurrent_calls(store: Store, snapshot: Snapshot) -> None:
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         try:
             calls = await asyncio.gather(*(call_once(governor, snapshot, i, PRICE * 0.6) for i in range(60)))
             replied = sum(to_micros(charged) for _, charged in calls)
@@ -170,7 +170,7 @@ def test_a_settlement_arriving_while_the_backlog_commits_is_not_left_behind(stor
     monkeypatch.setattr(store, "begin", slow_begin)
 
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False, batch_seconds=0.01)
+        governor = GovernedGate(store, owns_store=False, batch_seconds=0.01)
         try:
             first = await governor.admit(uncapped(), priced_call("i1"))
             second = await governor.admit(uncapped(), priced_call("i2"))
@@ -190,7 +190,7 @@ def test_a_settlement_arriving_while_the_backlog_commits_is_not_left_behind(stor
 
 def test_a_call_settled_after_governance_closed_is_still_recorded(store: Store) -> None:
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         admission = await governor.admit(uncapped(), priced_call("i1"))
         await governor.aclose()  # `handler up` closes governance before the router: calls still run
         assert (await governor.settle(admission, 0.002, True)).charged == 0.002
@@ -241,7 +241,7 @@ def test_the_loop_takes_only_audit_rows_and_spend_and_a_failed_commit_gives_them
 
 def test_a_reservation_a_killed_router_never_settled_counts_and_is_charged_at_the_next_start(store: Store) -> None:
     """A call reserved on its own (`admit_now`, as an approved hold is) whose router died before it settled."""
-    governor = Governor(store, owns_store=False)
+    governor = GovernedGate(store, owns_store=False)
     assert governor.admit_now(capped(0.50), priced_call("i1")).status == "executed"
     governor.close()  # the reservation's row is written; its settlement never comes
 

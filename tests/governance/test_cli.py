@@ -10,7 +10,7 @@ import pytest
 
 from reconciler.cli import main
 from reconciler.config import FolderSource, Loader
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.holds import claim_hold, get_hold
 from reconciler.governance.leases import LeaseTerms
 from reconciler.governance.store import open_store, store_url
@@ -86,7 +86,7 @@ def test_approve_as_a_member_runs_nothing_itself_and_is_audited(tree: Path, caps
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     snapshot = Loader().load(FolderSource(tree))
     store = open_store(store_url(tree))
-    governor = Governor(store)
+    governor = GovernedGate(store)
     call = priced_call("run-1", profile="auditor", tool="web_search_query", query="acme invoices")
     call = type(call)(call.profile, call.instance, None, "web-search/v1", call.tool, "search-brave", call.arguments)
     rid = governor.admit_now(snapshot, call).request_id
@@ -131,7 +131,7 @@ def test_reject_with_a_reason_shows_it_to_the_agent_the_hold_and_the_audit_trail
         tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
     snapshot = Loader().load(FolderSource(tree))
     store = open_store(store_url(tree))
-    governor = Governor(store)
+    governor = GovernedGate(store)
     call = priced_call("run-1", profile="auditor", tool="web_search_query", query="acme invoices")
     call = type(call)(call.profile, call.instance, None, "web-search/v1", call.tool, "search-brave", call.arguments)
     rid = governor.admit_now(snapshot, call).request_id
@@ -240,7 +240,7 @@ def test_spend_says_what_budget_leases_hold(tree: Path, capsys: pytest.CaptureFi
     store = open_store(store_url(tree))
 
     async def scenario() -> str:
-        governor = Governor(store, owns_store=False, leases=LeaseTerms(idle_seconds=3600))
+        governor = GovernedGate(store, owns_store=False, leases=LeaseTerms(idle_seconds=3600))
         try:
             admitted = await governor.admit(cap_snapshot(), priced_call())  # a router holds a lease: not settled
             _, out, _ = run(capsys, "spend", "--root", str(tree))
@@ -264,7 +264,7 @@ def test_audit_shows_how_many_calls_nothing_limits_a_row_counts(tree: Path, caps
     snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))  # no cap, nothing held
 
     async def calls() -> None:
-        governor = Governor(open_store(store_url(tree)))
+        governor = GovernedGate(open_store(store_url(tree)))
         try:
             for _ in range(3):
                 admission = await governor.admit(snapshot, priced_call("run-1"))

@@ -23,7 +23,7 @@ import orjson
 import pytest
 from mcp import Client
 
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.router.server import Router
 from tests.fixtures.echo_tree import TOKEN_ENV, governed_profile, write_echo_tree
 from tests.fixtures.harness import DEADLINE, RawClient, body, bridge_params, load, run, sdk_body, short_dir
@@ -53,7 +53,7 @@ def test_an_agent_sees_executed_blocked_and_pending_then_executed_after_approval
     root, run_dir = places
 
     async def scenario() -> None:
-        governor = Governor.from_env(root)
+        governor = GovernedGate.from_env(root)
         router = Router(load(root), root=root, run_dir=run_dir, gate=governor)
         await router.start()
         await governor.start(router.execute_held)

@@ -1,4 +1,4 @@
-"""The hold runner, through the Governor: approved holds run once, checked again, recorded, across processes."""
+"""The hold runner, through the GovernedGate: approved holds run once, checked again, recorded, across processes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from reconciler.governance import holdrunner
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.errors import StoreError, StoreRefusedError
 from reconciler.governance.gate import CallRequest, CallResult, Executor, HoldStatus
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.holds import decide_hold, get_hold, list_holds
 from reconciler.governance.ledger import reconcile_reservations, spend_report
 from reconciler.governance.rulebook import to_micros
@@ -30,7 +30,7 @@ from tests.governance.governed import PARENT, Recorder, mail, run, until
 HERE = Path(__file__).resolve().parent
 
 
-async def started_and_approved(g: Governor, executor: Executor) -> tuple[str, HoldStatus]:
+async def started_and_approved(g: GovernedGate, executor: Executor) -> tuple[str, HoldStatus]:
     """Start `g` with `executor`, hold a mail_send and approve it as its parent: its request id and what the
     approval answered."""
     await g.start(executor)
@@ -43,7 +43,7 @@ def test_a_cli_approval_is_run_by_the_router_loop_once(store: Store) -> None:
     snapshot = cap_snapshot()
     recorder = Recorder()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         await g.start(recorder)
         rid = (await g.admit(snapshot, mail())).request_id
         assert rid is not None
@@ -62,14 +62,14 @@ def test_a_cli_approval_is_run_by_the_router_loop_once(store: Store) -> None:
 def test_an_approval_while_no_router_runs_is_run_when_one_starts(store_url: str) -> None:
     snapshot = cap_snapshot()
     first = open_store(store_url)
-    rid = Governor(first).admit_now(snapshot, mail()).request_id
+    rid = GovernedGate(first).admit_now(snapshot, mail()).request_id
     first.close()
     assert rid is not None
     second = open_store(store_url)
     decide_hold(second, rid, "approve", "alice")
     recorder = Recorder()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         g.use_snapshot(snapshot)
         await g.start(recorder)
         await asyncio.wait_for(recorder.ran.wait(), 15)
@@ -96,7 +96,7 @@ def test_an_approval_while_no_router_runs_is_run_when_one_starts(store_url: str)
 def test_blocks_and_guardrails_are_checked_again_at_run_time(store: Store, later: dict[str, Any], reason: str) -> None:
     recorder = Recorder()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         rid = (await g.admit(cap_snapshot(), mail())).request_id
         assert rid is not None
         changed: Snapshot = make_snapshot({"p": {}, **later}, org=dict(OWNERS_ORG), revision="r2")
@@ -114,7 +114,7 @@ def test_blocks_and_guardrails_are_checked_again_at_run_time(store: Store, later
 
 
 def test_a_failed_run_is_final_with_its_cause_recorded_and_costs_nothing(store: Store) -> None:
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         rid, status = await started_and_approved(g, Recorder(ok=False))
         assert status.status == "failed"
         # The agent: who approved, that the run failed, that it is final; no advice to retry a final state.
@@ -141,7 +141,7 @@ def test_a_failure_whose_words_hold_a_nul_is_recorded_and_final_on_either_store(
             return CallResult(False, {"error": "unavailable", "message": "the service\x00 failed"},
                               cause="unavailable (connector_error): it said \x00\x00")
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         rid, status = await started_and_approved(g, Garbled())
         assert status.status == "failed"
         hold = get_hold(store, rid)
@@ -177,7 +177,7 @@ def test_a_store_failing_once_the_call_has_run_loses_neither_its_end_nor_its_cha
     monkeypatch.setattr(holdrunner, "_RETRY_SECONDS", 0.01)
     recorder = Recorder()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         rid, status = await started_and_approved(g, recorder)
         assert status.status == "executed"
         hold = get_hold(store, rid)
@@ -209,7 +209,7 @@ def test_an_end_the_store_refuses_is_recorded_as_failed_naming_the_refusal_not_r
     monkeypatch.setattr(holdrunner, "finish_hold", refusing_finish)
     recorder = Recorder()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         rid, status = await started_and_approved(g, recorder)
         assert status.status == "failed"
         assert "its result could not be stored" in (status.message or "")
@@ -227,7 +227,7 @@ def test_a_parent_run_with_the_longest_id_a_client_may_give_decides_its_childs_h
     parent = dataclasses.replace(PARENT, instance="p" * MAX_RUN_ID_CHARS)
     recorder = Recorder()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         await g.start(recorder)
         child = dataclasses.replace(mail(), parent_instance=parent.instance)
         rid = (await g.admit(cap_snapshot(), child)).request_id
@@ -242,7 +242,7 @@ def test_a_parent_run_with_the_longest_id_a_client_may_give_decides_its_childs_h
 def test_two_router_processes_run_each_approved_hold_exactly_once(store_url: str, store: Store,
                                                                   tmp_path: Path) -> None:
     snapshot = cap_snapshot()
-    governor = Governor(store, owns_store=False)
+    governor = GovernedGate(store, owns_store=False)
     rids = [governor.admit_now(snapshot, mail(n=i)).request_id for i in range(20)]
     governor.close()
     runs = tmp_path / "runs.txt"
@@ -270,7 +270,7 @@ def test_two_router_processes_run_each_approved_hold_exactly_once(store_url: str
 def test_an_executor_that_raises_fails_the_hold_once_and_it_costs_nothing(store: Store) -> None:
     recorder = Recorder(raises=True)
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         rid, status = await started_and_approved(g, recorder)
         assert status.status == "failed"
         assert status.message.startswith("Approved by instance parent-1; the run failed: the call could not run: "
@@ -298,7 +298,7 @@ def test_a_runner_listening_on_postgresql_polls_seldom_and_still_runs_an_approva
     monkeypatch.setattr(holdrunner, "approved_ids", counted)
     recorder = Recorder()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         g.use_snapshot(cap_snapshot())  # the runner looks for holds only once it knows the live snapshot
         await g.start(recorder)
 
@@ -339,7 +339,7 @@ def test_the_loop_outlives_a_store_it_cannot_read_and_runs_what_was_approved_mea
         with store.begin() as tx:
             tx.exec_driver_sql(f"ALTER TABLE {old} RENAME TO {new}")
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         await g.start(recorder)
         rid = (await g.admit(snapshot, mail())).request_id
         assert rid is not None

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.gate import Admission
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.leases import LeaseTerms, reconcile_leases
 from reconciler.governance.ledger import add_balance, current_month, leased_balance, read_balance, spend_report
 from reconciler.governance.rulebook import to_micros
@@ -113,7 +113,7 @@ def test_a_cap_near_its_end_admits_exactly_what_fits(store: Store) -> None:
     searches = [priced_call("i2") for _ in range(5)]  # $0.005 each
 
     async def scenario() -> tuple[list[Admission], list[Admission], Admission]:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         try:
             for _ in range(47):
                 await governor.settle(await governor.admit(cap_snapshot(), priced_call("i1")), None, True)
@@ -139,7 +139,7 @@ def test_a_cap_near_its_end_admits_exactly_what_fits(store: Store) -> None:
 
 def test_a_lowered_cap_is_not_overspent_by_a_lease_taken_under_the_old_one(store: Store) -> None:
     async def scenario() -> list[str]:
-        governor = Governor(store, owns_store=False, leases=LeaseTerms(lease_seconds=100.0))
+        governor = GovernedGate(store, owns_store=False, leases=LeaseTerms(lease_seconds=100.0))
         try:
             for _ in range(10):  # a lease sized for a long while under $1
                 await governor.settle(await governor.admit(capped(1.0), priced_call()), None, True)
@@ -160,7 +160,7 @@ def test_a_leased_call_is_decided_by_the_snapshot_it_comes_with_not_by_the_decis
                          org={**OWNERS_ORG, "caps": {"monthly_usd": 1.0}})
 
     async def scenario() -> list[str]:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         try:
             seen = []
             for snapshot in (capped(1.0), capped(1.0), held, capped(1.0)):
@@ -193,7 +193,7 @@ def test_a_killed_router_leaves_its_lease_counted_and_its_next_start_gives_back_
     assert reconcile_leases(store) == []  # not expired: another router leaves it alone
 
     async def restart() -> None:  # the same router starting again knows its last process is gone
-        governor = Governor(store, owns_store=False, router_id=router)
+        governor = GovernedGate(store, owns_store=False, router_id=router)
         await governor.start(Recorder())
         await governor.aclose()
 
@@ -228,7 +228,7 @@ def test_a_lease_its_router_let_expire_is_reconciled_by_anyone(store_url: str, s
         assert proc.stdout is not None
         proc.stdout.readline()
         _kill_9(proc)
-        governor = Governor(store, owns_store=False, router_id="router-alive", leases=LeaseTerms(ttl_seconds=1))
+        governor = GovernedGate(store, owns_store=False, router_id="router-alive", leases=LeaseTerms(ttl_seconds=1))
         try:
             await governor.start(Recorder())
 
@@ -250,12 +250,12 @@ def test_a_lease_reconciled_under_a_live_router_never_lets_it_pass_the_cap(store
     """Reconciled by mistake (another router took it for dead): its router admits no more against it than it
     had issued, which stays counted, and takes a new lease for the rest."""
     async def scenario() -> tuple[int, int]:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         try:
             executed = charged = 0
             for n in range(80):
                 if n == 20:
-                    await asyncio.to_thread(reconcile_leases, store, governor._leaser.router)
+                    await asyncio.to_thread(reconcile_leases, store, governor._keeper.router)
                 admission = await governor.admit(cap_snapshot(), priced_call())
                 if admission.status == "executed":
                     executed += 1
@@ -273,7 +273,7 @@ def test_a_lease_reconciled_under_a_live_router_never_lets_it_pass_the_cap(store
 
 def test_an_idle_lease_goes_back_and_the_row_is_what_was_charged(store: Store) -> None:
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False, leases=LeaseTerms(idle_seconds=0.2))
+        governor = GovernedGate(store, owns_store=False, leases=LeaseTerms(idle_seconds=0.2))
         try:
             for _ in range(3):
                 await governor.settle(await governor.admit(cap_snapshot(), priced_call()), 0.002, True)
@@ -306,7 +306,7 @@ def test_a_prepaid_balance_is_leased_the_same_way(two_stores: tuple[Store, Store
     add_balance(two_stores[0], "acme", to_micros(0.05), "alice")  # ten searches
 
     async def scenario() -> list[str]:
-        governors = [Governor(s, owns_store=False) for s in two_stores]
+        governors = [GovernedGate(s, owns_store=False) for s in two_stores]
         try:
             admitted = await asyncio.gather(*(governors[n % 2].admit(snapshot, priced_call(f"i{n}"))
                                               for n in range(40)))
@@ -330,7 +330,7 @@ def test_a_prepaid_balance_is_leased_the_same_way(two_stores: tuple[Store, Store
 def test_an_approved_hold_may_use_what_its_routers_own_lease_holds(store: Store) -> None:
     """The router's lease holds all the cap's headroom; the hold's own reservation still finds room."""
     async def scenario() -> str:
-        governor = Governor(store, owns_store=False, leases=LeaseTerms(lease_seconds=100.0, idle_seconds=3600))
+        governor = GovernedGate(store, owns_store=False, leases=LeaseTerms(lease_seconds=100.0, idle_seconds=3600))
         await governor.start(Recorder())
         try:
             for _ in range(40):
@@ -348,7 +348,7 @@ def test_an_approved_hold_may_use_what_its_routers_own_lease_holds(store: Store)
 
 def test_handler_spend_says_what_leases_hold(store: Store) -> None:
     async def scenario() -> dict[str, Any]:
-        governor = Governor(store, owns_store=False, leases=LeaseTerms(idle_seconds=3600))
+        governor = GovernedGate(store, owns_store=False, leases=LeaseTerms(idle_seconds=3600))
         try:
             admission = await governor.admit(cap_snapshot(), priced_call())
             report = {r["scope"]: r for r in spend_report(store)}

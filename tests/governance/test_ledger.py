@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.ledger import add_balance, current_month, read_balance, spend_report
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
@@ -38,7 +38,7 @@ def test_months_are_calendar_months_in_utc() -> None:
 
 def test_200_concurrent_calls_against_a_cap_of_50_admit_exactly_50(store: Store) -> None:
     async def race() -> list[str]:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         snapshot = cap_snapshot()
         admissions = await asyncio.gather(*(governor.admit(snapshot, priced_call(f"i{i % 9}")) for i in range(200)))
         settled = await asyncio.gather(*(governor.settle(a, None, True) for a in admissions
@@ -74,7 +74,7 @@ def test_two_router_processes_sharing_the_store_admit_exactly_50(store_url: str,
 
 def test_settling_charges_the_actual_cost_and_refunds_failures(store: Store) -> None:
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         snapshot = cap_snapshot()
         first = await governor.admit(snapshot, priced_call())
         settled = await governor.settle(first, 0.002, True)
@@ -98,7 +98,7 @@ def test_an_empty_prepaid_balance_blocks_and_a_top_up_admits(store: Store) -> No
     snapshot = make_snapshot({"p": {"template": "permissive"}}, org={**OWNERS_ORG, "prepaid": True})
 
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         refused = await governor.admit(snapshot, priced_call())
         assert refused.status == "blocked"
         assert "prepaid balance" in refused.message
@@ -115,7 +115,7 @@ def test_calls_nothing_limits_are_counted_in_a_batch_without_a_store_round_trip(
     snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))  # no cap, not prepaid
 
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False, batch_seconds=60)  # nothing flushes on its own here
+        governor = GovernedGate(store, owns_store=False, batch_seconds=60)  # nothing flushes on its own here
         admissions = [await governor.admit(snapshot, priced_call()) for _ in range(10)]
         assert {a.status for a in admissions} == {"executed"}
         settled = [await governor.settle(a, None, True) for a in admissions]

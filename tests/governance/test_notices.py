@@ -7,7 +7,7 @@ import threading
 
 import sqlalchemy as sa
 
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.notices import (
     MAX_ATTEMPTS,
     Reach,
@@ -38,7 +38,7 @@ def hold_for(store: Store, routing: dict[str, str] | None) -> str:
     snapshot = make_snapshot({"p": fields}, org=ORG)
 
     async def admit() -> str:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         try:
             admission = await governor.admit(snapshot, priced_call(profile="p", tool="mail_send", to="x@example.org"))
         finally:
@@ -176,7 +176,7 @@ def test_a_notice_on_a_channel_not_configured_is_stored_unsent_and_sent_by_a_ser
                              org=ORG)
 
     async def admit() -> tuple[str, str]:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         governor.reach = Reach({"slack": "HANDLER_SLACK_TOKEN is not set"}, "http://dash:8765")
         try:
             admission = await governor.admit(snapshot, priced_call(profile="p", tool="mail_send", to="x@example.org"))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.ledger import spend_report
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store
@@ -65,7 +65,7 @@ async def agents(socket: Path, clients: int, calls_each: int) -> list[float]:
 async def governed(store: Store, root: Path, run_dir: Path, *,
                    sandbox: bool = True) -> AsyncIterator[tuple[Router, RawClient]]:
     """The router serving `root` governed on `store`, and a client on its profile's socket; all closed after."""
-    governor = Governor(store, owns_store=False)
+    governor = GovernedGate(store, owns_store=False)
     try:
         async with serving(root, run_dir, gate=governor, sandbox=sandbox) as router:
             client = await RawClient.connect(router.socket_path("tester"))
@@ -87,7 +87,7 @@ def test_200_concurrent_calls_reporting_100_times_their_price_keep_a_50_cent_cap
     price_misbehave(root, REPORTED / 100, cap=0.50)  # 200 calls at $0.0025 reserved fill the cap exactly
 
     async def scenario() -> list[float]:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         try:
             async with serving(root, run_dir, gate=governor) as router:
                 return await agents(router.socket_path("tester"), 50, 4)
@@ -107,7 +107,7 @@ def test_with_no_cap_handler_spend_equals_what_60_concurrent_replies_charged(
     price_misbehave(root, 1.0, cap=None)  # reports of $0.25 are under the price: each is charged as reported
 
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False)
+        governor = GovernedGate(store, owns_store=False)
         try:
             async with serving(root, run_dir, gate=governor) as router:
                 charged = await agents(router.socket_path("tester"), 60, 2)
@@ -300,7 +300,7 @@ def test_an_approved_hold_whose_answer_the_interface_refuses_is_charged_as_any_c
     profile.write_text(profile.read_text() + '\n[[rules]]\naction = "echo_misbehave"\noutcome = "approve"\n')
 
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False, poll_seconds=0.05)
+        governor = GovernedGate(store, owns_store=False, poll_seconds=0.05)
         try:
             async with serving(root, run_dir, gate=governor) as router:
                 governor.use_snapshot(router.live.snapshot)

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.store import Store, open_store
 from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 from tests.fixtures.harness import RawClient, run, serving, short_dir
@@ -77,7 +77,7 @@ def test_a_lock_held_elsewhere_makes_the_call_unavailable_in_the_lock_timeout_th
     blocker = psycopg.connect(short_lock_store.driver_dsn)
 
     async def scenario() -> tuple[dict[str, Any], float, dict[str, Any], dict[str, Any]]:
-        governor = Governor(short_lock_store, owns_store=False)
+        governor = GovernedGate(short_lock_store, owns_store=False)
         try:
             async with serving(root, base / "run", gate=governor) as router:
                 client = await RawClient.connect(router.socket_path("tester"))
@@ -142,7 +142,7 @@ def test_calls_that_come_while_a_lease_sync_waits_on_a_lock_fail_with_it_not_aft
     blocker = psycopg.connect(short_lock_store.driver_dsn)
 
     async def scenario() -> list[dict[str, Any]]:
-        governor = Governor(short_lock_store, owns_store=False)
+        governor = GovernedGate(short_lock_store, owns_store=False)
         try:
             async with serving(root, base / "run", gate=governor) as router:
                 clients = [await RawClient.connect(router.socket_path("tester")) for _ in range(4)]

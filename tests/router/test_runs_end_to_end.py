@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from reconciler.app import UpOptions
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.ledger import spend_report
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store, open_store
@@ -286,7 +286,7 @@ def test_a_run_ending_mid_call_leaves_no_process_and_its_spend_settled(tmp_path:
     root = _spend_tree(tmp_path / "tree")
 
     async def scenario() -> dict[str, tuple[dict[str, Any], Any]]:
-        governor = Governor(sqlite_store, owns_store=False)
+        governor = GovernedGate(sqlite_store, owns_store=False)
         try:
             async with serving(root, run_dir, gate=governor, sandbox=sandbox) as router:
                 boss = await RawClient.connect(router.socket_path("boss"))

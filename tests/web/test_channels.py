@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from reconciler.app import UpOptions
 from reconciler.governance.gate import CallRequest
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.notices import list_notices
 from reconciler.governance.store.audit import record
 from reconciler.web.channels import open_channels
@@ -470,7 +470,7 @@ def test_a_stored_hold_wakes_the_notifier_without_waiting_for_its_poll(tree: Pat
     snapshot = load(tree)
 
     async def scenario() -> None:
-        governor = Governor.from_env(tree, state_dir=tree.parent / "state")
+        governor = GovernedGate.from_env(tree, state_dir=tree.parent / "state")
         channels = open_channels(governor.store, lambda: snapshot, tree.parent / "state", os.environ)
         channels.notifier.poll_seconds = 3600.0  # its poll alone would not come round within the test
         channels.set_public_url("127.0.0.1", 8765)
@@ -559,7 +559,7 @@ def test_the_overview_shows_spend_and_what_budget_leases_hold_of_it(tree: Path) 
         async with running(options(tree)) as service:
             assert service.router is not None
             store = service.router.services.gate.store  # type: ignore[attr-defined]
-            other = Governor(store, owns_store=False)  # another router on the same store, holding a lease
+            other = GovernedGate(store, owns_store=False)  # another router on the same store, holding a lease
             try:
                 admitted = await other.admit(cap_snapshot(), priced_call())
                 assert admitted.status == "executed"
@@ -569,7 +569,7 @@ def test_the_overview_shows_spend_and_what_budget_leases_hold_of_it(tree: Path) 
                 assert "Spend this month (UTC)" in page.text
                 counted, leased = _spend_cells(page.text, "org:acme")[:2]
                 # Counted, and all of it leased: the call has not settled. The lease is at least its price, and
-                # more once the leaser sees the call still running (sized from the recent rate).
+                # more once the lease keeper sees the call still running (sized from the recent rate).
                 assert counted == leased
                 assert counted.startswith("$")
                 assert float(counted[1:]) >= 0.005

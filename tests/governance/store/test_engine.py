@@ -23,7 +23,7 @@ from alembic.runtime.migration import MigrationContext
 
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.errors import StoreError, StoreRefusedError
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.ledger import spend_report
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.store import Store, migrate, open_store, store_exists, store_url
@@ -195,7 +195,7 @@ def test_records_that_cannot_be_committed_are_logged_and_the_decisions_stand(
         store: Store, caplog: pytest.LogCaptureFixture) -> None:
     """Two decisions, so that PostgreSQL's rows go in by COPY through the driver's own connection: what the driver
     raises there is a `StoreError` too, which the flush logs and keeps its rows for."""
-    governor = Governor(store, owns_store=False, batch_seconds=3600)
+    governor = GovernedGate(store, owns_store=False, batch_seconds=3600)
     snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
     assert [governor.admit_now(snapshot, priced_call()).status for _ in range(2)] == ["executed", "executed"]
     with store.begin() as tx:
@@ -230,7 +230,7 @@ def test_store_connections_the_server_cuts_are_replaced_and_every_record_lands(p
     capped = cap_snapshot()
     price = to_micros(0.005)  # search_query's
 
-    async def calls(governor: Governor, snapshot: Snapshot, instance: str, count: int) -> None:
+    async def calls(governor: GovernedGate, snapshot: Snapshot, instance: str, count: int) -> None:
         for _ in range(count):
             admission = await governor.admit(snapshot, priced_call(instance))
             assert admission.status == "executed", admission.message
@@ -244,7 +244,7 @@ def test_store_connections_the_server_cuts_are_replaced_and_every_record_lands(p
         assert row is not None
         return int(row[0])
 
-    async def scenario(governor: Governor) -> None:
+    async def scenario(governor: GovernedGate) -> None:
         await calls(governor, free, "i1", 5)
         await calls(governor, capped, "i2", 5)
         assert await asyncio.to_thread(cut) >= 1

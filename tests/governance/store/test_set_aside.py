@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.governance.errors import StoreRefusedError
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.ledger import current_month, spend_report
 from reconciler.governance.store import Store, open_store
 from reconciler.governance.store.audit import AuditRow, read_audit
@@ -128,7 +128,7 @@ def test_a_governed_call_whose_spend_the_store_refuses_is_still_recorded_and_the
     _at_the_top(store, "profile:p")
 
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False, batch_seconds=3600)
+        governor = GovernedGate(store, owns_store=False, batch_seconds=3600)
         try:
             for _ in range(2):
                 admission = await governor.admit(snapshot, priced_call())

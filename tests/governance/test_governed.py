@@ -1,4 +1,4 @@
-"""The Governor put together: the gate and the hold runner share the live snapshot, the store and the hooks."""
+"""The GovernedGate put together: the gate and the hold runner share the live snapshot, the store and the hooks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import psycopg
 import pytest
 
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.ledger import spend_report
 from reconciler.governance.store import Store, committing, open_store
 from reconciler.governance.store.audit import read_audit
@@ -20,7 +20,7 @@ from tests.governance.governed import PARENT, Recorder, mail, run
 def test_a_hold_stored_here_calls_on_hold(store: Store) -> None:
     told: list[str] = []
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         g.on_hold = lambda: told.append("hold")
         await g.admit(cap_snapshot(), priced_call())  # runs now: nobody is told
         assert told == []
@@ -33,7 +33,7 @@ def test_a_hold_stored_here_calls_on_hold(store: Store) -> None:
 def test_until_told_otherwise_the_first_snapshot_admitted_is_the_live_one(store: Store) -> None:
     recorder = Recorder()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         await g.start(recorder)  # no use_snapshot: the runner learns the live snapshot from the first call
         rid = (await g.admit(cap_snapshot(), mail())).request_id
         assert rid is not None
@@ -45,7 +45,7 @@ def test_until_told_otherwise_the_first_snapshot_admitted_is_the_live_one(store:
 
 
 def test_close_commits_what_waits_in_the_backlog(store: Store) -> None:
-    governor = Governor(store, owns_store=False, batch_seconds=3600)
+    governor = GovernedGate(store, owns_store=False, batch_seconds=3600)
     snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
     admission = governor.admit_now(snapshot, priced_call())
     assert admission.request_id is not None
@@ -56,7 +56,7 @@ def test_close_commits_what_waits_in_the_backlog(store: Store) -> None:
 
 def test_aclose_commits_the_settlements_of_the_last_calls(store: Store) -> None:
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False, batch_seconds=3600)
+        governor = GovernedGate(store, owns_store=False, batch_seconds=3600)
         admission = await governor.admit(cap_snapshot(), priced_call())
         await governor.settle(admission, 0.002, True)
         await governor.aclose()
@@ -80,7 +80,7 @@ def test_aclose_while_a_commit_waits_on_a_lock_waits_for_it_and_lands_every_reco
     snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
     schema = pg_url.rsplit("%3D", 1)[1]
 
-    async def calls(governor: Governor, count: int) -> None:
+    async def calls(governor: GovernedGate, count: int) -> None:
         for _ in range(count):
             await governor.settle(await governor.admit(snapshot, priced_call()), None, True)
 
@@ -91,7 +91,7 @@ def test_aclose_while_a_commit_waits_on_a_lock_waits_for_it_and_lands_every_reco
             release.wait(30)
 
     async def scenario() -> None:
-        governor = Governor(store, owns_store=False, batch_seconds=0.01)
+        governor = GovernedGate(store, owns_store=False, batch_seconds=0.01)
         await calls(governor, 10)
         await governor.flush()  # the spend rows exist
         locked, release = threading.Event(), threading.Event()
@@ -122,7 +122,7 @@ def test_on_sqlite_the_loop_never_waits_for_a_write_lock_another_process_holds(s
     snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
 
     async def scenario() -> int:
-        governor = Governor(sqlite_store, owns_store=False, batch_seconds=3600)
+        governor = GovernedGate(sqlite_store, owns_store=False, batch_seconds=3600)
         other = sqlite3.connect(database, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")  # the write lock, held
         for _ in range(10):
@@ -167,7 +167,7 @@ def test_on_sqlite_the_write_ahead_log_is_checkpointed_off_the_loop(sqlite_store
     snapshot = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
 
     async def scenario() -> None:
-        governor = Governor(sqlite_store, owns_store=False, batch_seconds=3600)
+        governor = GovernedGate(sqlite_store, owns_store=False, batch_seconds=3600)
         for _ in range(7):
             await governor.settle(await governor.admit(snapshot, priced_call()), None, True)
             await governor.flush()  # one commit from the loop each

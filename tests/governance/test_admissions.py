@@ -1,4 +1,4 @@
-"""The gate on the call path, through the Governor as the router sees it: admit, handler_status, handler_decide."""
+"""The gate on the call path, through the GovernedGate as the router sees it: admit, handler_status, handler_decide."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from reconciler.governance.errors import GovernanceError
-from reconciler.governance.governor import Governor
+from reconciler.governance.governed import GovernedGate
 from reconciler.governance.holds import FINAL_HINT, REASON_LIMIT, decide_hold, get_hold
 from reconciler.governance.ledger import spend_report
 from reconciler.governance.rulebook import to_micros
@@ -22,7 +22,7 @@ from tests.governance.governed import PARENT, STRANGER, Recorder, mail, run
 def test_the_three_outcomes(store: Store) -> None:
     snapshot = make_snapshot({"p": {"template": "restrictive"}}, org=dict(OWNERS_ORG))
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         executed = await g.admit(snapshot, priced_call())
         assert executed.status == "executed"
         assert executed.ticket is not None
@@ -37,7 +37,7 @@ def test_the_three_outcomes(store: Store) -> None:
 def test_a_hold_is_pending_at_once_with_its_arguments_stored(store: Store) -> None:
     snapshot = cap_snapshot()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         admission = await g.admit(snapshot, mail())
         assert admission.status == "pending"
         assert admission.request_id
@@ -60,7 +60,7 @@ def test_only_the_parent_instance_may_decide_a_hold_routed_to_the_caller(store: 
     snapshot = cap_snapshot()
     recorder = Recorder()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         await g.start(recorder)
         rid = (await g.admit(snapshot, mail())).request_id
         assert rid is not None
@@ -92,7 +92,7 @@ def test_a_hold_routed_to_a_person_cannot_be_decided_over_mcp(store: Store) -> N
     snapshot = make_snapshot({"p": {"template": "balanced", "routing": {"to": "member", "member": "bob"}}},
                              org=dict(OWNERS_ORG))
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         rid = (await g.admit(snapshot, priced_call(profile="p", tool="mail_send"))).request_id
         assert rid is not None
         refused = await g.decide(rid, "approve", PARENT)
@@ -105,7 +105,7 @@ def test_a_hold_routed_to_a_person_cannot_be_decided_over_mcp(store: Store) -> N
 def test_a_rejected_hold_reads_rejected_with_the_reason_given(store: Store) -> None:
     snapshot = cap_snapshot()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         rid = (await g.admit(snapshot, mail())).request_id
         silent = (await g.admit(snapshot, mail(n=2))).request_id
         assert rid is not None
@@ -138,7 +138,7 @@ def test_every_decision_leaves_one_decided_row_of_the_same_shape(store: Store) -
     """Decided in memory, under the cap's lock, or held: the audit row of the decision is the same."""
     free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))  # nothing limits p
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         lane = await g.admit(free, priced_call())  # in memory, on its lane: no request id until its row is written
         assert lane.request_id is None
         rids = [(await g.admit(cap_snapshot(), priced_call())).request_id,  # under the org cap
@@ -162,7 +162,7 @@ def test_calls_nothing_limits_settled_before_their_record_is_written_leave_one_r
     free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
     price = to_micros(0.005)  # search_query's
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         settled = []
         started = time.time()
         # A failed call is released (charged nothing), unless it ended unanswered: then the pipeline says what it
@@ -204,7 +204,7 @@ def test_calls_nothing_limits_settled_before_their_record_is_written_leave_one_r
 def test_a_capped_call_still_running_when_the_record_is_written_has_its_decision_in_the_trail_at_once(
         store: Store) -> None:
     """Admitted against this router's leases: its decision is written with the next flush, its settlement after."""
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         admission = await g.admit(cap_snapshot(), priced_call())
         assert admission.status == "executed"
         await g.flush()
@@ -224,7 +224,7 @@ def test_a_call_nothing_limits_still_running_when_the_record_is_written_leaves_i
     free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
     price = to_micros(0.005)
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         running = await g.admit(free, priced_call())
         done = await g.admit(free, priced_call())
         await g.settle(done, None, True)
@@ -252,7 +252,7 @@ def test_a_cap_added_by_a_new_revision_applies_to_the_next_call(store: Store) ->
     capped = make_snapshot({"p": {"template": "permissive", "caps": {"monthly_usd": 0.001}}},
                            org=dict(OWNERS_ORG), revision="r2")
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         assert (await g.admit(free, priced_call())).status == "executed"
         refused = await g.admit(capped, priced_call())
         assert (refused.status, "profile monthly cap" in refused.message) == ("blocked", True)
@@ -269,7 +269,7 @@ def test_a_call_is_decided_by_its_own_snapshot_whatever_route_it_names(store: St
                            org=dict(OWNERS_ORG), revision="r2")
     route = object()
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         for snapshot, status in ((free, "executed"), (free, "executed"), (capped, "blocked"), (free, "executed")):
             admission = await g.admit(snapshot, dataclasses.replace(priced_call(), route=route))
             assert admission.status == status
@@ -286,7 +286,7 @@ def test_a_cap_that_blocks_is_named_in_the_decided_row(store: Store) -> None:
     snapshot = make_snapshot({"p": {"template": "permissive", "caps": {"monthly_usd": 0.001}}},
                              org=dict(OWNERS_ORG))
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         refused = await g.admit(snapshot, priced_call())
         assert refused.status == "blocked"
         assert refused.request_id is not None
@@ -298,7 +298,7 @@ def test_a_cap_that_blocks_is_named_in_the_decided_row(store: Store) -> None:
 
 
 def test_a_tool_the_profile_does_not_serve_is_blocked_and_recorded(store: Store) -> None:
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         refused = await g.admit(cap_snapshot(), priced_call(tool="search_nothing"))
         assert refused.status == "blocked"
         assert refused.message == "Blocked: profile p serves no tool search_nothing in revision r1."
@@ -311,7 +311,7 @@ def test_a_tool_the_profile_does_not_serve_is_blocked_and_recorded(store: Store)
 def test_a_lane_call_settled_twice_is_counted_and_charged_once(store: Store) -> None:
     free = make_snapshot({"p": {"template": "permissive"}}, org=dict(OWNERS_ORG))
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         admission = await g.admit(free, priced_call())
         assert (await g.settle(admission, None, True)).charged == 0.005
         assert (await g.settle(admission, None, True)).charged == 0.0
@@ -330,7 +330,7 @@ def test_a_hold_of_another_profile_is_answered_as_an_unknown_id_by_both_builtins
     snapshot = make_snapshot({"h": {"template": "balanced", "routing": routing}, "p": {"template": "permissive"}},
                              org=dict(OWNERS_ORG))
 
-    async def scenario(g: Governor) -> None:
+    async def scenario(g: GovernedGate) -> None:
         rid = (await g.admit(snapshot, mail())).request_id
         assert rid is not None
         for name, extra in (("handler_status", {}), ("handler_decide", {"decision": "approve"}),

@@ -37,7 +37,7 @@ from reconciler.governance.store import Store
 from reconciler.governance.workers import StoreWorkers
 from reconciler.places import ensure_private_dir, open_private_file
 
-__all__ = ["Leaser", "stable_router_id"]
+__all__ = ["LeaseKeeper", "stable_router_id"]
 
 log = logging.getLogger("handler.governance")
 _ID_FILE = "router-id"
@@ -63,7 +63,7 @@ def stable_router_id(state_dir: Path) -> str:
     return made
 
 
-class Leaser:
+class LeaseKeeper:
     """One router's leases: admission against them in memory, and the keeper that syncs them with the store."""
 
     def __init__(self, store: Store, workers: StoreWorkers, router: str, terms: LeaseTerms) -> None:

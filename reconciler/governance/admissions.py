@@ -3,7 +3,7 @@
 A call that nothing holds is admitted on its lane (`lanes`): decided once per snapshot, so the call
 costs a lookup, and, where a cap or the prepaid balance limits it, the subtraction of its price from
 this router's budget leases while they cover it. Otherwise a call that a cap or the balance limits is
-admitted here against the leases (`leasing.Leaser`): its price is reserved on them in memory, and
+admitted here against the leases (`leasekeeper.LeaseKeeper`): its price is reserved on them in memory, and
 `decide_call` decides on the spend state they stand for; when they lack room, one store transaction
 takes more (or finds the cap reached, which the decision then names). The leases are counted in the
 spend rows, so no cap is overspent however many calls or routers race. Either way, an executed
@@ -13,7 +13,7 @@ the scopes no cap limits go to the backlog (`store.backlog`), committed a moment
 settlements (from the event loop itself when it is only audit rows and spend and the store is free:
 `store.committing`; else on a worker thread); a hold is written before the agent hears of it. `admit_now`
 is the same decision in one store transaction with a reservation of its own, for callers off the
-event loop. The `Governor` puts this gate and the hold runner together as the router's `Gate`.
+event loop. The `GovernedGate` puts this gate and the hold runner together as the router's `Gate`.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from reconciler.governance.holds import (
     new_request_id,
 )
 from reconciler.governance.lanes import Charges, Records, covered, limits_spend
+from reconciler.governance.leasekeeper import LeaseKeeper
 from reconciler.governance.leases import Lease, Needs
-from reconciler.governance.leasing import Leaser
 from reconciler.governance.ledger import (
     Reservation,
     current_month,
@@ -72,7 +72,7 @@ from reconciler.governance.store.committing import loop_committer
 from reconciler.governance.store.holds import insert_hold
 from reconciler.governance.workers import StoreWorkers
 
-__all__ = ["Gatekeeper"]
+__all__ = ["Admissions"]
 
 log = logging.getLogger("handler.governance")
 _NO_SPEND = SpendState()
@@ -109,7 +109,7 @@ class _LeasedTicket(_Charge):
     """The ticket of a capped call admitted on the event loop against this router's budget leases (`gate.Ticket`):
     its price reserved on `leased`, its charge added to `scopes` when it settles."""
 
-    gate: Gatekeeper
+    gate: Admissions
     estimate: int  # its price, the most it may be charged
     scopes: tuple[str, ...]
     month: str
@@ -123,7 +123,7 @@ class _LeasedTicket(_Charge):
 class _ReservedTicket(_Charge):
     """The ticket of a call admitted in one store transaction with a reservation of its own (`admit_now`)."""
 
-    gate: Gatekeeper
+    gate: Admissions
     reservation: Reservation
 
     def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
@@ -131,7 +131,7 @@ class _ReservedTicket(_Charge):
 
 
 class _CoveredPlan(NamedTuple):
-    """A leased call's needs and its decision when its leases cover it (`Gatekeeper._covered_plan`)."""
+    """A leased call's needs and its decision when its leases cover it (`Admissions._covered_plan`)."""
 
     entry: ToolEntry  # the snapshot's entry it was worked out for: kept so its id cannot be another's
     needs: Needs
@@ -141,16 +141,16 @@ class _CoveredPlan(NamedTuple):
 _PLANS_KEPT = 10_000
 
 
-class Gatekeeper:
+class Admissions:
     """Admission, settlement and the built-ins' answers, over one store."""
 
-    def __init__(self, store: Store, workers: StoreWorkers, rulebooks: RulebookCache, leaser: Leaser, *,
+    def __init__(self, store: Store, workers: StoreWorkers, rulebooks: RulebookCache, keeper: LeaseKeeper, *,
                  batch_seconds: float, held: Callable[[], None], run_now: Callable[[str], Awaitable[None]],
                  seen: Callable[[Snapshot], None] | None = None) -> None:
         """`held` is called on the event loop when a hold was stored; `run_now` runs an approved hold here;
         `seen` is told of each snapshot calls come with, when it changes."""
         self.store = store
-        self._leaser = leaser
+        self._keeper = keeper
         self._workers = workers
         self._rulebooks = rulebooks
         self._batch_seconds = batch_seconds
@@ -162,7 +162,7 @@ class Gatekeeper:
         self._commit_lock = asyncio.Lock()
         self._commits: set[asyncio.Future[bool]] = set()
         # What the calls on the event loop's thread left to write.
-        self._records = Records(rulebooks, seen, leaser.book)
+        self._records = Records(rulebooks, seen, keeper.book)
         self._flushing: asyncio.Task[None] | None = None
         self._flush_due = False  # a flush is scheduled: it runs until the backlog and the lanes' records are empty
         self._open = 0  # calls admitted here off their lanes and not yet settled (`Records` counts the lanes')
@@ -213,7 +213,7 @@ class Gatekeeper:
         return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
 
     async def _admit_leased(self, snapshot: Snapshot, entry: ToolEntry, call: CallRequest) -> Admission:
-        """Decide a call a cap or the balance limits against this router's leases (see `leasing`)."""
+        """Decide a call a cap or the balance limits against this router's leases (see `leasekeeper`)."""
         cost = to_micros(call.estimated_cost) or entry.price
         plan = self._covered_plan(entry, call.instance, cost)
         needs = plan.needs
@@ -222,14 +222,14 @@ class Gatekeeper:
         if entry.caps.suspended:  # a suspended org is refused before any lease is taken
             decision = decide_call(entry, call.instance, cost, _NO_SPEND)
         else:
-            held = self._leaser.take(needs, cost)
+            held = self._keeper.take(needs, cost)
             if held is None:
-                waited = await self._leaser.wait(needs, cost)
+                waited = await self._keeper.wait(needs, cost)
                 held = waited.held
                 if held is None:  # the state as this router sees the store (other routers' leases spent): refused
                     decision = decide_call(entry, call.instance, cost, waited.refused or _NO_SPEND)
         if held is not None and decision.outcome is not Outcome.AUTO:
-            self._leaser.give_back(held, cost)
+            self._keeper.give_back(held, cost)
         request_id = new_request_id()
         if decision.outcome is Outcome.APPROVE:
             return await self._workers.run(self._hold_now, snapshot, call, decision, request_id)
@@ -255,7 +255,7 @@ class Gatekeeper:
         if plan is None or plan.entry is not entry or plan.needs.month != month:
             if len(self._plans) >= _PLANS_KEPT:  # instances and snapshots come and go
                 self._plans.clear()
-            needs = self._leaser.needs(entry.caps, entry.profile, instance, month)
+            needs = self._keeper.needs(entry.caps, entry.profile, instance, month)
             decision = decide_call(entry, instance, cost, covered(entry.caps, cost))
             plan = self._plans[key] = _CoveredPlan(entry, needs, decision)
         return plan
@@ -324,7 +324,7 @@ class Gatekeeper:
         if self._closed:  # a call that outlived `aclose` (the router closes after governance): written now
             await asyncio.to_thread(self._flush_late, self._records.take(everything=True))
             if settled.remaining is not None:  # a budget applied: what its leases no longer need goes back now
-                await self._leaser.settled_after_close()
+                await self._keeper.settled_after_close()
         elif not self._flush_due:
             self._flush_soon()
         return settled
@@ -340,7 +340,7 @@ class Gatekeeper:
                                   charge.violation)
             self._backlog.add_spend(ticket.scopes, ticket.month, charge.charged)
             if ticket.leased:
-                left = self._leaser.settle(ticket.leased, ticket.estimate, charge.charged)
+                left = self._keeper.settle(ticket.leased, ticket.estimate, charge.charged)
                 return Settlement(from_micros(charge.charged), from_micros(left))
             return Settlement(from_micros(charge.charged), None)
         finally:
@@ -499,7 +499,7 @@ class Gatekeeper:
         self._closed = True
         if running := self._open + self._records.running:
             log.info("%d calls admitted here are still running; each is recorded when it ends", running)
-        await self._leaser.aclose()
+        await self._keeper.aclose()
         if self._flushing is not None:
             self._flushing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
