@@ -1,12 +1,12 @@
 """What the router sends back on one HTTP request of the MCP transport: a JSON body, or an SSE stream.
 
-`streamable` makes an `Exchange` for each POSTed request (and one for a session's GET stream) and marks it
-current (`CURRENT`) while the session handles the request. A context variable is copied into the task a
-`tools/call` runs in, so whatever the session writes for that request — notifications, then its one reply —
-lands in its exchange, with no change to what a session is (`sessions.Session` writes lines, as on a socket).
-`answer` then sends the exchange: JSON when the reply comes first and soon, else an SSE stream that carries
-each message as it comes, with keep-alive comments while a long call runs (so a proxy's idle timeout does not
-cut it), ending with the reply.
+`streamable` makes an `Exchange` for each POSTed request and marks it current (`CURRENT`) while the session handles
+the request. A context variable is copied into the task a `tools/call` runs in, so whatever the session writes for
+that request — notifications, then its one reply — lands in its exchange, with no change to what a session is
+(`sessions.Session` writes lines, as on a socket). `answer` then sends the exchange: JSON when the reply comes first
+and soon, else an SSE stream that carries each message as it comes, with keep-alive comments while a long call runs
+(so a proxy's idle timeout does not cut it), ending with the reply. A session's GET stream is an exchange too, with
+no reply, keeping its last events for a client that lost it (`keep`, `stream_session`).
 """
 
 from __future__ import annotations
@@ -38,14 +38,17 @@ class Exchange:
 
     An exchange with a `stream_id` is resumable: its stream's events carry ids (`<stream_id>/<n>`), `log` keeps
     them, and a client that loses the stream does not close it: what still comes is kept for a GET with
-    `Last-Event-ID` (`resume`)."""
+    `Last-Event-ID` (`resume`). A session's GET stream (`keep`) has no reply: each message becomes an event as it
+    comes, and only its last `keep` events are kept (`dropped` counts the others)."""
 
-    def __init__(self, stream_id: str | None = None) -> None:
+    def __init__(self, stream_id: str | None = None, keep: int | None = None) -> None:
         self.notes: list[bytes] = []
         self.reply: bytes | None = None
         self.closed = False  # the client went away (or the session ended): what still comes is dropped
         self.stream_id = stream_id
-        self.log: list[bytes] = []  # the stream's events so far, the reply's last once it came
+        self.keep = keep
+        self.log: list[bytes] = []  # the stream's events kept, the reply's last once it came
+        self.dropped = 0  # events before `log`'s first, no longer kept (a GET stream past `keep`)
         self.delivered = False  # the reply went out whole on some connection: nothing is left to resume
         self.replied = False  # the reply is in `log`, the stream's last event
         self.connections = 0  # connections that sent its stream so far: the last one sends, an older one stops
@@ -53,6 +56,11 @@ class Exchange:
 
     def put(self, data: bytes) -> None:
         if self.closed:
+            return
+        if self.keep is not None:  # a session's GET stream, which carries no response (the specification's rule)
+            if not data.startswith(_REPLY):
+                self._append(self._event(data))
+                self._arrived.set()
             return
         if data.startswith(_REPLY):
             self.reply = data
@@ -82,24 +90,41 @@ class Exchange:
     def record(self) -> None:
         """Move what arrived into `log` as events, the reply last."""
         for note in self.take_notes():
-            self.log.append(self._event(note))
+            self._append(self._event(note))
         if self.reply is not None and not self.replied:
-            self.log.append(self._event(self.reply))
+            self._append(self._event(self.reply))
             self.replied = True
 
     def prime(self) -> None:
         """An event with an id and no data (2025-11-25): a client resumes from it before any message came."""
-        self.log.append(self._event(b""))
+        self._append(self._event(b""))
+
+    @property
+    def count(self) -> int:
+        """The stream's events so far, kept or dropped: the number of its last."""
+        return self.dropped + len(self.log)
+
+    def after(self, seen: int) -> bytes | None:
+        """The stream's events after its `seen`-th, as sent; None when some of them are no longer kept."""
+        return None if seen < self.dropped else b"".join(self.log[seen - self.dropped:])
+
+    def _append(self, event: bytes) -> None:
+        self.log.append(event)
+        if self.keep is not None and len(self.log) > self.keep:
+            self.dropped += len(self.log) - self.keep
+            del self.log[:len(self.log) - self.keep]
 
     def _event(self, message: bytes) -> bytes:
         if self.stream_id is None:
             return b"event: message\n" + _data(message)
-        return b"id: %s/%d\nevent: message\n%s" % (self.stream_id.encode(), len(self.log) + 1, _data(message))
+        return b"id: %s/%d\nevent: message\n%s" % (self.stream_id.encode(), self.count + 1, _data(message))
 
     def resumes_after(self, last_event_id: str) -> int | None:
-        """How many of `log`'s events a client that saw `last_event_id` has; None when it is not this stream's."""
+        """The number of the event a client that saw `last_event_id` saw last; None when it is not this stream's,
+        or when events after it are no longer kept."""
         stream, _, seen = last_event_id.strip().rpartition("/")
-        if stream != self.stream_id or not (seen.isascii() and seen.isdigit()) or int(seen) > len(self.log):
+        if stream != self.stream_id or not (seen.isascii() and seen.isdigit()) \
+                or not self.dropped <= int(seen) <= self.count:
             return None
         return int(seen)
 
@@ -162,9 +187,10 @@ async def resume(exchange: Exchange, after: int, receive: Receive, send: Send, k
 
 
 async def _stream(exchange: Exchange, send: Send, keepalive: float, headers: Mapping[str, str],
-                  gone: asyncio.Task[None], sent: int, poll_after: float | None) -> None:
-    """Send `exchange.log` from its `sent`-th event on, as it grows, until the reply went out, the client left
-    (`gone`), or (`poll_after`) the stream was ended for the client to resume."""
+                  gone: asyncio.Task[None], sent: int, poll_after: float | None, opening: bytes = b"") -> None:
+    """Send the stream's events after its `sent`-th, as they come (after `opening`, a comment), until the reply
+    went out, the client left (`gone`), a newer connection took the stream over, or (`poll_after`) the stream was
+    ended for the client to resume. A connection that fell behind what is kept ends: its client's resume is told."""
     await send({"type": "http.response.start", "status": 200,
                 "headers": [*_SSE_HEADERS, *((k.encode(), v.encode()) for k, v in headers.items())]})
     loop = asyncio.get_running_loop()
@@ -175,7 +201,11 @@ async def _stream(exchange: Exchange, send: Send, keepalive: float, headers: Map
     exchange.wake()  # a connection the client gave up on, not yet seen gone, stops sending
     while not exchange.closed and not gone.done() and exchange.connections == mine:
         exchange.record()
-        events, sent = b"".join(exchange.log[sent:]), len(exchange.log)
+        events, sent = exchange.after(sent), exchange.count
+        if events is None:
+            await send({"type": "http.response.body", "body": opening, "more_body": False})
+            return
+        events, opening = opening + events, b""
         if exchange.replied:
             await send({"type": "http.response.body", "body": events, "more_body": False})
             exchange.delivered = True
@@ -192,21 +222,17 @@ async def _stream(exchange: Exchange, send: Send, keepalive: float, headers: Map
         await exchange.wait(keepalive if until is None else min(keepalive, max(until - loop.time(), 0.0)))
 
 
-async def stream_session(exchange: Exchange, receive: Receive, send: Send, keepalive: float,
+async def stream_session(exchange: Exchange, after: int, receive: Receive, send: Send, keepalive: float,
                          headers: Mapping[str, str]) -> None:
-    """A session's GET stream: what its session writes outside any request, until the client or the session
-    ends it (`exchange.closed`)."""
+    """A session's GET stream (an exchange that `keep`s its events): what its session writes outside any request,
+    from the event after the `after`-th (a GET with `Last-Event-ID`; 0 opens it), until the client leaves, the
+    session ends (`exchange.closed`) or a newer connection takes the stream over."""
     watcher = asyncio.create_task(_watch_disconnect(receive, exchange, lambda: None))
     try:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_SSE_HEADERS, *((k.encode(), v.encode()) for k, v in headers.items())]})
-        await send({"type": "http.response.body", "body": b": stream open\n\n", "more_body": True})
-        while not exchange.closed:
-            await exchange.wait(keepalive)
-            events = b"".join(_event(note) for note in exchange.take_notes())
-            await send({"type": "http.response.body", "body": events or b": keep-alive\n\n", "more_body": True})
-        with contextlib.suppress(OSError):
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await _stream(exchange, send, keepalive, headers, watcher, after, None, b": stream open\n\n")
+        if not watcher.done():
+            with contextlib.suppress(OSError):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         watcher.cancel()
 
@@ -219,10 +245,6 @@ async def _watch_disconnect(receive: Receive, exchange: Exchange, on_gone: Calla
     else:  # the sender stops; what still comes is kept for the client's GET with Last-Event-ID
         exchange.wake()
     on_gone()
-
-
-def _event(message: bytes) -> bytes:
-    return b"event: message\n" + _data(message)
 
 
 def _data(message: bytes) -> bytes:

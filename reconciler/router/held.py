@@ -6,7 +6,8 @@ outlet its writes go to and its signed record (`resumption`); it opens sessions 
 from its record when the id comes to a router that does not hold it, lets the least recently used idle one go
 past a credential's bound (it resumes from its id) and remembers the ids ended here. `Budget` counts the requests
 open per profile and per credential. `HttpBounds` is every number of both. A session also keeps the streams of its
-calls that are not yet delivered whole (`Held.streams`), for a client that lost one to resume it.
+calls that are not yet delivered whole (`Held.streams`), and the last events of its own GET stream (`Outlet.stream`),
+for a client that lost one to resume it.
 """
 
 from __future__ import annotations
@@ -44,13 +45,27 @@ class HttpBounds:
     # (GET with Last-Event-ID), so no connection is held through a long call; None: held until the reply
     poll_after_seconds: float | None = None
     streams_per_session: int = 64  # streams a client lost and may resume; the oldest is dropped past it
+    # a session's GET stream keeps its last events this many, for a client that lost it to resume (Last-Event-ID)
+    session_stream_events: int = 100
 
 
 class Outlet:
-    """Where a handshake-era session's writes go: the request that caused them, else its GET stream."""
+    """Where a handshake-era session's writes go: the request that caused them, else its GET stream, which keeps its
+    last events, sent or not, for a client that loses it (from the session's first GET on: before it, they are
+    dropped)."""
 
     def __init__(self) -> None:
         self.stream: Exchange | None = None
+        self.listening = 0  # connections sending the GET stream now
+
+    def new_stream(self, keep: int) -> Exchange:
+        """A GET stream of a stream id of its own (`<id>/<n>` event ids, unique in the session), keeping its last
+        `keep` events. The stream before it is forgotten with what it kept: a GET without Last-Event-ID names no
+        place in it, and the specification has no message replayed on another stream than its own."""
+        if self.stream is not None:
+            self.stream.close()
+        self.stream = Exchange(stream_id=new_stream_id(), keep=keep)
+        return self.stream
 
     def write(self, data: bytes) -> None:
         exchange = CURRENT.get()
@@ -71,7 +86,7 @@ class Held:
 
     def open_stream(self, most: int) -> Exchange:
         """A resumable exchange for a request of this session, kept until its reply is delivered (`settle`)."""
-        exchange = Exchange(stream_id=secrets.token_urlsafe(9))
+        exchange = Exchange(stream_id=new_stream_id())
         self.streams[exchange.stream_id or ""] = exchange
         while len(self.streams) > most:
             self.streams.popitem(last=False)[1].close()
@@ -86,8 +101,9 @@ class Held:
 
     @property
     def idle(self) -> bool:
-        """No call running and no GET stream open: letting it go loses nothing its id cannot bring back."""
-        return not self.session.tasks and self.outlet.stream is None
+        """No call running and no connection on its GET stream: letting it go loses nothing its id cannot bring
+        back but the events its GET stream kept (a resume of that stream is then refused, saying so)."""
+        return not self.session.tasks and not self.outlet.listening
 
 
 class Budget:
@@ -114,6 +130,11 @@ class Budget:
         self._credentials[key] -= 1
         if not self._credentials[key]:
             del self._credentials[key]
+
+
+def new_stream_id() -> str:
+    """A stream's id: 72 random bits, so none repeats in a session, whichever of its streams it names."""
+    return secrets.token_urlsafe(9)
 
 
 def new_session(router: Hub, profile: str, principal: Principal, outlet: Outlet) -> Session:

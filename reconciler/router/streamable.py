@@ -10,7 +10,8 @@ the framing differs (docs/router.md "MCP over HTTP"):
 - 2024-11-05 to 2025-11-25: `initialize` opens a session whose id (`Mcp-Session-Id`) is its signed record
   (`resumption`), so any router sharing the state folder serves its next request, pinned to the revision it
   began on; POST carries one message, answered as JSON or an SSE stream (`exchanges`); GET opens the session's
-  own stream; DELETE ends it.
+  own stream, and GET with `Last-Event-ID` resumes a stream its client lost (a call's, or the session's own);
+  DELETE ends it.
 - 2026-07-28 (`MCP-Protocol-Version: 2026-07-28`): no session and no GET stream; each POST is one request with
   its envelope, checked against the `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers (-32020 when
   one is missing or disagrees), served by a session of its own; a client that disconnects cancels its call.
@@ -265,33 +266,58 @@ class McpEndpoint:
         return held
 
     async def _open_stream(self, call: _Call, held: Held) -> None:
-        if held.outlet.stream is not None and not held.outlet.stream.closed:
+        """GET without `Last-Event-ID`: the session's own stream, anew (`Outlet.new_stream`)."""
+        if held.outlet.listening:
             await send_body(call.send, 409, b"This session has its stream open already: one GET stream a session.\n",
                             {"content-type": "text/plain"})
             return
-        held.outlet.stream = exchange = Exchange()
+        exchange = held.outlet.new_stream(self.bounds.session_stream_events)
+        if _primes(held):
+            exchange.prime()
+        await self._listen(call, held, exchange, 0)
+
+    async def _listen(self, call: _Call, held: Held, exchange: Exchange, after: int) -> None:
+        held.outlet.listening += 1
         try:
-            await stream_session(exchange, call.receive, call.send, self.bounds.keepalive_seconds, {})
+            await stream_session(exchange, after, call.receive, call.send, self.bounds.keepalive_seconds, {})
         finally:
-            if held.outlet.stream is exchange:
-                held.outlet.stream = None
+            held.outlet.listening -= 1
 
     async def _resume_stream(self, call: _Call, held: Held, last_event_id: str) -> None:
-        """GET with `Last-Event-ID`: the stream of a call whose client lost it, from the event after that one. The
-        specification lets a server replay or not; a stream delivered whole, dropped, or of another router is
-        refused 400, saying so, rather than opened empty (the client would wait for its reply for ever)."""
-        exchange = held.streams.get(last_event_id.strip().rpartition("/")[0])
+        """GET with `Last-Event-ID`: the stream its client lost — a call's, or the session's own — from the event
+        after that one, never another stream's. The specification lets a server replay or not; a stream delivered
+        whole, dropped, or of another router, or events no longer kept, are refused 400, saying so, rather than
+        opened empty or in part (the client would wait for its reply for ever, or miss messages unknowing)."""
+        stream_id = last_event_id.strip().rpartition("/")[0]
+        if held.outlet.stream is not None and stream_id == held.outlet.stream.stream_id:
+            await self._resume_session_stream(call, held, held.outlet.stream, last_event_id)
+            return
+        exchange = held.streams.get(stream_id)
         after = exchange.resumes_after(last_event_id) if exchange is not None else None
         if exchange is None or after is None:
             await send_body(call.send, 400, f"No stream of this session to resume after event {last_event_id[:80]!r}: "
-                            "its reply was delivered already, or it was dropped (a router restarted, or the session "
-                            "was let go). Send the request again.\n".encode(), {"content-type": "text/plain"})
+                            "its reply was delivered already, or it was dropped (a router restarted, the session "
+                            "was let go, or its GET stream was opened anew). Send the request again; for the "
+                            "session's own stream, reopen it: GET without Last-Event-ID.\n".encode(),
+                            {"content-type": "text/plain"})
             return
         try:
             await resume(exchange, after, call.receive, call.send, self.bounds.keepalive_seconds, {},
                          self._poll_after(held))
         finally:
             held.settle(exchange)
+
+    async def _resume_session_stream(self, call: _Call, held: Held, exchange: Exchange, last_event_id: str) -> None:
+        after = exchange.resumes_after(last_event_id)
+        if after is None:
+            kept = f"events {exchange.dropped + 1} to {exchange.count}" if exchange.log else "none yet"
+            await send_body(call.send, 400, f"This session's stream cannot be resumed after event "
+                            f"{last_event_id[:80]!r}: what came after it is no longer all kept (the stream keeps its "
+                            f"last {self.bounds.session_stream_events} events; {kept} now), or it names no event of "
+                            "the stream. Reopen the stream: GET without Last-Event-ID (what was written meanwhile is "
+                            "lost).\n".encode(), {"content-type": "text/plain"})
+            return
+        await self._listen(call, held, exchange, after)
 
     def _poll_after(self, held: Held) -> float | None:
         """`HttpBounds.poll_after_seconds` for a session of 2025-11-25 on (the revision that lets a server end a

@@ -5,7 +5,9 @@ its store: what a page of another origin and a rebound name get, a session that 
 revision is gone, the end of a session, and the 2026-07-28 revision's single requests and their headers. Then
 the endpoint in this process on the echo tree, with small bounds: a credential past its open requests, bodies
 refused before any session, a long call answered as a stream, and a stream its client lost resumed with
-`Last-Event-ID` (by the official client, and after a dropped connection) or refused when nothing is left of it.
+`Last-Event-ID` (by the official client, and after a dropped connection) or refused when nothing is left of it;
+the session's own GET stream likewise: its events' ids, what was written while its client was away sent on its
+resume, in order, and an id of another stream, or past what it keeps, refused.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from reconciler.governance.tokens import create_token
 from reconciler.router.resumption import SessionSigner, load_key
 from reconciler.router.streamable import HttpBounds, McpEndpoint
 from reconciler.web.http import HttpListener, build_mcp_app
+from reconciler.wire.messages import encode_notification
 from tests.fixtures.harness import run, serving
 from tests.fixtures.http_service import HttpServed
 from tests.fixtures.suite_connector import SIMPLE_TEXT
@@ -179,6 +182,14 @@ def test_protocol_2026_07_28_is_one_request_a_post_with_its_headers_and_no_sessi
 @contextlib.asynccontextmanager
 async def mounted(root: Path, run_dir: Path, bounds: HttpBounds) -> AsyncIterator[tuple[Starlette, str]]:
     """The endpoint as the listener mounts it, on a router of its own, and a bearer token of `tester`."""
+    async with mounted_endpoint(root, run_dir, bounds) as (_, app, token):
+        yield app, token
+
+
+@contextlib.asynccontextmanager
+async def mounted_endpoint(root: Path, run_dir: Path,
+                           bounds: HttpBounds) -> AsyncIterator[tuple[McpEndpoint, Starlette, str]]:
+    """`mounted`, with the endpoint itself, whose sessions a test may write to as the router would."""
     with contextlib.closing(open_store(store_url(root, {}, state_dir=root / ".handler"))) as store:
         token = create_token(store, "tester", name="bounded", instance=None, expires_in=None, actor="tests").token
         credentials = Credentials(store)
@@ -188,7 +199,7 @@ async def mounted(root: Path, run_dir: Path, bounds: HttpBounds) -> AsyncIterato
 
             mcp = McpEndpoint(router, authenticate, SessionSigner(load_key(root)), bounds)
             try:
-                yield build_mcp_app(mcp), token
+                yield mcp, build_mcp_app(mcp), token
             finally:
                 await mcp.aclose()
 
@@ -337,5 +348,158 @@ def test_a_stream_whose_connection_drops_is_resumed_from_its_first_event_and_end
             assert len(data) == 1, resumed.text
             assert json.loads(data[0][len("data: "):])["id"] == 7
             assert again.status_code == 400  # delivered whole: nothing is left to resume
+
+    run(scenario())
+
+
+# --- the session's own GET stream, resumed with Last-Event-ID ---------------------------------------------------
+# The router sends nothing there of its own yet (docs/router.md "MCP over HTTP"); these tests write what a session
+# sends outside any request as the router would: through the session's own writer, from no request's context.
+
+
+def changed(n: int) -> bytes:
+    return encode_notification("notifications/tools/list_changed", {"_meta": {"n": n}})
+
+
+async def sse_events(lines: AsyncIterator[str], count: int) -> list[dict[str, str]]:
+    """The next `count` events of an SSE body, each its fields (`id`, `data`); comments are skipped, and an event
+    with no `id` fails the test (a comment has none, an event always has one)."""
+    events: list[dict[str, str]] = []
+    fields: dict[str, str] = {}
+    async for line in lines:
+        if line.startswith(":"):
+            continue
+        if line:
+            name, _, value = line.partition(": ")
+            fields[name] = value
+            continue
+        if fields:
+            assert "id" in fields, fields
+            events.append(fields)
+            fields = {}
+        if len(events) == count:
+            break
+    return events
+
+
+def notes_of(events: list[dict[str, str]]) -> list[int]:
+    """The `n` of each `changed(n)` among `events` (the priming event, with no data, has none)."""
+    return [json.loads(event["data"])["params"]["_meta"]["n"] for event in events if event.get("data")]
+
+
+@contextlib.asynccontextmanager
+async def listening(root: Path, run_dir: Path, bounds: HttpBounds) -> AsyncIterator[
+        tuple[McpEndpoint, httpx.AsyncClient, str]]:
+    """The endpoint on a real listener, a client of it, and a bearer token of `tester`."""
+    async with mounted_endpoint(root, run_dir, bounds) as (mcp, app, token):
+        listener = HttpListener(app, "127.0.0.1", 0, dashboard=False)
+        await listener.start()
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{listener.port}", timeout=30) as client:
+                yield mcp, client, token
+        finally:
+            await listener.aclose()
+
+
+async def until_dropped(mcp: McpEndpoint, sid: str) -> None:
+    """Until the endpoint has seen the client's GET stream go."""
+    held = mcp._held.get(sid)
+    assert held is not None
+    while held.outlet.listening:
+        await asyncio.sleep(0.01)
+
+
+def test_a_get_stream_resumed_with_last_event_id_gets_what_was_written_while_it_was_away_once_in_order(
+        echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with listening(echo_root, run_dir, HttpBounds(keepalive_seconds=0.05)) as (mcp, client, token):
+            headers = await open_session(client, token)
+            held = mcp._held.get(headers["Mcp-Session-Id"])
+            assert held is not None
+            async with client.stream("GET", "/mcp/tester", headers=headers) as first:
+                lines = first.aiter_lines()
+                primed = await sse_events(lines, 1)  # 2025-11-25: an event with an id and no data, to resume from
+                assert primed[0]["data"] == "", primed
+                held.session.write(changed(1))
+                await asyncio.sleep(0.15)  # keep-alives meanwhile: comments, which `sse_events` finds with no id
+                seen = await sse_events(lines, 1)
+            assert notes_of(seen) == [1]
+            stream, _, number = seen[0]["id"].rpartition("/")
+            assert (stream, number) == (primed[0]["id"].rpartition("/")[0], "2")
+            for n in (2, 3, 4):  # while the client is away
+                held.session.write(changed(n))
+            resumed = {**headers, "Last-Event-ID": seen[0]["id"]}
+            async with client.stream("GET", "/mcp/tester", headers=resumed) as again:
+                assert again.status_code == 200
+                lines = again.aiter_lines()
+                missed = await sse_events(lines, 3)
+                held.session.write(changed(5))  # then the live stream goes on
+                live = await sse_events(lines, 1)
+            assert notes_of(missed) == [2, 3, 4]
+            assert [event["id"] for event in missed + live] == [f"{stream}/{n}" for n in (3, 4, 5, 6)]
+            assert notes_of(live) == [5]
+
+    run(scenario())
+
+
+def test_a_last_event_id_of_an_abandoned_or_unknown_get_stream_is_refused_saying_to_reopen_it(
+        echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with listening(echo_root, run_dir, HttpBounds()) as (mcp, client, token):
+            headers = await open_session(client, token)
+            sid = headers["Mcp-Session-Id"]
+            held = mcp._held.get(sid)
+            assert held is not None
+            async with client.stream("GET", "/mcp/tester", headers=headers) as first:
+                old = (await sse_events(first.aiter_lines(), 1))[0]["id"]
+            await until_dropped(mcp, sid)
+            held.session.write(changed(1))
+            ahead = old.rpartition("/")[0] + "/9"  # an event the stream never had
+            future = await client.get("/mcp/tester", headers={**headers, "Last-Event-ID": ahead})
+            assert future.status_code == 400
+            assert f"This session's stream cannot be resumed after event {ahead!r}" in future.text
+            assert "Reopen the stream: GET without Last-Event-ID" in future.text
+            async with client.stream("GET", "/mcp/tester", headers=headers) as fresh:  # anew: nothing replayed
+                lines = fresh.aiter_lines()
+                opened_anew = (await sse_events(lines, 1))[0]
+                held.session.write(changed(2))
+                after = await sse_events(lines, 1)
+            assert opened_anew["data"] == ""
+            assert opened_anew["id"].rpartition("/")[0] != old.rpartition("/")[0]
+            assert notes_of(after) == [2]
+            abandoned = await client.get("/mcp/tester", headers={**headers, "Last-Event-ID": old})
+            assert abandoned.status_code == 400
+            assert f"No stream of this session to resume after event {old!r}" in abandoned.text
+            assert "reopen it: GET without Last-Event-ID" in abandoned.text
+            other = await open_session(client, token)  # another session knows no stream of this one's
+            foreign = await client.get("/mcp/tester", headers={**other, "Last-Event-ID": opened_anew["id"]})
+            assert foreign.status_code == 400
+
+    run(scenario())
+
+
+def test_a_get_stream_resumed_from_before_what_it_keeps_is_refused_not_replayed_in_part(
+        echo_root: Path, run_dir: Path) -> None:
+    async def scenario() -> None:
+        async with listening(echo_root, run_dir, HttpBounds(session_stream_events=3)) as (mcp, client, token):
+            headers = await open_session(client, token)
+            sid = headers["Mcp-Session-Id"]
+            held = mcp._held.get(sid)
+            assert held is not None
+            async with client.stream("GET", "/mcp/tester", headers=headers) as first:
+                primed = (await sse_events(first.aiter_lines(), 1))[0]["id"]
+            await until_dropped(mcp, sid)
+            for n in range(1, 6):  # events 2 to 6: the stream keeps 4 to 6
+                held.session.write(changed(n))
+            stream = primed.rpartition("/")[0]
+            refused = await client.get("/mcp/tester", headers={**headers, "Last-Event-ID": primed})
+            assert refused.status_code == 400
+            assert "no longer all kept (the stream keeps its last 3 events; events 4 to 6 now)" in refused.text
+            assert "Reopen the stream: GET without Last-Event-ID" in refused.text
+            async with client.stream("GET", "/mcp/tester", headers={**headers, "Last-Event-ID": f"{stream}/3"}) as kept:
+                assert kept.status_code == 200
+                replayed = await sse_events(kept.aiter_lines(), 3)
+            assert notes_of(replayed) == [3, 4, 5]
+            assert [event["id"] for event in replayed] == [f"{stream}/{n}" for n in (4, 5, 6)]
 
     run(scenario())
