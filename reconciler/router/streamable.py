@@ -196,8 +196,12 @@ class McpEndpoint:
         if held is None:
             return
         if "id" not in decoded or "method" not in decoded:  # a notification (or a response: the router asks none)
-            self._handle(held.session, None, body)
-            await send_body(call.send, 202, b"", {})
+            refused = Exchange()
+            self._handle(held.session, refused, body)
+            if refused.reply is None:
+                await send_body(call.send, 202, b"", {})
+            else:  # one the session cannot accept: the specification's 4xx, its JSON-RPC error as the body
+                await send_body(call.send, 400, refused.reply, {"content-type": "application/json"})
             return
         exchange = held.open_stream(self.bounds.streams_per_session)
         self._handle(held.session, exchange, body)

@@ -143,6 +143,23 @@ def test_delete_ends_a_session_and_a_forged_id_is_unknown(served: HttpServed) ->
     assert "needs the Mcp-Session-Id header" in missing.json()["error"]["message"]
 
 
+def test_a_notification_is_accepted_with_202_and_one_the_session_refuses_gets_400_with_its_error(
+        served: HttpServed) -> None:
+    """A POSTed notification or response: 202 with no body when the session takes it; else a 4xx saying why (the
+    transport's rule), not a 202 whose error nothing ever sends."""
+    token = served.token("suite")
+    headers = bearer(token, **{"Mcp-Session-Id": opened(served, token)})
+    taken = httpx.post(served.url("suite"), headers=headers,
+                       json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    assert (taken.status_code, taken.content) == (202, b"")
+    refused = httpx.post(served.url("suite"), headers=headers, json={"jsonrpc": "2.0", "method": "tools/list"})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["message"], refused.text
+    assert refused.json().get("id") is None
+    still = httpx.post(served.url("suite"), headers=headers, json=call(2, "test_simple_text"))
+    assert still.status_code == 200, still.text  # the session goes on
+
+
 def test_protocol_2026_07_28_is_one_request_a_post_with_its_headers_and_no_session(served: HttpServed) -> None:
     token = served.token("suite")
     discover = {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": ENVELOPE}}
