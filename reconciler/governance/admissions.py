@@ -9,9 +9,8 @@ takes more (or finds the cap reached, which the decision then names). The leases
 spend rows, so no cap is overspent however many calls or routers race. Either way, an executed
 call's audit rows are recorded on the event loop's thread without a lock (`lanes.Records`: one row
 for a call settled before its decision is written), and they, a blocked call's row and the spend of
-the scopes no cap limits go to the backlog (`store.backlog`), committed a moment later, as do
-settlements (from the event loop itself when it is only audit rows and spend and the store is free:
-`store.committing`; else on a worker thread); a hold is written before the agent hears of it. `admit_now`
+the scopes no cap limits go to the backlog (`store.backlog`), as do settlements, committed a moment later
+by its one writer (`recording.BacklogWriter`); a hold is written before the agent hears of it. `admit_now`
 is the same decision in one store transaction with a reservation of its own, for callers off the
 event loop. The `GovernedGate` puts this gate and the hold runner together as the router's `Gate`.
 """
@@ -36,8 +35,6 @@ from reconciler.governance.errors import (
     GovernanceError,
     HoldNotFoundError,
     NotAllowedError,
-    StoreError,
-    StoreRefusedError,
 )
 from reconciler.governance.gate import Admission, CallRequest, HoldStatus, Settlement
 from reconciler.governance.holds import (
@@ -51,7 +48,7 @@ from reconciler.governance.holds import (
     list_holds,
     new_request_id,
 )
-from reconciler.governance.lanes import Charges, Records, covered, limits_spend
+from reconciler.governance.lanes import Records, covered, limits_spend
 from reconciler.governance.leasekeeper import LeaseKeeper
 from reconciler.governance.leases import Lease, Needs
 from reconciler.governance.ledger import (
@@ -63,12 +60,11 @@ from reconciler.governance.ledger import (
     settlement_row,
 )
 from reconciler.governance.notices import Reach, add_notices, list_notices, pending_news, targets_for
+from reconciler.governance.recording import BacklogWriter
 from reconciler.governance.rulebook import ToolEntry, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store import Store, Transaction
 from reconciler.governance.store.audit import AuditRow, audit_row, insert_audit
-from reconciler.governance.store.backlog import Backlog
-from reconciler.governance.store.committing import loop_committer
 from reconciler.governance.store.holds import insert_hold
 from reconciler.governance.workers import StoreWorkers
 
@@ -76,7 +72,6 @@ __all__ = ["Admissions"]
 
 log = logging.getLogger("handler.governance")
 _NO_SPEND = SpendState()
-_RETRY_SECONDS = 1.0  # between tries to commit the backlog while the store fails
 WITHDRAWER = "the service"  # who rejects the holds of a run that ended
 
 
@@ -153,18 +148,12 @@ class Admissions:
         self._keeper = keeper
         self._workers = workers
         self._rulebooks = rulebooks
-        self._batch_seconds = batch_seconds
         self._held = held
         self._run_now = run_now
-        self._backlog = Backlog()
-        # The backlog is committed from the event loop when it can be (`store.committing`), one commit at a time.
-        self._loop_commits = loop_committer(store)
-        self._commit_lock = asyncio.Lock()
-        self._commits: set[asyncio.Future[bool]] = set()
-        # What the calls on the event loop's thread left to write.
+        # What the calls on the event loop's thread left to write, and the one writer of it and of the backlog.
         self._records = Records(rulebooks, seen, keeper.book)
-        self._flushing: asyncio.Task[None] | None = None
-        self._flush_due = False  # a flush is scheduled: it runs until the backlog and the lanes' records are empty
+        self._writer = BacklogWriter(store, workers, self._records, batch_seconds)
+        self._backlog = self._writer.backlog
         self._open = 0  # calls admitted here off their lanes and not yet settled (`Records` counts the lanes')
         self._closed = False  # then a settlement is written at once: nothing commits the backlog any more
         self._violations = 0  # reports above the reservation seen here since start, off the lanes
@@ -185,8 +174,8 @@ class Admissions:
             return Admission("blocked", "Blocked: this router is shutting down; retry in a moment.")
         admitted = self._records.admit(snapshot, call)
         if admitted is not None:  # the common case: nothing limits or holds it
-            if not self._flush_due:
-                self._flush_soon()
+            if not self._writer.due:
+                self._writer.soon()
             return admitted
         entry = self._rulebooks.rulebook(snapshot).entry(call.profile, call.tool)
         found = None
@@ -194,8 +183,8 @@ class Admissions:
             found = (await self._admit_leased(snapshot, entry, call) if limits_spend(entry.caps)
                      else self._refuse_unlimited(entry, call))
         admission = found if found is not None else await self._workers.run(self.admit_now, snapshot, call)
-        if not self._flush_due and len(self._backlog):  # a flush due runs until the backlog is empty
-            self._flush_soon()
+        if not self._writer.due and len(self._backlog):  # a flush due runs until the backlog is empty
+            self._writer.soon()
         if admission.status == "pending":
             self._held()
         if admission.ticket is not None:  # off its lane: counted until settled
@@ -238,8 +227,8 @@ class Admissions:
             return Admission("blocked", decision.reason, request_id, None, decision.wire_trace)
         # Its record waits with the lanes': most often it is written as one row with its settlement.
         self._records.decided(request_id, _decided_row(request_id, call, decision))
-        if not self._flush_due:
-            self._flush_soon()
+        if not self._writer.due:
+            self._writer.soon()
         # The scopes no cap limits are counted through the backlog when it is settled, as for a call nothing limits.
         ticket = _LeasedTicket(request_id, call, self, cost, needs.counted, needs.month, held)
         return Admission("executed", decision.reason, request_id, ticket, decision.wire_trace)
@@ -322,11 +311,11 @@ class Admissions:
             return Settlement(0.0, None)
         settled = ticket.settle(admission, actual_cost, ok)
         if self._closed:  # a call that outlived `aclose` (the router closes after governance): written now
-            await asyncio.to_thread(self._flush_late, self._records.take(everything=True))
+            await asyncio.to_thread(self._writer.write_late, self._records.take(everything=True))
             if settled.remaining is not None:  # a budget applied: what its leases no longer need goes back now
                 await self._keeper.settled_after_close()
-        elif not self._flush_due:
-            self._flush_soon()
+        elif not self._writer.due:
+            self._writer.soon()
         return settled
 
     def settle_leased(self, ticket: _LeasedTicket, reported: int | None, ok: bool) -> Settlement:
@@ -427,72 +416,6 @@ class Admissions:
 
     # --- the backlog -----------------------------------------------------------------------------
 
-    def _flush_soon(self) -> None:
-        if self._flushing is None or self._flushing.done():
-            self._flush_due = True
-            self._flushing = asyncio.get_running_loop().create_task(self._flush_later())
-
-    async def _flush_later(self) -> None:
-        """Commit the backlog until it is empty: rows added while a commit runs are not left waiting for
-        the next call (they were, and `handler spend` missed the last settlements of a burst)."""
-        pause = self._batch_seconds
-        try:
-            while True:
-                await asyncio.sleep(pause)  # gather what the next moments bring into one commit
-                done = await self._commit(self._records.take())
-                if not len(self._backlog) and not len(self._records):
-                    return
-                pause = self._batch_seconds if done else _RETRY_SECONDS
-        finally:
-            self._flush_due = False
-
-    async def flush(self) -> None:
-        """Commit the backlog now (tests, shutdown), with the decision of every call still running."""
-        await self._commit(self._records.take(everything=True))
-
-    async def _commit(self, taken: tuple[list[AuditRow], Charges]) -> bool:
-        """Commit the backlog with what the event loop's thread recorded (`taken`): from the loop itself when it
-        holds only audit rows and spend and the store is free (`store.committing`), else on a worker thread. False
-        when the store failed: the rows are kept for the next try."""
-        if self._loop_commits is None:
-            return await self._workers.run(self.flush_now, taken)
-        self._backlog.add_rows(*taken)
-        task = asyncio.ensure_future(self._commit_on_loop())
-        self._commits.add(task)
-        task.add_done_callback(self._commits.discard)
-        return await asyncio.shield(task)  # a commit under way is never cancelled: `aclose` waits for it
-
-    async def _commit_on_loop(self) -> bool:
-        assert self._loop_commits is not None  # noqa: S101 - only called with one
-        async with self._commit_lock:  # one at a time: a commit returns once what was added before it is committed
-            waiting = len(self._backlog)
-            try:
-                if await self._loop_commits.flush(self._backlog):
-                    return True
-            except StoreRefusedError:
-                pass  # the worker's flush writes the rows one by one and sets aside those refused
-            except StoreError as exc:
-                _not_recorded(waiting, exc)
-                return False
-            return await self._workers.run(self.flush_now)  # settlements too, or the store busy: the worker waits
-
-    def flush_now(self, taken: tuple[list[AuditRow], Charges] | None = None) -> bool:
-        """Commit the backlog on this thread, with what the event loop's thread recorded (`taken` there); False
-        when the store failed: the rows are kept for the next try (the decisions stand, only their record is late)."""
-        if taken is not None:
-            self._backlog.add_rows(*taken)
-        waiting = len(self._backlog)
-        try:
-            self._backlog.flush(self.store)
-        except StoreError as exc:
-            _not_recorded(waiting, exc)
-            return False
-        return True
-
-    def _flush_late(self, taken: tuple[list[AuditRow], Charges] | None = None) -> None:
-        if not self.flush_now(taken):
-            log.error("the store failed: %d audit/spend rows are not recorded", len(self._backlog))
-
     async def aclose(self) -> None:
         """Admit no more and commit the backlog; a call admitted here and still running is recorded (straight
         into the store) when it is settled, so no settlement is lost to closing first (docs/architecture.md §7)."""
@@ -500,19 +423,15 @@ class Admissions:
         if running := self._open + self._records.running:
             log.info("%d calls admitted here are still running; each is recorded when it ends", running)
         await self._keeper.aclose()
-        if self._flushing is not None:
-            self._flushing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flushing
-        if self._commits:  # a commit under way on the loop ends first: what it took is in the store or back
-            await asyncio.gather(*self._commits, return_exceptions=True)
-        self._flush_late(self._records.take(everything=True))
-        if self._loop_commits is not None:
-            await self._loop_commits.aclose()
+        await self._writer.aclose()
 
+    async def flush(self) -> None:
+        """Commit what waits now (tests, shutdown), with the decision of every call still running."""
+        await self._writer.flush()
 
-def _not_recorded(waiting: int, exc: StoreError) -> None:
-    log.warning("could not record %d audit/spend rows yet, will retry: %s", waiting, exc)
+    def flush_now(self) -> bool:
+        """Commit what waits in the backlog on this thread (a worker's); False when the store failed."""
+        return self._writer.flush_now()
 
 
 def _decided_row(request_id: str, call: CallRequest, decision: Decision) -> AuditRow:
