@@ -6,7 +6,7 @@ explain`); `holds`, `ledger` and `notices` are the life of a hold, of spend and 
 notice; `leases` is a router's book of budget leases (slices of the caps it spends in memory) and
 `leasekeeper` keeps it in line with the store; `store/` alone speaks SQL (the schema, its Alembic
 migrations, the statements of each concern, SQLite or PostgreSQL). On the call path, `gate` is the
-router's seam; `governor` is the real gate, made of `admissions` (admit, settle, the built-ins'
-answers) and `holdrunner` (approved holds, each run once), which share `workers` (store calls off
-the event loop). Nothing is imported here, so that the router's import of `gate` stays light.
+router's seam; `governed` is the real gate, made of `admissions` (admit, settle, the built-ins'
+answers, with `lanes` and `recording`) and `holdrunner` (approved holds, each run once), which share
+`workers` (store calls off the event loop). Nothing is imported here, so that the router's import of `gate` stays light.
 """

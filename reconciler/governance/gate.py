@@ -43,8 +43,9 @@ class CallRequest:
 
 class Ticket(Protocol):
     """An executed call's charge as the gate that admitted it keeps it, one kind per way of admitting (governance:
-    `lanes.LaneTicket` for a call nothing limits, `admissions`' leased and reserved tickets for a capped one).
-    Settling it records what the call cost, and says what it was charged (docs/architecture.md §7)."""
+    `lanes.LaneTicket` for a call on its lane, leased or not, `admissions`' leased and reserved tickets for a capped
+    call off its lane, `ledger.HeldTicket` for an approved hold as it runs). Settling it records what the call cost,
+    and says what it was charged (docs/architecture.md §7)."""
 
     def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement: ...
 

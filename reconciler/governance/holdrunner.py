@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import re
 import secrets
@@ -32,7 +31,7 @@ from reconciler.governance.decide import decide_call, guardrail_block
 from reconciler.governance.errors import StoreError, StoreRefusedError
 from reconciler.governance.gate import CallRequest, CallResult, Executor
 from reconciler.governance.holds import Hold, approved_ids, claim_hold, finish_hold, get_hold
-from reconciler.governance.ledger import Reservation, current_month, ensure_rows, read_state, reserve, settle
+from reconciler.governance.ledger import HeldTicket, Reservation, current_month, ensure_rows, read_state, reserve
 from reconciler.governance.rulebook import CapSet, ToolEntry, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store import Store
@@ -169,14 +168,12 @@ class HoldRunner:
             await self._workers.run(_finish, self.store, hold, False, None, recheck, None, None)
             return True
         result = await self._execute(self._executor, hold)
-        actual = to_micros(result.cost) if result.cost is not None else None  # a failure's too: the call log's cost
-        try:
-            charged, _ = await self._workers.run(functools.partial(settle, binding=hold.binding, tool=hold.tool),
-                                                 self.store, recheck, actual, result.ok, request_id)
+        try:  # at the cost it reported, a failure's too (the call log's cost)
+            charged = to_micros((await self._workers.run(recheck.settle, None, result.cost, result.ok)).charged)
         except StoreError as exc:  # left reserved: charged what it reserved when reconciled, as a killed router's
             log.warning("hold %s ran, but its settlement could not be written: it counts at its reservation until "
                         "reconciled: %s", request_id, exc)
-            charged = recheck.reserved
+            charged = recheck.reservation.reserved
         output = dict(result.output) if result.ok else _final_output(result.output)
         message = "" if result.ok else _failure_message(output)
         cause = None if result.ok else _without_retry_advice(result.cause or message)
@@ -222,8 +219,9 @@ class HoldRunner:
             return CallResult(False, {"error": "unavailable", "message": f"the call could not run: {exc}"},
                               cause=f"the router could not run it: {type(exc).__name__}: {exc}")
 
-    def _recheck(self, snapshot: Snapshot, hold: Hold) -> Reservation | str:
-        """At run time: the binding, explicit blocks and guardrails again; a reservation or the reason."""
+    def _recheck(self, snapshot: Snapshot, hold: Hold) -> HeldTicket | str:
+        """At run time: the binding, explicit blocks and guardrails again; the ticket of its new reservation, or the
+        reason it may not run."""
         if hold.binding not in snapshot.bindings:
             return f"the binding {hold.binding} this call was held on is gone from the config"
         entry = self._rulebooks.rulebook(snapshot).entry(hold.profile, hold.tool)
@@ -236,7 +234,7 @@ class HoldRunner:
         if isinstance(found, str) and self._make_room is not None and self._make_room(
                 entry.caps, hold.profile, hold.instance, month):
             found = self._reserve(entry, hold, month)
-        return found
+        return found if isinstance(found, str) else HeldTicket(self.store, found, hold.id, hold.binding, hold.tool)
 
     def _reserve(self, entry: ToolEntry, hold: Hold, month: str) -> Reservation | str:
         with self.store.begin() as tx:

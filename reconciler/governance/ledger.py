@@ -22,8 +22,9 @@ from typing import Any
 
 from reconciler.governance.charging import PricedCall, charge_call
 from reconciler.governance.decide import SpendState
+from reconciler.governance.gate import Admission, Settlement
 from reconciler.governance.holds import STRANDED_AFTER_SECONDS, new_request_id
-from reconciler.governance.rulebook import CapSet
+from reconciler.governance.rulebook import CapSet, from_micros, to_micros
 from reconciler.governance.store import Store, Transaction, now
 from reconciler.governance.store import leases as lease_rows
 from reconciler.governance.store import spend as rows
@@ -130,6 +131,24 @@ def reserve(
     after = SpendState(state.org + cost, state.profile + cost, state.instance + cost,
                        None if state.balance is None else state.balance - cost)
     return Reservation(rid, month, scopes, account, cost, caps, profile, instance, budget_remaining(caps, after))
+
+
+@dataclass(frozen=True, slots=True)
+class HeldTicket:
+    """The ticket of an approved hold, reserved again when it runs (`holdrunner`): it settles in one store
+    transaction (`settle`), so it is settled off the event loop (`gate.Ticket`, whose admission it does not need)."""
+
+    store: Store
+    reservation: Reservation
+    request_id: str
+    binding: str
+    tool: str
+
+    def settle(self, admission: Admission | None, actual_cost: float | None, ok: bool) -> Settlement:
+        reported = None if actual_cost is None else to_micros(actual_cost)
+        charged, remaining = settle(self.store, self.reservation, reported, ok, self.request_id, binding=self.binding,
+                                    tool=self.tool)
+        return Settlement(from_micros(charged), None if remaining is None else from_micros(remaining))
 
 
 def settle(

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from reconciler.config.snapshot import Snapshot
-from reconciler.governance import holdrunner
+from reconciler.governance import holdrunner, ledger
 from reconciler.governance.auditing import read_audit
 from reconciler.governance.errors import StoreError, StoreRefusedError
 from reconciler.governance.gate import CallRequest, CallResult, Executor, HoldStatus
@@ -172,7 +172,7 @@ def test_a_store_failing_once_the_call_has_run_loses_neither_its_end_nor_its_cha
             raise StoreError("the store is down")
         real_finish(*args, **kwargs)
 
-    monkeypatch.setattr(holdrunner, "settle", failing_settle)
+    monkeypatch.setattr(ledger, "settle", failing_settle)  # what the hold's ticket settles with
     monkeypatch.setattr(holdrunner, "finish_hold", flaky_finish)
     monkeypatch.setattr(holdrunner, "_RETRY_SECONDS", 0.01)
     recorder = Recorder()
