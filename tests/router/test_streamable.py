@@ -32,6 +32,7 @@ from reconciler.governance.credentials import Credentials, Principal
 from reconciler.governance.store import open_store
 from reconciler.governance.store.engine import store_url
 from reconciler.governance.tokens import create_token
+from reconciler.router.held import Held
 from reconciler.router.resumption import SessionSigner, load_key
 from reconciler.router.streamable import HttpBounds, McpEndpoint
 from reconciler.web.http import HttpListener, build_mcp_app
@@ -418,10 +419,17 @@ async def listening(root: Path, run_dir: Path, bounds: HttpBounds) -> AsyncItera
             await listener.aclose()
 
 
-async def until_dropped(mcp: McpEndpoint, sid: str) -> None:
-    """Until the endpoint has seen the client's GET stream go."""
-    held = mcp._held.get(sid)
+async def held_session(mcp: McpEndpoint, client: httpx.AsyncClient, token: str) -> tuple[dict[str, str], Held]:
+    """A session opened over HTTP (its request headers) and the endpoint's hold of it, to write to it directly: the
+    router sends nothing on a session's own stream of itself."""
+    headers = await open_session(client, token)
+    held = mcp._held.get(headers["Mcp-Session-Id"])
     assert held is not None
+    return headers, held
+
+
+async def until_dropped(held: Held) -> None:
+    """Until the endpoint has seen the client's GET stream go."""
     while held.outlet.listening:
         await asyncio.sleep(0.01)
 
@@ -430,9 +438,7 @@ def test_a_get_stream_resumed_with_last_event_id_gets_what_was_written_while_it_
         echo_root: Path, run_dir: Path) -> None:
     async def scenario() -> None:
         async with listening(echo_root, run_dir, HttpBounds(keepalive_seconds=0.05)) as (mcp, client, token):
-            headers = await open_session(client, token)
-            held = mcp._held.get(headers["Mcp-Session-Id"])
-            assert held is not None
+            headers, held = await held_session(mcp, client, token)
             async with client.stream("GET", "/mcp/tester", headers=headers) as first:
                 lines = first.aiter_lines()
                 primed = await sse_events(lines, 1)  # 2025-11-25: an event with an id and no data, to resume from
@@ -463,13 +469,10 @@ def test_a_last_event_id_of_an_abandoned_or_unknown_get_stream_is_refused_saying
         echo_root: Path, run_dir: Path) -> None:
     async def scenario() -> None:
         async with listening(echo_root, run_dir, HttpBounds()) as (mcp, client, token):
-            headers = await open_session(client, token)
-            sid = headers["Mcp-Session-Id"]
-            held = mcp._held.get(sid)
-            assert held is not None
+            headers, held = await held_session(mcp, client, token)
             async with client.stream("GET", "/mcp/tester", headers=headers) as first:
                 old = (await sse_events(first.aiter_lines(), 1))[0]["id"]
-            await until_dropped(mcp, sid)
+            await until_dropped(held)
             held.session.write(changed(1))
             ahead = old.rpartition("/")[0] + "/9"  # an event the stream never had
             future = await client.get("/mcp/tester", headers={**headers, "Last-Event-ID": ahead})
@@ -499,13 +502,10 @@ def test_a_get_stream_resumed_from_before_what_it_keeps_is_refused_not_replayed_
         echo_root: Path, run_dir: Path) -> None:
     async def scenario() -> None:
         async with listening(echo_root, run_dir, HttpBounds(session_stream_events=3)) as (mcp, client, token):
-            headers = await open_session(client, token)
-            sid = headers["Mcp-Session-Id"]
-            held = mcp._held.get(sid)
-            assert held is not None
+            headers, held = await held_session(mcp, client, token)
             async with client.stream("GET", "/mcp/tester", headers=headers) as first:
                 primed = (await sse_events(first.aiter_lines(), 1))[0]["id"]
-            await until_dropped(mcp, sid)
+            await until_dropped(held)
             for n in range(1, 6):  # events 2 to 6: the stream keeps 4 to 6
                 held.session.write(changed(n))
             stream = primed.rpartition("/")[0]
