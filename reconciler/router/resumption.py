@@ -8,11 +8,17 @@ a restart, or another sharing the state — resumes it without a table of sessio
 revision is no longer served is read, then refused by the transport, which tells the client so. The same record
 is what a bridge hands over to a new router to carry a stdio session across a restart (`lifeline`, docs/router.md
 "Restarts").
+
+An id its client ended (DELETE) is revoked in the same folder (`http-sessions.ended`, 0600: one line per id, its
+revision and its digest), so no router sharing it, and no router started there again, resumes it. A revoked id
+matters only while its revision is served (after, the transport refuses it anyway): the lines of other revisions
+are dropped when the next id is revoked.
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import hmac
 import os
@@ -24,9 +30,10 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["KEY_NAME", "SessionRecord", "SessionSigner", "load_key"]
+__all__ = ["ENDED_NAME", "KEY_NAME", "Revocations", "SessionRecord", "SessionSigner", "load_key"]
 
 KEY_NAME: Final = "http-sessions.key"
+ENDED_NAME: Final = "http-sessions.ended"
 _KEY_BYTES: Final = 32
 _MOST_ID_CHARS: Final = 4096  # a record is a few hundred bytes; a longer id is not one of ours
 
@@ -45,11 +52,53 @@ class SessionRecord:
     nonce: str = ""
 
 
-class SessionSigner:
-    """Makes and reads session ids under one key."""
+class Revocations:
+    """The ids ended by DELETE, kept in a file of the state folder that every router sharing it reads (the module's
+    docstring). Read again only when the file changed: a request costs one `stat`."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the file as last read
+        self._digests: frozenset[str] = frozenset()
+
+    def revoked(self, session_id: str) -> bool:
+        self._refresh()
+        return _digest(session_id) in self._digests
+
+    def revoke(self, session_id: str, revision: str) -> None:
+        """Add the id, and keep only the lines of `revision` (the live one: the others are refused anyway), under
+        an exclusive lock of the file so that two routers revoking at once both keep theirs."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "r+", encoding="ascii") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            kept = [line for line in handle.read().splitlines() if line.startswith(f"{revision} ")]
+            kept.append(f"{revision} {_digest(session_id)}")
+            handle.seek(0)
+            handle.truncate()
+            handle.write("".join(f"{line}\n" for line in kept))
+        self._seen = None
+
+    def _refresh(self) -> None:
+        try:
+            found = self.path.stat()
+        except FileNotFoundError:
+            self._seen, self._digests = None, frozenset()
+            return
+        if (found.st_mtime_ns, found.st_size) == self._seen:
+            return
+        with self.path.open(encoding="ascii") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            lines = handle.read().splitlines()
+        self._seen = (found.st_mtime_ns, found.st_size)
+        self._digests = frozenset(line.partition(" ")[2] for line in lines)
+
+
+class SessionSigner:
+    """Makes and reads session ids under one key; `revocations`, where the ids ended by DELETE are kept."""
+
+    def __init__(self, key: bytes, revocations: Revocations | None = None) -> None:
         self._key = key
+        self.revocations = revocations
 
     def issue(self, record: SessionRecord) -> str:
         if not record.nonce:
@@ -91,6 +140,10 @@ def load_key(state_dir: Path) -> bytes:
         finally:
             draft.unlink()
     return path.read_bytes()
+
+
+def _digest(session_id: str) -> str:
+    return hashlib.sha256(session_id.encode()).hexdigest()
 
 
 def _b64(data: bytes) -> str:

@@ -31,7 +31,7 @@ from reconciler.router.generation import Generation, ValidatorCache, compile_gen
 from reconciler.router.hub import ConnectionBounds
 from reconciler.router.limits import LimitBook
 from reconciler.router.pipeline import Caller, Services, run_held
-from reconciler.router.resumption import SessionSigner, load_key
+from reconciler.router.resumption import ENDED_NAME, Revocations, SessionSigner, load_key
 from reconciler.router.runs import AgentRuns, Confinement
 from reconciler.router.transport import Connection, Listener
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineBudget
@@ -82,7 +82,8 @@ class Router:
         """The signer of session records, under the state folder's key (made when first needed): the records of
         sessions over HTTP and of sessions a bridge handed over, which a restarted router resumes."""
         if self._signer is None:
-            self._signer = SessionSigner(load_key(_private(self.state_dir, "HANDLER_STATE_DIR")))
+            state = _private(self.state_dir, "HANDLER_STATE_DIR")
+            self._signer = SessionSigner(load_key(state), Revocations(state / ENDED_NAME))
         return self._signer
 
     def socket_path(self, profile: str) -> Path:

@@ -245,7 +245,7 @@ class McpEndpoint:
             return None
         held = self._held.get(sid)
         record = held.record if held is not None else self._signer.read(sid)
-        if record is None or self._held.ended(sid) or record.profile != call.profile \
+        if record is None or self._ended(sid) or record.profile != call.profile \
                 or record.principal != call.principal.name:
             # Another credential's id is as unknown as a forged one: nothing says it exists.
             await send_json_error(call.send, 404, INVALID_REQUEST, f"no such session; {_NEW_SESSION}", msg_id)
@@ -328,11 +328,18 @@ class McpEndpoint:
         stream for its client to resume), else None."""
         return self.bounds.poll_after_seconds if _primes(held) else None
 
+    def _ended(self, sid: str) -> bool:
+        """Whether the session was ended by DELETE, here or at any router sharing the state folder."""
+        revocations = self._signer.revocations
+        return self._held.ended(sid) or (revocations is not None and revocations.revoked(sid))
+
     async def _end(self, call: _Call, sid: str | None) -> None:
         held = await self._find(call, sid, None)
         if held is None or sid is None:
             return
         self._held.end(sid)
+        if (revocations := self._signer.revocations) is not None:  # no router resumes it, this one restarted too
+            await asyncio.to_thread(revocations.revoke, sid, held.record.revision)
         await send_body(call.send, 200, b"", {})
 
     def _too_many(self, call: _Call) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from reconciler.router.resumption import KEY_NAME, SessionRecord, SessionSigner, load_key
+from reconciler.router.resumption import ENDED_NAME, KEY_NAME, Revocations, SessionRecord, SessionSigner, load_key
 
 RECORD = SessionRecord("researcher", "ci-token", "2025-11-25", "tree:abc123", "nightly", {"sampling": {}})
 
@@ -44,3 +44,21 @@ def test_the_key_is_made_once_private_and_every_router_reads_the_same(tmp_path: 
     assert load_key(tmp_path) == first
     assert len(first) == 32
     assert sorted(p.name for p in tmp_path.iterdir()) == [KEY_NAME]  # no draft left behind
+
+
+def test_an_ended_id_is_revoked_for_every_reader_of_the_folder_until_its_revision_is_gone(tmp_path: Path) -> None:
+    """Two routers sharing a state folder: what one revokes the other refuses at once; revoking under a newer
+    revision drops the lines of the others (their ids are refused for their revision anyway), so the file stays
+    small; it is private."""
+    here, there = Revocations(tmp_path / ENDED_NAME), Revocations(tmp_path / ENDED_NAME)
+    assert not there.revoked("id-1")  # no file yet
+    here.revoke("id-1", "rev-a")
+    assert there.revoked("id-1")
+    assert not there.revoked("id-2")
+    there.revoke("id-2", "rev-a")
+    assert here.revoked("id-1")
+    assert here.revoked("id-2")
+    here.revoke("id-3", "rev-b")
+    assert (here.revoked("id-1"), here.revoked("id-3"), there.revoked("id-3")) == (False, True, True)
+    assert len((tmp_path / ENDED_NAME).read_text().splitlines()) == 1
+    assert stat.S_IMODE((tmp_path / ENDED_NAME).stat().st_mode) == 0o600

@@ -144,6 +144,22 @@ def test_delete_ends_a_session_and_a_forged_id_is_unknown(served: HttpServed) ->
     assert "needs the Mcp-Session-Id header" in missing.json()["error"]["message"]
 
 
+def test_a_session_ended_by_delete_stays_ended_after_its_router_restarts(served: HttpServed) -> None:
+    """The router that ended it restarts (or another shares its state folder): the ended id is still refused, while
+    a session nobody ended goes on."""
+    token = served.token("suite")
+    ended, kept = opened(served, token), opened(served, token)
+    assert httpx.delete(served.url("suite"), headers=bearer(token, **{"Mcp-Session-Id": ended})).status_code == 200
+    served.restart()
+    refused = httpx.post(served.url("suite"), headers=bearer(token, **{"Mcp-Session-Id": ended}),
+                         json=call(2, "test_simple_text"))
+    assert refused.status_code == 404, refused.text
+    assert "no such session" in refused.json()["error"]["message"]
+    goes_on = httpx.post(served.url("suite"), headers=bearer(token, **{"Mcp-Session-Id": kept}),
+                         json=call(3, "test_simple_text"))
+    assert goes_on.status_code == 200, goes_on.text
+
+
 def test_a_notification_is_accepted_with_202_and_one_the_session_refuses_gets_400_with_its_error(
         served: HttpServed) -> None:
     """A POSTed notification or response: 202 with no body when the session takes it; else a 4xx saying why (the
