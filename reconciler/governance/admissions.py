@@ -23,7 +23,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import orjson
 
@@ -50,7 +50,7 @@ from reconciler.governance.holds import (
 )
 from reconciler.governance.lanes import Records, covered, limits_spend
 from reconciler.governance.leasekeeper import LeaseKeeper
-from reconciler.governance.leases import Lease, Needs
+from reconciler.governance.leases import Lease
 from reconciler.governance.ledger import (
     Reservation,
     current_month,
@@ -104,36 +104,25 @@ class _LeasedTicket(_Charge):
     """The ticket of a capped call admitted on the event loop against this router's budget leases (`gate.Ticket`):
     its price reserved on `leased`, its charge added to `scopes` when it settles."""
 
-    gate: Admissions
+    admissions: Admissions
     estimate: int  # its price, the most it may be charged
     scopes: tuple[str, ...]
     month: str
     leased: tuple[Lease, ...]
 
     def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
-        return self.gate.settle_leased(self, None if actual_cost is None else to_micros(actual_cost), ok)
+        return self.admissions.settle_leased(self, None if actual_cost is None else to_micros(actual_cost), ok)
 
 
 @dataclass(slots=True)
 class _ReservedTicket(_Charge):
     """The ticket of a call admitted in one store transaction with a reservation of its own (`admit_now`)."""
 
-    gate: Admissions
+    admissions: Admissions
     reservation: Reservation
 
     def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
-        return self.gate.settle_reserved(self, None if actual_cost is None else to_micros(actual_cost), ok)
-
-
-class _CoveredPlan(NamedTuple):
-    """A leased call's needs and its decision when its leases cover it (`Admissions._covered_plan`)."""
-
-    entry: ToolEntry  # the snapshot's entry it was worked out for: kept so its id cannot be another's
-    needs: Needs
-    decision: Decision
-
-
-_PLANS_KEPT = 10_000
+        return self.admissions.settle_reserved(self, None if actual_cost is None else to_micros(actual_cost), ok)
 
 
 class Admissions:
@@ -157,7 +146,6 @@ class Admissions:
         self._open = 0  # calls admitted here off their lanes and not yet settled (`Records` counts the lanes')
         self._closed = False  # then a settlement is written at once: nothing commits the backlog any more
         self._violations = 0  # reports above the reservation seen here since start, off the lanes
-        self._plans: dict[tuple[int, str, int], _CoveredPlan] = {}  # (id(entry), instance, price) → `_covered_plan`
         # The channels this service can announce holds on (None: not said, every notice is queued as
         # pending) and where owners decide: what a held call's agent is told follows it.
         self.reach: Reach | None = None
@@ -204,10 +192,9 @@ class Admissions:
     async def _admit_leased(self, snapshot: Snapshot, entry: ToolEntry, call: CallRequest) -> Admission:
         """Decide a call a cap or the balance limits against this router's leases (see `leasekeeper`)."""
         cost = to_micros(call.estimated_cost) or entry.price
-        plan = self._covered_plan(entry, call.instance, cost)
-        needs = plan.needs
+        needs = self._keeper.needs(entry.caps, entry.profile, call.instance, current_month())
         held: tuple[Lease, ...] | None = None
-        decision = plan.decision
+        decision = decide_call(entry, call.instance, cost, covered(entry.caps, cost))  # as if its leases cover it
         if entry.caps.suspended:  # a suspended org is refused before any lease is taken
             decision = decide_call(entry, call.instance, cost, _NO_SPEND)
         else:
@@ -232,22 +219,6 @@ class Admissions:
         # The scopes no cap limits are counted through the backlog when it is settled, as for a call nothing limits.
         ticket = _LeasedTicket(request_id, call, self, cost, needs.counted, needs.month, held)
         return Admission("executed", decision.reason, request_id, ticket, decision.wire_trace)
-
-    def _covered_plan(self, entry: ToolEntry, instance: str, cost: int) -> _CoveredPlan:
-        """What a leased call of this entry, instance and price counts against this month, and its decision when
-        its leases cover it (which the guardrails read as an untouched budget): worked out once per entry (a
-        snapshot's), instance, price and month, so a covered call costs an uncapped one plus the leases'
-        subtraction. Written for speed: `benchmarks/router.py`, the capped lines."""
-        month = current_month()
-        key = (id(entry), instance, cost)
-        plan = self._plans.get(key)
-        if plan is None or plan.entry is not entry or plan.needs.month != month:
-            if len(self._plans) >= _PLANS_KEPT:  # instances and snapshots come and go
-                self._plans.clear()
-            needs = self._keeper.needs(entry.caps, entry.profile, instance, month)
-            decision = decide_call(entry, instance, cost, covered(entry.caps, cost))
-            plan = self._plans[key] = _CoveredPlan(entry, needs, decision)
-        return plan
 
     def _hold_now(self, snapshot: Snapshot, call: CallRequest, decision: Decision, request_id: str) -> Admission:
         with self.store.begin() as tx:

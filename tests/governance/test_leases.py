@@ -154,8 +154,8 @@ def test_a_lowered_cap_is_not_overspent_by_a_lease_taken_under_the_old_one(store
 
 def test_a_leased_call_is_decided_by_the_snapshot_it_comes_with_not_by_the_decision_kept_from_the_last(
         store: Store) -> None:
-    # A covered call's decision is worked out once per entry, instance and price and kept (`_covered_plan`): a reload
-    # that makes the same tool held, or that lowers its price, is obeyed by the very next call.
+    # A covered call's decision is worked out once per snapshot, profile, tool and price and kept (its leased lane): a
+    # reload that makes the same tool held, or that lowers its price, is obeyed by the very next call.
     held = make_snapshot({"p": {"template": "balanced", "routing": {"to": "caller"}}},
                          org={**OWNERS_ORG, "caps": {"monthly_usd": 1.0}})
 
