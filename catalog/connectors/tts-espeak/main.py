@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from handler_kit import Handler, InterfaceError, Reply, serve
+from handler_kit import InterfaceError, serve
+from handler_kit.tts import describe_wav, run_engine, tts_synthesize
 
 log = logging.getLogger("tts-espeak")
 
 MAX_VOICE = 100  # and for `voice`
-TIMEOUT_SECONDS = 50.0  # under the interface's 60 s, so the agent hears why rather than a timeout
-MAX_STDERR = 64 * 1024
 MAX_LISTING = 1 << 20  # what is read of `espeak-ng --voices`
 MIN_SPEED, MAX_SPEED, DEFAULT_SPEED = 80, 450, 160
 # What a voice name may look like: a language ("en-us"), a voice file ("gmw/en-US") or a voice's name
@@ -103,7 +102,7 @@ class Engine:
                                  "must install it")
         voice = voice if voice is not None else self.voice
         self.check_voice(voice)
-        code, stderr = await self.run(["espeak-ng", "-v", voice, "-s", str(self.speed), "-w", str(output),
+        code, stderr = await run_engine(["espeak-ng", "-v", voice, "-s", str(self.speed), "-w", str(output),
                                        "--stdin"], text.encode("utf-8"))
         if code != 0:
             said = stderr.decode("utf-8", errors="replace").lower()
@@ -112,46 +111,7 @@ class Engine:
                                      "the default one")
             log.error("espeak-ng exited with status %d", code)
             raise InterfaceError("unavailable", "the speech engine failed on this text; retrying later may work")
-        return describe_wav(output)
-
-    async def run(self, command: list[str], data: bytes) -> tuple[int, bytes]:
-        """Run `command` with `data` on its stdin; (exit status, the first bytes of its stderr)."""
-        stderr = b""
-        with anyio.move_on_after(TIMEOUT_SECONDS) as scope:
-            async with await anyio.open_process(command, stdout=subprocess.DEVNULL) as process:
-                if process.stdin is None or process.stderr is None:  # never: both are pipes by default
-                    raise InterfaceError("unavailable", "the speech engine could not be started")
-                await process.stdin.send(data)
-                await process.stdin.aclose()
-                async for chunk in process.stderr:
-                    if len(stderr) < MAX_STDERR:
-                        stderr += chunk[: MAX_STDERR - len(stderr)]
-                code = await process.wait()
-        if scope.cancelled_caught:
-            raise InterfaceError("unavailable", "the speech engine took too long on this text; try a shorter text")
-        return code, stderr
-
-
-def describe_wav(path: Path) -> dict[str, Any]:
-    """tts/v1's output for the WAV at `path`; a missing or unreadable file is the engine failing."""
-    try:
-        size = path.stat().st_size
-        with wave.open(str(path), "rb") as audio:
-            frames, rate = audio.getnframes(), audio.getframerate()
-    except (OSError, EOFError, wave.Error):
-        log.exception("espeak-ng left no readable WAV")
-        raise InterfaceError("unavailable", "the speech engine wrote no usable audio; retrying later may "
-                             "work") from None
-    duration = round(frames / rate, 3) if rate > 0 else 0.0
-    return {"path": str(path), "durationSeconds": duration, "bytes": size}
-
-
-def tts_synthesize(engine: Engine) -> Handler:
-    async def handle(args: dict[str, Any]) -> Reply:
-        result = await engine.synthesize(args["text"], Path(args["outputPath"]), args.get("voice"))
-        return Reply(result, f"saved {result['durationSeconds']} seconds of speech ({result['bytes']} bytes)")
-
-    return handle
+        return describe_wav(output, "espeak-ng")
 
 
 def main() -> None:

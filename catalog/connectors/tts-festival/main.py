@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from handler_kit import Handler, InterfaceError, Reply, serve
+from handler_kit import InterfaceError, serve
+from handler_kit.tts import describe_wav, run_engine, tts_synthesize
 
 log = logging.getLogger("tts-festival")
 
 MAX_VOICE = 100  # and for `voice`
-TIMEOUT_SECONDS = 50.0  # under the interface's 60 s, so the agent hears why rather than a timeout
-MAX_STDERR = 64 * 1024
 MAX_LISTING = 1 << 16  # what is read of Festival's voice list
 MIN_RATE, MAX_RATE, DEFAULT_RATE = 8000, 48000, 16000
 DEFAULT_VOICE = "cmu_us_slt_arctic_hts"
@@ -111,32 +110,15 @@ class Engine:
         words = speakable(text)
         if not any(char.isalnum() for char in words):  # Festival writes no file at all for these
             write_silence(output, self.rate)
-            return describe_wav(output)
-        code, stderr = await self.run(["text2wave", "-eval", f"(voice_{chosen})", "-F", str(self.rate),
+            return describe_wav(output, "text2wave")
+        code, stderr = await run_engine(["text2wave", "-eval", f"(voice_{chosen})", "-F", str(self.rate),
                                        "-otype", "riff", "-o", str(output)], words.encode("ascii"))
         if code != 0 or b"SIOD ERROR" in stderr:  # Festival exits 0 after many of its errors
             log.error("text2wave failed (status %d): %s", code, stderr[-500:].decode("utf-8", errors="replace"))
             output.unlink(missing_ok=True)
             raise InterfaceError("unavailable", "the speech engine failed on this text; retrying later or "
                                  "with a plainer text may work")
-        return describe_wav(output)
-
-    async def run(self, command: list[str], data: bytes) -> tuple[int, bytes]:
-        """Run `command` with `data` on its stdin; (exit status, the first bytes of its stderr)."""
-        stderr = b""
-        with anyio.move_on_after(TIMEOUT_SECONDS) as scope:
-            async with await anyio.open_process(command, stdout=subprocess.DEVNULL) as process:
-                if process.stdin is None or process.stderr is None:  # never: both are pipes by default
-                    raise InterfaceError("unavailable", "the speech engine could not be started")
-                await process.stdin.send(data)
-                await process.stdin.aclose()
-                async for chunk in process.stderr:
-                    if len(stderr) < MAX_STDERR:
-                        stderr += chunk[: MAX_STDERR - len(stderr)]
-                code = await process.wait()
-        if scope.cancelled_caught:
-            raise InterfaceError("unavailable", "the speech engine took too long on this text; try a shorter text")
-        return code, stderr
+        return describe_wav(output, "text2wave")
 
 
 def write_silence(path: Path, rate: int) -> None:
@@ -146,28 +128,6 @@ def write_silence(path: Path, rate: int) -> None:
         audio.setsampwidth(2)
         audio.setframerate(rate)
         audio.writeframes(b"")
-
-
-def describe_wav(path: Path) -> dict[str, Any]:
-    """tts/v1's output for the WAV at `path`; a missing or unreadable file is the engine failing."""
-    try:
-        size = path.stat().st_size
-        with wave.open(str(path), "rb") as audio:
-            frames, rate = audio.getnframes(), audio.getframerate()
-    except (OSError, EOFError, wave.Error):
-        log.exception("text2wave left no readable WAV")
-        raise InterfaceError("unavailable", "the speech engine wrote no usable audio; retrying later may "
-                             "work") from None
-    duration = round(frames / rate, 3) if rate > 0 else 0.0
-    return {"path": str(path), "durationSeconds": duration, "bytes": size}
-
-
-def tts_synthesize(engine: Engine) -> Handler:
-    async def handle(args: dict[str, Any]) -> Reply:
-        result = await engine.synthesize(args["text"], Path(args["outputPath"]), args.get("voice"))
-        return Reply(result, f"saved {result['durationSeconds']} seconds of speech ({result['bytes']} bytes)")
-
-    return handle
 
 
 def main() -> None:

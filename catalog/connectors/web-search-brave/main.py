@@ -13,6 +13,7 @@ BRAVE_SAFESEARCH (off, moderate or strict; moderate by default).
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import logging
@@ -23,6 +24,7 @@ from typing import Any
 
 import anyio
 import httpx
+from handler_kit.search import MAX_FIELD, clean, is_web_url, retry_after, web_search_query
 from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("web-search-brave")
@@ -31,12 +33,8 @@ BASE_URL = "https://api.search.brave.com"
 SEARCH_PATH = "/res/v1/web/search"
 TIMEOUT_SECONDS = 20.0  # under web-search/v1's 30-second call limit
 MAX_BODY = 4 * 1024 * 1024  # bytes read from an answer at most; a page of 20 results is tens of KiB
-DEFAULT_RESULTS = 10  # web-search/v1: when maxResults is omitted
-MAX_FIELD = 2000  # characters kept of a title or a snippet
 _SAFESEARCH = ("off", "moderate", "strict")
 _COUNTRY = re.compile(r"^[A-Za-z]{2}$")
-_URL = re.compile(r"^https?://[^\s/?#]+\S*$")
-_TAG = re.compile(r"<[^>]{0,200}>")  # Brave marks the query's words in snippets with <strong>
 
 
 @dataclass(frozen=True)
@@ -56,13 +54,6 @@ class Settings:
             safesearch = "moderate"
         return cls(api_key=env.get("BRAVE_API_KEY", "").strip(), country=country.upper() or None,
                    safesearch=safesearch)
-
-
-def retry_after(value: str | None) -> int | None:
-    """Whole seconds from a Retry-After header given in seconds (an HTTP date is ignored)."""
-    if value and value.strip().isdigit():
-        return min(int(value.strip()), 86400)
-    return None
 
 
 def quota_exhausted(remaining: str | None) -> bool:
@@ -88,19 +79,6 @@ def refusal(response: httpx.Response) -> InterfaceError:
         return InterfaceError("unavailable", f"the search service is failing (HTTP {status}); retrying later may "
                               "work")
     return InterfaceError("unavailable", f"the search service did not accept the request (HTTP {status})")
-
-
-def clean(value: Any) -> str:
-    """A text field of a result: tags and entities removed, bounded; anything not a string is empty."""
-    if not isinstance(value, str):
-        return ""
-    return html.unescape(_TAG.sub("", value[: MAX_FIELD * 2])).strip()[:MAX_FIELD]
-
-
-def is_web_url(value: Any) -> bool:
-    """An absolute http(s) address with no spaces or control characters: what a result's `url` may be."""
-    return (isinstance(value, str) and len(value) <= 4096 and _URL.match(value) is not None
-            and not any(ord(c) < 32 or ord(c) == 127 for c in value))
 
 
 def results_from(answer: Any, limit: int) -> list[dict[str, str]]:
@@ -161,21 +139,9 @@ async def search(query: str, max_results: int, settings: Settings) -> dict[str, 
     return {"results": results_from(answer, max_results)}
 
 
-def web_search_query(settings: Settings) -> Handler:
-    async def handle(args: dict[str, Any]) -> Reply:
-        query, count = args["query"], args.get("maxResults", DEFAULT_RESULTS)
-        if not query.strip():
-            raise InterfaceError("invalid_arguments", "query is only spaces; say what to search for")
-        output = await search(query, count, settings)
-        text = "\n\n".join(f"{r['title']}\n{r['url']}\n{r['snippet']}".strip() for r in output["results"])
-        return Reply(output, text or "no results")
-
-    return handle
-
-
 def main() -> None:
     settings = Settings.from_env(os.environ)
-    serve("web-search/v1", "web-search-brave", {"web_search_query": web_search_query(settings)},
+    serve("web-search/v1", "web-search-brave", {"web_search_query": web_search_query(functools.partial(search, settings=settings))},
           problem="" if settings.api_key else "BRAVE_API_KEY is not set",
           failed="the search failed unexpectedly; retrying later may work")
 

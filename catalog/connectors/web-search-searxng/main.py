@@ -20,6 +20,7 @@ Outbound traffic goes through the proxy the router sets in the environment (http
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import logging
@@ -31,6 +32,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import httpx
+from handler_kit.search import MAX_FIELD, clean, is_web_url, retry_after, web_search_query
 from handler_kit import Handler, InterfaceError, Reply, serve
 
 log = logging.getLogger("web-search-searxng")
@@ -38,13 +40,9 @@ log = logging.getLogger("web-search-searxng")
 SEARCH_PATH = "/search"
 TIMEOUT_SECONDS = 12.0  # per page; two pages stay under web-search/v1's 30-second call limit
 MAX_BODY = 4 * 1024 * 1024  # bytes read from an answer at most; a page of results is tens of KiB
-DEFAULT_RESULTS = 10  # web-search/v1: when maxResults is omitted
-MAX_FIELD = 2000  # characters kept of a title or a snippet
 _SAFESEARCH = {"off": "0", "moderate": "1", "strict": "2"}
 _LANGUAGE = re.compile(r"^(all|auto|[a-z]{2,3}(-[A-Za-z]{2,4})?)$")
 _ENGINE = re.compile(r"^[a-z0-9 _.-]{1,40}$")
-_URL = re.compile(r"^https?://[^\s/?#]+\S*$")
-_TAG = re.compile(r"<[^>]{0,200}>")
 # Why SearXNG lists an engine as unresponsive, when waiting is what helps: the engine was rate limited.
 _THROTTLED = ("too many requests", "captcha")
 
@@ -91,13 +89,6 @@ class Settings:
                    password=env.get("SEARXNG_PASSWORD", "") or None)
 
 
-def retry_after(value: str | None) -> int | None:
-    """Whole seconds from a Retry-After header given in seconds (an HTTP date is ignored)."""
-    if value and value.strip().isdigit():
-        return min(int(value.strip()), 86400)
-    return None
-
-
 def refusal(response: httpx.Response) -> InterfaceError:
     """The interface error for an answer that is not 200, from its status and headers only."""
     status = response.status_code
@@ -115,19 +106,6 @@ def refusal(response: httpx.Response) -> InterfaceError:
         return InterfaceError("unavailable", f"the search instance is failing (HTTP {status}); retrying later "
                               "may work")
     return InterfaceError("unavailable", f"the search instance did not accept the request (HTTP {status})")
-
-
-def clean(value: Any) -> str:
-    """A text field of a result: tags and entities removed, bounded; anything not a string is empty."""
-    if not isinstance(value, str):
-        return ""
-    return html.unescape(_TAG.sub("", value[: MAX_FIELD * 2])).strip()[:MAX_FIELD]
-
-
-def is_web_url(value: Any) -> bool:
-    """An absolute http(s) address with no spaces or control characters: what a result's `url` may be."""
-    return (isinstance(value, str) and len(value) <= 4096 and _URL.match(value) is not None
-            and not any(ord(c) < 32 or ord(c) == 127 for c in value))
 
 
 def page_items(answer: Any) -> list[Any]:
@@ -229,21 +207,9 @@ async def search(query: str, max_results: int, settings: Settings) -> dict[str, 
     return {"results": results}
 
 
-def web_search_query(settings: Settings) -> Handler:
-    async def handle(args: dict[str, Any]) -> Reply:
-        query, count = args["query"], args.get("maxResults", DEFAULT_RESULTS)
-        if not query.strip():
-            raise InterfaceError("invalid_arguments", "query is only spaces; say what to search for")
-        output = await search(query, count, settings)
-        text = "\n\n".join(f"{r['title']}\n{r['url']}\n{r['snippet']}".strip() for r in output["results"])
-        return Reply(output, text or "no results")
-
-    return handle
-
-
 def main() -> None:
     settings = Settings.from_env(os.environ)
-    serve("web-search/v1", "web-search-searxng", {"web_search_query": web_search_query(settings)},
+    serve("web-search/v1", "web-search-searxng", {"web_search_query": web_search_query(functools.partial(search, settings=settings))},
           problem=check_base_url(settings.base_url) or "",
           failed="the search failed unexpectedly; retrying later may work")
 
