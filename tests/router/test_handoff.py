@@ -213,6 +213,9 @@ def test_a_relaying_bridge_answers_the_call_in_flight_once_and_goes_on_with_the_
             assert proc.stderr is not None
             proc.kill()
             said = (await proc.stderr.read()).decode()
+            assert proc.stdout is not None
+            await proc.stdout.read()  # to its end, and the process reaped: the loop closes with no pipe of it open
+            await proc.wait()
             assert "handler-service: the router is back; the session goes on" in said
         finally:
             os.close(controller)
