@@ -178,7 +178,7 @@ class GovernedGate:
         self._close_store()
 
     def close(self) -> None:
-        """`aclose` without the event loop, for a governor that was never started."""
+        """`aclose` without the event loop, for a gate that was never started."""
         self._admissions.flush_now()
         self._close_store()
 

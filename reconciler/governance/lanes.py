@@ -161,7 +161,9 @@ class Records:
         paths)."""
         self._books = books
         self._leases = leases
-        self._needs: dict[tuple[Lane, str], Needs] = {}  # a leased lane's calls of an instance: what they count on
+        # A leased lane's calls of an instance: what they count on (`LeaseBook.needs`, kept here by lane for speed:
+        # the book's own key hashes the caps on every call; `benchmarks/gate.py`, the capped line).
+        self._needs: dict[tuple[Lane, str], Needs] = {}
         self._held: dict[Admission, tuple[Lease, ...]] = {}  # a leased lane's call running → the leases it took from
         self._on_snapshot = seen or _ignore
         # The snapshot of the last call: held until a call comes with another (the router holds the live one anyway),

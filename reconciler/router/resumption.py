@@ -11,8 +11,8 @@ is what a bridge hands over to a new router to carry a stdio session across a re
 
 An id its client ended (DELETE) is revoked in the same folder (`http-sessions.ended`, 0600: one line per id, its
 revision and its digest), so no router sharing it, and no router started there again, resumes it. A revoked id
-matters only while its revision is served (after, the transport refuses it anyway): the lines of other revisions
-are dropped when the next id is revoked.
+matters only while its revision is served or a router still holds its session: the lines of other revisions than
+the live one and the revoked session's are dropped when the next id is revoked.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ __all__ = ["ENDED_NAME", "KEY_NAME", "Revocations", "SessionRecord", "SessionSig
 KEY_NAME: Final = "http-sessions.key"
 ENDED_NAME: Final = "http-sessions.ended"
 _KEY_BYTES: Final = 32
+_MOST_ENDED: Final = 100_000  # ids revoked kept in the file at most; the oldest are forgotten past it
 _MOST_ID_CHARS: Final = 4096  # a record is a few hundred bytes; a longer id is not one of ours
 
 
@@ -65,17 +66,20 @@ class Revocations:
         self._refresh()
         return _digest(session_id) in self._digests
 
-    def revoke(self, session_id: str, revision: str) -> None:
-        """Add the id, and keep only the lines of `revision` (the live one: the others are refused anyway), under
-        an exclusive lock of the file so that two routers revoking at once both keep theirs."""
+    def revoke(self, session_id: str, revision: str, live: str | None = None) -> None:
+        """Add the id of a session pinned to `revision`, and keep only the lines of that revision and of the `live`
+        one (by default the same: the others are refused on resumption anyway; a session held in memory is pinned to
+        one of them, its own), at most `_MOST_ENDED` of them, under an exclusive lock of the file so that two routers
+        revoking at once both keep theirs."""
+        keep = (f"{revision} ", f"{live or revision} ")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         with os.fdopen(fd, "r+", encoding="ascii") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
-            kept = [line for line in handle.read().splitlines() if line.startswith(f"{revision} ")]
+            kept = [line for line in handle.read().splitlines() if line.startswith(keep)]
             kept.append(f"{revision} {_digest(session_id)}")
             handle.seek(0)
             handle.truncate()
-            handle.write("".join(f"{line}\n" for line in kept))
+            handle.write("".join(f"{line}\n" for line in kept[-_MOST_ENDED:]))
         self._seen = None
 
     def _refresh(self) -> None:

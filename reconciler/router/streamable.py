@@ -339,7 +339,8 @@ class McpEndpoint:
             return
         self._held.end(sid)
         if (revocations := self._signer.revocations) is not None:  # no router resumes it, this one restarted too
-            await asyncio.to_thread(revocations.revoke, sid, held.record.revision)
+            await asyncio.to_thread(revocations.revoke, sid, held.record.revision,
+                                    self._router.live.snapshot.revision)
         await send_body(call.send, 200, b"", {})
 
     def _too_many(self, call: _Call) -> str:

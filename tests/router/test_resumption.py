@@ -62,3 +62,16 @@ def test_an_ended_id_is_revoked_for_every_reader_of_the_folder_until_its_revisio
     assert (here.revoked("id-1"), here.revoked("id-3"), there.revoked("id-3")) == (False, True, True)
     assert len((tmp_path / ENDED_NAME).read_text().splitlines()) == 1
     assert stat.S_IMODE((tmp_path / ENDED_NAME).stat().st_mode) == 0o600
+
+
+def test_revoking_a_session_of_an_older_revision_keeps_the_live_revisions_lines(tmp_path: Path) -> None:
+    """A router still holds a session pinned to the revision before the live one; ending it must not forget the ids
+    already revoked under the live revision."""
+    ended = Revocations(tmp_path / ENDED_NAME)
+    ended.revoke("live-id", "rev-b")
+    ended.revoke("old-id", "rev-a", live="rev-b")
+    assert ended.revoked("live-id")
+    assert ended.revoked("old-id")
+    ended.revoke("next-id", "rev-c")  # the live revision moved on: the others' lines go
+    assert not ended.revoked("live-id")
+    assert ended.revoked("next-id")
