@@ -52,7 +52,8 @@ class GovernedGate:
         self._keeper = LeaseKeeper(store, self._workers, router_id, leases or LeaseTerms())
         # The holds it claims name it as its leases do: the id an operator finds in the state folder (`router-id`).
         self._runner = HoldRunner(store, self._workers, self._rulebooks, poll_seconds=poll_seconds,
-                                  heard=self._hold_changed, make_room=self._keeper.make_room, runner_id=router_id)
+                                  heard=self._hold_changed, make_room=self._keeper.make_room, runner_id=router_id,
+                                  release_credit=self._keeper.fold)
         self._admissions = Admissions(store, self._workers, self._rulebooks, self._keeper, batch_seconds=batch_seconds,
                                 held=self._hold_changed, run_now=self._runner.run_now, seen=self._first_snapshot)
         # Called on the event loop when a hold was stored here or (PostgreSQL) by another router: the

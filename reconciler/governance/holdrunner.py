@@ -56,11 +56,13 @@ class HoldRunner:
 
     def __init__(self, store: Store, workers: StoreWorkers, rulebooks: RulebookCache, *, poll_seconds: float,
                  heard: Callable[[], None], make_room: Callable[[CapSet, str, str, str], bool] | None = None,
-                 runner_id: str | None = None) -> None:
+                 runner_id: str | None = None, release_credit: Callable[[], None] | None = None) -> None:
         """`heard` is called on the event loop when another router changed a hold (PostgreSQL NOTIFY);
-        `make_room` gives back the unused part of this router's budget leases on a call's caps."""
+        `make_room` gives back the unused part of this router's budget leases on a call's caps, and `release_credit`
+        (on the event loop, first) the credit the lanes hold on them."""
         self.store = store
         self._make_room = make_room
+        self._release_credit = release_credit
         self.runner_id = runner_id or "router-" + secrets.token_hex(6)
         self.snapshot: Snapshot | None = None  # the live snapshot, against which holds are checked again
         self._workers = workers
@@ -163,6 +165,8 @@ class HoldRunner:
         if not await self._workers.run(claim_hold, self.store, request_id, self.runner_id):
             return False
         hold = await self._workers.run(get_hold, self.store, request_id)
+        if self._release_credit is not None:  # what the lanes hold of the leases is room `make_room` may give back
+            self._release_credit()
         recheck = await self._workers.run(self._recheck, self.snapshot, hold)  # the snapshot live now
         if isinstance(recheck, str):
             await self._workers.run(_finish, self.store, hold, False, None, recheck, None, None)

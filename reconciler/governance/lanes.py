@@ -12,10 +12,12 @@ the backlog, which the store's worker commits.
 
 A call that a cap or the prepaid balance limits has a lane too, a leased one, while this router's budget
 leases cover it (`leases.LeaseBook`): decided as a covered call (the guardrails read an untouched budget,
-`covered`), it costs the lookup plus the subtraction of its price from its leases (`LeaseBook.take`), and its
-settlement gives the leases back what it did not spend and tells the budget left. When they lack room the
-call takes the admissions' leased path, which waits for the keeper (`leasekeeper`); the caps' own spend is
-counted by the leases' syncs, the scopes no cap limits through the backlog, as for any lane.
+`covered`), it costs the lookup plus the subtraction of its price from the credit the book carved for the lanes
+on its leases (`LeaseBook.carve`, when the credit runs short), and its settlement counts what it spent and tells
+the budget left; the keeper gives the credit and the spend back to the leases before each sync (`LeaseBook.fold`,
+on this thread too). When they lack
+room the call takes the admissions' leased path, which waits for the keeper (`leasekeeper`); the caps' own spend
+is counted by the leases' syncs, the scopes no cap limits through the backlog, as for any lane.
 
 Such a call is decided by the revision alone, and no one can ask for it by its request id (neither
 the agent nor the call log is told one), so its record is the tally: the calls of one agent run, tool
@@ -34,7 +36,9 @@ tool, decision (its `decided` detail) and outcome; else `decided`, then `settled
 
 This is the governance room's one module written for speed: its tuples read by position (`AuditRow`), its
 counters kept apart for the common case (`_Paid`) and its comparisons in place of `min()` each buy part of the
-uncapped line of `benchmarks/gate.py`. `tests/governance/test_lanes_reference.py` holds it against a plain,
+uncapped line of `benchmarks/gate.py`; a leased lane's ticket per instance, holding the leases it takes from while
+the book's version stands, and the credit spent without the book's lock, buy the capped line of it and of
+`benchmarks/router.py`. `tests/governance/test_lanes_reference.py` holds it against a plain,
 call-by-call ledger of the same rules.
 """
 
@@ -54,16 +58,17 @@ from reconciler.governance.charging import PricedCall, charge_call
 from reconciler.governance.decide import SpendState, decide_call
 from reconciler.governance.gate import Admission, CallRequest, Settlement
 from reconciler.governance.holds import new_request_id
-from reconciler.governance.leases import Lease, LeaseBook, Needs
-from reconciler.governance.ledger import current_month, scopes_for, settlement_row
-from reconciler.governance.rulebook import CapSet, Rulebook, from_micros, to_micros
+from reconciler.governance.leases import Lease, LeaseBook
+from reconciler.governance.ledger import current_month, month_span, scopes_for, settlement_row
+from reconciler.governance.rulebook import MICROS, CapSet, Rulebook, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store.audit import AuditRow
 
 __all__ = ["Lane", "LaneTicket", "Records", "Tally", "covered", "limits_spend"]
 
 _NO_SPEND = SpendState()
-_NEEDS_KEPT = 10_000
+_SPENDING_KEPT = 10_000
+_UNBOUNDED = 1 << 62  # micros: more than any budget
 K = TypeVar("K")
 
 
@@ -88,10 +93,14 @@ class Lane:
 @dataclass(frozen=True, slots=True, eq=False)
 class LaneTicket:
     """The ticket of the calls one `Records` admits on one lane (`gate.Ticket`): made once per snapshot and route,
-    not per call; settling it records the call's settlement with that `Records`."""
+    not per call (a leased lane's, once per instance too, with the leases its calls take from while the book's
+    `version` stands, until the month `ends`); settling it records the call's settlement with that `Records`."""
 
     lane: Lane
     records: Records
+    leases: tuple[Lease, ...] = ()
+    version: int = -1
+    ends: float = 0.0
 
     @property
     def leased(self) -> bool:
@@ -99,7 +108,7 @@ class LaneTicket:
         return self.lane.leased
 
     def settle(self, admission: Admission, actual_cost: float | None, ok: bool) -> Settlement:
-        return self.records.settle(admission, self.lane, actual_cost, ok)
+        return self.records.settle(admission, self, actual_cost, ok)
 
 
 @dataclass(slots=True)
@@ -161,10 +170,9 @@ class Records:
         paths)."""
         self._books = books
         self._leases = leases
-        # A leased lane's calls of an instance: what they count on (`LeaseBook.needs`, kept here by lane for speed:
-        # the book's own key hashes the caps on every call; `benchmarks/gate.py`, the capped line).
-        self._needs: dict[tuple[Lane, str], Needs] = {}
-        self._held: dict[Admission, tuple[Lease, ...]] = {}  # a leased lane's call running → the leases it took from
+        # A leased lane's ticket for its calls of an instance, with the leases they take from (kept here by lane and
+        # instance for speed: the book's own key hashes the caps; `benchmarks/gate.py`, the capped line).
+        self._spending: dict[tuple[Lane, str], LaneTicket] = {}
         self._on_snapshot = seen or _ignore
         # The snapshot of the last call: held until a call comes with another (the router holds the live one anyway),
         # since comparing it costs the call path less than calling a weak reference.
@@ -202,7 +210,7 @@ class Records:
         if snapshot is not self._snapshot:
             self._book = self._books.rulebook(snapshot)
             self._lanes, self._snapshot = self._book.lanes, snapshot
-            self._routes, self._off, self._tickets, self._needs = {}, set(), {}, {}
+            self._routes, self._off, self._tickets, self._spending = {}, set(), {}, {}
             self._on_snapshot(snapshot)
         ticket = self._routes.get(call.route)
         if ticket is None:
@@ -212,33 +220,66 @@ class Records:
             if ticket is None:
                 return None
         lane = ticket.lane
-        admission = Admission("executed", lane.reason, None, ticket, lane.trace)
+        now = time.time()
         if lane.leased:
-            held = self._take_leases(lane, call.instance)
-            if held is None:  # the leases lack room: the gate's leased path waits for the keeper
+            ticket = self._spend(lane, call.instance, now)
+            if ticket is None:  # the leases lack room: the gate's leased path waits for the keeper
                 return None
-            self._held[admission] = held
-        self._running[admission] = (call, time.time())
+        admission = Admission("executed", lane.reason, None, ticket, lane.trace)
+        self._running[admission] = (call, now)
         return admission
 
-    def _take_leases(self, lane: Lane, instance: str) -> tuple[Lease, ...] | None:
-        """A leased lane's call's price reserved on the leases of its caps this month (`LeaseBook.take`)."""
-        assert self._leases is not None  # noqa: S101 - a leased lane is compiled only with leases
-        month = current_month()
-        needs = self._needs.get((lane, instance))
-        if needs is None or needs.month != month:
-            if len(self._needs) >= _NEEDS_KEPT:  # instances come and go
-                self._needs.clear()
-            needs = self._needs[(lane, instance)] = self._leases.needs(lane.caps, lane.profile, instance, month)
-        return self._leases.take(needs, lane.cost)
+    def _spend(self, lane: Lane, instance: str, now: float) -> LaneTicket | None:
+        """A leased lane's call's price taken from the credit on the leases of its caps this month; its ticket, which
+        names those leases. None: they lack room for it."""
+        book = self._leases
+        assert book is not None  # noqa: S101 - a leased lane is compiled only with leases
+        ticket = self._spending.get((lane, instance))
+        if ticket is None or ticket.version != book.version or now >= ticket.ends:
+            ticket = self._spender(book, lane, instance, now)
+            if ticket is None:
+                return None
+        cost = lane.cost
+        for lease in ticket.leases:
+            if lease.credit < cost:
+                return ticket if self._carve(book, ticket.leases, cost) else None
+        for lease in ticket.leases:
+            lease.credit -= cost
+        return ticket
 
-    def _settle_leases(self, admission: Admission, lane: Lane, charged: int) -> Settlement:
-        """What a leased lane's call is told: charged `charged`, and the budget left once its leases are settled."""
-        held = self._held.pop(admission, None)
-        if held is None:  # settled already
-            return Settlement(from_micros(charged), None)
-        assert self._leases is not None  # noqa: S101 - held only with leases
-        left = self._leases.settle(held, lane.cost, charged)
+    def _spender(self, book: LeaseBook, lane: Lane, instance: str, now: float) -> LaneTicket | None:
+        """The ticket of a leased lane's calls of one instance: the leases of its caps this month as the book has them
+        now. None: one is missing (or sized under another cap), and the call waits for a sync."""
+        version = book.version  # read first: a change while the leases are found moves it again
+        month, ends = month_span(now)
+        found = book.found(book.needs(lane.caps, lane.profile, instance, month))
+        if found is None:
+            return None
+        if len(self._spending) >= _SPENDING_KEPT:  # instances come and go
+            self._spending.clear()
+        ticket = self._spending[(lane, instance)] = LaneTicket(lane, self, found, version, ends)
+        return ticket
+
+    @staticmethod
+    def _carve(book: LeaseBook, leases: tuple[Lease, ...], cost: int) -> bool:
+        """`cost` taken from the credit on `leases`, carved first (`LeaseBook.carve`); when they lack room, what the
+        lanes hold on every lease is given back (`fold`) and this call's price alone carved. False: no room."""
+        if not book.carve(leases, cost):
+            book.fold()
+            if not book.carve(leases, cost):
+                return False
+        for lease in leases:
+            lease.credit -= cost
+        return True
+
+    def _settle_leases(self, ticket: LaneTicket, charged: int | None) -> Settlement:
+        """What a leased lane's call is told: charged `charged`, and the budget left once its leases are settled
+        (None: it was settled already, and is charged nothing more)."""
+        if charged is None:
+            return Settlement(0.0, None)
+        assert self._leases is not None  # noqa: S101 - a leased lane is compiled only with leases
+        lane = ticket.lane
+        left = self._leases.settle(ticket.leases, lane.cost, charged)
         return Settlement(lane.price if charged == lane.cost else from_micros(charged), from_micros(left))
 
     def _ticket(self, call: CallRequest) -> LaneTicket | None:
@@ -260,10 +301,11 @@ class Records:
             self._routes[call.route] = ticket
         return ticket
 
-    def settle(self, admission: Admission, lane: Lane, actual_cost: float | None, ok: bool) -> Settlement:
-        """Record the settlement of a call `admit` admitted on `lane`; what it is told it was charged. One that
+    def settle(self, admission: Admission, ticket: LaneTicket, actual_cost: float | None, ok: bool) -> Settlement:
+        """Record the settlement of a call `admit` admitted with `ticket`; what it is told it was charged. One that
         reported more than its price is charged its price, and its pricing violation recorded (and counted:
         `violations`)."""
+        lane = ticket.lane
         found = self._running.pop(admission, None)
         if found is not None and ok and (actual_cost is None or actual_cost == lane.price):  # the common case
             counted = (lane, found[0].instance)
@@ -274,22 +316,32 @@ class Records:
                 paid.calls += 1
                 if found[1] < paid.first:  # noqa: PLR1730 - a comparison costs the call path less than min()
                     paid.first = found[1]
-            return self._settle_leases(admission, lane, lane.cost) if lane.leased else lane.paid
+            if not lane.leased:
+                return lane.paid
+            # Spent at its price: the leases count it at the next fold. The least budget left over them, the book's
+            # lock untaken: `Lease.left`, written out (a property costs the call path a call).
+            cost, left = lane.cost, _UNBOUNDED
+            for lease in ticket.leases:
+                lease.spent += cost
+                room = lease.limit - lease.charged - lease.reserved + lease.credit
+                if room < left:  # noqa: PLR1730 - a comparison costs the call path less than min()
+                    left = room
+            return Settlement(lane.price, left / MICROS if left > 0 else 0.0)
         charged = self._settle_other(admission, lane, found, actual_cost, ok)
         if lane.leased:
-            return self._settle_leases(admission, lane, charged)
-        return lane.paid if charged == lane.cost else Settlement(from_micros(charged), None)
+            return self._settle_leases(ticket, charged)
+        return lane.paid if charged == lane.cost else Settlement(from_micros(charged or 0), None)
 
     def _settle_other(self, admission: Admission, lane: Lane, found: tuple[CallRequest, float] | None,
-                      actual_cost: float | None, ok: bool) -> int:
+                      actual_cost: float | None, ok: bool) -> int | None:
         """`settle` of a call that failed, reported another cost than its price, or had its decision taken while it
-        ran (or was settled already: counted once, charged nothing more); what it is charged (micros)."""
+        ran; what it is charged (micros). None: it was settled already (counted once, charged nothing more)."""
         if found is None:
             found = self._carried.pop(admission, None)
         running = found is not None
         if found is None:
             if admission not in self._written:
-                return 0
+                return None
             call, rid = self._written.pop(admission)
         else:
             call, at = found

@@ -105,8 +105,15 @@ class LeaseKeeper:
         """A call ended, charged `charged`; returns the budget left as this router sees it."""
         return self.book.settle(held, cost, charged)
 
+    def fold(self) -> None:
+        """Give the leases the credit the lanes hold and count what their calls spent (`LeaseBook.fold`), on the
+        event loop's thread, the lanes' own: before every sync, so that it sizes, gives back and returns leases on
+        what their calls use, and before an approved hold asks for the room they hold (`make_room`)."""
+        self.book.fold()
+
     async def settled_after_close(self) -> None:
         """A call that outlived `aclose` ended: give back what its leases no longer need, now."""
+        self.fold()
         try:
             await asyncio.to_thread(sync, self.store, self.book, (), closing=True)
         except StoreError as exc:
@@ -147,6 +154,7 @@ class LeaseKeeper:
                 self.book.tick(moment - last_tick)
                 last_tick = moment
             batch, self._waiting = self._waiting, []
+            self.fold()
             try:
                 await self._workers.run(sync, self.store, self.book, [w for w, _ in batch])
             except StoreError as exc:
@@ -193,6 +201,7 @@ class LeaseKeeper:
             self._wake.set()
             await self._task
         if len(self.book):
+            self.fold()
             try:
                 await self._workers.run(functools.partial(sync, closing=True), self.store, self.book, ())
             except StoreError as exc:

@@ -18,6 +18,13 @@ never under-counts.
 This module holds one router's book of leases — its arithmetic under one lock, since admissions run on
 the event loop and store work on worker threads — and the transaction that brings the book and the
 store in line (`sync`). `leasekeeper.LeaseKeeper` drives both. The rows are the store's (`store.leases`).
+
+A lane's capped calls (`lanes`) do not take the lock per call: the book carves a credit for them out of a
+lease's issued room (`carve`: reserved at once, so the store and every sync count it as used), which the event
+loop's thread alone then spends, a subtraction a call, and counts what its calls settled at their price
+(`spent`); `fold` gives both back to the lease under the lock, on that thread, before every sync (so a sync sizes,
+gives back and returns a lease on what its calls use). The budget left a call is told counts the credit as
+unspent, so it is what the call-by-call arithmetic would say.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ __all__ = [
     "reconcile_leases",
     "sync",
 ]
+
+
+_CARVE_MOST = 64  # calls' prices a lease's credit is carved at most at once (`LeaseBook.carve`)
 
 
 def new_router_id() -> str:
@@ -84,8 +94,9 @@ class Needs(NamedTuple):
 class Lease:
     """One router's lease on one cut, as the router keeps it (the store has `granted`, `issued`, `charged`)."""
 
-    __slots__ = ("admitted", "cap", "charged", "cut", "granted", "headroom", "id", "idle", "issued", "max_price",
-                 "no_balance", "rate", "renewed", "reserved", "seen", "stored", "written")
+    __slots__ = ("admitted", "cap", "carve", "charged", "credit", "cut", "granted", "headroom", "id", "idle",
+                 "issued", "limit", "max_price", "no_balance", "rate", "renewed", "reserved", "seen", "spent", "stored",
+                 "written")
 
     def __init__(self, cut: Cut, cap: int | None) -> None:
         self.id = "lease_" + secrets.token_hex(10)
@@ -105,10 +116,27 @@ class Lease:
         self.rate = 0.0  # micros per second, recent
         self.idle = 0.0  # seconds without an admission
         self.max_price = 0
+        self.limit = 0  # `granted` plus the store's headroom beyond it, set at once wherever either moves
+        # The lanes' credit (written on the event loop's thread only): of `reserved`, what was carved for their calls
+        # and no call has taken yet; what their calls settled at their price, owed to `charged` until the next
+        # `fold`; and how many calls the next carve takes (doubling until the fold).
+        self.credit = 0
+        self.spent = 0
+        self.carve = 1
 
     @property
     def used(self) -> int:
         return self.charged + self.reserved
+
+    @property
+    def left(self) -> int:
+        """The budget left on it as this router last saw the store: the lanes' unspent credit is not spent."""
+        return self.limit - self.charged - self.reserved + self.credit
+
+    def bound(self) -> None:
+        """`limit` again, after `granted` or `headroom` moved (under the book's lock): one store of it, so a call
+        reading it without the lock never sees one moved without the other."""
+        self.limit = self.granted + max(self.headroom or 0, 0)
 
 
 @dataclass(slots=True)
@@ -169,6 +197,9 @@ class LeaseBook:
         self._needs: dict[tuple[CapSet, str, str, str], Needs] = {}
         self._syncs = 0
         self._ticked = time.monotonic()
+        # Moves whenever a lease joins or leaves the book or is sized under another cap: what the lanes found of
+        # the book (the leases a call takes from) holds while it stays.
+        self.version = 0
         self.syncing = threading.Lock()  # one sync at a time: only syncs change `granted`
 
     def __len__(self) -> int:
@@ -216,6 +247,39 @@ class LeaseBook:
             lease.max_price = max(lease.max_price, cost)
         return tuple(held)
 
+    def carve(self, leases: Sequence[Lease], cost: int) -> bool:
+        """A credit of at least `cost` on each lease for the lanes' calls, reserved out of its issued room: the
+        first since the last `fold` one call's price, each one after twice as many calls, at most 64 and half the
+        room (so a cap near its end is carved a call at a time); False when one lacks room for this call (the
+        lanes `fold`, then take the call's price alone)."""
+        with self._lock:
+            for lease in leases:
+                short = cost - lease.credit
+                if short <= 0:
+                    continue
+                free = lease.issued - lease.charged - lease.reserved
+                if free < short:
+                    return False
+                amount = max(short, min(lease.carve * cost, free // 2 // cost * cost))
+                lease.reserved += amount
+                lease.credit += amount
+                lease.admitted += amount
+                lease.max_price = max(lease.max_price, cost)
+                lease.carve = min(lease.carve * 2, _CARVE_MOST)
+            return True
+
+    def fold(self) -> None:
+        """Give each lease the lanes' unspent credit back and count what their calls spent as `charged` (on the
+        event loop's thread: `LeaseKeeper.fold`)."""
+        with self._lock:
+            for lease in self._leases.values():
+                if lease.credit or lease.spent:
+                    lease.reserved -= lease.credit + lease.spent
+                    lease.charged += lease.spent
+                    lease.admitted = max(0, lease.admitted - lease.credit)  # carved, never admitted
+                    lease.credit = lease.spent = 0
+                lease.carve = 1
+
     def give_back(self, held: Sequence[Lease], cost: int) -> None:
         """Undo `take` for a call that was not run (held for a person, or blocked by a rule)."""
         with self._lock:
@@ -231,14 +295,27 @@ class LeaseBook:
             for lease in held:
                 lease.reserved -= cost
                 lease.charged += charged
-                room = lease.granted - lease.used + max(lease.headroom or 0, 0)
+                room = lease.left
                 left = room if left is None or room < left else left
             return max(0, left or 0)
+
+    def found(self, needs: Needs) -> tuple[Lease, ...] | None:
+        """The leases a call of these needs takes its price from, as the book has them now (its `version`); None when
+        one is missing or was sized under another cap: the call then waits for a sync."""
+        with self._lock:
+            held = []
+            for need in needs.leased:
+                lease = self._leases.get(need.cut)
+                if lease is None or lease.cap != need.cap:
+                    return None
+                held.append(lease)
+            return tuple(held)
 
     def has_room(self, cuts: Sequence[Cut]) -> bool:
         """Whether any of these leases holds room its calls have not used."""
         with self._lock:
-            return any(lease.granted > lease.used for cut in cuts if (lease := self._leases.get(cut)) is not None)
+            return any(lease.granted > lease.used - lease.credit for cut in cuts
+                       if (lease := self._leases.get(cut)) is not None)
 
     # --- the keeper's side -----------------------------------------------------------------------
 
@@ -273,6 +350,7 @@ class LeaseBook:
         for cut in demand:
             if cut not in self._leases:
                 self._leases[cut] = Lease(cut, caps[cut])
+                self.version += 1
         for cut, lease in list(self._leases.items()):
             step = _Step(lease, prior=(lease.granted, lease.issued, lease.cap))
             asked = demand.get(cut, [])
@@ -281,11 +359,13 @@ class LeaseBook:
             if asked and lease.cap != caps[cut]:  # sized under another cap: give it all back, size it again
                 step.give = lease.granted - lease.used
                 lease.cap = caps[cut]
+                self.version += 1
             elif returning:
                 step.give = lease.granted - lease.used
             if step.give:
                 lease.granted -= step.give
                 lease.issued = min(lease.issued, lease.granted)
+                lease.bound()
             used = lease.used
             free = lease.granted - used
             rate = max(lease.rate, lease.admitted / since_tick)
@@ -318,6 +398,7 @@ class LeaseBook:
                 if step.lost or step.close:
                     if self._leases.get(lease.cut) is lease:
                         del self._leases[lease.cut]
+                        self.version += 1
                     continue
                 lease.granted += step.added
                 lease.issued = max(lease.issued, step.issued)
@@ -326,6 +407,7 @@ class LeaseBook:
                 lease.renewed = at
                 if step.headroom is not None:
                     lease.headroom, lease.no_balance, lease.seen = step.headroom, step.no_balance, plan.number
+                lease.bound()
             for waiter in waiters:
                 waiter.held = self._take(waiter.needs, waiter.cost)
                 if waiter.held is None:
@@ -340,7 +422,8 @@ class LeaseBook:
             lease = self._leases.get(need.cut)
             if lease is None or lease.seen != number or lease.cap != need.cap:
                 return None  # not read by this sync: ask again
-            room = lease.granted - lease.used + (lease.headroom or 0)
+            # The lanes' credit is room too: given back at their next flush, it is there for this call at the next sync.
+            room = lease.granted - lease.used + lease.credit + (lease.headroom or 0)
             short = short or room < waiter.cost
             if need.cap is None:
                 fields["balance"] = None if lease.no_balance and room <= 0 else room
@@ -354,6 +437,8 @@ class LeaseBook:
             for step in plan.steps:
                 lease = step.lease
                 lease.granted, lease.issued, lease.cap = step.prior[0], max(lease.issued, step.prior[1]), step.prior[2]
+                lease.bound()
+                self.version += 1  # its cap may be the one before
                 if not lease.stored and lease.granted == 0 and self._leases.get(lease.cut) is lease:
                     del self._leases[lease.cut]
 

@@ -37,6 +37,7 @@ __all__ = [
     "current_month",
     "ensure_rows",
     "leased_balance",
+    "month_span",
     "read_balance",
     "read_state",
     "reconcile_reservations",
@@ -55,17 +56,22 @@ RECONCILE_AFTER_SECONDS = STRANDED_AFTER_SECONDS
 
 def current_month(at: float | None = None) -> str:
     """The calendar month (UTC) of `at`, default now, as "YYYY-MM"; now's is kept until the month ends."""
+    return month_span(at)[0]
+
+
+def month_span(at: float | None = None) -> tuple[str, float]:
+    """The calendar month (UTC) of `at`, default now, and when it ends (a timestamp); now's is kept until then."""
     moment = time.time() if at is None else at
     month, start, end = _month[0]
     if start <= moment < end:
-        return month
+        return month, end
     day = datetime.fromtimestamp(moment, UTC)
     first = datetime(day.year, day.month, 1, tzinfo=UTC)
     following = datetime(day.year + day.month // 12, day.month % 12 + 1, 1, tzinfo=UTC)
     month = day.strftime("%Y-%m")
     if at is None:
         _month[0] = (month, first.timestamp(), following.timestamp())
-    return month
+    return month, following.timestamp()
 
 
 _month: list[tuple[str, float, float]] = [("", 0.0, 0.0)]  # the month of the last `current_month()`, its bounds

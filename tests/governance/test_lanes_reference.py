@@ -2,7 +2,8 @@
 the same rules: whatever calls come, in whatever order they settle and whatever takes fall between, the trail and
 the charges it leaves are those a call-by-call ledger would leave, and every decision it writes is named by the
 settlement of its call. A capped profile's calls take a leased lane, whose leases must end charged with what the
-ledger owes and holding nothing reserved.
+ledger owes and holding nothing reserved, and each call is told the budget the ledger has left once it is settled
+(the credit the lanes carve from the leases, `LeaseBook.carve`, is not spent).
 
 The plain version charges each call on its own (what `charging.charge_call` says of a call: a success its report,
 never more than its price; a failure nothing, or what it may have cost) and counts it once, however often it is
@@ -70,7 +71,7 @@ def counted(rows: list[AuditRow]) -> Counter[str]:
     return seen
 
 
-def leased_records() -> tuple[Records, Lease]:
+def leased_records() -> tuple[Records, LeaseBook, Lease]:
     """Lanes with a book holding one lease on the org's cap, with room for every call a test makes (as a sync of the
     keeper leaves one: `leases.sync`)."""
     book = LeaseBook("router-1", LeaseTerms())
@@ -79,14 +80,15 @@ def leased_records() -> tuple[Records, Lease]:
     (need,) = book.needs(caps, "p", "a", current_month()).leased
     lease = Lease(need.cut, need.cap)
     lease.granted = lease.issued = PRICE * 1000
+    lease.bound()
     book._leases[need.cut] = lease  # what a sync would have granted and issued
-    return Records(cache, leases=book), lease
+    return Records(cache, leases=book), book, lease
 
 
 @settings(max_examples=200, deadline=None)
 @given(steps, st.booleans())
 def test_the_lanes_leave_the_trail_and_charges_of_a_call_by_call_ledger(calls: list[Step], capped: bool) -> None:
-    records, lease = leased_records() if capped else (Records(RulebookCache()), None)
+    records, book, lease = leased_records() if capped else (Records(RulebookCache()), None, None)
     snapshot = CAPPED if capped else FREE
     rows: list[AuditRow] = []
     charged: Counter[str] = Counter()
@@ -104,11 +106,13 @@ def test_the_lanes_leave_the_trail_and_charges_of_a_call_by_call_ledger(calls: l
         admission, step = running.pop(0)
         assert admission.ticket is not None
         reported = REPORTS[step.report]
-        admission.ticket.settle(admission, None if reported is None else reported / 1e6, step.ok)
+        settlement = admission.ticket.settle(admission, None if reported is None else reported / 1e6, step.ok)
         if step.twice:
             assert admission.ticket.settle(admission, None, True).charged == 0.0  # counted and charged once
         micros, violation = plain_charge(reported, step.ok)
         owed[f"instance:p/{step.instance}"] += micros
+        if lease is not None:  # what the ledger has left: the lease less what was charged and what still runs
+            assert settlement.remaining == (lease.limit - sum(owed.values()) - PRICE * len(running)) / 1e6
         expected["settled" if step.ok else "released"] += 1
         expected["violation"] += violation
 
@@ -125,6 +129,8 @@ def test_the_lanes_leave_the_trail_and_charges_of_a_call_by_call_ledger(calls: l
     while running:  # settled after it: each settlement names the request id its decision was written with
         settle_oldest()
     take()
+    if book is not None:
+        book.fold()  # as the keeper does before every sync: the lanes' credit back on the leases
     assert counted(rows) == +expected
     trail = [fields(row) for row in rows]
     decided = {row["request_id"] for row in trail if row["event"] == "decided"}

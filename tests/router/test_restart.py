@@ -217,6 +217,11 @@ def test_a_relaying_bridge_answers_every_request_exactly_once_through_repeated_c
                 assert out is not None
                 threading.Thread(target=lines.extend, args=(iter(out.readline, b""),), daemon=True).start()
                 agent.send(line(INIT))
+                # The session is up before the first crash: a bridge that has not connected yet (a slow start on a
+                # busy host) would find no router at all, which is a start that fails, not a restart.
+                deadline = time.monotonic() + DEADLINE
+                while not lines and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 sending.start()
             time.sleep(chance.uniform(0.1, 0.6))
             if cycle < 5:
