@@ -167,3 +167,35 @@ def test_bursts_of_calls_charged_their_price_between_two_takes_are_counted_call_
             charged[scopes[0]] += micros
     assert counted(rows) == Counter(settled=sum(calls for _, calls in bursts))
     assert charged == owed
+
+
+def test_a_leased_lane_carves_its_credit_in_growing_slices_and_a_lease_near_its_end_a_call_at_a_time() -> None:
+    """The credit the lanes carve from a lease (`LeaseBook.carve`): one call's price first, twice as many calls at
+    each carve after, never more than 64 calls or half the room left; a fold gives back what no call took and counts
+    what the calls spent. A lease with room for three calls admits exactly three."""
+    records, book, lease = leased_records()
+    admitted = []
+    for _ in range(200):
+        admission = records.admit(CAPPED, priced_call("a"))
+        assert admission is not None and admission.ticket is not None
+        admitted.append(admission)
+        assert lease.credit < 64 * PRICE
+        assert lease.reserved == len(admitted) * PRICE + lease.credit  # the running calls and the credit
+    assert lease.credit > 0  # carved for the calls to come
+    for admission in admitted[:150]:
+        assert admission.ticket is not None
+        admission.ticket.settle(admission, None, True)
+    book.fold()
+    assert (lease.credit, lease.spent, lease.charged, lease.reserved) == (0, 0, 150 * PRICE, 50 * PRICE)
+
+    records, book, lease = leased_records()
+    lease.granted = lease.issued = lease.charged + 3 * PRICE
+    lease.bound()
+    running = [records.admit(CAPPED, priced_call("a")) for _ in range(3)]
+    assert all(admission is not None for admission in running)
+    assert records.admit(CAPPED, priced_call("a")) is None  # no room: the call waits for the keeper
+    first = running[0]
+    assert first is not None and first.ticket is not None
+    assert first.ticket.settle(first, None, False).remaining == PRICE / 1e6  # released: its price is room again
+    assert records.admit(CAPPED, priced_call("a")) is not None
+    assert records.admit(CAPPED, priced_call("a")) is None
