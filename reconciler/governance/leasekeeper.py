@@ -149,12 +149,12 @@ class LeaseKeeper:
                 if self._closed and not self._waiting:
                     break
             self._wake.clear()
+            self.fold()  # first: what the lanes' calls took since the last fold counts in this tick's rate
             moment = time.monotonic()
             if moment - last_tick >= terms.tick_seconds:
                 self.book.tick(moment - last_tick)
                 last_tick = moment
             batch, self._waiting = self._waiting, []
-            self.fold()
             try:
                 await self._workers.run(sync, self.store, self.book, [w for w, _ in batch])
             except StoreError as exc:

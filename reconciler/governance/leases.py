@@ -68,7 +68,11 @@ class LeaseTerms:
     """How leases are sized and kept."""
 
     lease_seconds: float = 1.0  # a lease holds about this long of calls at the recent rate
-    issue_seconds: float = 0.25  # `issued` runs this far ahead of the calls
+    # `issued` runs this far ahead of the calls: what a `kill -9` may leave counted that no call cost, and, at half
+    # of it, how often a busy lease writes its row (one transaction each: at 0.25 s, the PostgreSQL capped line of
+    # `benchmarks/router.py` spent about a fifth of the router's CPU on them). Less than `lease_seconds`, or a
+    # lease is issued whole.
+    issue_seconds: float = 0.5
     tick_seconds: float = 0.1  # how often the router looks at its leases (and writes what changed)
     idle_seconds: float = 1.0  # a lease no call used this long is returned
     ttl_seconds: float = 30.0  # a lease its router has not renewed this long may be reconciled by anyone
@@ -94,7 +98,7 @@ class Needs(NamedTuple):
 class Lease:
     """One router's lease on one cut, as the router keeps it (the store has `granted`, `issued`, `charged`)."""
 
-    __slots__ = ("admitted", "cap", "carve", "charged", "credit", "cut", "granted", "headroom", "id", "idle",
+    __slots__ = ("admitted", "cap", "carve", "carved", "charged", "credit", "cut", "granted", "headroom", "id", "idle",
                  "issued", "limit", "max_price", "no_balance", "rate", "renewed", "reserved", "seen", "spent", "stored",
                  "written")
 
@@ -119,10 +123,12 @@ class Lease:
         self.limit = 0  # `granted` plus the store's headroom beyond it, set at once wherever either moves
         # The lanes' credit (written on the event loop's thread only): of `reserved`, what was carved for their calls
         # and no call has taken yet; what their calls settled at their price, owed to `charged` until the next
-        # `fold`; and how many calls the next carve takes (doubling until the fold).
+        # `fold`; how many calls the next carve takes (doubling until the fold); what was carved since the fold (what
+        # of it the calls took is counted as `admitted` at the fold, so a carve is not taken for a burst).
         self.credit = 0
         self.spent = 0
         self.carve = 1
+        self.carved = 0
 
     @property
     def used(self) -> int:
@@ -263,21 +269,21 @@ class LeaseBook:
                 amount = max(short, min(lease.carve * cost, free // 2 // cost * cost))
                 lease.reserved += amount
                 lease.credit += amount
-                lease.admitted += amount
+                lease.carved += amount
                 lease.max_price = max(lease.max_price, cost)
                 lease.carve = min(lease.carve * 2, _CARVE_MOST)
             return True
 
     def fold(self) -> None:
-        """Give each lease the lanes' unspent credit back and count what their calls spent as `charged` (on the
-        event loop's thread: `LeaseKeeper.fold`)."""
+        """Give each lease the lanes' unspent credit back, count what their calls took of it as admitted and what
+        they spent as `charged` (on the event loop's thread: `LeaseKeeper.fold`)."""
         with self._lock:
             for lease in self._leases.values():
-                if lease.credit or lease.spent:
+                if lease.carved or lease.spent:
                     lease.reserved -= lease.credit + lease.spent
                     lease.charged += lease.spent
-                    lease.admitted = max(0, lease.admitted - lease.credit)  # carved, never admitted
-                    lease.credit = lease.spent = 0
+                    lease.admitted += lease.carved - lease.credit
+                    lease.credit = lease.spent = lease.carved = 0
                 lease.carve = 1
 
     def give_back(self, held: Sequence[Lease], cost: int) -> None:
