@@ -177,7 +177,8 @@ def test_a_leased_lane_carves_its_credit_in_growing_slices_and_a_lease_near_its_
     admitted = []
     for _ in range(200):
         admission = records.admit(CAPPED, priced_call("a"))
-        assert admission is not None and admission.ticket is not None
+        assert admission is not None
+        assert admission.ticket is not None
         admitted.append(admission)
         assert lease.credit < 64 * PRICE
         assert lease.reserved == len(admitted) * PRICE + lease.credit  # the running calls and the credit
@@ -195,7 +196,8 @@ def test_a_leased_lane_carves_its_credit_in_growing_slices_and_a_lease_near_its_
     assert all(admission is not None for admission in running)
     assert records.admit(CAPPED, priced_call("a")) is None  # no room: the call waits for the keeper
     first = running[0]
-    assert first is not None and first.ticket is not None
+    assert first is not None
+    assert first.ticket is not None
     assert first.ticket.settle(first, None, False).remaining == PRICE / 1e6  # released: its price is room again
     assert records.admit(CAPPED, priced_call("a")) is not None
     assert records.admit(CAPPED, priced_call("a")) is None
