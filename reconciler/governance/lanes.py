@@ -15,9 +15,9 @@ leases cover it (`leases.LeaseBook`): decided as a covered call (the guardrails 
 `covered`), it costs the lookup plus the subtraction of its price from the credit the book carved for the lanes
 on its leases (`LeaseBook.carve`, when the credit runs short), and its settlement counts what it spent and tells
 the budget left; the keeper gives the credit and the spend back to the leases before each sync (`LeaseBook.fold`,
-on this thread too). When they lack
-room the call takes the admissions' leased path, which waits for the keeper (`leasekeeper`); the caps' own spend
-is counted by the leases' syncs, the scopes no cap limits through the backlog, as for any lane.
+on this thread too). When they lack room the call takes the admissions' leased path, which waits for the keeper
+(`leasekeeper`); the caps' own spend is counted by the leases' syncs, the scopes no cap limits through the
+backlog, as for any lane.
 
 Such a call is decided by the revision alone, and no one can ask for it by its request id (neither
 the agent nor the call log is told one), so its record is the tally: the calls of one agent run, tool
