@@ -602,28 +602,37 @@ def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], pairs: 
     """Each pair of `pairs` (line → the router it is measured against, `against`: its open gate unless said, and the
     router measured) side by side (`pin`), 8 sessions each, `rounds` windows of `seconds` (whose sessions start first
     alternates window by window): the median, lowest and highest of the measured router's calls against the other's
-    in the same window."""
+    in the same window, and each one's CPU a call over those windows (when the routers are not all the time on the
+    CPU, the calls ratio is partly a latency ratio, and the two ratios differ)."""
     cpus = os.sched_getaffinity(0)
     pinned = pin(routers, cpus)
     print(f"\nSide by side with {against}, 8 sessions each, {rounds} windows of {seconds:g} s ({pinned}):")
     ratios: dict[str, list[float]] = {line: [] for line in pairs}
     rates: dict[str, list[float]] = {line: [] for line in pairs}
+    cpu = {line: [0.0, 0, 0.0, 0] for line in pairs}  # the measured router's CPU and calls, then the other's
     try:
         for turn in range(rounds):
             for line, (base, measured) in pairs.items():
                 pair = (base, measured) if turn % 2 == 0 else (measured, base)
+                before = {name: cpu_seconds(routers[name][1]) for name in pair}
                 counts = run(calls_in_window({name: routers[name][0] / SOCKET for name in pair}, 8, seconds))
                 ratios[line].append(counts[measured] / counts[base])
                 rates[line].append(counts[measured] / seconds)
+                for at, name in ((0, measured), (2, base)):
+                    cpu[line][at] += cpu_seconds(routers[name][1]) - before[name]
+                    cpu[line][at + 1] += counts[name]
     finally:
         _place(routers, cpus, cpus)  # as they were, for what runs next
     out = {}
     for line, found in ratios.items():
+        spent, calls, other_spent, other_calls = cpu[line]
         figures = out[line] = {"ratio": statistics.median(found), "low": min(found), "high": max(found),
-                               "rate": statistics.median(rates[line])}
+                               "rate": statistics.median(rates[line]), "cpu": spent / max(calls, 1) * 1e6,
+                               "cpu against": other_spent / max(other_calls, 1) * 1e6}
         label = SIDE_BY_SIDE_LINES.get(line, THROUGHPUT_LINES.get(line, line))
         print(f"  {label:<52} {figures['ratio']:6.1%} of {against}'s calls (windows {figures['low']:.1%} to "
-              f"{figures['high']:.1%}; {figures['rate']:,.0f} calls/s on half a CPU)")
+              f"{figures['high']:.1%}; {figures['rate']:,.0f} calls/s on half a CPU; CPU a call "
+              f"{figures['cpu']:.1f} µs against {figures['cpu against']:.1f})")
     return out
 
 
