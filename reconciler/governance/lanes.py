@@ -319,7 +319,7 @@ class Records:
             if not lane.leased:
                 return lane.paid
             # Spent at its price: the leases count it at the next fold. The least budget left over them, the book's
-            # lock untaken: `Lease.left`, written out (a property costs the call path a call).
+            # lock untaken: `Lease.left` and `from_micros`, written out (each costs the call path a call).
             cost, left = lane.cost, _UNBOUNDED
             for lease in ticket.leases:
                 lease.spent += cost
