@@ -41,7 +41,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 
 __all__ = ["Handler", "Interface", "InterfaceError", "Reply", "build_server", "error_result", "find_interface",
-           "log_to_stderr", "serve"]
+           "log_to_stderr", "needs_a_person", "serve"]
 
 log = logging.getLogger("handler_kit")
 
@@ -61,6 +61,14 @@ class InterfaceError(Exception):
         self.code = code
         self.message = message
         self.retry = retry if retry in RETRY_WORDS else None
+
+
+def needs_a_person(message: str) -> InterfaceError:
+    """`unavailable` that no retry cures until a person acts (installs the engine, fixes the binding, its key or its
+    account): `message` says what is wrong and who must act; the model is told to do without and tell the user, and
+    `handler/retry` is `never` (docs/router.md, "Retrying")."""
+    return InterfaceError("unavailable", f"{message}; calling again will not help until then, so do without this "
+                          "service for now and tell the user", retry="never")
 
 
 @dataclass(frozen=True)

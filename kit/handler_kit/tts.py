@@ -3,6 +3,7 @@ it wrote is described by, and the tool's handler. Which program, and what its fa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import wave
@@ -31,8 +32,9 @@ def describe_wav(path: Path, engine: str) -> dict[str, Any]:
             frames, rate = audio.getnframes(), audio.getframerate()
     except (OSError, EOFError, wave.Error):
         log.exception("%s left no readable WAV", engine)
-        raise InterfaceError("unavailable", "the speech engine wrote no usable audio; retrying later may "
-                             "work") from None
+        raise InterfaceError("unavailable", "the speech engine wrote no usable audio for this text, and it does "
+                             "the same each time: rephrase or shorten the text, or choose another voice",
+                             retry="never") from None
     duration = round(frames / rate, 3) if rate > 0 else 0.0
     return {"path": str(path), "durationSeconds": duration, "bytes": size}
 
@@ -58,8 +60,9 @@ async def run_engine(command: list[str], data: bytes) -> tuple[int, bytes]:
         async with await anyio.open_process(command, stdout=subprocess.DEVNULL) as process:
             if process.stdin is None or process.stderr is None:  # never: both are pipes by default
                 raise InterfaceError("unavailable", "the speech engine could not be started")
-            await process.stdin.send(data)
-            await process.stdin.aclose()
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):  # it stopped reading:
+                await process.stdin.send(data)  # its status and stderr say why
+                await process.stdin.aclose()
             async for chunk in process.stderr:
                 if len(stderr) < MAX_STDERR:
                     stderr += chunk[: MAX_STDERR - len(stderr)]

@@ -196,9 +196,15 @@ def embed(subject: tuple[ModuleType, str], texts: list[str], **given: Any) -> di
 
 
 def failure(subject: tuple[ModuleType, str], texts: list[str], **given: Any) -> tuple[str, str]:
+    error = raised(subject, texts, **given)
+    return error.code, error.message
+
+
+def raised(subject: tuple[ModuleType, str], texts: list[str], **given: Any) -> Any:
+    """The interface error an embedding raises: its code, message and `retry`."""
     with pytest.raises(subject[0].InterfaceError) as caught:
         embed(subject, texts, **given)
-    return caught.value.code, caught.value.message
+    return caught.value
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -230,22 +236,23 @@ def test_more_texts_than_a_batch_go_in_several_requests(embeddings: tuple[Module
     assert [len(request["input"]) for request in Embeddings.seen] == [24, 24, 16]
 
 
-@pytest.mark.parametrize(("first", "code", "says"), [
-    ("busy", "limit", "rate limit was reached; retry after 5 seconds"),
-    ("too long", "limit", "longer than the model accepts"),
-    ("broke", "unavailable", "quota or credit for this key is used up"),
-    ("500", "unavailable", "failing (HTTP 500)"),
-    ("503", "unavailable", "failing (HTTP 503)"),
-    ("garbled", "unavailable", "cannot read"),
-    ("short", "unavailable", "cannot read"),
-    ("twice", "unavailable", "cannot read"),
-    ("words", "unavailable", "cannot read"),
-    ("ragged", "unavailable", "vectors of different lengths"),
+@pytest.mark.parametrize(("first", "code", "says", "retry"), [
+    ("busy", "limit", "rate limit was reached; retry after 5 seconds", None),
+    ("too long", "limit", "longer than the model accepts", None),
+    ("broke", "unavailable", "quota or credit for this key is used up", "never"),  # until the account is topped up
+    ("500", "unavailable", "failing (HTTP 500)", None),
+    ("503", "unavailable", "failing (HTTP 503)", None),
+    ("garbled", "unavailable", "cannot read", None),
+    ("short", "unavailable", "cannot read", None),
+    ("twice", "unavailable", "cannot read", None),
+    ("words", "unavailable", "cannot read", None),
+    ("ragged", "unavailable", "vectors of different lengths", None),
 ])
 def test_each_failure_maps_onto_the_closed_list(embeddings: tuple[ModuleType, str], first: str, code: str,
-                                                says: str) -> None:
-    got, message = failure(embeddings, [first, "another text"])
-    assert (got, says in message) == (code, True), message
+                                                says: str, retry: str | None) -> None:
+    error = raised(embeddings, [first, "another text"])
+    got, message = error.code, error.message
+    assert (got, says in message, error.retry) == (code, True, retry), message
     assert "secret" not in message
     assert "Traceback" not in message
 
@@ -258,8 +265,9 @@ def test_a_batch_over_the_server_limit_is_limit(embeddings: tuple[ModuleType, st
 
 
 def test_a_refused_key_is_unavailable(embeddings: tuple[ModuleType, str]) -> None:
-    code, message = failure(embeddings, ["hello"], api_key="sk-wrong")
-    assert (code, "refused the API key (HTTP 401)" in message) == ("unavailable", True)
+    error = raised(embeddings, ["hello"], api_key="sk-wrong")
+    code, message = error.code, error.message
+    assert (code, "refused the API key (HTTP 401)" in message, error.retry) == ("unavailable", True, "never")
     assert "Incorrect" not in message
     assert failure(embeddings, ["hello"], api_key=None)[0] == "unavailable"
     assert Embeddings.refused == ["auth", "auth"]
@@ -283,8 +291,10 @@ def test_a_request_of_the_wrong_shape_is_refused_by_the_stand_in(embeddings: tup
     module, _ = embeddings
     right = module.request_body
     monkeypatch.setattr(module, "request_body", lambda texts, given: {"model": given.model, "texts": texts})
-    assert failure(embeddings, ["hello"]) == ("unavailable", "the embedding service did not accept the request "
-                                              "(HTTP 400); check the binding's model")
+    refused = raised(embeddings, ["hello"])
+    assert (refused.code, refused.retry) == ("unavailable", "never")
+    assert refused.message.startswith("the embedding service did not accept the request (HTTP 400); the binding's "
+                                      "model may be wrong")
     monkeypatch.setattr(module, "request_body", right)
     monkeypatch.setattr(module, "EMBEDDINGS_PATH", "/v1/embedding")
     assert failure(embeddings, ["hello"])[0] == "unavailable"

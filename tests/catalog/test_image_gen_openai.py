@@ -164,9 +164,15 @@ def generate(subject: tuple[ModuleType, str], prompt: str, output: Path, size: s
 
 
 def failure(subject: tuple[ModuleType, str], prompt: str, output: Path, **given: Any) -> tuple[str, str]:
+    error = raised(subject, prompt, output, **given)
+    return error.code, error.message
+
+
+def raised(subject: tuple[ModuleType, str], prompt: str, output: Path, **given: Any) -> Any:
+    """The interface error a generation raises: its code, message and `retry`."""
     with pytest.raises(subject[0].InterfaceError) as caught:
         generate(subject, prompt, output, **given)
-    return caught.value.code, caught.value.message
+    return caught.value
 
 
 def test_the_png_is_written_and_measured(images: tuple[ModuleType, str], tmp_path: Path) -> None:
@@ -185,35 +191,37 @@ def test_response_format_can_be_left_out_and_sizes_narrowed(images: tuple[Module
     assert "response_format" not in Images.seen[0]
     with pytest.raises(images[0].InterfaceError) as caught:
         generate(images, "a lighthouse", tmp_path / "s.png", "256x256", sizes=("1024x1024",))
-    assert (caught.value.code, caught.value.message) == (
-        "unavailable", "this binding's model does not make 256x256 images; ask for 1024x1024")
+    assert (caught.value.code, caught.value.message, caught.value.retry) == (
+        "unavailable", "this binding's model does not make 256x256 images; ask for 1024x1024", "never")
     assert len(Images.seen) == 1  # nothing was sent for a size the binding does not offer
 
 
-@pytest.mark.parametrize(("prompt", "code", "says"), [
-    ("refused", "refused", "content policy declined this prompt"),
-    ("moderated", "refused", "content policy declined this prompt"),
-    ("busy", "limit", "rate limit was reached; retry after 20 seconds"),
-    ("broke", "unavailable", "quota or credit for this key is used up"),
-    ("500", "unavailable", "failing (HTTP 500)"),
-    ("503", "unavailable", "failing (HTTP 503)"),
-    ("garbled", "unavailable", "cannot read"),
-    ("empty", "unavailable", "cannot read"),
-    ("not base64", "unavailable", "cannot read"),
-    ("jpeg", "unavailable", "sent a JPEG image"),
+@pytest.mark.parametrize(("prompt", "code", "says", "retry"), [
+    ("refused", "refused", "content policy declined this prompt", None),  # the code says never
+    ("moderated", "refused", "content policy declined this prompt", None),
+    ("busy", "limit", "rate limit was reached; retry after 20 seconds", None),
+    ("broke", "unavailable", "quota or credit for this key is used up", "never"),  # until the account is topped up
+    ("500", "unavailable", "failing (HTTP 500)", None),
+    ("503", "unavailable", "failing (HTTP 503)", None),
+    ("garbled", "unavailable", "cannot read", None),
+    ("empty", "unavailable", "cannot read", None),
+    ("not base64", "unavailable", "cannot read", None),
+    ("jpeg", "unavailable", "sent a JPEG image", "never"),  # until the binding is set to answer PNG
 ])
 def test_each_failure_maps_onto_the_closed_list(images: tuple[ModuleType, str], tmp_path: Path, prompt: str,
-                                                code: str, says: str) -> None:
-    got, message = failure(images, prompt, tmp_path / "x.png")
-    assert (got, says in message) == (code, True), message
+                                                code: str, says: str, retry: str | None) -> None:
+    error = raised(images, prompt, tmp_path / "x.png")
+    got, message = error.code, error.message
+    assert (got, says in message, error.retry) == (code, True, retry), message
     assert "secret" not in message
     assert "Traceback" not in message
     assert not (tmp_path / "x.png").exists()
 
 
 def test_a_refused_key_is_unavailable(images: tuple[ModuleType, str], tmp_path: Path) -> None:
-    code, message = failure(images, "an apple", tmp_path / "x.png", api_key="sk-wrong")
-    assert (code, "refused the API key (HTTP 401)" in message) == ("unavailable", True)
+    error = raised(images, "an apple", tmp_path / "x.png", api_key="sk-wrong")
+    assert (error.code, "refused the API key (HTTP 401)" in error.message, error.retry) == ("unavailable", True,
+                                                                                           "never")
     assert failure(images, "an apple", tmp_path / "x.png", api_key=None)[0] == "unavailable"
     assert Images.refused == ["auth", "auth"]
 
@@ -236,9 +244,9 @@ def test_a_request_of_the_wrong_shape_is_refused_by_the_stand_in(images: tuple[M
     module, _ = images
     right = module.request_body
     monkeypatch.setattr(module, "request_body", lambda prompt, size, given: {**right(prompt, size, given), "n": 4})
-    code, message = failure(images, "an apple", tmp_path / "x.png")
-    assert (code, message.startswith("the image service did not accept the request (HTTP 400)")) == (
-        "unavailable", True)
+    error = raised(images, "an apple", tmp_path / "x.png")
+    assert (error.code, error.message.startswith("the image service did not accept the request (HTTP 400)"),
+            error.retry) == ("unavailable", True, "never")
     monkeypatch.setattr(module, "request_body", right)
     monkeypatch.setattr(module, "GENERATIONS_PATH", "/v1/images/edits")
     assert failure(images, "an apple", tmp_path / "x.png")[0] == "unavailable"

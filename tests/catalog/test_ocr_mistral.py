@@ -123,9 +123,15 @@ def extract(module: ModuleType, path: Path, key: str = KEY) -> dict[str, Any]:
 
 
 def error_of(module: ModuleType, path: Path, key: str = KEY) -> tuple[str, str]:
+    error = raised(module, path, key)
+    return error.code, error.message
+
+
+def raised(module: ModuleType, path: Path, key: str = KEY) -> Any:
+    """The interface error an extraction raises: its code, message and `retry`."""
     with pytest.raises(module.InterfaceError) as caught:
         extract(module, path, key)
-    return caught.value.code, caught.value.message
+    return caught.value
 
 
 def test_a_pdf_becomes_the_answer_pages_in_order(mistral: ModuleType) -> None:
@@ -164,17 +170,19 @@ def test_a_file_over_the_interface_limit_is_too_large(mistral: ModuleType, tmp_p
     assert Mistral.seen == []
 
 
-@pytest.mark.parametrize(("mode", "words"), [
-    ("401", "refused the API key"), ("403", "refused the API key"), ("429", "retry in 30 seconds"),
-    ("500", "HTTP 500"), ("503", "HTTP 503"), ("malformed", "cannot read"), ("not-json", "cannot read"),
-    ("huge", "larger than"),
+@pytest.mark.parametrize(("mode", "words", "retry"), [
+    ("401", "refused the API key", "never"), ("403", "refused the API key", "never"),  # until a new key
+    ("429", "retry in 30 seconds", None), ("500", "HTTP 500", None), ("503", "HTTP 503", None),
+    ("malformed", "cannot read", None), ("not-json", "cannot read", None),
+    ("huge", "split it into documents of fewer pages", "never"),  # the same document fails again
 ])
 def test_each_vendor_failure_is_unavailable_in_plain_words(mistral: ModuleType, mode: str, words: str,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+                                                           retry: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Mistral, "mode", mode)
     monkeypatch.setattr(mistral, "MAX_ANSWER_BYTES", 100_000)
-    code, message = error_of(mistral, FIXTURES / "invoice.pdf")
-    assert (code, words in message) == ("unavailable", True)
+    error = raised(mistral, FIXTURES / "invoice.pdf")
+    code, message = error.code, error.message
+    assert (code, words in message, error.retry) == ("unavailable", True, retry)
     assert "vendor" not in message
     assert "Traceback" not in message
 
@@ -188,7 +196,9 @@ def test_a_timeout_is_unavailable(mistral: ModuleType, monkeypatch: pytest.Monke
 
 def test_an_unreachable_service_or_missing_key_is_unavailable(mistral: ModuleType,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    assert error_of(mistral, FIXTURES / "invoice.pdf", key="")[0] == "unavailable"
+    missing = raised(mistral, FIXTURES / "invoice.pdf", key="")
+    assert (missing.code, missing.retry) == ("unavailable", "never")
+    assert "no Mistral API key is configured" in missing.message
     monkeypatch.setattr(mistral, "BASE_URL", "http://127.0.0.1:9")
     code, message = error_of(mistral, FIXTURES / "invoice.pdf")
     assert (code, "could not be reached" in message) == ("unavailable", True)
@@ -199,8 +209,9 @@ def test_the_stand_in_refuses_a_wrong_shape(mistral: ModuleType, monkeypatch: py
     """The stand-in's checks bite: a body without the document's data URL is a 400, which is `unavailable`."""
     monkeypatch.setattr(mistral, "request_body", lambda data, mime, model: {"model": model,
                                                                             "document": {"type": "document_url"}})
-    code, message = error_of(mistral, FIXTURES / "invoice.pdf")
-    assert (code, message) == ("unavailable", "Mistral did not accept the request (HTTP 400)")
+    refused = raised(mistral, FIXTURES / "invoice.pdf")
+    assert (refused.code, refused.retry) == ("unavailable", "never")
+    assert refused.message.startswith("Mistral did not accept the request (HTTP 400); the operator must")
     assert Mistral.refused == ["document"]
     assert error_of(mistral, FIXTURES / "invoice.pdf", key="wrong")[0] == "unavailable"
     assert Mistral.refused == ["document", "auth"]

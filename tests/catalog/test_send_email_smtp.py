@@ -63,6 +63,10 @@ class Mailbox:
         return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        if any(address.startswith("spam@") for address in envelope.rcpt_tos):
+            return "554 5.7.1 Message rejected as spam"
+        if any(address.startswith("greylisted@") for address in envelope.rcpt_tos):
+            return "454 4.7.0 Temporary authentication failure, try again later"
         self.received.append((envelope.mail_from, list(envelope.rcpt_tos), envelope.original_content))
         return "250 Message accepted"
 
@@ -95,9 +99,15 @@ def config(port: int, password: str = CREDENTIAL) -> Any:
 
 
 def refusal(port: int, args: dict[str, Any], password: str = CREDENTIAL) -> tuple[str, str]:
+    error = raised(port, args, password)
+    return error.code, error.message
+
+
+def raised(port: int, args: dict[str, Any], password: str = CREDENTIAL) -> Any:
+    """The interface error a send raises: its code, message and `retry`."""
     with pytest.raises(main.InterfaceError) as caught:
         main.send(config(port, password), args)
-    return caught.value.code, caught.value.message
+    return caught.value
 
 
 def test_it_sends_over_starttls_with_subject_body_sender_and_recipients(tls_server: tuple[Mailbox, int]) -> None:
@@ -138,10 +148,26 @@ def test_a_quota_refusal_is_limit(tls_server: tuple[Mailbox, int]) -> None:
     assert mailbox.received == []
 
 
+def test_a_message_refused_for_good_is_not_retried_and_one_refused_for_now_is(
+        tls_server: tuple[Mailbox, int]) -> None:
+    """A 5xx refusal of the message stands (RFC 5321): sending the same email again is refused too. A 4xx one is for
+    now: retrying later may work."""
+    mailbox, port = tls_server
+    spam = raised(port, {"to": ["spam@example.org"], "subject": "Hi", "body": "Hello.\n"})
+    assert (spam.code, spam.retry) == ("unavailable", "never")
+    assert "refused the message (code 554); nothing was sent" in spam.message
+    assert "tell the user" in spam.message
+    assert "Message rejected" not in spam.message  # the server's own wording stays in the log
+    later = raised(port, {"to": ["greylisted@example.org"], "subject": "Hi", "body": "Hello.\n"})
+    assert (later.code, later.retry) == ("unavailable", None)
+    assert later.message.endswith("(code 454); nothing was sent; retrying later may work")
+    assert mailbox.received == []
+
+
 def test_a_refused_login_or_a_closed_port_is_unavailable(tls_server: tuple[Mailbox, int]) -> None:
     mailbox, port = tls_server
-    code, message = refusal(port, {"to": ["alice@example.org"], "subject": "Hi", "body": "Hello.\n"}, "wrong")
-    assert (code, "login" in message) == ("unavailable", True)
+    login = raised(port, {"to": ["alice@example.org"], "subject": "Hi", "body": "Hello.\n"}, "wrong")
+    assert (login.code, "login" in login.message, login.retry) == ("unavailable", True, "never")  # until it is fixed
     code, message = refusal(free_port(), {"to": ["alice@example.org"], "subject": "Hi", "body": "Hello.\n"})
     assert (code, "could not be reached" in message) == ("unavailable", True)
     assert mailbox.received == []

@@ -95,3 +95,4 @@ def test_what_it_reads_and_what_it_refuses_in_plain_words(python: Path, tmp_path
     assert french.is_error
     assert french.structured_content["error"] == "unavailable"
     assert "English (en) only, not 'fr'" in french.structured_content["message"]
+    assert (french.meta or {}).get("handler/retry") == "never"  # the same language fails again: not "later"

@@ -106,7 +106,43 @@ def test_without_the_engine_every_call_is_unavailable_in_plain_words(tmp_path: P
     assert result.is_error
     assert result.structured_content["error"] == "unavailable"
     assert "not installed" in result.structured_content["message"]
+    assert (result.meta or {}).get("handler/retry") == "never"  # until someone installs it: not "later"
+    assert "do without this service for now and tell the user" in result.structured_content["message"]
     assert not (tmp_path / "a.wav").exists()
+
+
+# The engine as the connector runs it, except that it fails at once on every text, before reading it (exit status 1),
+# or reads the text and writes no WAV at all: the voices it lists are the real engine's.
+FAILING_ENGINE = """#!/bin/sh
+case "$1" in --voices*) exec {real} "$@" ;; esac
+[ "{how}" = fails ] && {{ echo "espeak-ng: internal error" >&2; exit 1; }}
+/bin/cat > /dev/null
+exit 0
+"""
+
+
+@pytest.mark.parametrize(("how", "says"), [("fails", "the speech engine failed on this text"),
+                                           ("writes nothing", "the speech engine wrote no usable audio")])
+def test_an_engine_failing_on_a_text_says_the_same_text_fails_again(tmp_path: Path, how: str, says: str) -> None:
+    """A failure of the engine on one text is the same every time: the model is told to change the text, and
+    `handler/retry` is `never`, not the `later` of a service that is down."""
+    engine = tmp_path / "espeak-ng"
+    engine.write_text(FAILING_ENGINE.format(real=shutil.which("espeak-ng"), how=how))
+    engine.chmod(0o755)
+    params = StdioServerParameters(command=sys.executable, args=[str(CONNECTOR / "main.py")], cwd=str(CONNECTOR),
+                                   env={"PATH": str(tmp_path)})
+
+    async def called() -> Any:
+        async with Client(params) as client:
+            return await client.call_tool("tts_synthesize", {"text": "Hello.", "outputPath": str(tmp_path / "a.wav")})
+
+    result = asyncio.run(asyncio.wait_for(called(), 30))
+    assert result.is_error
+    message = result.structured_content["message"]
+    assert (result.structured_content["error"], says in message) == ("unavailable", True), message
+    assert "rephrase or shorten the text, or choose another voice" in message
+    assert "retrying later" not in message
+    assert (result.meta or {}).get("handler/retry") == "never"
 
 
 def test_the_check_fails_it_on_intelligibility_alone(shipped_tree: Path, tmp_path: Path,

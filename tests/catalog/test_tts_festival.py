@@ -93,4 +93,5 @@ def test_without_the_engine_every_call_is_unavailable_in_plain_words(tmp_path: P
     assert result.is_error
     assert result.structured_content["error"] == "unavailable"
     assert "not installed" in result.structured_content["message"]
+    assert (result.meta or {}).get("handler/retry") == "never"  # until someone installs it: not "later"
     assert not (tmp_path / "a.wav").exists()

@@ -107,9 +107,15 @@ def search(module: ModuleType, query: str, count: int = 10, key: str = KEY, **se
 
 
 def failure(module: ModuleType, query: str, key: str = KEY) -> tuple[str, str]:
+    error = raised(module, query, key)
+    return error.code, error.message
+
+
+def raised(module: ModuleType, query: str, key: str = KEY) -> Any:
+    """The interface error a search raises: its code, message and `retry`."""
     with pytest.raises(module.InterfaceError) as caught:
         search(module, query, key=key)
-    return caught.value.code, caught.value.message
+    return caught.value
 
 
 def test_results_map_onto_the_interface_and_validate(brave: ModuleType) -> None:
@@ -129,18 +135,23 @@ def test_max_results_cuts_the_list_and_no_match_is_empty(brave: ModuleType) -> N
     assert search(brave, "nothing") == {"results": []}
 
 
-@pytest.mark.parametrize(("query", "code", "says"), [
-    ("refused", "unavailable", "refused the API key (HTTP 401)"),
-    ("busy", "limit", "retry after 7 seconds"),
-    ("quota", "unavailable", "quota for this key is used up"),
-    ("down", "unavailable", "failing (HTTP 503)"),
-    ("garbled", "unavailable", "not JSON"),
-    ("odd", "unavailable", "not a search result"),
+@pytest.mark.parametrize(("query", "code", "says", "retry"), [
+    ("refused", "unavailable", "refused the API key (HTTP 401)", "never"),  # until a person replaces the key
+    ("busy", "limit", "retry after 7 seconds", None),  # the code says it: later
+    ("quota", "unavailable", "quota for this key is used up", "never"),
+    ("down", "unavailable", "failing (HTTP 503)", None),
+    ("garbled", "unavailable", "not JSON", None),
+    ("odd", "unavailable", "not a search result", None),
 ])
-def test_each_failure_maps_onto_the_closed_list(brave: ModuleType, query: str, code: str, says: str) -> None:
-    got, message = failure(brave, query)
+def test_each_failure_maps_onto_the_closed_list(brave: ModuleType, query: str, code: str, says: str,
+                                                retry: str | None) -> None:
+    error = raised(brave, query)
+    got, message = error.code, error.message
     assert got == code
     assert says in message
+    assert error.retry == retry
+    if retry == "never":  # and the model reads what to do instead
+        assert "do without this service for now and tell the user" in message
     assert "Traceback" not in message
     assert "SUBSCRIPTION_TOKEN_INVALID" not in message
 
@@ -157,16 +168,18 @@ def test_a_timeout_and_an_oversized_body_are_unavailable(brave: ModuleType, monk
 
 def test_a_request_of_the_wrong_shape_is_refused_by_the_stand_in(brave: ModuleType,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    assert failure(brave, "rust", key="another-token") == (
-        "unavailable", "the search service did not accept the request (HTTP 400)")
+    refused = raised(brave, "rust", key="another-token")
+    assert (refused.code, refused.retry) == ("unavailable", "never")
+    assert refused.message.startswith("the search service did not accept the request (HTTP 400); an administrator")
     monkeypatch.setattr(brave, "SEARCH_PATH", "/res/v1/news/search")
-    assert failure(brave, "rust")[1] == "the search service did not accept the request (HTTP 400)"
+    assert failure(brave, "rust")[1].startswith("the search service did not accept the request (HTTP 400)")
     assert StandIn.seen == []
 
 
 def test_no_key_is_unavailable_without_a_request(brave: ModuleType) -> None:
-    assert failure(brave, "rust", key="") == ("unavailable", "no Brave Search API key is configured for this "
-                                              "binding")
+    error = raised(brave, "rust", key="")
+    assert (error.code, error.retry) == ("unavailable", "never")
+    assert error.message.startswith("no Brave Search API key is configured for this binding; an administrator")
     assert StandIn.seen == []
 
 

@@ -156,9 +156,15 @@ def search(subject: tuple[ModuleType, str], query: str, count: int = 10, **given
 
 
 def failure(subject: tuple[ModuleType, str], query: str, **given: Any) -> tuple[str, str]:
+    error = raised(subject, query, **given)
+    return error.code, error.message
+
+
+def raised(subject: tuple[ModuleType, str], query: str, **given: Any) -> Any:
+    """The interface error a search raises: its code, message and `retry`."""
     with pytest.raises(subject[0].InterfaceError) as caught:
         search(subject, query, **given)
-    return caught.value.code, caught.value.message
+    return caught.value
 
 
 def test_results_map_onto_the_interface_and_validate(searxng: tuple[ModuleType, str]) -> None:
@@ -193,29 +199,33 @@ def test_no_match_is_an_empty_list(searxng: tuple[ModuleType, str]) -> None:
     assert search(searxng, "zzzz qqqq") == {"results": []}
 
 
-@pytest.mark.parametrize(("query", "code", "says"), [
-    ("limited", "limit", "rate limit was reached; retry after 7 seconds"),
-    ("limited without a delay", "limit", "wait a moment before searching again"),
-    ("too many requests", "limit", "rate limiting it (2 suspended)"),
-    ("engines down", "unavailable", "did not answer (2 failed)"),
-    ("403", "unavailable", "allow JSON output"),
-    ("502", "unavailable", "failing (HTTP 502)"),
-    ("503", "unavailable", "failing (HTTP 503)"),
-    ("garbled", "unavailable", "not JSON"),
-    ("odd", "unavailable", "not a search result"),
+@pytest.mark.parametrize(("query", "code", "says", "retry"), [
+    ("limited", "limit", "rate limit was reached; retry after 7 seconds", None),
+    ("limited without a delay", "limit", "wait a moment before searching again", None),
+    ("too many requests", "limit", "rate limiting it (2 suspended)", None),
+    ("engines down", "unavailable", "did not answer (2 failed)", None),
+    ("403", "unavailable", "allow JSON output", "never"),  # until its operator changes its settings
+    ("502", "unavailable", "failing (HTTP 502)", None),
+    ("503", "unavailable", "failing (HTTP 503)", None),
+    ("garbled", "unavailable", "not JSON", None),
+    ("odd", "unavailable", "not a search result", None),
 ])
 def test_each_failure_maps_onto_the_closed_list(searxng: tuple[ModuleType, str], query: str, code: str,
-                                                says: str) -> None:
-    got, message = failure(searxng, query)
+                                                says: str, retry: str | None) -> None:
+    error = raised(searxng, query)
+    got, message = error.code, error.message
     assert got == code
     assert says in message
+    assert error.retry == retry
     assert "Traceback" not in message
     assert "secret" not in message
 
 
 def test_a_refused_login_is_unavailable(searxng: tuple[ModuleType, str]) -> None:
-    code, message = failure(searxng, "python", password="wrong")  # noqa: S106 - a wrong one, on purpose
-    assert (code, "refused the login (HTTP 401)" in message) == ("unavailable", True)
+    error = raised(searxng, "python", password="wrong")  # noqa: S106 - a wrong one, on purpose
+    code, message = error.code, error.message
+    assert (code, "refused the login (HTTP 401)" in message, error.retry) == ("unavailable", True, "never")
+    assert "do without this service for now and tell the user" in message
     assert "nginx" not in message
     assert failure(searxng, "python", username=None)[0] == "unavailable"
     assert SearXNG.refused == ["auth", "auth"]
@@ -239,11 +249,12 @@ def test_a_request_of_the_wrong_shape_is_refused_by_the_stand_in(searxng: tuple[
     module, _ = searxng
     right = module.request_params
     monkeypatch.setattr(module, "request_params", lambda query, page, given: {"q": query, "pageno": str(page)})
-    assert failure(searxng, "python") == ("unavailable", "the search instance did not accept the request "
-                                          "(HTTP 400)")
+    refused = raised(searxng, "python")
+    assert (refused.code, refused.retry) == ("unavailable", "never")
+    assert refused.message.startswith("the search instance did not accept the request (HTTP 400); an administrator")
     monkeypatch.setattr(module, "request_params", right)
     monkeypatch.setattr(module, "SEARCH_PATH", "/")
-    assert failure(searxng, "python")[1] == "the search instance did not accept the request (HTTP 400)"
+    assert failure(searxng, "python")[1].startswith("the search instance did not accept the request (HTTP 400)")
     assert SearXNG.refused == ["shape", "shape"]
     assert SearXNG.seen == []
 

@@ -28,7 +28,7 @@ import threading
 from typing import Any
 
 import anyio
-from handler_kit import Handler, InterfaceError, Reply, log_to_stderr, serve
+from handler_kit import Handler, InterfaceError, Reply, log_to_stderr, needs_a_person, serve
 
 log = logging.getLogger("embed-local")
 
@@ -62,8 +62,8 @@ class Engine:
 
     def embed(self, texts: list[str]) -> dict[str, Any]:
         if self._model is None:
-            raise InterfaceError("unavailable", "the local embedding model could not be loaded on this machine "
-                                 f"({self._failed}); reinstall it with `handler connector install embed-local`")
+            raise needs_a_person(f"the local embedding model could not be loaded on this machine ({self._failed}); "
+                                 "an administrator must reinstall it with `handler connector install embed-local`")
         with self._lock:
             array = self._model.encode(texts, batch_size=BATCH, normalize_embeddings=True, convert_to_numpy=True,
                                        show_progress_bar=False)

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import httpx
-from handler_kit import Handler, InterfaceError, Reply, serve
+from handler_kit import Handler, InterfaceError, Reply, needs_a_person, serve
 
 log = logging.getLogger("embed-openai")
 
@@ -112,11 +112,11 @@ def error_words(body: bytes) -> str:
 def refusal(status: int, headers: httpx.Headers, words: str) -> InterfaceError:
     """The interface error for an answer that is not 200, from its status, headers and error words."""
     if status in (401, 403):
-        return InterfaceError("unavailable", f"the embedding service refused the API key (HTTP {status}); the "
-                              "binding's key is wrong, revoked or without access to embeddings")
+        return needs_a_person(f"the embedding service refused the API key (HTTP {status}); the binding's key is "
+                              "wrong, revoked or without access to embeddings, and an administrator must replace it")
     if "insufficient_quota" in words:
-        return InterfaceError("unavailable", "the embedding service's quota or credit for this key is used up; "
-                              "embedding will work again once the account is topped up")
+        return needs_a_person("the embedding service's quota or credit for this key is used up; embedding will work "
+                              "again once an administrator tops the account up")
     if status == 429:
         return InterfaceError("limit", f"the embedding service's rate limit was reached; {retry_after(headers)}")
     if status == 413 or (status == 400 and any(w in words for w in _TOO_LONG)):
@@ -126,8 +126,8 @@ def refusal(status: int, headers: httpx.Headers, words: str) -> InterfaceError:
         return InterfaceError("unavailable", f"the embedding service is failing (HTTP {status}); retrying later "
                               "may work")
     log.warning("the embedding service answered HTTP %s", status)
-    return InterfaceError("unavailable", f"the embedding service did not accept the request (HTTP {status}); "
-                          "check the binding's model")
+    return needs_a_person(f"the embedding service did not accept the request (HTTP {status}); the binding's model "
+                          "may be wrong, and an administrator must check it")
 
 
 async def read_bounded(response: httpx.Response, limit: int) -> bytes:
@@ -207,8 +207,8 @@ async def embed(texts: list[str], settings: Settings) -> dict[str, Any]:
     """embed_texts' output for `texts`, batch after batch; or an InterfaceError."""
     problem = check_base_url(settings.base_url)
     if problem or not settings.model:
-        raise InterfaceError("unavailable", "this binding is not usable: " + (problem or "EMBED_MODEL is not set; "
-                             "the binding must name the model, e.g. text-embedding-3-small"))
+        raise needs_a_person("this binding is not usable: " + (problem or "EMBED_MODEL is not set; the binding must "
+                             "name the model, e.g. text-embedding-3-small"))
     vectors: list[list[float]] = []
     try:
         with anyio.fail_after(CALL_SECONDS):

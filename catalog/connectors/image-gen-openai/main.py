@@ -33,7 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from handler_kit import Handler, InterfaceError, Reply, serve
+from handler_kit import Handler, InterfaceError, Reply, needs_a_person, serve
 
 log = logging.getLogger("image-gen-openai")
 
@@ -115,19 +115,20 @@ def refusal(status: int, headers: httpx.Headers, code: str) -> InterfaceError:
         return InterfaceError("refused", "the provider's content policy declined this prompt; do not retry it as "
                               "is")
     if status in (401, 403):
-        return InterfaceError("unavailable", f"the image service refused the API key (HTTP {status}); the "
-                              "binding's key is wrong, revoked or without access to image generation")
+        return needs_a_person(f"the image service refused the API key (HTTP {status}); the binding's key is wrong, "
+                              "revoked or without access to image generation, and an administrator must replace it")
     if code == "insufficient_quota":
-        return InterfaceError("unavailable", "the image service's quota or credit for this key is used up; "
-                              "generating will work again once the account is topped up")
+        return needs_a_person("the image service's quota or credit for this key is used up; generating will work "
+                              "again once an administrator tops the account up")
     if status == 429:
         return InterfaceError("limit", f"the image service's rate limit was reached; {retry_after(headers)}")
     if status >= 500:
         return InterfaceError("unavailable", f"the image service is failing (HTTP {status}); retrying later may "
                               "work")
     log.warning("the image service answered HTTP %s (error code %r)", status, code)
-    return InterfaceError("unavailable", f"the image service did not accept the request (HTTP {status}); the "
-                          "binding's model may not make this size")
+    return InterfaceError("unavailable", f"the image service did not accept the request (HTTP {status}), and it "
+                          "will not accept it again: the binding's model may not make this size, so ask for another "
+                          "size, or tell the user", retry="never")
 
 
 async def read_bounded(response: httpx.Response, limit: int) -> bytes:
@@ -188,8 +189,8 @@ def image_from_answer(raw: bytes) -> tuple[bytes, int, int]:
     if not image.startswith(_PNG) or len(image) < 33 or image[12:16] != b"IHDR":
         kind = next((name for magic, name in _OTHER_IMAGES if image.startswith(magic)), "")
         if kind:
-            raise InterfaceError("unavailable", f"the image service sent a {kind} image, and this interface "
-                                 "writes PNG only; the binding's model must be set to answer PNG")
+            raise needs_a_person(f"the image service sent a {kind} image, and this interface writes PNG only; an "
+                                 "administrator must set the binding's model to answer PNG")
         raise malformed
     width, height = struct.unpack(">II", image[16:24])
     if not width or not height:
@@ -201,11 +202,11 @@ async def generate(prompt: str, output: Path, size: str, settings: Settings) -> 
     """image_gen_generate's output, the PNG written at `output`; or an InterfaceError."""
     problem = check_base_url(settings.base_url)
     if problem or not settings.model:
-        raise InterfaceError("unavailable", "this binding is not usable: " + (problem or "IMAGE_GEN_MODEL is not "
-                             "set; the binding must name the model, e.g. dall-e-2"))
+        raise needs_a_person("this binding is not usable: " + (problem or "IMAGE_GEN_MODEL is not set; the binding "
+                             "must name the model, e.g. dall-e-2"))
     if size not in settings.sizes:
         raise InterfaceError("unavailable", f"this binding's model does not make {size} images; ask for "
-                             f"{' or '.join(settings.sizes)}")
+                             f"{' or '.join(settings.sizes)}", retry="never")
     raw = await post(request_body(prompt, size, settings), settings)
     image, width, height = image_from_answer(raw)
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from handler_kit import Handler, InterfaceError, Reply, serve
+from handler_kit import Handler, InterfaceError, Reply, needs_a_person, serve
 
 log = logging.getLogger("ocr-mistral")
 
@@ -92,8 +92,8 @@ def check_status(response: httpx.Response) -> None:
     if 200 <= status < 300:
         return
     if status in (401, 403):
-        raise InterfaceError("unavailable", "Mistral refused the API key (revoked, expired or without access "
-                             "to OCR); the operator must provision a new one")
+        raise needs_a_person("Mistral refused the API key (revoked, expired or without access to OCR); the "
+                             "operator must provision a new one")
     if status == 413:
         raise InterfaceError("too_large", "Mistral refused the file as too large")
     if status == 429:
@@ -103,7 +103,7 @@ def check_status(response: httpx.Response) -> None:
         raise InterfaceError("unavailable", f"Mistral's OCR service failed (HTTP {status}); retrying later may "
                              "work")
     log.warning("Mistral answered HTTP %s", status)
-    raise InterfaceError("unavailable", f"Mistral did not accept the request (HTTP {status})")
+    raise needs_a_person(f"Mistral did not accept the request (HTTP {status}); the operator must check the binding")
 
 
 async def post(url: str, api_key: str, body: dict[str, Any]) -> bytes:
@@ -119,7 +119,8 @@ async def post(url: str, api_key: str, body: dict[str, Any]) -> bytes:
                 size += len(chunk)
                 if size > MAX_ANSWER_BYTES:
                     raise InterfaceError("unavailable", "Mistral's answer was larger than this connector "
-                                         "accepts; the document may have too many pages")
+                                         "accepts, and it will be again for this document: split it into "
+                                         "documents of fewer pages", retry="never")
                 chunks.append(chunk)
             return b"".join(chunks)
     except httpx.TimeoutException:
@@ -157,7 +158,7 @@ async def extract(path: Path, api_key: str, model: str = DEFAULT_MODEL) -> dict[
     """ocr_extract's output for the file at `path`, or an InterfaceError of ocr/v1's list."""
     data, mime = read_document(path)
     if not api_key:
-        raise InterfaceError("unavailable", "no Mistral API key is configured; the operator must provision one")
+        raise needs_a_person("no Mistral API key is configured; the operator must provision one")
     raw = await post(f"{BASE_URL}/v1/ocr", api_key, request_body(data, mime, model or DEFAULT_MODEL))
     return {"pages": pages_from_answer(raw)}
 

@@ -29,7 +29,7 @@ from email.utils import formatdate, make_msgid
 from typing import Any
 
 import anyio
-from handler_kit import InterfaceError, Reply, serve
+from handler_kit import InterfaceError, Reply, needs_a_person, serve
 
 log = logging.getLogger("send-email-smtp")
 
@@ -57,12 +57,12 @@ class Config:
         """The settings; a missing or malformed one is `unavailable` (the binding needs fixing)."""
         host, sender = env.get("SMTP_HOST", "").strip(), env.get("SMTP_FROM", "").strip()
         if not host or not sender:
-            raise InterfaceError("unavailable", "the email service is not configured (no server or no sender "
-                                 "address); an administrator must fix its binding")
+            raise needs_a_person("the email service is not configured (no server or no sender address); an "
+                                 "administrator must fix its binding")
         port_text = env.get("SMTP_PORT", "").strip() or "587"
         if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise InterfaceError("unavailable", "the email service's port setting is not a port number; "
-                                 "an administrator must fix its binding")
+            raise needs_a_person("the email service's port setting is not a port number; an administrator must fix "
+                                 "its binding")
         return cls(host, int(port_text), env.get("SMTP_USERNAME", "").strip() or sender,
                    env.get("SMTP_PASSWORD", ""), sender, _ca_file(env.get("SMTP_CA_FILE", "").strip()),
                    _ca_pem(env.get("SMTP_CA_CERTIFICATES", "").strip()))
@@ -80,8 +80,8 @@ def _ca_file(name: str) -> str | None:
         return None
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     if not os.path.isfile(path):
-        raise InterfaceError("unavailable", "the email service's CA file setting names no file in the connector's "
-                             "folder; an administrator must fix its binding")
+        raise needs_a_person("the email service's CA file setting names no file in the connector's folder; an "
+                             "administrator must fix its binding")
     return path
 
 
@@ -92,8 +92,8 @@ def _ca_pem(text: str) -> str | None:
     try:
         ssl.create_default_context(cadata=text)
     except (ssl.SSLError, ValueError):
-        raise InterfaceError("unavailable", "the email service's ca_certificates setting holds no PEM certificate; "
-                             "an administrator must fix its binding") from None
+        raise needs_a_person("the email service's ca_certificates setting holds no PEM certificate; an "
+                             "administrator must fix its binding") from None
     return text
 
 
@@ -143,13 +143,18 @@ def refused(what: str, code: int, reply: bytes) -> InterfaceError:
     if code in LIMIT_CODES:
         return InterfaceError("limit", f"the mail server refused {what} for now (a sending rate or quota was "
                               "reached); nothing was sent, retry later")
-    return InterfaceError("unavailable", f"the mail server refused {what} (code {code}); nothing was sent")
+    if code >= 500:  # a permanent refusal (RFC 5321): the same email is refused again
+        return InterfaceError("unavailable", f"the mail server refused {what} (code {code}); nothing was sent, and "
+                              "sending the same email again would be refused too: tell the user", retry="never")
+    return InterfaceError("unavailable", f"the mail server refused {what} for now (code {code}); nothing was sent; "
+                          "retrying later may work")
 
 
 def require_starttls(smtp: smtplib.SMTP) -> None:
     if not smtp.has_extn("starttls"):
-        raise InterfaceError("unavailable", "the mail server does not offer STARTTLS (encryption), so this "
-                             "connector refuses to send through it; nothing was sent")
+        raise needs_a_person("the mail server does not offer STARTTLS (encryption), so this connector refuses to "
+                             "send through it and nothing was sent; an administrator must point the binding at a "
+                             "server that does")
 
 
 def open_session(config: Config) -> smtplib.SMTP:
@@ -212,13 +217,14 @@ def send(config: Config, args: dict[str, Any]) -> dict[str, Any]:
         raise
     except smtplib.SMTPAuthenticationError as exc:
         vendor_said("the login", exc.smtp_code, exc.smtp_error)
-        raise InterfaceError("unavailable", "the mail server refused the login; an administrator must check "
+        raise needs_a_person("the mail server refused the login and nothing was sent; an administrator must check "
                              "the account and its password") from None
     except smtplib.SMTPNotSupportedError:
-        raise InterfaceError("unavailable", "the mail server does not accept a login on this port") from None
+        raise needs_a_person("the mail server does not accept a login on this port and nothing was sent; an "
+                             "administrator must fix the binding's port") from None
     except ssl.SSLCertVerificationError:
-        raise InterfaceError("unavailable", f"the certificate of the mail server at {where} could not be "
-                             "verified; nothing was sent") from None
+        raise needs_a_person(f"the certificate of the mail server at {where} could not be verified and nothing "
+                             "was sent; an administrator must fix the binding's server or its CA setting") from None
     except smtplib.SMTPResponseException as exc:
         raise refused("the connection", exc.smtp_code, exc.smtp_error) from None
     except (smtplib.SMTPException, OSError) as exc:

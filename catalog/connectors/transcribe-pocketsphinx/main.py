@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from handler_kit import Handler, InterfaceError, Reply, serve
+from handler_kit import Handler, InterfaceError, Reply, needs_a_person, serve
 
 log = logging.getLogger("transcribe-pocketsphinx")
 
@@ -132,8 +132,9 @@ class Engine:
 
     def transcribe(self, path: Path, language: str | None) -> dict[str, Any]:
         if language not in (None, "en"):
-            raise InterfaceError("unavailable", f"this service transcribes English (en) only, not '{language}'; "
-                                                "use a binding whose engine knows that language")
+            raise InterfaceError("unavailable", f"this service transcribes English (en) only, not '{language}', "
+                                 "and calling it again with that language will not help: leave language out or "
+                                 "give 'en' for English audio, or tell the user", retry="never")
         data = path.read_bytes()
         key = hashlib.sha256(data).hexdigest()
         with self._lock:

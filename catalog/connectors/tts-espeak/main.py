@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from handler_kit import InterfaceError, serve
+from handler_kit import InterfaceError, needs_a_person, serve
 from handler_kit.tts import describe_wav, run_engine, tts_synthesize
 
 log = logging.getLogger("tts-espeak")
@@ -98,8 +98,7 @@ class Engine:
 
     async def synthesize(self, text: str, output: Path, voice: str | None) -> dict[str, Any]:
         if not self.installed:
-            raise InterfaceError("unavailable", "eSpeak NG is not installed on this machine; an administrator "
-                                 "must install it")
+            raise needs_a_person("eSpeak NG is not installed on this machine; an administrator must install it")
         voice = voice if voice is not None else self.voice
         self.check_voice(voice)
         code, stderr = await run_engine(["espeak-ng", "-v", voice, "-s", str(self.speed), "-w", str(output),
@@ -110,7 +109,9 @@ class Engine:
                 raise InterfaceError("voice_unknown", f"eSpeak NG has no voice named '{voice}'; omit voice for "
                                      "the default one")
             log.error("espeak-ng exited with status %d", code)
-            raise InterfaceError("unavailable", "the speech engine failed on this text; retrying later may work")
+            raise InterfaceError("unavailable", "the speech engine failed on this text, and it fails the same way "
+                                 "each time: rephrase or shorten the text, or choose another voice",
+                                 retry="never")
         return describe_wav(output, "espeak-ng")
 
 

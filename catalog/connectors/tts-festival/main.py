@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from handler_kit import InterfaceError, serve
+from handler_kit import InterfaceError, needs_a_person, serve
 from handler_kit.tts import describe_wav, run_engine, tts_synthesize
 
 log = logging.getLogger("tts-festival")
@@ -92,8 +92,9 @@ class Engine:
         """The voice a call gets: the one it named, if Festival has it, else the binding's default."""
         if voice is None:
             if self.voice not in self.voices:
-                raise InterfaceError("unavailable", f"this service's default voice '{self.voice[:MAX_VOICE]}' is "
-                                     "not installed; an administrator must install it or change the binding")
+                raise needs_a_person(f"this service's default voice '{self.voice[:MAX_VOICE]}' is not installed; "
+                                     "an administrator must install it or change the binding (naming one of the "
+                                     "installed voices in the call works now)")
             return self.voice
         if voice not in self.voices or not _VOICE.match(voice):
             offered = ", ".join(sorted(self.voices))
@@ -104,8 +105,8 @@ class Engine:
 
     async def synthesize(self, text: str, output: Path, voice: str | None) -> dict[str, Any]:
         if not self.installed:
-            raise InterfaceError("unavailable", "Festival or its voices are not installed on this machine; an "
-                                 "administrator must install them")
+            raise needs_a_person("Festival or its voices are not installed on this machine; an administrator must "
+                                 "install them")
         chosen = self.choose_voice(voice)
         words = speakable(text)
         if not any(char.isalnum() for char in words):  # Festival writes no file at all for these
@@ -116,8 +117,8 @@ class Engine:
         if code != 0 or b"SIOD ERROR" in stderr:  # Festival exits 0 after many of its errors
             log.error("text2wave failed (status %d): %s", code, stderr[-500:].decode("utf-8", errors="replace"))
             output.unlink(missing_ok=True)
-            raise InterfaceError("unavailable", "the speech engine failed on this text; retrying later or "
-                                 "with a plainer text may work")
+            raise InterfaceError("unavailable", "the speech engine failed on this text, and it fails the same way "
+                                 "each time: rephrase it in plainer words, or choose another voice", retry="never")
         return describe_wav(output, "text2wave")
 
 

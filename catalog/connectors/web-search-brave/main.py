@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import httpx
 from handler_kit.search import MAX_FIELD, clean, is_web_url, retry_after, web_search_query
-from handler_kit import Handler, InterfaceError, Reply, serve
+from handler_kit import Handler, InterfaceError, Reply, needs_a_person, serve
 
 log = logging.getLogger("web-search-brave")
 
@@ -66,11 +66,11 @@ def refusal(response: httpx.Response) -> InterfaceError:
     """The interface error for an answer that is not 200, from its status and headers only."""
     status = response.status_code
     if status in (401, 403):
-        return InterfaceError("unavailable", f"the search service refused the API key (HTTP {status}); the "
-                              "binding's key is wrong, revoked or not subscribed to the Search API")
+        return needs_a_person(f"the search service refused the API key (HTTP {status}); the binding's key is wrong, "
+                              "revoked or not subscribed to the Search API, and an administrator must replace it")
     if status == 429 and quota_exhausted(response.headers.get("x-ratelimit-remaining")):
-        return InterfaceError("unavailable", "the search service's quota for this key is used up; searching will "
-                              "work again when the quota renews")
+        return needs_a_person("the search service's quota for this key is used up; searching will work again when "
+                              "the quota renews or an administrator raises it")
     if status == 429:
         wait = retry_after(response.headers.get("retry-after"))
         after = f"; retry after {wait} seconds" if wait is not None else "; wait a moment before searching again"
@@ -78,7 +78,8 @@ def refusal(response: httpx.Response) -> InterfaceError:
     if status >= 500:
         return InterfaceError("unavailable", f"the search service is failing (HTTP {status}); retrying later may "
                               "work")
-    return InterfaceError("unavailable", f"the search service did not accept the request (HTTP {status})")
+    return needs_a_person(f"the search service did not accept the request (HTTP {status}); an administrator must "
+                          "check the binding")
 
 
 def results_from(answer: Any, limit: int) -> list[dict[str, str]]:
@@ -114,7 +115,7 @@ async def read_bounded(response: httpx.Response) -> bytes:
 async def search(query: str, max_results: int, settings: Settings) -> dict[str, Any]:
     """One search: web-search/v1's output, or an InterfaceError."""
     if not settings.api_key:
-        raise InterfaceError("unavailable", "no Brave Search API key is configured for this binding")
+        raise needs_a_person("no Brave Search API key is configured for this binding; an administrator must set one")
     params: dict[str, str | int] = {"q": query, "count": max_results, "safesearch": settings.safesearch}
     if settings.country:
         params["country"] = settings.country

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpx
 from handler_kit.search import MAX_FIELD, clean, is_web_url, retry_after, web_search_query
-from handler_kit import Handler, InterfaceError, Reply, serve
+from handler_kit import Handler, InterfaceError, Reply, needs_a_person, serve
 
 log = logging.getLogger("web-search-searxng")
 
@@ -93,11 +93,11 @@ def refusal(response: httpx.Response) -> InterfaceError:
     """The interface error for an answer that is not 200, from its status and headers only."""
     status = response.status_code
     if status == 401:
-        return InterfaceError("unavailable", "the search instance refused the login (HTTP 401); the binding's "
-                              "username or password is wrong or missing")
+        return needs_a_person("the search instance refused the login (HTTP 401); the binding's username or password "
+                              "is wrong or missing, and an administrator must fix it")
     if status == 403:
-        return InterfaceError("unavailable", "the search instance refused the request (HTTP 403); its operator "
-                              "must allow JSON output (search.formats) and this connector's address")
+        return needs_a_person("the search instance refused the request (HTTP 403); its operator must allow JSON "
+                              "output (search.formats) and this connector's address")
     if status == 429:
         wait = retry_after(response.headers.get("retry-after"))
         after = f"; retry after {wait} seconds" if wait is not None else "; wait a moment before searching again"
@@ -105,7 +105,8 @@ def refusal(response: httpx.Response) -> InterfaceError:
     if status >= 500:
         return InterfaceError("unavailable", f"the search instance is failing (HTTP {status}); retrying later "
                               "may work")
-    return InterfaceError("unavailable", f"the search instance did not accept the request (HTTP {status})")
+    return needs_a_person(f"the search instance did not accept the request (HTTP {status}); an administrator must "
+                          "check the binding")
 
 
 def page_items(answer: Any) -> list[Any]:
@@ -191,7 +192,7 @@ async def search(query: str, max_results: int, settings: Settings) -> dict[str, 
     """One search: web-search/v1's output, or an InterfaceError."""
     problem = check_base_url(settings.base_url)
     if problem:
-        raise InterfaceError("unavailable", "this binding names no usable search instance; " + problem)
+        raise needs_a_person("this binding names no usable search instance; " + problem)
     auth = httpx.BasicAuth(settings.username, settings.password or "") if settings.username else None
     results: list[dict[str, str]] = []
     async with httpx.AsyncClient(timeout=TIMEOUT_SECONDS, follow_redirects=False, auth=auth,
