@@ -270,11 +270,9 @@ class McpEndpoint:
         return held
 
     async def _open_stream(self, call: _Call, held: Held) -> None:
-        """GET without `Last-Event-ID`: the session's own stream, anew (`Outlet.new_stream`)."""
-        if held.outlet.listening:
-            await send_body(call.send, 409, b"This session has its stream open already: one GET stream a session.\n",
-                            {"content-type": "text/plain"})
-            return
+        """GET without `Last-Event-ID`: the session's own stream, anew (`Outlet.new_stream`). A connection still
+        sending the stream before it ends there (its exchange is closed): the newer GET takes the stream over, as
+        a client reconnecting after a drop its server never noticed (a proxy's idle cut) must be able to."""
         exchange = held.outlet.new_stream(self.bounds.session_stream_events)
         if _primes(held):
             exchange.prime()

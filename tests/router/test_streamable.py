@@ -481,6 +481,32 @@ def test_a_get_stream_resumed_with_last_event_id_gets_what_was_written_while_it_
     run(scenario())
 
 
+def test_a_second_get_takes_the_stream_over_from_a_connection_the_router_still_holds(
+        echo_root: Path, run_dir: Path) -> None:
+    """A client whose GET stream a proxy cut without a word opens it again while the router still holds the old
+    connection: the newer one gets the stream (not a 409 that would leave the client without it), and the older
+    one ends."""
+    async def scenario() -> None:
+        async with listening(echo_root, run_dir, HttpBounds()) as (mcp, client, token):
+            headers, held = await held_session(mcp, client, token)
+            async with client.stream("GET", "/mcp/tester", headers=headers) as old:
+                old_lines = old.aiter_lines()
+                await sse_events(old_lines, 1)  # open, and still held by the router
+                async with client.stream("GET", "/mcp/tester", headers=headers) as new:
+                    assert new.status_code == 200
+                    assert new.headers["content-type"].startswith("text/event-stream")
+                    lines = new.aiter_lines()
+                    await sse_events(lines, 1)
+                    rest = [line async for line in old_lines]  # the older connection's response ends
+                    assert not any(line.startswith("data:") and line != "data:" for line in rest), rest
+                    held.session.write(changed(1))
+                    got = await sse_events(lines, 1)
+                    assert notes_of(got) == [1]
+                    assert held.outlet.listening == 1
+
+    run(scenario())
+
+
 def test_a_last_event_id_of_an_abandoned_or_unknown_get_stream_is_refused_saying_to_reopen_it(
         echo_root: Path, run_dir: Path) -> None:
     async def scenario() -> None:
