@@ -88,6 +88,29 @@ def test_what_it_says_and_what_it_refuses_in_plain_words(tmp_path: Path) -> None
     assert not (tmp_path / "never.wav").exists()
 
 
+def test_a_default_voice_not_installed_fails_a_call_without_a_voice_for_good_and_names_those_that_work(
+        tmp_path: Path) -> None:
+    params = StdioServerParameters(command=sys.executable, args=[str(CONNECTOR / "main.py")], cwd=str(CONNECTOR),
+                                   env={"PATH": "/usr/bin:/bin", "FESTIVAL_SAMPLE_RATE": "16000",
+                                        "FESTIVAL_VOICE": "no_such_default"})
+
+    async def called() -> list[Any]:
+        async with Client(params) as client:
+            return [await client.call_tool("tts_synthesize", {"text": "Hello.", "outputPath": str(tmp_path / name),
+                                                              **voice})
+                    for name, voice in (("a.wav", {}), ("b.wav", {"voice": "cmu_us_slt_arctic_hts"}))]
+
+    without, named = asyncio.run(asyncio.wait_for(called(), 60))
+    assert without.is_error
+    message = without.structured_content["message"]
+    assert (without.structured_content["error"], (without.meta or {}).get("handler/retry")) == ("unavailable", "never")
+    assert "default voice 'no_such_default' is not installed" in message
+    assert "name one of" in message
+    assert "cmu_us_slt_arctic_hts" in message  # the call that works instead
+    assert not named.is_error, named
+    assert (tmp_path / "b.wav").read_bytes()[:4] == b"RIFF"
+
+
 def test_without_the_engine_every_call_is_unavailable_in_plain_words(tmp_path: Path) -> None:
     _, result = calls(str(tmp_path), {"text": "Hello.", "outputPath": str(tmp_path / "a.wav")})  # no festival
     assert result.is_error

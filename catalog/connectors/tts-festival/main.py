@@ -92,9 +92,10 @@ class Engine:
         """The voice a call gets: the one it named, if Festival has it, else the binding's default."""
         if voice is None:
             if self.voice not in self.voices:
-                raise needs_a_person(f"this service's default voice '{self.voice[:MAX_VOICE]}' is not installed; "
-                                     "an administrator must install it or change the binding (naming one of the "
-                                     "installed voices in the call works now)")
+                raise InterfaceError("unavailable", f"this service's default voice '{self.voice[:MAX_VOICE]}' is "
+                                     "not installed, so a call without a voice fails every time: name one of "
+                                     f"{', '.join(sorted(self.voices))}, and tell the user that an administrator "
+                                     "must install the default voice or change the binding", retry="never")
             return self.voice
         if voice not in self.voices or not _VOICE.match(voice):
             offered = ", ".join(sorted(self.voices))
