@@ -428,7 +428,7 @@ class LeaseBook:
             lease = self._leases.get(need.cut)
             if lease is None or lease.seen != number or lease.cap != need.cap:
                 return None  # not read by this sync: ask again
-            # The lanes' credit is room too: given back at their next flush, it is there for this call at the next sync.
+            # The lanes' credit is room too: given back at the fold before the next sync, it is there for this call.
             room = lease.granted - lease.used + lease.credit + (lease.headroom or 0)
             short = short or room < waiter.cost
             if need.cap is None:
