@@ -457,13 +457,15 @@ def _stamp(row: AuditRow) -> float:
 
 def _compile(book: Rulebook, call: CallRequest, *, leased: bool) -> _Compiled:
     """The lane of a call's profile, tool and price, or `_OFF` when a hold or block applies. Where a cap or the
-    prepaid balance limits it, its lane is leased (with `leased`: else `_OFF`), decided as a call its leases cover
-    (`covered`: the guardrails read an untouched budget), which is what it is while they do."""
+    prepaid balance limits it, its lane is leased (with `leased` and a price: else `_OFF`), decided as a call its
+    leases cover (`covered`: the guardrails read an untouched budget), which is what it is while they do."""
     entry = book.entry(call.profile, call.tool)
     limited = entry is not None and limits_spend(entry.caps)
     if entry is None or (limited and not leased):
         return _OFF
     cost = to_micros(call.estimated_cost) or entry.price
+    if limited and not cost:  # takes no credit, so its credit would not tell it the budget left: the leases' path does
+        return _OFF
     decision = decide_call(entry, call.instance, cost, covered(entry.caps, cost) if limited else _NO_SPEND)
     if decision.outcome is not Outcome.AUTO:  # a block or a hold is not decided on a lane
         return _OFF
