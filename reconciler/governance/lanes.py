@@ -13,10 +13,9 @@ the backlog, which the store's worker commits.
 A call that a cap or the prepaid balance limits has a lane too, a leased one, while this router's budget
 leases cover it (`leases.LeaseBook`): decided as a covered call (the guardrails read an untouched budget,
 `covered`), it costs the lookup plus the subtraction of its price from the credit the book carved for the lanes
-on its leases (`leases.Credit`, carved again when it runs short), and its settlement adds its price to what that
-credit's calls spent and tells the budget left the credit keeps; neither touches a lease. The keeper gives the
-credit and the spend back to the leases before each sync (`LeaseBook.fold`, on this thread too). When they lack
-room the call takes the admissions' leased path, which waits for the keeper
+on its leases (`LeaseBook.carve`, when the credit runs short), and its settlement counts what it spent and tells
+the budget left; the keeper gives the credit and the spend back to the leases before each sync (`LeaseBook.fold`,
+on this thread too). When they lack room the call takes the admissions' leased path, which waits for the keeper
 (`leasekeeper`); the caps' own spend is counted by the leases' syncs, the scopes no cap limits through the
 backlog, as for any lane.
 
@@ -37,9 +36,9 @@ tool, decision (its `decided` detail) and outcome; else `decided`, then `settled
 
 This is the governance room's one module written for speed: its tuples read by position (`AuditRow`), its
 counters kept apart for the common case (`_Paid`) and its comparisons in place of `min()` each buy part of the
-uncapped line of `benchmarks/gate.py`; a leased lane's ticket per instance, holding the credit on the leases it
-takes from while the book's version stands, spent and told from without the book's lock or a lease, buy the capped
-line of it and of `benchmarks/router.py`. `tests/governance/test_lanes_reference.py` holds it against a plain,
+uncapped line of `benchmarks/gate.py`; a leased lane's ticket per instance, holding the leases it takes from while
+the book's version stands, and the credit spent without the book's lock, buy the capped line of it and of
+`benchmarks/router.py`. `tests/governance/test_lanes_reference.py` holds it against a plain,
 call-by-call ledger of the same rules.
 """
 
@@ -59,7 +58,7 @@ from reconciler.governance.charging import PricedCall, charge_call
 from reconciler.governance.decide import SpendState, decide_call
 from reconciler.governance.gate import Admission, CallRequest, Settlement
 from reconciler.governance.holds import new_request_id
-from reconciler.governance.leases import Credit, LeaseBook
+from reconciler.governance.leases import Lease, LeaseBook
 from reconciler.governance.ledger import current_month, month_span, scopes_for, settlement_row
 from reconciler.governance.rulebook import MICROS, CapSet, Rulebook, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
@@ -69,7 +68,7 @@ __all__ = ["Lane", "LaneTicket", "Records", "Tally", "covered", "limits_spend"]
 
 _NO_SPEND = SpendState()
 _SPENDING_KEPT = 10_000
-_NO_CREDIT = Credit(())  # a lane nothing limits takes from no lease
+_UNBOUNDED = 1 << 62  # micros: more than any budget
 K = TypeVar("K")
 
 
@@ -94,13 +93,12 @@ class Lane:
 @dataclass(frozen=True, slots=True, eq=False)
 class LaneTicket:
     """The ticket of the calls one `Records` admits on one lane (`gate.Ticket`): made once per snapshot and route,
-    not per call (a leased lane's, once per instance too, with the credit on the leases its calls take from while
-    the book's `version` stands, until the month `ends`); settling it records the call's settlement with that
-    `Records`."""
+    not per call (a leased lane's, once per instance too, with the leases its calls take from while the book's
+    `version` stands, until the month `ends`); settling it records the call's settlement with that `Records`."""
 
     lane: Lane
     records: Records
-    credit: Credit = _NO_CREDIT
+    leases: tuple[Lease, ...] = ()
     version: int = -1
     ends: float = 0.0
 
@@ -233,7 +231,7 @@ class Records:
 
     def _spend(self, lane: Lane, instance: str, now: float) -> LaneTicket | None:
         """A leased lane's call's price taken from the credit on the leases of its caps this month; its ticket, which
-        names that credit. None: they lack room for it."""
+        names those leases. None: they lack room for it."""
         book = self._leases
         assert book is not None  # noqa: S101 - a leased lane is compiled only with leases
         ticket = self._spending.get((lane, instance))
@@ -241,10 +239,12 @@ class Records:
             ticket = self._spender(book, lane, instance, now)
             if ticket is None:
                 return None
-        credit, cost = ticket.credit, lane.cost
-        if credit.micros < cost and not self._carve(book, credit, cost):
-            return None
-        credit.micros -= cost
+        cost = lane.cost
+        for lease in ticket.leases:
+            if lease.credit < cost:
+                return ticket if self._carve(book, ticket.leases, cost) else None
+        for lease in ticket.leases:
+            lease.credit -= cost
         return ticket
 
     def _spender(self, book: LeaseBook, lane: Lane, instance: str, now: float) -> LaneTicket | None:
@@ -257,17 +257,19 @@ class Records:
             return None
         if len(self._spending) >= _SPENDING_KEPT:  # instances come and go
             self._spending.clear()
-        ticket = self._spending[(lane, instance)] = LaneTicket(lane, self, book.credit(found), version, ends)
+        ticket = self._spending[(lane, instance)] = LaneTicket(lane, self, found, version, ends)
         return ticket
 
     @staticmethod
-    def _carve(book: LeaseBook, credit: Credit, cost: int) -> bool:
-        """More credit for a call of `cost` (`LeaseBook.carve`); when its leases lack room, what the lanes hold on
-        every lease is given back (`fold`) and carved again. False: no room."""
-        if not book.carve(credit, cost):
+    def _carve(book: LeaseBook, leases: tuple[Lease, ...], cost: int) -> bool:
+        """`cost` taken from the credit on `leases`, carved first (`LeaseBook.carve`); when they lack room, what the
+        lanes hold on every lease is given back (`fold`) and this call's price alone carved. False: no room."""
+        if not book.carve(leases, cost):
             book.fold()
-            if not book.carve(credit, cost):
+            if not book.carve(leases, cost):
                 return False
+        for lease in leases:
+            lease.credit -= cost
         return True
 
     def _settle_leases(self, ticket: LaneTicket, charged: int | None) -> Settlement:
@@ -277,7 +279,7 @@ class Records:
             return Settlement(0.0, None)
         assert self._leases is not None  # noqa: S101 - a leased lane is compiled only with leases
         lane = ticket.lane
-        left = self._leases.settle_credited(ticket.credit, lane.cost, charged)
+        left = self._leases.settle(ticket.leases, lane.cost, charged)
         return Settlement(lane.price if charged == lane.cost else from_micros(charged), from_micros(left))
 
     def _ticket(self, call: CallRequest) -> LaneTicket | None:
@@ -316,11 +318,14 @@ class Records:
                     paid.first = found[1]
             if not lane.leased:
                 return lane.paid
-            # Spent at its price: its leases count it at the next fold. The budget left is its credit's, the book's
-            # lock untaken: `Credit.left` and `from_micros`, written out (each costs the call path a call).
-            credit = ticket.credit
-            credit.settled += lane.cost
-            left = credit.floor + credit.micros
+            # Spent at its price: the leases count it at the next fold. The least budget left over them, the book's
+            # lock untaken: `Lease.left` and `from_micros`, written out (each costs the call path a call).
+            cost, left = lane.cost, _UNBOUNDED
+            for lease in ticket.leases:
+                lease.spent += cost
+                room = lease.limit - lease.charged - lease.reserved + lease.credit
+                if room < left:  # noqa: PLR1730 - a comparison costs the call path less than min()
+                    left = room
             return Settlement(lane.price, left / MICROS if left > 0 else 0.0)
         charged = self._settle_other(admission, lane, found, actual_cost, ok)
         if lane.leased:
@@ -457,15 +462,13 @@ def _stamp(row: AuditRow) -> float:
 
 def _compile(book: Rulebook, call: CallRequest, *, leased: bool) -> _Compiled:
     """The lane of a call's profile, tool and price, or `_OFF` when a hold or block applies. Where a cap or the
-    prepaid balance limits it, its lane is leased (with `leased` and a price: else `_OFF`), decided as a call its
-    leases cover (`covered`: the guardrails read an untouched budget), which is what it is while they do."""
+    prepaid balance limits it, its lane is leased (with `leased`: else `_OFF`), decided as a call its leases cover
+    (`covered`: the guardrails read an untouched budget), which is what it is while they do."""
     entry = book.entry(call.profile, call.tool)
     limited = entry is not None and limits_spend(entry.caps)
     if entry is None or (limited and not leased):
         return _OFF
     cost = to_micros(call.estimated_cost) or entry.price
-    if limited and not cost:  # takes no credit, so its credit would not tell it the budget left: the leases' path does
-        return _OFF
     decision = decide_call(entry, call.instance, cost, covered(entry.caps, cost) if limited else _NO_SPEND)
     if decision.outcome is not Outcome.AUTO:  # a block or a hold is not decided on a lane
         return _OFF

@@ -19,15 +19,12 @@ This module holds one router's book of leases — its arithmetic under one lock,
 the event loop and store work on worker threads — and the transaction that brings the book and the
 store in line (`sync`). `leasekeeper.LeaseKeeper` drives both. The rows are the store's (`store.leases`).
 
-A lane's capped calls (`lanes`) do not take the lock per call, nor touch a lease: the book carves a `Credit` for
-them out of the issued room of the leases they take from (`carve`: reserved at once on each, so the store and every
-sync count it as used), one credit per set of leases, which the event loop's thread alone then spends, a
-subtraction a call, and on which it counts what its calls settled at their price; `fold` gives both back to the
-leases under the lock, on that thread, before every sync (so a sync sizes, gives back and returns a lease on what
-its calls use). The budget left a lane's call is told is the credit's: the least room over its leases when it was
-last carved, less what its calls took since. For calls of one set of leases that is what the call-by-call arithmetic
-would say; what other calls on one of those leases took since (another set's credit, a call off its lane) it sees at
-the next carve, at most a tick later, as it sees the other routers' spend at the next sync.
+A lane's capped calls (`lanes`) do not take the lock per call: the book carves a credit for them out of a
+lease's issued room (`carve`: reserved at once, so the store and every sync count it as used), which the event
+loop's thread alone then spends, a subtraction a call, and counts what its calls settled at their price
+(`spent`); `fold` gives both back to the lease under the lock, on that thread, before every sync (so a sync sizes,
+gives back and returns a lease on what its calls use). The budget left a call is told counts the credit as
+unspent, so it is what the call-by-call arithmetic would say.
 """
 
 from __future__ import annotations
@@ -46,7 +43,6 @@ from reconciler.governance.store import leases as rows
 from reconciler.governance.store.leases import Cut
 
 __all__ = [
-    "Credit",
     "Cut",
     "Lease",
     "LeaseBook",
@@ -102,8 +98,9 @@ class Needs(NamedTuple):
 class Lease:
     """One router's lease on one cut, as the router keeps it (the store has `granted`, `issued`, `charged`)."""
 
-    __slots__ = ("admitted", "cap", "charged", "cut", "granted", "headroom", "id", "idle", "issued", "limit",
-                 "max_price", "no_balance", "rate", "renewed", "reserved", "seen", "stored", "written")
+    __slots__ = ("admitted", "cap", "carve", "carved", "charged", "credit", "cut", "granted", "headroom", "id", "idle",
+                 "issued", "limit", "max_price", "no_balance", "rate", "renewed", "reserved", "seen", "spent", "stored",
+                 "written")
 
     def __init__(self, cut: Cut, cap: int | None) -> None:
         self.id = "lease_" + secrets.token_hex(10)
@@ -124,44 +121,28 @@ class Lease:
         self.idle = 0.0  # seconds without an admission
         self.max_price = 0
         self.limit = 0  # `granted` plus the store's headroom beyond it, set at once wherever either moves
+        # The lanes' credit (written on the event loop's thread only): of `reserved`, what was carved for their calls
+        # and no call has taken yet; what their calls settled at their price, owed to `charged` until the next
+        # `fold`; how many calls the next carve takes (doubling until the fold); what was carved since the fold (what
+        # of it the calls took is counted as `admitted` at the fold, so a carve is not taken for a burst).
+        self.credit = 0
+        self.spent = 0
+        self.carve = 1
+        self.carved = 0
 
     @property
     def used(self) -> int:
         return self.charged + self.reserved
 
     @property
-    def free(self) -> int:
-        """Its issued room no call holds: what a call or a carve may still reserve."""
-        return self.issued - self.charged - self.reserved
+    def left(self) -> int:
+        """The budget left on it as this router last saw the store: the lanes' unspent credit is not spent."""
+        return self.limit - self.charged - self.reserved + self.credit
 
     def bound(self) -> None:
         """`limit` again, after `granted` or `headroom` moved (under the book's lock): one store of it, so a call
         reading it without the lock never sees one moved without the other."""
         self.limit = self.granted + max(self.headroom or 0, 0)
-
-
-class Credit:
-    """What the lanes' calls of one set of leases may spend without the book's lock: `micros` of it, reserved on each
-    of those leases (`LeaseBook.carve`). Only the event loop's thread writes it, a call a subtraction from `micros` at
-    admission and an addition to `settled` at its price; the book gives it back at the `fold`."""
-
-    __slots__ = ("carve", "carved", "done", "floor", "leases", "micros", "running", "settled")
-
-    def __init__(self, leases: tuple[Lease, ...]) -> None:
-        self.leases = leases
-        self.micros = 0  # carved and not yet taken by a call
-        self.floor = 0  # the least room left over its leases, its own `micros` apart, when last carved
-        self.settled = 0  # what its calls settled at their price since the fold: owed to `charged`
-        self.done = 0  # what its calls settled otherwise took since the fold (`LeaseBook.settle` moved it already)
-        self.carved = 0  # carved since the fold: what of it the calls took is counted as `admitted` at the fold
-        self.carve = 1  # calls the next carve takes: doubling until the fold, at most `_CARVE_MOST`
-        self.running = 0  # taken before the last fold by calls not settled by then: still reserved on the leases
-
-    @property
-    def left(self) -> int:
-        """The budget left its next call is told (micros): what its leases had left when it was last carved, less
-        what its calls took since."""
-        return self.floor + self.micros
 
 
 @dataclass(slots=True)
@@ -219,7 +200,6 @@ class LeaseBook:
         self.terms = terms
         self._lock = threading.Lock()
         self._leases: dict[Cut, Lease] = {}
-        self._credits: dict[tuple[Lease, ...], Credit] = {}  # the lanes' credit, by the leases it is carved on
         self._needs: dict[tuple[CapSet, str, str, str], Needs] = {}
         self._syncs = 0
         self._ticked = time.monotonic()
@@ -273,62 +253,38 @@ class LeaseBook:
             lease.max_price = max(lease.max_price, cost)
         return tuple(held)
 
-    def carve(self, credit: Credit, cost: int) -> bool:
-        """More credit, at least `cost`, reserved out of the issued room of each of its leases: the first carve since
-        the last `fold` one call's price, each one after twice as many calls, at most 64 and half the room (so a cap
-        near its end is carved a call at a time); its `floor` seen again. False when one lacks room for this call
-        (the lanes `fold`, then carve again)."""
+    def carve(self, leases: Sequence[Lease], cost: int) -> bool:
+        """A credit of at least `cost` on each lease for the lanes' calls, reserved out of its issued room: the
+        first since the last `fold` one call's price, each one after twice as many calls, at most 64 and half the
+        room (so a cap near its end is carved a call at a time); False when one lacks room for this call (the
+        lanes `fold`, then take the call's price alone)."""
         with self._lock:
-            amount = credit.carve * cost
-            for lease in credit.leases:
-                free = lease.free
-                if free < cost:
+            for lease in leases:
+                short = cost - lease.credit
+                if short <= 0:
+                    continue
+                free = lease.issued - lease.charged - lease.reserved
+                if free < short:
                     return False
-                amount = min(amount, max(cost, free // 2 // cost * cost))
-            for lease in credit.leases:
+                amount = max(short, min(lease.carve * cost, free // 2 // cost * cost))
                 lease.reserved += amount
+                lease.credit += amount
+                lease.carved += amount
                 lease.max_price = max(lease.max_price, cost)
-            credit.micros += amount
-            credit.carved += amount
-            credit.carve = min(credit.carve * 2, _CARVE_MOST)
-            credit.floor = min(lease.limit - lease.charged - lease.reserved for lease in credit.leases)
+                lease.carve = min(lease.carve * 2, _CARVE_MOST)
             return True
 
-    def credit(self, leases: tuple[Lease, ...]) -> Credit:
-        """The lanes' credit on these leases (one for every lane whose calls take from them)."""
-        with self._lock:
-            found = self._credits.get(leases)
-            if found is None:
-                found = self._credits[leases] = Credit(leases)
-            return found
-
     def fold(self) -> None:
-        """Give each lease the lanes' credit no call took back, count what their calls took of it as admitted and
-        what they settled at their price as `charged` (on the event loop's thread: `LeaseKeeper.fold`). A credit
-        whose leases left the book is dropped once no call it admitted runs."""
+        """Give each lease the lanes' unspent credit back, count what their calls took of it as admitted and what
+        they spent as `charged` (on the event loop's thread: `LeaseKeeper.fold`)."""
         with self._lock:
-            for leases, credit in list(self._credits.items()):
-                unspent, settled = credit.micros, credit.settled
-                taken = credit.carved - unspent
-                if taken or unspent or settled:
-                    for lease in leases:
-                        lease.reserved -= unspent + settled
-                        lease.charged += settled
-                        lease.admitted += taken
-                    credit.running += taken - settled - credit.done
-                    credit.floor += unspent
-                    credit.micros = credit.settled = credit.done = credit.carved = 0
-                credit.carve = 1
-                if credit.running <= 0 and any(self._leases.get(lease.cut) is not lease for lease in leases):
-                    del self._credits[leases]
-
-    def _unspent(self, lease: Lease) -> int:
-        """The lanes' credit on `lease` that no call took: room still (under the lock)."""
-        return sum(credit.micros for leases, credit in self._credits.items() if lease in leases)
-
-    def _left(self, lease: Lease) -> int:
-        """The budget left on it as this router last saw the store: the lanes' unspent credit is not spent."""
-        return lease.limit - lease.charged - lease.reserved + self._unspent(lease)
+            for lease in self._leases.values():
+                if lease.carved or lease.spent:
+                    lease.reserved -= lease.credit + lease.spent
+                    lease.charged += lease.spent
+                    lease.admitted += lease.carved - lease.credit
+                    lease.credit = lease.spent = lease.carved = 0
+                lease.carve = 1
 
     def give_back(self, held: Sequence[Lease], cost: int) -> None:
         """Undo `take` for a call that was not run (held for a person, or blocked by a rule)."""
@@ -345,20 +301,9 @@ class LeaseBook:
             for lease in held:
                 lease.reserved -= cost
                 lease.charged += charged
-                room = self._left(lease)
+                room = lease.left
                 left = room if left is None or room < left else left
             return max(0, left or 0)
-
-    def settle_credited(self, credit: Credit, cost: int, charged: int) -> int:
-        """A lane's call that took `cost` from `credit` ended charged `charged` (not its price, or it failed): its
-        leases charged that and given back its reservation at once; the budget left it is told (`Credit.left`)."""
-        with self._lock:
-            for lease in credit.leases:
-                lease.reserved -= cost
-                lease.charged += charged
-            credit.done += cost
-            credit.floor += cost - charged
-            return max(0, credit.left)
 
     def found(self, needs: Needs) -> tuple[Lease, ...] | None:
         """The leases a call of these needs takes its price from, as the book has them now (its `version`); None when
@@ -375,7 +320,7 @@ class LeaseBook:
     def has_room(self, cuts: Sequence[Cut]) -> bool:
         """Whether any of these leases holds room its calls have not used."""
         with self._lock:
-            return any(lease.granted > lease.used - self._unspent(lease) for cut in cuts
+            return any(lease.granted > lease.used - lease.credit for cut in cuts
                        if (lease := self._leases.get(cut)) is not None)
 
     # --- the keeper's side -----------------------------------------------------------------------
@@ -484,7 +429,7 @@ class LeaseBook:
             if lease is None or lease.seen != number or lease.cap != need.cap:
                 return None  # not read by this sync: ask again
             # The lanes' credit is room too: given back at the fold before the next sync, it is there for this call.
-            room = lease.granted - lease.used + self._unspent(lease) + (lease.headroom or 0)
+            room = lease.granted - lease.used + lease.credit + (lease.headroom or 0)
             short = short or room < waiter.cost
             if need.cap is None:
                 fields["balance"] = None if lease.no_balance and room <= 0 else room

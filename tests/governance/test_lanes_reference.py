@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.governance.gate import Admission
-from reconciler.governance.lanes import LaneTicket, Records
-from reconciler.governance.leases import Cut, Lease, LeaseBook, LeaseTerms
+from reconciler.governance.lanes import Records
+from reconciler.governance.leases import Lease, LeaseBook, LeaseTerms
 from reconciler.governance.ledger import current_month
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
@@ -171,33 +171,23 @@ def test_bursts_of_calls_charged_their_price_between_two_takes_are_counted_call_
 
 def test_a_leased_lane_carves_its_credit_in_growing_slices_and_a_lease_near_its_end_a_call_at_a_time() -> None:
     """The credit the lanes carve from a lease (`LeaseBook.carve`): one call's price first, twice as many calls at
-    each carve after, never more than 64 calls or half the room left; one credit for the calls of every instance on
-    that lease; a fold gives back what no call took and counts what the calls spent. A lease with room for three
-    calls admits exactly three."""
+    each carve after, never more than 64 calls or half the room left; a fold gives back what no call took and counts
+    what the calls spent. A lease with room for three calls admits exactly three."""
     records, book, lease = leased_records()
     admitted = []
-    credits = set()
-    for n in range(200):
-        admission = records.admit(CAPPED, priced_call("ab"[n % 2]))
+    for _ in range(200):
+        admission = records.admit(CAPPED, priced_call("a"))
         assert admission is not None
-        assert isinstance(admission.ticket, LaneTicket)
-        credit = admission.ticket.credit
-        credits.add(credit)
+        assert admission.ticket is not None
         admitted.append(admission)
-        assert credit.micros < 64 * PRICE
-        assert lease.reserved == len(admitted) * PRICE + credit.micros  # the running calls and the credit
-    assert len(credits) == 1  # the org's lease: one credit, whichever instance calls
-    assert credit.micros > 0  # carved for the calls to come
+        assert lease.credit < 64 * PRICE
+        assert lease.reserved == len(admitted) * PRICE + lease.credit  # the running calls and the credit
+    assert lease.credit > 0  # carved for the calls to come
     for admission in admitted[:150]:
         assert admission.ticket is not None
         admission.ticket.settle(admission, None, True)
     book.fold()
-    assert (credit.micros, credit.settled, lease.charged, lease.reserved) == (0, 0, 150 * PRICE, 50 * PRICE)
-    for admission in admitted[150:]:  # settled after the fold: counted at the next
-        assert admission.ticket is not None
-        admission.ticket.settle(admission, None, admission is not admitted[-1])
-    book.fold()
-    assert (lease.charged, lease.reserved, credit.running) == (199 * PRICE, 0, 0)
+    assert (lease.credit, lease.spent, lease.charged, lease.reserved) == (0, 0, 150 * PRICE, 50 * PRICE)
 
     records, book, lease = leased_records()
     lease.granted = lease.issued = lease.charged + 3 * PRICE
@@ -211,47 +201,3 @@ def test_a_leased_lane_carves_its_credit_in_growing_slices_and_a_lease_near_its_
     assert first.ticket.settle(first, None, False).remaining == PRICE / 1e6  # released: its price is room again
     assert records.admit(CAPPED, priced_call("a")) is not None
     assert records.admit(CAPPED, priced_call("a")) is None
-
-
-def test_runs_whose_credits_share_a_lease_spend_it_exactly_and_are_told_its_budget_within_a_carve() -> None:
-    """An org cap beside each run's own cap: each run's calls take a credit of their own (its lease and the org's),
-    so two credits share the org's lease. Whatever the order, the org's lease ends charged every call and holding
-    nothing; each call is told the budget its credit saw of the leases when last carved, less its own calls since:
-    the first call after a fold is told exactly what the ledger has left, the first of the other run never more,
-    and no call is told more than one carve (64 calls' price) away from it."""
-    snapshot = make_snapshot({"p": {"template": "permissive", "caps": {"instance_usd": 1_000_000.0}}},
-                             org={**OWNERS_ORG, "caps": {"monthly_usd": 1_000_000.0}})
-    book = LeaseBook("router-1", LeaseTerms())
-    cache = RulebookCache()
-    caps = cache.rulebook(snapshot).entry("p", "search_query").caps  # type: ignore[union-attr]
-    leases: dict[Cut, Lease] = {}
-    for instance in ("a", "b"):
-        for need in book.needs(caps, "p", instance, current_month()).leased:
-            if need.cut not in leases:
-                lease = leases[need.cut] = Lease(need.cut, need.cap)
-                lease.granted = lease.issued = PRICE * (500 if need.field == "org" else 1000)
-                lease.bound()
-                book._leases[need.cut] = lease
-    (org,) = [lease for cut, lease in leases.items() if cut.scope and cut.scope.startswith("org:")]
-    records = Records(cache, leases=book)
-    calls = 0
-    fresh = {"a", "b"}  # runs whose next call is the first since the fold
-    for n in range(300):
-        instance = "ab"[n % 3 % 2]  # a, b, a, a, b, a, ...
-        admission = records.admit(snapshot, priced_call(instance))
-        assert admission is not None
-        assert admission.ticket is not None
-        calls += 1
-        told = to_micros(admission.ticket.settle(admission, None, True).remaining or 0.0)
-        exact = org.limit - calls * PRICE  # the org's lease binds: the ledger's budget left
-        assert abs(told - exact) <= 64 * PRICE, n
-        if len(fresh) == 2:
-            assert told == exact, n
-        elif instance in fresh:  # less by what the first run's credit holds unspent
-            assert exact - 64 * PRICE <= told <= exact, n
-        fresh.discard(instance)
-        if n % 25 == 24:
-            book.fold()
-            fresh = {"a", "b"}
-    book.fold()
-    assert (org.charged, org.reserved) == (calls * PRICE, 0)
