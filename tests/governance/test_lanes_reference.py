@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from reconciler.governance.gate import Admission
 from reconciler.governance.lanes import Records
-from reconciler.governance.leases import Lease, LeaseBook, LeaseTerms
+from reconciler.governance.leases import Cut, Lease, LeaseBook, LeaseTerms
 from reconciler.governance.ledger import current_month
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
@@ -201,3 +201,37 @@ def test_a_leased_lane_carves_its_credit_in_growing_slices_and_a_lease_near_its_
     assert first.ticket.settle(first, None, False).remaining == PRICE / 1e6  # released: its price is room again
     assert records.admit(CAPPED, priced_call("a")) is not None
     assert records.admit(CAPPED, priced_call("a")) is None
+
+
+def test_runs_that_share_a_lease_spend_it_exactly_and_each_call_is_told_the_ledgers_budget() -> None:
+    """An org cap beside each run's own cap: the calls of two runs take from the org's lease, each run's also from
+    its own. Whatever the order and the folds, the org's lease ends charged every call and holding nothing, and
+    every call is told exactly what the ledger has left of the org's cap (the other run's credit is not spent)."""
+    snapshot = make_snapshot({"p": {"template": "permissive", "caps": {"instance_usd": 1_000_000.0}}},
+                             org={**OWNERS_ORG, "caps": {"monthly_usd": 1_000_000.0}})
+    book = LeaseBook("router-1", LeaseTerms())
+    cache = RulebookCache()
+    caps = cache.rulebook(snapshot).entry("p", "search_query").caps  # type: ignore[union-attr]
+    leases: dict[Cut, Lease] = {}
+    for instance in ("a", "b"):
+        for need in book.needs(caps, "p", instance, current_month()).leased:
+            if need.cut not in leases:
+                lease = leases[need.cut] = Lease(need.cut, need.cap)
+                lease.granted = lease.issued = PRICE * (500 if need.field == "org" else 1000)
+                lease.bound()
+                book._leases[need.cut] = lease
+    (org,) = [lease for cut, lease in leases.items() if cut.scope and cut.scope.startswith("org:")]
+    records = Records(cache, leases=book)
+    calls = 0
+    for n in range(300):
+        instance = "ab"[n % 3 % 2]  # a, b, a, a, b, a, ...
+        admission = records.admit(snapshot, priced_call(instance))
+        assert admission is not None
+        assert admission.ticket is not None
+        calls += 1
+        told = to_micros(admission.ticket.settle(admission, None, True).remaining or 0.0)
+        assert told == org.limit - calls * PRICE, n  # the org's lease binds: the ledger's budget left
+        if n % 25 == 24:
+            book.fold()
+    book.fold()
+    assert (org.charged, org.reserved) == (calls * PRICE, 0)

@@ -72,6 +72,28 @@ def test_two_router_processes_sharing_the_store_admit_exactly_50(store_url: str,
     assert org_spend(store) == CAP
 
 
+def test_a_call_of_no_price_under_a_cap_is_told_the_budget_its_calls_left(store: Store) -> None:
+    """A capped profile's tool with no price (`mail_read`) is charged nothing and told what is left of the cap: all
+    of it before any priced call, then what the priced calls left, as they are."""
+    async def scenario() -> None:
+        governor = GovernedGate(store, owns_store=False)
+        snapshot = cap_snapshot()
+        for _ in range(2):  # the first waits for the leases; the next finds them
+            first = await governor.admit(snapshot, priced_call(tool="mail_read"))
+            assert (await governor.settle(first, None, True)).remaining == 0.25
+        for _ in range(3):
+            priced = await governor.admit(snapshot, priced_call())
+            assert (await governor.settle(priced, None, True)).remaining is not None
+        for _ in range(3):
+            free = await governor.admit(snapshot, priced_call(tool="mail_read"))
+            assert free.status == "executed"
+            settled = await governor.settle(free, None, True)
+            assert (settled.charged, settled.remaining) == (0.0, 0.235)  # $0.25 less three searches at $0.005
+        await governor.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_settling_charges_the_actual_cost_and_refunds_failures(store: Store) -> None:
     async def scenario() -> None:
         governor = GovernedGate(store, owns_store=False)
