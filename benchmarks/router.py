@@ -26,9 +26,9 @@ Throughput, 8 concurrent sessions (clients in this process, the router in its ow
 governed on PostgreSQL, and governed with the profile capped (its calls admitted against budget
 leases) on each store, each run back to back with the open gate, round after round; then two
 governed routers sharing one PostgreSQL, 8 sessions each, uncapped and with the profile capped.
-Each throughput line prints the router's CPU per call and, beside it, that of every PostgreSQL
-server process on this host (the store's share when both run on the same cores); `--round-calls`
-sets a round's length.
+Each throughput line prints the router's CPU per call, of it its event loop's thread's (the rest is
+the store's threads: commits, lease syncs), and, beside it, that of every PostgreSQL server process on
+this host (the store's share when both run on the same cores); `--round-calls` sets a round's length.
 Side by side (run first): each governed router beside an open-gate router of its own at the same
 moments, 8 sessions each, both routers on one CPU of their own (their connectors and the clients on
 the others), for a window of `--window` seconds, round after round. The kernel shares that CPU
@@ -208,9 +208,10 @@ def print_host(calls: int) -> None:
           "router pay twice more than a direct call)")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU time a process has used (Linux /proc); with `thread`, that thread's alone."""
+    stat = Path(f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -340,6 +341,7 @@ def started(command: list[str], env: dict[str, str], ready: str,
 
 def row(name: str, figures: dict[str, float]) -> None:
     cpu = f"   {figures['cpu']:6.1f} µs CPU/call" if "cpu" in figures else ""
+    cpu += f" (event loop {figures['loop cpu']:5.1f})" if "loop cpu" in figures else ""
     cpu += f" (+{figures['pg cpu']:5.1f} µs PostgreSQL's)" if "pg cpu" in figures else ""
     print(f"  {name:<52} p50 {figures['p50']:8.1f} µs   p99 {figures['p99']:8.1f} µs   {figures['rate']:9.0f} calls/s"
           + cpu)
@@ -490,15 +492,17 @@ def measure_throughput(run: Any, routers: dict[str, tuple[Path, int]], calls: in
           "with the open gate's (best round):")
     best: dict[str, dict[str, float]] = {}
     cpu = dict.fromkeys(routers, 0.0)
+    loop_cpu = dict.fromkeys(routers, 0.0)  # the router's main thread, which runs its event loop
     server = dict.fromkeys(routers, 0.0)
     runs = dict.fromkeys(routers, 0)
     ratios: dict[str, list[float]] = {name: [] for name in routers}
 
     def one(name: str) -> float:
         run_dir, pid = routers[name]
-        before, server_before = cpu_seconds(pid), postgres_cpu_seconds()
+        before, loop_before, server_before = cpu_seconds(pid), cpu_seconds(pid, pid), postgres_cpu_seconds()
         figures = run(concurrent_sessions(run_dir / "profiles/tester.sock", 8, calls))
         cpu[name] += cpu_seconds(pid) - before
+        loop_cpu[name] += cpu_seconds(pid, pid) - loop_before
         server[name] += postgres_cpu_seconds() - server_before
         runs[name] += 1
         if name not in best or figures["rate"] > best[name]["rate"]:
@@ -514,6 +518,7 @@ def measure_throughput(run: Any, routers: dict[str, tuple[Path, int]], calls: in
             ratios[name].append(rates[name] / rates["open"])
     for name, figures in best.items():
         figures["cpu"] = cpu[name] / (runs[name] * (calls // 8 + 50) * 8) * 1e6
+        figures["loop cpu"] = loop_cpu[name] / (runs[name] * (calls // 8 + 50) * 8) * 1e6
         figures["pg cpu"] = server[name] / (runs[name] * (calls // 8 + 50) * 8) * 1e6
         figures["ratio"] = statistics.median(ratios[name]) if ratios[name] else 1.0
         row(f"router x8, {THROUGHPUT_LINES[name]}", figures)
@@ -610,12 +615,15 @@ def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], pairs: 
     ratios: dict[str, list[float]] = {line: [] for line in pairs}
     rates: dict[str, list[float]] = {line: [] for line in pairs}
     cpu = {line: [0.0, 0, 0.0, 0] for line in pairs}  # the measured router's CPU and calls, then the other's
+    loop = dict.fromkeys(pairs, 0.0)  # the measured router's event loop's thread's CPU
     try:
         for turn in range(rounds):
             for line, (base, measured) in pairs.items():
                 pair = (base, measured) if turn % 2 == 0 else (measured, base)
                 before = {name: cpu_seconds(routers[name][1]) for name in pair}
+                loop_before = cpu_seconds(routers[measured][1], routers[measured][1])
                 counts = run(calls_in_window({name: routers[name][0] / SOCKET for name in pair}, 8, seconds))
+                loop[line] += cpu_seconds(routers[measured][1], routers[measured][1]) - loop_before
                 ratios[line].append(counts[measured] / counts[base])
                 rates[line].append(counts[measured] / seconds)
                 for at, name in ((0, measured), (2, base)):
@@ -628,11 +636,13 @@ def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], pairs: 
         spent, calls, other_spent, other_calls = cpu[line]
         figures = out[line] = {"ratio": statistics.median(found), "low": min(found), "high": max(found),
                                "rate": statistics.median(rates[line]), "cpu": spent / max(calls, 1) * 1e6,
-                               "cpu against": other_spent / max(other_calls, 1) * 1e6}
+                               "cpu against": other_spent / max(other_calls, 1) * 1e6,
+                               "loop cpu": loop[line] / max(calls, 1) * 1e6}
         label = SIDE_BY_SIDE_LINES.get(line, THROUGHPUT_LINES.get(line, line))
         print(f"  {label:<52} {figures['ratio']:6.1%} of {against}'s calls (windows {figures['low']:.1%} to "
               f"{figures['high']:.1%}; {figures['rate']:,.0f} calls/s on half a CPU; CPU a call "
-              f"{figures['cpu']:.1f} µs against {figures['cpu against']:.1f})")
+              f"{figures['cpu']:.1f} µs, its event loop's {figures['loop cpu']:.1f}, against "
+              f"{figures['cpu against']:.1f})")
     return out
 
 
