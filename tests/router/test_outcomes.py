@@ -54,3 +54,13 @@ def test_a_capped_calls_note_reads_as_the_plain_one(charged: float, remaining: f
     expected = orjson.dumps(priced_note(Settlement(charged, remaining)))
     assert executed_result({"text": "x"}, Settlement(charged, remaining)).note == expected
     assert executed_result({"text": "x"}, Settlement(charged, remaining)).note == expected  # the head, reused
+
+
+@settings(max_examples=500, deadline=None)
+@given(charged=st.integers(min_value=0, max_value=10**10), remaining=st.one_of(
+    st.integers(min_value=0, max_value=10**16), st.sampled_from([0, 1, 10, 999_999, 10**6, 10**15 - 1, 10**15])))
+def test_a_capped_calls_note_in_whole_micros_reads_as_the_plain_one(charged: int, remaining: int) -> None:
+    """The amounts governance tells are whole micros: the budget's digits come from orjson's shortest form (for
+    speed), and must be, byte for byte, the plain note's, from a micro to past where that form turns exponential."""
+    settlement = Settlement(charged / 1_000_000, remaining / 1_000_000)
+    assert executed_result({"text": "x"}, settlement).note == orjson.dumps(priced_note(settlement))
