@@ -61,6 +61,8 @@ class Admission:
 
 @dataclass(slots=True)
 class Settlement:
+    """What a settled call is told, in USD: governance's amounts are whole micros (a note reads them so)."""
+
     charged: float = 0.0
     remaining: float | None = None  # budget left, when a cap or balance applies
 

@@ -60,15 +60,18 @@ def priced_note(settlement: Settlement) -> str:
 # Notes worked out once per price, JSON-encoded: a model's calls of one tool cost the same. For speed (the capped
 # and priced lines of `benchmarks/router.py`): an uncapped call's note is whole; a capped call's is its head, to
 # which the budget left (digits, a point and "$": nothing JSON escapes) and the closing quote are added. The budget's
-# digits are orjson's, which every result's `_meta` runs anyway, rather than `_usd`'s float formatting: in a loop the
-# two differ by 70 ns, but in the router, where a call runs far more code than the caches hold, formatting code run
-# only for this note cost a capped call about 3 µs of the event loop's CPU (the capped side-by-side line on SQLite
-# read 82.4% of the open gate before, 87.5% after). The tests hold it to `priced_note`, byte for byte.
+# digits are orjson's, which every result's `_meta` runs anyway, and are checked with comparisons alone: in a loop,
+# `_usd`'s float formatting costs 70 ns more, but in the router, where a call runs far more code than the caches
+# hold, code run for this note alone cost a capped call about 3 µs of the event loop's CPU with `_usd` (the capped
+# side-by-side line on SQLite read 82.4% of the open gate before, 87.5% after), and 1.8 µs more with the digits
+# checked by `bytes` methods (three routers of each, `benchmarks/README.md`). Governance tells amounts in whole micros
+# (`Settlement`); the tests hold the note to `priced_note`, byte for byte, for every such amount.
 _UNCAPPED_NOTES: dict[float, bytes] = {}
 _CAPPED_HEADS: dict[float, bytes] = {}
 _NOTES_KEPT = 4096  # reported costs that vary: kept from growing
-_EXACT_BELOW = 1e9  # USD: below it a float's shortest digits with six places or fewer are its `.6f` digits
-_MICRO_PLACES = 7  # the point and six decimals
+_PLAIN_BELOW = 1e-5  # USD: orjson writes less with an exponent ("1e-6")
+_EXACT_BELOW = 1e9  # USD: below it, the shortest digits of an amount in whole micros are its `.6f` digits
+_ZERO = ord("0")
 
 
 def _uncapped_note(settlement: Settlement) -> bytes:
@@ -84,10 +87,12 @@ def _capped_note(charged: float, remaining: float) -> bytes:
         if len(_CAPPED_HEADS) >= _NOTES_KEPT:
             _CAPPED_HEADS.clear()
         head = _CAPPED_HEADS[charged] = orjson.dumps(f"handler: executed; charged {_usd(charged)}; budget left: ")[:-1]
-    digits = orjson.dumps(remaining)  # the shortest digits that read back as it: `_usd`'s for a budget in micros
-    if remaining >= _EXACT_BELOW or b"e" in digits or len(digits) - digits.find(b".") > _MICRO_PLACES:
-        return head + _usd(remaining).encode() + b'"'  # an exponent, or finer than a micro: the plain way
-    return head + b"$" + (digits[:-2] if digits.endswith(b".0") else digits) + b'"'
+    if _PLAIN_BELOW <= remaining < _EXACT_BELOW:
+        # The shortest digits that read back as it, which are `_usd`'s for an amount in whole micros; only a whole
+        # amount ends in "0" ("12.0"), whose point and zero `_usd` leaves out.
+        digits = orjson.dumps(remaining)
+        return head + b"$" + (digits[:-2] if digits[-1] == _ZERO else digits) + b'"'
+    return head + _usd(remaining).encode() + b'"'  # none left, or what orjson writes with an exponent
 
 
 def _usd(amount: float) -> str:

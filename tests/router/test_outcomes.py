@@ -45,22 +45,18 @@ def test_each_failure_says_whether_calling_again_can_help(echo_root: Path, run_d
     run(scenario())
 
 
-@settings(max_examples=300, deadline=None)
-@given(charged=st.floats(min_value=0, max_value=1e7, allow_nan=False),
-       remaining=st.floats(min_value=0, max_value=1e9, allow_nan=False))
-def test_a_capped_calls_note_reads_as_the_plain_one(charged: float, remaining: float) -> None:
-    """The note a capped call's result carries is built from a head kept per price (for speed): it must be, byte for
-    byte, the plain note JSON-encoded."""
-    expected = orjson.dumps(priced_note(Settlement(charged, remaining)))
-    assert executed_result({"text": "x"}, Settlement(charged, remaining)).note == expected
-    assert executed_result({"text": "x"}, Settlement(charged, remaining)).note == expected  # the head, reused
+MICROS = st.one_of(st.integers(min_value=0, max_value=10**9), st.integers(min_value=0, max_value=10**16)).map(
+    lambda micros: micros / 1_000_000)
 
 
 @settings(max_examples=500, deadline=None)
-@given(charged=st.integers(min_value=0, max_value=10**10), remaining=st.one_of(
-    st.integers(min_value=0, max_value=10**16), st.sampled_from([0, 1, 10, 999_999, 10**6, 10**15 - 1, 10**15])))
-def test_a_capped_calls_note_in_whole_micros_reads_as_the_plain_one(charged: int, remaining: int) -> None:
-    """The amounts governance tells are whole micros: the budget's digits come from orjson's shortest form (for
-    speed), and must be, byte for byte, the plain note's, from a micro to past where that form turns exponential."""
-    settlement = Settlement(charged / 1_000_000, remaining / 1_000_000)
-    assert executed_result({"text": "x"}, settlement).note == orjson.dumps(priced_note(settlement))
+@given(charged=st.one_of(st.floats(min_value=0, max_value=1e7, allow_nan=False), MICROS),
+       remaining=st.one_of(MICROS, st.sampled_from([0, 1, 9, 10, 11, 999_999, 10**6, 10**15 - 1, 10**15, 10**16])
+                           .map(lambda micros: micros / 1_000_000)))
+def test_a_capped_calls_note_reads_as_the_plain_one(charged: float, remaining: float) -> None:
+    """The note a capped call's result carries is built from a head kept per price and the budget's digits as orjson
+    writes them (for speed): it must be, byte for byte, the plain note JSON-encoded, for every budget governance can
+    tell (whole micros, `Settlement`), from none or a micro left to past where orjson writes an exponent."""
+    expected = orjson.dumps(priced_note(Settlement(charged, remaining)))
+    assert executed_result({"text": "x"}, Settlement(charged, remaining)).note == expected
+    assert executed_result({"text": "x"}, Settlement(charged, remaining)).note == expected  # the head, reused
