@@ -63,7 +63,7 @@ def priced_note(settlement: Settlement) -> str:
 # digits are orjson's, which every result's `_meta` runs anyway, and are checked with comparisons alone: in a loop,
 # `_usd`'s float formatting costs 70 ns more, but in the router, where a call runs far more code than the caches
 # hold, code run for this note alone cost a capped call about 3 µs of the event loop's CPU with `_usd` (the capped
-# side-by-side line on SQLite read 82.4% of the open gate before, 87.5% after), and 1.8 µs more with the digits
+# side-by-side line on SQLite read 82.4% of the open gate before, 87.5-88.3% after), and 1.8 µs more with the digits
 # checked by `bytes` methods (three routers of each, `benchmarks/README.md`). Governance tells amounts in whole micros
 # (`Settlement`); the tests hold the note to `priced_note`, byte for byte, for every such amount.
 _UNCAPPED_NOTES: dict[float, bytes] = {}
