@@ -478,14 +478,14 @@ def _execute(store: Store, tx: Transaction, book: LeaseBook, plan: _Plan, at: fl
     books = _Rows(rows.lock_spend(store, tx, [(c.scope, c.month) for c in moving if c.scope and c.month]),
                   rows.lock_balances(store, tx, [c.account for c in moving if c.account is not None]))
     states = rows.lock_leases(store, tx, [s.lease.id for s in plan.steps if s.lease.stored])
-    sharing = rows.open_elsewhere(tx, book.router, at) if any(s.asked or s.want for s in plan.steps) else {}
+    sharing = rows.open_elsewhere(store, tx, book.router, at) if any(s.asked or s.want for s in plan.steps) else {}
     for step in plan.steps:
         if step.lease.stored and states.get(step.lease.id) != "open":
             step.lost = True  # reconciled by another router while this one could not renew it
             continue
         granted = step.prior[0] - step.give + books.move(step, sharing.get(step.lease.cut, 0))
-        _write(tx, book, step, granted, at)
-    rows.move_spend(tx, books.spend_moves)
+        _write(store, tx, book, step, granted, at)
+    rows.move_spend(store, tx, books.spend_moves)
     rows.move_balances(store, tx, books.balance_moves)
 
 
@@ -536,19 +536,19 @@ def _whole(micros: int, unit: int) -> int:
     return -(-micros // unit) * unit
 
 
-def _write(tx: Transaction, book: LeaseBook, step: _Step, granted: int, at: float) -> None:
+def _write(store: Store, tx: Transaction, book: LeaseBook, step: _Step, granted: int, at: float) -> None:
     """The lease's row: `issued` moved ahead of its calls (never below what they may already cost), renewed."""
     lease, cut = step.lease, step.lease.cut
     step.issued = max(min(lease.issued, granted), min(granted, step.used + step.ahead))
     values: dict[str, Any] = {"granted": granted, "issued": step.issued, "charged": step.charged,
-                              "renewed_at": at, "expires_at": at + book.terms.ttl_seconds}
+                              "renewed_at": at, "expires_at": at + book.terms.ttl_seconds, "state": "open"}
     if step.close:
         values.update(state="returned", granted=step.charged, issued=step.charged)
     if lease.stored:
-        rows.update_lease(tx, lease.id, values)
+        rows.update_lease(store, tx, lease.id, values)
     elif granted > 0 or step.issued > 0:
-        rows.insert_lease(tx, {"id": lease.id, "router": book.router, "scope": cut.scope, "month": cut.month,
-                               "account": cut.account, "taken_at": at, "state": "open", **values})
+        rows.insert_lease(store, tx, {"id": lease.id, "router": book.router, "scope": cut.scope, "month": cut.month,
+                                      "account": cut.account, "taken_at": at, **values})
 
 
 def reconcile_leases(store: Store, router: str | None = None, *, by: str | None = None) -> list[dict[str, Any]]:

@@ -7,6 +7,11 @@ take, give back and write; this module only reads, locks and writes the rows. Ev
 moves leases locks the spend rows first (sorted by scope and month, the order the admission path and
 the backlog use), then the balances (sorted), then the lease rows, so two routers never wait on each
 other in a circle.
+
+A busy router's keeper runs a few of these transactions a second, so their statements are built once
+per store (`_Statements`), as the admission path's are (`store.spend`): built anew, a statement cost
+SQLAlchemy more than the database's work (building it and its cache key, about three quarters of a
+lease row's update on SQLite; `benchmarks/README.md`, "This round").
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from reconciler.governance.store.spend import ensure_spend_rows
 from reconciler.governance.store.tables import balances, leases, spend
 
 __all__ = [
+    "LEASE_VALUES",
     "Cut",
     "close_expired",
     "ensure_rows",
@@ -35,6 +41,40 @@ __all__ = [
     "outstanding",
     "update_lease",
 ]
+
+# What a sync writes of a lease's row, every time (`update_lease`).
+LEASE_VALUES = ("granted", "issued", "charged", "renewed_at", "expires_at", "state")
+
+
+class _Statements:
+    """The statements of a lease sync, built once per store."""
+
+    def __init__(self, store: Store) -> None:
+        bp = sa.bindparam
+        self.spend = store.for_update(sa.select(spend.c.micros)
+                                      .where(spend.c.scope == bp("p_scope"), spend.c.month == bp("p_month")))
+        self.balance = store.for_update(sa.select(balances.c.micros).where(balances.c.account == bp("p_account")))
+        self.lease = store.for_update(sa.select(leases.c.state).where(leases.c.id == bp("p_id")))
+        self.move_spend = (sa.update(spend).where(spend.c.scope == bp("p_scope"), spend.c.month == bp("p_month"))
+                           .values(micros=spend.c.micros + bp("p_micros")))
+        self.ensure_balance = store.insert_ignore(balances)
+        self.move_balance = (sa.update(balances).where(balances.c.account == bp("p_account"))
+                             .values(micros=balances.c.micros + bp("p_micros")))
+        self.elsewhere = (sa.select(leases.c.scope, leases.c.month, leases.c.account,
+                                    sa.func.count(sa.distinct(leases.c.router)))
+                          .where(leases.c.state == "open", leases.c.router != bp("p_router"),
+                                 leases.c.expires_at > bp("p_at"))
+                          .group_by(leases.c.scope, leases.c.month, leases.c.account))
+        self.insert = sa.insert(leases)
+        self.update = (sa.update(leases).where(leases.c.id == bp("p_id"))
+                       .values({name: bp(f"p_{name}") for name in LEASE_VALUES}))
+
+
+def _statements(store: Store) -> _Statements:
+    found = store.extras.get("leases")
+    if not isinstance(found, _Statements):
+        found = store.extras["leases"] = _Statements(store)
+    return found
 
 
 class Cut(NamedTuple):
@@ -57,62 +97,62 @@ def ensure_rows(store: Store, cuts: Iterable[Cut]) -> None:
 
 def lock_spend(store: Store, tx: Transaction, rows: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
     """Lock the spend rows (scope, month) in their sorted order and read them."""
-    found: dict[tuple[str, str], int] = {}
-    for scope, month in sorted(set(rows)):
-        query = sa.select(spend.c.micros).where(spend.c.scope == scope, spend.c.month == month)
-        found[(scope, month)] = int(tx.execute(store.for_update(query)).scalar_one())
-    return found
+    query = _statements(store).spend
+    return {(scope, month): int(tx.execute(query, {"p_scope": scope, "p_month": month}).scalar_one())
+            for scope, month in sorted(set(rows))}
 
 
 def lock_balances(store: Store, tx: Transaction, accounts: Iterable[str]) -> dict[str, int | None]:
     """Lock the prepaid balances in sorted order and read them (None: never topped up)."""
+    query = _statements(store).balance
     found: dict[str, int | None] = {}
     for account in sorted(set(accounts)):
-        query = sa.select(balances.c.micros).where(balances.c.account == account)
-        value = tx.execute(store.for_update(query)).scalar_one_or_none()
+        value = tx.execute(query, {"p_account": account}).scalar_one_or_none()
         found[account] = None if value is None else int(value)
     return found
 
 
 def lock_leases(store: Store, tx: Transaction, ids: Sequence[str]) -> dict[str, str]:
     """Lock these lease rows and read their state (open, returned, reconciled); a missing id is left out."""
-    if not ids:
-        return {}
-    query = sa.select(leases.c.id, leases.c.state).where(leases.c.id.in_(sorted(ids))).order_by(leases.c.id)
-    return {str(lid): str(state) for lid, state in tx.execute(store.for_update(query))}
+    query = _statements(store).lease  # one at a time, in sorted order: an expanding IN costs more than a sync's few
+    found = {}
+    for lease_id in sorted(set(ids)):
+        state = tx.execute(query, {"p_id": lease_id}).scalar_one_or_none()
+        if state is not None:
+            found[lease_id] = str(state)
+    return found
 
 
-def move_spend(tx: Transaction, changes: Mapping[tuple[str, str], int]) -> None:
+def move_spend(store: Store, tx: Transaction, changes: Mapping[tuple[str, str], int]) -> None:
     """Add each amount (negative: take away) to its spend row, in sorted order."""
+    query = _statements(store).move_spend
     for (scope, month), micros in sorted(changes.items()):
         if micros:
-            tx.execute(sa.update(spend).where(spend.c.scope == scope, spend.c.month == month)
-                       .values(micros=spend.c.micros + micros))
+            tx.execute(query, {"p_scope": scope, "p_month": month, "p_micros": micros})
 
 
 def move_balances(store: Store, tx: Transaction, changes: Mapping[str, int]) -> None:
     """Add each amount (negative: take away) to its prepaid balance, in sorted order."""
+    st = _statements(store)
     for account, micros in sorted(changes.items()):
         if micros:
-            tx.execute(store.insert_ignore(balances), [{"account": account, "micros": 0}])
-            tx.execute(sa.update(balances).where(balances.c.account == account)
-                       .values(micros=balances.c.micros + micros))
+            tx.execute(st.ensure_balance, [{"account": account, "micros": 0}])
+            tx.execute(st.move_balance, {"p_account": account, "p_micros": micros})
 
 
-def open_elsewhere(tx: Transaction, router: str, at: float) -> dict[Cut, int]:
+def open_elsewhere(store: Store, tx: Transaction, router: str, at: float) -> dict[Cut, int]:
     """How many other routers hold an open, unexpired lease on each cut: they share what is left."""
-    query = (sa.select(leases.c.scope, leases.c.month, leases.c.account, sa.func.count(sa.distinct(leases.c.router)))
-             .where(leases.c.state == "open", leases.c.router != router, leases.c.expires_at > at)
-             .group_by(leases.c.scope, leases.c.month, leases.c.account))
-    return {Cut(s, m, a): int(n) for s, m, a, n in tx.execute(query)}
+    found = tx.execute(_statements(store).elsewhere, {"p_router": router, "p_at": at})
+    return {Cut(s, m, a): int(n) for s, m, a, n in found}
 
 
-def insert_lease(tx: Transaction, row: Mapping[str, Any]) -> None:
-    tx.execute(sa.insert(leases), [dict(row)])
+def insert_lease(store: Store, tx: Transaction, row: Mapping[str, Any]) -> None:
+    tx.execute(_statements(store).insert, [dict(row)])
 
 
-def update_lease(tx: Transaction, lease_id: str, values: Mapping[str, Any]) -> None:
-    tx.execute(sa.update(leases).where(leases.c.id == lease_id).values(**values))
+def update_lease(store: Store, tx: Transaction, lease_id: str, values: Mapping[str, Any]) -> None:
+    """Write a lease's row: every one of `LEASE_VALUES`, which `values` holds."""
+    tx.execute(_statements(store).update, {"p_id": lease_id, **{f"p_{name}": values[name] for name in LEASE_VALUES}})
 
 
 def close_expired(store: Store, at: float, router: str | None = None, *, by: str | None = None) -> list[dict[str, Any]]:
@@ -151,7 +191,7 @@ def close_expired(store: Store, at: float, router: str | None = None, *, by: str
                 spend_back[key] = spend_back.get(key, 0) - back
             else:
                 balance_back[lease["account"]] = balance_back.get(lease["account"], 0) + back
-            update_lease(tx, lease["id"], {"state": "reconciled", "granted": issued})
+            tx.execute(sa.update(leases).where(leases.c.id == lease["id"]).values(state="reconciled", granted=issued))
             what = lease["scope"] or f"balance:{lease['account']}"
             record(tx, "reconciled", actor=by or lease["router"], status="executed",
                    detail={"lease": lease["id"], "router": lease["router"], "of": what, "month": lease["month"],
@@ -160,7 +200,7 @@ def close_expired(store: Store, at: float, router: str | None = None, *, by: str
                            "reason": "a lease its router never returned: what it may have spent stays counted, "
                                      "the rest is given back"})
             closed.append({**lease, "returned": back})
-        move_spend(tx, spend_back)
+        move_spend(store, tx, spend_back)
         move_balances(store, tx, balance_back)
     return closed
 
