@@ -9,9 +9,9 @@ the backlog use), then the balances (sorted), then the lease rows, so two router
 other in a circle.
 
 A busy router's keeper runs a few of these transactions a second, so their statements are built once
-per store (`_Statements`), as the admission path's are (`store.spend`): built anew, a statement cost
-SQLAlchemy more than the database's work (building it and its cache key, about three quarters of a
-lease row's update on SQLite; `benchmarks/README.md`, "This round").
+per store (`_Statements`), as the admission path's are (`store.spend`): built anew each time, with their cache
+keys worked out again, they cost SQLAlchemy more than the database's work, and a busy lease's sync two and a half
+times its CPU (`benchmarks/leases.py`).
 """
 
 from __future__ import annotations
