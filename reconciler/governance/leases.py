@@ -473,18 +473,20 @@ def sync(store: Store, book: LeaseBook, waiters: Sequence[Waiter] = (), *, closi
 
 def _execute(store: Store, tx: Transaction, book: LeaseBook, plan: _Plan, at: float) -> None:
     """The plan's one transaction: lock the rows it moves (spend, balances, its leases: that order), take
-    and give back, and write each lease's row."""
+    and give back, and write each lease's row. A lease reconciled by another router while this one could not renew
+    it is lost: one whose spend moves is found so under its lock, before anything moves; one that only writes its
+    row (`issued` ahead, renewed), by that write finding it no longer open, which saves such a sync a statement."""
     moving = [s.lease.cut for s in plan.steps if s.moves]
     books = _Rows(rows.lock_spend(store, tx, [(c.scope, c.month) for c in moving if c.scope and c.month]),
                   rows.lock_balances(store, tx, [c.account for c in moving if c.account is not None]))
-    states = rows.lock_leases(store, tx, [s.lease.id for s in plan.steps if s.lease.stored])
+    states = rows.lock_leases(store, tx, [s.lease.id for s in plan.steps if s.lease.stored and s.moves])
     sharing = rows.open_elsewhere(store, tx, book.router, at) if any(s.asked or s.want for s in plan.steps) else {}
     for step in plan.steps:
-        if step.lease.stored and states.get(step.lease.id) != "open":
-            step.lost = True  # reconciled by another router while this one could not renew it
+        if step.lease.stored and step.moves and states.get(step.lease.id) != "open":
+            step.lost = True
             continue
         granted = step.prior[0] - step.give + books.move(step, sharing.get(step.lease.cut, 0))
-        _write(store, tx, book, step, granted, at)
+        step.lost = not _write(store, tx, book, step, granted, at)
     rows.move_spend(store, tx, books.spend_moves)
     rows.move_balances(store, tx, books.balance_moves)
 
@@ -536,8 +538,9 @@ def _whole(micros: int, unit: int) -> int:
     return -(-micros // unit) * unit
 
 
-def _write(store: Store, tx: Transaction, book: LeaseBook, step: _Step, granted: int, at: float) -> None:
-    """The lease's row: `issued` moved ahead of its calls (never below what they may already cost), renewed."""
+def _write(store: Store, tx: Transaction, book: LeaseBook, step: _Step, granted: int, at: float) -> bool:
+    """The lease's row: `issued` moved ahead of its calls (never below what they may already cost), renewed. False:
+    its row is no longer open (reconciled by another router)."""
     lease, cut = step.lease, step.lease.cut
     step.issued = max(min(lease.issued, granted), min(granted, step.used + step.ahead))
     values: dict[str, Any] = {"granted": granted, "issued": step.issued, "charged": step.charged,
@@ -545,10 +548,11 @@ def _write(store: Store, tx: Transaction, book: LeaseBook, step: _Step, granted:
     if step.close:
         values.update(state="returned", granted=step.charged, issued=step.charged)
     if lease.stored:
-        rows.update_lease(store, tx, lease.id, values)
-    elif granted > 0 or step.issued > 0:
+        return rows.update_lease(store, tx, lease.id, values)
+    if granted > 0 or step.issued > 0:
         rows.insert_lease(store, tx, {"id": lease.id, "router": book.router, "scope": cut.scope, "month": cut.month,
                                       "account": cut.account, "taken_at": at, **values})
+    return True
 
 
 def reconcile_leases(store: Store, router: str | None = None, *, by: str | None = None) -> list[dict[str, Any]]:

@@ -26,9 +26,9 @@ import sqlalchemy as sa
 from reconciler.config.snapshot import Snapshot
 from reconciler.governance.gate import Admission
 from reconciler.governance.governed import GovernedGate
-from reconciler.governance.leases import LeaseTerms, reconcile_leases
+from reconciler.governance.leases import LeaseBook, LeaseTerms, Waiter, reconcile_leases, sync
 from reconciler.governance.ledger import add_balance, current_month, leased_balance, read_balance, spend_report
-from reconciler.governance.rulebook import to_micros
+from reconciler.governance.rulebook import CapSet, to_micros
 from reconciler.governance.store import Store, open_store
 from reconciler.governance.store.audit import read_audit
 from reconciler.governance.store.tables import leases, spend
@@ -269,6 +269,29 @@ def test_a_lease_reconciled_under_a_live_router_never_lets_it_pass_the_cap(store
     assert charged <= org_row(store) <= CAP
     assert executed >= 20
     assert [r["state"] for r in lease_rows(store, scope="org:acme")].count("reconciled") == 1
+
+
+def test_a_sync_that_only_renews_a_lease_another_router_reconciled_writes_nothing_and_drops_it(store: Store) -> None:
+    """A sync that moves no spend writes a lease's row without locking it first: one reconciled meanwhile (its router
+    was taken for dead) stays as the reconciliation left it, and the router no longer admits against it."""
+    book = LeaseBook("router-slow", LeaseTerms())
+    needs = book.needs(CapSet("acme", CAP, None, None, False, False, "p.toml"), "p", "run-1", current_month())
+    first = Waiter(needs, PRICE)
+    sync(store, book, [first])
+    assert first.held is not None
+    assert len(book) == 1
+    book.settle(first.held, PRICE, PRICE)
+    reconciled = reconcile_leases(store, "router-slow", by="router-other")
+    assert len(reconciled) == 1
+    (lease,) = book._leases.values()
+    lease.renewed = 0.0  # due for renewal: the sync's only step writes its row, moving no spend
+    spent = org_row(store)
+
+    assert sync(store, book, [])
+    assert len(book) == 0  # lost: its next call takes a new lease
+    (row,) = lease_rows(store, scope="org:acme")
+    assert (row["state"], row["granted"]) == ("reconciled", reconciled[0]["issued"])
+    assert org_row(store) == spent
 
 
 def test_an_idle_lease_goes_back_and_the_row_is_what_was_charged(store: Store) -> None:

@@ -66,7 +66,7 @@ class _Statements:
                                  leases.c.expires_at > bp("p_at"))
                           .group_by(leases.c.scope, leases.c.month, leases.c.account))
         self.insert = sa.insert(leases)
-        self.update = (sa.update(leases).where(leases.c.id == bp("p_id"))
+        self.update = (sa.update(leases).where(leases.c.id == bp("p_id"), leases.c.state == "open")
                        .values({name: bp(f"p_{name}") for name in LEASE_VALUES}))
 
 
@@ -150,9 +150,11 @@ def insert_lease(store: Store, tx: Transaction, row: Mapping[str, Any]) -> None:
     tx.execute(_statements(store).insert, [dict(row)])
 
 
-def update_lease(store: Store, tx: Transaction, lease_id: str, values: Mapping[str, Any]) -> None:
-    """Write a lease's row: every one of `LEASE_VALUES`, which `values` holds."""
-    tx.execute(_statements(store).update, {"p_id": lease_id, **{f"p_{name}": values[name] for name in LEASE_VALUES}})
+def update_lease(store: Store, tx: Transaction, lease_id: str, values: Mapping[str, Any]) -> bool:
+    """Write an open lease's row: every one of `LEASE_VALUES`, which `values` holds. False: it is no longer open
+    (returned, or reconciled by another router), and nothing was written."""
+    params = {"p_id": lease_id, **{f"p_{name}": values[name] for name in LEASE_VALUES}}
+    return tx.execute(_statements(store).update, params).rowcount == 1
 
 
 def close_expired(store: Store, at: float, router: str | None = None, *, by: str | None = None) -> list[dict[str, Any]]:
