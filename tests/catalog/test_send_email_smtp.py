@@ -68,6 +68,8 @@ class Mailbox:
         if any(address.startswith("greylisted@") for address in envelope.rcpt_tos):
             return "454 4.7.0 Temporary authentication failure, try again later"
         self.received.append((envelope.mail_from, list(envelope.rcpt_tos), envelope.original_content))
+        if any(address.startswith("dropped@") for address in envelope.rcpt_tos):
+            server.transport.close()  # taken, and the connection lost before the client reads that it was
         return "250 Message accepted"
 
 
@@ -162,6 +164,18 @@ def test_a_message_refused_for_good_is_not_retried_and_one_refused_for_now_is(
     assert (later.code, later.retry) == ("unavailable", None)
     assert later.message.endswith("(code 454); nothing was sent; retrying later may work")
     assert mailbox.received == []
+
+
+def test_a_connection_lost_while_the_server_takes_the_message_says_not_to_send_it_again(
+        tls_server: tuple[Mailbox, int]) -> None:
+    """The server took the message and the connection dropped before its answer: the email went out, so calling again
+    would deliver it twice. The model is told it may have been sent and not to send it again."""
+    mailbox, port = tls_server
+    lost = raised(port, {"to": ["dropped@example.org"], "subject": "Invoice", "body": "Hello.\n"})
+    assert (lost.code, lost.retry) == ("unavailable", "never")
+    assert "may have been sent: do not send it again" in lost.message
+    assert "retrying later may work" not in lost.message
+    assert [rcpt for _, rcpt, _ in mailbox.received] == [["dropped@example.org"]]  # it did go out
 
 
 def test_a_refused_login_or_a_closed_port_is_unavailable(tls_server: tuple[Mailbox, int]) -> None:

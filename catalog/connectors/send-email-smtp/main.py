@@ -6,7 +6,9 @@ message never travel in clear), logs in, and sends one plain-text message from t
 Every recipient is checked before the message itself is sent: if the server refuses any of them, the
 transaction is reset and nothing is sent (`rejected_recipient`). Temporary refusals that mean a rate or
 quota (421, 450, 451, 452) are `limit`; a failed login, a lost connection or any other refusal is
-`unavailable`. The server's own wording goes to the log (stderr), never into a result.
+`unavailable`. A connection lost while the server takes the message itself is `unavailable` too, but the
+message may have gone out, so the model is told not to send it again (`handler/retry: never`): sending it
+again could deliver it twice. The server's own wording goes to the log (stderr), never into a result.
 
 Settings (environment): SMTP_HOST, SMTP_PORT (587), SMTP_USERNAME (the from address when unset),
 SMTP_FROM, SMTP_CA_CERTIFICATES, SMTP_CA_FILE; secret: SMTP_PASSWORD. The server's certificate is checked
@@ -36,10 +38,6 @@ log = logging.getLogger("send-email-smtp")
 TIMEOUT = 20.0  # seconds for each exchange with the server; send-email/v1 allows a call 60
 LIMIT_CODES = frozenset({421, 450, 451, 452})
 MAX_ADDRESS = 254
-
-# send-email/v1's tool, word for word (a published interface version never changes): what tools/list
-# answers, so any MCP client can use this server and the router can see it offers what it claims.
-_ADDRESS_LIST = {"type": "array", "uniqueItems": True, "items": {"$ref": "#/$defs/address"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +193,15 @@ def transact(smtp: smtplib.SMTP, sender: str, msg: EmailMessage, recipients: lis
                                  "nothing was sent")
         raise InterfaceError("unavailable", f"the mail server could not take the address {address} for now "
                              f"(code {code}); nothing was sent")
-    code, reply = smtp.data(msg.as_bytes(policy=msg.policy.clone(linesep="\r\n")))
+    content = msg.as_bytes(policy=msg.policy.clone(linesep="\r\n"))
+    try:
+        code, reply = smtp.data(content)
+    except (smtplib.SMTPServerDisconnected, OSError) as exc:
+        # The message may have been taken before the connection was lost: sending it again could deliver it twice.
+        log.warning("connection lost during DATA: %r", exc)
+        raise InterfaceError("unavailable", "the connection to the mail server was lost while it took the message, "
+                             "so the email may have been sent: do not send it again; tell the user to check whether "
+                             "it arrived", retry="never") from None
     if code != 250:
         raise refused("the message", code, reply)
     return recipients
