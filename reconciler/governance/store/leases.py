@@ -27,7 +27,6 @@ from reconciler.governance.store.spend import ensure_spend_rows
 from reconciler.governance.store.tables import balances, leases, spend
 
 __all__ = [
-    "LEASE_VALUES",
     "Cut",
     "close_expired",
     "ensure_rows",
@@ -43,7 +42,7 @@ __all__ = [
 ]
 
 # What a sync writes of a lease's row, every time (`update_lease`).
-LEASE_VALUES = ("granted", "issued", "charged", "renewed_at", "expires_at", "state")
+_LEASE_VALUES = ("granted", "issued", "charged", "renewed_at", "expires_at", "state")
 
 
 class _Statements:
@@ -67,7 +66,7 @@ class _Statements:
                           .group_by(leases.c.scope, leases.c.month, leases.c.account))
         self.insert = sa.insert(leases)
         self.update = (sa.update(leases).where(leases.c.id == bp("p_id"), leases.c.state == "open")
-                       .values({name: bp(f"p_{name}") for name in LEASE_VALUES}))
+                       .values({name: bp(f"p_{name}") for name in _LEASE_VALUES}))
 
 
 def _statements(store: Store) -> _Statements:
@@ -151,9 +150,10 @@ def insert_lease(store: Store, tx: Transaction, row: Mapping[str, Any]) -> None:
 
 
 def update_lease(store: Store, tx: Transaction, lease_id: str, values: Mapping[str, Any]) -> bool:
-    """Write an open lease's row: every one of `LEASE_VALUES`, which `values` holds. False: it is no longer open
-    (returned, or reconciled by another router), and nothing was written."""
-    params = {"p_id": lease_id, **{f"p_{name}": values[name] for name in LEASE_VALUES}}
+    """Write an open lease's row: every column a sync writes (granted, issued, charged, renewed_at, expires_at,
+    state), which `values` holds. False: it is no longer open (returned, or reconciled by another router), and
+    nothing was written."""
+    params = {"p_id": lease_id, **{f"p_{name}": values[name] for name in _LEASE_VALUES}}
     return tx.execute(_statements(store).update, params).rowcount == 1
 
 
