@@ -24,10 +24,10 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -42,6 +42,8 @@ from reconciler.places import PRIVATE_FILE_MODE, default_state_dir, ensure_priva
 
 __all__ = ["HOLD_CHANNEL_SQL", "PG_CONNECTION_DEFAULTS", "Store", "Transaction", "failure_reason", "marker", "now",
            "open_store", "refused_by_store", "storable", "store_exists", "store_url"]
+
+_Built = TypeVar("_Built")
 
 # One open transaction of the store, passed to the store's statements. Callers outside the package
 # only hand it on: it is opaque to them.
@@ -121,7 +123,7 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
-        self.extras: dict[str, object] = {}  # per-store caches of the statements (compiled once)
+        self._statements: dict[Callable[[Store], object], object] = {}  # `statements`: built once per store
         self._writer = threading.Lock() if self.dialect == "sqlite" else None
         if self.dialect not in ("sqlite", "postgresql"):
             raise StoreError(f"unsupported store '{self.dialect}': use SQLite or PostgreSQL")
@@ -144,6 +146,14 @@ class Store:
         query = {key: _query_text(value) for key, value in url.query.items()}
         base = url.set(query={}).render_as_string(hide_password=False)
         return conninfo.make_conninfo(base, **{**query, **_connection_defaults(url)})
+
+    def statements(self, build: Callable[[Store], _Built]) -> _Built:
+        """What `build` makes of this store, made once: a module's statements, built once so that SQLAlchemy reuses
+        their compiled form and cache keys (building them anew for each use cost more than running them)."""
+        found = self._statements.get(build)
+        if found is None:
+            found = self._statements[build] = build(self)
+        return cast(_Built, found)  # made by `build`, kept under it
 
     @contextmanager
     def begin(self) -> Iterator[Transaction]:

@@ -70,10 +70,7 @@ class _Statements:
 
 
 def _statements(store: Store) -> _Statements:
-    found = store.extras.get("leases")
-    if not isinstance(found, _Statements):
-        found = store.extras["leases"] = _Statements(store)
-    return found
+    return store.statements(_Statements)
 
 
 class Cut(NamedTuple):

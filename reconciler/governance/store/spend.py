@@ -61,10 +61,7 @@ class _Statements:
 
 
 def _statements(store: Store) -> _Statements:
-    found = store.extras.get("spend")
-    if not isinstance(found, _Statements):
-        found = store.extras["spend"] = _Statements(store)
-    return found
+    return store.statements(_Statements)
 
 
 def _params(month: str, scopes: Sequence[str]) -> dict[str, str]:
