@@ -36,9 +36,10 @@ tool, decision (its `decided` detail) and outcome; else `decided`, then `settled
 
 This is the governance room's one module written for speed: its tuples read by position (`AuditRow`), its
 counters kept apart for the common case (`_Paid`) and its comparisons in place of `min()` each buy part of the
-uncapped line of `benchmarks/gate.py`; a leased lane's ticket per instance, holding the leases it takes from while
-the book's version stands, and the credit spent without the book's lock, buy the capped line of it and of
-`benchmarks/router.py`. `tests/governance/test_lanes_reference.py` holds it against a plain,
+uncapped line of `benchmarks/gate.py`. A leased lane's ticket holding the leases its calls take from while the
+book's version stands (the lane's own, found by the call's route, where its caps do not name the instance), the
+credit spent without the book's lock, and the one-lease case written out in `admit` and `settle` buy the capped
+line of it and of `benchmarks/router.py`. `tests/governance/test_lanes_reference.py` holds it against a plain,
 call-by-call ledger of the same rules.
 """
 
@@ -58,7 +59,7 @@ from reconciler.governance.charging import PricedCall, charge_call
 from reconciler.governance.decide import SpendState, decide_call
 from reconciler.governance.gate import Admission, CallRequest, Settlement
 from reconciler.governance.holds import new_request_id
-from reconciler.governance.leases import Lease, LeaseBook
+from reconciler.governance.leases import Lease, LeaseBook, LeaseTerms
 from reconciler.governance.ledger import current_month, month_span, scopes_for, settlement_row
 from reconciler.governance.rulebook import MICROS, CapSet, Rulebook, from_micros, to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
@@ -92,15 +93,17 @@ class Lane:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class LaneTicket:
-    """The ticket of the calls one `Records` admits on one lane (`gate.Ticket`): made once per snapshot and route,
-    not per call (a leased lane's, once per instance too, with the leases its calls take from while the book's
-    `version` stands, until the month `ends`); settling it records the call's settlement with that `Records`."""
+    """The ticket of the calls one `Records` admits on one lane (`gate.Ticket`): made once per snapshot, not per call;
+    a leased lane's holds the leases its calls take from, while the book's `version` stands and until the month
+    `ends` (made again then), and is the lane's own when its caps do not name the instance, else one per instance.
+    Settling it records the call's settlement with that `Records`."""
 
     lane: Lane
     records: Records
     leases: tuple[Lease, ...] = ()
-    version: int = -1
+    version: int = -1  # no book's: a leased lane's calls find their leases first
     ends: float = 0.0
+    lease: Lease | None = None  # its one lease, when its calls take from one (read without a loop: for speed)
 
     @property
     def leased(self) -> bool:
@@ -169,9 +172,11 @@ class Records:
         budget leases, lets a capped call take a lane while they cover it (none: capped calls take the gate's other
         paths)."""
         self._books = books
-        self._leases = leases
-        # A leased lane's ticket for its calls of an instance, with the leases they take from (kept here by lane and
-        # instance for speed: the book's own key hashes the caps; `benchmarks/gate.py`, the capped line).
+        self._leasing = leases is not None
+        self._leases = leases if leases is not None else LeaseBook("", LeaseTerms())  # none: no lane is leased
+        # The ticket of a leased lane whose caps name the instance, for its calls of one instance, with the leases they
+        # take from (kept here by lane and instance for speed: the book's own key hashes the caps; `benchmarks/gate.py`,
+        # the capped line).
         self._spending: dict[tuple[Lane, str], LaneTicket] = {}
         self._on_snapshot = seen or _ignore
         # The snapshot of the last call: held until a call comes with another (the router holds the live one anyway),
@@ -221,44 +226,59 @@ class Records:
                 return None
         lane = ticket.lane
         now = time.time()
-        if lane.leased:
-            ticket = self._spend(lane, call.instance, now)
-            if ticket is None:  # the leases lack room: the gate's leased path waits for the keeper
+        if lane.leased:  # its price taken from the credit on its leases, written out for the one-lease case (speed)
+            book = self._leases
+            lease = ticket.lease
+            if ticket.version != book.version or now >= ticket.ends:  # its leases found first, or found again
+                ticket = self._spend(lane, call, now)
+                if ticket is None:  # the leases lack room: the gate's leased path waits for the keeper
+                    return None
+            elif lease is not None and lease.credit >= lane.cost:
+                lease.credit -= lane.cost
+            elif not self._take(book, ticket.leases, lane.cost):
                 return None
         admission = Admission("executed", lane.reason, None, ticket, lane.trace)
         self._running[admission] = (call, now)
         return admission
 
-    def _spend(self, lane: Lane, instance: str, now: float) -> LaneTicket | None:
-        """A leased lane's call's price taken from the credit on the leases of its caps this month; its ticket, which
-        names those leases. None: they lack room for it."""
+    def _spend(self, lane: Lane, call: CallRequest, now: float) -> LaneTicket | None:
+        """A leased lane's call's price taken from the credit on the leases of its caps this month, its ticket found
+        (made when the book changed or a month began); None: the leases lack room for it, or one is missing."""
         book = self._leases
-        assert book is not None  # noqa: S101 - a leased lane is compiled only with leases
-        ticket = self._spending.get((lane, instance))
-        if ticket is None or ticket.version != book.version or now >= ticket.ends:
-            ticket = self._spender(book, lane, instance, now)
+        shared = lane.caps.instance is None  # the same leases for every instance: the lane's own ticket holds them
+        ticket = self._tickets.get(lane) if shared else self._spending.get((lane, call.instance))
+        if ticket is None or not _current(ticket, book, now):
+            ticket = self._spender(book, lane, call.instance, now)
             if ticket is None:
                 return None
-        cost = lane.cost
-        for lease in ticket.leases:
-            if lease.credit < cost:
-                return ticket if self._carve(book, ticket.leases, cost) else None
-        for lease in ticket.leases:
-            lease.credit -= cost
-        return ticket
+            if shared:
+                self._tickets[lane] = ticket
+            else:
+                if len(self._spending) >= _SPENDING_KEPT:  # instances come and go
+                    self._spending.clear()
+                self._spending[(lane, call.instance)] = ticket
+        if shared and call.route is not None:
+            self._routes[call.route] = ticket
+        return ticket if self._take(book, ticket.leases, lane.cost) else None
 
     def _spender(self, book: LeaseBook, lane: Lane, instance: str, now: float) -> LaneTicket | None:
-        """The ticket of a leased lane's calls of one instance: the leases of its caps this month as the book has them
+        """A leased lane's ticket for the calls of `instance`: the leases of its caps this month as the book has them
         now. None: one is missing (or sized under another cap), and the call waits for a sync."""
         version = book.version  # read first: a change while the leases are found moves it again
         month, ends = month_span(now)
         found = book.found(book.needs(lane.caps, lane.profile, instance, month))
         if found is None:
             return None
-        if len(self._spending) >= _SPENDING_KEPT:  # instances come and go
-            self._spending.clear()
-        ticket = self._spending[(lane, instance)] = LaneTicket(lane, self, found, version, ends)
-        return ticket
+        return LaneTicket(lane, self, found, version, ends, found[0] if len(found) == 1 else None)
+
+    def _take(self, book: LeaseBook, leases: tuple[Lease, ...], cost: int) -> bool:
+        """`cost` taken from the credit on every one of `leases`, carved first where it runs short. False: no room."""
+        for lease in leases:
+            if lease.credit < cost:
+                return self._carve(book, leases, cost)
+        for lease in leases:
+            lease.credit -= cost
+        return True
 
     @staticmethod
     def _carve(book: LeaseBook, leases: tuple[Lease, ...], cost: int) -> bool:
@@ -277,7 +297,6 @@ class Records:
         (None: it was settled already, and is charged nothing more)."""
         if charged is None:
             return Settlement(0.0, None)
-        assert self._leases is not None  # noqa: S101 - a leased lane is compiled only with leases
         lane = ticket.lane
         left = self._leases.settle(ticket.leases, lane.cost, charged)
         return Settlement(lane.price if charged == lane.cost else from_micros(charged), from_micros(left))
@@ -289,7 +308,7 @@ class Records:
         lane = self._lanes.get(key)
         if lane is None:
             assert self._book is not None  # noqa: S101 - set with `_snapshot`
-            lane = self._lanes[key] = _compile(self._book, call, leased=self._leases is not None)
+            lane = self._lanes[key] = _compile(self._book, call, leased=self._leasing)
         if lane is _OFF:
             if call.route is not None:
                 self._off.add(call.route)
@@ -319,13 +338,19 @@ class Records:
             if not lane.leased:
                 return lane.paid
             # Spent at its price: the leases count it at the next fold. The least budget left over them, the book's
-            # lock untaken: `Lease.left` and `from_micros`, written out (each costs the call path a call).
-            cost, left = lane.cost, _UNBOUNDED
-            for lease in ticket.leases:
+            # lock untaken: `Lease.left` and `from_micros`, written out (each costs the call path a call), and the
+            # one-lease case without a loop.
+            cost, lease = lane.cost, ticket.lease
+            if lease is not None:
                 lease.spent += cost
-                room = lease.limit - lease.charged - lease.reserved + lease.credit
-                if room < left:  # noqa: PLR1730 - a comparison costs the call path less than min()
-                    left = room
+                left = lease.limit - lease.charged - lease.reserved + lease.credit
+            else:
+                left = _UNBOUNDED
+                for lease in ticket.leases:
+                    lease.spent += cost
+                    room = lease.limit - lease.charged - lease.reserved + lease.credit
+                    if room < left:  # noqa: PLR1730 - a comparison costs the call path less than min()
+                        left = room
             return Settlement(lane.price, left / MICROS if left > 0 else 0.0)
         charged = self._settle_other(admission, lane, found, actual_cost, ok)
         if lane.leased:
@@ -435,7 +460,7 @@ class Records:
     def _counted(self, lane: Lane, instance: str, month: str) -> tuple[str, ...]:
         """The spend scopes a lane's charges are added to through the backlog: every scope of a lane nothing limits;
         of a leased lane, those no cap limits (what the leases' caps spend is counted by the leases' syncs)."""
-        if lane.leased and self._leases is not None:
+        if lane.leased:
             return self._leases.needs(lane.caps, lane.profile, instance, month).counted
         return scopes_for(lane.caps, lane.profile, instance)
 
@@ -454,6 +479,12 @@ def _count(tallies: dict[K, Tally], counted: K, reserved: int, charged: int, fir
         tally.reserved += reserved
         tally.charged += charged
         tally.first = min(tally.first, first)
+
+
+def _current(ticket: LaneTicket, book: LeaseBook, now: float) -> bool:
+    """Whether a leased lane's ticket still names the leases its calls take from: made under the book's version, this
+    month."""
+    return ticket.version == book.version and now < ticket.ends
 
 
 def _stamp(row: AuditRow) -> float:

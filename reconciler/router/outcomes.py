@@ -58,8 +58,9 @@ def priced_note(settlement: Settlement) -> str:
 
 
 # Notes worked out once per price, JSON-encoded: a model's calls of one tool cost the same. For speed (the capped
-# and priced lines of `benchmarks/router.py`): an uncapped call's note is whole; a capped call's is its head, to
-# which the budget left (digits, a point and "$": nothing JSON escapes) and the closing quote are added. The budget's
+# and priced lines of `benchmarks/router.py`): an uncapped call's note is whole; a capped call's is its head (up to
+# "$"), joined in `executed_result` itself to the budget left (digits and a point: nothing JSON escapes) and the
+# closing quote (a function call less there bought a point of the capped line side by side). The budget's
 # digits are orjson's, which every result's `_meta` runs anyway, and are checked with comparisons alone: in a loop,
 # `_usd`'s float formatting costs 70 ns more, but in the router, where a call runs far more code than the caches
 # hold, code run for this note alone cost a capped call about 3 µs of the event loop's CPU with `_usd` (the capped
@@ -82,17 +83,17 @@ def _uncapped_note(settlement: Settlement) -> bytes:
 
 
 def _capped_note(charged: float, remaining: float) -> bytes:
+    """The note of a capped call whose price has no head yet, or whose budget left orjson writes otherwise (none
+    left, or with an exponent); `executed_result` writes the common case out."""
     head = _CAPPED_HEADS.get(charged)
     if head is None:
         if len(_CAPPED_HEADS) >= _NOTES_KEPT:
             _CAPPED_HEADS.clear()
-        head = _CAPPED_HEADS[charged] = orjson.dumps(f"handler: executed; charged {_usd(charged)}; budget left: ")[:-1]
+        head = _CAPPED_HEADS[charged] = orjson.dumps(f"handler: executed; charged {_usd(charged)}; budget left: $")[:-1]
     if _PLAIN_BELOW <= remaining < _EXACT_BELOW:
-        # The shortest digits that read back as it, which are `_usd`'s for an amount in whole micros; only a whole
-        # amount ends in "0" ("12.0"), whose point and zero `_usd` leaves out.
         digits = orjson.dumps(remaining)
-        return head + b"$" + (digits[:-2] if digits[-1] == _ZERO else digits) + b'"'
-    return head + _usd(remaining).encode() + b'"'  # none left, or what orjson writes with an exponent
+        return b"".join((head, digits[:-2] if digits[-1] == _ZERO else digits, b'"'))
+    return head + _usd(remaining)[1:].encode() + b'"'
 
 
 def _usd(amount: float) -> str:
@@ -105,8 +106,16 @@ def executed_result(structured: dict[str, Any], settlement: Settlement | None) -
     if settlement is not None:
         meta[meta_keys.COST] = settlement.charged
         meta[meta_keys.BUDGET] = settlement.remaining
-        if settlement.remaining is not None:  # governance priced it against a cap or balance
-            note = _capped_note(settlement.charged, settlement.remaining)
+        remaining = settlement.remaining
+        if remaining is not None:  # governance priced it against a cap or balance
+            head = _CAPPED_HEADS.get(settlement.charged)
+            if head is not None and _PLAIN_BELOW <= remaining < _EXACT_BELOW:
+                # The shortest digits that read back as it, which are `_usd`'s for an amount in whole micros; only a
+                # whole amount ends in "0" ("12.0"), whose point and zero `_usd` leaves out.
+                digits = orjson.dumps(remaining)
+                note = b"".join((head, digits[:-2] if digits[-1] == _ZERO else digits, b'"'))
+            else:
+                note = _capped_note(settlement.charged, remaining)
         elif settlement.charged > 0:  # priced, no cap: the note of a price, worked out once
             note = _UNCAPPED_NOTES.get(settlement.charged) or _uncapped_note(settlement)
     return EncodedResult(orjson.dumps(structured), meta, note)

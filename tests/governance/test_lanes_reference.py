@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -235,3 +235,34 @@ def test_runs_that_share_a_lease_spend_it_exactly_and_each_call_is_told_the_ledg
             book.fold()
     book.fold()
     assert (org.charged, org.reserved) == (calls * PRICE, 0)
+
+
+def test_a_leased_lanes_calls_take_from_the_lease_the_book_holds_now_whatever_route_they_come_by() -> None:
+    """A cap that does not name the instance: every run's calls take from one lease, which the lane's ticket holds
+    while the book stands. Once a sync replaces that lease (returned, then taken again), the next call of any route
+    or run takes from the new one and is told its budget; the old lease is left as its calls left it."""
+    records, book, old = leased_records()
+    route = object()  # the router's plan of the tool: the same for every call of it while its snapshot is served
+    calls = [priced_call("a"), replace(priced_call("b"), route=route), replace(priced_call("a"), route=route)]
+    for call in calls:
+        admission = records.admit(CAPPED, call)
+        assert admission is not None
+        assert admission.ticket is not None
+        admission.ticket.settle(admission, None, True)
+    book.fold()
+    assert (old.charged, old.reserved) == (3 * PRICE, 0)
+
+    del book._leases[old.cut]  # what a sync that returned it and took a new one leaves (`LeaseBook.apply`)
+    new = Lease(old.cut, old.cap)
+    new.granted = new.issued = PRICE * 10
+    new.bound()
+    book._leases[new.cut] = new
+    book.version += 1
+    for n, call in enumerate(calls, start=1):
+        admission = records.admit(CAPPED, call)
+        assert admission is not None
+        assert admission.ticket is not None
+        assert admission.ticket.settle(admission, None, True).remaining == (10 - n) * PRICE / 1e6
+    book.fold()
+    assert (new.charged, new.reserved) == (3 * PRICE, 0)
+    assert (old.charged, old.reserved, old.credit) == (3 * PRICE, 0, 0)
