@@ -207,6 +207,11 @@ class Records:
         self._leased: dict[tuple[str, str, str, str, bool], Tally] = {}
         self._charged: dict[tuple[str, Lane], int] = {}  # (instance, lane) → micros
         self.violations = 0  # lane calls that reported more than their price, since start
+        # What the last leased lane's call settled at its price was told, and the budget left (micros) it names: the
+        # calls the event loop settles one after another, with no admission between, are told the same (for speed:
+        # one `Settlement` for them all, which the router's note reuses; `benchmarks/router.py`, the capped line).
+        self._told = Settlement(0.0, None)
+        self._told_left = -1
 
     def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission | None:
         """Record the decision of a call admitted on its lane and return its admission, whose ticket is the lane's
@@ -351,7 +356,11 @@ class Records:
                     room = lease.limit - lease.charged - lease.reserved + lease.credit
                     if room < left:  # noqa: PLR1730 - a comparison costs the call path less than min()
                         left = room
-            return Settlement(lane.price, left / MICROS if left > 0 else 0.0)
+            told = self._told
+            if left != self._told_left or told.charged != lane.price:
+                told = self._told = Settlement(lane.price, left / MICROS if left > 0 else 0.0)
+                self._told_left = left
+            return told
         charged = self._settle_other(admission, lane, found, actual_cost, ok)
         if lane.leased:
             return self._settle_leases(ticket, charged)

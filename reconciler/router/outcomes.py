@@ -73,6 +73,7 @@ _NOTES_KEPT = 4096  # reported costs that vary: kept from growing
 _PLAIN_BELOW = 1e-5  # USD: orjson writes less with an exponent ("1e-6")
 _EXACT_BELOW = 1e9  # USD: below it, the shortest digits of an amount in whole micros are its `.6f` digits
 _ZERO = ord("0")
+_last_capped: tuple[Settlement | None, bytes] = (None, b"")  # the last capped settlement seen, and its note
 
 
 def _uncapped_note(settlement: Settlement) -> bytes:
@@ -108,14 +109,20 @@ def executed_result(structured: dict[str, Any], settlement: Settlement | None) -
         meta[meta_keys.BUDGET] = settlement.remaining
         remaining = settlement.remaining
         if remaining is not None:  # governance priced it against a cap or balance
-            head = _CAPPED_HEADS.get(settlement.charged)
-            if head is not None and _PLAIN_BELOW <= remaining < _EXACT_BELOW:
-                # The shortest digits that read back as it, which are `_usd`'s for an amount in whole micros; only a
-                # whole amount ends in "0" ("12.0"), whose point and zero `_usd` leaves out.
-                digits = orjson.dumps(remaining)
-                note = b"".join((head, digits[:-2] if digits[-1] == _ZERO else digits, b'"'))
+            global _last_capped  # noqa: PLW0603 - one entry, replaced whole
+            last = _last_capped
+            if last[0] is settlement:  # told to the call before too (governance hands the same one out)
+                note = last[1]
             else:
-                note = _capped_note(settlement.charged, remaining)
+                head = _CAPPED_HEADS.get(settlement.charged)
+                if head is not None and _PLAIN_BELOW <= remaining < _EXACT_BELOW:
+                    # The shortest digits that read back as it, which are `_usd`'s for an amount in whole micros; only
+                    # a whole amount ends in "0" ("12.0"), whose point and zero `_usd` leaves out.
+                    digits = orjson.dumps(remaining)
+                    note = b"".join((head, digits[:-2] if digits[-1] == _ZERO else digits, b'"'))
+                else:
+                    note = _capped_note(settlement.charged, remaining)
+                _last_capped = (settlement, note)
         elif settlement.charged > 0:  # priced, no cap: the note of a price, worked out once
             note = _UNCAPPED_NOTES.get(settlement.charged) or _uncapped_note(settlement)
     return EncodedResult(orjson.dumps(structured), meta, note)

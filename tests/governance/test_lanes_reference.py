@@ -266,3 +266,27 @@ def test_a_leased_lanes_calls_take_from_the_lease_the_book_holds_now_whatever_ro
     book.fold()
     assert (new.charged, new.reserved) == (3 * PRICE, 0)
     assert (old.charged, old.reserved, old.credit) == (3 * PRICE, 0, 0)
+
+
+def test_calls_settled_one_after_another_are_each_told_the_budget_left_when_they_settle() -> None:
+    """The event loop often settles several calls with no admission between (`Records` then hands them one
+    `Settlement`): each is still told exactly what the ledger has left once it is settled, and the next admission
+    moves it."""
+    records, book, lease = leased_records()
+    running = [records.admit(CAPPED, priced_call(instance)) for instance in ("a", "b", "a")]
+    told = []
+    for admission in running:
+        assert admission is not None
+        assert admission.ticket is not None
+        told.append(admission.ticket.settle(admission, None, True).remaining)
+    assert told == [(1000 - 3) * PRICE / 1e6] * 3
+    admission = records.admit(CAPPED, priced_call("b"))
+    assert admission is not None
+    assert admission.ticket is not None
+    assert admission.ticket.settle(admission, None, True).remaining == (1000 - 4) * PRICE / 1e6
+    failed = records.admit(CAPPED, priced_call("a"))
+    assert failed is not None
+    assert failed.ticket is not None
+    assert failed.ticket.settle(failed, None, False).remaining == (1000 - 4) * PRICE / 1e6  # released: room again
+    book.fold()
+    assert (lease.charged, lease.reserved) == (4 * PRICE, 0)

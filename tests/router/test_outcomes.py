@@ -56,7 +56,10 @@ MICROS = st.one_of(st.integers(min_value=0, max_value=10**9), st.integers(min_va
 def test_a_capped_calls_note_reads_as_the_plain_one(charged: float, remaining: float) -> None:
     """The note a capped call's result carries is built from a head kept per price and the budget's digits as orjson
     writes them (for speed): it must be, byte for byte, the plain note JSON-encoded, for every budget governance can
-    tell (whole micros, `Settlement`), from none or a micro left to past where orjson writes an exponent."""
+    tell (whole micros, `Settlement`), from none or a micro left to past where orjson writes an exponent; and the
+    note of the settlement governance hands to the calls it settles one after another, kept for the next."""
     expected = orjson.dumps(priced_note(Settlement(charged, remaining)))
     assert executed_result({"text": "x"}, Settlement(charged, remaining)).note == expected
-    assert executed_result({"text": "x"}, Settlement(charged, remaining)).note == expected  # the head, reused
+    settlement = Settlement(charged, remaining)
+    assert executed_result({"text": "x"}, settlement).note == expected  # the head, reused
+    assert executed_result({"text": "x"}, settlement).note == expected  # the one governance handed out again
