@@ -211,7 +211,7 @@ class Records:
         # calls the event loop settles one after another, with no admission between, are told the same (for speed:
         # one `Settlement` for them all, which the router's note reuses; `benchmarks/router.py`, the capped line).
         self._told = Settlement(0.0, None)
-        self._told_left = -1
+        self._told_left: int | None = None  # none told yet
 
     def admit(self, snapshot: Snapshot, call: CallRequest) -> Admission | None:
         """Record the decision of a call admitted on its lane and return its admission, whose ticket is the lane's

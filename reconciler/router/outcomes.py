@@ -60,7 +60,8 @@ def priced_note(settlement: Settlement) -> str:
 # Notes worked out once per price, JSON-encoded: a model's calls of one tool cost the same. For speed (the capped
 # and priced lines of `benchmarks/router.py`): an uncapped call's note is whole; a capped call's is its head (up to
 # "$"), joined in `executed_result` itself to the budget left (digits and a point: nothing JSON escapes) and the
-# closing quote (a function call less there bought a point of the capped line side by side). The budget's
+# closing quote (a call less for each capped call, measured with the lanes' change it came with: benchmarks/README.md);
+# the note of the last capped settlement is kept with it, for the calls governance settles together. The budget's
 # digits are orjson's, which every result's `_meta` runs anyway, and are checked with comparisons alone: in a loop,
 # `_usd`'s float formatting costs 70 ns more, but in the router, where a call runs far more code than the caches
 # hold, code run for this note alone cost a capped call about 3 µs of the event loop's CPU with `_usd` (the capped
