@@ -13,16 +13,18 @@ settled. The lanes count calls in tallies, carry decisions across takes and writ
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.governance.gate import Admission
 from reconciler.governance.lanes import Records
 from reconciler.governance.leases import Cut, Lease, LeaseBook, LeaseTerms
-from reconciler.governance.ledger import current_month
+from reconciler.governance.ledger import current_month, month_span
 from reconciler.governance.rulebook import to_micros
 from reconciler.governance.rulebook_cache import RulebookCache
 from reconciler.governance.store.audit import AuditRow
@@ -290,3 +292,17 @@ def test_calls_settled_one_after_another_are_each_told_the_budget_left_when_they
     assert failed.ticket.settle(failed, None, False).remaining == (1000 - 4) * PRICE / 1e6  # released: room again
     book.fold()
     assert (lease.charged, lease.reserved) == (4 * PRICE, 0)
+
+
+def test_a_leased_lanes_calls_stop_taking_from_a_months_lease_when_the_month_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane's ticket holds this month's lease until the month ends: the first call after it finds that next
+    month's lease is not in the book yet and waits for the keeper, spending nothing of the month before."""
+    records, _, lease = leased_records()
+    admission = records.admit(CAPPED, priced_call("a"))
+    assert admission is not None
+    _, ends = month_span()
+    monkeypatch.setattr(time, "time", lambda: ends + 1.0)
+    held = (lease.credit, lease.reserved)
+    assert records.admit(CAPPED, priced_call("a")) is None
+    assert (lease.credit, lease.reserved) == held
