@@ -59,6 +59,8 @@ class Mailbox:
             return "550 5.1.1 <" + address + ">: Recipient address rejected: User unknown"
         if address.startswith("quota@"):
             return "452 4.5.3 Too many recipients today, try later"
+        if address.startswith("unready@"):  # accepted, yet not kept: the server then refuses the DATA command itself
+            return "250 OK"
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
@@ -176,6 +178,17 @@ def test_a_connection_lost_while_the_server_takes_the_message_says_not_to_send_i
     assert "may have been sent: do not send it again" in lost.message
     assert "retrying later may work" not in lost.message
     assert [rcpt for _, rcpt, _ in mailbox.received] == [["dropped@example.org"]]  # it did go out
+
+
+def test_a_server_that_refuses_the_data_command_itself_says_nothing_was_sent(tls_server: tuple[Mailbox, int]) -> None:
+    """A refusal of DATA comes before any of the message is sent: the model is told nothing was sent, never that the
+    email may have gone out."""
+    mailbox, port = tls_server
+    refused = raised(port, {"to": ["unready@example.org"], "subject": "Invoice", "body": "Hello.\n"})
+    assert refused.code == "unavailable"
+    assert "nothing was sent" in refused.message
+    assert "may have been sent" not in refused.message
+    assert mailbox.received == []
 
 
 def test_a_refused_login_or_a_closed_port_is_unavailable(tls_server: tuple[Mailbox, int]) -> None:

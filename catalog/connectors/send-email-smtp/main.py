@@ -196,7 +196,9 @@ def transact(smtp: smtplib.SMTP, sender: str, msg: EmailMessage, recipients: lis
     content = msg.as_bytes(policy=msg.policy.clone(linesep="\r\n"))
     try:
         code, reply = smtp.data(content)
-    except (smtplib.SMTPServerDisconnected, OSError) as exc:
+    except smtplib.SMTPResponseException as exc:  # the DATA command itself refused: none of the message was sent
+        raise refused("the message", exc.smtp_code, exc.smtp_error) from None
+    except OSError as exc:  # a lost connection (`SMTPServerDisconnected`) or a socket error, smtplib's or the host's
         # The message may have been taken before the connection was lost: sending it again could deliver it twice.
         log.warning("connection lost during DATA: %r", exc)
         raise InterfaceError("unavailable", "the connection to the mail server was lost while it took the message, "
