@@ -18,7 +18,6 @@ Run: .venv/bin/python benchmarks/leases.py [--ticks N] [--rate N] [--pg URL]
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.pgschema import pg_schema
 from reconciler.governance.leases import LeaseBook, LeaseTerms, Waiter, sync
 from reconciler.governance.ledger import current_month
 from reconciler.governance.rulebook import CapSet
@@ -100,24 +100,14 @@ def main() -> None:
 
 
 def pg_line(args: argparse.Namespace) -> None:
-    import psycopg
-
-    schema = "bench_" + os.urandom(4).hex()
-    try:
-        with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(f"CREATE SCHEMA {schema}")
-    except psycopg.Error as exc:
-        print(f"  (PostgreSQL left out: {exc})")
-        return
-    try:
-        store = open_store(args.pg + ("&" if "?" in args.pg else "?") + f"options=-csearch_path%3D{schema}")
+    with pg_schema(args.pg) as url:
+        if url is None:
+            return
+        store = open_store(url)
         try:
             report("PostgreSQL", store, args)
         finally:
             store.close()
-    finally:
-        with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ from mcp.client.stdio import StdioServerParameters
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks.pgschema import pg_schema  # noqa: E402
 from tests.fixtures.echo_tree import CONNECTOR, TOKEN_ENV, write_echo_tree  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -397,29 +398,6 @@ class Routers:
     def close(self) -> None:
         self._own.clear()
         self.stack.close()
-
-
-@contextlib.contextmanager
-def pg_schema(url: str | None) -> Iterator[str | None]:
-    """A fresh schema on the PostgreSQL server at `url` and the store URL using it; None when unreachable."""
-    if not url:
-        yield None
-        return
-    import psycopg
-
-    name = "bench_" + os.urandom(4).hex()
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"CREATE SCHEMA {name}")
-    except psycopg.Error as exc:
-        print(f"(PostgreSQL lines skipped: {exc})")
-        yield None
-        return
-    try:
-        yield url + ("&" if "?" in url else "?") + f"options=-csearch_path%3D{name}"
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {name} CASCADE")
 
 
 def measure_sdk_lines(run: Any, base: Path, governed: tuple[Path, int], connector: list[str],
