@@ -84,18 +84,12 @@ def _uncapped_note(settlement: Settlement) -> bytes:
     return note
 
 
-def _capped_note(charged: float, remaining: float) -> bytes:
-    """The note of a capped call whose price has no head yet, or whose budget left orjson writes otherwise (none
-    left, or with an exponent); `executed_result` writes the common case out."""
-    head = _CAPPED_HEADS.get(charged)
-    if head is None:
-        if len(_CAPPED_HEADS) >= _NOTES_KEPT:
-            _CAPPED_HEADS.clear()
-        head = _CAPPED_HEADS[charged] = orjson.dumps(f"handler: executed; charged {_usd(charged)}; budget left: $")[:-1]
-    if _PLAIN_BELOW <= remaining < _EXACT_BELOW:
-        digits = orjson.dumps(remaining)
-        return b"".join((head, digits[:-2] if digits[-1] == _ZERO else digits, b'"'))
-    return head + _usd(remaining)[1:].encode() + b'"'
+def _capped_head(charged: float) -> bytes:
+    """The note of a capped call at this price up to the budget left, JSON-encoded without its closing quote."""
+    if len(_CAPPED_HEADS) >= _NOTES_KEPT:
+        _CAPPED_HEADS.clear()
+    head = _CAPPED_HEADS[charged] = orjson.dumps(f"handler: executed; charged {_usd(charged)}; budget left: $")[:-1]
+    return head
 
 
 def _usd(amount: float) -> str:
@@ -115,14 +109,14 @@ def executed_result(structured: dict[str, Any], settlement: Settlement | None) -
             if last[0] is settlement:  # told to the call before too (governance hands the same one out)
                 note = last[1]
             else:
-                head = _CAPPED_HEADS.get(settlement.charged)
-                if head is not None and _PLAIN_BELOW <= remaining < _EXACT_BELOW:
+                head = _CAPPED_HEADS.get(settlement.charged) or _capped_head(settlement.charged)
+                if _PLAIN_BELOW <= remaining < _EXACT_BELOW:
                     # The shortest digits that read back as it, which are `_usd`'s for an amount in whole micros; only
                     # a whole amount ends in "0" ("12.0"), whose point and zero `_usd` leaves out.
                     digits = orjson.dumps(remaining)
                     note = b"".join((head, digits[:-2] if digits[-1] == _ZERO else digits, b'"'))
-                else:
-                    note = _capped_note(settlement.charged, remaining)
+                else:  # none left, or what orjson writes with an exponent
+                    note = head + _usd(remaining)[1:].encode() + b'"'
                 _last_capped = (settlement, note)
         elif settlement.charged > 0:  # priced, no cap: the note of a price, worked out once
             note = _UNCAPPED_NOTES.get(settlement.charged) or _uncapped_note(settlement)
