@@ -17,7 +17,6 @@ Run: .venv/bin/python benchmarks/commit.py [--flushes N] [--runs N] [--pg URL]
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -28,7 +27,7 @@ import psycopg
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from benchmarks.pgschema import for_store, pg_schema
 from reconciler.governance.ledger import current_month
 from reconciler.governance.store import open_store
 from reconciler.governance.store.audit import COPY_AUDIT, AuditRow
@@ -119,17 +118,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()
-    schema = "bench_" + os.urandom(4).hex()
-    with psycopg.connect(args.pg, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        url = args.pg.replace("postgresql://", "postgresql+psycopg://", 1)
-        url += ("&" if "?" in url else "?") + f"options=-csearch_path%3D{schema}"
-        uvloop.run(measure(url, args.runs, args.flushes, args.rounds))
-    finally:
-        with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
+    with pg_schema(args.pg) as url:
+        if url is not None:
+            uvloop.run(measure(for_store(url), args.runs, args.flushes, args.rounds))
 
 if __name__ == "__main__":
     main()

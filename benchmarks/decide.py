@@ -17,20 +17,19 @@ import asyncio
 import gc
 import os
 import random
-import secrets
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import cedarpy
 import orjson
-import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.pgschema import for_store, pg_schema
 from reconciler.config import FolderSource, Loader
 from reconciler.config.eventloop import run_on_uvloop
 from reconciler.config.models import BindingFile, InterfaceFile, OrgFile, ProfileFile, Tool
@@ -222,22 +221,11 @@ def bench_pipeline(snapshot: Snapshot, calls: int, pg: str | None) -> None:
         governor = GovernedGate(open_store(f"sqlite:///{Path(tmp) / 'handler.db'}"))
         rates["governance on, SQLite (WAL)"] = asyncio.run(_pipeline(governor, snapshot, calls, concurrency))
         governor.close()
-    if pg:
-        schema = "bench_" + secrets.token_hex(4)
-        try:
-            with psycopg.connect(pg, autocommit=True) as conn:
-                conn.execute(f"CREATE SCHEMA {schema}")
-        except psycopg.Error as exc:
-            print(f"(PostgreSQL skipped: {exc})")
-        else:
-            try:
-                url = pg.replace("postgresql://", "postgresql+psycopg://", 1) + f"?options=-csearch_path%3D{schema}"
-                governor = GovernedGate(open_store(url))
-                rates["governance on, PostgreSQL"] = asyncio.run(_pipeline(governor, snapshot, calls, concurrency))
-                governor.close()
-            finally:
-                with psycopg.connect(pg, autocommit=True) as conn:
-                    conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    with pg_schema(pg) as url:
+        if url is not None:
+            governor = GovernedGate(open_store(for_store(url)))
+            rates["governance on, PostgreSQL"] = asyncio.run(_pipeline(governor, snapshot, calls, concurrency))
+            governor.close()
     print(f"the gate alone, admit+settle, {calls:,} calls, {concurrency} concurrent, profile capped; most of them "
           "are held for a person (one store transaction each), the rest blocked by a rule:")
     for name, rate in rates.items():
@@ -274,41 +262,28 @@ async def _router_rate(root: Path, run_dir: Path, gate: Gate, calls: int, sessio
 
 def bench_router(calls: int, pg: str | None) -> None:
     """Calls/s through the real router (socket, validation, connector, settle) per gate."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.fixtures.echo_tree import TOKEN_ENV, write_echo_tree
 
     os.environ.setdefault(TOKEN_ENV, "bench")
     sessions = 8
     rows: list[tuple[str, float]] = []
     for capped in (False, True):
-        with tempfile.TemporaryDirectory(dir="/tmp", prefix="hb") as tmp:
+        with tempfile.TemporaryDirectory(dir="/tmp", prefix="hb") as tmp, pg_schema(pg) as url:
             root = write_echo_tree(Path(tmp) / "t")
             if capped:
                 profile = root / "config/profiles/tester.toml"
                 profile.write_text(profile.read_text() + "\n[caps]\nmonthly_usd = 1000.0\n")
-            gates: list[tuple[str, Callable[[], Gate]]] = [
-                ("off (OpenGate)", OpenGate),
-                ("on, SQLite", lambda: GovernedGate(open_store(f"sqlite:///{Path(tmp) / 'h.db'}"))),
-            ]
-            schema = None
-            if pg:
-                schema = "bench_" + secrets.token_hex(4)
-                with psycopg.connect(pg, autocommit=True) as conn:
-                    conn.execute(f"CREATE SCHEMA {schema}")
-                url = pg.replace("postgresql://", "postgresql+psycopg://", 1) + f"?options=-csearch_path%3D{schema}"
-                gates.append(("on, PostgreSQL", lambda u=url: GovernedGate(open_store(u))))  # type: ignore[misc]
-            try:
-                for name, make in gates:
-                    if capped and name.startswith("off"):
-                        continue
-                    label = f"governance {name}" + (", profile capped (budget leases)" if capped else "")
-                    # On the loop `handler serve` runs (uvloop), clients and router in this one process.
-                    rate = run_on_uvloop(_router_rate(root, Path(tmp) / "run", make(), calls, sessions))
-                    rows.append((label, rate))
-            finally:
-                if schema:
-                    with psycopg.connect(pg, autocommit=True) as conn:  # type: ignore[arg-type]
-                        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            stores = {"off (OpenGate)": None, "on, SQLite": f"sqlite:///{Path(tmp) / 'h.db'}"}
+            if url is not None:
+                stores["on, PostgreSQL"] = for_store(url)
+            for name, store_url in stores.items():
+                if capped and store_url is None:
+                    continue
+                label = f"governance {name}" + (", profile capped (budget leases)" if capped else "")
+                gate = OpenGate() if store_url is None else GovernedGate(open_store(store_url))
+                # On the loop `handler serve` runs (uvloop), clients and router in this one process.
+                rate = run_on_uvloop(_router_rate(root, Path(tmp) / "run", gate, calls, sessions))
+                rows.append((label, rate))
     print(f"full pipeline: the router on its socket -> echo connector, {sessions} sessions, {calls:,} calls:")
     for label, rate in rows:
         print(f"              {label:62} {rate:8,.0f} calls/s")

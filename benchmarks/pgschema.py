@@ -6,7 +6,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-__all__ = ["pg_schema"]
+__all__ = ["for_store", "pg_schema"]
 
 
 @contextlib.contextmanager
@@ -30,3 +30,8 @@ def pg_schema(url: str | None) -> Iterator[str | None]:
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+def for_store(url: str) -> str:
+    """`url` as `open_store` takes it: SQLAlchemy's psycopg driver named (`handler serve` does this itself)."""
+    return url.replace("postgresql://", "postgresql+psycopg://", 1)
