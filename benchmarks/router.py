@@ -31,7 +31,7 @@ the store's threads: commits, lease syncs), and, beside it, that of every Postgr
 this host (the store's share when both run on the same cores); `--round-calls` sets a round's length.
 Side by side (run first): each governed router beside an open-gate router of its own at the same
 moments, 8 sessions each, both routers on one CPU of their own (their connectors and the clients on
-the others), for a window of `--window` seconds, round after round. The kernel shares that CPU
+the others), for `--windows` windows of `--window` seconds each. The kernel shares that CPU
 evenly between the two, so the ratio of their calls is the ratio of what a call costs each, measured
 under the same conditions. Run back to back instead, two identical routers differ by up to a tenth
 on a shared host (the neighbours, the caches, where the scheduler puts the clients and connectors),
@@ -581,7 +581,7 @@ async def calls_in_window(paths: dict[str, Path], sessions: int, seconds: float)
 
 
 def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], pairs: dict[str, tuple[str, str]],
-                         seconds: float, rounds: int = 11,
+                         seconds: float, rounds: int,
                          against: str = "the open gate") -> dict[str, dict[str, float]]:
     """Each pair of `pairs` (line → the router it is measured against, `against`: its open gate unless said, and the
     router measured) side by side (`pin`), 8 sessions each, `rounds` windows of `seconds` (whose sessions start first
@@ -613,20 +613,23 @@ def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], pairs: 
     out = {}
     for line, found in ratios.items():
         spent, calls, other_spent, other_calls = cpu[line]
+        quarter, _, three_quarters = statistics.quantiles(found, n=4)
         figures = out[line] = {"ratio": statistics.median(found), "low": min(found), "high": max(found),
+                               "q1": quarter, "q3": three_quarters,
                                "rate": statistics.median(rates[line]), "cpu": spent / max(calls, 1) * 1e6,
                                "cpu against": other_spent / max(other_calls, 1) * 1e6,
                                "loop cpu": loop[line] / max(calls, 1) * 1e6}
         label = SIDE_BY_SIDE_LINES.get(line, THROUGHPUT_LINES.get(line, line))
         print(f"  {label:<52} {figures['ratio']:6.1%} of {against}'s calls (windows {figures['low']:.1%} to "
-              f"{figures['high']:.1%}; {figures['rate']:,.0f} calls/s on half a CPU; CPU a call "
+              f"{figures['high']:.1%}, the middle half {figures['q1']:.1%} to {figures['q3']:.1%}; "
+              f"{figures['rate']:,.0f} calls/s on half a CPU; CPU a call "
               f"{figures['cpu']:.1f} µs, its event loop's {figures['loop cpu']:.1f}, against "
               f"{figures['cpu against']:.1f})")
     return out
 
 
 def side_by_side_lines(run: Any, routers: Routers, started_routers: dict[str, tuple[Path, int]],
-                       open_gate: list[str], window: float) -> dict[str, dict[str, float]]:
+                       open_gate: list[str], window: float, windows: int) -> dict[str, dict[str, float]]:
     """Each governed router beside an open-gate router of its own, and the control: two open-gate routers. Every
     router is warmed alike and in one pair only, so the two of a pair have served the same calls; the open gate's own
     for each line are stopped after. Then, when both run, the governed router on PostgreSQL beside the one on SQLite:
@@ -640,13 +643,13 @@ def side_by_side_lines(run: Any, routers: Routers, started_routers: dict[str, tu
     for run_dir, _ in beside.values():
         run(concurrent_sessions(run_dir / SOCKET, 8, 2000))  # each one's connector started, its code warm
     try:
-        out = measure_side_by_side(run, beside, pairs, window)
+        out = measure_side_by_side(run, beside, pairs, window, windows)
     finally:
         for _, pid in twins.values():  # idle from here on: stopped, so the rounds after run without them
             routers.stop(pid)
     if "pg" in started_routers and "sqlite" in started_routers:
         out.update(measure_side_by_side(run, started_routers, {"pg beside sqlite": ("sqlite", "pg")}, window,
-                                        against="the governed router on SQLite"))
+                                        windows, against="the governed router on SQLite"))
     return out
 
 
@@ -753,8 +756,10 @@ def arguments() -> argparse.Namespace:
                         help="calls of one throughput round, 8 sessions together (default 20,000: rounds of a "
                              "second or so, whose medians move a point or two between runs; 8,000 moved ±3)")
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--window", type=float, default=1.0,
-                        help="seconds of one side-by-side window (default 1; 11 windows a line)")
+    parser.add_argument("--window", type=float, default=1.0, help="seconds of one side-by-side window (default 1)")
+    parser.add_argument("--windows", type=int, default=21,
+                        help="side-by-side windows a line (default 21: the median of 11 moved by two points between "
+                             "runs, as much as the capped line stands from its goal)")
     parser.add_argument("--part", choices=["all", "raw", "sdk"], default="all",
                         help="raw: without the MCP client lines and the two-router lines; sdk: the MCP client lines "
                              "alone, against one governed router on SQLite")
@@ -797,7 +802,7 @@ def main() -> None:
             # Side by side first, while every router has served only its warm-up: a router that had served the other
             # lines first ran up to a few points slower beside a fresh one.
             beside = side_by_side_lines(run, routers, started_routers, [sys.executable, str(base / "serve_open.py"),
-                                                                         str(root)], args.window)
+                                                                         str(root)], args.window, args.windows)
             results.update({f"side {name}": figures for name, figures in beside.items()})
             if mcp:
                 results.update(measure_sdk_lines(run, base, started_routers["sqlite"], connector, args))
