@@ -122,5 +122,6 @@ def main() -> None:
         if url is not None:
             uvloop.run(measure(for_store(url), args.runs, args.flushes, args.rounds))
 
+
 if __name__ == "__main__":
     main()

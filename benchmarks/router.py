@@ -765,7 +765,10 @@ def arguments() -> argparse.Namespace:
                              "alone, against one governed router on SQLite")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test",
                         help="the PostgreSQL server for the PostgreSQL lines ('' to leave them out)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.windows < 2:
+        parser.error("--windows needs at least 2: a line's figures are the median and the middle half of its windows")
+    return args
 
 
 def main() -> None:
