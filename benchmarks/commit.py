@@ -27,7 +27,7 @@ import psycopg
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.pgschema import for_store, pg_schema
+from benchmarks.pgschema import pg_schema
 from reconciler.governance.ledger import current_month
 from reconciler.governance.store import open_store
 from reconciler.governance.store.audit import COPY_AUDIT, AuditRow
@@ -120,7 +120,7 @@ def main() -> None:
     args = parser.parse_args()
     with pg_schema(args.pg) as url:
         if url is not None:
-            uvloop.run(measure(for_store(url), args.runs, args.flushes, args.rounds))
+            uvloop.run(measure(url, args.runs, args.flushes, args.rounds))
 
 
 if __name__ == "__main__":

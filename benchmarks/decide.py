@@ -29,7 +29,7 @@ import cedarpy
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.pgschema import for_store, pg_schema
+from benchmarks.pgschema import pg_schema
 from reconciler.config import FolderSource, Loader
 from reconciler.config.eventloop import run_on_uvloop
 from reconciler.config.models import BindingFile, InterfaceFile, OrgFile, ProfileFile, Tool
@@ -223,7 +223,7 @@ def bench_pipeline(snapshot: Snapshot, calls: int, pg: str | None) -> None:
         governor.close()
     with pg_schema(pg) as url:
         if url is not None:
-            governor = GovernedGate(open_store(for_store(url)))
+            governor = GovernedGate(open_store(url))
             rates["governance on, PostgreSQL"] = asyncio.run(_pipeline(governor, snapshot, calls, concurrency))
             governor.close()
     print(f"the gate alone, admit+settle, {calls:,} calls, {concurrency} concurrent, profile capped; most of them "
@@ -275,7 +275,7 @@ def bench_router(calls: int, pg: str | None) -> None:
                 profile.write_text(profile.read_text() + "\n[caps]\nmonthly_usd = 1000.0\n")
             stores = {"off (OpenGate)": None, "on, SQLite": f"sqlite:///{Path(tmp) / 'h.db'}"}
             if url is not None:
-                stores["on, PostgreSQL"] = for_store(url)
+                stores["on, PostgreSQL"] = url
             for name, store_url in stores.items():
                 if capped and store_url is None:
                     continue

@@ -6,12 +6,15 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-__all__ = ["for_store", "pg_schema"]
+from reconciler.governance.store import store_url
+
+__all__ = ["pg_schema"]
 
 
 @contextlib.contextmanager
 def pg_schema(url: str | None) -> Iterator[str | None]:
-    """A fresh schema on the PostgreSQL server at `url` and the store URL using it; None when unreachable."""
+    """A fresh schema on the PostgreSQL server at `url` and the store URL using it, as `store_url` reads it from
+    `HANDLER_STORE_URL` (for `open_store`, and for `handler serve` as its environment); None when unreachable."""
     if not url:
         yield None
         return
@@ -26,12 +29,9 @@ def pg_schema(url: str | None) -> Iterator[str | None]:
         yield None
         return
     try:
-        yield url + ("&" if "?" in url else "?") + f"options=-csearch_path%3D{name}"
+        scoped = url + ("&" if "?" in url else "?") + f"options=-csearch_path%3D{name}"
+        yield store_url(env={"HANDLER_STORE_URL": scoped})
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {name} CASCADE")
 
-
-def for_store(url: str) -> str:
-    """`url` as `open_store` takes it: SQLAlchemy's psycopg driver named (`handler serve` does this itself)."""
-    return url.replace("postgresql://", "postgresql+psycopg://", 1)

@@ -613,7 +613,7 @@ def measure_side_by_side(run: Any, routers: dict[str, tuple[Path, int]], pairs: 
     out = {}
     for line, found in ratios.items():
         spent, calls, other_spent, other_calls = cpu[line]
-        quarter, _, three_quarters = statistics.quantiles(found, n=4)
+        quarter, _, three_quarters = statistics.quantiles(found, n=4, method="inclusive")  # within the windows
         figures = out[line] = {"ratio": statistics.median(found), "low": min(found), "high": max(found),
                                "q1": quarter, "q3": three_quarters,
                                "rate": statistics.median(rates[line]), "cpu": spent / max(calls, 1) * 1e6,
