@@ -234,7 +234,7 @@ class Records:
         if lane.leased:  # its price taken from the credit on its leases, written out for the one-lease case (speed)
             book = self._leases
             lease = ticket.lease
-            if ticket.version != book.version or now >= ticket.ends:  # its leases found first, or found again
+            if ticket.version != book.version or now >= ticket.ends:  # not `_current` (written out): leases found anew
                 ticket = self._spend(lane, call, now)
                 if ticket is None:  # the leases lack room: the gate's leased path waits for the keeper
                     return None
