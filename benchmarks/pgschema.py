@@ -34,4 +34,3 @@ def pg_schema(url: str | None) -> Iterator[str | None]:
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {name} CASCADE")
-
