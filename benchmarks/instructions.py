@@ -6,8 +6,8 @@ caches, its neighbours). This reads what a host moves least: the instructions th
 and the first-level cache misses a simulated cache of one core takes for them (how the calls batch, which follows the
 host's load, moves them by about 1%), for three routers of the same tree one after another: the open gate (every call
 admitted at once), the governed router (SQLite) and the governed router with its profile capped (its calls admitted
-against budget leases). Each serves 8 sessions of the echo tool, warms up with instrumentation off, then runs about
-`--calls` calls with it on.
+against budget leases). Each serves 8 sessions of the echo tool, warms up with instrumentation off, then runs
+`--calls` calls and 50 more a session with it on (each line says how many it counted).
 
 Under valgrind a router runs some fifty times slower, so its clocks would come fifty times as often a call: the
 backlog's flush (every 50 ms) and the lease keeper's ticks (every 0.1 s) and what they time. The governed routers
@@ -71,31 +71,28 @@ def totals(path: Path) -> dict[str, int]:
     raise SystemExit(f"{path}: no totals line; is valgrind's callgrind what wrote it?")
 
 
-def calls_made(calls: int) -> int:
-    """How many calls `concurrent_sessions` makes when asked for `calls` at 8 sessions: each warms up with 50 more."""
-    return (calls // 8 + 50) * 8
-
-
 def measure(routers: Routers, name: str, command: list[str], out: Path, calls: int, warmup: int) -> dict[str, float]:
-    """One router under callgrind: its event loop's events a call, and its other threads' instructions a call."""
+    """One router under callgrind: its event loop's events a call (first-level data misses, read and write, as
+    `D1`), its other threads' instructions a call, and how many calls it counted (`calls`)."""
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes", "--cache-sim=yes",
                 f"--log-file={out}/valgrind-{name}.log", f"--callgrind-out-file={out}/{name}.out"]
     run_dir, pid = routers.start(name, valgrind + command)
     try:
         asyncio.run(concurrent_sessions(run_dir / SOCKET, 8, warmup))
         subprocess.run(["callgrind_control", "--instr=on", str(pid)], check=True, capture_output=True)
-        asyncio.run(concurrent_sessions(run_dir / SOCKET, 8, calls))
+        served = asyncio.run(concurrent_sessions(run_dir / SOCKET, 8, calls))["calls"]
         subprocess.run(["callgrind_control", "--instr=off", str(pid)], check=True, capture_output=True)
         subprocess.run(["callgrind_control", "--dump", str(pid)], check=True, capture_output=True)
     finally:
         routers.stop(pid)
-    served = calls_made(calls)
     threads = sorted(out.glob(f"{name}.out.1-*"))  # the dump: one file a thread, the event loop's first
     if not threads:
         raise SystemExit(f"callgrind wrote no dump for {name}: see {out}/valgrind-{name}.log")
     loop = totals(threads[0])
     figures = {event: loop[event] / served for event in EVENTS}
+    figures["D1"] = figures.pop("D1mr") + figures.pop("D1mw")
     figures["others"] = sum(totals(path)["Ir"] for path in threads[1:]) / served
+    figures["calls"] = served
     return figures
 
 
@@ -115,18 +112,16 @@ def main() -> None:
     lines = {"open": ("the open gate", [sys.executable, str(base / "serve_open.py"), str(root)]),
              "governed": ("governed, SQLite", [*scaled, str(root)]),
              "capped": ("governed, SQLite, profile capped", [*scaled, str(capped_tree(base))])}
-    print(f"router instructions: {calls_made(args.calls)} calls a router at 8 sessions, counted after "
-          f"{calls_made(args.warmup)} uncounted, under callgrind; "
-          f"the governed routers' periods {args.clock_scale:g}x longer")
+    print(f"router instructions at 8 sessions under callgrind, counted after a warm-up; the governed routers' "
+          f"periods {args.clock_scale:g}x longer")
     results = {}
     routers = Routers(base, env)
     try:
         for name, (label, command) in lines.items():
             results[name] = found = measure(routers, name, command, base, args.calls, args.warmup)
-            misses = found["D1mr"] + found["D1mw"]
             print(f"  {label:<34} {found['Ir']:9,.0f} instructions a call on the event loop, "
-                  f"{found['I1mr']:6,.0f} instruction and {misses:6,.0f} data cache misses (first level); "
-                  f"its other threads {found['others']:7,.0f} instructions")
+                  f"{found['I1mr']:6,.0f} instruction and {found['D1']:6,.0f} data cache misses (first level); "
+                  f"its other threads {found['others']:7,.0f} instructions ({found['calls']:,.0f} calls counted)")
     finally:
         routers.close()
         with contextlib.suppress(OSError):
@@ -136,10 +131,9 @@ def main() -> None:
     open_gate = results["open"]
     for name in ("governed", "capped"):
         found = results[name]
-        ratios = ", ".join(f"{event} {open_gate[event] / found[event]:.1%}" for event in ("Ir", "I1mr"))
-        data = (open_gate["D1mr"] + open_gate["D1mw"]) / (found["D1mr"] + found["D1mw"])
+        ratios = ", ".join(f"{event} {open_gate[event] / found[event]:.1%}" for event in ("Ir", "I1mr", "D1"))
         extra = found["Ir"] - open_gate["Ir"]
-        print(f"  {lines[name][0]:<34} {ratios}, data misses {data:.1%}; {extra:+,.0f} instructions a call")
+        print(f"  {lines[name][0]:<34} {ratios}; {extra:+,.0f} instructions a call")
 
 
 if __name__ == "__main__":

@@ -312,7 +312,8 @@ async def concurrent_sessions(path: Path, sessions: int, calls: int) -> dict[str
     # The warm-up calls run concurrently too; the rate counts every call over the whole run.
     wall = time.perf_counter() - start
     result = summarize(samples, wall)
-    result["rate"] = (per_session + 50) * sessions / wall
+    result["calls"] = (per_session + 50) * sessions
+    result["rate"] = result["calls"] / wall
     return result
 
 
