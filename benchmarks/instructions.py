@@ -113,7 +113,7 @@ def main() -> None:
              "governed": ("governed, SQLite", [*scaled, str(root)]),
              "capped": ("governed, SQLite, profile capped", [*scaled, str(capped_tree(base))])}
     print(f"router instructions at 8 sessions under callgrind, counted after a warm-up; the governed routers' "
-          f"periods {args.clock_scale:g}x longer")
+          f"periods {args.clock_scale:g}x longer; every router's PYTHONHASHSEED {env['PYTHONHASHSEED']}")
     results = {}
     routers = Routers(base, env)
     try:

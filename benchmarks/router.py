@@ -37,8 +37,10 @@ under the same conditions. Run back to back instead, two identical routers diffe
 on a shared host (the neighbours, the caches, where the scheduler puts the clients and connectors),
 more than the cost being measured. Every router is started together, warmed alike and in one pair
 only: an open gate paired with every line, or one that had served the other lines first, came out a
-few points slower than a fresh one. The control line, a second open-gate router beside the first,
-shows how even the pairs are (its ratio should be 100%). Then the governed router on PostgreSQL beside the
+few points slower than a fresh one. Every router hashes strings with the run's one seed (`--hash-seed`; drawn
+for the run unless given): with seeds of their own, two open-gate routers read 98.6-102.8% of each other, with one,
+98.6-101.1%. The control line, a second open-gate router beside the first, shows how even the pairs are (its ratio
+should be 100%). Then the governed router on PostgreSQL beside the
 one on SQLite, the same way: what the store costs the router itself; and each capped router beside the uncapped
 governed router on its store: what the budget leases cost a call over governance itself.
 Goals: (b)-(a) <= 150 µs p50 and >= 10x less than (c)-(a) (read against (o) while the relay costs more: docs/
@@ -54,6 +56,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import statistics
@@ -350,11 +353,16 @@ def row(name: str, figures: dict[str, float]) -> None:
           + cpu)
 
 
-def write_bench_files(base: Path) -> tuple[Path, dict[str, str], list[str]]:
-    """The echo tree, the helper scripts and the connector command under `base`: (root, env, connector)."""
+def write_bench_files(base: Path, hash_seed: int | None = None) -> tuple[Path, dict[str, str], list[str]]:
+    """The echo tree, the helper scripts and the connector command under `base`: (root, env, connector). Every
+    router started with `env` hashes strings with one seed, `hash_seed` (else one drawn for the run): a router's
+    speed moves by a point or two with the seed Python draws for it (its dictionaries' layout), so two routers
+    with seeds of their own differ by that much even when their code is the same."""
     root = write_echo_tree(base / "t")
     tools = root / "catalog/interfaces/echo/v1/tools.json"
-    env = {**os.environ, TOKEN_ENV: "bench-token", "HANDLER_LINK_SECRET": "bench-link-secret"}
+    seed = random.randrange(1, 1 << 32) if hash_seed is None else hash_seed
+    env = {**os.environ, TOKEN_ENV: "bench-token", "HANDLER_LINK_SECRET": "bench-link-secret",
+           "PYTHONHASHSEED": str(seed)}
     (base / "forward.py").write_text(FORWARDER)
     (base / "proxy.py").write_text(PROXY)
     (base / "stdio_hop.py").write_text(STDIO_HOP)
@@ -783,6 +791,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--part", choices=["all", "raw", "sdk"], default="all",
                         help="raw: without the MCP client lines and the two-router lines; sdk: the MCP client lines "
                              "alone, against one governed router on SQLite")
+    parser.add_argument("--hash-seed", type=int, default=None,
+                        help="the PYTHONHASHSEED of every router (default: one drawn for the run and printed)")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test",
                         help="the PostgreSQL server for the PostgreSQL lines ('' to leave them out)")
     args = parser.parse_args()
@@ -800,11 +810,12 @@ def main() -> None:
         run = asyncio.run
 
     base = Path(tempfile.mkdtemp(dir="/tmp", prefix="hb"))
-    root, env, connector = write_bench_files(base)
+    root, env, connector = write_bench_files(base, args.hash_seed)
     results: dict[str, dict[str, float]] = {}
 
     print(f"router benchmark: {args.calls} timed calls per line after {args.warmup} warm-up calls; "
-          f"{os.cpu_count()} CPUs; Python {sys.version.split()[0]}")
+          f"{os.cpu_count()} CPUs; Python {sys.version.split()[0]}; every router's PYTHONHASHSEED "
+          f"{env['PYTHONHASHSEED']}")
     print_host(args.calls * 5)
     mcp = args.part == "all"
     serve = [str(BIN / "handler"), "serve", str(root)]
