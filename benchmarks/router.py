@@ -40,9 +40,9 @@ only: an open gate paired with every line, or one that had served the other line
 few points slower than a fresh one. Every router hashes strings with the run's one seed (`--hash-seed`; drawn
 for the run unless given): with seeds of their own, two open-gate routers read 98.6-102.8% of each other, with one,
 98.6-101.1%. The control line, a second open-gate router beside the first, shows how even the pairs are (its ratio
-should be 100%). Then the governed router on PostgreSQL beside the
-one on SQLite, the same way: what the store costs the router itself; and each capped router beside the uncapped
-governed router on its store: what the budget leases cost a call over governance itself.
+should be 100%). Then the governed router on PostgreSQL beside the one on SQLite, the same way: what the store costs
+the router itself; and each capped router beside the uncapped governed router on its store: what the budget leases
+cost a call over governance itself.
 Goals: (b)-(a) <= 150 µs p50 and >= 10x less than (c)-(a) (read against (o) while the relay costs more: docs/
 architecture.md §10); router-direct <= 2x hop-direct; governed >= 90% of the open gate's calls/s on SQLite and on
 PostgreSQL (side by side), uncapped and with the profile capped; capped >= 5,000 calls/s on each.
