@@ -798,6 +798,8 @@ def arguments() -> argparse.Namespace:
     args = parser.parse_args()
     if args.windows < 2:
         parser.error("--windows needs at least 2: a line's figures are the median and the middle half of its windows")
+    if args.hash_seed is not None and not 0 <= args.hash_seed < 1 << 32:
+        parser.error("--hash-seed is a PYTHONHASHSEED: an integer from 0 to 4294967295")
     return args
 
 
