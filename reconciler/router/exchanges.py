@@ -29,6 +29,9 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 _REPLY: Final = b'{"jsonrpc":"2.0","id":'  # how every reply a session writes begins (wire.messages)
 _RETRY: Final = b"retry: 100\n\n"  # a stream ended for polling: resume at once (the SDK waits 1 s without it)
+# A stream cut off otherwise (its router stopped): resume after 2 s, time for a router restarted to be back, which
+# then answers a call the restart cut off (`streamable`); the SDKs try twice, 1 s apart without it.
+_RESUME_AFTER: Final = b"retry: 2000\n"
 _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
                        (b"x-accel-buffering", b"no")]
 
@@ -96,8 +99,9 @@ class Exchange:
             self.replied = True
 
     def prime(self) -> None:
-        """An event with an id and no data (2025-11-25): a client resumes from it before any message came."""
-        self._append(self._event(b""))
+        """An event with an id and no data (2025-11-25): a client resumes from it before any message came, after the
+        pause it names (`retry`)."""
+        self._append(self._event(b"", _RESUME_AFTER))
 
     @property
     def count(self) -> int:
@@ -114,10 +118,10 @@ class Exchange:
             self.dropped += len(self.log) - self.keep
             del self.log[:len(self.log) - self.keep]
 
-    def _event(self, message: bytes) -> bytes:
+    def _event(self, message: bytes, fields: bytes = b"") -> bytes:
         if self.stream_id is None:
-            return b"event: message\n" + _data(message)
-        return b"id: %s/%d\nevent: message\n%s" % (self.stream_id.encode(), self.count + 1, _data(message))
+            return fields + b"event: message\n" + _data(message)
+        return b"id: %s/%d\n%sevent: message\n%s" % (self.stream_id.encode(), self.count + 1, fields, _data(message))
 
     def resumes_after(self, last_event_id: str) -> int | None:
         """The number of the event a client that saw `last_event_id` saw last; None when it is not this stream's,

@@ -7,15 +7,22 @@ from its record when the id comes to a router that does not hold it, lets the le
 past a credential's bound (it resumes from its id) and remembers the ids ended here. `Budget` counts the requests
 open per profile and per credential. `HttpBounds` is every number of both. A session also keeps the streams of its
 calls that are not yet delivered whole (`Held.streams`), and the last events of its own GET stream (`Outlet.stream`),
-for a client that lost one to resume it.
+for a client that lost one to resume it. A call's stream id names the router process that opened it and the request
+it answers (`call_stream_id`), so a router that never held it, the same one restarted or another sharing the state,
+answers that request, saying its result is lost (`lost_call`), as the bridge does over stdio.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Final
+
+import orjson
 
 from reconciler.governance.credentials import Principal
 from reconciler.router.exchanges import CURRENT, Exchange
@@ -25,9 +32,15 @@ from reconciler.router.sessions import Session
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 from reconciler.wire.meta import INSTANCE
 
-__all__ = ["Budget", "Held", "HeldSessions", "HttpBounds", "Outlet"]
+__all__ = ["LOST_CALL", "Budget", "Held", "HeldSessions", "HttpBounds", "Outlet", "call_stream_id", "lost_call"]
 
 _MOST_ENDED = 100_000  # ids ended here, refused rather than resumed; the oldest are forgotten past it
+_ROUTER: Final = secrets.token_urlsafe(6)  # this router process, in its calls' stream ids
+_MOST_NAMED_ID: Final = 256  # characters of a request id's encoding a stream id carries; a longer id is not named
+LOST_CALL: Final = ("the router that was running this call restarted (or this request reached another router), so its "
+                    "result is lost: it may or may not have run (and been charged). If it was held for approval, its "
+                    "pending result named a request_id: ask handler_status. Otherwise call it again if running it "
+                    "twice does no harm; if it would, check its effect first. This session goes on.")
 
 
 @dataclass(frozen=True)
@@ -84,9 +97,10 @@ class Held:
     # the calls' streams not yet delivered whole, by stream id: a client that lost one resumes it from here
     streams: OrderedDict[str, Exchange] = field(default_factory=OrderedDict)
 
-    def open_stream(self, most: int) -> Exchange:
-        """A resumable exchange for a request of this session, kept until its reply is delivered (`settle`)."""
-        exchange = Exchange(stream_id=new_stream_id())
+    def open_stream(self, most: int, request_id: int | str | None) -> Exchange:
+        """A resumable exchange for request `request_id` of this session, kept until its reply is delivered
+        (`settle`)."""
+        exchange = Exchange(stream_id=call_stream_id(request_id))
         self.streams[exchange.stream_id or ""] = exchange
         while len(self.streams) > most:
             self.streams.popitem(last=False)[1].close()
@@ -135,6 +149,37 @@ class Budget:
 def new_stream_id() -> str:
     """A stream's id: 72 random bits, so none repeats in a session, whichever of its streams it names."""
     return secrets.token_urlsafe(9)
+
+
+def call_stream_id(request_id: int | str | None) -> str:
+    """The id of the stream answering `request_id`: this router process's mark, 72 random bits and the request's id
+    (base64url of its JSON; none of them holds the "." or the "/" of an event id). A request id too long to carry
+    leaves its stream unnamed: a resume of it that comes to another router is refused like any unknown stream."""
+    try:
+        named = base64.urlsafe_b64encode(orjson.dumps(request_id)).rstrip(b"=").decode()
+    except orjson.JSONEncodeError:  # an integer past 64 bits, which no JSON-RPC line this router reads carries
+        return new_stream_id()
+    if request_id is None or len(named) > _MOST_NAMED_ID:
+        return new_stream_id()
+    return f"{_ROUTER}.{new_stream_id()}.{named}"
+
+
+def lost_call(stream_id: str) -> int | str | None:
+    """The request a call's stream answered, when another router process opened it (this one never
+    held it, so the call ran there and its result is not here); None when this one did (its reply was delivered or
+    it was dropped here, and the client is told so), or when the id names no request. A client can name any request
+    of its own session so, and learns only that a result is lost."""
+    router, _, rest = stream_id.partition(".")
+    named = rest.partition(".")[2]
+    if not named or router == _ROUTER or len(named) > _MOST_NAMED_ID:
+        return None
+    try:
+        request_id = orjson.loads(base64.urlsafe_b64decode(named + "=" * (-len(named) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        return None
+    return request_id
 
 
 def new_session(router: Hub, profile: str, principal: Principal, outlet: Outlet) -> Session:

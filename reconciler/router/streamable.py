@@ -10,8 +10,8 @@ the framing differs (docs/router.md "MCP over HTTP"):
 - 2024-11-05 to 2025-11-25: `initialize` opens a session whose id (`Mcp-Session-Id`) is its signed record
   (`resumption`), so any router sharing the state folder serves its next request, pinned to the revision it
   began on; POST carries one message, answered as JSON or an SSE stream (`exchanges`); GET opens the session's
-  own stream, and GET with `Last-Event-ID` resumes a stream its client lost (a call's, or the session's own);
-  DELETE ends it.
+  own stream, and GET with `Last-Event-ID` resumes a stream its client lost (a call's, or the session's own; a
+  call's that another router process ran is answered saying its result is lost, `held.lost_call`); DELETE ends it.
 - 2026-07-28 (`MCP-Protocol-Version: 2026-07-28`): no session and no GET stream; each POST is one request with
   its envelope, checked against the `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers (-32020 when
   one is missing or disagrees), served by a session of its own; a client that disconnects cancels its call.
@@ -40,13 +40,14 @@ from reconciler.router.exchanges import (
     send_json_error,
     stream_session,
 )
-from reconciler.router.held import Budget, Held, HeldSessions, HttpBounds, Outlet, new_session
+from reconciler.router.held import LOST_CALL, Budget, Held, HeldSessions, HttpBounds, Outlet, lost_call, new_session
 from reconciler.router.hub import Hub
 from reconciler.router.protocol import Era, read_envelope
 from reconciler.router.resumption import SessionRecord, SessionSigner
 from reconciler.router.sessions import Session
 from reconciler.wire.errors import (
     HEADER_MISMATCH,
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -55,6 +56,8 @@ from reconciler.wire.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     JsonRpcError,
 )
+from reconciler.wire.messages import encode_error
+from reconciler.wire.meta import RETRY, RETRY_LATER
 from reconciler.wire.versions import HANDSHAKE_VERSIONS
 
 __all__ = ["Authenticate", "HttpBounds", "McpEndpoint"]
@@ -203,7 +206,7 @@ class McpEndpoint:
             else:  # one the session cannot accept: the specification's 4xx, its JSON-RPC error as the body
                 await send_body(call.send, 400, refused.reply, {"content-type": "application/json"})
             return
-        exchange = held.open_stream(self.bounds.streams_per_session)
+        exchange = held.open_stream(self.bounds.streams_per_session, _id_of(decoded))
         self._handle(held.session, exchange, body)
         # A client that goes away leaves its call running (these revisions do not read a disconnect as a cancel),
         # and may resume its stream: GET with Last-Event-ID (`_resume_stream`).
@@ -295,6 +298,9 @@ class McpEndpoint:
             await self._resume_session_stream(call, held, held.outlet.stream, last_event_id)
             return
         exchange = held.streams.get(stream_id)
+        if exchange is None and (lost := lost_call(stream_id)) is not None:
+            await self._answer_lost(call, lost)
+            return
         after = exchange.resumes_after(last_event_id) if exchange is not None else None
         if exchange is None or after is None:
             await send_body(call.send, 400, f"No stream of this session to resume after event {last_event_id[:80]!r}: "
@@ -308,6 +314,14 @@ class McpEndpoint:
                          self._poll_after(held))
         finally:
             held.settle(exchange)
+
+    async def _answer_lost(self, call: _Call, request_id: int | str) -> None:
+        """A call's stream that another router process opened, resumed here: the call ran there (a router restarted,
+        or the request came to another one), so its result is not here. Its request is answered on this stream with
+        the error the bridge gives a call a restart cut off over stdio, so the client stops waiting for it."""
+        lost = Exchange()
+        lost.put(encode_error(request_id, JsonRpcError(INTERNAL_ERROR, LOST_CALL, {RETRY: RETRY_LATER})))
+        await resume(lost, 0, call.receive, call.send, self.bounds.keepalive_seconds, {})
 
     async def _resume_session_stream(self, call: _Call, held: Held, exchange: Exchange, last_event_id: str) -> None:
         after = exchange.resumes_after(last_event_id)

@@ -23,20 +23,25 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
 
 from reconciler.governance.credentials import Credentials, Principal
 from reconciler.governance.store import open_store
 from reconciler.governance.store.engine import store_url
 from reconciler.governance.tokens import create_token
-from reconciler.router.held import Held
+from reconciler.router import held as held_module
+from reconciler.router.held import LOST_CALL, Held, call_stream_id, lost_call
 from reconciler.router.resumption import SessionSigner, load_key
 from reconciler.router.streamable import HttpBounds, McpEndpoint
 from reconciler.web.http import HttpListener, build_mcp_app
 from reconciler.wire.messages import encode_notification
+from tests.fixtures.echo_tree import write_echo_tree
 from tests.fixtures.harness import run, serving
 from tests.fixtures.http_service import HttpServed
 from tests.fixtures.suite_connector import SIMPLE_TEXT
@@ -357,6 +362,29 @@ def test_a_last_event_id_of_no_stream_held_is_refused_saying_to_send_the_request
     run(scenario())
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1) | st.text(max_size=150))
+def test_a_call_stream_id_names_its_request_to_another_router_and_to_no_one_else(request_id: int | str) -> None:
+    named = call_stream_id(request_id)
+    assert "/" not in named
+    assert lost_call(named) is None  # this router opened it: its reply was delivered, or it was dropped here
+    router, _, rest = named.partition(".")
+    assert lost_call(f"another-{router}.{rest}") == request_id
+
+
+@pytest.mark.parametrize("made_up", [
+    "gone", "a.b", "a.b.", "a.b.!!!", "a.b.dHJ1ZQ", "a.b.bnVsbA", "a.b.W10", "a.b.eyJhIjoxfQ", "a.b.MS41",
+    "a.b." + "A" * 300, "a.b.ÿÿ", "a.b.Ig",
+])
+def test_a_last_event_id_that_names_no_request_is_refused_as_a_stream_of_no_router(made_up: str) -> None:
+    """Made up by a client: an id that is not base64 of JSON, or names true, null, a list, an object, a float, too
+    long a request id or a non-ASCII one, names no request."""
+    assert lost_call(made_up) is None
+    assert lost_call(call_stream_id(None)) is None
+    assert lost_call(call_stream_id("x" * 300)) is None  # too long to carry: the stream names no request
+    assert lost_call(call_stream_id(1 << 70)) is None  # past 64 bits: none
+
+
 def test_a_stream_whose_connection_drops_is_resumed_from_its_first_event_and_ends_with_the_reply(
         echo_root: Path, run_dir: Path) -> None:
     async def scenario() -> None:
@@ -382,6 +410,81 @@ def test_a_stream_whose_connection_drops_is_resumed_from_its_first_event_and_end
             assert len(data) == 1, resumed.text
             assert json.loads(data[0][len("data: "):])["id"] == 7
             assert again.status_code == 400  # delivered whole: nothing is left to resume
+
+    run(scenario())
+
+
+def test_a_call_a_restart_cut_off_is_answered_by_the_next_router_saying_its_result_is_lost(tmp_path: Path) -> None:
+    """`handler serve --http` is stopped while a call's stream is open and started again on the same state: the
+    client's resume of that stream (GET with Last-Event-ID) gets the call's one answer, the error saying what happened
+    and what to do, instead of a refusal it would retry until it gave up; the session goes on."""
+    root = write_echo_tree(tmp_path / "t", limits={"maxFileBytes": 1000, "timeoutSeconds": 120, "maxConcurrent": 8,
+                                                   "maxCallsPerRun": 10000})
+    served = HttpServed(root, tmp_path / "run")
+    try:
+        token = served.token("tester")
+        opened_now = httpx.post(served.url("tester"), headers=bearer(token), json=HELLO)
+        headers = bearer(token, **{"Mcp-Session-Id": opened_now.headers["mcp-session-id"]})
+        with httpx.Client(timeout=60) as client, \
+                client.stream("POST", served.url("tester"), headers=headers, json=sleep_call(7, 100)) as cut:
+            first = next(cut.iter_raw()).decode()  # the stream opens once the call runs past 5 s: an id to resume
+        assert first.startswith("id: "), first
+        assert "\nretry: 2000\n" in first, first  # resume after 2 s: time for the router to be back
+        last_id = first.split("\n", 1)[0].removeprefix("id: ")
+        served.restart()
+        resumed = httpx.get(served.url("tester"), headers={**headers, "Last-Event-ID": last_id}, timeout=30)
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.headers["content-type"] == "text/event-stream"
+        data = [line for line in resumed.text.splitlines() if line.startswith("data: {")]
+        assert len(data) == 1, resumed.text
+        reply = json.loads(data[0][len("data: "):])
+        assert reply["id"] == 7
+        assert reply["error"]["message"] == LOST_CALL
+        assert "it may or may not have run" in reply["error"]["message"]
+        assert reply["error"]["data"] == {"handler/retry": "later"}
+        said = {"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "echo_say",
+                                                                             "arguments": {"text": "on"}}}
+        after = httpx.post(served.url("tester"), headers=headers, json=said)
+        assert after.status_code == 200, after.text
+        assert after.json()["result"]["structuredContent"]["text"] == "on"
+    finally:
+        served.stop()
+
+
+def test_the_sdk_client_resuming_a_call_onto_a_router_that_never_held_it_gets_its_one_answer(
+        echo_root: Path, run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The official client loses a call's stream when its router goes (its listener closed); the next endpoint on the
+    same address is another router process (`held`'s mark of it changed), which never held the stream: the client's
+    resume gets the error that names the lost call, and its call ends with it, not with "reconnection attempts were
+    exhausted"."""
+    async def scenario() -> None:
+        bounds = HttpBounds(stream_after_seconds=0.05, keepalive_seconds=0.1)
+        async with mounted_endpoint(echo_root, run_dir, bounds) as (mcp, app, token):
+            first = HttpListener(app, "127.0.0.1", 0, dashboard=False)
+            await first.start()
+            port = first.port
+            url = f"http://127.0.0.1:{port}/mcp/tester"
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+            async with http, Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+                calling = asyncio.create_task(client.call_tool("echo_misbehave", {"mode": "sleep", "seconds": 30}))
+                await asyncio.sleep(0.5)  # the call's stream is open, primed with an id
+                for connection in list(first._server.server_state.connections):  # the router dies: its connections
+                    connection.transport.abort()                               # cut, the call's stream with them
+                await first.aclose()
+                monkeypatch.setattr(held_module, "_ROUTER", "another")
+                # Another router process on the same address and state: an endpoint that holds no session yet.
+                again = McpEndpoint(mcp._router, mcp._authenticate, SessionSigner(load_key(echo_root)), bounds)
+                second = HttpListener(build_mcp_app(again), "127.0.0.1", port, dashboard=False)
+                await second.start()
+                try:
+                    with pytest.raises(MCPError) as told:
+                        await asyncio.wait_for(calling, 20)
+                    assert told.value.error.message == LOST_CALL
+                    said = await client.call_tool("echo_say", {"text": "on"})  # the session goes on there
+                    assert not said.is_error, said
+                finally:
+                    await second.aclose()
+                    await again.aclose()
 
     run(scenario())
 
