@@ -6,7 +6,9 @@ on the governed tree: the router, the reconciler following the tree, the dashboa
 service manager stops it for an upgrade, while the client waits on a call the connector holds; then started
 again. The call in
 flight gets one error, which names the restart, and the client's next call succeeds in the same session: no
-client reconnects or initializes again (docs/router.md "Restarts").
+client reconnects or initializes again (docs/router.md "Restarts"). Over Streamable HTTP (the TypeScript SDK and the
+Python SDK 2.x in 2025-11-25 sessions) the service comes back on the same address, and the client's resume of the
+call's stream gets that call's error from the new router (docs/router.md "A stream the client lost").
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from tests.fixtures.matrix import (
 RESTARTED = "the router restarted while this call was running, so it may or may not have run"
 HELD = {"mode": "sleep", "seconds": 60}
 REACHED_SECONDS = 2.0  # ample for the call to reach the connector: the router is stopped while it runs there
+LOST = "the router that was running this call restarted (or this request reached another router)"
+STREAMED_SECONDS = 6.5  # past the 5 s after which a call over HTTP answers as a stream, with an event to resume from
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +87,31 @@ def test_openai_agents_with_every_server_of_the_profile_goes_on_after_a_restart(
         said = host.close()
     assert "Traceback" not in said, said
     assert said.count("handler-service: the router is back; the session goes on") == 3, said
+
+
+@pytest.mark.parametrize("kind", ["typescript-http", "python-sdk-2-legacy-http"])
+def test_a_restart_under_a_call_over_http_answers_it_when_the_client_resumes_and_the_session_goes_on(
+        service: GovernedService, kind: str) -> None:
+    """Over Streamable HTTP (2025-11-25 sessions: a call's stream opens with an event the client resumes from), the
+    service stopped and started again on the same address while the client waits on a call: the client resumes the
+    call's stream from the new router, which never held it, and the call ends with the error naming the lost call
+    and what to do; the next call of the same session runs there."""
+    client = ClientProcess(client_command(kind), service, target=service.url,
+                           env={"HANDLER_TEST_BEARER": service.token(instance=f"restart-{kind}")})
+    try:
+        assert client.call("echo_say", {"text": "before"})["structuredContent"] == {"text": "before"}
+        client.send(op="call", name="echo_misbehave", arguments=HELD)
+        time.sleep(STREAMED_SECONDS)
+        service.restart()
+        answer = client.answer()
+        assert LOST in answer.get("raised", ""), answer
+        assert "handler_status" in answer["raised"], answer
+        after = client.call("echo_say", {"text": "after the restart"})
+        assert after["structuredContent"] == {"text": "after the restart"}
+        assert logged(service, f"restart-{kind}", "echo_say")["outcome"] == "executed"
+    finally:
+        err = client.close()
+    assert "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("kind", ["typescript", "python-sdk-2-auto"])
