@@ -43,10 +43,25 @@ def service() -> Iterator[GovernedService]:
         yield running
 
 
-def the_restart_error(answer: dict[str, Any]) -> None:
-    """The client raised on the call in flight, with the bridge's error: what happened and what to do."""
-    assert RESTARTED in answer.get("raised", ""), answer
+def the_restart_error(answer: dict[str, Any], told: str = RESTARTED) -> None:
+    """The client raised on the call in flight, with the error `told` begins (the bridge's, by default): what
+    happened and what to do."""
+    assert told in answer.get("raised", ""), answer
     assert "handler_status" in answer["raised"], answer
+
+
+def cut_off_and_on(client: ClientProcess, service: GovernedService, instance: str, *, wait: float = REACHED_SECONDS,
+                   kill: bool = False, told: str = RESTARTED) -> None:
+    """A call, then one the service's restart cuts off `wait` seconds in (SIGKILL with `kill`), answered with `told`;
+    then the next call of the same session runs, and is logged, on the service started again."""
+    assert client.call("echo_say", {"text": "before"})["structuredContent"] == {"text": "before"}
+    client.send(op="call", name="echo_misbehave", arguments=HELD)
+    time.sleep(wait)
+    service.restart(kill=kill)
+    the_restart_error(client.answer(), told)
+    after = client.call("echo_say", {"text": "after the restart"})
+    assert after["structuredContent"] == {"text": "after the restart"}
+    assert logged(service, instance, "echo_say")["outcome"] == "executed"
 
 
 @pytest.mark.parametrize("kind", STDIO_KINDS)
@@ -54,14 +69,7 @@ def test_a_restart_under_an_open_session_answers_the_call_in_flight_once_and_the
         service: GovernedService, kind: str) -> None:
     client = ClientProcess(client_command(kind), service, env={"HANDLER_INSTANCE": f"restart-{kind}"})
     try:
-        assert client.call("echo_say", {"text": "before"})["structuredContent"] == {"text": "before"}
-        client.send(op="call", name="echo_misbehave", arguments=HELD)
-        time.sleep(REACHED_SECONDS)
-        service.restart()
-        the_restart_error(client.answer())
-        after = client.call("echo_say", {"text": "after the restart"})
-        assert after["structuredContent"] == {"text": "after the restart"}
-        assert logged(service, f"restart-{kind}", "echo_say")["outcome"] == "executed"
+        cut_off_and_on(client, service, f"restart-{kind}")
         assert client.listed()["tools"]  # what it listed at the start is still what it uses: no new session
     finally:
         err = client.close()
@@ -99,16 +107,7 @@ def test_a_restart_under_a_call_over_http_answers_it_when_the_client_resumes_and
     client = ClientProcess(client_command(kind), service, target=service.url,
                            env={"HANDLER_TEST_BEARER": service.token(instance=f"restart-{kind}")})
     try:
-        assert client.call("echo_say", {"text": "before"})["structuredContent"] == {"text": "before"}
-        client.send(op="call", name="echo_misbehave", arguments=HELD)
-        time.sleep(STREAMED_SECONDS)
-        service.restart()
-        answer = client.answer()
-        assert LOST in answer.get("raised", ""), answer
-        assert "handler_status" in answer["raised"], answer
-        after = client.call("echo_say", {"text": "after the restart"})
-        assert after["structuredContent"] == {"text": "after the restart"}
-        assert logged(service, f"restart-{kind}", "echo_say")["outcome"] == "executed"
+        cut_off_and_on(client, service, f"restart-{kind}", wait=STREAMED_SECONDS, told=LOST)
     finally:
         err = client.close()
     assert "Traceback" not in err, err
@@ -121,14 +120,7 @@ def test_a_crash_under_an_open_session_answers_the_call_in_flight_once_and_the_s
     answers that call once, and the next call of the same session runs on the service started again."""
     client = ClientProcess(client_command(kind), service, env={"HANDLER_INSTANCE": f"crash-{kind}"})
     try:
-        assert client.call("echo_say", {"text": "before"})["structuredContent"] == {"text": "before"}
-        client.send(op="call", name="echo_misbehave", arguments=HELD)
-        time.sleep(REACHED_SECONDS)
-        service.restart(kill=True)
-        the_restart_error(client.answer())
-        after = client.call("echo_say", {"text": "after the crash"})
-        assert after["structuredContent"] == {"text": "after the crash"}
-        assert logged(service, f"crash-{kind}", "echo_say")["outcome"] == "executed"
+        cut_off_and_on(client, service, f"crash-{kind}", kill=True)
     finally:
         err = client.close()
     assert "Traceback" not in err, err
