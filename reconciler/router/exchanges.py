@@ -30,7 +30,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _REPLY: Final = b'{"jsonrpc":"2.0","id":'  # how every reply a session writes begins (wire.messages)
 _RETRY: Final = b"retry: 100\n\n"  # a stream ended for polling: resume at once (the SDK waits 1 s without it)
 # A stream cut off otherwise (its router stopped): resume after 2 s, time for a router restarted to be back, which
-# then answers a call the restart cut off (`streamable`); the SDKs try twice, 1 s apart without it.
+# then answers a call the restart cut off (`streamable`); the SDKs try twice, a second or so apart, without it.
 _RESUME_AFTER: Final = b"retry: 2000\n"
 _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
                        (b"x-accel-buffering", b"no")]

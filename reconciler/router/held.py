@@ -165,10 +165,10 @@ def call_stream_id(request_id: int | str | None) -> str:
 
 
 def lost_call(stream_id: str) -> int | str | None:
-    """The request a call's stream answered, when another router process opened it (this one never
-    held it, so the call ran there and its result is not here); None when this one did (its reply was delivered or
-    it was dropped here, and the client is told so), or when the id names no request. A client can name any request
-    of its own session so, and learns only that a result is lost."""
+    """The request a call's stream answered, when another router process opened it (this one never held it, so the
+    call ran there and its result is not here); None when this one did (its reply was delivered or it was dropped
+    here, and the client is told so), or when the id names no request. A client can name any request of its own
+    session so, and learns only that a result is lost."""
     router, _, rest = stream_id.partition(".")
     named = rest.partition(".")[2]
     if not named or router == _ROUTER or len(named) > _MOST_NAMED_ID:
