@@ -380,9 +380,16 @@ def test_a_last_event_id_that_names_no_request_is_refused_as_a_stream_of_no_rout
     """Made up by a client: an id that is not base64 of JSON, or names true, null, a list, an object, a float, too
     long a request id or a non-ASCII one, names no request."""
     assert lost_call(made_up) is None
-    assert lost_call(call_stream_id(None)) is None
-    assert lost_call(call_stream_id("x" * 300)) is None  # too long to carry: the stream names no request
-    assert lost_call(call_stream_id(1 << 70)) is None  # past 64 bits: none
+
+
+@pytest.mark.parametrize("request_id", [None, "x" * 300, 1 << 70])
+def test_a_stream_of_no_request_or_of_one_too_long_to_carry_names_none(request_id: int | str | None) -> None:
+    """A notification's, or one whose request id is too long to carry (or past 64 bits, which no line carries):
+    its stream names no request, so another router refuses its resume as it refuses any stream it does not know."""
+    named = call_stream_id(request_id)
+    router, _, rest = named.partition(".")
+    assert lost_call(named) is None
+    assert lost_call(f"another-{router}.{rest}") is None
 
 
 def test_a_stream_whose_connection_drops_is_resumed_from_its_first_event_and_ends_with_the_reply(
