@@ -362,8 +362,10 @@ def test_a_last_event_id_of_no_stream_held_is_refused_saying_to_send_the_request
     run(scenario())
 
 
+# Up to 30 characters: JSON writes a character in 6 bytes at most ("\u001f"), so every such id fits the 256 characters
+# of base64 a stream id carries (the longer ones: the test below).
 @settings(max_examples=200, deadline=None)
-@given(st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1) | st.text(max_size=150))
+@given(st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1) | st.text(max_size=30))
 def test_a_call_stream_id_names_its_request_to_another_router_and_to_no_one_else(request_id: int | str) -> None:
     named = call_stream_id(request_id)
     assert "/" not in named
