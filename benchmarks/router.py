@@ -482,7 +482,7 @@ def measure_throughput(run: Any, routers: dict[str, tuple[Path, int]], calls: in
     cpu = dict.fromkeys(routers, 0.0)
     loop_cpu = dict.fromkeys(routers, 0.0)  # the router's main thread, which runs its event loop
     server = dict.fromkeys(routers, 0.0)
-    runs = dict.fromkeys(routers, 0)
+    done = dict.fromkeys(routers, 0)  # every call of its rounds, the warm-up ones too
     ratios: dict[str, list[float]] = {name: [] for name in routers}
 
     def one(name: str) -> float:
@@ -492,7 +492,7 @@ def measure_throughput(run: Any, routers: dict[str, tuple[Path, int]], calls: in
         cpu[name] += cpu_seconds(pid) - before
         loop_cpu[name] += cpu_seconds(pid, pid) - loop_before
         server[name] += postgres_cpu_seconds() - server_before
-        runs[name] += 1
+        done[name] += figures["calls"]
         if name not in best or figures["rate"] > best[name]["rate"]:
             best[name] = figures
         return float(figures["rate"])
@@ -505,10 +505,9 @@ def measure_throughput(run: Any, routers: dict[str, tuple[Path, int]], calls: in
             rates = {line: one(line) for line in pair}
             ratios[name].append(rates[name] / rates["open"])
     for name, figures in best.items():
-        done = runs[name] * (calls // 8 + 50) * 8  # every call of its rounds, the warm-up ones too
-        figures["cpu"] = cpu[name] / done * 1e6
-        figures["loop cpu"] = loop_cpu[name] / done * 1e6
-        figures["pg cpu"] = server[name] / done * 1e6
+        figures["cpu"] = cpu[name] / done[name] * 1e6
+        figures["loop cpu"] = loop_cpu[name] / done[name] * 1e6
+        figures["pg cpu"] = server[name] / done[name] * 1e6
         figures["ratio"] = statistics.median(ratios[name]) if ratios[name] else 1.0
         row(f"router x8, {THROUGHPUT_LINES[name]}", figures)
     return best
@@ -661,7 +660,7 @@ def side_by_side_lines(run: Any, routers: Routers, started_routers: dict[str, tu
     if "pg" in started_routers and "sqlite" in started_routers:
         out.update(measure_side_by_side(run, started_routers, {"pg beside sqlite": ("sqlite", "pg")}, window,
                                         windows, against="the governed router on SQLite"))
-    leased = {f"{name} capped beside": (name, f"{name} capped") for name in ("sqlite", "pg")
+    leased: dict[str, tuple[str, str]] = {f"{name} capped beside": (name, f"{name} capped") for name in ("sqlite", "pg")
               if name in started_routers and f"{name} capped" in started_routers}
     if leased:
         out.update(measure_side_by_side(run, started_routers, leased, window, windows,
@@ -679,7 +678,7 @@ async def two_routers(paths: list[Path], calls: int) -> float:
     start = time.perf_counter()
     results = await asyncio.gather(*(concurrent_sessions(path, 8, calls) for path in paths))
     wall = time.perf_counter() - start
-    return sum((calls // 8 + 50) * 8 for _ in results) / wall
+    return sum(result["calls"] for result in results) / wall
 
 
 def measure_scale_out(run: Any, base: Path, root: Path, env: dict[str, str], pg: str, calls: int) -> None:
