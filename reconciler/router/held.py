@@ -32,15 +32,11 @@ from reconciler.router.sessions import Session
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 from reconciler.wire.meta import INSTANCE
 
-__all__ = ["LOST_CALL", "Budget", "Held", "HeldSessions", "HttpBounds", "Outlet", "call_stream_id", "lost_call"]
+__all__ = ["Budget", "Held", "HeldSessions", "HttpBounds", "Outlet", "call_stream_id", "lost_call"]
 
 _MOST_ENDED = 100_000  # ids ended here, refused rather than resumed; the oldest are forgotten past it
 _ROUTER: Final = secrets.token_urlsafe(6)  # this router process, in its calls' stream ids
 _MOST_NAMED_ID: Final = 256  # characters of a request id's encoding a stream id carries; a longer id is not named
-LOST_CALL: Final = ("the router that was running this call restarted (or this request reached another router), so its "
-                    "result is lost: it may or may not have run (and been charged). If it was held for approval, its "
-                    "pending result named a request_id: ask handler_status. Otherwise call it again if running it "
-                    "twice does no harm; if it would, check its effect first. This session goes on.")
 
 
 @dataclass(frozen=True)

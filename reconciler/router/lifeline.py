@@ -36,10 +36,16 @@ __all__ = ["DEFAULT_WAIT_SECONDS", "Lifeline", "answer_restarted", "call_id", "n
 DEFAULT_WAIT_SECONDS: Final = 120.0  # enough for an upgrade's restart, short enough not to leave a host hanging
 _CHUNK: Final = 1 << 16
 _RETRY_PAUSE: Final = 0.1
+# What a model does with a call a router that went away left open, over stdio (`RESTARTED`) and over HTTP, where a
+# resumed stream may come to another router (`LOST_CALL`, `streamable`).
+_WHAT_TO_DO: Final = ("If it was held for approval, its pending result named a request_id: ask handler_status. "
+                      "Otherwise call it again if running it twice does no harm; if it would, check its effect first.")
 RESTARTED: Final = ("the router restarted while this call was running, so it may or may not have run (and been "
-                    "charged). If it was held for approval, its pending result named a request_id: ask handler_status. "
-                    "Otherwise call it again if running it twice does no harm; if it would, check its effect first. "
-                    "This session goes on: the next calls are served as soon as the router is back.")
+                    f"charged). {_WHAT_TO_DO} This session goes on: the next calls are served as soon as the router "
+                    "is back.")
+LOST_CALL: Final = ("the router that was running this call restarted (or this request reached another router), so its "
+                    f"result is lost: it may or may not have run (and been charged). {_WHAT_TO_DO} This session goes "
+                    "on.")
 
 
 class Lifeline:
@@ -102,10 +108,15 @@ class Lifeline:
         answer_restarted(open_calls)
 
 
+def cut_off(call_id: int | str, message: str = RESTARTED) -> bytes:
+    """The one reply of a request a router that went away left open: -32603, `message` (what happened, what to do),
+    `handler/retry: later`."""
+    return encode_error(call_id, JsonRpcError(INTERNAL_ERROR, message, {RETRY: RETRY_LATER}))
+
+
 def answer_restarted(call_ids: Iterable[int | str]) -> None:
     """One error for each of these requests, left open by a router that went away: what happened, what to do."""
-    data = {RETRY: RETRY_LATER}
-    write_out(b"".join(encode_error(call_id, JsonRpcError(INTERNAL_ERROR, RESTARTED, data)) for call_id in call_ids))
+    write_out(b"".join(cut_off(call_id) for call_id in call_ids))
 
 
 def next_router(path: Path, wait_seconds: float, attach: Callable[[socket.socket], str | None]) -> socket.socket | None:

@@ -40,14 +40,14 @@ from reconciler.router.exchanges import (
     send_json_error,
     stream_session,
 )
-from reconciler.router.held import LOST_CALL, Budget, Held, HeldSessions, HttpBounds, Outlet, lost_call, new_session
+from reconciler.router.held import Budget, Held, HeldSessions, HttpBounds, Outlet, lost_call, new_session
 from reconciler.router.hub import Hub
+from reconciler.router.lifeline import LOST_CALL, cut_off
 from reconciler.router.protocol import Era, read_envelope
 from reconciler.router.resumption import SessionRecord, SessionSigner
 from reconciler.router.sessions import Session
 from reconciler.wire.errors import (
     HEADER_MISMATCH,
-    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -56,8 +56,6 @@ from reconciler.wire.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     JsonRpcError,
 )
-from reconciler.wire.messages import encode_error
-from reconciler.wire.meta import RETRY, RETRY_LATER
 from reconciler.wire.versions import HANDSHAKE_VERSIONS
 
 __all__ = ["Authenticate", "HttpBounds", "McpEndpoint"]
@@ -320,7 +318,7 @@ class McpEndpoint:
         or the request came to another one), so its result is not here. Its request is answered on this stream with
         the error the bridge gives a call a restart cut off over stdio, so the client stops waiting for it."""
         lost = Exchange()
-        lost.put(encode_error(request_id, JsonRpcError(INTERNAL_ERROR, LOST_CALL, {RETRY: RETRY_LATER})))
+        lost.put(cut_off(request_id, LOST_CALL))
         await resume(lost, 0, call.receive, call.send, self.bounds.keepalive_seconds, {})
 
     async def _resume_session_stream(self, call: _Call, held: Held, exchange: Exchange, last_event_id: str) -> None:

@@ -36,7 +36,8 @@ from reconciler.governance.store import open_store
 from reconciler.governance.store.engine import store_url
 from reconciler.governance.tokens import create_token
 from reconciler.router import held as held_module
-from reconciler.router.held import LOST_CALL, Held, call_stream_id, lost_call
+from reconciler.router.held import Held, call_stream_id, lost_call
+from reconciler.router.lifeline import LOST_CALL
 from reconciler.router.resumption import SessionSigner, load_key
 from reconciler.router.streamable import HttpBounds, McpEndpoint
 from reconciler.web.http import HttpListener, build_mcp_app
