@@ -4,9 +4,9 @@ A `Service` (an async context manager) starts the router on the first good revis
 tree, behind its governance gate, and keeps it on the newest good revision through a gitops
 `Follower`. `handler up` adds the HTTP listener (status, the push webhook, the dashboard) and the
 approval notices, and follows the source as it changes; `handler serve` starts on a snapshot the
-CLI loaded and checked, and reloads on SIGHUP. Either runs until SIGINT or SIGTERM, then closes
-what it started, in order. What a person should hear of goes to the `Reports` it is given: the
-CLI prints it; nothing here does.
+CLI loaded and checked, and reloads on SIGHUP. Either runs until SIGINT or SIGTERM, lets the calls in
+flight finish (at most `stop_grace` seconds; a second signal stops at once), then closes what it started,
+in order. What a person should hear of goes to the `Reports` it is given: the CLI prints it; nothing here does.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from reconciler.web.http import HttpListener, ListenerSettings, WebApp, build_ap
 from reconciler.web.metrics import MetricsSources
 
 __all__ = [
+    "DEFAULT_STOP_GRACE",
     "NotServableError",
     "Reports",
     "Service",
@@ -59,6 +60,7 @@ __all__ = [
     "up",
 ]
 
+DEFAULT_STOP_GRACE = 5.0
 # Why a service without its HTTP listener (`handler serve`) tells nobody of a hold.
 _NO_NOTIFIER = "this service runs without its HTTP listener, which sends notices: `handler up` does"
 
@@ -81,12 +83,19 @@ class ServiceOptions:
     mcp_http: bool = True  # the agents' MCP endpoints on the listener
     mcp_only: bool = False  # without `listen`: a listener of the MCP endpoints alone (`handler serve --http`)
     follow: bool = True  # watch or fetch the source as it changes; False: reload on SIGHUP (`handler serve`)
+    # At a stop, how long the calls in flight may finish before they are cut off (docs/router.md "Stopping"): short
+    # of a service manager's wait before SIGKILL (Docker's and Compose's 10 s; systemd's 90, Kubernetes' 30).
+    stop_grace: float = DEFAULT_STOP_GRACE
 
 
 UpOptions = ServiceOptions  # the name `handler up`'s callers know it by
 
 
 def _ignore(_: object) -> None:
+    return None
+
+
+def _ignore_stopping(running: int, grace: float) -> None:
     return None
 
 
@@ -99,6 +108,9 @@ class Reports:
     not_started: Callable[[Attempt], None] = _ignore  # the first attempt, when no revision was good to serve
     # a reconciliation as the source changed, a failed fetch, serving the last good revision
     follow: FollowReports = field(default_factory=FollowReports)
+    # stopping: the calls in flight and how long they may finish; then how many were cut off when that ran out
+    stopping: Callable[[int, float], None] = _ignore_stopping
+    cut_off: Callable[[int], None] = _ignore
 
 
 class ServiceError(HandlerError):
@@ -144,6 +156,7 @@ class Service:
         self._router: Router | None = None
         self._channels: Channels | None = None
         self._stop = asyncio.Event()
+        self.hurry = asyncio.Event()  # stop now: the calls in flight are not waited for
         self._tasks: list[asyncio.Task[Any]] = []
         self._started = asyncio.Event()
         self._checking = asyncio.Lock()  # one preflight at a time (`_check_in_turn`)
@@ -362,8 +375,30 @@ class Service:
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(work))
 
+    async def _let_calls_finish(self) -> asyncio.Future[Any] | None:
+        """Stop taking calls and let those in flight finish and reply, for at most `stop_grace` seconds or until
+        `hurry` (docs/router.md "Stopping"); what is still waited for, if anything (done once `_close` has ended the
+        rest)."""
+        router, mcp, grace = self._router, self.mcp, self.options.stop_grace
+        if router is None or grace <= 0:
+            return None
+        running = router.calls_in_flight + (mcp.calls_in_flight if mcp is not None else 0)
+        quiet: asyncio.Future[Any] = asyncio.gather(router.quiesce(), *([mcp.quiesce()] if mcp is not None else []))
+        if not running:
+            await asyncio.sleep(0)  # the sockets closed, the connections stopped reading
+            return quiet
+        self.reports.stopping(running, grace)
+        hurried: asyncio.Future[Any] = asyncio.ensure_future(self.hurry.wait())
+        await asyncio.wait([quiet, hurried], timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        hurried.cancel()
+        left = router.calls_in_flight + (mcp.calls_in_flight if mcp is not None else 0)
+        if left:
+            self.reports.cut_off(left)
+        return quiet
+
     async def _close(self) -> None:
         self._stop.set()
+        quiet = await self._let_calls_finish()
         if self.mcp is not None:  # first: its sessions' streams end, so the listener's connections close
             await self.mcp.aclose()
         if self.listener is not None:
@@ -378,6 +413,9 @@ class Service:
         if self._router is not None:
             await self._router.aclose()
         await self._control.aclose()
+        if quiet is not None:  # its connections ended, its sessions' calls cancelled: it is done, or all but
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(quiet, timeout=1)
         self._lock.release()  # last: until here, this state folder is ours
 
 
@@ -400,7 +438,7 @@ async def run_service(options: ServiceOptions, *, gate: Gate | None = None, firs
         reloads.add(task)
         task.add_done_callback(reloads.discard)
 
-    with _handle_signals(stop, None if options.follow else reload):
+    with _handle_signals(stop, None if options.follow else reload, service.hurry):
         try:
             async with service:
                 reports.ready(service)
@@ -412,11 +450,15 @@ async def run_service(options: ServiceOptions, *, gate: Gate | None = None, firs
 
 
 @contextlib.contextmanager
-def _handle_signals(stop: asyncio.Event, reload: Callable[[], None] | None) -> Iterator[None]:
-    """SIGINT and SIGTERM set `stop`; SIGHUP calls `reload`, when given. Off the main thread (a test
-    running the service in a thread), nothing is installed: the caller stops the service itself."""
+def _handle_signals(stop: asyncio.Event, reload: Callable[[], None] | None, hurry: asyncio.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set `stop`, and once it is set, `hurry`; SIGHUP calls `reload`, when given. Off the main
+    thread (a test running the service in a thread), nothing is installed: the caller stops the service itself."""
     loop = asyncio.get_running_loop()
-    handlers: dict[signal.Signals, Callable[[], None]] = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set}
+
+    def stopping() -> None:
+        (hurry if stop.is_set() else stop).set()
+
+    handlers: dict[signal.Signals, Callable[[], None]] = {signal.SIGINT: stopping, signal.SIGTERM: stopping}
     if reload is not None:
         handlers[signal.SIGHUP] = reload
     for sig, handler in handlers.items():
@@ -436,14 +478,17 @@ def _handle_signals(stop: asyncio.Event, reload: Callable[[], None] | None) -> I
 def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_dir: Path | None = None,
           gate: Gate | None = None, on_ready: Callable[[Router], None] | None = None,
           on_reload: Callable[[Attempt], None] | None = None, sandbox: bool = True,
-          http: tuple[str, int] | None = None, on_listening: Callable[[str], None] | None = None) -> int:
+          http: tuple[str, int] | None = None, on_listening: Callable[[str], None] | None = None,
+          stop_grace: float = DEFAULT_STOP_GRACE, stopping: Reports | None = None) -> int:
     """`handler serve`: serve `snapshot` (loaded from `root`) until a signal, reloading on SIGHUP; with `http`
-    (host, port), also the MCP endpoints over HTTP there, whose base URL goes to `on_listening`."""
+    (host, port), also the MCP endpoints over HTTP there, whose base URL goes to `on_listening`. At a stop the calls
+    in flight may finish for `stop_grace` seconds, told to `stopping`'s `stopping` and `cut_off`."""
     if not snapshot.ok:
         raise ConfigError(snapshot.errors)
     host, port = http or ("127.0.0.1", 0)
     options = ServiceOptions(str(root), run_dir=run_dir, state_dir=state_dir, sandbox=sandbox, listen=False,
-                             follow=False, mcp_only=http is not None, http_host=host, http_port=port)
+                             follow=False, mcp_only=http is not None, http_host=host, http_port=port,
+                             stop_grace=stop_grace)
 
     def ready(service: Service) -> None:
         if on_listening is not None and service.listener is not None:
@@ -451,7 +496,8 @@ def serve(snapshot: Snapshot, *, root: Path, run_dir: Path | None = None, state_
         if on_ready is not None:
             on_ready(service.router)
 
-    reports = Reports(ready=ready, reloaded=on_reload or _ignore)
+    told = stopping or Reports()
+    reports = Reports(ready=ready, reloaded=on_reload or _ignore, stopping=told.stopping, cut_off=told.cut_off)
     return _run(run_service(options, gate=gate, first=snapshot, reports=reports))
 
 

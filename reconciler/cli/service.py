@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from reconciler.app import Reports, Service, ServiceOptions, serve, up
+from reconciler.app import DEFAULT_STOP_GRACE, Reports, Service, ServiceOptions, serve, up
 from reconciler.cli.common import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -43,6 +43,9 @@ __all__ = ["add_service_commands"]
 
 _BRIEF = 3  # changes of an applied reload shown on its console line
 
+_STOP_GRACE = ("at SIGTERM or SIGINT, how long the calls in flight may finish before they are cut off (default "
+               f"{DEFAULT_STOP_GRACE:g}; 0: at once); a second signal stops at once. Keep it under your service "
+               "manager's wait before it kills (Docker's 10 s, systemd's 90)")
 _NO_SANDBOX = ("run connectors without a sandbox (where this machine cannot build one: the start says why); they "
                "then see the router's files and reach any host, with no egress allow-list; warns once")
 
@@ -58,6 +61,7 @@ def add_service_commands(sub: Any) -> None:
     serving.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
     serving.add_argument("--http", metavar="HOST:PORT", help="also serve the agents' MCP endpoints over HTTP there, "
                          "/mcp/<profile> (each asks for a bearer token of its profile), and /healthz")
+    serving.add_argument("--stop-grace", type=_grace, default=DEFAULT_STOP_GRACE, metavar="SECONDS", help=_STOP_GRACE)
     serving.set_defaults(run=_serve)
     _add_up_command(sub)
     status = sub.add_parser("status", help="what the running (or last) service applied, attempted and serves")
@@ -84,6 +88,7 @@ def _add_up_command(sub: Any) -> None:
                          help="the dashboard, the agents' MCP endpoints /mcp/<profile>, /healthz, /status, "
                          "/hooks/git, /hooks/slack")
     running.add_argument("--no-sandbox", action="store_true", help=_NO_SANDBOX)
+    running.add_argument("--stop-grace", type=_grace, default=DEFAULT_STOP_GRACE, metavar="SECONDS", help=_STOP_GRACE)
     running.add_argument("--run-dir", type=folder_path, help="where the profiles' sockets go (default: "
                          "$HANDLER_RUN_DIR)")
     running.add_argument("--state-dir", type=folder_path, help="status.json, the call log, the git mirror (default: "
@@ -119,7 +124,26 @@ def _serve(args: argparse.Namespace) -> int:
 
     http = _address(args.http) if args.http else None
     return serve(head, root=Path(args.root), run_dir=args.run_dir, state_dir=args.state_dir, on_ready=ready,
-                 on_reload=_reload_printer("serve"), sandbox=not args.no_sandbox, http=http, on_listening=listening)
+                 on_reload=_reload_printer("serve"), sandbox=not args.no_sandbox, http=http, on_listening=listening,
+                 stop_grace=args.stop_grace, stopping=_stop_printer("serve"))
+
+
+def _grace(text: str) -> float:
+    return finite_number(text, low=0.0, high=3_600.0, said="a grace: give seconds from 0 to 3,600")
+
+
+def _stop_printer(command: str) -> Reports:
+    """The console lines of a stop that waits for calls in flight, and of one that cut some off."""
+
+    def stopping(running: int, grace: float) -> None:
+        print(f"handler {command}: stopping; {running} call(s) in flight may finish for up to {grace:g} s (signal "
+              "again to stop now); new requests wait for the next router", file=sys.stderr, flush=True)
+
+    def cut_off(running: int) -> None:
+        print(f"handler {command}: stopped with {running} call(s) still running: cut off, and each agent is told it "
+              "may or may not have run (a longer --stop-grace lets such calls finish)", file=sys.stderr, flush=True)
+
+    return Reports(stopping=stopping, cut_off=cut_off)
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -171,10 +195,12 @@ def _up(args: argparse.Namespace) -> int:
     secret = os.environ.get("HANDLER_WEBHOOK_SECRET", "").encode() or None
     options = ServiceOptions(root=args.root, source=args.source, ref=args.ref, interval=args.interval,
                              run_dir=args.run_dir, state_dir=args.state_dir, http_host=host, http_port=port,
-                             webhook_secret=secret, sandbox=not args.no_sandbox)
+                             webhook_secret=secret, sandbox=not args.no_sandbox, stop_grace=args.stop_grace)
+    stopping = _stop_printer("up")
     reports = Reports(ready=_print_up_ready, not_started=_print_not_started,
                       follow=FollowReports(fetch_failed=_print_fetch_failed, fell_back=_print_fell_back,
-                                           reconciled=_reload_printer("up"), recovered=_print_recovered))
+                                           reconciled=_reload_printer("up"), recovered=_print_recovered),
+                      stopping=stopping.stopping, cut_off=stopping.cut_off)
     return up(options, reports=reports)
 
 

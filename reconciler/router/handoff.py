@@ -23,6 +23,11 @@ A bridge that relays (`relaying`) sends the same line with `"handler/relay": tru
 socket then carries the session's lines both ways, the router's notes to the bridge among them, and the bridge's
 `{"handler/inputEnded": true}` when the agent closed its stdin (the calls in flight then finish and reply). The
 socket closing is the bridge gone, as a lifeline's: the session ends and its calls are cancelled.
+
+A router that is stopping (docs/router.md "Stopping") lets the calls in flight finish before it goes. It reads no
+more of a handed-over agent's stdin: what the agent sends next waits in the pipe for the next router. It tells a
+relaying bridge `{"handler/stopping": true}`; the bridge keeps what the agent sends next for the next router and
+answers `{"handler/paused": true}` after the last line it sent, and the router reads up to that note.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Final, NamedTuple
 
 import orjson
 
-from reconciler.wire.meta import ATTACH, ATTACHED, ENDED, INPUT_ENDED, RELAY, SESSION
+from reconciler.wire.meta import ATTACH, ATTACHED, ENDED, INPUT_ENDED, PAUSED, RELAY, SESSION, STOPPING
 
 __all__ = [
     "ACCEPTED",
@@ -41,7 +46,9 @@ __all__ = [
     "ENDED_LINE",
     "INPUT_ENDED_LINE",
     "NOTE_HEAD",
+    "PAUSED_LINE",
     "STDIO_PRINCIPAL",
+    "STOPPING_LINE",
     "Attach",
     "Note",
     "attach_line",
@@ -57,6 +64,8 @@ NOTE_HEAD: Final = b'{"handler/'  # how a note between bridge and router begins;
 INPUT_ENDED_LINE: Final = orjson.dumps({INPUT_ENDED: True}, option=orjson.OPT_APPEND_NEWLINE)
 ACCEPTED: Final = orjson.dumps({ATTACHED: True}, option=orjson.OPT_APPEND_NEWLINE)
 ENDED_LINE: Final = orjson.dumps({ENDED: True}, option=orjson.OPT_APPEND_NEWLINE)
+STOPPING_LINE: Final = orjson.dumps({STOPPING: True}, option=orjson.OPT_APPEND_NEWLINE)
+PAUSED_LINE: Final = orjson.dumps({PAUSED: True}, option=orjson.OPT_APPEND_NEWLINE)
 MAX_ATTACH_BYTES: Final = 64 * 1024
 # The principal of a session record made for a handed-over session: the socket is who it is, no credential. No
 # credential has an empty name, so a record of an HTTP session is never resumed on a socket, nor one of these over HTTP.
@@ -97,14 +106,17 @@ def parse_attach(data: bytes) -> Attach | None:
 
 
 class Note(NamedTuple):
-    """What a note of the router's to its bridge says: the session's record, or that the session is over."""
+    """What a note of the router's to its bridge says: the session's record, that the session is over, or that the
+    router is stopping."""
 
     record: str | None
     ended: bool
+    stopping: bool = False
 
 
 def read_note(line: bytes) -> Note | None:
-    """The note `line` holds (`{"handler/session": ...}`, `{"handler/ended": true}`), or None if it holds none."""
+    """The note `line` holds (`{"handler/session": ...}`, `{"handler/ended": true}`, `{"handler/stopping": true}`),
+    or None if it holds none."""
     try:
         said = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -112,7 +124,7 @@ def read_note(line: bytes) -> Note | None:
     if not isinstance(said, dict):
         return None
     record = said.get(SESSION)
-    return Note(record if isinstance(record, str) else None, said.get(ENDED) is True)
+    return Note(record if isinstance(record, str) else None, said.get(ENDED) is True, said.get(STOPPING) is True)
 
 
 def session_line(session: str) -> bytes:

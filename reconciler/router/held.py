@@ -252,6 +252,10 @@ class HeldSessions:
         for sid in [sid for sid, held in self._sessions.items() if held.used < horizon and held.idle]:
             self.let_go(sid)
 
+    def sessions(self) -> list[Session]:
+        """The sessions held now."""
+        return [held.session for held in self._sessions.values()]
+
     def close(self) -> None:
         for sid in list(self._sessions):
             self.let_go(sid)

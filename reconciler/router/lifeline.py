@@ -30,8 +30,8 @@ from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.messages import encode_error
 from reconciler.wire.meta import RETRY, RETRY_LATER
 
-__all__ = ["DEFAULT_WAIT_SECONDS", "Lifeline", "answer_restarted", "call_id", "next_router", "read_line", "refusal",
-           "request_id", "write_out"]
+__all__ = ["DEFAULT_WAIT_SECONDS", "STOPPING", "Lifeline", "answer_restarted", "call_id", "next_router", "read_line",
+           "refusal", "request_id", "write_out"]
 
 DEFAULT_WAIT_SECONDS: Final = 120.0  # enough for an upgrade's restart, short enough not to leave a host hanging
 _CHUNK: Final = 1 << 16
@@ -43,6 +43,9 @@ _WHAT_TO_DO: Final = ("If it was held for approval, its pending result named a r
 RESTARTED: Final = ("the router restarted while this call was running, so it may or may not have run (and been "
                     f"charged). {_WHAT_TO_DO} This session goes on: the next calls are served as soon as the router "
                     "is back.")
+# A call a stopping router refuses (`streamable`: over HTTP, where the router cannot leave a request unread).
+STOPPING: Final = ("the router is stopping (a restart or an upgrade), so this call was not run and nothing was "
+                   "charged. Call it again in a few seconds, once the router is back; this session goes on.")
 LOST_CALL: Final = ("the router that was running this call restarted (or this request reached another router), so its "
                     f"result is lost: it may or may not have run (and been charged). {_WHAT_TO_DO} This session goes "
                     "on.")

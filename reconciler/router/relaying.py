@@ -11,7 +11,10 @@ carries the session's lines both ways, with the router's notes to the bridge amo
 Only whole lines reach the agent: a reply the router had written in part when it died is dropped. When the socket
 closes without the router saying the session is over, the bridge writes each reply that reached it, answers
 every request still open once (the restart error of `lifeline`), waits for the next router and goes on with the
-session's record; requests the agent sends meanwhile wait in the pipe. Exactly once costs a process in the
+session's record; requests the agent sends meanwhile wait in the pipe. A router that is stopping says so
+(`{"handler/stopping": true}`) and finishes the calls it has: the bridge then sends it nothing more, answers
+`{"handler/paused": true}` once it has sent its last line, and keeps what the agent sends next for the next router,
+so nothing is cut off. Exactly once costs a process in the
 middle of every message: `benchmarks/router.py` prints what it adds over the handoff.
 """
 
@@ -27,7 +30,7 @@ from typing import Any, Final
 
 import orjson
 
-from reconciler.router.handoff import ACCEPTED, INPUT_ENDED_LINE, NOTE_HEAD, attach_line, read_note
+from reconciler.router.handoff import ACCEPTED, INPUT_ENDED_LINE, NOTE_HEAD, PAUSED_LINE, attach_line, read_note
 from reconciler.router.lifeline import (
     answer_restarted,
     call_id,
@@ -62,6 +65,12 @@ class Relay:
         self._ended = False  # the router said the session is over
         self._gone = False  # the agent stopped reading its stdout
         self._unsent = bytearray()  # what the agent sent that the router has not taken yet
+        # The router is stopping: what the agent sends from then on is kept for the next router, with its requests
+        # (`open` holds those the router was sent), and the paused note is owed once `_unsent` has gone out.
+        self._stopping = False
+        self._paused = False
+        self._kept = bytearray()
+        self._kept_open: dict[int | str, None] = {}
 
     def attach(self, sock: socket.socket) -> str | None:
         """Open (or resume) the session on `sock`; None when the router took it, else its refusal."""
@@ -80,7 +89,7 @@ class Relay:
                 return 0
             answer_restarted(self.open)
             self.open.clear()
-            if self._ended or self._input_over:
+            if self._ended or (self._input_over and not self._kept):
                 return 0
             found = next_router(self.path, self.wait_seconds, self.attach)
             if found is None:
@@ -93,13 +102,15 @@ class Relay:
         blocked sending would leave them unread, and a router whose replies go unread stops reading."""
         from_router = LineFramer(_MOST_REPLY_BYTES, oversize="pass")
         sock.setblocking(False)
-        self._unsent = bytearray()
+        self._unsent, self._kept = self._kept, bytearray()  # what the last router, stopping, left to this one
+        self.open, self._kept_open = self._kept_open, {}
+        self._stopping = self._paused = False
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         poller.register(1, 0)  # its errors alone: the agent closed its end of stdout
         reading_agent = False
         while True:
-            wanted = not self._input_over and len(self._unsent) < _MOST_UNSENT
+            wanted = not self._input_over and len(self._kept if self._stopping else self._unsent) < _MOST_UNSENT
             if wanted != reading_agent:  # the agent waits while the router has not taken what it sent
                 if wanted:
                     poller.register(0, select.POLLIN)
@@ -123,22 +134,27 @@ class Relay:
             chunk = os.read(0, _CHUNK)
         except OSError:
             chunk = b""
+        to, opened = (self._kept, self._kept_open) if self._stopping else (self._unsent, self.open)
         if not chunk:
             self._input_over = True  # the calls in flight finish and reply; the router then closes
-            self._unsent += INPUT_ENDED_LINE
+            to += INPUT_ENDED_LINE
             return
         for item in self._from_agent.feed(chunk):
             if isinstance(item, Oversize):
-                self._unsent += item.data  # passed on in pieces as it comes: the router refuses it
+                to += item.data  # passed on in pieces as it comes: the router refuses it
             elif item.startswith(NOTE_HEAD):
-                self._unsent += b" " + item  # the agent's, not a note of the bridge's: the router answers it as a line
+                to += b" " + item  # the agent's, not a note of the bridge's: the router answers it as a line
             else:
                 if (call_id := request_id(item)) is not None:
-                    self.open[call_id] = None
-                self._unsent += item
+                    opened[call_id] = None
+                to += item
 
     def _send_some(self, sock: socket.socket) -> None:
-        """Send what the router will take now of what waits for it."""
+        """Send what the router will take now of what waits for it; the paused note after the last of it, when the
+        router is stopping."""
+        if self._stopping and not self._paused and not self._unsent:
+            self._unsent += PAUSED_LINE
+            self._paused = True
         if not self._unsent:
             return
         try:
@@ -177,6 +193,7 @@ class Relay:
         if (note := read_note(line)) is not None:
             self.record = note.record or self.record
             self._ended = self._ended or note.ended
+            self._stopping = self._stopping or note.stopping
 
 
 def reply_id(line: bytes) -> int | str | None:

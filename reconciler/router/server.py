@@ -4,7 +4,8 @@
 gets `$HANDLER_RUN_DIR/profiles/<profile>.sock`, mode 0600: which socket a caller reached is who it
 is. `swap(snapshot)` compiles the new generation first, then replaces the live one in a single
 assignment, then opens sockets for new profiles and closes those of removed ones; sessions keep the
-generation they pinned, so calls in flight finish on theirs. `aclose` stops everything it started.
+generation they pinned, so calls in flight finish on theirs. `quiesce` stops taking calls and waits for those in
+flight (docs/router.md "Stopping"); `aclose` stops everything it started.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Router:
         self.services.pool.serve_agents(self.runs)
         self._listeners: dict[str, Listener] = {}
         self.connections: set[Connection] = set()
+        self.stopping = False  # `quiesce` began: no socket opens again
         self._signer: SessionSigner | None = None
 
     @property
@@ -110,7 +112,7 @@ class Router:
                 raise RouterError(problem)
         self.live = generation  # the swap itself: one assignment, nothing awaited in between
         self.services.pool.set_live(generation.pool_keys)  # the others drain as their sessions end
-        for profile in opening:
+        for profile in opening if not self.stopping else ():
             self._listen(profile)  # each checked above
         for profile in sorted(set(self._listeners) - set(snapshot.profiles)):
             await self._close_socket(profile)
@@ -141,6 +143,20 @@ class Router:
         self._listeners.pop(profile).close()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path(profile).unlink()
+
+    async def quiesce(self) -> None:
+        """Stop taking calls and return once those in flight have finished and replied: the profiles' sockets close
+        and every connection reads no further request (`Connection.stop_input`), so what its client sends next waits
+        for the next router. The caller bounds the wait; `aclose` then ends what still runs."""
+        self.stopping = True
+        for profile in list(self._listeners):
+            await self._close_socket(profile)
+        await asyncio.gather(*(conn.stop_input() for conn in list(self.connections)))
+
+    @property
+    def calls_in_flight(self) -> int:
+        """How many calls its connections are running now."""
+        return sum(len(conn.session.tasks) for conn in self.connections)
 
     async def aclose(self) -> None:
         """Close the sockets and sessions, end the agent runs, stop the connector processes, close the log."""

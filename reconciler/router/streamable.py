@@ -42,7 +42,7 @@ from reconciler.router.exchanges import (
 )
 from reconciler.router.held import Budget, Held, HeldSessions, HttpBounds, Outlet, lost_call, new_session
 from reconciler.router.hub import Hub
-from reconciler.router.lifeline import LOST_CALL, cut_off
+from reconciler.router.lifeline import LOST_CALL, STOPPING, cut_off
 from reconciler.router.protocol import Era, read_envelope
 from reconciler.router.resumption import SessionRecord, SessionSigner
 from reconciler.router.sessions import Session
@@ -94,6 +94,8 @@ class McpEndpoint:
         self.bounds = bounds or HttpBounds()
         self._budget = Budget(self.bounds)
         self._held = HeldSessions(router, self.bounds)
+        self._one_off: set[Session] = set()  # the sessions of 2026-07-28 requests being served
+        self.stopping = False  # `quiesce` began: a new call is refused, saying it did not run
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope)
@@ -150,16 +152,25 @@ class McpEndpoint:
         if (refusal := _routing_refusal(call.scope, call.headers, decoded)) is not None:
             await send_json_error(call.send, 400, refusal.code, refusal.message, _id_of(decoded))
             return
+        await self._serve_one(call, body, decoded, stream="text/event-stream" in accepts)
+
+    async def _serve_one(self, call: _Call, body: bytes, decoded: Mapping[str, Any], *, stream: bool) -> None:
+        """A 2026-07-28 request that passed every check, served by a session of its own."""
+        if (stopped := self._stopping_refusal(decoded)) is not None:
+            await send_body(call.send, 200, stopped, {"content-type": "application/json"})
+            return
         session = new_session(self._router, call.profile, call.principal, Outlet())  # writes to no stream
         exchange = Exchange()
         session.write = exchange.put
+        self._one_off.add(session)
         try:
             self._handle(session, exchange, body)
-            await answer(exchange, call.receive, call.send, stream="text/event-stream" in accepts,
+            await answer(exchange, call.receive, call.send, stream=stream,
                          stream_after=self.bounds.stream_after_seconds, keepalive=self.bounds.keepalive_seconds,
                          status_of=lambda code: _STATUS_OF_CODE.get(code, 200) if code is not None else 200,
                          headers={}, on_gone=session.abort)
         finally:
+            self._one_off.discard(session)
             session.detach()
             session.abort()  # its calls ended (or were cancelled with the client gone): its generation is let go
 
@@ -203,6 +214,9 @@ class McpEndpoint:
                 await send_body(call.send, 202, b"", {})
             else:  # one the session cannot accept: the specification's 4xx, its JSON-RPC error as the body
                 await send_body(call.send, 400, refused.reply, {"content-type": "application/json"})
+            return
+        if (stopped := self._stopping_refusal(decoded)) is not None:
+            await send_body(call.send, 200, stopped, {"content-type": "application/json"})
             return
         exchange = held.open_stream(self.bounds.streams_per_session, _id_of(decoded))
         self._handle(held.session, exchange, body)
@@ -387,6 +401,24 @@ class McpEndpoint:
                                   "are not served (revisions after 2025-03-26 removed them)")
             return body, None
         return body, decoded
+
+    def _stopping_refusal(self, decoded: Mapping[str, Any]) -> bytes | None:
+        """The answer to a call the router, stopping, does not run (None: the request is served). Over HTTP a
+        request cannot wait unread for the next router, as a line on a pipe does, so it is told at once
+        (`lifeline.STOPPING`)."""
+        if not self.stopping or decoded.get("method") != "tools/call" or (msg_id := _id_of(decoded)) is None:
+            return None
+        return cut_off(msg_id, STOPPING)
+
+    async def quiesce(self) -> None:
+        """Run no new call, and return once the calls in flight have finished (`Router.quiesce`, over HTTP): their
+        replies go out on their streams, or wait there for their clients to resume them."""
+        self.stopping = True
+        await asyncio.gather(*(session.drain() for session in [*self._held.sessions(), *self._one_off]))
+
+    @property
+    def calls_in_flight(self) -> int:
+        return sum(len(session.tasks) for session in [*self._held.sessions(), *self._one_off])
 
     async def aclose(self) -> None:
         self._held.close()

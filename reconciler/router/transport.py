@@ -12,7 +12,9 @@ Anything else makes a line connection on the socket, fed those first bytes.
 `Connection` holds what both kinds share: framing, the `Session`, flow control, and the ending. When
 the input ends, the calls in flight finish and reply before the output closes; when the output
 breaks (the client stopped reading) or the lifeline does (the bridge is gone), the session is
-aborted and its calls cancelled.
+aborted and its calls cancelled. When the router stops (`stop_input`), a connection reads no further
+request — never a byte past the last line it serves, so what the agent sends next waits for the next
+router — and its calls in flight finish and reply.
 
 What a connection holds is bounded and counted in the router's budget (`Hub.line_budget`): its
 unfinished line, the lines read while its input was paused (one read at most: a read that comes
@@ -41,7 +43,9 @@ from reconciler.router.handoff import (
     INPUT_ENDED_LINE,
     MAX_ATTACH_BYTES,
     NOTE_HEAD,
+    PAUSED_LINE,
     STDIO_PRINCIPAL,
+    STOPPING_LINE,
     is_stream_fd,
     parse_attach,
     refused_line,
@@ -63,6 +67,7 @@ _BACKLOG = 128
 _ACCEPTS_PER_WAKEUP = 64
 _ACCEPT_PAUSE_SECONDS = 0.1
 _MOST_UNREAD_NOTES = 1 << 20  # what a handed-over session's lifeline may hold unread: a bridge reads it all along
+_PARTIAL_LINE_PAUSE = 0.01  # seconds between reads of a partial line's rest while the router stops
 
 
 class Connection:
@@ -87,6 +92,8 @@ class Connection:
         self._lifted: asyncio.Future[None] | None = None  # the input's end, waiting for the waiting lines
         self._group = group  # the connections of its profile's socket, which the listener counts
         self._unrecorded = False  # a handed-over session whose record its bridge has not had yet
+        self._stopping = False  # the router is stopping: its input is read no further (`stop_input`)
+        self._stopped: asyncio.Future[None] | None = None  # done once its calls have finished, or it ended
         self.open_calls: OpenCalls | None = None  # a handed-over session's open calls, on its bridge's page
         self.relayed = False  # its bridge relays its lines (`relaying`), its notes among them
         router.connections.add(self)
@@ -115,6 +122,8 @@ class Connection:
                 self._pause_reader()
         else:
             self._handle(items)
+        if self._stopping:  # read while paused (see above): handled, and the reader paused again
+            self._pause_reader()
 
     def _handle(self, items: list[bytes | Oversize]) -> None:
         """Handle framed lines in order until a hold begins — the calls in flight at the bound, or replies the client
@@ -138,9 +147,12 @@ class Connection:
                 return
 
     def _noted(self, line: bytes) -> None:
-        """A note of its relaying bridge's: the agent closed its stdin."""
+        """A note of its relaying bridge's: the agent closed its stdin, or the bridge sends no more lines (the router
+        is stopping)."""
         if line == INPUT_ENDED_LINE:
             self.input_ended()
+        elif line == PAUSED_LINE and self._stopped is not None:
+            self._quiet()
 
     def _keep_waiting(self, items: list[bytes | Oversize]) -> None:
         size = sum(len(item) if isinstance(item, bytes) else len(item.data) for item in items)
@@ -203,6 +215,60 @@ class Connection:
         if self.writer is not None:
             self.writer.close()  # flushes what is buffered; its connection_lost then ends the rest
 
+    def stop_input(self) -> asyncio.Future[None]:
+        """The router is stopping: read no further request, and let the calls in flight and the lines already read
+        finish and reply; done when they have (the router then ends the connection, `end(over=False)`). A partial
+        line is read to its end first, a byte at a time, so no byte after it is taken from the pipe. A relaying
+        bridge is asked to stop sending first (`STOPPING_LINE`), and this connection reads on until it says it has
+        (`PAUSED_LINE`)."""
+        if self._stopped is not None:
+            return self._stopped
+        stopped = self._stopped = asyncio.get_running_loop().create_future()
+        if self._ended:
+            stopped.set_result(None)
+        elif self._finishing is not None:  # its input has ended: it finishes, and closes, on its own
+            self._finishing.add_done_callback(lambda _: _resolve(stopped))
+        elif self.relayed:
+            self._tell(STOPPING_LINE)
+        else:
+            self._quiet()
+        return stopped
+
+    def _quiet(self) -> None:
+        """Stop reading, and finish what was read (`stop_input`)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._pause_reader()
+        task = asyncio.get_running_loop().create_task(self._finish_read())
+        task.add_done_callback(lambda _: _resolve(self._stopped))
+
+    async def _finish_read(self) -> None:
+        if self._framer.buffered and not self._ended:
+            await self._read_rest_of_line()
+        while not self._ended:
+            await self.session.drain()
+            if not self._waiting:
+                break
+            self._lifted = asyncio.get_running_loop().create_future()  # the lines still waiting are owed replies
+            await self._lifted
+
+    async def _read_rest_of_line(self) -> None:
+        """The rest of the line begun when the input stopped, a byte at a time: a read of more would take the start
+        of the next request from the pipe, which the next router must find whole."""
+        fd = _input_fd(self.reader)
+        while fd is not None and self._framer.buffered and not self._ended:
+            try:
+                byte = os.read(fd, 1)
+            except (BlockingIOError, InterruptedError):
+                await asyncio.sleep(_PARTIAL_LINE_PAUSE)
+                continue
+            except OSError:
+                return
+            if not byte:
+                return
+            self.received(byte)
+
     def end(self, *, abort: bool = False, over: bool = True) -> None:
         """Abort what still runs and close every stream (`abort`: dropping what they have not sent); safe to call
         more than once. `over`: the session is over, so its bridge exits; otherwise (the router is going away) the
@@ -221,6 +287,8 @@ class Connection:
         self.session.abort()
         self.session.detach()
         self.close_streams(abort=abort)
+        if self._stopped is not None:
+            _resolve(self._stopped)
 
     @property
     def ended(self) -> bool:
@@ -286,7 +354,7 @@ class Connection:
             if self._holds:
                 return
             self._wake_finish()
-        if self.reader is not None and not self.reader.is_closing():
+        if self.reader is not None and not self.reader.is_closing() and not self._stopping:
             self.reader.resume_reading()
 
     def _wake_finish(self) -> None:
@@ -563,6 +631,19 @@ class Listener:
                 pipe.discard()
         if conn.ended:  # ended while its streams were being made (the bridge gone, the router closing)
             conn.close_streams()
+
+
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
+def _input_fd(reader: asyncio.ReadTransport | None) -> int | None:
+    """The descriptor a connection reads its requests from (the agent's stdin, or its socket), or None."""
+    if reader is None or reader.is_closing():
+        return None
+    source = reader.get_extra_info("pipe") or reader.get_extra_info("socket")
+    return source.fileno() if source is not None else None
 
 
 def _handoff_problem(fds: list[int]) -> str | None:

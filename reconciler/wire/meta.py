@@ -37,6 +37,7 @@ __all__ = [
     "MAX_RUN_ID_CHARS",
     "MOST_USD",
     "PARENT_INSTANCE",
+    "PAUSED",
     "PROFILE",
     "RELAY",
     "REQUEST_ID",
@@ -48,6 +49,7 @@ __all__ = [
     "SECRET",
     "SESSION",
     "STATUS",
+    "STOPPING",
     "caller_meta",
     "minted_run_id",
     "read_reported_cost",
@@ -82,6 +84,10 @@ INPUT_ENDED: Final = "handler/inputEnded"  # a relaying bridge to the router: th
 RELAY: Final = "handler/relay"  # in an attach line without descriptors: the bridge relays the session's lines
 SESSION: Final = "handler/session"  # the session's signed record, router to bridge and back at a re-attach
 ENDED: Final = "handler/ended"  # the handed-over session is over: the bridge exits rather than re-attach
+# The router is stopping: a relaying bridge sends no more of the agent's lines (they wait for the next router) and
+# answers `PAUSED` once it has sent its last, so the router knows it has read every line it will be sent.
+STOPPING: Final = "handler/stopping"
+PAUSED: Final = "handler/paused"
 
 # Where a caller's identity comes from when a client is started by whoever launches the agent.
 _CALLER_ENV: Final = (("HANDLER_INSTANCE", INSTANCE), ("HANDLER_PARENT_INSTANCE", PARENT_INSTANCE))

@@ -1,7 +1,9 @@
 """A session handed to the router outlives the router: the bridge answers what was open, waits, and hands it over again.
 
 Every test runs the installed `handler-service` and `handler serve` as real subprocesses on the echo tree; the
-router is killed (SIGKILL, nothing said) or stopped (SIGTERM) under an open session, then started again or not.
+router is killed (SIGKILL, nothing said) or stopped (SIGTERM) under an open session, then started again or not. A
+stopped router lets the calls in flight finish first, for its `--stop-grace` (docs/router.md "Stopping"), and what
+the agent sends meanwhile waits for the next router.
 """
 
 from __future__ import annotations
@@ -37,13 +39,15 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 @contextlib.contextmanager
-def router(root: Path, run_dir: Path) -> Iterator[subprocess.Popen[str]]:
-    """`handler serve` on the echo tree, serving once its socket is there."""
+def router(root: Path, run_dir: Path, *options: str, said: Path | None = None) -> Iterator[subprocess.Popen[str]]:
+    """`handler serve` on the echo tree, serving once its socket is there; what it says on stderr goes to `said`."""
     sock = run_dir / "profiles/tester.sock"
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()  # a killed router's, which nobody listens on
-    proc = subprocess.Popen([HANDLER, "serve", str(root)], env={**os.environ, "HANDLER_RUN_DIR": str(run_dir)},
-                            stderr=subprocess.DEVNULL, text=True)
+    with contextlib.ExitStack() as stack:
+        err = stack.enter_context(said.open("w")) if said is not None else subprocess.DEVNULL
+        proc = subprocess.Popen([HANDLER, "serve", str(root), *options],
+                                env={**os.environ, "HANDLER_RUN_DIR": str(run_dir)}, stderr=err, text=True)
     try:
         deadline = time.monotonic() + DEADLINE
         while not sock.exists():
@@ -57,6 +61,17 @@ def router(root: Path, run_dir: Path) -> Iterator[subprocess.Popen[str]]:
             proc.wait(DEADLINE)
 
 
+def wait_until_said(path: Path, text: str) -> None:
+    """Until the router's stderr, written to `path`, holds `text`."""
+    deadline = time.monotonic() + DEADLINE
+    while text not in path.read_text():
+        assert time.monotonic() < deadline, f"the router never said {text!r}: {path.read_text()}"
+        time.sleep(0.02)
+
+
+STOPPING = "stopping; 1 call(s) in flight may finish for up to 5 s"
+
+
 class Agent:
     """The host's side of `handler-service`: requests in on its stdin, replies read from its stdout."""
 
@@ -66,18 +81,31 @@ class Agent:
                                      env={**os.environ, "HANDLER_RUN_DIR": str(run_dir),
                                           "HANDLER_REATTACH_SECONDS": str(wait_seconds)})
         self.replies: list[dict[str, Any]] = []
+        # Read from the descriptor into a buffer of the test's own: a buffered file could hold a second reply that
+        # `select` on its descriptor does not see.
+        self._unread = b""
 
     def send(self, data: bytes) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(data)
         self.proc.stdin.flush()
 
-    def reply(self, timeout: float = DEADLINE) -> dict[str, Any]:
+    def replied(self, timeout: float) -> bool:
+        """Whether a whole reply is there to read within `timeout` seconds."""
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, "no reply came"
-        got = self.proc.stdout.readline()
-        assert got, "the agent's stdout ended"
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._unread:
+            ready, _, _ = select.select([self.proc.stdout.fileno()], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return False
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            assert chunk, "the agent's stdout ended"
+            self._unread += chunk
+        return True
+
+    def reply(self, timeout: float = DEADLINE) -> dict[str, Any]:
+        assert self.replied(timeout), "no reply came"
+        got, _, self._unread = self._unread.partition(b"\n")
         reply: dict[str, Any] = json.loads(got)
         self.replies.append(reply)
         return reply
@@ -89,7 +117,7 @@ class Agent:
     def finish(self) -> tuple[int, str]:
         """Close stdin; the bridge's exit status and stderr, every reply left read into `replies`."""
         out, err = self.proc.communicate(timeout=DEADLINE)
-        self.replies.extend(json.loads(reply) for reply in out.splitlines())
+        self.replies.extend(json.loads(reply) for reply in (self._unread + out).splitlines())
         return self.proc.returncode, err.decode()
 
 
@@ -130,12 +158,14 @@ def test_a_router_killed_mid_call_answers_it_once_and_the_session_goes_on_at_the
 
 
 def test_a_router_stopped_and_started_again_resumes_the_session(echo_root: Path, run_dir: Path, mode: str) -> None:
-    with router(echo_root, run_dir) as first:
+    with router(echo_root, run_dir, "--stop-grace", "0") as first:  # 0: the call in flight is cut off at once
         agent = Agent(run_dir, 30, mode)
         open_call(agent)
         first.send_signal(signal.SIGTERM)
         first.wait(DEADLINE)
-        assert agent.reply()["id"] == 2
+        told = agent.reply()
+        assert told["id"] == 2
+        assert "the router restarted while this call was running" in told["error"]["message"]
     with router(echo_root, run_dir):
         assert agent.request(line({**PING, "id": 5}))["result"] == {}
         assert agent.request(call(6, "echo_say", {"text": "after"}))["result"]["structuredContent"] == {"text": "after"}
@@ -146,6 +176,99 @@ def test_a_router_stopped_and_started_again_resumes_the_session(echo_root: Path,
     logged = {entry["tool"]: entry for entry in calls_logged(echo_root)}
     assert logged["echo_misbehave"]["outcome"] == "cancelled"  # the stopping router cancelled it, and logged it
     assert logged["echo_say"]["instance"] == logged["echo_misbehave"]["instance"]
+
+
+def test_a_stopping_router_lets_the_call_in_flight_finish_and_the_next_serves_what_came_meanwhile(
+        echo_root: Path, run_dir: Path, mode: str, tmp_path: Path) -> None:
+    """SIGTERM under a call of 2 s: the call finishes and its result reaches the agent; a call the agent sends while
+    the router stops is not cut off, nor run by the stopping router, but waits (in the pipe, or in a relaying bridge
+    told to keep it) for the next router, which answers it. No request gets an error."""
+    said = tmp_path / "first.err"
+    with router(echo_root, run_dir, said=said) as first:
+        agent = Agent(run_dir, 30, mode)
+        assert agent.request(line(INIT))["id"] == 1
+        agent.send(call(2, "echo_misbehave", {"mode": "sleep", "seconds": 2}))
+        assert agent.request(call(3, "echo_say", {"text": "before"}))["id"] == 3  # call 2 runs by now
+        first.send_signal(signal.SIGTERM)
+        wait_until_said(said, STOPPING)
+        time.sleep(0.2)  # a relaying bridge has heard so
+        agent.send(call(4, "echo_say", {"text": "while it stops"}))
+        finished = agent.reply()
+        assert finished["id"] == 2
+        assert finished["result"]["structuredContent"] == {"text": "slept"}, finished
+        assert first.wait(DEADLINE) == 0
+    assert "cut off" not in said.read_text()
+    assert not agent.replied(0.5), "a call was answered while no router ran"
+    with router(echo_root, run_dir):
+        waited = agent.reply()
+        assert waited["id"] == 4
+        assert waited["result"]["structuredContent"] == {"text": "while it stops"}, waited
+        status, err = agent.finish()
+    assert status == 0, err
+    assert [reply["id"] for reply in agent.replies] == [1, 3, 2, 4]
+    assert not any("error" in reply for reply in agent.replies), agent.replies
+    logged = calls_logged(echo_root)
+    assert [(entry["tool"], entry["outcome"]) for entry in logged] == [
+        ("echo_say", "executed"), ("echo_misbehave", "executed"), ("echo_say", "executed")]
+
+
+def test_a_line_half_sent_when_the_router_stops_is_served_whole_and_the_next_left_for_the_next_router(
+        echo_root: Path, run_dir: Path, mode: str, tmp_path: Path) -> None:
+    """The agent has written half of a request when the router begins to stop, and the rest after: the request is
+    read to its end (a byte at a time, so nothing after it is taken) and answered; the one after it, sent in the same
+    write as that rest, is answered by the next router. Nothing is lost or garbled."""
+    said = tmp_path / "first.err"
+    with router(echo_root, run_dir, said=said) as first:
+        agent = Agent(run_dir, 30, mode)
+        assert agent.request(line(INIT))["id"] == 1
+        agent.send(call(2, "echo_misbehave", {"mode": "sleep", "seconds": 2}))
+        assert agent.request(call(3, "echo_say", {"text": "before"}))["id"] == 3
+        halved = call(4, "echo_say", {"text": "in two halves"})
+        agent.send(halved[:20])
+        time.sleep(0.3)  # the router has read the half
+        first.send_signal(signal.SIGTERM)
+        wait_until_said(said, STOPPING)
+        time.sleep(0.2)  # a relaying bridge has heard so
+        agent.send(halved[20:] + call(5, "echo_say", {"text": "after it"}))
+        assert agent.reply()["id"] in (2, 4)
+        assert first.wait(DEADLINE) == 0
+    while agent.replied(0.5):
+        agent.reply()  # what the stopping router answered
+    stopping_answered = {reply["id"] for reply in agent.replies[2:]}
+    with router(echo_root, run_dir):
+        while len(agent.replies) < 5:
+            agent.reply()
+        status, err = agent.finish()
+    assert status == 0, err
+    by_id = {reply["id"]: reply for reply in agent.replies}
+    assert sorted(by_id) == [1, 2, 3, 4, 5]
+    assert not any("error" in reply for reply in agent.replies), agent.replies
+    assert by_id[4]["result"]["structuredContent"] == {"text": "in two halves"}
+    assert by_id[5]["result"]["structuredContent"] == {"text": "after it"}
+    # Call 4 is read from the pipe by the stopping router; a relaying bridge, which frames lines itself, keeps it for
+    # the next router whole. Call 5 is the next router's either way.
+    assert stopping_answered == ({2, 4} if mode == "--handover" else {2})
+
+
+def test_a_second_signal_stops_at_once_and_the_call_cut_off_is_told_so(echo_root: Path, run_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    said = tmp_path / "first.err"
+    with router(echo_root, run_dir, said=said) as first:
+        agent = Agent(run_dir, 30, "--handover")
+        open_call(agent)  # call 2 sleeps 30 s, past any grace
+        first.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        began = time.monotonic()
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(DEADLINE) == 0
+        assert time.monotonic() - began < 4  # not the 5 s grace
+        told = agent.reply()
+    assert told["id"] == 2
+    assert "the router restarted while this call was running, so it may or may not have run" in \
+        told["error"]["message"]
+    assert "stopped with 1 call(s) still running: cut off" in said.read_text()
+    agent.proc.kill()  # no router comes back: the bridge would wait for one
+    agent.proc.communicate(timeout=DEADLINE)
 
 
 def test_when_no_router_comes_back_the_bridge_answers_what_waits_and_exits(echo_root: Path, run_dir: Path,
