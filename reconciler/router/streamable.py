@@ -12,6 +12,8 @@ the framing differs (docs/router.md "MCP over HTTP"):
   began on; POST carries one message, answered as JSON or an SSE stream (`exchanges`); GET opens the session's
   own stream, and GET with `Last-Event-ID` resumes a stream its client lost (a call's, or the session's own; a
   call's that another router process ran is answered saying its result is lost, `held.lost_call`); DELETE ends it.
+  While the router stops (`quiesce`), a new `tools/call` is answered at once that it did not run (`lifeline.STOPPING`):
+  the calls running finish.
 - 2026-07-28 (`MCP-Protocol-Version: 2026-07-28`): no session and no GET stream; each POST is one request with
   its envelope, checked against the `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers (-32020 when
   one is missing or disagrees), served by a session of its own; a client that disconnects cancels its call.

@@ -13,10 +13,13 @@ resume, in order, and an id of another stream, or past what it keeps, refused.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import shutil
+import signal
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ from reconciler.governance.store.engine import store_url
 from reconciler.governance.tokens import create_token
 from reconciler.router import held as held_module
 from reconciler.router.held import Held, call_stream_id, lost_call
-from reconciler.router.lifeline import LOST_CALL
+from reconciler.router.lifeline import LOST_CALL, STOPPING
 from reconciler.router.resumption import SessionSigner, load_key
 from reconciler.router.streamable import HttpBounds, McpEndpoint
 from reconciler.web.http import HttpListener, build_mcp_app
@@ -457,6 +460,47 @@ def test_a_call_a_restart_cut_off_is_answered_by_the_next_router_saying_its_resu
         after = httpx.post(served.url("tester"), headers=headers, json=said)
         assert after.status_code == 200, after.text
         assert after.json()["result"]["structuredContent"]["text"] == "on"
+    finally:
+        served.stop()
+
+
+def test_a_stopping_router_finishes_the_call_in_flight_and_tells_a_new_call_it_did_not_run(tmp_path: Path) -> None:
+    """SIGTERM to `handler serve --http` under a call of 2 s: that call's reply still comes; a call posted while the
+    router stops, in a session and as a 2026-07-28 request, is answered at once that it did not run and to call again
+    in a few seconds (over HTTP it cannot wait unread for the next router); the router then exits cleanly."""
+    root = write_echo_tree(tmp_path / "t")
+    served = HttpServed(root, tmp_path / "run")
+    try:
+        token = served.token("tester")
+        opened_now = httpx.post(served.url("tester"), headers=bearer(token), json=HELLO)
+        headers = bearer(token, **{"Mcp-Session-Id": opened_now.headers["mcp-session-id"]})
+        said = {"name": "echo_say", "arguments": {"text": "too late"}}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            running = pool.submit(httpx.post, served.url("tester"), headers=headers, json=sleep_call(7, 2), timeout=30)
+            time.sleep(0.5)  # the call runs
+            assert served.proc is not None
+            served.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            late = httpx.post(served.url("tester"), headers=headers,
+                              json={"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": said})
+            one_off = httpx.post(served.url("tester"), json={"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                                                              "params": {**said, "_meta": ENVELOPE}},
+                                 headers=bearer(token, **{"MCP-Protocol-Version": STATELESS, "Mcp-Method": "tools/call",
+                                                          "Mcp-Name": "echo_say"}))
+            finished = running.result()
+        assert served.proc.wait(30) == 0
+        for answer, msg_id in ((late, 8), (one_off, 9)):
+            assert answer.status_code == 200, answer.text
+            error = answer.json()["error"]
+            assert answer.json()["id"] == msg_id
+            assert error["message"] == STOPPING
+            assert "this call was not run and nothing was charged" in error["message"]
+            assert error["data"] == {"handler/retry": "later"}
+        assert finished.status_code == 200, finished.text
+        data = [line for line in finished.text.splitlines() if line.startswith(("data: {", "{"))]
+        assert json.loads(data[-1].removeprefix("data: "))["result"]["structuredContent"] == {"text": "slept"}
+        assert any("stopping; 1 call(s) in flight may finish" in line for line in served.said)
+        assert [entry["tool"] for entry in served.log_lines()] == ["echo_misbehave"]  # the refused calls never ran
     finally:
         served.stop()
 
