@@ -4,11 +4,12 @@ Each client (the TypeScript SDK, the Python SDK 1.x, 2.x in both eras, and opena
 `handler mcp-config` writes for the profile) runs `handler-service` as its MCP server. The service (`handler up`
 on the governed tree: the router, the reconciler following the tree, the dashboard) is stopped with SIGTERM, as a
 service manager stops it for an upgrade, while the client waits on a call the connector holds; then started
-again. The call in
-flight gets one error, which names the restart, and the client's next call succeeds in the same session: no
-client reconnects or initializes again (docs/router.md "Restarts"). Over Streamable HTTP (the TypeScript SDK and the
-Python SDK 2.x in 2025-11-25 sessions) the service comes back on the same address, and the client's resume of the
-call's stream gets that call's error from the new router (docs/router.md "A stream the client lost").
+again. A short call finishes across the stop, and its client sees nothing of it (docs/router.md "Stopping"); one
+the stop cuts off (a second SIGTERM) gets one error, which names the restart. Either way the client's next call
+succeeds in the same session: no client reconnects or initializes again (docs/router.md "Restarts"). Over
+Streamable HTTP (the TypeScript SDK and the Python SDK 2.x in 2025-11-25 sessions) the service comes back on the
+same address, and the client's resume of a cut-off call's stream gets that call's error from the new router
+(docs/router.md "A stream the client lost").
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tests.fixtures.matrix import (
 
 RESTARTED = "the router restarted while this call was running, so it may or may not have run"
 HELD = {"mode": "sleep", "seconds": 60}
+SHORT = {"mode": "sleep", "seconds": 2}  # well within the stop's grace (5 s)
 REACHED_SECONDS = 2.0  # ample for the call to reach the connector: the router is stopped while it runs there
 LOST = "the router that was running this call restarted (or this request reached another router)"
 STREAMED_SECONDS = 6.5  # past the 5 s after which a call over HTTP answers as a stream, with an event to resume from
@@ -52,12 +54,12 @@ def the_restart_error(answer: dict[str, Any], told: str = RESTARTED) -> None:
 
 def cut_off_and_on(client: ClientProcess, service: GovernedService, instance: str, *, wait: float = REACHED_SECONDS,
                    kill: bool = False, told: str = RESTARTED) -> None:
-    """A call, then one the service's restart cuts off `wait` seconds in (SIGKILL with `kill`), answered with `told`;
-    then the next call of the same session runs, and is logged, on the service started again."""
+    """A call, then one the service's restart cuts off `wait` seconds in (a second SIGTERM; SIGKILL with `kill`),
+    answered with `told`; then the next call of the same session runs, and is logged, on the service started again."""
     assert client.call("echo_say", {"text": "before"})["structuredContent"] == {"text": "before"}
     client.send(op="call", name="echo_misbehave", arguments=HELD)
     time.sleep(wait)
-    service.restart(kill=kill)
+    service.restart(kill=kill, now=True)
     the_restart_error(client.answer(), told)
     after = client.call("echo_say", {"text": "after the restart"})
     assert after["structuredContent"] == {"text": "after the restart"}
@@ -77,6 +79,30 @@ def test_a_restart_under_an_open_session_answers_the_call_in_flight_once_and_the
     assert "handler-service: the router is back; the session goes on" in err
 
 
+@pytest.mark.parametrize("kind", [*STDIO_KINDS, "typescript-http", "python-sdk-2-legacy-http"])
+def test_a_call_in_flight_at_a_restart_finishes_and_the_client_sees_nothing_of_the_restart(
+        service: GovernedService, kind: str) -> None:
+    """SIGTERM half a second into a call of 2 s: the service lets it finish before it stops, so the client gets the
+    call's result, then its next call runs on the service started again, in the same session."""
+    http = kind.endswith("-http")
+    instance = f"finish-{kind}"
+    client = (ClientProcess(client_command(kind), service, target=service.url,
+                            env={"HANDLER_TEST_BEARER": service.token(instance=instance)}) if http
+              else ClientProcess(client_command(kind), service, env={"HANDLER_INSTANCE": instance}))
+    try:
+        client.send(op="call", name="echo_misbehave", arguments=SHORT)
+        time.sleep(0.5)
+        service.restart()
+        answer = client.answer()
+        assert "raised" not in answer, answer
+        assert answer["result"]["structuredContent"] == {"text": "slept"}, answer
+        assert client.call("echo_say", {"text": "after"})["structuredContent"] == {"text": "after"}
+        assert logged(service, instance, "echo_misbehave")["outcome"] == "executed"
+    finally:
+        err = client.close()
+    assert "Traceback" not in err, err
+
+
 def test_openai_agents_with_every_server_of_the_profile_goes_on_after_a_restart(service: GovernedService,
                                                                                tmp_path: Path) -> None:
     host = HostProcess(host_command("openai-agents"), profile_config(service, tmp_path), service.env)
@@ -84,7 +110,7 @@ def test_openai_agents_with_every_server_of_the_profile_goes_on_after_a_restart(
         assert host.call("parrot", "parrot_say", {"text": "before"})["structuredContent"] == {"text": "before"}
         host.send(op="call", server="echo", name="echo_misbehave", arguments=HELD)
         time.sleep(REACHED_SECONDS)
-        service.restart()
+        service.restart(now=True)
         the_restart_error(host.answer())
         # Every server's session goes on: the one whose call was cut, and those that were idle.
         assert host.call("echo", "echo_say", {"text": "after"})["structuredContent"] == {"text": "after"}
