@@ -384,10 +384,8 @@ class Service:
             return None
         running = router.calls_in_flight + (mcp.calls_in_flight if mcp is not None else 0)
         quiet: asyncio.Future[Any] = asyncio.gather(router.quiesce(), *([mcp.quiesce()] if mcp is not None else []))
-        if not running:
-            await asyncio.sleep(0)  # the sockets closed, the connections stopped reading
-            return quiet
-        self.reports.stopping(running, grace)
+        if running:  # with none, a relaying bridge's note that it sends nothing more is still waited for
+            self.reports.stopping(running, grace)
         hurried: asyncio.Future[Any] = asyncio.ensure_future(self.hurry.wait())
         await asyncio.wait([quiet, hurried], timeout=grace, return_when=asyncio.FIRST_COMPLETED)
         hurried.cancel()

@@ -229,7 +229,8 @@ def _print_up_ready(service: Service) -> None:
     for problem in status.preflight:  # what `handler doctor` says: this machine against the tree
         print(f"  {problem['level']}: {problem['subject']}: {problem['message']} (fix: {problem['fix']})",
               file=sys.stderr)
-    print("  Ctrl-C stops everything.", file=sys.stderr, flush=True)
+    print(f"  Ctrl-C stops everything, once the calls in flight have finished (at most {service.options.stop_grace:g} s"
+          "; again: at once).", file=sys.stderr, flush=True)
 
 
 def _print_fetch_failed(error: HandlerError) -> None:

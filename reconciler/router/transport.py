@@ -106,6 +106,11 @@ class Connection:
         return self._framer.buffered + self._waiting_bytes + self._unsent_bytes
 
     def received(self, data: bytes) -> None:
+        self._take_in(data)
+        if self._stopping:  # read while paused (see `_take_in`): handled, and the reader paused again
+            self._pause_reader()
+
+    def _take_in(self, data: bytes) -> None:
         framer, budget = self._framer, self._router.line_budget
         held = framer.buffered
         items = framer.feed(data)
@@ -122,8 +127,6 @@ class Connection:
                 self._pause_reader()
         else:
             self._handle(items)
-        if self._stopping:  # read while paused (see above): handled, and the reader paused again
-            self._pause_reader()
 
     def _handle(self, items: list[bytes | Oversize]) -> None:
         """Handle framed lines in order until a hold begins — the calls in flight at the bound, or replies the client
@@ -267,7 +270,7 @@ class Connection:
                 return
             if not byte:
                 return
-            self.received(byte)
+            self._take_in(byte)
 
     def end(self, *, abort: bool = False, over: bool = True) -> None:
         """Abort what still runs and close every stream (`abort`: dropping what they have not sent); safe to call
