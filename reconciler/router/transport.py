@@ -93,6 +93,7 @@ class Connection:
         self._group = group  # the connections of its profile's socket, which the listener counts
         self._unrecorded = False  # a handed-over session whose record its bridge has not had yet
         self._stopping = False  # the router is stopping: its input is read no further (`stop_input`)
+        self._reading_rest = False  # the rest of a partial line is being read, the reader paused (`_read_rest_of_line`)
         self._stopped: asyncio.Future[None] | None = None  # done once its calls have finished, or it ended
         self.open_calls: OpenCalls | None = None  # a handed-over session's open calls, on its bridge's page
         self.relayed = False  # its bridge relays its lines (`relaying`), its notes among them
@@ -106,11 +107,6 @@ class Connection:
         return self._framer.buffered + self._waiting_bytes + self._unsent_bytes
 
     def received(self, data: bytes) -> None:
-        self._take_in(data)
-        if self._stopping:  # read while paused (see `_take_in`): handled, and the reader paused again
-            self._pause_reader()
-
-    def _take_in(self, data: bytes) -> None:
         framer, budget = self._framer, self._router.line_budget
         held = framer.buffered
         items = framer.feed(data)
@@ -127,6 +123,8 @@ class Connection:
                 self._pause_reader()
         else:
             self._handle(items)
+        if self._stopping and not self._reading_rest:  # read while paused (above): handled, the reader paused again
+            self._pause_reader()
 
     def _handle(self, items: list[bytes | Oversize]) -> None:
         """Handle framed lines in order until a hold begins — the calls in flight at the bound, or replies the client
@@ -209,14 +207,18 @@ class Connection:
             self._finishing = asyncio.get_running_loop().create_task(self._finish())
 
     async def _finish(self) -> None:
-        while True:
+        await self._finish_calls()
+        if self.writer is not None:
+            self.writer.close()  # flushes what is buffered; its connection_lost then ends the rest
+
+    async def _finish_calls(self) -> None:
+        """Until the calls in flight, and those of the lines read and waiting, have finished and replied."""
+        while not self._ended:
             await self.session.drain()
-            if not self._waiting or self._ended:
+            if not self._waiting:
                 break
             self._lifted = asyncio.get_running_loop().create_future()  # the lines still waiting are owed replies
             await self._lifted
-        if self.writer is not None:
-            self.writer.close()  # flushes what is buffered; its connection_lost then ends the rest
 
     def stop_input(self) -> asyncio.Future[None]:
         """The router is stopping: read no further request, and let the calls in flight and the lines already read
@@ -249,28 +251,27 @@ class Connection:
     async def _finish_read(self) -> None:
         if self._framer.buffered and not self._ended:
             await self._read_rest_of_line()
-        while not self._ended:
-            await self.session.drain()
-            if not self._waiting:
-                break
-            self._lifted = asyncio.get_running_loop().create_future()  # the lines still waiting are owed replies
-            await self._lifted
+        await self._finish_calls()
 
     async def _read_rest_of_line(self) -> None:
         """The rest of the line begun when the input stopped, a byte at a time: a read of more would take the start
         of the next request from the pipe, which the next router must find whole."""
         fd = _input_fd(self.reader)
-        while fd is not None and self._framer.buffered and not self._ended:
-            try:
-                byte = os.read(fd, 1)
-            except (BlockingIOError, InterruptedError):
-                await asyncio.sleep(_PARTIAL_LINE_PAUSE)
-                continue
-            except OSError:
-                return
-            if not byte:
-                return
-            self._take_in(byte)
+        self._reading_rest = True
+        try:
+            while fd is not None and self._framer.buffered and not self._ended:
+                try:
+                    byte = os.read(fd, 1)
+                except (BlockingIOError, InterruptedError):
+                    await asyncio.sleep(_PARTIAL_LINE_PAUSE)
+                    continue
+                except OSError:
+                    return
+                if not byte:
+                    return
+                self.received(byte)
+        finally:
+            self._reading_rest = False
 
     def end(self, *, abort: bool = False, over: bool = True) -> None:
         """Abort what still runs and close every stream (`abort`: dropping what they have not sent); safe to call
