@@ -67,7 +67,8 @@ _BACKLOG = 128
 _ACCEPTS_PER_WAKEUP = 64
 _ACCEPT_PAUSE_SECONDS = 0.1
 _MOST_UNREAD_NOTES = 1 << 20  # what a handed-over session's lifeline may hold unread: a bridge reads it all along
-_PARTIAL_LINE_PAUSE = 0.01  # seconds between reads of a partial line's rest while the router stops
+_PARTIAL_LINE_PAUSE = 0.002  # seconds between reads of a partial line's rest while the router stops, at first
+_PARTIAL_LINE_MOST_PAUSE = 0.2  # and at most (doubling while nothing comes)
 
 
 class Connection:
@@ -256,19 +257,21 @@ class Connection:
     async def _read_rest_of_line(self) -> None:
         """The rest of the line begun when the input stopped, a byte at a time: a read of more would take the start
         of the next request from the pipe, which the next router must find whole."""
-        fd = _input_fd(self.reader)
+        fd, pause = _input_fd(self.reader), _PARTIAL_LINE_PAUSE
         self._reading_rest = True
         try:
             while fd is not None and self._framer.buffered and not self._ended:
                 try:
                     byte = os.read(fd, 1)
                 except (BlockingIOError, InterruptedError):
-                    await asyncio.sleep(_PARTIAL_LINE_PAUSE)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, _PARTIAL_LINE_MOST_PAUSE)  # a client that never ends it costs little
                     continue
                 except OSError:
                     return
                 if not byte:
                     return
+                pause = _PARTIAL_LINE_PAUSE
                 self.received(byte)
         finally:
             self._reading_rest = False

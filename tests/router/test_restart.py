@@ -16,6 +16,7 @@ import os
 import random
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -248,6 +249,23 @@ def test_a_line_half_sent_when_the_router_stops_is_served_whole_and_the_next_lef
     # Call 4 is read from the pipe by the stopping router; a relaying bridge, which frames lines itself, keeps it for
     # the next router whole. Call 5 is the next router's either way.
     assert stopping_answered == ({2, 4} if mode == "--handover" else {2})
+
+
+def test_a_client_that_never_ends_its_line_holds_a_stop_for_its_grace_only(echo_root: Path, run_dir: Path) -> None:
+    """A client of the profile's socket writes half a request and nothing more: the stopping router waits for the
+    rest for its grace (1 s here), then stops cleanly."""
+    with router(echo_root, run_dir, "--stop-grace", "1") as first, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.connect(str(run_dir / "profiles/tester.sock"))
+        client.sendall(line(INIT))
+        assert json.loads(client.recv(1 << 16))["id"] == 1
+        client.sendall(call(2, "echo_say", {"text": "never ended"})[:25])
+        time.sleep(0.3)  # the router has read the half
+        began = time.monotonic()
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(DEADLINE) == 0
+        assert 1 <= time.monotonic() - began < 1 + 4
+        assert client.recv(1 << 16) == b""  # closed, with nothing said of the half request
 
 
 def test_a_second_signal_stops_at_once_and_the_call_cut_off_is_told_so(echo_root: Path, run_dir: Path,
