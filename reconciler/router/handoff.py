@@ -27,7 +27,9 @@ socket closing is the bridge gone, as a lifeline's: the session ends and its cal
 A router that is stopping (docs/router.md "Stopping") lets the calls in flight finish before it goes. It reads no
 more of a handed-over agent's stdin: what the agent sends next waits in the pipe for the next router. It tells a
 relaying bridge `{"handler/stopping": true}`; the bridge keeps what the agent sends next for the next router and
-answers `{"handler/paused": true}` after the last line it sent, and the router reads up to that note.
+answers `{"handler/paused": true}` after the last line it sent, and the router reads up to that note. A bridge says
+it will with `{"handler/pauses": true}`, its first line to each router; the router reads no further from a bridge
+that has not said so (one of an earlier version), which answers what it sent unread as cut off by a restart.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Final, NamedTuple
 
 import orjson
 
-from reconciler.wire.meta import ATTACH, ATTACHED, ENDED, INPUT_ENDED, PAUSED, RELAY, SESSION, STOPPING
+from reconciler.wire.meta import ATTACH, ATTACHED, ENDED, INPUT_ENDED, PAUSED, PAUSES, RELAY, SESSION, STOPPING
 
 __all__ = [
     "ACCEPTED",
@@ -47,6 +49,7 @@ __all__ = [
     "INPUT_ENDED_LINE",
     "NOTE_HEAD",
     "PAUSED_LINE",
+    "PAUSES_LINE",
     "STDIO_PRINCIPAL",
     "STOPPING_LINE",
     "Attach",
@@ -66,6 +69,7 @@ ACCEPTED: Final = orjson.dumps({ATTACHED: True}, option=orjson.OPT_APPEND_NEWLIN
 ENDED_LINE: Final = orjson.dumps({ENDED: True}, option=orjson.OPT_APPEND_NEWLINE)
 STOPPING_LINE: Final = orjson.dumps({STOPPING: True}, option=orjson.OPT_APPEND_NEWLINE)
 PAUSED_LINE: Final = orjson.dumps({PAUSED: True}, option=orjson.OPT_APPEND_NEWLINE)
+PAUSES_LINE: Final = orjson.dumps({PAUSES: True}, option=orjson.OPT_APPEND_NEWLINE)
 MAX_ATTACH_BYTES: Final = 64 * 1024
 # The principal of a session record made for a handed-over session: the socket is who it is, no credential. No
 # credential has an empty name, so a record of an HTTP session is never resumed on a socket, nor one of these over HTTP.

@@ -14,8 +14,8 @@ every request still open once (the restart error of `lifeline`), waits for the n
 session's record; requests the agent sends meanwhile wait in the pipe. A router that is stopping says so
 (`{"handler/stopping": true}`) and finishes the calls it has: the bridge then sends it nothing more, answers
 `{"handler/paused": true}` once it has sent its last line, and keeps what the agent sends next for the next router,
-so nothing is cut off. Exactly once costs a process in the
-middle of every message: `benchmarks/router.py` prints what it adds over the handoff.
+so nothing is cut off (its first line to each router, `{"handler/pauses": true}`, says it will). Exactly once
+costs a process in the middle of every message: `benchmarks/router.py` prints what it adds over the handoff.
 """
 
 from __future__ import annotations
@@ -30,7 +30,15 @@ from typing import Any, Final
 
 import orjson
 
-from reconciler.router.handoff import ACCEPTED, INPUT_ENDED_LINE, NOTE_HEAD, PAUSED_LINE, attach_line, read_note
+from reconciler.router.handoff import (
+    ACCEPTED,
+    INPUT_ENDED_LINE,
+    NOTE_HEAD,
+    PAUSED_LINE,
+    PAUSES_LINE,
+    attach_line,
+    read_note,
+)
 from reconciler.router.lifeline import (
     answer_restarted,
     call_id,
@@ -102,7 +110,8 @@ class Relay:
         blocked sending would leave them unread, and a router whose replies go unread stops reading."""
         from_router = LineFramer(_MOST_REPLY_BYTES, oversize="pass")
         sock.setblocking(False)
-        self._unsent, self._kept = self._kept, bytearray()  # what the last router, stopping, left to this one
+        # First that this bridge pauses when the router stops, then what the last router, stopping, left to this one.
+        self._unsent, self._kept = bytearray(PAUSES_LINE) + self._kept, bytearray()
         self.open, self._kept_open = self._kept_open, {}
         self._stopping = self._paused = False
         poller = select.poll()

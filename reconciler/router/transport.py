@@ -44,6 +44,7 @@ from reconciler.router.handoff import (
     MAX_ATTACH_BYTES,
     NOTE_HEAD,
     PAUSED_LINE,
+    PAUSES_LINE,
     STDIO_PRINCIPAL,
     STOPPING_LINE,
     is_stream_fd,
@@ -98,6 +99,7 @@ class Connection:
         self._stopped: asyncio.Future[None] | None = None  # done once its calls have finished, or it ended
         self.open_calls: OpenCalls | None = None  # a handed-over session's open calls, on its bridge's page
         self.relayed = False  # its bridge relays its lines (`relaying`), its notes among them
+        self._pauses = False  # its relaying bridge sends nothing more once told the router stops (`PAUSES_LINE`)
         router.connections.add(self)
         if group is not None:
             group.add(self)
@@ -149,10 +151,12 @@ class Connection:
                 return
 
     def _noted(self, line: bytes) -> None:
-        """A note of its relaying bridge's: the agent closed its stdin, or the bridge sends no more lines (the router
-        is stopping)."""
+        """A note of its relaying bridge's: the agent closed its stdin; the bridge pauses when the router stops, or
+        sends no more lines (the router is stopping)."""
         if line == INPUT_ENDED_LINE:
             self.input_ended()
+        elif line == PAUSES_LINE:
+            self._pauses = True
         elif line == PAUSED_LINE and self._stopped is not None:
             self._quiet()
 
@@ -225,8 +229,8 @@ class Connection:
         """The router is stopping: read no further request, and let the calls in flight and the lines already read
         finish and reply; done when they have (the router then ends the connection, `end(over=False)`). A partial
         line is read to its end first, a byte at a time, so no byte after it is taken from the pipe. A relaying
-        bridge is asked to stop sending first (`STOPPING_LINE`), and this connection reads on until it says it has
-        (`PAUSED_LINE`)."""
+        bridge that said it pauses is asked to stop sending first (`STOPPING_LINE`), and this connection reads on
+        until it says it has (`PAUSED_LINE`)."""
         if self._stopped is not None:
             return self._stopped
         stopped = self._stopped = asyncio.get_running_loop().create_future()
@@ -234,7 +238,7 @@ class Connection:
             stopped.set_result(None)
         elif self._finishing is not None:  # its input has ended: it finishes, and closes, on its own
             self._finishing.add_done_callback(lambda _: _resolve(stopped))
-        elif self.relayed:
+        elif self._pauses:
             self._tell(STOPPING_LINE)
         else:
             self._quiet()

@@ -38,6 +38,7 @@ __all__ = [
     "MOST_USD",
     "PARENT_INSTANCE",
     "PAUSED",
+    "PAUSES",
     "PROFILE",
     "RELAY",
     "REQUEST_ID",
@@ -85,9 +86,11 @@ RELAY: Final = "handler/relay"  # in an attach line without descriptors: the bri
 SESSION: Final = "handler/session"  # the session's signed record, router to bridge and back at a re-attach
 ENDED: Final = "handler/ended"  # the handed-over session is over: the bridge exits rather than re-attach
 # The router is stopping: a relaying bridge sends no more of the agent's lines (they wait for the next router) and
-# answers `PAUSED` once it has sent its last, so the router knows it has read every line it will be sent.
+# answers `PAUSED` once it has sent its last, so the router knows it has read every line it will be sent. A bridge
+# that does says `PAUSES` first; the router waits for no other's.
 STOPPING: Final = "handler/stopping"
 PAUSED: Final = "handler/paused"
+PAUSES: Final = "handler/pauses"
 
 # Where a caller's identity comes from when a client is started by whoever launches the agent.
 _CALLER_ENV: Final = (("HANDLER_INSTANCE", INSTANCE), ("HANDLER_PARENT_INSTANCE", PARENT_INSTANCE))

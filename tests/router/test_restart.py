@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from reconciler.router.handoff import ACCEPTED, attach_line
+from reconciler.wire.meta import INTERFACE
 from tests.fixtures.harness import BRIDGE, DEADLINE
 from tests.fixtures.matrix import HANDLER
 from tests.router.test_handoff import INIT, call, line
@@ -266,6 +268,27 @@ def test_a_client_that_never_ends_its_line_holds_a_stop_for_its_grace_only(echo_
         assert first.wait(DEADLINE) == 0
         assert 1 <= time.monotonic() - began < 1 + 4
         assert client.recv(1 << 16) == b""  # closed, with nothing said of the half request
+
+
+def test_a_relaying_bridge_of_an_earlier_version_does_not_hold_a_stop(echo_root: Path, run_dir: Path) -> None:
+    """A relaying bridge that never said it pauses (`{"handler/pauses": true}`: one started before an upgrade) is not
+    asked to, nor waited for: with no call in flight, the router stops at once rather than after its grace."""
+    with router(echo_root, run_dir, "--stop-grace", "5") as first, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bridge:
+        bridge.connect(str(run_dir / "profiles/tester.sock"))
+        bridge.sendall(attach_line({INTERFACE: "echo"}, relay=True))
+        assert bridge.recv(1 << 16) == ACCEPTED
+        bridge.sendall(line(INIT))
+        assert b'"id":1' in bridge.recv(1 << 16)
+        began = time.monotonic()
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(DEADLINE) == 0
+        assert time.monotonic() - began < 2.5
+        said = b""
+        while chunk := bridge.recv(1 << 16):
+            said += chunk
+    assert b"handler/stopping" not in said
+    assert b"handler/ended" not in said  # gone, not over: such a bridge waits for the next router
 
 
 def test_a_second_signal_stops_at_once_and_the_call_cut_off_is_told_so(echo_root: Path, run_dir: Path,
