@@ -137,7 +137,8 @@ def _stop_printer(command: str) -> Reports:
 
     def stopping(running: int, grace: float) -> None:
         print(f"handler {command}: stopping; {running} call(s) in flight may finish for up to {grace:g} s (signal "
-              "again to stop now); new requests wait for the next router", file=sys.stderr, flush=True)
+              "again to stop now); new requests on stdio wait for the next router, new calls over HTTP are told to "
+              "call again", file=sys.stderr, flush=True)
 
     def cut_off(running: int) -> None:
         print(f"handler {command}: stopped with {running} call(s) still running: cut off, and each agent is told it "
