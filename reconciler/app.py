@@ -382,15 +382,17 @@ class Service:
         router, mcp, grace = self._router, self.mcp, self.options.stop_grace
         if router is None or grace <= 0:
             return None
-        running = router.calls_in_flight + (mcp.calls_in_flight if mcp is not None else 0)
+
+        def running() -> int:
+            return router.calls_in_flight + (mcp.calls_in_flight if mcp is not None else 0)
+
+        if at_first := running():  # with none, a relaying bridge's note that it sends nothing more is still waited for
+            self.reports.stopping(at_first, grace)
         quiet: asyncio.Future[Any] = asyncio.gather(router.quiesce(), *([mcp.quiesce()] if mcp is not None else []))
-        if running:  # with none, a relaying bridge's note that it sends nothing more is still waited for
-            self.reports.stopping(running, grace)
         hurried: asyncio.Future[Any] = asyncio.ensure_future(self.hurry.wait())
         await asyncio.wait([quiet, hurried], timeout=grace, return_when=asyncio.FIRST_COMPLETED)
         hurried.cancel()
-        left = router.calls_in_flight + (mcp.calls_in_flight if mcp is not None else 0)
-        if left:
+        if left := running():
             self.reports.cut_off(left)
         return quiet
 

@@ -158,8 +158,7 @@ class McpEndpoint:
 
     async def _serve_one(self, call: _Call, body: bytes, decoded: Mapping[str, Any], *, stream: bool) -> None:
         """A 2026-07-28 request that passed every check, served by a session of its own."""
-        if (stopped := self._stopping_refusal(decoded)) is not None:
-            await send_body(call.send, 200, stopped, {"content-type": "application/json"})
+        if self.stopping and await self._refused_stopping(call, decoded):
             return
         session = new_session(self._router, call.profile, call.principal, Outlet())  # writes to no stream
         exchange = Exchange()
@@ -217,8 +216,7 @@ class McpEndpoint:
             else:  # one the session cannot accept: the specification's 4xx, its JSON-RPC error as the body
                 await send_body(call.send, 400, refused.reply, {"content-type": "application/json"})
             return
-        if (stopped := self._stopping_refusal(decoded)) is not None:
-            await send_body(call.send, 200, stopped, {"content-type": "application/json"})
+        if self.stopping and await self._refused_stopping(call, decoded):
             return
         exchange = held.open_stream(self.bounds.streams_per_session, _id_of(decoded))
         self._handle(held.session, exchange, body)
@@ -404,23 +402,27 @@ class McpEndpoint:
             return body, None
         return body, decoded
 
-    def _stopping_refusal(self, decoded: Mapping[str, Any]) -> bytes | None:
-        """The answer to a call the router, stopping, does not run (None: the request is served). Over HTTP a
-        request cannot wait unread for the next router, as a line on a pipe does, so it is told at once
-        (`lifeline.STOPPING`)."""
-        if not self.stopping or decoded.get("method") != "tools/call" or (msg_id := _id_of(decoded)) is None:
-            return None
-        return cut_off(msg_id, STOPPING)
+    async def _refused_stopping(self, call: _Call, decoded: Mapping[str, Any]) -> bool:
+        """Answer a call the router, stopping, does not run; False: the request is served. Over HTTP a request cannot
+        wait unread for the next router, as a line on a pipe does, so it is told at once (`lifeline.STOPPING`)."""
+        if decoded.get("method") != "tools/call" or (msg_id := _id_of(decoded)) is None:
+            return False
+        await send_body(call.send, 200, cut_off(msg_id, STOPPING), {"content-type": "application/json"})
+        return True
+
+    def _serving(self) -> list[Session]:
+        """The sessions whose calls may be running: those held, and those of 2026-07-28 requests being served."""
+        return [*self._held.sessions(), *self._one_off]
 
     async def quiesce(self) -> None:
         """Run no new call, and return once the calls in flight have finished (`Router.quiesce`, over HTTP): their
         replies go out on their streams, or wait there for their clients to resume them."""
         self.stopping = True
-        await asyncio.gather(*(session.drain() for session in [*self._held.sessions(), *self._one_off]))
+        await asyncio.gather(*(session.drain() for session in self._serving()))
 
     @property
     def calls_in_flight(self) -> int:
-        return sum(len(session.tasks) for session in [*self._held.sessions(), *self._one_off])
+        return sum(len(session.tasks) for session in self._serving())
 
     async def aclose(self) -> None:
         self._held.close()
