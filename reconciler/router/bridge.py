@@ -24,18 +24,18 @@ import argparse
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from reconciler.places import default_run_dir, socket_path, why_unreachable
-from reconciler.router.handoff import ACCEPTED, attach_line, is_stream_fd
-from reconciler.router.lifeline import DEFAULT_WAIT_SECONDS, Lifeline, read_line
+from reconciler.router.handoff import is_stream_fd
+from reconciler.router.lifeline import DEFAULT_WAIT_SECONDS, Lifeline, Refusal, next_router
 from reconciler.router.openpage import make_page
 from reconciler.router.relaying import Relay
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES
 from reconciler.wire.meta import caller_meta
 
-__all__ = ["hand_over", "main"]
+__all__ = ["main"]
 
 _CHUNK = 1 << 16
 
@@ -93,19 +93,42 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(sock: socket.socket, path: Path, meta: Mapping[str, str], args: argparse.Namespace) -> int:
     """Hand the agent's stdio over and follow the session, else relay it (`relaying`); the exit status."""
-    page = _page() if args.handover and not args.relay else None
+    page = _page() if args.handover and not args.relay and _can_hand_over() else None
     if page is not None:
-        if hand_over(sock, meta, page):
-            return Lifeline(path, meta, page, args.wait_seconds).follow(sock)
-        sock.close()  # refused: that connection is the router's plain line connection now; the relay opens its own
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(str(path))
+        lifeline = Lifeline(path, meta, page, args.wait_seconds)
+        taken = _open(sock, path, lifeline.hand_over, args.wait_seconds)
+        if isinstance(taken, socket.socket):
+            return lifeline.follow(taken)
+        if taken is None:
+            return 1
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # refused: the relay opens a connection of its own
+        try:
+            sock.connect(str(path))
+        except OSError as exc:
+            sock.close()
+            print(f"handler-service: the router refused the handoff ({taken.message}) and then could not be reached "
+                  f"({exc.strerror}); restart this MCP server in your host", file=sys.stderr, flush=True)
+            return 1
     relay = Relay(path, meta, args.wait_seconds, DEFAULT_MAX_LINE_BYTES)
-    refused = relay.attach(sock)
-    if refused is not None:
-        print(f"handler-service: the router refused the session: {refused}", file=sys.stderr, flush=True)
+    taken = _open(sock, path, relay.attach, args.wait_seconds)
+    if isinstance(taken, Refusal):
+        print(f"handler-service: the router refused the session: {taken.message}", file=sys.stderr, flush=True)
         return 1
-    return relay.follow(sock)
+    return 1 if taken is None else relay.follow(taken)
+
+
+def _open(sock: socket.socket, path: Path, attach: Callable[[socket.socket], Refusal | None],
+          wait_seconds: float) -> socket.socket | Refusal | None:
+    """The socket the session began on: `sock`'s, or, when that router is stopping (or went away as the bridge
+    attached), the next router's (`next_router`; None when none came in time). A refusal for any other reason."""
+    try:
+        refused = attach(sock)
+    except OSError:
+        refused = Refusal("the router closed the connection", stopping=True)
+    if refused is None:
+        return sock
+    sock.close()
+    return next_router(path, wait_seconds, attach, first=True) if refused.stopping else refused
 
 
 def _page() -> int | None:
@@ -135,24 +158,15 @@ def _wait_default() -> float:
         return DEFAULT_WAIT_SECONDS
 
 
-def hand_over(sock: socket.socket, meta: Mapping[str, str], page: int) -> bool:
-    """Give the router stdin and stdout (keeping copies) and the page it keeps the open calls on (`openpage`);
-    False if it was not possible.
-
-    After False the socket is still a line connection, ready for `relay`.
-    """
+def _can_hand_over() -> bool:
+    """Whether stdin and stdout can be handed to the router: two pipes or sockets, which an event loop can watch
+    (one socket both ways it cannot)."""
     try:
         stdin, stdout = os.fstat(0), os.fstat(1)
-        if not (is_stream_fd(stdin.st_mode) and is_stream_fd(stdout.st_mode)):
-            return False
-        if (stdin.st_dev, stdin.st_ino) == (stdout.st_dev, stdout.st_ino):
-            return False  # one socket both ways: an event loop cannot watch it as two pipes
-        socket.send_fds(sock, [attach_line(meta)], [0, 1, page])
-        answer = read_line(sock)
     except OSError:
         return False
-    # Refused, or a router that does not know the handoff: its answer is not for the agent.
-    return answer == ACCEPTED
+    return is_stream_fd(stdin.st_mode) and is_stream_fd(stdout.st_mode) \
+        and (stdin.st_dev, stdin.st_ino) != (stdout.st_dev, stdout.st_ino)
 
 
 if __name__ == "__main__":

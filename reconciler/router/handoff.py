@@ -135,9 +135,13 @@ def session_line(session: str) -> bytes:
     return orjson.dumps({SESSION: session}, option=orjson.OPT_APPEND_NEWLINE)
 
 
-
-def refused_line(message: str) -> bytes:
-    return orjson.dumps({ATTACHED: False, "message": message}, option=orjson.OPT_APPEND_NEWLINE)
+def refused_line(message: str, *, stopping: bool = False) -> bytes:
+    """The router's answer to an attach it does not take: why; `stopping` when only because it is stopping, so the
+    bridge waits for the next router instead of giving up."""
+    line: dict[str, object] = {ATTACHED: False, "message": message}
+    if stopping:
+        line[STOPPING] = True
+    return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def is_stream_fd(mode: int) -> bool:

@@ -43,6 +43,7 @@ class Hub(Protocol):
     bounds: ConnectionBounds
     line_budget: LineBudget
     connections: set[Any]
+    stopping: bool  # the router is stopping: a new connection is turned away (docs/router.md "Stopping")
 
     @property
     def live(self) -> Generation: ...

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 
@@ -29,9 +29,10 @@ from reconciler.wire.errors import INTERNAL_ERROR, JsonRpcError
 from reconciler.wire.framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from reconciler.wire.messages import encode_error
 from reconciler.wire.meta import RETRY, RETRY_LATER
+from reconciler.wire.meta import STOPPING as STOPPING_NOTE
 
-__all__ = ["DEFAULT_WAIT_SECONDS", "STOPPING", "Lifeline", "answer_restarted", "call_id", "next_router", "read_line",
-           "refusal", "request_id", "write_out"]
+__all__ = ["DEFAULT_WAIT_SECONDS", "NOT_ATTACHED_STOPPING", "NOT_CONNECTED_STOPPING", "STOPPING", "Lifeline", "Refusal",
+           "answer_restarted", "call_id", "next_router", "read_line", "refusal", "request_id", "write_out"]
 
 DEFAULT_WAIT_SECONDS: Final = 120.0  # enough for an upgrade's restart, short enough not to leave a host hanging
 _CHUNK: Final = 1 << 16
@@ -46,6 +47,12 @@ RESTARTED: Final = ("the router restarted while this call was running, so it may
 # A call a stopping router refuses (`streamable`: over HTTP, where the router cannot leave a request unread).
 STOPPING: Final = ("the router is stopping (a restart or an upgrade), so this call was not run and nothing was "
                    "charged. Call it again in a few seconds, once the router is back; this session goes on.")
+# What a router that is stopping answers a connection made meanwhile: a bridge's attach (it waits for the next router),
+# and a plain line connection's requests (`transport.Listener`).
+NOT_ATTACHED_STOPPING: Final = "the router is stopping (a restart or an upgrade); attach to the next one"
+NOT_CONNECTED_STOPPING: Final = ("the router is stopping (a restart or an upgrade) and takes no new connection, so "
+                                 "this request was not run and nothing was charged. Connect again in a few seconds, "
+                                 "once the router is back.")
 LOST_CALL: Final = ("the router that was running this call restarted (or this request reached another router), so its "
                     f"result is lost: it may or may not have run (and been charged). {_WHAT_TO_DO} This session goes "
                     "on.")
@@ -67,14 +74,14 @@ class Lifeline:
         while not self._read_until_closed(sock):
             sock.close()
             self._answer_open()
-            found = next_router(self.path, self.wait_seconds, self._hand_over)
+            found = next_router(self.path, self.wait_seconds, self.hand_over)
             if found is None:
                 return 1
             sock = found
         sock.close()
         return 0
 
-    def _hand_over(self, sock: socket.socket) -> str | None:
+    def hand_over(self, sock: socket.socket) -> Refusal | None:
         """Hand the session to the router on `sock`: None when it took it, else its refusal."""
         socket.send_fds(sock, [attach_line(self.meta, self.record)], [0, 1, self.page])
         answer = read_line(sock)
@@ -111,7 +118,7 @@ class Lifeline:
         answer_restarted(open_calls)
 
 
-def cut_off(call_id: int | str, message: str = RESTARTED) -> bytes:
+def cut_off(call_id: int | str | None, message: str = RESTARTED) -> bytes:
     """The one reply of a request a router that went away left open: -32603, `message` (what happened, what to do),
     `handler/retry: later`."""
     return encode_error(call_id, JsonRpcError(INTERNAL_ERROR, message, {RETRY: RETRY_LATER}))
@@ -122,10 +129,22 @@ def answer_restarted(call_ids: Iterable[int | str]) -> None:
     write_out(b"".join(cut_off(call_id) for call_id in call_ids))
 
 
-def next_router(path: Path, wait_seconds: float, attach: Callable[[socket.socket], str | None]) -> socket.socket | None:
+class Refusal(NamedTuple):
+    """A router's answer that did not take a session: why, and whether only because it is stopping (the next router
+    will take it)."""
+
+    message: str
+    stopping: bool = False
+
+
+def next_router(path: Path, wait_seconds: float, attach: Callable[[socket.socket], Refusal | None], *,
+                first: bool = False) -> socket.socket | None:
     """The socket of the next router at `path`, the session opened there by `attach` (None: taken, else the
-    router's refusal), saying so on stderr; None when none took it within `wait_seconds`."""
-    print(f"handler-service: the router went away; waiting up to {wait_seconds:g} s for it to come back at {path}",
+    router's refusal), saying so on stderr; None when none took it within `wait_seconds`. A router that is
+    stopping is one to wait past, as is a path where none listens yet. `first`: the session has not begun, the
+    router it first reached being one that stops."""
+    waiting = "the router is stopping (a restart or an upgrade)" if first else "the router went away"
+    print(f"handler-service: {waiting}; waiting up to {wait_seconds:g} s for it to come back at {path}",
           file=sys.stderr, flush=True)
     deadline = time.monotonic() + wait_seconds
     while True:
@@ -134,19 +153,19 @@ def next_router(path: Path, wait_seconds: float, attach: Callable[[socket.socket
             sock.connect(str(path))
             refused = attach(sock)
         except OSError:
-            sock.close()
-            if time.monotonic() >= deadline:
-                give_up(f"no router came back at {path} within {wait_seconds:g} s")
-                return None
-            time.sleep(_RETRY_PAUSE)
-            continue
+            refused = Refusal("no router answered", stopping=True)
         if refused is None:
-            print("handler-service: the router is back; the session goes on", file=sys.stderr, flush=True)
+            print(f"handler-service: the router is back; the session {'begins' if first else 'goes on'}",
+                  file=sys.stderr, flush=True)
             return sock
         sock.close()
-        give_up(f"the router did not take the session back: {refused}")
-        return None
-
+        if not refused.stopping:
+            give_up(f"the router did not take the session{'' if first else ' back'}: {refused.message}")
+            return None
+        if time.monotonic() >= deadline:
+            give_up(f"no router came back at {path} within {wait_seconds:g} s")
+            return None
+        time.sleep(_RETRY_PAUSE)
 
 
 def give_up(why: str) -> None:
@@ -167,10 +186,12 @@ def read_line(sock: socket.socket) -> bytes:
     return bytes(line)
 
 
-def refusal(answer: bytes) -> str:
+def refusal(answer: bytes) -> Refusal:
+    """What a router's answer to an attach line that is not `ACCEPTED` says."""
     with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
-        return str(orjson.loads(answer).get("message") or "no reason given")
-    return "its answer was not a handoff answer"
+        said = orjson.loads(answer)
+        return Refusal(str(said.get("message") or "no reason given"), said.get(STOPPING_NOTE) is True)
+    return Refusal("its answer was not a handoff answer")
 
 
 def _waiting_requests() -> list[int | str]:

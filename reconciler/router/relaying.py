@@ -40,6 +40,7 @@ from reconciler.router.handoff import (
     read_note,
 )
 from reconciler.router.lifeline import (
+    Refusal,
     answer_restarted,
     call_id,
     next_router,
@@ -80,7 +81,7 @@ class Relay:
         self._kept = bytearray()
         self._kept_open: dict[int | str, None] = {}
 
-    def attach(self, sock: socket.socket) -> str | None:
+    def attach(self, sock: socket.socket) -> Refusal | None:
         """Open (or resume) the session on `sock`; None when the router took it, else its refusal."""
         sock.sendall(attach_line(self.meta, self.record, relay=True))
         answer = read_line(sock)

@@ -5,7 +5,7 @@ gets `$HANDLER_RUN_DIR/profiles/<profile>.sock`, mode 0600: which socket a calle
 is. `swap(snapshot)` compiles the new generation first, then replaces the live one in a single
 assignment, then opens sockets for new profiles and closes those of removed ones; sessions keep the
 generation they pinned, so calls in flight finish on theirs. `quiesce` stops taking calls and waits for those in
-flight (docs/router.md "Stopping"); `aclose` stops everything it started.
+flight (docs/router.md "Stopping"); `aclose` closes the sockets and stops everything it started.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Router:
         self.services.pool.serve_agents(self.runs)
         self._listeners: dict[str, Listener] = {}
         self.connections: set[Connection] = set()
-        self.stopping = False  # `quiesce` began: no socket opens again
+        self.stopping = False  # `quiesce` began: no socket opens again, those open turn new connections away
         self._signer: SessionSigner | None = None
 
     @property
@@ -145,12 +145,12 @@ class Router:
             self.socket_path(profile).unlink()
 
     async def quiesce(self) -> None:
-        """Stop taking calls and return once those in flight have finished and replied: the profiles' sockets close
-        and every connection reads no further request (`Connection.stop_input`), so what its client sends next waits
-        for the next router. The caller bounds the wait; `aclose` then ends what still runs."""
+        """Stop taking calls and return once those in flight have finished and replied: every connection reads no
+        further request (`Connection.stop_input`), so what its client sends next waits for the next router, and the
+        profiles' sockets turn new connections away, a bridge's attach as one to make to the next router
+        (`Listener`). The caller bounds the wait; `aclose` then ends what still runs."""
         self.stopping = True
-        for profile in list(self._listeners):
-            await self._close_socket(profile)
+        await asyncio.gather(*(listener.started() for listener in self._listeners.values()))
         await asyncio.gather(*(conn.stop_input() for conn in list(self.connections)))
 
     @property

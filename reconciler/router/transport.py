@@ -14,7 +14,8 @@ the input ends, the calls in flight finish and reply before the output closes; w
 breaks (the client stopped reading) or the lifeline does (the bridge is gone), the session is
 aborted and its calls cancelled. When the router stops (`stop_input`), a connection reads no further
 request — never a byte past the last line it serves, so what the agent sends next waits for the next
-router — and its calls in flight finish and reply.
+router — and its calls in flight finish and reply; meanwhile the listener turns new connections away, a
+bridge's attach as one to make to the next router.
 
 What a connection holds is bounded and counted in the router's budget (`Hub.line_budget`): its
 unfinished line, the lines read while its input was paused (one read at most: a read that comes
@@ -53,6 +54,7 @@ from reconciler.router.handoff import (
     session_line,
 )
 from reconciler.router.hub import Hub
+from reconciler.router.lifeline import NOT_ATTACHED_STOPPING, NOT_CONNECTED_STOPPING, cut_off, request_id
 from reconciler.router.openpage import OpenCalls, page_problem
 from reconciler.router.resumption import SessionRecord
 from reconciler.router.sessions import Session
@@ -501,6 +503,11 @@ class Listener:
         for conn in list(self._unanswered):
             self._drop(conn)
 
+    async def started(self) -> None:
+        """Once the connections it accepted have been made (a connection made later is turned away if the router
+        is stopping)."""
+        await asyncio.gather(*self._starting, return_exceptions=True)
+
     def _accept(self) -> None:
         for _ in range(_ACCEPTS_PER_WAKEUP):
             try:
@@ -554,6 +561,10 @@ class Listener:
             _close_fds(fds)
             conn.close()  # connected and left without a word
             return
+        if self._router.stopping:
+            _close_fds(fds)
+            self._turn_away(conn, data, attaching=bool(fds) or data.startswith(ATTACH_HEAD))
+            return
         attach = parse_attach(data) if fds or data.startswith(ATTACH_HEAD) else None
         if attach is not None:
             problem = (_relay_problem(fds) if attach.relay else _handoff_problem(fds)) or _meta_problem(attach.meta)
@@ -572,6 +583,20 @@ class Listener:
             data = b""  # the bridge relays lines on this connection instead
         _close_fds(fds)
         self._start(self._lines(conn, data), conn, [])
+
+    def _turn_away(self, conn: socket.socket, data: bytes, *, attaching: bool) -> None:
+        """A connection made while the router stops: a bridge's attach is refused as stopping (the bridge waits for
+        the next router), and each request in a line connection's first bytes is answered that the router is
+        stopping (or, if none is whole, one error with no id says so); then it closes."""
+        if attaching:
+            answer = refused_line(NOT_ATTACHED_STOPPING, stopping=True)
+        else:
+            ids: list[int | str | None] = [
+                call_id for line in data.split(b"\n")[:-1] if (call_id := request_id(line)) is not None]
+            answer = b"".join(cut_off(call_id, NOT_CONNECTED_STOPPING) for call_id in ids or [None])
+        with contextlib.suppress(OSError):
+            conn.send(answer)
+        conn.close()
 
     def _start(self, coro: Any, conn: socket.socket, fds: list[int]) -> None:
         task = self._loop.create_task(coro)

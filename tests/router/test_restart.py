@@ -215,6 +215,47 @@ def test_a_stopping_router_lets_the_call_in_flight_finish_and_the_next_serves_wh
         ("echo_say", "executed"), ("echo_misbehave", "executed"), ("echo_say", "executed")]
 
 
+def test_a_bridge_started_while_the_router_stops_gets_its_session_from_the_next_router(
+        echo_root: Path, run_dir: Path, mode: str, tmp_path: Path) -> None:
+    """An agent's MCP server started during a stop (a call of 2 s still finishing) is turned away as one to attach to
+    the next router: it waits, says so, and its initialize is answered by the next router; a plain connection made
+    meanwhile is told the router is stopping, for each request it sent, and closed."""
+    said = tmp_path / "first.err"
+    with router(echo_root, run_dir, said=said) as first:
+        running = Agent(run_dir, 30, mode)
+        assert running.request(line(INIT))["id"] == 1
+        running.send(call(2, "echo_misbehave", {"mode": "sleep", "seconds": 2}))
+        assert running.request(call(3, "echo_say", {"text": "before"}))["id"] == 3  # call 2 runs by now
+        first.send_signal(signal.SIGTERM)
+        wait_until_said(said, STOPPING)
+        late = Agent(run_dir, 30, mode)
+        late.send(line(INIT))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as plain:
+            plain.connect(str(run_dir / "profiles/tester.sock"))
+            plain.sendall(line(INIT) + line({**PING, "id": "p"}))
+            told = b""
+            while chunk := plain.recv(1 << 16):  # then closed
+                told += chunk
+        answers = [json.loads(answer) for answer in told.splitlines()]
+        assert [answer["id"] for answer in answers] == [1, "p"]
+        for answer in answers:
+            assert answer["error"]["data"] == {"handler/retry": "later"}
+            assert answer["error"]["message"].startswith(
+                "the router is stopping (a restart or an upgrade) and takes no new connection, so this request was not "
+                "run"), answer
+        assert running.reply()["id"] == 2  # the call in flight finished
+        assert first.wait(DEADLINE) == 0
+    assert not late.replied(0.3), "the stopping router answered the late agent"
+    with router(echo_root, run_dir):
+        assert late.reply()["result"]["serverInfo"]  # its initialize, answered by the next router
+        assert late.request(call(2, "echo_say", {"text": "late"}))["result"]["structuredContent"] == {"text": "late"}
+        status, err = late.finish()
+        assert running.finish()[0] == 0
+    assert status == 0, err
+    assert "handler-service: the router is stopping (a restart or an upgrade); waiting up to 30 s" in err
+    assert "the router is back; the session begins" in err
+
+
 def test_a_line_half_sent_when_the_router_stops_is_served_whole_and_the_next_left_for_the_next_router(
         echo_root: Path, run_dir: Path, mode: str, tmp_path: Path) -> None:
     """The agent has written half of a request when the router begins to stop, and the rest after: the request is
