@@ -398,6 +398,8 @@ class Service:
 
     async def _close(self) -> None:
         self._stop.set()
+        if self.listener is not None:
+            self.listener.stop_accepting()
         quiet = await self._let_calls_finish()
         if self.mcp is not None:  # first: its sessions' streams end, so the listener's connections close
             await self.mcp.aclose()

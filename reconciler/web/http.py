@@ -32,6 +32,7 @@ from reconciler.config.errors import HandlerError
 from reconciler.gitops.webhook import verify_signature
 from reconciler.governance.credentials import Credentials
 from reconciler.governance.errors import StoreError
+from reconciler.web.activation import ActivationError, inherited_socket
 from reconciler.web.dashboard import PAGE_HEADERS, Dashboard, Desk
 from reconciler.web.guards import (
     BodyLimiter,
@@ -241,11 +242,20 @@ class HttpListener:
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
+        self.inherited = False  # the socket is the service manager's (`activation`): it outlives this process
 
     def bind(self) -> None:
-        """Take the port now, before the service writes anything; a port in use is a `ListenerError` that says
-        which option chooses another."""
+        """Take the port now, before the service writes anything: the socket a service manager passed for it
+        (`activation`), else one made here; a port in use is a `ListenerError` that says which option chooses
+        another."""
         config = self._server.config
+        try:
+            self._socket = inherited_socket(config.host, config.port)
+        except ActivationError as exc:
+            raise ListenerError(str(exc)) from None
+        self.inherited = self._socket is not None
+        if self.inherited:
+            return
         try:
             family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
             self._socket = socket.create_server((config.host.strip("[]"), config.port), family=family)
@@ -294,3 +304,11 @@ class HttpListener:
 
     def stop(self) -> None:
         self._server.should_exit = True
+
+    def stop_accepting(self) -> None:
+        """The service is stopping: on a socket the service manager holds, accept no more connections (those open
+        are served on), so a new one waits in the kernel's queue for the next service rather than meet this one's
+        stop. On a socket of its own it accepts on: a new connection is told the router is stopping, not refused."""
+        if self.inherited:
+            for server in getattr(self._server, "servers", []):
+                server.close()
