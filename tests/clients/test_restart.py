@@ -29,11 +29,14 @@ from tests.fixtures.matrix import (
     governed_service,
     host_command,
     profile_config,
+    wait_until,
 )
 
 RESTARTED = "the router restarted while this call was running, so it may or may not have run"
 HELD = {"mode": "sleep", "seconds": 60}
 SHORT = {"mode": "sleep", "seconds": 2}  # well within the stop's grace (5 s)
+LONGER = {"mode": "sleep", "seconds": 4}  # still within it, long enough for a client to start meanwhile
+STOPPED_WAIT = "handler-service: the router is stopping (a restart or an upgrade); waiting up to"
 REACHED_SECONDS = 2.0  # ample for the call to reach the connector: the router is stopped while it runs there
 LOST = "the router that was running this call restarted (or this request reached another router)"
 STREAMED_SECONDS = 6.5  # past the 5 s after which a call over HTTP answers as a stream, with an event to resume from
@@ -101,6 +104,35 @@ def test_a_call_in_flight_at_a_restart_finishes_and_the_client_sees_nothing_of_t
     finally:
         err = client.close()
     assert "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("kind", STDIO_KINDS)
+def test_a_client_started_while_the_service_stops_gets_its_session_from_the_next_router(
+        service: GovernedService, kind: str) -> None:
+    """A host starts its MCP server while the service stops (a call of 4 s still finishing): the bridge is told to
+    wait for the next router, and the client's initialize and first call are served there, with its defaults."""
+    busy = ClientProcess(client_command(kind), service, env={"HANDLER_INSTANCE": f"busy-{kind}"})
+    late: list[ClientProcess] = []
+
+    def start_late() -> None:
+        late.append(ClientProcess(client_command(kind), service, env={"HANDLER_INSTANCE": f"late-{kind}"},
+                                  listing=False))
+        wait_until(lambda: STOPPED_WAIT in "".join(late[0].said), "the late client's bridge waiting")
+
+    busy.send(op="call", name="echo_misbehave", arguments=LONGER)
+    time.sleep(0.5)
+    service.restart(during=start_late)
+    client = late[0]
+    try:
+        assert busy.answer()["result"]["structuredContent"] == {"text": "slept"}
+        assert client.listed()["tools"]
+        assert client.call("echo_say", {"text": "late"})["structuredContent"] == {"text": "late"}
+        assert logged(service, f"late-{kind}", "echo_say")["outcome"] == "executed"
+    finally:
+        err = client.close()
+        busy.close()
+    assert "Traceback" not in err, err
+    assert "handler-service: the router is back; the session begins" in err, err
 
 
 def test_openai_agents_with_every_server_of_the_profile_goes_on_after_a_restart(service: GovernedService,
