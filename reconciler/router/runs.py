@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -31,9 +32,12 @@ from reconciler.connectors.llm import tool_error
 from reconciler.connectors.runbox import INSIDE_RUN_DIR, RunPlan, box_run, socket_ready
 from reconciler.places import ensure_private_dir, open_private_file
 from reconciler.router.pipeline import Caller
+from reconciler.router.runjournal import RunJournal
 from reconciler.wire.meta import INSTANCE, PROFILE, RUN_PREFIX, secret_digest
 
 __all__ = ["AgentRuns", "Confinement", "Run", "RunRefusedError", "mcp_servers"]
+
+_log = logging.getLogger("handler.router")
 
 RESULT_CHARS = 1_000_000  # agent/v1's most for a result
 ERROR_CHARS = 300  # of a failed runner's last line on stderr, in the run's error
@@ -43,6 +47,14 @@ _KEPT_OUT_BYTES = 4 * RESULT_CHARS + 2
 _KEPT_ERR_BYTES = 64 * 1024
 ENDED = ("succeeded", "failed", "timed_out", "cancelled")
 KEPT_ENDED = 1000  # ended runs `handler agent list` and agent_status still know
+# What a run of an earlier router says once this one has read it from the journal (`runjournal`), and what a run the
+# service stops says: each names what happened and what the agent that started it does next.
+STOPPED = ("the service stopped while it ran (a restart or an upgrade), so it was cut short; start it again with "
+           "agent_run if it is still needed")
+LOST = ("the router that ran it stopped before it ended (it was killed, or its machine restarted), so it was cut "
+        "short; start it again with agent_run if it is still needed")
+RESULT_LOST = ("it succeeded, but its result was kept only by the router that ran it, which has restarted since; start "
+               "it again with agent_run if you need the result")
 _PASSED = ("PATH", "LANG", "LC_ALL", "TZ", "HOME")
 
 
@@ -86,6 +98,20 @@ class Run:
         """What `handler agent list` shows of it."""
         return {**self.view(), "parent": self.parent, "starter": self.starter, "started": self.started,
                 "ended": self.ended}
+
+    def record(self) -> dict[str, Any]:
+        """What the journal keeps of it (`runjournal`): no input, no result."""
+        return {"run": self.id, "agent": self.agent, "status": self.status, "error": self.error,
+                "starter": self.starter, "parent": self.parent, "profileOfStarter": self.profile_of_starter,
+                "started": self.started, "ended": self.ended}
+
+    @classmethod
+    def recorded(cls, record: Mapping[str, Any]) -> Run:
+        """A run of an earlier router, from its journal record (`record`)."""
+        return cls(str(record["run"]), str(record.get("agent") or ""), "", str(record.get("starter") or ""),
+                   _text(record.get("parent")), _text(record.get("profileOfStarter")),
+                   status=str(record.get("status") or "running"), error=_text(record.get("error")),
+                   started=float(record.get("started") or 0.0), ended=_number(record.get("ended")))
 
 
 def mcp_servers(profile: str, run_dir: Path, interfaces: list[str],
@@ -131,6 +157,19 @@ class AgentRuns:
         self._withdraw = withdraw  # the gate's: rejects the pending holds of a run that did not succeed
         self._withdrawing: set[asyncio.Task[int]] = set()
         self.runs: dict[str, Run] = {}
+        self._journal = RunJournal(self.folder / "journal.jsonl", KEPT_ENDED)
+
+    def restore(self) -> None:
+        """Take in the runs of the routers before this one from the journal: a run that had ended as it ended (a
+        result not kept: `RESULT_LOST`), one still running when its router was killed as cancelled (`LOST`), its
+        pending holds withdrawn, as a run that ends does. Called on the event loop, before any run starts."""
+        for record in self._journal.recorded():
+            run = Run.recorded(record)
+            self.runs[run.id] = run
+            if run.status == "running":
+                self._end(run, "cancelled", error=LOST)
+            elif run.status == "succeeded":
+                run.error = RESULT_LOST
 
     # --- agent/v1, as a connector answers -----------------------------------------------------
 
@@ -207,6 +246,7 @@ class AgentRuns:
         self._check_limits(agent, parent, runner.maxConcurrent, runner.maxPerParent)
         run = Run(RUN_PREFIX + secrets.token_hex(8), agent, text, starter, parent, caller)
         self.runs[run.id] = run
+        self._note(run)
         member = run.starter.removeprefix("member:") if run.parent is None and run.starter.startswith("member:") \
             else None
         self.proofs[secret_digest(run.secret)] = Caller(agent, run.id, run.parent, True, member)
@@ -239,7 +279,7 @@ class AgentRuns:
 
     async def stop(self) -> None:
         for run in list(self.runs.values()):
-            await self.cancel(run.id, "the service stopped")
+            await self.cancel(run.id, STOPPED)
         if self._withdrawing:
             await asyncio.gather(*self._withdrawing, return_exceptions=True)
 
@@ -325,6 +365,7 @@ class AgentRuns:
         if run.status != "running":
             return
         run.status, run.result, run.error, run.ended = status, result, error, time.time()
+        self._note(run)
         self.proofs.pop(secret_digest(run.secret), None)  # an ended run's sessions prove nothing any more
         if status != "succeeded" and self._withdraw is not None:
             # A held call of a run cut short never runs after it; a run that finished left its holds on purpose.
@@ -337,6 +378,14 @@ class AgentRuns:
             (self.folder / f"{run.id}.mcp.json").unlink()
         self._forget_oldest()
 
+    def _note(self, run: Run) -> None:
+        """The run's start or end, into the journal; a journal that cannot be written costs the run nothing."""
+        try:
+            self._journal.write(run.record())
+        except OSError as exc:
+            _log.warning("the journal of runs cannot be written (%s): a restart will not know run %s",
+                         exc.strerror, run.id)
+
     def _forget_oldest(self) -> None:
         """Keep at most `KEPT_ENDED` ended runs (each may hold a result of a megabyte), forgetting the oldest; a run
         whose parent still runs is kept, since it counts in that parent's `maxPerParent`."""
@@ -347,6 +396,14 @@ class AgentRuns:
         forgettable = [r for r in ended if r.parent not in running]
         for old in sorted(forgettable, key=lambda r: r.ended or 0.0)[:len(ended) - KEPT_ENDED]:
             del self.runs[old.id]
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _kill_group(process: asyncio.subprocess.Process) -> None:

@@ -96,6 +96,7 @@ class Router:
         for folder in (self.run_dir, self.run_dir / "profiles", self.services.calls_dir):
             _private(folder, "HANDLER_RUN_DIR")
         await self.services.pool.start()
+        self.runs.restore()
         for profile in sorted(self.live.snapshot.profiles):
             await self._open(profile)
 
