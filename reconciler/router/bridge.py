@@ -24,9 +24,11 @@ import argparse
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from reconciler.liveness import holder_of
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.router.handoff import is_stream_fd
 from reconciler.router.lifeline import DEFAULT_WAIT_SECONDS, Lifeline, Refusal, next_router
@@ -37,7 +39,7 @@ from reconciler.wire.meta import caller_meta
 
 __all__ = ["main"]
 
-_CHUNK = 1 << 16
+_CONNECT_PAUSE = 0.1  # seconds between tries of the profile's socket while a service starts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,17 +80,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     run_dir = args.run_dir or default_run_dir()
     path = socket_path(run_dir, args.profile)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(str(path))
-    except OSError as exc:
-        sock.close()
-        print(f"handler-service: {why_unreachable(run_dir, args.profile, path, exc)}", file=sys.stderr)
-        return 1
-    try:
+        sock = _connect(run_dir, args.profile, path, args.wait_seconds)
+        if isinstance(sock, str):
+            print(f"handler-service: {sock}", file=sys.stderr)
+            return 1
         return _serve(sock, path, meta, args)
     except KeyboardInterrupt:
         return 130
+
+
+def _connect(run_dir: Path, profile: str, path: Path, wait_seconds: float) -> socket.socket | str:
+    """A connection to the profile's socket, or why there is none. Where no router listens yet but a service holds
+    the run folder with no profile's socket open (one starting, or one stopping: a restart), the next router's socket
+    is waited for, up to `wait_seconds`; where none does, the bridge stops at once, saying why."""
+    deadline: float | None = None
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(path))
+        except OSError as exc:
+            sock.close()
+            if deadline is None:
+                if not _service_between_sockets(run_dir):
+                    return why_unreachable(run_dir, profile, path, exc)
+                print(f"handler-service: the service on {run_dir} is starting (or restarting); waiting up to "
+                      f"{wait_seconds:g} s for its router at {path}", file=sys.stderr, flush=True)
+                deadline = time.monotonic() + wait_seconds
+            elif time.monotonic() >= deadline:
+                return f"no router came to {path} within {wait_seconds:g} s; start one with `handler up`"
+            time.sleep(_CONNECT_PAUSE)
+            continue
+        return sock
+
+
+def _service_between_sockets(run_dir: Path) -> bool:
+    """Whether a service holds the run folder and serves no profile's socket there: it is starting, or stopping."""
+    profiles = run_dir / "profiles"
+    return holder_of(run_dir) is not None and not (profiles.is_dir() and any(profiles.glob("*.sock")))
 
 
 def _serve(sock: socket.socket, path: Path, meta: Mapping[str, str], args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -254,6 +255,44 @@ def test_a_bridge_started_while_the_router_stops_gets_its_session_from_the_next_
     assert status == 0, err
     assert "handler-service: the router is stopping (a restart or an upgrade); waiting up to 30 s" in err
     assert "the router is back; the session begins" in err
+
+
+# A service between its sockets: it holds the run folder's lock as a service does from its start to its end, and
+# serves no profile's socket (yet, or any more).
+HOLDS_THE_RUN_FOLDER = """
+import sys
+from pathlib import Path
+from reconciler.liveness import ServiceLock
+ServiceLock(Path(sys.argv[1])).acquire(Path(sys.argv[2]))
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_bridge_started_while_a_service_starts_waits_for_its_router(echo_root: Path, run_dir: Path, mode: str,
+                                                                     tmp_path: Path) -> None:
+    """A host starts its MCP server while the service holds the run folder but has no socket open (starting, or
+    between a stop and the next start): the bridge waits for the router rather than stopping at once, through the
+    moment no service holds it, and the agent's initialize is answered by the router that comes."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "state").mkdir(mode=0o700)
+    with subprocess.Popen([sys.executable, "-c", HOLDS_THE_RUN_FOLDER, str(tmp_path / "state"), str(run_dir)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        agent = Agent(run_dir, 30, mode)
+        agent.send(line(INIT))
+        time.sleep(1)
+        assert agent.proc.poll() is None, "the bridge stopped while a service held the run folder"
+        holder.communicate("")  # the service is gone: a moment with none
+    assert holder.returncode == 0
+    time.sleep(0.3)
+    with router(echo_root, run_dir):
+        assert agent.reply()["result"]["serverInfo"]
+        assert agent.request(call(2, "echo_say", {"text": "came"}))["result"]["structuredContent"] == {"text": "came"}
+        status, err = agent.finish()
+    assert status == 0, err
+    assert f"handler-service: the service on {run_dir} is starting (or restarting); waiting up to 30 s" in err
 
 
 def test_a_line_half_sent_when_the_router_stops_is_served_whole_and_the_next_left_for_the_next_router(
