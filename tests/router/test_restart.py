@@ -43,9 +43,11 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 @contextlib.contextmanager
-def router(root: Path, run_dir: Path, *options: str, said: Path | None = None) -> Iterator[subprocess.Popen[str]]:
-    """`handler serve` on the echo tree, serving once its socket is there; what it says on stderr goes to `said`."""
-    sock = run_dir / "profiles/tester.sock"
+def router(root: Path, run_dir: Path, *options: str, said: Path | None = None,
+           profile: str = "tester") -> Iterator[subprocess.Popen[str]]:
+    """`handler serve` on `root` (the echo tree), serving once `profile`'s socket is there; what it says on stderr
+    goes to `said`."""
+    sock = run_dir / f"profiles/{profile}.sock"
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()  # a killed router's, which nobody listens on
     with contextlib.ExitStack() as stack:
@@ -138,6 +140,18 @@ def open_call(agent: Agent) -> None:
     assert agent.request(call(3, "echo_say", {"text": "before"}))["result"]["structuredContent"] == {"text": "before"}
 
 
+def stopped_under_a_call(router: subprocess.Popen[str], run_dir: Path, mode: str, said: Path) -> Agent:
+    """An initialized session with call 2 in flight (2 s, within the stop's grace), answered 1 and 3; then SIGTERM to
+    `router`, which says (on `said`) it lets that call finish."""
+    agent = Agent(run_dir, 30, mode)
+    assert agent.request(line(INIT))["id"] == 1
+    agent.send(call(2, "echo_misbehave", {"mode": "sleep", "seconds": 2}))
+    assert agent.request(call(3, "echo_say", {"text": "before"}))["id"] == 3  # call 2 runs by now
+    router.send_signal(signal.SIGTERM)
+    wait_until_said(said, STOPPING)
+    return agent
+
+
 def test_a_router_killed_mid_call_answers_it_once_and_the_session_goes_on_at_the_next(echo_root: Path,
                                                                                       run_dir: Path, mode: str) -> None:
     with router(echo_root, run_dir) as first:
@@ -189,12 +203,7 @@ def test_a_stopping_router_lets_the_call_in_flight_finish_and_the_next_serves_wh
     told to keep it) for the next router, which answers it. No request gets an error."""
     said = tmp_path / "first.err"
     with router(echo_root, run_dir, said=said) as first:
-        agent = Agent(run_dir, 30, mode)
-        assert agent.request(line(INIT))["id"] == 1
-        agent.send(call(2, "echo_misbehave", {"mode": "sleep", "seconds": 2}))
-        assert agent.request(call(3, "echo_say", {"text": "before"}))["id"] == 3  # call 2 runs by now
-        first.send_signal(signal.SIGTERM)
-        wait_until_said(said, STOPPING)
+        agent = stopped_under_a_call(first, run_dir, mode, said)
         time.sleep(0.2)  # a relaying bridge has heard so
         agent.send(call(4, "echo_say", {"text": "while it stops"}))
         finished = agent.reply()
@@ -223,12 +232,7 @@ def test_a_bridge_started_while_the_router_stops_gets_its_session_from_the_next_
     meanwhile is told the router is stopping, for each request it sent, and closed."""
     said = tmp_path / "first.err"
     with router(echo_root, run_dir, said=said) as first:
-        running = Agent(run_dir, 30, mode)
-        assert running.request(line(INIT))["id"] == 1
-        running.send(call(2, "echo_misbehave", {"mode": "sleep", "seconds": 2}))
-        assert running.request(call(3, "echo_say", {"text": "before"}))["id"] == 3  # call 2 runs by now
-        first.send_signal(signal.SIGTERM)
-        wait_until_said(said, STOPPING)
+        running = stopped_under_a_call(first, run_dir, mode, said)
         late = Agent(run_dir, 30, mode)
         late.send(line(INIT))
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as plain:

@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,29 +29,9 @@ from tests.fixtures.agents_tree import processes_of, write_agents_tree
 from tests.fixtures.harness import DEADLINE
 from tests.fixtures.matrix import HANDLER
 from tests.router.test_handoff import INIT, call, line
+from tests.router.test_restart import router
 
 pytestmark = pytest.mark.usefixtures("echo_secret")
-
-
-@contextlib.contextmanager
-def router(root: Path, run_dir: Path) -> Iterator[subprocess.Popen[str]]:
-    """`handler serve` on `root`, once boss's socket is there."""
-    sock = run_dir / "profiles/boss.sock"
-    with contextlib.suppress(FileNotFoundError):
-        sock.unlink()  # a killed router's, which nobody listens on
-    proc = subprocess.Popen([HANDLER, "serve", str(root)], env={**os.environ, "HANDLER_RUN_DIR": str(run_dir)},
-                            stderr=subprocess.DEVNULL, text=True)
-    try:
-        deadline = time.monotonic() + DEADLINE
-        while not sock.exists():
-            assert proc.poll() is None, "handler serve exited"
-            assert time.monotonic() < deadline, "handler serve did not open its socket"
-            time.sleep(0.05)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(DEADLINE)
 
 
 def ask(run_dir: Path, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +57,7 @@ def until_ended(run_dir: Path, run: str) -> dict[str, Any]:
 
 def test_after_a_stop_the_next_router_says_how_each_run_ended_and_what_to_do(tmp_path: Path, run_dir: Path) -> None:
     root = write_agents_tree(tmp_path / "t", timeout=60)
-    with router(root, run_dir) as first:
+    with router(root, run_dir, profile="boss") as first:
         done = ask(run_dir, "agent_run", {"agent": "worker", "input": "hello"})["run"]
         assert "result" in until_ended(run_dir, done)
         crashing = ask(run_dir, "agent_run", {"agent": "worker", "input": "crash"})["run"]
@@ -88,7 +67,7 @@ def test_after_a_stop_the_next_router_says_how_each_run_ended_and_what_to_do(tmp
         first.send_signal(signal.SIGTERM)
         assert first.wait(DEADLINE) == 0
     assert not processes_of(sleeping)
-    with router(root, run_dir):
+    with router(root, run_dir, profile="boss"):
         assert ask(run_dir, "agent_status", {"run": done}) == {
             "run": done, "agent": "worker", "status": "succeeded", "error": RESULT_LOST}
         assert ask(run_dir, "agent_status", {"run": crashing}) == {
@@ -110,7 +89,7 @@ def test_a_run_its_router_was_killed_under_is_cut_short_and_its_held_call_withdr
     """SIGKILL while a run waits on a held call: nothing of that router ran after; the next router ends the run as
     cut short, saying so, and rejects its pending hold, since a held call never runs after its run."""
     root = write_agents_tree(tmp_path / "t", timeout=60, worker_template="balanced")
-    with router(root, run_dir) as first:
+    with router(root, run_dir, profile="boss") as first:
         run = ask(run_dir, "agent_run", {"agent": "worker", "input": "write"})["run"]
         marker = root / "work/worker/held"
         deadline = time.monotonic() + DEADLINE
@@ -120,7 +99,7 @@ def test_a_run_its_router_was_killed_under_is_cut_short_and_its_held_call_withdr
         request_id = marker.read_text()
         first.send_signal(signal.SIGKILL)
         first.wait(DEADLINE)
-    with router(root, run_dir):
+    with router(root, run_dir, profile="boss"):
         assert ask(run_dir, "agent_status", {"run": run}) == {
             "run": run, "agent": "worker", "status": "cancelled", "error": LOST}
         with contextlib.closing(open_store(store_url(root, {}, state_dir=root / ".handler"))) as store:
@@ -142,7 +121,7 @@ def test_a_journal_cut_short_by_a_crash_or_written_by_hand_loses_only_its_bad_li
             "ended": 2.0}
     journal.write_text("not json\n" + json.dumps([1, 2]) + "\n" + json.dumps(good) + "\n" + '{"run": "run-0')
     journal.chmod(0o600)
-    with router(root, run_dir):
+    with router(root, run_dir, profile="boss"):
         assert ask(run_dir, "agent_status", {"run": good["run"]}) == {
             "run": good["run"], "agent": "worker", "status": "failed", "error": "its runner exited with status 3"}
     assert [json.loads(entry)["run"] for entry in journal.read_text().splitlines()] == [good["run"]]
