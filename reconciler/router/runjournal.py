@@ -5,8 +5,8 @@ goes on through a restart, `lifeline`). `RunJournal` writes one line when a run 
 `<state folder>/runs/journal.jsonl` (0600), and the next router reads the last line of each run back: who ran what,
 for whom, and how it ended. A run whose last line says it was running never ended: its router was killed. The journal
 keeps no run's input or result, as the call log keeps no payload: a result lives in the memory of the router that
-ran it. Reading the journal rewrites it with what is kept (`KEPT` runs, the latest), so it does not grow for ever; a
-line cut short by a crash is skipped.
+ran it. Reading the journal rewrites it with what is kept (the latest `kept` runs), so it does not grow for ever;
+a line cut short by a crash is skipped.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class RunJournal:
                 record = orjson.loads(line)
                 if isinstance(record, dict) and isinstance(record.get("run"), str):
                     last[record["run"]] = record
-        records = sorted(last.values(), key=lambda r: r.get("started") or 0)[-self.kept:]
+        records = sorted(last.values(), key=_started)[-self.kept:]
         self._rewrite(records)
         return records
 
@@ -64,3 +64,8 @@ class RunJournal:
             out.flush()
             os.fsync(out.fileno())
         fresh.replace(self.path)
+
+
+def _started(record: Mapping[str, Any]) -> float:
+    started = record.get("started")
+    return float(started) if isinstance(started, int | float) and not isinstance(started, bool) else 0.0

@@ -111,7 +111,7 @@ class Run:
         return cls(str(record["run"]), str(record.get("agent") or ""), "", str(record.get("starter") or ""),
                    _text(record.get("parent")), _text(record.get("profileOfStarter")),
                    status=str(record.get("status") or "running"), error=_text(record.get("error")),
-                   started=float(record.get("started") or 0.0), ended=_number(record.get("ended")))
+                   started=_number(record.get("started")) or 0.0, ended=_number(record.get("ended")))
 
 
 def mcp_servers(profile: str, run_dir: Path, interfaces: list[str],
@@ -163,7 +163,15 @@ class AgentRuns:
         """Take in the runs of the routers before this one from the journal: a run that had ended as it ended (a
         result not kept: `RESULT_LOST`), one still running when its router was killed as cancelled (`LOST`), its
         pending holds withdrawn, as a run that ends does. Called on the event loop, before any run starts."""
-        for record in self._journal.recorded():
+        try:
+            records = self._journal.recorded()
+        except OSError as exc:
+            _log.warning("the journal of runs cannot be read (%s): the runs of the routers before are not known",
+                         exc.strerror)
+            return
+        for record in records:
+            if record.get("status") not in ("running", *ENDED):
+                continue  # not a run's record: the journal was written by hand
             run = Run.recorded(record)
             self.runs[run.id] = run
             if run.status == "running":

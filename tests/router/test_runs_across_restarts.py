@@ -119,9 +119,14 @@ def test_a_journal_cut_short_by_a_crash_or_written_by_hand_loses_only_its_bad_li
     good = {"run": "run-00000000000000aa", "agent": "worker", "status": "failed", "error": "its runner exited with "
             "status 3", "starter": "run:boss-1", "parent": "boss-1", "profileOfStarter": "boss", "started": 1.0,
             "ended": 2.0}
-    journal.write_text("not json\n" + json.dumps([1, 2]) + "\n" + json.dumps(good) + "\n" + '{"run": "run-0')
+    odd = {**good, "run": "run-00000000000000bb", "started": "yesterday", "status": "timed_out", "error": None}
+    journal.write_text("\n".join(["not json", json.dumps([1, 2]), json.dumps({"run": "run-c", "status": "exploded"}),
+                                  json.dumps(good), json.dumps(odd), '{"run": "run-0']))
     journal.chmod(0o600)
     with router(root, run_dir, profile="boss"):
         assert ask(run_dir, "agent_status", {"run": good["run"]}) == {
             "run": good["run"], "agent": "worker", "status": "failed", "error": "its runner exited with status 3"}
-    assert [json.loads(entry)["run"] for entry in journal.read_text().splitlines()] == [good["run"]]
+        assert ask(run_dir, "agent_status", {"run": odd["run"]}) == {
+            "run": odd["run"], "agent": "worker", "status": "timed_out"}
+    kept = [json.loads(entry)["run"] for entry in journal.read_text().splitlines()]
+    assert sorted(kept) == sorted(["run-c", good["run"], odd["run"]])  # whole records only, each once
