@@ -53,6 +53,8 @@ STOPPED = ("the service stopped while it ran (a restart or an upgrade), so it wa
            "agent_run if it is still needed")
 LOST = ("the router that ran it stopped before it ended (it was killed, or its machine restarted), so it was cut "
         "short; start it again with agent_run if it is still needed")
+NOT_STARTED_STOPPING = ("the service is stopping (a restart or an upgrade), so no run starts now; start it again in a "
+                        "few seconds, once the service is back")
 RESULT_LOST = ("it succeeded, but its result was kept only by the router that ran it, which has restarted since; start "
                "it again with agent_run if you need the result")
 _PASSED = ("PATH", "LANG", "LC_ALL", "TZ", "HOME")
@@ -158,6 +160,7 @@ class AgentRuns:
         self._withdrawing: set[asyncio.Task[int]] = set()
         self.runs: dict[str, Run] = {}
         self._journal = RunJournal(self.folder / "journal.jsonl", KEPT_ENDED)
+        self.stopping = False  # the service is stopping (`Router.quiesce`): no run starts, since it would be cut short
 
     def restore(self) -> None:
         """Take in the runs of the routers before this one from the journal: a run that had ended as it ended (a
@@ -238,6 +241,8 @@ class AgentRuns:
     def start(self, agent: str, text: str, *, starter: str, parent: str | None = None,
               caller: str | None = None) -> Run:
         """Start a run of `agent` with input `text`; `caller` is the profile whose agent_run asks (None: a member)."""
+        if self.stopping:
+            raise RunRefusedError("unavailable", NOT_STARTED_STOPPING)
         snapshot = self._snapshot()
         profile = snapshot.profiles.get(agent) if snapshot is not None else None
         if snapshot is None or profile is None:

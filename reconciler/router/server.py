@@ -150,7 +150,7 @@ class Router:
         further request (`Connection.stop_input`), so what its client sends next waits for the next router, and the
         profiles' sockets turn new connections away, a bridge's attach as one to make to the next router
         (`Listener`). The caller bounds the wait; `aclose` then ends what still runs."""
-        self.stopping = True
+        self.stopping = self.runs.stopping = True
         await asyncio.gather(*(listener.started() for listener in self._listeners.values()))
         await asyncio.gather(*(conn.stop_input() for conn in list(self.connections)))
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.router.runs import KEPT_ENDED, AgentRuns, Run
+from reconciler.router.runs import KEPT_ENDED, NOT_STARTED_STOPPING, AgentRuns, Run, RunRefusedError
 from reconciler.router.server import Router
 from tests.fixtures.agents_tree import processes_of, write_agents_tree
 from tests.fixtures.harness import RawClient, body, exchange
@@ -214,6 +214,21 @@ def test_a_runner_flooding_its_output_costs_the_router_only_the_tail(tmp_path: P
         assert peak < 24 << 20, f"the router held {peak >> 20} MiB while the run wrote 128 MiB"
 
     exchange(root, run_dir, script, profile="boss")
+
+
+def test_no_run_starts_while_the_service_stops(agents_root: Path, run_dir: Path) -> None:
+    """A run started during the stop's grace would be cut short by its end: it is refused at once as unavailable,
+    saying to start it again once the service is back."""
+    async def script(client: RawClient, router: Router) -> None:
+        await router.quiesce()
+        with pytest.raises(RunRefusedError) as refused:
+            router.runs.start("worker", "count the scans", starter="member:bob")
+        assert refused.value.code == "unavailable"
+        assert refused.value.message == NOT_STARTED_STOPPING
+        assert "start it again in a few seconds, once the service is back" in refused.value.message
+        assert not router.runs.runs
+
+    exchange(agents_root, run_dir, script, profile="boss")
 
 
 def test_the_runs_kept_once_ended_are_bounded_and_a_running_parents_children_stay(tmp_path: Path) -> None:
