@@ -9,7 +9,8 @@ the stop cuts off (a second SIGTERM) gets one error, which names the restart. Ei
 succeeds in the same session: no client reconnects or initializes again (docs/router.md "Restarts"). Over
 Streamable HTTP (the TypeScript SDK and the Python SDK 2.x in 2025-11-25 sessions) the service comes back on the
 same address, and the client's resume of a cut-off call's stream gets that call's error from the new router
-(docs/router.md "A stream the client lost").
+(docs/router.md "A stream the client lost"). A client started during a stop, or over HTTP between two routers on a port
+the service manager holds (docs/scaling.md), is served by the next router.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.fixtures.matrix import (
     host_command,
     profile_config,
     wait_until,
+    waiting_connections,
 )
 
 RESTARTED = "the router restarted while this call was running, so it may or may not have run"
@@ -133,6 +135,38 @@ def test_a_client_started_while_the_service_stops_gets_its_session_from_the_next
         busy.close()
     assert "Traceback" not in err, err
     assert "handler-service: the router is back; the session begins" in err, err
+
+
+@pytest.fixture(scope="module")
+def held_service() -> Iterator[GovernedService]:
+    """`handler up` on a port held across its restarts, as systemd's socket activation holds it (docs/scaling.md)."""
+    with governed_service(command="up", held_port=True) as running:
+        yield running
+
+
+@pytest.mark.parametrize("kind", ["typescript-http", "python-sdk-2-legacy-http", "python-sdk-2-auto-http"])
+def test_an_http_client_started_while_no_router_runs_on_a_held_port_is_served_by_the_next(
+        held_service: GovernedService, kind: str) -> None:
+    """A client over HTTP starts between two routers, its port held by the service manager: its first request waits in
+    the kernel's queue (seen there before the next router starts), and the next router serves it and the calls after,
+    with the client's default settings. On a port of the router's own, that request would meet a closed port."""
+    token = held_service.token(instance=f"gap-{kind}")
+    late: list[ClientProcess] = []
+
+    def start_late() -> None:
+        late.append(ClientProcess(client_command(kind), held_service, target=held_service.url,
+                                  env={"HANDLER_TEST_BEARER": token}, listing=False))
+        wait_until(lambda: waiting_connections(held_service.port) > 0, "the late client's connection in the queue")
+
+    held_service.restart(between=start_late)
+    client = late[0]
+    try:
+        assert client.listed()["tools"]
+        assert client.call("echo_say", {"text": "from the gap"})["structuredContent"] == {"text": "from the gap"}
+        assert logged(held_service, f"gap-{kind}", "echo_say")["outcome"] == "executed"
+    finally:
+        err = client.close()
+    assert "Traceback" not in err, err
 
 
 def test_openai_agents_with_every_server_of_the_profile_goes_on_after_a_restart(service: GovernedService,
