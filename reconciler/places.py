@@ -148,9 +148,16 @@ def socket_too_long(run_dir: Path, profile: str) -> str | None:
 
 
 def why_unreachable(run_dir: Path, profile: str, path: Path, exc: OSError) -> str:
-    """Why the profile's socket did not answer: a profile the running router does not serve (naming
-    those it does, one socket each), or no router running at all."""
-    served = sorted(p.stem for p in (run_dir / "profiles").glob("*.sock")) if (run_dir / "profiles").is_dir() else []
+    """Why the profile's socket did not answer: a run folder of another user's, a profile the running router does not
+    serve (naming those it does, one socket each), or no router running at all."""
+    if isinstance(exc, PermissionError):
+        return (f"the run folder {run_dir} is not this user's to use ({exc.strerror} at {path}): run this as the "
+                "user the service runs as, or name your own run folder with HANDLER_RUN_DIR")
+    try:
+        served = sorted(p.stem for p in (run_dir / "profiles").glob("*.sock")) if (run_dir / "profiles").is_dir() \
+            else []
+    except OSError:  # a folder not ours to list
+        served = []
     if path.exists() or not served:
         return (f"no router is running for profile '{profile}' (nothing answers at {path}: {exc.strerror}); "
                 "start one with `handler up` or `handler serve`")

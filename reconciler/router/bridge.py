@@ -117,7 +117,10 @@ def _connect(run_dir: Path, profile: str, path: Path, wait_seconds: float) -> so
 def _service_between_sockets(run_dir: Path) -> bool:
     """Whether a service holds the run folder and serves no profile's socket there: it is starting, or stopping."""
     profiles = run_dir / "profiles"
-    return holder_of(run_dir) is not None and not (profiles.is_dir() and any(profiles.glob("*.sock")))
+    try:
+        return holder_of(run_dir) is not None and not (profiles.is_dir() and any(profiles.glob("*.sock")))
+    except OSError:  # a run folder not ours to look into: no service of ours
+        return False
 
 
 def _serve(sock: socket.socket, path: Path, meta: Mapping[str, str], args: argparse.Namespace) -> int:

@@ -173,6 +173,26 @@ def test_the_bridge_exits_when_no_router_runs(run_dir: Path) -> None:
     assert sys.executable  # the bridge is the installed console script, not this interpreter
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's run folder needs a second user: root drops to nobody")
+def test_a_bridge_of_another_user_than_the_run_folders_stops_saying_so(tmp_path: Path) -> None:
+    """The bridge as nobody, pointed at root's run folder (0700, a service's lock in it): it cannot look in, so it
+    waits for no one and stops at once, saying whose folder it is not and what to do, with no traceback."""
+    run_dir = tmp_path / "run"
+    (run_dir / "profiles").mkdir(parents=True)
+    run_dir.chmod(0o700)
+    (run_dir / "service.lock").write_text("{}")
+    tmp_path.chmod(0o755)
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", BRIDGE, "echo", "--profile",
+                           "tester"], input=b"", capture_output=True, check=False, timeout=30,
+                          env={"HANDLER_RUN_DIR": str(run_dir), "PATH": os.environ["PATH"]})
+    assert done.returncode == 1, done.stderr
+    said = done.stderr.decode()
+    sock = run_dir / "profiles/tester.sock"
+    assert (f"the run folder {run_dir} is not this user's to use (Permission denied at {sock}): run this as the user "
+            "the service runs as, or name your own run folder with HANDLER_RUN_DIR") in said, said
+    assert b"Traceback" not in done.stderr
+
+
 def test_the_bridge_names_an_unknown_profile_and_the_profiles_served(run_dir: Path) -> None:
     from tests.fixtures.echo_tree import write_echo_tree
     from tests.fixtures.harness import short_dir
