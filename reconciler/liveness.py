@@ -30,7 +30,8 @@ from typing import Any
 from reconciler.places import PRIVATE_FILE_MODE, open_private_file
 from reconciler.wire.errors import HandlerError
 
-__all__ = ["ControlServer", "Holder", "ServiceLock", "ServiceRunningError", "ask_control", "ask_service", "holder_of"]
+__all__ = ["ControlServer", "Holder", "NotOursError", "ServiceLock", "ServiceRunningError", "ask_control",
+           "ask_service", "holder_of"]
 
 LOCK_NAME = "service.lock"
 CONTROL_NAME = "service.sock"
@@ -40,6 +41,10 @@ RECHECK_SECONDS = 60.0  # a preflight whose secret commands each answer within t
 
 class ServiceRunningError(HandlerError):
     """Another service holds this state folder."""
+
+
+class NotOursError(HandlerError):
+    """A folder whose service lock this user cannot read: another user's service's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +119,9 @@ def holder_of(state_dir: Path) -> Holder | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):  # no such folder: no service can hold it
         return None
+    except PermissionError as exc:
+        raise NotOursError(f"{state_dir} is not this user's to read ({exc.strerror}): run this as the user the service "
+                           "runs as, or name a folder of your own (--state-dir, HANDLER_STATE_DIR)") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from reconciler.liveness import holder_of
+from reconciler.liveness import NotOursError, holder_of
 from reconciler.places import default_run_dir, socket_path, why_unreachable
 from reconciler.router.handoff import is_stream_fd
 from reconciler.router.lifeline import DEFAULT_WAIT_SECONDS, Lifeline, Refusal, next_router
@@ -119,7 +119,7 @@ def _service_between_sockets(run_dir: Path) -> bool:
     profiles = run_dir / "profiles"
     try:
         return holder_of(run_dir) is not None and not (profiles.is_dir() and any(profiles.glob("*.sock")))
-    except OSError:  # a run folder not ours to look into: no service of ours
+    except (OSError, NotOursError):  # a run folder not ours to look into: no service of ours
         return False
 
 
