@@ -10,12 +10,13 @@ tool name appears twice in the host (docs/hosts.md).
 It relays the session's lines both ways (`relaying`): the router binds those `_meta` to the session, and the
 bridge, seeing every request and reply, answers each request exactly once whatever happens to the router — when
 the router goes away (a restart, a crash) it answers each request left open with an error naming the restart,
-waits for the next router (`--wait-seconds`) and goes on with the session there. With `--handover`, when its
-stdin and stdout are pipes or sockets, it hands both to the router instead (see `handoff`) and follows the
-session (`lifeline`): one process fewer per message, but a router killed mid-call can leave a call unanswered
-(docs/router.md "Exactly one reply"); where the router refuses the handoff, it relays. A line over the size cap
-goes through as it is: the router answers it. When the agent closes stdin, the bridge closes its sending side and
-waits for the replies still owed; when the agent stops reading, it exits.
+waits for the next router (`--wait-seconds`) and goes on with the session there. A bridge started while the
+service starts, or stops (docs/router.md "Stopping"), waits for its router the same way before the session
+begins. With `--handover`, when its stdin and stdout are pipes or sockets, it hands both to the router instead (see
+`handoff`) and follows the session (`lifeline`): one process fewer per message, but a router killed mid-call can
+leave a call unanswered (docs/router.md "Exactly one reply"); where the router refuses the handoff, it relays. A
+line over the size cap goes through as it is: the router answers it. When the agent closes stdin, the bridge closes its
+sending side and waits for the replies still owed; when the agent stops reading, it exits.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="relay the session's lines, every request answered exactly once (the default; it wins "
                         "over --handover; also HANDLER_RELAY=1)")
     parser.add_argument("--wait-seconds", type=float, default=_wait_default(), metavar="SECONDS",
-                        help="when the router goes away (a restart), how long to wait for the next one before "
-                        f"stopping (default {DEFAULT_WAIT_SECONDS:g}; also HANDLER_REATTACH_SECONDS)")
+                        help="when the router goes away (a restart), or is starting or stopping as this starts, "
+                        "how long to wait for the next one before stopping (default "
+                        f"{DEFAULT_WAIT_SECONDS:g}; also HANDLER_REATTACH_SECONDS)")
     args = parser.parse_args(argv)
     if closed := _closed_stream():
         # Checked before any socket is opened: it would take the free descriptor and pass for the agent's stdio.
