@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -82,10 +83,17 @@ class Agent:
     """The host's side of `handler-service`: requests in on its stdin, replies read from its stdout."""
 
     def __init__(self, run_dir: Path, wait_seconds: float, *options: str) -> None:
-        self.proc = subprocess.Popen([BRIDGE, "echo", "--profile", "tester", *options], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env={**os.environ, "HANDLER_RUN_DIR": str(run_dir),
-                                          "HANDLER_REATTACH_SECONDS": str(wait_seconds)})
+        # Its stderr goes to a file (appended to), so a test can read what it said so far while it runs; in the run
+        # folder, which goes with the test.
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix="bridge-", suffix=".err", dir=run_dir)
+        os.close(fd)
+        self._err = Path(name)
+        with self._err.open("ab") as err:
+            self.proc = subprocess.Popen([BRIDGE, "echo", "--profile", "tester", *options], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err,
+                                         env={**os.environ, "HANDLER_RUN_DIR": str(run_dir),
+                                              "HANDLER_REATTACH_SECONDS": str(wait_seconds)})
         self.replies: list[dict[str, Any]] = []
         # Read from the descriptor into a buffer of the test's own: a buffered file could hold a second reply that
         # `select` on its descriptor does not see.
@@ -120,11 +128,24 @@ class Agent:
         self.send(data)
         return self.reply()
 
+    def said(self) -> str:
+        """What the bridge said on its stderr so far."""
+        return self._err.read_text()
+
+    def until_said(self, text: str) -> None:
+        deadline = time.monotonic() + DEADLINE
+        while text not in self.said():
+            assert self.proc.poll() is None, f"the bridge exited: {self.said()}"
+            assert time.monotonic() < deadline, f"the bridge never said {text!r}: {self.said()}"
+            time.sleep(0.02)
+
     def finish(self) -> tuple[int, str]:
         """Close stdin; the bridge's exit status and stderr, every reply left read into `replies`."""
-        out, err = self.proc.communicate(timeout=DEADLINE)
+        out, _ = self.proc.communicate(timeout=DEADLINE)
         self.replies.extend(json.loads(reply) for reply in (self._unread + out).splitlines())
-        return self.proc.returncode, err.decode()
+        said = self.said()
+        self._err.unlink()
+        return self.proc.returncode, said
 
 
 def calls_logged(root: Path) -> list[dict[str, Any]]:
@@ -140,12 +161,13 @@ def open_call(agent: Agent) -> None:
     assert agent.request(call(3, "echo_say", {"text": "before"}))["result"]["structuredContent"] == {"text": "before"}
 
 
-def stopped_under_a_call(router: subprocess.Popen[str], run_dir: Path, mode: str, said: Path) -> Agent:
-    """An initialized session with call 2 in flight (2 s, within the stop's grace), answered 1 and 3; then SIGTERM to
-    `router`, which says (on `said`) it lets that call finish."""
+def stopped_under_a_call(router: subprocess.Popen[str], run_dir: Path, mode: str, said: Path,
+                         seconds: float = 2) -> Agent:
+    """An initialized session with call 2 in flight (`seconds`, within the stop's grace), answered 1 and 3; then
+    SIGTERM to `router`, which says (on `said`) it lets that call finish."""
     agent = Agent(run_dir, 30, mode)
     assert agent.request(line(INIT))["id"] == 1
-    agent.send(call(2, "echo_misbehave", {"mode": "sleep", "seconds": 2}))
+    agent.send(call(2, "echo_misbehave", {"mode": "sleep", "seconds": seconds}))
     assert agent.request(call(3, "echo_say", {"text": "before"}))["id"] == 3  # call 2 runs by now
     router.send_signal(signal.SIGTERM)
     wait_until_said(said, STOPPING)
@@ -227,14 +249,15 @@ def test_a_stopping_router_lets_the_call_in_flight_finish_and_the_next_serves_wh
 
 def test_a_bridge_started_while_the_router_stops_gets_its_session_from_the_next_router(
         echo_root: Path, run_dir: Path, mode: str, tmp_path: Path) -> None:
-    """An agent's MCP server started during a stop (a call of 2 s still finishing) is turned away as one to attach to
+    """An agent's MCP server started during a stop (a call of 4 s still finishing) is turned away as one to attach to
     the next router: it waits, says so, and its initialize is answered by the next router; a plain connection made
     meanwhile is told the router is stopping, for each request it sent, and closed."""
     said = tmp_path / "first.err"
     with router(echo_root, run_dir, said=said) as first:
-        running = stopped_under_a_call(first, run_dir, mode, said)
+        running = stopped_under_a_call(first, run_dir, mode, said, seconds=4)
         late = Agent(run_dir, 30, mode)
         late.send(line(INIT))
+        late.until_said("handler-service: the router is stopping (a restart or an upgrade); waiting up to 30 s")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as plain:
             plain.connect(str(run_dir / "profiles/tester.sock"))
             plain.sendall(line(INIT) + line({**PING, "id": "p"}))
@@ -286,8 +309,7 @@ def test_a_bridge_started_while_a_service_starts_waits_for_its_router(echo_root:
         assert holder.stdout.readline() == "held\n"
         agent = Agent(run_dir, 30, mode)
         agent.send(line(INIT))
-        time.sleep(1)
-        assert agent.proc.poll() is None, "the bridge stopped while a service held the run folder"
+        agent.until_said(f"handler-service: the service on {run_dir} is starting (or restarting); waiting up to 30 s")
         holder.communicate("")  # the service is gone: a moment with none
     assert holder.returncode == 0
     time.sleep(0.3)
