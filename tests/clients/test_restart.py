@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.clients.test_matrix import STDIO_KINDS, client_command, logged
+from tests.fixtures.http_service import waiting_connections
 from tests.fixtures.matrix import (
     ClientProcess,
     GovernedService,
@@ -31,7 +32,6 @@ from tests.fixtures.matrix import (
     host_command,
     profile_config,
     wait_until,
-    waiting_connections,
 )
 
 RESTARTED = "the router restarted while this call was running, so it may or may not have run"

@@ -26,7 +26,8 @@ import pytest
 
 from reconciler.web.activation import inherited_socket
 from tests.fixtures.echo_tree import write_echo_tree
-from tests.fixtures.http_service import ACTIVATED, HANDLER, HttpServed
+from tests.fixtures.http_service import ACTIVATED, HANDLER, HttpServed, waiting_connections
+from tests.fixtures.matrix import wait_until
 
 ACCEPT = {"Accept": "application/json, text/event-stream"}
 HELLO = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -75,13 +76,15 @@ def test_a_restart_on_a_held_socket_leaves_new_connections_to_the_next_router_an
             time.sleep(0.5)  # the call runs
             assert served.proc is not None
             served.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)  # the router stops
+            wait_until(lambda: any("stopping; 1 call(s) in flight" in line for line in served.said),
+                       "the router stopping")
             late = pool.submit(httpx.post, served.url("tester"), headers=headers, timeout=30,
                                json=tool_call(3, "echo_say", {"text": "during the restart"}))
+            wait_until(lambda: waiting_connections(served.port) > 0, "the late call's connection in the kernel's queue")
             assert result_of(running.result())["result"]["structuredContent"] == {"text": "slept"}
             assert served.proc.wait(30) == 0
             served.stop()  # its process gone: what is left of it closed
-            time.sleep(0.5)  # no router runs now
+            assert waiting_connections(served.port) == 1, "the late call's connection left the queue, no router running"
             assert not late.done(), "the late call was answered while no router ran"
             served.start(served.port)
             answered = result_of(late.result())
