@@ -33,7 +33,7 @@ from reconciler.connectors.runbox import INSIDE_RUN_DIR, RunPlan, box_run, socke
 from reconciler.places import ensure_private_dir, open_private_file
 from reconciler.router.pipeline import Caller
 from reconciler.router.runjournal import RunJournal
-from reconciler.wire.meta import INSTANCE, PROFILE, RUN_PREFIX, secret_digest
+from reconciler.wire.meta import INSTANCE, PROFILE, RUN_PREFIX, minted_run_id, secret_digest
 
 __all__ = ["AgentRuns", "Confinement", "Run", "RunRefusedError", "mcp_servers"]
 
@@ -173,8 +173,8 @@ class AgentRuns:
                          exc.strerror)
             return
         for record in records:
-            if record.get("status") not in ("running", *ENDED):
-                continue  # not a run's record: the journal was written by hand
+            if record.get("status") not in ("running", *ENDED) or not minted_run_id(record["run"]):
+                continue  # not a run's record (the journal was written by hand): its id names no file of ours either
             run = Run.recorded(record)
             self.runs[run.id] = run
             if run.status == "running":

@@ -70,6 +70,7 @@ _BACKLOG = 128
 _ACCEPTS_PER_WAKEUP = 64
 _ACCEPT_PAUSE_SECONDS = 0.1
 _MOST_UNREAD_NOTES = 1 << 20  # what a handed-over session's lifeline may hold unread: a bridge reads it all along
+_MOST_TURNED_AWAY = 64  # requests answered in a connection turned away while the router stops
 _PARTIAL_LINE_PAUSE = 0.002  # seconds between reads of a partial line's rest while the router stops, at first
 _PARTIAL_LINE_MOST_PAUSE = 0.2  # and at most (doubling while nothing comes)
 
@@ -593,7 +594,9 @@ class Listener:
         else:
             ids: list[int | str | None] = [
                 call_id for line in data.split(b"\n")[:-1] if (call_id := request_id(line)) is not None]
-            answer = b"".join(cut_off(call_id, NOT_CONNECTED_STOPPING) for call_id in ids or [None])
+            # One send of what the socket takes: answers past a bound would be dropped by it anyway, after costing
+            # the router their building (the first bytes hold up to thousands of short requests).
+            answer = b"".join(cut_off(call_id, NOT_CONNECTED_STOPPING) for call_id in ids[:_MOST_TURNED_AWAY] or [None])
         with contextlib.suppress(OSError):
             conn.send(answer)
         conn.close()

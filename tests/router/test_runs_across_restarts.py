@@ -120,8 +120,10 @@ def test_a_journal_cut_short_by_a_crash_or_written_by_hand_loses_only_its_bad_li
             "status 3", "starter": "run:boss-1", "parent": "boss-1", "profileOfStarter": "boss", "started": 1.0,
             "ended": 2.0}
     odd = {**good, "run": "run-00000000000000bb", "started": "yesterday", "status": "timed_out", "error": None}
+    outside = {**good, "run": "../../outside", "status": "running"}  # ended as cut short, its files removed: none
+    (root / "outside.mcp.json").write_text("{}")
     journal.write_text("\n".join(["not json", json.dumps([1, 2]), json.dumps({"run": "run-c", "status": "exploded"}),
-                                  json.dumps(good), json.dumps(odd), '{"run": "run-0']))
+                                  json.dumps(good), json.dumps(odd), json.dumps(outside), '{"run": "run-0']))
     journal.chmod(0o600)
     with router(root, run_dir, profile="boss"):
         assert ask(run_dir, "agent_status", {"run": good["run"]}) == {
@@ -129,4 +131,5 @@ def test_a_journal_cut_short_by_a_crash_or_written_by_hand_loses_only_its_bad_li
         assert ask(run_dir, "agent_status", {"run": odd["run"]}) == {
             "run": odd["run"], "agent": "worker", "status": "timed_out"}
     kept = [json.loads(entry)["run"] for entry in journal.read_text().splitlines()]
-    assert sorted(kept) == sorted(["run-c", good["run"], odd["run"]])  # whole records only, each once
+    assert sorted(kept) == sorted(["run-c", good["run"], odd["run"], outside["run"]])  # whole records only, each once
+    assert (root / "outside.mcp.json").exists()  # a record's id is no path the router removes
